@@ -1,0 +1,1 @@
+//! Configuration: raw TOML types (no I/O) and their resolution against env and flags.

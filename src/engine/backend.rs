@@ -1,0 +1,63 @@
+//! The seam between HTTP and inference. The server holds an `Arc<dyn Backend>`; the real engine
+//! implements it, and HTTP tests can implement it without a model.
+
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::{request::ChatMessage, EngineResult, GenerationEvent, GenerationRequest};
+
+/// Where a served model currently is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelStatus {
+    /// Weights are being read.
+    Loading,
+    /// Ready to serve.
+    Ready,
+    /// Loading failed; requests for it fail.
+    Failed,
+}
+
+/// A served model as `GET /v1/models` and `/health` describe it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelCard {
+    /// The id clients send as `model`.
+    pub id: String,
+    /// Unix seconds when the server registered it.
+    pub created: u64,
+    /// Where it is.
+    pub status: ModelStatus,
+    /// Context window in tokens (known once loaded).
+    pub max_context: Option<usize>,
+}
+
+/// What the HTTP layer needs from the engine.
+///
+/// Calls are cheap and non-blocking except `tokenize`/`detokenize`/`render_chat`, which do CPU
+/// work proportional to the text (the server runs them where blocking is fine).
+pub trait Backend: Send + Sync + 'static {
+    /// Every configured model, loaded or not.
+    fn models(&self) -> Vec<ModelCard>;
+
+    /// The context window of a ready model.
+    fn max_context(&self, model: &str) -> EngineResult<usize>;
+
+    /// Text to token ids, adding BOS etc. when `add_special_tokens`.
+    fn tokenize(&self, model: &str, text: &str, add_special_tokens: bool)
+        -> EngineResult<Vec<u32>>;
+
+    /// Token ids to text (special tokens kept).
+    fn detokenize(&self, model: &str, tokens: &[u32]) -> EngineResult<String>;
+
+    /// Renders chat messages through the model's chat template into a prompt string (which
+    /// already carries any BOS the template adds, so tokenise it without special tokens).
+    fn render_chat(
+        &self,
+        model: &str,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> EngineResult<String>;
+
+    /// Queues a request. Events arrive on the returned receiver; dropping it cancels the request.
+    fn submit(&self, request: GenerationRequest) -> EngineResult<mpsc::Receiver<GenerationEvent>>;
+}

@@ -1,0 +1,164 @@
+//! Plain data exchanged between the HTTP layer and the engine: a validated generation request and
+//! the events the engine streams back for it. No behaviour lives here.
+
+use serde::Serialize;
+
+/// One chat message after validation: role and flattened text content.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatMessage {
+    /// "system", "user", "assistant" or "tool".
+    pub role: String,
+    /// The message text (content parts already joined).
+    pub content: String,
+}
+
+/// What to feed the model. The server tokenises text prompts (to check the context length before
+/// a stream starts) and hands the engine token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    /// Token ids, ready to prefill.
+    Tokens(Vec<u32>),
+}
+
+/// How to pick each next token. Defaults match OpenAI's: temperature 1, nucleus off.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy (argmax).
+    pub temperature: f32,
+    /// Nucleus sampling mass in (0, 1]; 1 disables it.
+    pub top_p: f32,
+    /// Keep only the k most likely tokens; 0 disables it.
+    pub top_k: usize,
+    /// Drop tokens whose probability is below `min_p` times the top token's; 0 disables it.
+    pub min_p: f32,
+    /// Seed for the sampler's RNG; `None` draws one from the OS.
+    pub seed: Option<u64>,
+    /// OpenAI presence penalty in [-2, 2], applied to tokens generated so far.
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty in [-2, 2], applied per occurrence in the generated tokens.
+    pub frequency_penalty: f32,
+    /// vLLM/HF repetition penalty (> 0, 1 disables it), applied to prompt and generated tokens.
+    pub repetition_penalty: f32,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            seed: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+        }
+    }
+}
+
+/// Everything about a generation except the prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationParams {
+    /// Upper bound on generated tokens (already checked against the context).
+    pub max_tokens: usize,
+    /// Token selection.
+    pub sampling: SamplingParams,
+    /// Stop strings: generation ends before the first occurrence, which is never emitted.
+    pub stop: Vec<String>,
+    /// vLLM extension: keep generating past EOS (benchmarks need fixed-length outputs).
+    pub ignore_eos: bool,
+    /// Number of top alternatives to report per generated token (0..=20); `None` reports no
+    /// logprobs at all, `Some(0)` only the chosen token's.
+    pub logprobs: Option<usize>,
+}
+
+impl Default for GenerationParams {
+    fn default() -> Self {
+        Self {
+            max_tokens: 16,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+        }
+    }
+}
+
+/// A request the engine can run as is: validated, tokenised and within the context.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    /// The served model id (as in `GET /v1/models`).
+    pub model: String,
+    /// Prompt tokens.
+    pub prompt: PromptInput,
+    /// Sampling, limits and stop conditions.
+    pub params: GenerationParams,
+}
+
+/// The log probability of one token, with its text.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    /// Token id.
+    pub id: u32,
+    /// The token's text (its own decoding, which may be part of a multi-byte character).
+    pub token: String,
+    /// Natural-log probability under the model's raw distribution (before sampling filters).
+    pub logprob: f32,
+    /// The token's UTF-8 bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// One step of output: new text (possibly empty while a stop string or a multi-byte character is
+/// pending) and, if asked, the chosen token's logprob with its top alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenOutput {
+    /// Text that became final with this token.
+    pub text: String,
+    /// The sampled token id.
+    pub token_id: u32,
+    /// The chosen token's logprob (present when `logprobs` was asked).
+    pub logprob: Option<TokenLogprob>,
+    /// The top alternatives, most likely first (present when `logprobs` was asked).
+    pub top_logprobs: Vec<TokenLogprob>,
+}
+
+/// Why a generation ended (OpenAI's `finish_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// EOS or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+/// Token counts for the `usage` object.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Tokens in the prompt.
+    pub prompt_tokens: usize,
+    /// Tokens generated (including any stop-string tokens that were not emitted).
+    pub completion_tokens: usize,
+    /// Sum of both.
+    pub total_tokens: usize,
+}
+
+/// What the engine sends back for a request, in order: zero or more `Token`, then exactly one of
+/// `Finished` or `Failed`. Dropping the receiver cancels the request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenerationEvent {
+    /// A generated token.
+    Token(TokenOutput),
+    /// Generation ended normally.
+    Finished {
+        /// Why it ended.
+        reason: FinishReason,
+        /// Token counts.
+        usage: Usage,
+        /// Any text that was held back (a stop-string prefix that did not become a stop) and
+        /// is now final.
+        trailing_text: String,
+    },
+    /// Generation failed after it started.
+    Failed(crate::engine::EngineError),
+}

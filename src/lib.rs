@@ -1,0 +1,19 @@
+//! ferry: an OpenAI-compatible inference server that runs large language models on small GPUs.
+//!
+//! # Layout
+//!
+//! - [`config`]: the TOML configuration (raw serde types, no I/O) and its resolution against the
+//!   environment (`FERRY_*`) and command-line flags (two phases, as ripgrep does).
+//! - [`model`]: where a model comes from ([`model::source`]), what shape it has ([`model::spec`]),
+//!   its tokenizer and chat template ([`model::tokenizer`]), its weights ([`model::weights`]) and the
+//!   per-layer transformer blocks that borrow those weights for one forward pass ([`model::llama`]).
+//! - [`engine`]: the thread that owns loaded models and turns a validated request into a stream of
+//!   generation events: sampling, stop strings, incremental detokenisation, logprobs.
+//! - [`server`]: the axum HTTP layer: OpenAI wire types, validation, handlers, SSE framing and the
+//!   single place where errors become HTTP responses. It depends on the [`engine::Backend`] trait,
+//!   never on a concrete model, so it is testable without one.
+
+pub mod config;
+pub mod engine;
+pub mod model;
+pub mod server;

@@ -1,0 +1,1 @@
+//! The HTTP layer (axum): OpenAI-compatible endpoints over an [`crate::engine::Backend`].
