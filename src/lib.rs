@@ -13,6 +13,7 @@
 //!   single place where errors become HTTP responses. It depends on the [`engine::Backend`] trait,
 //!   never on a concrete model, so it is testable without one.
 
+pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod model;

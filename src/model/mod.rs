@@ -9,6 +9,7 @@
 //! - [`kv_cache`]: the per-sequence key/value cache.
 
 pub mod error;
+pub mod hub;
 pub mod kv_cache;
 pub mod llama;
 pub mod loader;
