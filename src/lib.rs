@@ -17,4 +17,5 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod model;
+pub mod runtime;
 pub mod server;

@@ -1,0 +1,158 @@
+//! Brings one configured model up: source -> local files -> tokenizer + weights on the device,
+//! reporting progress as a bar on a terminal and as log lines otherwise.
+
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::quantized::gguf_file;
+use candle_core::Device;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::adapters::{ModelRunner, TokenizerCodec};
+use super::RuntimeError;
+use crate::config::{DtypeChoice, ModelConfig};
+use crate::model::loader::{load_model, DTypeChoice, LoadOptions, LoadProgress};
+use crate::model::source::{self, HubOptions, ModelFiles, ModelSource};
+use crate::model::tokenizer::TextTokenizer;
+use crate::model::ModelError;
+
+/// A model ready to hand to the engine.
+pub struct LoadedForServing {
+    /// Model + resident layers behind `LanguageModel`.
+    pub runner: ModelRunner,
+    /// Tokenizer + chat template behind `TextCodec`.
+    pub codec: Arc<TokenizerCodec>,
+}
+
+/// Loads `config`'s model onto `device`. Blocking; call it from the engine thread.
+pub fn load_for_serving(
+    config: &ModelConfig,
+    device: &Device,
+    hub: &HubOptions,
+) -> Result<LoadedForServing, RuntimeError> {
+    let wrap = |source: ModelError| RuntimeError::Model {
+        name: config.name.clone(),
+        source,
+    };
+    let started = Instant::now();
+    tracing::info!(model = %config.name, source = %config.source, "resolving model source");
+    let parsed = ModelSource::parse(&config.source).map_err(wrap)?;
+    let files = source::resolve(&parsed, hub).map_err(wrap)?;
+
+    let tokenizer = load_tokenizer(&files).map_err(wrap)?;
+    let options = LoadOptions {
+        device: device.clone(),
+        dtype: dtype_choice(config.dtype),
+    };
+    let mut progress = ProgressReporter::new(&config.name);
+    let loaded = load_model(&files, &options, &mut |p| progress.update(&p)).map_err(wrap)?;
+    progress.finish();
+
+    let runner = ModelRunner::new(loaded.model, loaded.layers, config.max_context);
+    let spec = runner.model().spec();
+    tracing::info!(
+        model = %config.name,
+        architecture = ?spec.architecture,
+        layers = spec.n_layers,
+        hidden = spec.hidden_size,
+        vocab = spec.vocab_size,
+        context = crate::engine::traits::LanguageModel::max_context(&runner),
+        dtype = ?runner.model().dtype(),
+        seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+        "model loaded"
+    );
+    Ok(LoadedForServing {
+        runner,
+        codec: TokenizerCodec::new(tokenizer),
+    })
+}
+
+fn dtype_choice(choice: DtypeChoice) -> DTypeChoice {
+    match choice {
+        DtypeChoice::Auto => DTypeChoice::Auto,
+        DtypeChoice::F32 => DTypeChoice::F32,
+        DtypeChoice::F16 => DTypeChoice::F16,
+        DtypeChoice::BF16 => DTypeChoice::BF16,
+    }
+}
+
+/// The tokenizer from the GGUF metadata or the HF tokenizer files.
+fn load_tokenizer(files: &ModelFiles) -> Result<TextTokenizer, ModelError> {
+    match files {
+        ModelFiles::Gguf { path } => {
+            let io = |source| ModelError::Io {
+                path: path.clone(),
+                source,
+            };
+            let mut file = std::fs::File::open(path).map_err(io)?;
+            let content = gguf_file::Content::read(&mut file)
+                .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
+            TextTokenizer::from_gguf(&content)
+        }
+        ModelFiles::HfDir {
+            tokenizer,
+            tokenizer_config,
+            generation_config,
+            ..
+        } => TextTokenizer::from_hf_files(
+            tokenizer,
+            tokenizer_config.as_deref(),
+            generation_config.as_deref(),
+        ),
+    }
+}
+
+/// Shows load progress: a byte bar on a terminal, otherwise a log line every 10%.
+struct ProgressReporter {
+    name: String,
+    bar: Option<ProgressBar>,
+    next_logged_percent: u64,
+}
+
+impl ProgressReporter {
+    fn new(name: &str) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(0);
+            if let Ok(style) = ProgressStyle::with_template(
+                "{msg} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta})",
+            ) {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar.set_message(format!("loading {name}"));
+            bar
+        });
+        Self {
+            name: name.to_string(),
+            bar,
+            next_logged_percent: 10,
+        }
+    }
+
+    fn update(&mut self, progress: &LoadProgress) {
+        if let Some(bar) = &self.bar {
+            bar.set_length(progress.total_bytes);
+            bar.set_position(progress.done_bytes);
+            return;
+        }
+        if progress.total_bytes == 0 {
+            return;
+        }
+        let percent = progress.done_bytes.saturating_mul(100) / progress.total_bytes;
+        if percent >= self.next_logged_percent {
+            tracing::info!(
+                model = %self.name,
+                "loading weights: {percent}% ({} of {} MiB)",
+                progress.done_bytes >> 20,
+                progress.total_bytes >> 20
+            );
+            self.next_logged_percent = (percent / 10 + 1) * 10;
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
