@@ -1,0 +1,38 @@
+"""llama.cpp (through llama-cpp-python) on the same GGUF, token ids and thread count as
+benches/decode.rs: prefill the prompt ids, then greedy-decode N tokens; prints one JSON line per run.
+
+Usage: python benches/llama_cpp_peer.py MODEL.gguf PROMPT_IDS_JSON GEN_TOKENS RUNS THREADS
+"""
+import json
+import sys
+import time
+
+from llama_cpp import Llama
+
+
+def main() -> None:
+    model, ids_json, gen_tokens, runs, threads = sys.argv[1:6]
+    prompt = json.loads(ids_json)
+    gen_tokens, runs, threads = int(gen_tokens), int(runs), int(threads)
+    llm = Llama(model_path=model, n_ctx=1024, n_batch=512, n_threads=threads,
+                n_threads_batch=threads, verbose=False)
+    for run in range(runs):
+        llm.reset()
+        started = time.perf_counter()
+        llm.eval(prompt)
+        prefill = time.perf_counter() - started
+        next_id = int(llm.scores[llm.n_tokens - 1].argmax())
+        decode_started = time.perf_counter()
+        for _ in range(gen_tokens):
+            llm.eval([next_id])
+            next_id = int(llm.scores[llm.n_tokens - 1].argmax())
+        decode = time.perf_counter() - decode_started
+        print(json.dumps({
+            "engine": "llama.cpp", "run": run, "prompt_tokens": len(prompt),
+            "gen_tokens": gen_tokens, "prefill_tok_s": round(len(prompt) / prefill, 2),
+            "decode_tok_s": round(gen_tokens / decode, 2),
+        }))
+
+
+if __name__ == "__main__":
+    main()
