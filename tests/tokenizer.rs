@@ -67,13 +67,21 @@ fn check_cases(tok: &TextTokenizer, fx: &Json) {
     for case in cases {
         let text = case["text"].as_str().unwrap();
         let expected = ids(&case["ids"]);
-        assert_eq!(tok.encode(text, false).unwrap(), expected, "ids of {text:?}");
+        assert_eq!(
+            tok.encode(text, false).unwrap(),
+            expected,
+            "ids of {text:?}"
+        );
         assert_eq!(
             tok.encode(text, true).unwrap(),
             ids(&case["ids_with_special_tokens"]),
             "ids with special tokens of {text:?}"
         );
-        assert_eq!(tok.decode(&expected, false).unwrap(), text, "round trip of {text:?}");
+        assert_eq!(
+            tok.decode(&expected, false).unwrap(),
+            text,
+            "round trip of {text:?}"
+        );
         assert_eq!(
             tok.decode(&expected, true).unwrap(),
             case["decoded_skip_special"].as_str().unwrap(),
@@ -113,7 +121,10 @@ fn gguf_follows_original_pre_tokenizer_where_hf_conversion_differs() {
         assert_eq!(ours, ids(&d["original_pre_tokenizer"]), "{text:?}");
         assert_ne!(ours, ids(&d["hf_gguf_conversion"]), "{text:?}");
     }
-    assert_eq!(tok.encode(" 7 8  9", false).unwrap(), [216, 39, 216, 40, 256, 41]);
+    assert_eq!(
+        tok.encode(" 7 8  9", false).unwrap(),
+        [216, 39, 216, 40, 256, 41]
+    );
 }
 
 #[test]
@@ -124,7 +135,10 @@ fn gguf_special_tokens_and_vocab() {
         tok.encode("The capital of France is", false).unwrap(),
         [504, 3575, 282, 4649, 314]
     );
-    assert_eq!(tok.vocab_size(), fx["vocab_size"].as_u64().unwrap() as usize);
+    assert_eq!(
+        tok.vocab_size(),
+        fx["vocab_size"].as_u64().unwrap() as usize
+    );
     assert_eq!(
         tok.bos_token_id(),
         Some(fx["bos_token_id"].as_u64().unwrap() as u32)
@@ -265,11 +279,15 @@ fn hf_files_config_bos_eos_and_template_list() {
 }
 
 fn tiny_gguf(model: &str, pre: &str) -> Content {
-    let strings = |v: &[&str]| Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect());
+    let strings =
+        |v: &[&str]| Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect());
     let metadata: HashMap<String, Value> = [
         ("tokenizer.ggml.model", Value::String(model.into())),
         ("tokenizer.ggml.pre", Value::String(pre.into())),
-        ("tokenizer.ggml.tokens", strings(&["a", "b", "ab", "<|eot_id|>", "Ġ"])),
+        (
+            "tokenizer.ggml.tokens",
+            strings(&["a", "b", "ab", "<|eot_id|>", "Ġ"]),
+        ),
         ("tokenizer.ggml.merges", strings(&["a b"])),
         (
             "tokenizer.ggml.token_type",

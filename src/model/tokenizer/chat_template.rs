@@ -126,10 +126,7 @@ fn raised_message(err: &Error) -> Option<String> {
 
 /// One line for a minijinja error: kind, detail and template line.
 fn describe(err: &Error) -> String {
-    match err.line() {
-        Some(line) => format!("{err} (template line {line})"),
-        None => err.to_string(),
-    }
+    err.to_string()
 }
 
 /// Python `json.dumps` options used by `tojson`.
@@ -249,7 +246,7 @@ fn write_json(
             newline(out, style, depth);
             out.push(']');
         }
-        ValueKind::Bytes | ValueKind::Plain | ValueKind::Invalid | _ => {
+        _ => {
             return Err(Error::new(
                 ErrorKind::InvalidOperation,
                 format!("tojson: cannot serialize a {} value", value.kind()),

@@ -120,7 +120,8 @@ pub(super) fn build(content: &Content) -> Result<GgufTokenizer> {
         .map_err(|e| ModelError::Tokenizer(format!("cannot add GGUF special tokens: {e}")))?;
 
     let token_text = |id: Option<u32>| -> Option<String> {
-        id.and_then(|i| tokens.get(i as usize)).map(|t| t.to_string())
+        id.and_then(|i| tokens.get(i as usize))
+            .map(|t| t.to_string())
     };
     let bos_id = meta.u32("tokenizer.ggml.bos_token_id")?;
     let eos_id = meta.u32("tokenizer.ggml.eos_token_id")?;

@@ -60,7 +60,11 @@ fn chat_template(config: &Json) -> Option<String> {
 /// An id or a list of ids (generation_config's `eos_token_id`).
 fn ids(value: Option<&Json>) -> Vec<u32> {
     match value {
-        Some(Json::Number(n)) => n.as_u64().and_then(|v| u32::try_from(v).ok()).into_iter().collect(),
+        Some(Json::Number(n)) => n
+            .as_u64()
+            .and_then(|v| u32::try_from(v).ok())
+            .into_iter()
+            .collect(),
         Some(Json::Array(list)) => list
             .iter()
             .filter_map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok()))
@@ -90,8 +94,14 @@ pub(super) fn build(
     let mut tokenizer = Tokenizer::from_file(tokenizer_json).map_err(|e| {
         ModelError::Tokenizer(format!("cannot load {}: {e}", tokenizer_json.display()))
     })?;
-    let config = tokenizer_config.map(read_json).transpose()?.unwrap_or(Json::Null);
-    let generation = generation_config.map(read_json).transpose()?.unwrap_or(Json::Null);
+    let config = tokenizer_config
+        .map(read_json)
+        .transpose()?
+        .unwrap_or(Json::Null);
+    let generation = generation_config
+        .map(read_json)
+        .transpose()?
+        .unwrap_or(Json::Null);
 
     let id_of = |text: &Option<String>| text.as_deref().and_then(|t| tokenizer.token_to_id(t));
     let bos_text = token_str(&config, "bos_token");

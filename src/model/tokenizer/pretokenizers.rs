@@ -62,10 +62,7 @@ pub fn for_gguf_pre(pre: Option<&str>) -> Result<(PreTokenizerWrapper, PreDefaul
         "default" | "gpt-2" | "gpt2" => Ok((byte_level(true).into(), plain)),
         // SmolLM's tokenizer.json: every digit on its own, then GPT-2's byte-level regex.
         "smollm" => {
-            let seq = Sequence::new(vec![
-                Digits::new(true).into(),
-                byte_level(true).into(),
-            ]);
+            let seq = Sequence::new(vec![Digits::new(true).into(), byte_level(true).into()]);
             Ok((seq.into(), plain))
         }
         "qwen2" | "deepseek-r1-qwen" => Ok((split_then_bytes(QWEN2_SPLIT)?, plain)),
@@ -167,16 +164,25 @@ mod tests {
 
     #[test]
     fn unknown_pre_is_named_in_the_error() {
-        let err = for_gguf_pre(Some("mystery-pre")).err().map(|e| e.to_string());
+        let err = for_gguf_pre(Some("mystery-pre"))
+            .err()
+            .map(|e| e.to_string());
         let msg = err.unwrap_or_default();
-        assert!(msg.contains("mystery-pre") && msg.contains("smollm"), "{msg}");
+        assert!(
+            msg.contains("mystery-pre") && msg.contains("smollm"),
+            "{msg}"
+        );
     }
 
     #[test]
     fn llama3_defaults_add_bos_and_ignore_merges() {
-        let (_, d) = for_gguf_pre(Some("llama-bpe")).map_err(|e| e.to_string()).unwrap();
+        let (_, d) = for_gguf_pre(Some("llama-bpe"))
+            .map_err(|e| e.to_string())
+            .unwrap();
         assert!(d.add_bos && d.ignore_merges);
-        let (_, d) = for_gguf_pre(Some("smollm")).map_err(|e| e.to_string()).unwrap();
+        let (_, d) = for_gguf_pre(Some("smollm"))
+            .map_err(|e| e.to_string())
+            .unwrap();
         assert!(!d.add_bos && !d.ignore_merges);
     }
 }
