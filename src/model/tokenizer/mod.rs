@@ -1,0 +1,222 @@
+//! Text <-> token ids for a model, and its chat template.
+//!
+//! [`TextTokenizer`] wraps a [`tokenizers::Tokenizer`] built either from a GGUF file's metadata
+//! ([`gguf`], byte-level BPE with a pre-tokenizer from [`pretokenizers`]) or from Hugging Face
+//! files ([`hf`]: tokenizer.json + tokenizer_config.json + generation_config.json), together with
+//! what generation needs besides ids: BOS/EOS ids, whether BOS is added, and the chat template
+//! ([`chat_template`], rendered with minijinja like transformers does).
+//!
+//! Prompts rendered from a chat template already contain the special tokens the model wants;
+//! encode them with `add_special_tokens = false`, as transformers does.
+
+pub mod chat_template;
+mod gguf;
+mod hf;
+pub mod pretokenizers;
+
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::Content;
+use tokenizers::Tokenizer;
+
+use crate::engine::ChatMessage;
+use crate::model::error::{ModelError, Result};
+use chat_template::{ChatTemplate, TemplateContext};
+
+/// Special tokens and BOS policy, whichever source they came from.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SpecialTokens {
+    bos_id: Option<u32>,
+    bos_text: Option<String>,
+    /// Ids that end generation; the model's EOS first.
+    eos_ids: Vec<u32>,
+    eos_text: Option<String>,
+    unk_text: Option<String>,
+    pad_text: Option<String>,
+    /// `encode(.., add_special_tokens = true)` puts BOS first.
+    add_bos: bool,
+}
+
+/// A model's tokenizer: encode, decode, special tokens and chat template.
+#[derive(Debug)]
+pub struct TextTokenizer {
+    tokenizer: Tokenizer,
+    special: SpecialTokens,
+    /// Tokens are spelled in GPT-2's byte alphabet (byte-level BPE).
+    byte_level: bool,
+    chat_template: Option<ChatTemplate>,
+}
+
+impl TextTokenizer {
+    /// Builds the tokenizer a GGUF file describes (`tokenizer.ggml.*` and
+    /// `tokenizer.chat_template`). Only byte-level BPE (`tokenizer.ggml.model = "gpt2"`) is
+    /// supported; other models are [`ModelError::Unsupported`], and so is an unknown
+    /// `tokenizer.ggml.pre`.
+    pub fn from_gguf(content: &Content) -> Result<Self> {
+        let built = gguf::build(content)?;
+        let chat_template = built
+            .chat_template
+            .as_deref()
+            .map(ChatTemplate::new)
+            .transpose()?;
+        Ok(Self {
+            tokenizer: built.tokenizer,
+            special: built.special,
+            byte_level: true,
+            chat_template,
+        })
+    }
+
+    /// Builds the tokenizer from Hugging Face files: `tokenizer.json`, plus optionally
+    /// `tokenizer_config.json` (chat template, BOS/EOS tokens, `add_bos_token`) and
+    /// `generation_config.json` (EOS ids that end generation).
+    pub fn from_hf_files(
+        tokenizer_json: &Path,
+        tokenizer_config: Option<&Path>,
+        generation_config: Option<&Path>,
+    ) -> Result<Self> {
+        let built = hf::build(tokenizer_json, tokenizer_config, generation_config)?;
+        let chat_template = built
+            .chat_template
+            .as_deref()
+            .map(ChatTemplate::new)
+            .transpose()?;
+        Ok(Self {
+            tokenizer: built.tokenizer,
+            special: built.special,
+            byte_level: built.byte_level,
+            chat_template,
+        })
+    }
+
+    /// Replaces the chat template (e.g. from a `chat_template.jinja` file or the user's config).
+    pub fn set_chat_template(&mut self, source: &str) -> Result<()> {
+        self.chat_template = Some(ChatTemplate::new(source)?);
+        Ok(())
+    }
+
+    /// Token ids of `text`. Special tokens written in the text (`<|im_start|>`) become their ids.
+    /// `add_special_tokens` adds BOS when the model wants it ([`Self::adds_bos`]).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let encoding = self
+            .tokenizer
+            .encode(text, add_special_tokens)
+            .map_err(|e| ModelError::Tokenizer(format!("encode: {e}")))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Text of `ids`; `skip_special_tokens` leaves out special tokens (BOS, EOS, `<|im_end|>`).
+    /// Ids outside the vocabulary are skipped.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.tokenizer
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| ModelError::Tokenizer(format!("decode: {e}")))
+    }
+
+    /// The decoded text of one token (special tokens included), `None` for an unknown id.
+    /// A token holding part of a UTF-8 character decodes to U+FFFD; use [`Self::token_bytes`]
+    /// for the exact bytes.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.tokenizer.id_to_token(id)?;
+        self.tokenizer.decode(&[id], false).ok()
+    }
+
+    /// The raw bytes one token stands for (byte-level tokens map back to their bytes; `<0xNN>`
+    /// byte-fallback tokens to that byte; `▁` to a space). Empty for an unknown id.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(token) = self.tokenizer.id_to_token(id) else {
+            return Vec::new();
+        };
+        if self
+            .tokenizer
+            .get_added_vocabulary()
+            .simple_id_to_token(id)
+            .is_some()
+        {
+            return token.into_bytes();
+        }
+        if self.byte_level {
+            return pretokenizers::byte_level_bytes(&token).unwrap_or_else(|| token.into_bytes());
+        }
+        if let Some(hex) = token
+            .strip_prefix("<0x")
+            .and_then(|rest| rest.strip_suffix('>'))
+        {
+            if let Ok(byte) = u8::from_str_radix(hex, 16) {
+                return vec![byte];
+            }
+        }
+        token.replace('\u{2581}', " ").into_bytes()
+    }
+
+    /// Ids that end generation: the model's EOS first, then end-of-turn tokens (GGUF: EOT/EOM
+    /// ids and control tokens such as `<|im_end|>`/`<|endoftext|>`, as llama.cpp does; HF:
+    /// generation_config.json's `eos_token_id`).
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.special.eos_ids
+    }
+
+    /// The BOS token id, if the model has one.
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.special.bos_id
+    }
+
+    /// Whether `encode(.., true)` puts BOS first.
+    pub fn adds_bos(&self) -> bool {
+        self.special.add_bos
+    }
+
+    /// Number of token ids, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
+    /// Whether `id` is a special token (dropped by `decode(.., skip_special_tokens = true)`).
+    pub fn is_special(&self, id: u32) -> bool {
+        let added = self.tokenizer.get_added_vocabulary();
+        added
+            .simple_id_to_token(id)
+            .is_some_and(|t| added.is_special_token(&t))
+    }
+
+    /// Whether the model ships a chat template.
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    /// The chat template's source, if any.
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.chat_template.as_ref().map(ChatTemplate::source)
+    }
+
+    /// Renders `messages` with the model's chat template, like transformers'
+    /// `apply_chat_template(messages, tokenize=False, add_generation_prompt=..)`.
+    /// Encode the result with `add_special_tokens = false`.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let template = self.chat_template.as_ref().ok_or_else(|| {
+            ModelError::Template(
+                "this model has no chat template (no `tokenizer.chat_template` in the GGUF, no \
+                 `chat_template` in tokenizer_config.json); use the completions API or set a \
+                 template"
+                    .into(),
+            )
+        })?;
+        template.render(&TemplateContext {
+            messages,
+            add_generation_prompt,
+            bos_token: self.special.bos_text.as_deref().unwrap_or(""),
+            eos_token: self.special.eos_text.as_deref().unwrap_or(""),
+            unk_token: self.special.unk_text.as_deref(),
+            pad_token: self.special.pad_text.as_deref(),
+        })
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn inner(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+}
