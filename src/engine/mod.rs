@@ -6,7 +6,7 @@
 //! Generation is written against two small traits ([`traits`]): [`LanguageModel`] (tokens in,
 //! last-position logits out, with per-sequence KV state) and [`TextCodec`] (tokenizer and chat
 //! template). [`worker`] runs one thread per model and implements [`Backend`] as
-//! [`EngineHandle`]; [`generate`] is the per-request loop, built from [`sampling`] (with
+//! [`EngineHandle`], queueing in [`queue`]; [`generate`] is the per-request loop, built from [`sampling`] (with
 //! [`penalties`]), [`logprobs`], [`detokenize`] (incremental, UTF-8 safe) and [`stop`].
 
 pub mod backend;
@@ -15,6 +15,7 @@ pub mod error;
 pub mod generate;
 pub mod logprobs;
 pub mod penalties;
+pub mod queue;
 pub mod request;
 pub mod sampling;
 pub mod stop;

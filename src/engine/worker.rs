@@ -1,7 +1,8 @@
 //! The engine threads and the [`EngineHandle`] the HTTP layer talks to.
 //!
 //! Each served model gets one dedicated OS thread that owns its [`LanguageModel`] (loaded on that
-//! thread) and serves its requests one at a time, in arrival order, through [`RequestQueue`].
+//! thread) and serves its requests one at a time, in arrival order, through
+//! [`super::queue::RequestQueue`].
 //! The handle is a cheap `Clone` over shared, mostly immutable state:
 //!
 //! 1. `EngineHandle::new(names)` registers every configured model as `Loading`, so `/health` and
@@ -14,7 +15,6 @@
 
 use std::{
     any::Any,
-    collections::VecDeque,
     panic::{catch_unwind, AssertUnwindSafe},
     sync::{
         atomic::{AtomicUsize, Ordering},
@@ -29,6 +29,7 @@ use tokio::sync::mpsc;
 use super::{
     backend::{Backend, ModelCard, ModelStatus},
     generate::{generate, validate_prompt, Outcome},
+    queue::{Job, RequestQueue},
     request::{ChatMessage, GenerationEvent, GenerationRequest, PromptInput},
     traits::{LanguageModel, TextCodec},
     EngineError, EngineResult,
@@ -51,58 +52,6 @@ impl Default for EngineOptions {
         Self {
             max_queue: usize::MAX,
         }
-    }
-}
-
-/// One queued generation: the request and where its events go.
-pub struct Job {
-    /// The validated request.
-    pub request: GenerationRequest,
-    /// The client's event channel; closed when the client went away.
-    pub events: mpsc::Sender<GenerationEvent>,
-}
-
-impl Job {
-    /// The client dropped its receiver: nothing to do any more.
-    pub fn is_cancelled(&self) -> bool {
-        self.events.is_closed()
-    }
-}
-
-/// Requests waiting for a model's thread, oldest first. Plain state, no threads or locks: the
-/// place where a continuous-batching scheduler will grow.
-#[derive(Default)]
-pub struct RequestQueue {
-    waiting: VecDeque<Job>,
-}
-
-impl RequestQueue {
-    /// Adds a request at the back.
-    pub fn push(&mut self, job: Job) {
-        self.waiting.push_back(job);
-    }
-
-    /// The oldest request whose client is still there; cancelled ones ahead of it are dropped.
-    /// Returns the job (if any) and how many cancelled ones were dropped.
-    pub fn next_live(&mut self) -> (Option<Job>, usize) {
-        let mut dropped = 0;
-        while let Some(job) = self.waiting.pop_front() {
-            if !job.is_cancelled() {
-                return (Some(job), dropped);
-            }
-            dropped += 1;
-        }
-        (None, dropped)
-    }
-
-    /// Requests waiting.
-    pub fn len(&self) -> usize {
-        self.waiting.len()
-    }
-
-    /// No request is waiting.
-    pub fn is_empty(&self) -> bool {
-        self.waiting.is_empty()
     }
 }
 

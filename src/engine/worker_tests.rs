@@ -277,30 +277,3 @@ fn threads_exit_when_the_last_handle_is_dropped() {
     }
     thread.join().unwrap();
 }
-
-#[test]
-fn queue_is_fifo_and_skips_cancelled_jobs() {
-    let mut q = RequestQueue::default();
-    let mut keep = Vec::new();
-    for i in 0..4u32 {
-        let (tx, rx) = mpsc::channel(1);
-        q.push(Job {
-            request: request("a", vec![i], 1),
-            events: tx,
-        });
-        if i != 0 && i != 2 {
-            keep.push(rx);
-        }
-    }
-    assert_eq!(q.len(), 4);
-    let first = |job: Option<Job>| match job.map(|j| j.request.prompt) {
-        Some(PromptInput::Tokens(t)) => t[0],
-        None => u32::MAX,
-    };
-    let (job, dropped) = q.next_live();
-    assert_eq!((first(job), dropped), (1, 1));
-    let (job, dropped) = q.next_live();
-    assert_eq!((first(job), dropped), (3, 1));
-    let (job, dropped) = q.next_live();
-    assert!(job.is_none() && dropped == 0 && q.is_empty());
-}
