@@ -2,10 +2,27 @@
 //!
 //! The HTTP layer talks to it only through the [`Backend`] trait ([`backend`]); the request and
 //! event types it exchanges are plain data ([`request`]).
+//!
+//! Generation is written against two small traits ([`traits`]): [`LanguageModel`] (tokens in,
+//! last-position logits out, with per-sequence KV state) and [`TextCodec`] (tokenizer and chat
+//! template). [`worker`] runs one thread per model and implements [`Backend`] as
+//! [`EngineHandle`], queueing in [`queue`]; [`generate`] is the per-request loop, built from [`sampling`] (with
+//! [`penalties`]), [`logprobs`], [`detokenize`] (incremental, UTF-8 safe) and [`stop`].
 
 pub mod backend;
+pub mod detokenize;
 pub mod error;
+pub mod generate;
+pub mod logprobs;
+pub mod penalties;
+pub mod queue;
 pub mod request;
+pub mod sampling;
+pub mod stop;
+#[cfg(test)]
+pub(crate) mod test_support;
+pub mod traits;
+pub mod worker;
 
 pub use backend::{Backend, ModelCard, ModelStatus};
 pub use error::{EngineError, EngineResult};
@@ -13,3 +30,5 @@ pub use request::{
     ChatMessage, FinishReason, GenerationEvent, GenerationParams, GenerationRequest, PromptInput,
     SamplingParams, TokenLogprob, TokenOutput, Usage,
 };
+pub use traits::{LanguageModel, TextCodec};
+pub use worker::{EngineHandle, EngineOptions};

@@ -1,0 +1,247 @@
+//! Test fixtures shared by the engine's unit tests: a real byte-level BPE `tokenizers::Tokenizer`
+//! built in memory (the 256 byte symbols plus a few merges, one of which splits an emoji across
+//! tokens) wrapped as a [`TextCodec`], and a scripted [`LanguageModel`].
+
+use std::collections::HashMap;
+use std::str::FromStr;
+
+use serde_json::json;
+use tokenizers::Tokenizer;
+
+use super::{
+    request::ChatMessage,
+    traits::{LanguageModel, TextCodec},
+    EngineError, EngineResult,
+};
+
+/// GPT-2's byte -> printable char table (what ByteLevel uses), as (byte, char) pairs.
+pub fn byte_chars() -> Vec<(u8, char)> {
+    let mut printable: Vec<u32> = ('!' as u32..='~' as u32).collect();
+    printable.extend('¡' as u32..='¬' as u32);
+    printable.extend('®' as u32..='ÿ' as u32);
+    let mut extra = 0;
+    (0u32..256)
+        .map(|b| {
+            let c = if printable.contains(&b) {
+                b
+            } else {
+                extra += 1;
+                255 + extra
+            };
+            (b as u8, char::from_u32(c).unwrap_or('?'))
+        })
+        .collect()
+}
+
+/// Merges on top of the byte alphabet, as symbol strings.
+const MERGES: &[(&str, &str)] = &[
+    ("Ġ", "w"),  // " w"
+    ("Ã", "©"),  // "é" (C3 A9) as one token
+    ("ð", "Ł"),  // first two bytes of a U+1F6xx/1F60x emoji (F0 9F)
+    ("Ġw", "o"), // " wo"
+    ("h", "e"),  // "he"
+];
+
+/// Id of the special end token in [`tiny_tokenizer`].
+pub const EOS: u32 = 256 + MERGES.len() as u32;
+
+/// A byte-level BPE tokenizer: ids 0..256 are the bytes, then the merges, then `<eos>` (special).
+pub fn tiny_tokenizer() -> Tokenizer {
+    let mut vocab: HashMap<String, u32> = byte_chars()
+        .into_iter()
+        .map(|(b, c)| (c.to_string(), b as u32))
+        .collect();
+    for (i, (a, b)) in MERGES.iter().enumerate() {
+        vocab.insert(format!("{a}{b}"), 256 + i as u32);
+    }
+    vocab.insert("<eos>".to_owned(), EOS);
+    let merges: Vec<String> = MERGES.iter().map(|(a, b)| format!("{a} {b}")).collect();
+    let spec = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [{
+            "id": EOS, "content": "<eos>", "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true
+        }],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+            "ignore_merges": false, "vocab": vocab, "merges": merges
+        }
+    });
+    Tokenizer::from_str(&spec.to_string()).expect("test tokenizer spec is valid")
+}
+
+/// [`TextCodec`] over a `tokenizers::Tokenizer` (what the model layer's adapter will do too).
+pub struct TestCodec {
+    tok: Tokenizer,
+    eos: Vec<u32>,
+    byte_of: HashMap<char, u8>,
+}
+
+impl TestCodec {
+    /// The codec over [`tiny_tokenizer`], with `<eos>` as its only EOS id.
+    pub fn new() -> Self {
+        Self {
+            tok: tiny_tokenizer(),
+            eos: vec![EOS],
+            byte_of: byte_chars().into_iter().map(|(b, c)| (c, b)).collect(),
+        }
+    }
+
+    /// Vocabulary size including the special token.
+    pub fn vocab_size(&self) -> usize {
+        EOS as usize + 1
+    }
+}
+
+impl Default for TestCodec {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TextCodec for TestCodec {
+    fn encode(&self, text: &str, add_special_tokens: bool) -> EngineResult<Vec<u32>> {
+        let enc = self
+            .tok
+            .encode(text, add_special_tokens)
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> EngineResult<String> {
+        self.tok
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| EngineError::Internal(e.to_string()))
+    }
+
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        match self.tok.id_to_token(id) {
+            Some(t) if id != EOS => t
+                .chars()
+                .filter_map(|c| self.byte_of.get(&c))
+                .copied()
+                .collect(),
+            Some(t) => t.into_bytes(),
+            None => Vec::new(),
+        }
+    }
+
+    fn eos_token_ids(&self) -> &[u32] {
+        &self.eos
+    }
+
+    fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> EngineResult<String> {
+        let mut out: String = messages
+            .iter()
+            .map(|m| format!("{}: {}\n", m.role, m.content))
+            .collect();
+        if add_generation_prompt {
+            out.push_str("assistant:");
+        }
+        Ok(out)
+    }
+}
+
+/// A model that "generates" a fixed script: after the prompt, the logits favour `script[k]` at
+/// step k (strongly, so greedy and seeded sampling agree), then `after` forever.
+#[derive(Debug, Clone)]
+pub struct ScriptModel {
+    /// Tokens to favour, in order.
+    pub script: Vec<u32>,
+    /// Token favoured once the script is exhausted.
+    pub after: u32,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Context window.
+    pub max_context: usize,
+    /// `forward` panics when fed this token id (to test panic isolation).
+    pub poison: Option<u32>,
+    /// Sleep this long in every `forward` (to keep the engine busy in queue tests).
+    pub step_delay: std::time::Duration,
+    /// Calls to `forward` so far, across sequences.
+    pub forward_calls: usize,
+}
+
+impl ScriptModel {
+    /// A model scripted to produce `script` then `after`.
+    pub fn new(script: Vec<u32>, after: u32, vocab: usize) -> Self {
+        Self {
+            script,
+            after,
+            vocab,
+            max_context: 1024,
+            poison: None,
+            step_delay: std::time::Duration::ZERO,
+            forward_calls: 0,
+        }
+    }
+}
+
+/// Sequence state of [`ScriptModel`]: how many tokens were fed and in how many calls.
+#[derive(Debug, Default)]
+pub struct ScriptSeq {
+    /// Tokens fed so far.
+    pub fed: Vec<u32>,
+    /// Forward calls on this sequence.
+    pub steps: usize,
+}
+
+impl LanguageModel for ScriptModel {
+    type Sequence = ScriptSeq;
+
+    fn new_sequence(&self) -> ScriptSeq {
+        ScriptSeq::default()
+    }
+
+    fn forward(&mut self, seq: &mut ScriptSeq, tokens: &[u32]) -> EngineResult<Vec<f32>> {
+        if let Some(p) = self.poison.filter(|p| tokens.contains(p)) {
+            panic!("scripted panic on token {p}");
+        }
+        std::thread::sleep(self.step_delay);
+        self.forward_calls += 1;
+        seq.fed.extend_from_slice(tokens);
+        let next = self.script.get(seq.steps).copied().unwrap_or(self.after);
+        seq.steps += 1;
+        let mut logits = vec![0.0; self.vocab];
+        if let Some(l) = logits.get_mut(next as usize) {
+            *l = 30.0;
+        }
+        Ok(logits)
+    }
+
+    fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+}
+
+#[test]
+fn tiny_tokenizer_round_trips_and_splits_an_emoji() {
+    let codec = TestCodec::new();
+    let text = "he wo café 😀!";
+    let ids = codec.encode(text, false).unwrap();
+    assert_eq!(codec.decode(&ids, true).unwrap(), text);
+    // "😀" is F0 9F 98 80: the merge makes it two-bytes + two single bytes.
+    let emoji = codec.encode("😀", false).unwrap();
+    assert_eq!(emoji.len(), 3);
+    assert_eq!(codec.token_bytes(emoji[0]), vec![0xF0, 0x9F]);
+    assert!(codec
+        .decode(&emoji[..1], false)
+        .unwrap()
+        .contains('\u{FFFD}'));
+    assert_eq!(codec.encode("é", false).unwrap().len(), 1);
+}

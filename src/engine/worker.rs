@@ -1,0 +1,383 @@
+//! The engine threads and the [`EngineHandle`] the HTTP layer talks to.
+//!
+//! Each served model gets one dedicated OS thread that owns its [`LanguageModel`] (loaded on that
+//! thread) and serves its requests one at a time, in arrival order, through
+//! [`super::queue::RequestQueue`].
+//! The handle is a cheap `Clone` over shared, mostly immutable state:
+//!
+//! 1. `EngineHandle::new(names)` registers every configured model as `Loading`, so `/health` and
+//!    `/v1/models` can answer (503) before any weights are read.
+//! 2. `handle.load(name, loader)` starts the model's thread, which runs `loader` there; the model
+//!    becomes `Ready` when it returns `Ok`, `Failed` when it errors or panics.
+//!    `handle.model_ready(name, model, codec)` does the same for a model loaded elsewhere.
+//! 3. When the last handle is dropped, the job channels close and each thread exits after its
+//!    current request (which stops early anyway once its receiver is gone).
+
+use std::{
+    any::Any,
+    panic::{catch_unwind, AssertUnwindSafe},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        mpsc as std_mpsc, Arc, Mutex, PoisonError, RwLock,
+    },
+    thread::JoinHandle,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use tokio::sync::mpsc;
+
+use super::{
+    backend::{Backend, ModelCard, ModelStatus},
+    generate::{generate, validate_prompt, Outcome},
+    queue::{Job, RequestQueue},
+    request::{ChatMessage, GenerationEvent, GenerationRequest, PromptInput},
+    traits::{LanguageModel, TextCodec},
+    EngineError, EngineResult,
+};
+
+/// Most events buffered per request. Sized so the engine practically never waits on a slow
+/// client (tokio allocates channel blocks lazily, so a large bound costs nothing up front).
+const MAX_EVENT_BUFFER: usize = 1 << 20;
+
+/// Engine-wide settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Most requests per model that may be accepted and not yet finished (waiting plus
+    /// running); more are refused with [`EngineError::Overloaded`]. Default: unbounded.
+    pub max_queue: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            max_queue: usize::MAX,
+        }
+    }
+}
+
+/// What callers need from a loaded model (the model itself stays on its thread).
+#[derive(Clone)]
+struct Loaded {
+    codec: Arc<dyn TextCodec>,
+    max_context: usize,
+    vocab_size: usize,
+}
+
+enum SlotState {
+    Loading,
+    Ready(Loaded),
+    /// Why loading failed (reported to every request for the model).
+    Failed(String),
+}
+
+/// One served model as the handles see it.
+struct ModelSlot {
+    name: String,
+    created: u64,
+    /// Written once by the model's thread (load finished), read by every request: an RwLock.
+    state: Arc<RwLock<SlotState>>,
+    /// Jobs for the model's thread. A std channel: the receiving side is a plain thread that
+    /// blocks on it, and senders never block.
+    jobs: std_mpsc::Sender<Job>,
+    /// The receiving end, until `load` hands it to the thread.
+    receiver: Mutex<Option<std_mpsc::Receiver<Job>>>,
+    /// Requests accepted and not finished (for `max_queue`), shared with the thread.
+    pending: Arc<AtomicUsize>,
+}
+
+struct Shared {
+    options: EngineOptions,
+    /// Fixed at construction, in configuration order.
+    models: Vec<ModelSlot>,
+}
+
+/// The engine as the HTTP layer sees it: implements [`Backend`]. Cheap to clone.
+#[derive(Clone)]
+pub struct EngineHandle {
+    shared: Arc<Shared>,
+}
+
+impl EngineHandle {
+    /// Registers `names` as `Loading` with default options. Duplicate names are registered once.
+    pub fn new<I, S>(names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::with_options(names, EngineOptions::default())
+    }
+
+    /// Registers `names` as `Loading` with `options`.
+    pub fn with_options<I, S>(names: I, options: EngineOptions) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut models: Vec<ModelSlot> = Vec::new();
+        for name in names {
+            let name = name.into();
+            if models.iter().any(|m| m.name == name) {
+                continue;
+            }
+            let (jobs, receiver) = std_mpsc::channel();
+            models.push(ModelSlot {
+                name,
+                created,
+                state: Arc::new(RwLock::new(SlotState::Loading)),
+                jobs,
+                receiver: Mutex::new(Some(receiver)),
+                pending: Arc::new(AtomicUsize::new(0)),
+            });
+        }
+        Self {
+            shared: Arc::new(Shared { options, models }),
+        }
+    }
+
+    /// Starts the engine thread of model `name`; it runs `loader`, then serves requests. The
+    /// model is `Ready` once `loader` returns `Ok`, `Failed` if it errors or panics. The returned
+    /// handle finishes when every `EngineHandle` is dropped (joining it is optional).
+    ///
+    /// Errors: `ModelNotFound` for an unregistered name, `Internal` if this model's thread was
+    /// already started or the OS refuses a thread.
+    pub fn load<M, F>(&self, name: &str, loader: F) -> EngineResult<JoinHandle<()>>
+    where
+        M: LanguageModel + 'static,
+        F: FnOnce() -> EngineResult<(M, Arc<dyn TextCodec>)> + Send + 'static,
+    {
+        let slot = self.slot(name)?;
+        let receiver = slot
+            .receiver
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| EngineError::Internal(format!("model `{name}` was already loaded")))?;
+        let state = Arc::clone(&slot.state);
+        let pending = Arc::clone(&slot.pending);
+        let thread_name = format!("ferry-engine-{name}");
+        let name = name.to_owned();
+        std::thread::Builder::new()
+            .name(thread_name)
+            .spawn(move || engine_thread(&name, loader, &state, &receiver, &pending))
+            .map_err(|e| EngineError::Internal(format!("cannot start the engine thread: {e}")))
+    }
+
+    /// [`load`](Self::load) for a model that is already loaded.
+    pub fn model_ready<M>(
+        &self,
+        name: &str,
+        model: M,
+        codec: Arc<dyn TextCodec>,
+    ) -> EngineResult<JoinHandle<()>>
+    where
+        M: LanguageModel + 'static,
+    {
+        self.load(name, move || Ok((model, codec)))
+    }
+
+    fn slot(&self, name: &str) -> EngineResult<&ModelSlot> {
+        self.shared
+            .models
+            .iter()
+            .find(|m| m.name == name)
+            .ok_or_else(|| EngineError::ModelNotFound(name.to_owned()))
+    }
+
+    /// The slot and its loaded parts, or why it cannot serve.
+    fn ready(&self, name: &str) -> EngineResult<(&ModelSlot, Loaded)> {
+        let slot = self.slot(name)?;
+        let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
+        match &*state {
+            SlotState::Ready(loaded) => Ok((slot, loaded.clone())),
+            SlotState::Loading => Err(EngineError::NotReady(name.to_owned())),
+            SlotState::Failed(reason) => Err(EngineError::Internal(format!(
+                "the model `{name}` failed to load: {reason}"
+            ))),
+        }
+    }
+}
+
+impl Backend for EngineHandle {
+    fn models(&self) -> Vec<ModelCard> {
+        self.shared
+            .models
+            .iter()
+            .map(|m| {
+                let state = m.state.read().unwrap_or_else(PoisonError::into_inner);
+                let (status, max_context) = match &*state {
+                    SlotState::Loading => (ModelStatus::Loading, None),
+                    SlotState::Ready(l) => (ModelStatus::Ready, Some(l.max_context)),
+                    SlotState::Failed(_) => (ModelStatus::Failed, None),
+                };
+                ModelCard {
+                    id: m.name.clone(),
+                    created: m.created,
+                    status,
+                    max_context,
+                }
+            })
+            .collect()
+    }
+
+    fn max_context(&self, model: &str) -> EngineResult<usize> {
+        Ok(self.ready(model)?.1.max_context)
+    }
+
+    fn tokenize(
+        &self,
+        model: &str,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> EngineResult<Vec<u32>> {
+        self.ready(model)?.1.codec.encode(text, add_special_tokens)
+    }
+
+    fn detokenize(&self, model: &str, tokens: &[u32]) -> EngineResult<String> {
+        let (_, loaded) = self.ready(model)?;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= loaded.vocab_size) {
+            return Err(EngineError::InvalidRequest {
+                message: format!(
+                    "token id {bad} is out of range (vocabulary size {})",
+                    loaded.vocab_size
+                ),
+                param: Some("tokens".into()),
+            });
+        }
+        loaded.codec.decode(tokens, false)
+    }
+
+    fn render_chat(
+        &self,
+        model: &str,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> EngineResult<String> {
+        self.ready(model)?
+            .1
+            .codec
+            .render_chat(messages, add_generation_prompt)
+    }
+
+    fn submit(&self, request: GenerationRequest) -> EngineResult<mpsc::Receiver<GenerationEvent>> {
+        let (slot, loaded) = self.ready(&request.model)?;
+        let PromptInput::Tokens(prompt) = &request.prompt;
+        validate_prompt(
+            prompt,
+            &request.params,
+            loaded.max_context,
+            loaded.vocab_size,
+        )?;
+        let max_queue = self.shared.options.max_queue;
+        if slot.pending.fetch_add(1, Ordering::SeqCst) >= max_queue {
+            slot.pending.fetch_sub(1, Ordering::SeqCst);
+            return Err(EngineError::Overloaded(format!(
+                "{max_queue} requests are already queued for model `{}`",
+                slot.name
+            )));
+        }
+        let buffer = request
+            .params
+            .max_tokens
+            .saturating_add(2)
+            .min(MAX_EVENT_BUFFER);
+        let (events, receiver) = mpsc::channel(buffer);
+        if slot.jobs.send(Job { request, events }).is_err() {
+            slot.pending.fetch_sub(1, Ordering::SeqCst);
+            return Err(EngineError::Unavailable);
+        }
+        Ok(receiver)
+    }
+}
+
+/// Body of a model's engine thread: load, publish the result, then serve jobs until every
+/// handle is gone.
+fn engine_thread<M, F>(
+    name: &str,
+    loader: F,
+    state: &RwLock<SlotState>,
+    jobs: &std_mpsc::Receiver<Job>,
+    pending: &AtomicUsize,
+) where
+    M: LanguageModel,
+    F: FnOnce() -> EngineResult<(M, Arc<dyn TextCodec>)>,
+{
+    let loaded = catch_unwind(AssertUnwindSafe(loader))
+        .unwrap_or_else(|panic| Err(EngineError::Internal(panic_message(&*panic))));
+    let (mut model, codec) = match loaded {
+        Ok(parts) => parts,
+        Err(e) => {
+            tracing::error!(model = name, error = %e, "model failed to load");
+            *state.write().unwrap_or_else(PoisonError::into_inner) =
+                SlotState::Failed(e.to_string());
+            return;
+        }
+    };
+    let max_context = model.max_context();
+    *state.write().unwrap_or_else(PoisonError::into_inner) = SlotState::Ready(Loaded {
+        codec: Arc::clone(&codec),
+        max_context,
+        vocab_size: model.vocab_size(),
+    });
+    tracing::info!(model = name, max_context, "model ready");
+
+    let mut queue = RequestQueue::default();
+    loop {
+        if queue.is_empty() {
+            match jobs.recv() {
+                Ok(job) => queue.push(job),
+                Err(_) => break,
+            }
+        }
+        while let Ok(job) = jobs.try_recv() {
+            queue.push(job);
+        }
+        let (job, dropped) = queue.next_live();
+        pending.fetch_sub(dropped, Ordering::SeqCst);
+        if let Some(job) = job {
+            serve(name, &mut model, codec.as_ref(), &job);
+            pending.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    tracing::debug!(model = name, "engine thread stopped");
+}
+
+/// Runs one job, turning a panic inside the model into a `Failed(Internal)` event.
+fn serve<M: LanguageModel>(name: &str, model: &mut M, codec: &dyn TextCodec, job: &Job) {
+    let run = catch_unwind(AssertUnwindSafe(|| {
+        generate(model, codec, &job.request, &job.events)
+    }));
+    match run {
+        Ok(Outcome::Failed(e)) => tracing::warn!(model = name, error = %e, "generation failed"),
+        Ok(Outcome::Cancelled) => tracing::debug!(model = name, "generation cancelled"),
+        Ok(Outcome::Finished(reason, usage)) => {
+            tracing::debug!(model = name, ?reason, ?usage, "generation finished")
+        }
+        Err(panic) => {
+            let message = panic_message(&*panic);
+            tracing::error!(model = name, panic = %message, "the model panicked during generation");
+            let _ = job
+                .events
+                .blocking_send(GenerationEvent::Failed(EngineError::Internal(format!(
+                    "the model panicked: {message}"
+                ))));
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_owned()
+    }
+}
+
+#[cfg(test)]
+#[path = "worker_tests.rs"]
+mod tests;

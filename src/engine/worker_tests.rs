@@ -1,0 +1,279 @@
+//! Tests for the engine threads and [`EngineHandle`], with a scripted model and a real
+//! byte-level BPE tokenizer.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::engine::{
+    request::{FinishReason, GenerationParams, SamplingParams},
+    test_support::{ScriptModel, TestCodec, EOS},
+};
+
+fn codec() -> Arc<dyn TextCodec> {
+    Arc::new(TestCodec::new())
+}
+
+fn script(text: &str) -> ScriptModel {
+    let c = TestCodec::new();
+    ScriptModel::new(c.encode(text, false).unwrap(), EOS, c.vocab_size())
+}
+
+fn request(model: &str, prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
+    GenerationRequest {
+        model: model.into(),
+        prompt: PromptInput::Tokens(prompt),
+        params: GenerationParams {
+            max_tokens,
+            sampling: SamplingParams {
+                temperature: 0.0,
+                ..SamplingParams::default()
+            },
+            ..GenerationParams::default()
+        },
+    }
+}
+
+fn status(handle: &EngineHandle, name: &str) -> ModelStatus {
+    let cards = handle.models();
+    cards
+        .iter()
+        .find(|c| c.id == name)
+        .map(|c| c.status)
+        .unwrap()
+}
+
+fn wait_until(handle: &EngineHandle, name: &str, want: ModelStatus) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status(handle, name) != want {
+        assert!(
+            Instant::now() < deadline,
+            "model {name} never became {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Receives every event of one request: (text, final event).
+async fn collect(mut rx: mpsc::Receiver<GenerationEvent>) -> (String, GenerationEvent) {
+    let mut text = String::new();
+    while let Some(event) = rx.recv().await {
+        match event {
+            GenerationEvent::Token(t) => text.push_str(&t.text),
+            GenerationEvent::Finished {
+                ref trailing_text, ..
+            } => {
+                text.push_str(trailing_text);
+                return (text, event);
+            }
+            GenerationEvent::Failed(_) => return (text, event),
+        }
+    }
+    panic!("the stream ended without a final event");
+}
+
+#[tokio::test]
+async fn serves_requests_once_loaded() {
+    let handle = EngineHandle::new(["a", "b"]);
+    let (release, gate) = std_mpsc::channel::<()>();
+    handle
+        .load("a", move || {
+            gate.recv().ok();
+            Ok((script("he wo café 😀"), codec()))
+        })
+        .unwrap();
+    let cards = handle.models();
+    assert_eq!(cards.len(), 2);
+    assert!(cards
+        .iter()
+        .all(|c| c.status == ModelStatus::Loading && c.max_context.is_none()));
+    assert_eq!(
+        handle.submit(request("a", vec![1], 4)).err(),
+        Some(EngineError::NotReady("a".into()))
+    );
+    assert_eq!(
+        handle.max_context("a"),
+        Err(EngineError::NotReady("a".into()))
+    );
+
+    release.send(()).unwrap();
+    wait_until(&handle, "a", ModelStatus::Ready);
+    assert_eq!(handle.max_context("a"), Ok(1024));
+    assert_eq!(status(&handle, "b"), ModelStatus::Loading);
+
+    let prompt = handle.tokenize("a", "he said", false).unwrap();
+    assert_eq!(handle.detokenize("a", &prompt).unwrap(), "he said");
+    let n = handle.tokenize("a", "he wo café 😀", false).unwrap().len();
+    let (text, last) = collect(handle.submit(request("a", prompt.clone(), 50)).unwrap()).await;
+    assert_eq!(text, "he wo café 😀");
+    match last {
+        GenerationEvent::Finished { reason, usage, .. } => {
+            assert_eq!(reason, FinishReason::Stop);
+            assert_eq!(usage.prompt_tokens, prompt.len());
+            assert_eq!(usage.completion_tokens, n + 1);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn unknown_models_and_bad_prompts_are_refused_up_front() {
+    let handle = EngineHandle::new(["a"]);
+    handle.model_ready("a", script("x"), codec()).unwrap();
+    wait_until(&handle, "a", ModelStatus::Ready);
+    let missing = EngineError::ModelNotFound("zz".into());
+    assert_eq!(
+        handle.submit(request("zz", vec![1], 1)).err(),
+        Some(missing.clone())
+    );
+    assert_eq!(
+        handle.tokenize("zz", "x", false).err(),
+        Some(missing.clone())
+    );
+    assert_eq!(
+        handle.render_chat("zz", &[], true).err(),
+        Some(missing.clone())
+    );
+    assert!(matches!(
+        handle.submit(request("a", vec![1; 1000], 100)),
+        Err(EngineError::ContextLengthExceeded {
+            requested: 1100,
+            ..
+        })
+    ));
+    assert!(matches!(
+        handle.submit(request("a", vec![], 1)),
+        Err(EngineError::InvalidRequest { .. })
+    ));
+    assert!(matches!(
+        handle.detokenize("a", &[100_000]),
+        Err(EngineError::InvalidRequest { .. })
+    ));
+    let msgs = [ChatMessage {
+        role: "user".into(),
+        content: "hi".into(),
+    }];
+    assert_eq!(
+        handle.render_chat("a", &msgs, true).unwrap(),
+        "user: hi\nassistant:"
+    );
+    assert!(matches!(
+        handle.model_ready("a", script("x"), codec()),
+        Err(EngineError::Internal(_))
+    ));
+}
+
+#[tokio::test]
+async fn requests_are_served_in_order_and_all_complete() {
+    let handle = EngineHandle::new(["a"]);
+    handle.model_ready("a", script("he wo"), codec()).unwrap();
+    wait_until(&handle, "a", ModelStatus::Ready);
+    let receivers: Vec<_> = (0..4)
+        .map(|_| handle.submit(request("a", vec![1, 2], 10)).unwrap())
+        .collect();
+    for rx in receivers {
+        let (text, last) = collect(rx).await;
+        assert_eq!(text, "he wo");
+        assert!(matches!(
+            last,
+            GenerationEvent::Finished {
+                reason: FinishReason::Stop,
+                ..
+            }
+        ));
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_model_fails_the_request_but_not_the_engine() {
+    let handle = EngineHandle::new(["a"]);
+    let mut model = script("he");
+    model.poison = Some(7);
+    handle.model_ready("a", model, codec()).unwrap();
+    wait_until(&handle, "a", ModelStatus::Ready);
+    let (_, last) = collect(handle.submit(request("a", vec![7], 5)).unwrap()).await;
+    assert!(
+        matches!(&last, GenerationEvent::Failed(EngineError::Internal(m)) if m.contains("scripted panic")),
+        "{last:?}"
+    );
+    let (text, last) = collect(handle.submit(request("a", vec![1], 5)).unwrap()).await;
+    assert_eq!(text, "he");
+    assert!(matches!(last, GenerationEvent::Finished { .. }));
+}
+
+#[tokio::test]
+async fn failed_loads_are_reported() {
+    let handle = EngineHandle::new(["err", "panic"]);
+    handle
+        .load(
+            "err",
+            || -> EngineResult<(ScriptModel, Arc<dyn TextCodec>)> {
+                Err(EngineError::Internal("no such file".into()))
+            },
+        )
+        .unwrap();
+    handle
+        .load(
+            "panic",
+            || -> EngineResult<(ScriptModel, Arc<dyn TextCodec>)> { panic!("loader blew up") },
+        )
+        .unwrap();
+    wait_until(&handle, "err", ModelStatus::Failed);
+    wait_until(&handle, "panic", ModelStatus::Failed);
+    assert!(matches!(
+        handle.submit(request("err", vec![1], 1)),
+        Err(EngineError::Internal(m)) if m.contains("no such file")
+    ));
+    assert!(matches!(
+        handle.tokenize("panic", "x", false),
+        Err(EngineError::Internal(m)) if m.contains("loader blew up")
+    ));
+    assert!(handle
+        .models()
+        .iter()
+        .all(|c| c.status == ModelStatus::Failed));
+}
+
+#[tokio::test]
+async fn max_queue_refuses_extra_requests_and_cancellation_frees_the_slot() {
+    let handle = EngineHandle::with_options(["a"], EngineOptions { max_queue: 1 });
+    let mut model = script("");
+    model.after = b'a' as u32;
+    model.step_delay = Duration::from_millis(20);
+    handle.model_ready("a", model, codec()).unwrap();
+    wait_until(&handle, "a", ModelStatus::Ready);
+    let mut long = handle.submit(request("a", vec![1], 500)).unwrap();
+    assert!(matches!(long.recv().await, Some(GenerationEvent::Token(_))));
+    assert!(matches!(
+        handle.submit(request("a", vec![1], 1)),
+        Err(EngineError::Overloaded(_))
+    ));
+    drop(long);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let rx = loop {
+        match handle.submit(request("a", vec![1], 2)) {
+            Ok(rx) => break rx,
+            Err(EngineError::Overloaded(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => panic!("cancellation did not free the queue: {e:?}"),
+        }
+    };
+    let (text, _) = collect(rx).await;
+    assert_eq!(text, "aa");
+}
+
+#[test]
+fn threads_exit_when_the_last_handle_is_dropped() {
+    let handle = EngineHandle::new(["a"]);
+    let thread = handle.model_ready("a", script("x"), codec()).unwrap();
+    let clone = handle.clone();
+    wait_until(&clone, "a", ModelStatus::Ready);
+    drop(handle);
+    drop(clone);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !thread.is_finished() {
+        assert!(Instant::now() < deadline, "engine thread still running");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    thread.join().unwrap();
+}
