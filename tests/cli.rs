@@ -2,7 +2,8 @@
 //! HTTP requests, reports readiness on /health and exits 0 on SIGTERM; bad input gives a readable
 //! message and a non-zero exit, never a panic.
 
-mod common;
+mod real_model;
+use real_model as common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

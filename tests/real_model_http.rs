@@ -1,7 +1,8 @@
 //! The real SmolLM2 model behind the real HTTP stack: in-process through `Router::oneshot`, and on a
 //! loopback port through the async-openai client. Greedy answers, seeds, stop strings, streaming.
 
-mod common;
+mod real_model;
+use real_model as common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

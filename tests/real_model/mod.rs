@@ -1,4 +1,5 @@
-//! Shared helpers for integration tests that run the real default model.
+//! Shared helpers for integration tests that run the real default model (the HTTP-only test
+//! double lives in tests/common/).
 
 #![allow(dead_code)]
 
