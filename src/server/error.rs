@@ -113,8 +113,7 @@ impl ApiError {
 
     /// 400 `unknown_parameter`: a field nobody defines.
     pub fn unknown_parameter(param: &str) -> Self {
-        let message =
-            format!("Unrecognized request argument supplied: `{param}` (not supported).");
+        let message = format!("Unrecognized request argument supplied: `{param}` (not supported).");
         Self::bad_request("unknown_parameter", param, message)
     }
 
@@ -262,9 +261,11 @@ impl From<EngineError> for ApiError {
                 Self::new(StatusCode::BAD_REQUEST, "context_length_exceeded", message)
                     .with_param("messages")
             }
-            EngineError::Unavailable => {
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", message)
-            }
+            EngineError::Unavailable => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "engine_unavailable",
+                message,
+            ),
             EngineError::Internal(_) => Self::internal(message),
         }
     }
@@ -306,7 +307,11 @@ mod tests {
     #[test]
     fn engine_errors_map_to_statuses() {
         let cases = [
-            (EngineError::ModelNotFound("m".into()), 404, "model_not_found"),
+            (
+                EngineError::ModelNotFound("m".into()),
+                404,
+                "model_not_found",
+            ),
             (EngineError::NotReady("m".into()), 503, "model_not_ready"),
             (EngineError::Overloaded("q".into()), 503, "overloaded"),
             (EngineError::Unavailable, 503, "engine_unavailable"),

@@ -46,7 +46,8 @@ pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024 * 1024;
 pub const DEFAULT_SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// How the HTTP layer behaves. Build with `ServerOptions::default()` and the `with_*` setters.
-#[derive(Debug, Clone, PartialEq)]
+/// Its `Debug` output hides the API key.
+#[derive(Clone, PartialEq)]
 pub struct ServerOptions {
     /// Largest request body in bytes; larger bodies get 413. Default [`DEFAULT_BODY_LIMIT`].
     pub body_limit: usize,
@@ -69,6 +70,17 @@ impl Default for ServerOptions {
             api_key: None,
             sse_keep_alive: DEFAULT_SSE_KEEP_ALIVE,
         }
+    }
+}
+
+impl std::fmt::Debug for ServerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerOptions")
+            .field("body_limit", &self.body_limit)
+            .field("served_name_aliases", &self.served_name_aliases)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("sse_keep_alive", &self.sse_keep_alive)
+            .finish()
     }
 }
 
@@ -117,10 +129,7 @@ pub fn app(backend: Arc<dyn Backend>, options: ServerOptions) -> Router {
         options: Arc::new(options),
     };
     let api = Router::new()
-        .route(
-            "/v1/completions",
-            post(handlers::completions::completions),
-        )
+        .route("/v1/completions", post(handlers::completions::completions))
         .route(
             "/v1/chat/completions",
             post(handlers::chat::chat_completions),
@@ -128,7 +137,10 @@ pub fn app(backend: Arc<dyn Backend>, options: ServerOptions) -> Router {
         .route("/v1/models", get(handlers::models::list_models))
         .route("/tokenize", post(handlers::tokenize::tokenize))
         .route("/detokenize", post(handlers::tokenize::detokenize))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ));
     Router::new()
         .route("/health", get(handlers::health::health))
         .merge(api)

@@ -186,7 +186,10 @@ mod tests {
         let failed = GenerationEvent::Failed(EngineError::Internal("boom".into()));
         let got = run(vec![token("a"), failed], false).await;
         assert_eq!(got.len(), 4);
-        assert!(got[2].contains("\"error\"") && got[2].contains("boom"), "{got:?}");
+        assert!(
+            got[2].contains("\"error\"") && got[2].contains("boom"),
+            "{got:?}"
+        );
         assert_eq!(got[3], DONE);
         let got = run(vec![token("a")], true).await;
         assert!(got[2].contains("engine_unavailable"), "{got:?}");

@@ -95,7 +95,10 @@ pub async fn completion(
         }
     };
     if prompt.is_empty() {
-        return Err(ApiError::invalid_value("prompt", "The prompt must not be empty."));
+        return Err(ApiError::invalid_value(
+            "prompt",
+            "The prompt must not be empty.",
+        ));
     }
     let max_context = backend.max_context(&model)?;
     let max_tokens = fit(
@@ -339,13 +342,55 @@ mod tests {
         let s = sampling(&ok).unwrap();
         assert_eq!((s.temperature, s.top_p, s.top_k), (0.0, 1.0, 0));
         let bad = [
-            (SamplingWire { temperature: Some(2.5), ..Default::default() }, "temperature"),
-            (SamplingWire { top_p: Some(0.0), ..Default::default() }, "top_p"),
-            (SamplingWire { top_k: Some(-2), ..Default::default() }, "top_k"),
-            (SamplingWire { min_p: Some(1.5), ..Default::default() }, "min_p"),
-            (SamplingWire { presence_penalty: Some(-3.0), ..Default::default() }, "presence_penalty"),
-            (SamplingWire { frequency_penalty: Some(2.1), ..Default::default() }, "frequency_penalty"),
-            (SamplingWire { repetition_penalty: Some(0.0), ..Default::default() }, "repetition_penalty"),
+            (
+                SamplingWire {
+                    temperature: Some(2.5),
+                    ..Default::default()
+                },
+                "temperature",
+            ),
+            (
+                SamplingWire {
+                    top_p: Some(0.0),
+                    ..Default::default()
+                },
+                "top_p",
+            ),
+            (
+                SamplingWire {
+                    top_k: Some(-2),
+                    ..Default::default()
+                },
+                "top_k",
+            ),
+            (
+                SamplingWire {
+                    min_p: Some(1.5),
+                    ..Default::default()
+                },
+                "min_p",
+            ),
+            (
+                SamplingWire {
+                    presence_penalty: Some(-3.0),
+                    ..Default::default()
+                },
+                "presence_penalty",
+            ),
+            (
+                SamplingWire {
+                    frequency_penalty: Some(2.1),
+                    ..Default::default()
+                },
+                "frequency_penalty",
+            ),
+            (
+                SamplingWire {
+                    repetition_penalty: Some(0.0),
+                    ..Default::default()
+                },
+                "repetition_penalty",
+            ),
         ];
         for (wire, param) in bad {
             let e = sampling(&wire).unwrap_err();
@@ -358,7 +403,10 @@ mod tests {
         assert_eq!(fit(10, Some(6), 16, "prompt").unwrap(), 6);
         assert_eq!(fit(10, None, 16, "messages").unwrap(), 6);
         let e = fit(10, Some(7), 16, "prompt").unwrap_err();
-        assert_eq!((e.param(), e.code()), (Some("prompt"), Some("context_length_exceeded")));
+        assert_eq!(
+            (e.param(), e.code()),
+            (Some("prompt"), Some("context_length_exceeded"))
+        );
         assert!(fit(16, None, 16, "messages").is_err());
         assert_eq!(logprob_count(20, "logprobs").unwrap(), 20);
         assert!(logprob_count(21, "logprobs").is_err());

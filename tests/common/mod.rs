@@ -72,7 +72,10 @@ impl TestBackend {
     /// A ready model plus one that stays loading.
     pub fn with_loading() -> Arc<Self> {
         Arc::new(Self {
-            cards: vec![card(READY, ModelStatus::Ready), card(LOADING, ModelStatus::Loading)],
+            cards: vec![
+                card(READY, ModelStatus::Ready),
+                card(LOADING, ModelStatus::Loading),
+            ],
             submitted: Mutex::new(Vec::new()),
             cancelled: Arc::new(AtomicBool::new(false)),
         })
@@ -80,13 +83,20 @@ impl TestBackend {
 
     /// The last submitted request.
     pub fn last(&self) -> GenerationRequest {
-        self.submitted.lock().unwrap().last().cloned().expect("nothing submitted")
+        self.submitted
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .expect("nothing submitted")
     }
 
     fn ready(&self, model: &str) -> EngineResult<()> {
         match self.cards.iter().find(|c| c.id == model) {
             None => Err(EngineError::ModelNotFound(model.to_owned())),
-            Some(c) if c.status != ModelStatus::Ready => Err(EngineError::NotReady(model.to_owned())),
+            Some(c) if c.status != ModelStatus::Ready => {
+                Err(EngineError::NotReady(model.to_owned()))
+            }
             Some(_) => Ok(()),
         }
     }
@@ -141,7 +151,12 @@ impl Backend for TestBackend {
         self.ready(model).map(|_| MAX_CONTEXT)
     }
 
-    fn tokenize(&self, model: &str, text: &str, add_special_tokens: bool) -> EngineResult<Vec<u32>> {
+    fn tokenize(
+        &self,
+        model: &str,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> EngineResult<Vec<u32>> {
         self.ready(model)?;
         let bos = add_special_tokens.then_some(BOS);
         Ok(bos.into_iter().chain(text.bytes().map(u32::from)).collect())
@@ -194,8 +209,10 @@ impl Backend for TestBackend {
             match request.model.as_str() {
                 BROKEN => {
                     send(GenerationEvent::Token(output(0, params.logprobs))).await;
-                    send(GenerationEvent::Failed(EngineError::Internal("the test model broke".into())))
-                        .await;
+                    send(GenerationEvent::Failed(EngineError::Internal(
+                        "the test model broke".into(),
+                    )))
+                    .await;
                 }
                 SLOW => {
                     for i in 0..params.max_tokens {
@@ -257,15 +274,33 @@ impl Reply {
 
 /// Sends one request through the router in process.
 pub async fn send(app: &Router, request: Request<Body>) -> Reply {
-    let response = app.clone().oneshot(request).await.expect("router is infallible");
+    let response = app
+        .clone()
+        .oneshot(request)
+        .await
+        .expect("router is infallible");
     let status = response.status();
     let headers = response.headers().clone();
-    let body = response.into_body().collect().await.expect("body").to_bytes();
-    Reply { status, headers, body }
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    Reply {
+        status,
+        headers,
+        body,
+    }
 }
 
 /// A request with a raw body and an optional content type.
-pub fn raw(method: Method, uri: &str, content_type: Option<&str>, body: impl Into<Body>) -> Request<Body> {
+pub fn raw(
+    method: Method,
+    uri: &str,
+    content_type: Option<&str>,
+    body: impl Into<Body>,
+) -> Request<Body> {
     let mut builder = Request::builder().method(method).uri(uri);
     if let Some(ct) = content_type {
         builder = builder.header(header::CONTENT_TYPE, ct);
@@ -275,7 +310,16 @@ pub fn raw(method: Method, uri: &str, content_type: Option<&str>, body: impl Int
 
 /// POSTs JSON.
 pub async fn post(app: &Router, uri: &str, body: Value) -> Reply {
-    send(app, raw(Method::POST, uri, Some("application/json"), body.to_string())).await
+    send(
+        app,
+        raw(
+            Method::POST,
+            uri,
+            Some("application/json"),
+            body.to_string(),
+        ),
+    )
+    .await
 }
 
 /// GETs a path.
@@ -286,7 +330,10 @@ pub async fn get(app: &Router, uri: &str) -> Reply {
 /// Splits an SSE body into its events' data, checking the framing byte for byte: every event is
 /// exactly one `data: ` line followed by a blank line, and nothing else is in the body.
 pub fn sse_events(body: &str) -> Vec<String> {
-    assert!(body.ends_with("\n\n"), "body must end with a blank line: {body:?}");
+    assert!(
+        body.ends_with("\n\n"),
+        "body must end with a blank line: {body:?}"
+    );
     let events: Vec<&str> = body[..body.len() - 2].split("\n\n").collect();
     events
         .iter()

@@ -11,7 +11,7 @@ use crate::server::error::ApiError;
 use crate::server::extract::JsonObject;
 use crate::server::openai::chat::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse, ChatDelta,
-    ChatLogprobs, ChatResponseMessage, ChatRequest, ChatTokenLogprob,
+    ChatLogprobs, ChatRequest, ChatResponseMessage, ChatTokenLogprob,
 };
 use crate::server::openai::common::{new_id, unix_now};
 use crate::server::sse::{self, to_data, ChunkFormatter};

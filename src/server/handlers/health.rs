@@ -27,7 +27,11 @@ pub async fn health(State(state): State<AppState>) -> Response {
         .iter()
         .map(|c| json!({"id": c.id, "status": c.status}))
         .collect();
-    (StatusCode::OK, Json(json!({"status": "ok", "models": models}))).into_response()
+    (
+        StatusCode::OK,
+        Json(json!({"status": "ok", "models": models})),
+    )
+        .into_response()
 }
 
 fn not_ready(message: String) -> Response {

@@ -9,10 +9,7 @@ use crate::server::AppState;
 /// The handler.
 pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
     let cards = state.backend.models();
-    let mut data: Vec<ModelObject> = cards
-        .iter()
-        .map(data_for)
-        .collect();
+    let mut data: Vec<ModelObject> = cards.iter().map(data_for).collect();
     for (alias, target) in &state.options.served_name_aliases {
         if let Some(card) = cards.iter().find(|c| &c.id == target) {
             data.push(ModelObject {

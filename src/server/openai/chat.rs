@@ -340,13 +340,20 @@ mod tests {
             .iter()
             .map(|m| (m.role.as_str(), m.content.as_str()))
             .collect();
-        assert_eq!(got, [("system", "be nice"), ("user", "a\nb"), ("assistant", "")]);
+        assert_eq!(
+            got,
+            [("system", "be nice"), ("user", "a\nb"), ("assistant", "")]
+        );
     }
 
     #[test]
     fn rejections_name_their_param() {
         let cases = [
-            (json!({"model": "m", "messages": []}), "messages", "invalid_value"),
+            (
+                json!({"model": "m", "messages": []}),
+                "messages",
+                "invalid_value",
+            ),
             (
                 json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}),
                 "messages[0].content[0].type",
@@ -362,7 +369,11 @@ mod tests {
                 "messages[0].role",
                 "invalid_value",
             ),
-            (json!({"model": "m", "messages": [], "tools": []}), "tools", "unsupported_parameter"),
+            (
+                json!({"model": "m", "messages": [], "tools": []}),
+                "tools",
+                "unsupported_parameter",
+            ),
             (
                 json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "max_completion_tokens": 2}),
                 "max_tokens",

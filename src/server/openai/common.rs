@@ -157,7 +157,10 @@ fn read_stream_options(f: &mut Fields, stream: bool) -> Result<bool, ApiError> {
 
 /// A fresh response id: `prefix` followed by 24 random alphanumerics (`cmpl-`, `chatcmpl-`).
 pub fn new_id(prefix: &str) -> String {
-    format!("{prefix}{}", Alphanumeric.sample_string(&mut rand::rng(), 24))
+    format!(
+        "{prefix}{}",
+        Alphanumeric.sample_string(&mut rand::rng(), 24)
+    )
 }
 
 /// Seconds since the Unix epoch (0 if the clock is before it).
@@ -180,8 +183,10 @@ mod tests {
 
     #[test]
     fn reads_fields() {
-        let s = read(json!({"temperature": 0, "stop": "x", "seed": -1, "stream": true,
-            "stream_options": {"include_usage": true}, "n": 1, "user": "u"}))
+        let s = read(
+            json!({"temperature": 0, "stop": "x", "seed": -1, "stream": true,
+            "stream_options": {"include_usage": true}, "n": 1, "user": "u"}),
+        )
         .unwrap();
         assert_eq!(s.temperature, Some(0.0));
         assert_eq!(s.stop, vec!["x".to_owned()]);

@@ -98,7 +98,10 @@ fn read_prompt(value: Value) -> Result<PromptWire, ApiError> {
         other => return Err(ApiError::invalid_type("prompt", EXPECTED, &other)),
     };
     match items.first() {
-        None => Err(ApiError::invalid_value("prompt", "The prompt must not be empty.")),
+        None => Err(ApiError::invalid_value(
+            "prompt",
+            "The prompt must not be empty.",
+        )),
         Some(Value::String(_)) | Some(Value::Array(_)) if items.len() > 1 => Err(batch()),
         Some(Value::String(s)) => Ok(PromptWire::Text(s.clone())),
         Some(Value::Array(inner)) => token_ids(inner),
@@ -113,7 +116,10 @@ fn token_ids(items: &[Value]) -> Result<PromptWire, ApiError> {
         .collect::<Option<Vec<u32>>>();
     match ids {
         Some(ids) if !ids.is_empty() => Ok(PromptWire::Tokens(ids)),
-        Some(_) => Err(ApiError::invalid_value("prompt", "The prompt must not be empty.")),
+        Some(_) => Err(ApiError::invalid_value(
+            "prompt",
+            "The prompt must not be empty.",
+        )),
         None => Err(ApiError::invalid_type(
             "prompt",
             "an array of token ids (integers 0..2^32)",
@@ -170,9 +176,14 @@ pub struct CompletionLogprobs {
 impl CompletionLogprobs {
     /// Appends one generated token that starts at character `offset` of the output text.
     pub fn push(&mut self, out: &TokenOutput, offset: usize) {
-        let token = out.logprob.as_ref().map(|l| l.token.clone()).unwrap_or_default();
+        let token = out
+            .logprob
+            .as_ref()
+            .map(|l| l.token.clone())
+            .unwrap_or_default();
         self.tokens.push(token);
-        self.token_logprobs.push(out.logprob.as_ref().map(|l| l.logprob));
+        self.token_logprobs
+            .push(out.logprob.as_ref().map(|l| l.logprob));
         let top = out
             .top_logprobs
             .iter()
@@ -218,7 +229,10 @@ mod tests {
         assert_eq!(p(json!(["hi"])).unwrap(), PromptWire::Text("hi".into()));
         assert_eq!(p(json!([1, 2])).unwrap(), PromptWire::Tokens(vec![1, 2]));
         assert_eq!(p(json!([[3]])).unwrap(), PromptWire::Tokens(vec![3]));
-        assert_eq!(p(json!(["a", "b"])).unwrap_err().code(), Some("unsupported_value"));
+        assert_eq!(
+            p(json!(["a", "b"])).unwrap_err().code(),
+            Some("unsupported_value")
+        );
         assert_eq!(p(json!([])).unwrap_err().code(), Some("invalid_value"));
         assert_eq!(p(json!([1, "a"])).unwrap_err().code(), Some("invalid_type"));
         assert_eq!(p(json!(5)).unwrap_err().param(), Some("prompt"));
@@ -227,7 +241,10 @@ mod tests {
     #[test]
     fn unsupported_fields() {
         let e = req(json!({"model": "m", "prompt": "x", "suffix": "y"})).unwrap_err();
-        assert_eq!((e.param(), e.code()), (Some("suffix"), Some("unsupported_parameter")));
+        assert_eq!(
+            (e.param(), e.code()),
+            (Some("suffix"), Some("unsupported_parameter"))
+        );
         let e = req(json!({"model": "m", "prompt": "x", "echo": true})).unwrap_err();
         assert_eq!(e.param(), Some("echo"));
         let e = req(json!({"model": "m", "prompt": "x", "logit_bias": {"1": 2}})).unwrap_err();
@@ -237,7 +254,11 @@ mod tests {
 
     #[test]
     fn top_logprob_map_keeps_order_and_first() {
-        let m = TopLogprobMap(vec![("b".into(), -0.5), ("a".into(), -1.0), ("b".into(), -2.0)]);
+        let m = TopLogprobMap(vec![
+            ("b".into(), -0.5),
+            ("a".into(), -1.0),
+            ("b".into(), -2.0),
+        ]);
         assert_eq!(serde_json::to_string(&m).unwrap(), r#"{"b":-0.5,"a":-1.0}"#);
     }
 }

@@ -122,7 +122,9 @@ mod tests {
     use serde_json::json;
 
     fn fields(v: Value) -> Fields {
-        Fields::from_value(v, "x").map(|f| Fields::new(f.map, "")).unwrap()
+        Fields::from_value(v, "x")
+            .map(|f| Fields::new(f.map, ""))
+            .unwrap()
     }
 
     #[test]
@@ -143,7 +145,10 @@ mod tests {
         let mut f = fields(json!({"n": 1, "m": 2}));
         assert!(f.only("n", "an integer", 1i64).is_ok());
         let err = f.only("m", "an integer", 1i64).unwrap_err();
-        assert_eq!((err.param(), err.code()), (Some("m"), Some("unsupported_value")));
+        assert_eq!(
+            (err.param(), err.code()),
+            (Some("m"), Some("unsupported_value"))
+        );
         let f = fields(json!({"zzz": 1}));
         assert_eq!(
             f.reject_others(&["a"], &[]).unwrap_err().code(),
