@@ -1,0 +1,145 @@
+//! `POST /v1/chat/completions`: validate, submit, then answer with one `chat.completion` or an
+//! SSE stream of `chat.completion.chunk`s (the first carrying the assistant role).
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::{collect, Collected};
+use crate::engine::{FinishReason, TokenOutput, Usage};
+use crate::server::error::ApiError;
+use crate::server::extract::JsonObject;
+use crate::server::openai::chat::{
+    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse, ChatDelta,
+    ChatLogprobs, ChatRequest, ChatResponseMessage, ChatTokenLogprob,
+};
+use crate::server::openai::common::{new_id, unix_now};
+use crate::server::sse::{self, to_data, ChunkFormatter};
+use crate::server::validate::{self, ValidRequest};
+use crate::server::AppState;
+
+/// The handler.
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    let req = ChatRequest::from_json(body)?;
+    let valid = validate::chat(&state.backend, &state.options, req).await?;
+    let rx = state.backend.submit(valid.generation_request())?;
+    let formatter = Formatter::new(&valid);
+    if valid.stream() {
+        return Ok(sse::response(rx, formatter, state.options.sse_keep_alive));
+    }
+    let done = collect(rx).await?;
+    Ok(Json(formatter.full(&done)).into_response())
+}
+
+/// Builds the response or the chunks of one chat completion.
+struct Formatter {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    logprobs: bool,
+}
+
+impl Formatter {
+    fn new(valid: &ValidRequest) -> Self {
+        Self {
+            id: new_id("chatcmpl-"),
+            created: unix_now(),
+            model: valid.served_name().to_owned(),
+            include_usage: valid.include_usage(),
+            logprobs: valid.params().logprobs.is_some(),
+        }
+    }
+
+    fn full(&self, done: &Collected) -> ChatCompletionResponse {
+        let logprobs = self.logprobs.then(|| ChatLogprobs {
+            content: done
+                .tokens
+                .iter()
+                .filter_map(ChatTokenLogprob::from_output)
+                .collect(),
+        });
+        ChatCompletionResponse {
+            id: self.id.clone(),
+            object: "chat.completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices: vec![ChatChoice {
+                index: 0,
+                message: ChatResponseMessage {
+                    role: "assistant",
+                    content: done.text(),
+                },
+                logprobs,
+                finish_reason: Some(done.reason),
+            }],
+            usage: done.usage,
+        }
+    }
+
+    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Option<Usage>>) -> String {
+        to_data(&ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        })
+    }
+
+    fn choice(&self, delta: ChatDelta, logprobs: Option<ChatLogprobs>) -> ChatChunkChoice {
+        ChatChunkChoice {
+            index: 0,
+            delta,
+            logprobs,
+            finish_reason: None,
+        }
+    }
+
+    /// Usage field of a non-final chunk: `null` with include_usage, absent otherwise.
+    fn chunk_usage(&self) -> Option<Option<Usage>> {
+        self.include_usage.then_some(None)
+    }
+}
+
+impl ChunkFormatter for Formatter {
+    fn start(&mut self) -> Vec<String> {
+        let delta = ChatDelta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+        };
+        vec![self.chunk(vec![self.choice(delta, None)], self.chunk_usage())]
+    }
+
+    fn token(&mut self, out: &TokenOutput) -> Vec<String> {
+        if out.text.is_empty() && !self.logprobs {
+            return Vec::new();
+        }
+        let logprobs = self.logprobs.then(|| ChatLogprobs {
+            content: ChatTokenLogprob::from_output(out).into_iter().collect(),
+        });
+        let delta = ChatDelta {
+            role: None,
+            content: Some(out.text.clone()),
+        };
+        vec![self.chunk(vec![self.choice(delta, logprobs)], self.chunk_usage())]
+    }
+
+    fn finish(&mut self, reason: FinishReason, usage: Usage, trailing_text: &str) -> Vec<String> {
+        let delta = ChatDelta {
+            role: None,
+            content: (!trailing_text.is_empty()).then(|| trailing_text.to_owned()),
+        };
+        let mut last = self.choice(delta, None);
+        last.finish_reason = Some(reason);
+        let mut chunks = vec![self.chunk(vec![last], self.chunk_usage())];
+        if self.include_usage {
+            chunks.push(self.chunk(Vec::new(), Some(Some(usage))));
+        }
+        chunks
+    }
+}

@@ -1,0 +1,135 @@
+//! `POST /v1/completions`: validate, submit, then answer with one JSON response or an SSE stream
+//! of `text_completion` chunks.
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::{collect, Collected};
+use crate::engine::{FinishReason, TokenOutput, Usage};
+use crate::server::error::ApiError;
+use crate::server::extract::JsonObject;
+use crate::server::openai::common::{new_id, unix_now};
+use crate::server::openai::completions::{
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
+};
+use crate::server::sse::{self, to_data, ChunkFormatter};
+use crate::server::validate::{self, ValidRequest};
+use crate::server::AppState;
+
+/// The handler.
+pub async fn completions(
+    State(state): State<AppState>,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    let req = CompletionRequest::from_json(body)?;
+    let valid = validate::completion(&state.backend, &state.options, req).await?;
+    let rx = state.backend.submit(valid.generation_request())?;
+    let formatter = Formatter::new(&valid);
+    if valid.stream() {
+        return Ok(sse::response(rx, formatter, state.options.sse_keep_alive));
+    }
+    let done = collect(rx).await?;
+    Ok(Json(formatter.full(&done)).into_response())
+}
+
+/// Builds responses and chunks; tracks the character offset for `text_offset`.
+struct Formatter {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    logprobs: bool,
+    offset: usize,
+}
+
+impl Formatter {
+    fn new(valid: &ValidRequest) -> Self {
+        Self {
+            id: new_id("cmpl-"),
+            created: unix_now(),
+            model: valid.served_name().to_owned(),
+            include_usage: valid.include_usage(),
+            logprobs: valid.params().logprobs.is_some(),
+            offset: 0,
+        }
+    }
+
+    fn response(
+        &self,
+        choices: Vec<CompletionChoice>,
+        usage: Option<Option<Usage>>,
+    ) -> CompletionResponse {
+        CompletionResponse {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        }
+    }
+
+    /// Usage field of a non-final chunk: `null` with include_usage, absent otherwise.
+    fn chunk_usage(&self) -> Option<Option<Usage>> {
+        self.include_usage.then_some(None)
+    }
+
+    fn full(&self, done: &Collected) -> CompletionResponse {
+        let logprobs = self.logprobs.then(|| {
+            let mut lp = CompletionLogprobs::default();
+            let mut offset = 0;
+            for out in &done.tokens {
+                lp.push(out, offset);
+                offset += out.text.chars().count();
+            }
+            lp
+        });
+        let choice = CompletionChoice {
+            index: 0,
+            text: done.text(),
+            logprobs,
+            finish_reason: Some(done.reason),
+        };
+        self.response(vec![choice], Some(Some(done.usage)))
+    }
+}
+
+impl ChunkFormatter for Formatter {
+    fn start(&mut self) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn token(&mut self, out: &TokenOutput) -> Vec<String> {
+        if out.text.is_empty() && !self.logprobs {
+            return Vec::new();
+        }
+        let logprobs = self.logprobs.then(|| {
+            let mut lp = CompletionLogprobs::default();
+            lp.push(out, self.offset);
+            lp
+        });
+        self.offset += out.text.chars().count();
+        let choice = CompletionChoice {
+            index: 0,
+            text: out.text.clone(),
+            logprobs,
+            finish_reason: None,
+        };
+        vec![to_data(&self.response(vec![choice], self.chunk_usage()))]
+    }
+
+    fn finish(&mut self, reason: FinishReason, usage: Usage, trailing_text: &str) -> Vec<String> {
+        let choice = CompletionChoice {
+            index: 0,
+            text: trailing_text.to_owned(),
+            logprobs: None,
+            finish_reason: Some(reason),
+        };
+        let mut chunks = vec![to_data(&self.response(vec![choice], self.chunk_usage()))];
+        if self.include_usage {
+            chunks.push(to_data(&self.response(Vec::new(), Some(Some(usage)))));
+        }
+        chunks
+    }
+}

@@ -1,0 +1,39 @@
+//! `GET /health`: 200 `{"status":"ok",...}` when every model has finished loading and at least
+//! one is ready; otherwise 503 with an OpenAI-shaped error body (`model_not_ready`).
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::engine::ModelStatus;
+use crate::server::error::ApiError;
+use crate::server::AppState;
+
+/// The handler.
+pub async fn health(State(state): State<AppState>) -> Response {
+    let cards = state.backend.models();
+    if let Some(loading) = cards.iter().find(|c| c.status == ModelStatus::Loading) {
+        return not_ready(format!(
+            "The model `{}` is still loading; retry when /health returns 200.",
+            loading.id
+        ));
+    }
+    if !cards.iter().any(|c| c.status == ModelStatus::Ready) {
+        return not_ready("No model is ready to serve.".to_owned());
+    }
+    let models: Vec<_> = cards
+        .iter()
+        .map(|c| json!({"id": c.id, "status": c.status}))
+        .collect();
+    (
+        StatusCode::OK,
+        Json(json!({"status": "ok", "models": models})),
+    )
+        .into_response()
+}
+
+fn not_ready(message: String) -> Response {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "model_not_ready", message).into_response()
+}

@@ -1,0 +1,71 @@
+//! Request handlers, one file per endpoint family, plus what they share: submitting a validated
+//! request to the backend and collecting a non-streamed generation.
+
+pub mod chat;
+pub mod completions;
+pub mod health;
+pub mod models;
+pub mod tokenize;
+
+use axum::http::{Method, Uri};
+use tokio::sync::mpsc;
+
+use super::error::ApiError;
+use crate::engine::{EngineError, FinishReason, GenerationEvent, TokenOutput, Usage};
+
+/// A finished non-streamed generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Collected {
+    /// Every generated token, in order.
+    pub tokens: Vec<TokenOutput>,
+    /// Why it ended.
+    pub reason: FinishReason,
+    /// Token counts.
+    pub usage: Usage,
+    /// Text released at the end (see `GenerationEvent::Finished`).
+    pub trailing_text: String,
+}
+
+impl Collected {
+    /// The whole generated text.
+    pub fn text(&self) -> String {
+        let mut text: String = self.tokens.iter().map(|t| t.text.as_str()).collect();
+        text.push_str(&self.trailing_text);
+        text
+    }
+}
+
+/// Waits for a generation to finish. If the client goes away, the handler future (and with it
+/// the receiver) is dropped, which cancels the request in the engine.
+pub async fn collect(mut rx: mpsc::Receiver<GenerationEvent>) -> Result<Collected, ApiError> {
+    let mut tokens = Vec::new();
+    while let Some(event) = rx.recv().await {
+        match event {
+            GenerationEvent::Token(out) => tokens.push(out),
+            GenerationEvent::Finished {
+                reason,
+                usage,
+                trailing_text,
+            } => {
+                return Ok(Collected {
+                    tokens,
+                    reason,
+                    usage,
+                    trailing_text,
+                })
+            }
+            GenerationEvent::Failed(err) => return Err(err.into()),
+        }
+    }
+    Err(EngineError::Unavailable.into())
+}
+
+/// Fallback for paths no route serves: 404 in our error shape.
+pub async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::route_not_found(method.as_str(), uri.path())
+}
+
+/// Fallback for known paths called with the wrong method: 405 in our error shape.
+pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::method_not_allowed(method.as_str(), uri.path())
+}

@@ -1,0 +1,44 @@
+//! `POST /tokenize` and `POST /detokenize` (vLLM's extensions), run on the blocking pool.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::Json;
+
+use crate::server::error::ApiError;
+use crate::server::extract::JsonObject;
+use crate::server::openai::tokenize::{
+    DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
+};
+use crate::server::validate::{blocking, resolve_model};
+use crate::server::AppState;
+
+/// `POST /tokenize`.
+pub async fn tokenize(
+    State(state): State<AppState>,
+    JsonObject(body): JsonObject,
+) -> Result<Json<TokenizeResponse>, ApiError> {
+    let req = TokenizeRequest::from_json(body)?;
+    let model = resolve_model(&state.backend, &state.options, &req.model)?;
+    let max_model_len = state.backend.max_context(&model)?;
+    let backend = Arc::clone(&state.backend);
+    let tokens =
+        blocking(move || backend.tokenize(&model, &req.prompt, req.add_special_tokens)).await?;
+    Ok(Json(TokenizeResponse {
+        count: tokens.len(),
+        tokens,
+        max_model_len,
+    }))
+}
+
+/// `POST /detokenize`.
+pub async fn detokenize(
+    State(state): State<AppState>,
+    JsonObject(body): JsonObject,
+) -> Result<Json<DetokenizeResponse>, ApiError> {
+    let req = DetokenizeRequest::from_json(body)?;
+    let model = resolve_model(&state.backend, &state.options, &req.model)?;
+    let backend = Arc::clone(&state.backend);
+    let prompt = blocking(move || backend.detokenize(&model, &req.tokens)).await?;
+    Ok(Json(DetokenizeResponse { prompt }))
+}

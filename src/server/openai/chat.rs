@@ -1,0 +1,388 @@
+//! `/v1/chat/completions` wire types: the request as read from JSON (types checked, unsupported
+//! fields rejected), the response (`object: "chat.completion"`) and its stream chunks
+//! (`object: "chat.completion.chunk"`).
+//!
+//! Accepted: `model`, `messages`, `max_tokens`, `max_completion_tokens`, `logprobs`,
+//! `top_logprobs`, the shared sampling fields ([`super::common::SAMPLING_FIELDS`]), `metadata`
+//! (ignored), `store` (false only), `logit_bias` (empty only). Messages: `role` (`system`, `user`,
+//! `assistant`, `tool`, and `developer`, treated as `system`), `content` (a string, an array of
+//! `{"type":"text","text"}` parts, or null for an assistant), `tool_call_id` (ignored).
+//! Everything else is rejected with `param` naming it.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::common::{SamplingWire, SAMPLING_FIELDS};
+use super::completions::reject_logit_bias;
+use super::fields::Fields;
+use crate::engine::{ChatMessage, FinishReason, TokenLogprob, TokenOutput, Usage};
+use crate::server::error::ApiError;
+
+/// A `/v1/chat/completions` request body, types checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    /// `model`.
+    pub model: String,
+    /// `messages`, content parts joined.
+    pub messages: Vec<ChatMessage>,
+    /// `max_completion_tokens`, or the deprecated `max_tokens`.
+    pub max_tokens: Option<i64>,
+    /// Which of the two fields gave `max_tokens` (for error messages).
+    pub max_tokens_param: &'static str,
+    /// `logprobs`.
+    pub logprobs: bool,
+    /// `top_logprobs`.
+    pub top_logprobs: Option<i64>,
+    /// Sampling, stop and streaming fields.
+    pub sampling: SamplingWire,
+}
+
+const OWN_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "store",
+    "metadata",
+];
+const UNSUPPORTED: &[&str] = &[
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+    "response_format",
+    "audio",
+    "modalities",
+    "prediction",
+    "reasoning_effort",
+    "web_search_options",
+    "service_tier",
+    "suffix",
+    "echo",
+    "best_of",
+];
+
+impl ChatRequest {
+    /// Reads a request body.
+    pub fn from_json(map: Map<String, Value>) -> Result<Self, ApiError> {
+        let mut f = Fields::new(map, "");
+        let known: Vec<&str> = OWN_FIELDS.iter().chain(SAMPLING_FIELDS).copied().collect();
+        f.reject_others(&known, UNSUPPORTED)?;
+        f.only("store", "a boolean", false)?;
+        reject_logit_bias(&mut f)?;
+        let _metadata: Option<Map<String, Value>> = f.optional("metadata", "an object")?;
+        let model = f.required("model", "a string")?;
+        let messages = match f.take_raw("messages") {
+            Some(value) => read_messages(value)?,
+            None => return Err(ApiError::missing("messages")),
+        };
+        let old: Option<i64> = f.optional("max_tokens", "an integer")?;
+        let new: Option<i64> = f.optional("max_completion_tokens", "an integer")?;
+        let (max_tokens, max_tokens_param) = match (new, old) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid_value(
+                    "max_tokens",
+                    "Give either `max_tokens` or `max_completion_tokens`, not both.",
+                ))
+            }
+            (Some(n), None) => (Some(n), "max_completion_tokens"),
+            (None, old) => (old, "max_tokens"),
+        };
+        Ok(Self {
+            model,
+            messages,
+            max_tokens,
+            max_tokens_param,
+            logprobs: f.optional("logprobs", "a boolean")?.unwrap_or(false),
+            top_logprobs: f.optional("top_logprobs", "an integer")?,
+            sampling: SamplingWire::read(&mut f)?,
+        })
+    }
+}
+
+fn read_messages(value: Value) -> Result<Vec<ChatMessage>, ApiError> {
+    let items = match value {
+        Value::Array(items) => items,
+        other => return Err(ApiError::invalid_type("messages", "an array", &other)),
+    };
+    if items.is_empty() {
+        return Err(ApiError::invalid_value(
+            "messages",
+            "`messages` must contain at least one message.",
+        ));
+    }
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| read_message(item, &format!("messages[{i}]")))
+        .collect()
+}
+
+fn read_message(item: Value, param: &str) -> Result<ChatMessage, ApiError> {
+    let mut f = Fields::from_value(item, param)?;
+    f.reject_others(
+        &["role", "content", "tool_call_id"],
+        &["name", "tool_calls", "function_call", "audio", "refusal"],
+    )?;
+    let role: String = f.required("role", "a string")?;
+    let role = match role.as_str() {
+        "system" | "developer" => "system",
+        "user" => "user",
+        "assistant" => "assistant",
+        "tool" => "tool",
+        other => {
+            return Err(ApiError::invalid_value(
+                &f.param("role"),
+                format!(
+                    "Unknown role `{other}`; expected system, developer, user, assistant or tool."
+                ),
+            ))
+        }
+    };
+    let _tool_call_id: Option<String> = f.optional("tool_call_id", "a string")?;
+    let content_param = f.param("content");
+    let content = match f.take_raw("content") {
+        None if role == "assistant" => String::new(),
+        None => return Err(ApiError::missing(&content_param)),
+        Some(Value::String(s)) => s,
+        Some(Value::Array(parts)) => read_parts(parts, &content_param)?,
+        Some(other) => {
+            return Err(ApiError::invalid_type(
+                &content_param,
+                "a string or an array of content parts",
+                &other,
+            ))
+        }
+    };
+    Ok(ChatMessage {
+        role: role.to_owned(),
+        content,
+    })
+}
+
+/// Joins `{"type":"text","text"}` parts with newlines (as vLLM does); other part types are 400.
+fn read_parts(parts: Vec<Value>, param: &str) -> Result<String, ApiError> {
+    let mut texts = Vec::with_capacity(parts.len());
+    for (j, part) in parts.into_iter().enumerate() {
+        let mut f = Fields::from_value(part, &format!("{param}[{j}]"))?;
+        let kind: String = f.required("type", "a string")?;
+        if kind != "text" {
+            return Err(ApiError::unsupported_value(
+                &f.param("type"),
+                format!("Content parts of type `{kind}` are not supported; only `text` parts are."),
+            ));
+        }
+        f.reject_others(&["text"], &[])?;
+        texts.push(f.required::<String>("text", "a string")?);
+    }
+    Ok(texts.join("\n"))
+}
+
+/// A non-streamed chat completion.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletionResponse {
+    /// `chatcmpl-...`.
+    pub id: String,
+    /// Always `"chat.completion"`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model name as the client sent it.
+    pub model: String,
+    /// One choice.
+    pub choices: Vec<ChatChoice>,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+/// The one choice of a chat completion.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChoice {
+    /// Always 0.
+    pub index: u32,
+    /// The assistant's message.
+    pub message: ChatResponseMessage,
+    /// Per-token logprobs when asked for.
+    pub logprobs: Option<ChatLogprobs>,
+    /// Why generation ended.
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// `{"role":"assistant","content":...}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatResponseMessage {
+    /// Always `"assistant"`.
+    pub role: &'static str,
+    /// The generated text.
+    pub content: String,
+}
+
+/// One `chat.completion.chunk` event.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletionChunk {
+    /// The same in every chunk of a stream.
+    pub id: String,
+    /// Always `"chat.completion.chunk"`.
+    pub object: &'static str,
+    /// The same in every chunk of a stream.
+    pub created: u64,
+    /// The model name as the client sent it.
+    pub model: String,
+    /// One choice, or none in the final usage chunk.
+    pub choices: Vec<ChatChunkChoice>,
+    /// `null` except in the final usage chunk when `stream_options.include_usage`; absent
+    /// otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+}
+
+/// A chunk's choice.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChunkChoice {
+    /// Always 0.
+    pub index: u32,
+    /// What this chunk adds.
+    pub delta: ChatDelta,
+    /// This chunk's token logprobs when asked for.
+    pub logprobs: Option<ChatLogprobs>,
+    /// Non-null in exactly one chunk, the last one with a choice.
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// A chunk's delta: the role in the first chunk, then content.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChatDelta {
+    /// `"assistant"` in the first chunk only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// New text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// `{"content": [...]}`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChatLogprobs {
+    /// One entry per generated token.
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+/// One generated token's logprob with its alternatives.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatTokenLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its logprob.
+    pub logprob: f32,
+    /// Its UTF-8 bytes.
+    pub bytes: Vec<u8>,
+    /// The most likely alternatives, most likely first.
+    pub top_logprobs: Vec<ChatTopLogprob>,
+}
+
+/// An alternative token.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatTopLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its logprob.
+    pub logprob: f32,
+    /// Its UTF-8 bytes.
+    pub bytes: Vec<u8>,
+}
+
+impl From<&TokenLogprob> for ChatTopLogprob {
+    fn from(l: &TokenLogprob) -> Self {
+        Self {
+            token: l.token.clone(),
+            logprob: l.logprob,
+            bytes: l.bytes.clone(),
+        }
+    }
+}
+
+impl ChatTokenLogprob {
+    /// The entry for one generated token, if the engine reported its logprob.
+    pub fn from_output(out: &TokenOutput) -> Option<Self> {
+        let chosen = out.logprob.as_ref()?;
+        Some(Self {
+            token: chosen.token.clone(),
+            logprob: chosen.logprob,
+            bytes: chosen.bytes.clone(),
+            top_logprobs: out.top_logprobs.iter().map(ChatTopLogprob::from).collect(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn req(v: Value) -> Result<ChatRequest, ApiError> {
+        let Value::Object(map) = v else { panic!() };
+        ChatRequest::from_json(map)
+    }
+
+    #[test]
+    fn messages_and_parts() {
+        let r = req(json!({"model": "m", "messages": [
+            {"role": "developer", "content": "be nice"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": null}]}))
+        .unwrap();
+        let got: Vec<(&str, &str)> = r
+            .messages
+            .iter()
+            .map(|m| (m.role.as_str(), m.content.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [("system", "be nice"), ("user", "a\nb"), ("assistant", "")]
+        );
+    }
+
+    #[test]
+    fn rejections_name_their_param() {
+        let cases = [
+            (
+                json!({"model": "m", "messages": []}),
+                "messages",
+                "invalid_value",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}),
+                "messages[0].content[0].type",
+                "unsupported_value",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x", "name": "bob"}]}),
+                "messages[0].name",
+                "unsupported_parameter",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}),
+                "messages[0].role",
+                "invalid_value",
+            ),
+            (
+                json!({"model": "m", "messages": [], "tools": []}),
+                "tools",
+                "unsupported_parameter",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "max_completion_tokens": 2}),
+                "max_tokens",
+                "invalid_value",
+            ),
+        ];
+        for (body, param, code) in cases {
+            let e = req(body.clone()).unwrap_err();
+            assert_eq!((e.param(), e.code()), (Some(param), Some(code)), "{body}");
+        }
+    }
+}

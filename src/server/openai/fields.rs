@@ -1,0 +1,158 @@
+//! [`Fields`]: reads a JSON object field by field, so every type error names its field (`param`)
+//! and every field left over is reported as unsupported or unknown instead of being ignored.
+//!
+//! A field whose value is `null` counts as absent everywhere (OpenAI's SDKs send `null` for
+//! "not given").
+
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::server::error::ApiError;
+
+/// A JSON object being consumed field by field.
+#[derive(Debug)]
+pub struct Fields {
+    map: Map<String, Value>,
+    prefix: String,
+}
+
+impl Fields {
+    /// Wraps an object; `prefix` is prepended to field names in `param` (e.g. `"messages[0]."`).
+    pub fn new(map: Map<String, Value>, prefix: impl Into<String>) -> Self {
+        Self {
+            map,
+            prefix: prefix.into(),
+        }
+    }
+
+    /// Wraps a value that must be an object (`param` names it when it is not).
+    pub fn from_value(value: Value, param: &str) -> Result<Self, ApiError> {
+        match value {
+            Value::Object(map) => Ok(Self::new(map, format!("{param}."))),
+            other => Err(ApiError::invalid_type(param, "an object", &other)),
+        }
+    }
+
+    /// The full `param` name of a field.
+    pub fn param(&self, name: &str) -> String {
+        format!("{}{}", self.prefix, name)
+    }
+
+    /// Rejects any field not in `known` before anything is read: `unsupported` names OpenAI
+    /// fields this server does not implement (reported as such), anything else is unknown.
+    /// Fields set to `null` pass.
+    pub fn reject_others(&self, known: &[&str], unsupported: &[&str]) -> Result<(), ApiError> {
+        for (key, value) in &self.map {
+            if known.contains(&key.as_str()) || value.is_null() {
+                continue;
+            }
+            let param = self.param(key);
+            return Err(if unsupported.contains(&key.as_str()) {
+                ApiError::unsupported_parameter(&param)
+            } else {
+                ApiError::unknown_parameter(&param)
+            });
+        }
+        Ok(())
+    }
+
+    /// Removes a field and returns its raw value; `None` when absent or null.
+    pub fn take_raw(&mut self, name: &str) -> Option<Value> {
+        self.map.remove(name).filter(|v| !v.is_null())
+    }
+
+    /// Removes a field and converts it; absent or null is `None`, a wrong type a 400 naming the
+    /// field (`expected` describes the type in the message, e.g. "a number").
+    pub fn optional<T: DeserializeOwned>(
+        &mut self,
+        name: &str,
+        expected: &str,
+    ) -> Result<Option<T>, ApiError> {
+        match self.take_raw(name) {
+            None => Ok(None),
+            Some(value) => convert(value, &self.param(name), expected).map(Some),
+        }
+    }
+
+    /// Like [`Fields::optional`], but absent or null is a 400 `missing_required_parameter`.
+    pub fn required<T: DeserializeOwned>(
+        &mut self,
+        name: &str,
+        expected: &str,
+    ) -> Result<T, ApiError> {
+        let param = self.param(name);
+        self.optional(name, expected)?
+            .ok_or_else(|| ApiError::missing(&param))
+    }
+
+    /// A field that is accepted only with one value (e.g. `n` must be 1): any other value is a
+    /// 400 `unsupported_value` naming the field.
+    pub fn only<T>(&mut self, name: &str, expected: &str, allowed: T) -> Result<(), ApiError>
+    where
+        T: DeserializeOwned + PartialEq + std::fmt::Display,
+    {
+        match self.optional::<T>(name, expected)? {
+            Some(v) if v != allowed => Err(ApiError::unsupported_value(
+                &self.param(name),
+                format!(
+                    "`{}` = {v} is not supported by this server; only {allowed} is.",
+                    self.param(name)
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Converts a JSON value, naming `param` on a type error.
+pub fn convert<T: DeserializeOwned>(
+    value: Value,
+    param: &str,
+    expected: &str,
+) -> Result<T, ApiError> {
+    match serde_json::from_value::<T>(value.clone()) {
+        Ok(v) => Ok(v),
+        Err(_) => Err(ApiError::invalid_type(param, expected, &value)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn fields(v: Value) -> Fields {
+        Fields::from_value(v, "x")
+            .map(|f| Fields::new(f.map, ""))
+            .unwrap()
+    }
+
+    #[test]
+    fn reads_and_rejects() {
+        let mut f = fields(json!({"a": 1, "b": null, "c": "s", "tools": []}));
+        assert_eq!(f.optional::<i64>("a", "an integer").unwrap(), Some(1));
+        assert_eq!(f.optional::<i64>("b", "an integer").unwrap(), None);
+        let err = f.optional::<i64>("c", "an integer").unwrap_err();
+        assert_eq!((err.param(), err.code()), (Some("c"), Some("invalid_type")));
+        let err = f.required::<i64>("d", "an integer").unwrap_err();
+        assert_eq!(err.code(), Some("missing_required_parameter"));
+        let err = f.reject_others(&[], &["tools"]).unwrap_err();
+        assert_eq!(err.code(), Some("unsupported_parameter"));
+    }
+
+    #[test]
+    fn only_one_value() {
+        let mut f = fields(json!({"n": 1, "m": 2}));
+        assert!(f.only("n", "an integer", 1i64).is_ok());
+        let err = f.only("m", "an integer", 1i64).unwrap_err();
+        assert_eq!(
+            (err.param(), err.code()),
+            (Some("m"), Some("unsupported_value"))
+        );
+        let f = fields(json!({"zzz": 1}));
+        assert_eq!(
+            f.reject_others(&["a"], &[]).unwrap_err().code(),
+            Some("unknown_parameter")
+        );
+    }
+}

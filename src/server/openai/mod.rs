@@ -1,0 +1,9 @@
+//! OpenAI (and vLLM extension) wire types. Requests are read from a JSON object field by field
+//! ([`fields::Fields`]) so each type error and each unsupported field is reported with `param`
+//! naming it; responses are plain `Serialize` structs.
+
+pub mod chat;
+pub mod common;
+pub mod completions;
+pub mod fields;
+pub mod tokenize;

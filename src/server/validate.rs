@@ -1,0 +1,416 @@
+//! Validation: wire request -> [`ValidRequest`], the only way to build one. It checks ranges
+//! (each failure a 400 naming its field), resolves the model (404 unknown, 503 loading), tokenises
+//! the prompt through the backend on the blocking pool, and checks that prompt + `max_tokens` fit
+//! the model's context (400 `context_length_exceeded`) before any response starts.
+
+use std::sync::Arc;
+
+use super::error::ApiError;
+use super::openai::chat::ChatRequest;
+use super::openai::common::SamplingWire;
+use super::openai::completions::{CompletionRequest, PromptWire};
+use super::ServerOptions;
+use crate::engine::{
+    Backend, EngineError, GenerationParams, GenerationRequest, ModelStatus, PromptInput,
+    SamplingParams,
+};
+
+/// Most top alternatives a request may ask for per token.
+pub const MAX_LOGPROBS: i64 = 20;
+
+/// Completions' `max_tokens` when the client gives none (OpenAI's default).
+pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 16;
+
+/// A request that passed validation: the model exists and is ready, the prompt is tokenised
+/// and fits the context with its `max_tokens`. Only this module can build one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidRequest {
+    model: String,
+    served_name: String,
+    prompt: Vec<u32>,
+    params: GenerationParams,
+    stream: bool,
+    include_usage: bool,
+}
+
+impl ValidRequest {
+    /// The backend's model id (aliases resolved).
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// The model name as the client sent it (echoed in responses).
+    pub fn served_name(&self) -> &str {
+        &self.served_name
+    }
+
+    /// Prompt token ids.
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// Generation parameters, `max_tokens` final.
+    pub fn params(&self) -> &GenerationParams {
+        &self.params
+    }
+
+    /// Whether to answer with an SSE stream.
+    pub fn stream(&self) -> bool {
+        self.stream
+    }
+
+    /// Whether a stream ends with a usage chunk.
+    pub fn include_usage(&self) -> bool {
+        self.include_usage
+    }
+
+    /// The request for the engine.
+    pub fn generation_request(&self) -> GenerationRequest {
+        GenerationRequest {
+            model: self.model.clone(),
+            prompt: PromptInput::Tokens(self.prompt.clone()),
+            params: self.params.clone(),
+        }
+    }
+}
+
+/// Validates a `/v1/completions` request.
+pub async fn completion(
+    backend: &Arc<dyn Backend>,
+    options: &ServerOptions,
+    req: CompletionRequest,
+) -> Result<ValidRequest, ApiError> {
+    let sampling = sampling(&req.sampling)?;
+    let max_tokens = max_tokens(req.max_tokens, "max_tokens")?;
+    let logprobs = req
+        .logprobs
+        .map(|n| logprob_count(n, "logprobs"))
+        .transpose()?;
+    let model = resolve_model(backend, options, &req.model)?;
+    let prompt = match req.prompt {
+        PromptWire::Tokens(ids) => ids,
+        PromptWire::Text(text) => {
+            let (b, m) = (Arc::clone(backend), model.clone());
+            blocking(move || b.tokenize(&m, &text, true)).await?
+        }
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid_value(
+            "prompt",
+            "The prompt must not be empty.",
+        ));
+    }
+    let max_context = backend.max_context(&model)?;
+    let max_tokens = fit(
+        prompt.len(),
+        Some(max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS)),
+        max_context,
+        "prompt",
+    )?;
+    Ok(ValidRequest {
+        model,
+        served_name: req.model,
+        prompt,
+        params: params(max_tokens, sampling, &req.sampling, logprobs),
+        stream: req.sampling.stream,
+        include_usage: req.sampling.include_usage,
+    })
+}
+
+/// Validates a `/v1/chat/completions` request. `max_tokens` defaults to the rest of the context.
+pub async fn chat(
+    backend: &Arc<dyn Backend>,
+    options: &ServerOptions,
+    req: ChatRequest,
+) -> Result<ValidRequest, ApiError> {
+    let sampling = sampling(&req.sampling)?;
+    let max_tokens = max_tokens(req.max_tokens, req.max_tokens_param)?;
+    let top = req
+        .top_logprobs
+        .map(|n| logprob_count(n, "top_logprobs"))
+        .transpose()?;
+    if !req.logprobs && top.is_some_and(|n| n > 0) {
+        return Err(ApiError::invalid_value(
+            "top_logprobs",
+            "`top_logprobs` requires `logprobs` to be true.",
+        ));
+    }
+    let logprobs = req.logprobs.then(|| top.unwrap_or(0));
+    let model = resolve_model(backend, options, &req.model)?;
+    let (b, m, messages) = (Arc::clone(backend), model.clone(), req.messages);
+    let prompt = blocking(move || {
+        let text = b.render_chat(&m, &messages, true)?;
+        b.tokenize(&m, &text, false)
+    })
+    .await?;
+    let max_context = backend.max_context(&model)?;
+    let max_tokens = fit(prompt.len(), max_tokens, max_context, "messages")?;
+    Ok(ValidRequest {
+        model,
+        served_name: req.model,
+        prompt,
+        params: params(max_tokens, sampling, &req.sampling, logprobs),
+        stream: req.sampling.stream,
+        include_usage: req.sampling.include_usage,
+    })
+}
+
+/// Maps a client's model name (or alias) to a ready backend model id: unknown is 404
+/// `model_not_found`, loading 503 `model_not_ready`, failed 503 `model_failed`.
+pub fn resolve_model(
+    backend: &Arc<dyn Backend>,
+    options: &ServerOptions,
+    name: &str,
+) -> Result<String, ApiError> {
+    let target = options
+        .served_name_aliases
+        .get(name)
+        .map_or(name, String::as_str);
+    let cards = backend.models();
+    let card = cards
+        .iter()
+        .find(|c| c.id == target)
+        .ok_or_else(|| EngineError::ModelNotFound(name.to_owned()))?;
+    match card.status {
+        ModelStatus::Ready => Ok(card.id.clone()),
+        ModelStatus::Loading => Err(EngineError::NotReady(name.to_owned()).into()),
+        ModelStatus::Failed => Err(ApiError::model_failed(name)),
+    }
+}
+
+/// Runs CPU work (tokenising, template rendering) on tokio's blocking pool.
+pub async fn blocking<T, F>(work: F) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, EngineError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("a tokenizer task failed: {e}")))?
+        .map_err(ApiError::from)
+}
+
+fn params(
+    max_tokens: usize,
+    sampling: SamplingParams,
+    wire: &SamplingWire,
+    logprobs: Option<usize>,
+) -> GenerationParams {
+    GenerationParams {
+        max_tokens,
+        sampling,
+        stop: wire.stop.clone(),
+        ignore_eos: wire.ignore_eos,
+        logprobs,
+    }
+}
+
+/// Checks the context: returns the final `max_tokens` (`None` = the rest of the context).
+fn fit(
+    prompt_tokens: usize,
+    max_tokens: Option<usize>,
+    max_context: usize,
+    param: &str,
+) -> Result<usize, ApiError> {
+    let max_tokens = max_tokens.unwrap_or(max_context.saturating_sub(prompt_tokens));
+    let requested = prompt_tokens.saturating_add(max_tokens.max(1));
+    if max_tokens == 0 || requested > max_context {
+        let err = EngineError::ContextLengthExceeded {
+            max_context,
+            requested,
+            prompt_tokens,
+            max_tokens: max_tokens.max(1),
+        };
+        return Err(ApiError::from(err).with_param(param));
+    }
+    Ok(max_tokens)
+}
+
+fn max_tokens(value: Option<i64>, param: &str) -> Result<Option<usize>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(n) if n >= 1 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+        Some(n) => Err(ApiError::invalid_value(
+            param,
+            format!("`{param}` must be at least 1, got {n}."),
+        )),
+    }
+}
+
+fn logprob_count(n: i64, param: &str) -> Result<usize, ApiError> {
+    usize::try_from(n)
+        .ok()
+        .filter(|&n| n as i64 <= MAX_LOGPROBS)
+        .ok_or_else(|| {
+            ApiError::invalid_value(
+                param,
+                format!("`{param}` must be between 0 and {MAX_LOGPROBS}, got {n}."),
+            )
+        })
+}
+
+fn in_range(
+    value: Option<f64>,
+    param: &str,
+    ok: impl Fn(f64) -> bool,
+    rule: &str,
+    default: f32,
+) -> Result<f32, ApiError> {
+    match value {
+        None => Ok(default),
+        Some(v) if v.is_finite() && ok(v) => Ok(v as f32),
+        Some(v) => Err(ApiError::invalid_value(
+            param,
+            format!("`{param}` must be {rule}, got {v}."),
+        )),
+    }
+}
+
+fn sampling(w: &SamplingWire) -> Result<SamplingParams, ApiError> {
+    let d = SamplingParams::default();
+    let top_k = match w.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+        Some(k) => {
+            return Err(ApiError::invalid_value(
+                "top_k",
+                format!("`top_k` must be -1 (off), 0 (off) or positive, got {k}."),
+            ))
+        }
+    };
+    let penalty = |v: f64| (-2.0..=2.0).contains(&v);
+    Ok(SamplingParams {
+        temperature: in_range(
+            w.temperature,
+            "temperature",
+            |v| (0.0..=2.0).contains(&v),
+            "between 0 and 2",
+            d.temperature,
+        )?,
+        top_p: in_range(
+            w.top_p,
+            "top_p",
+            |v| v > 0.0 && v <= 1.0,
+            "greater than 0 and at most 1",
+            d.top_p,
+        )?,
+        top_k,
+        min_p: in_range(
+            w.min_p,
+            "min_p",
+            |v| (0.0..=1.0).contains(&v),
+            "between 0 and 1",
+            d.min_p,
+        )?,
+        seed: w.seed,
+        presence_penalty: in_range(
+            w.presence_penalty,
+            "presence_penalty",
+            penalty,
+            "between -2 and 2",
+            d.presence_penalty,
+        )?,
+        frequency_penalty: in_range(
+            w.frequency_penalty,
+            "frequency_penalty",
+            penalty,
+            "between -2 and 2",
+            d.frequency_penalty,
+        )?,
+        repetition_penalty: in_range(
+            w.repetition_penalty,
+            "repetition_penalty",
+            |v| v > 0.0,
+            "greater than 0",
+            d.repetition_penalty,
+        )?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        let ok = SamplingWire {
+            temperature: Some(0.0),
+            top_p: Some(1.0),
+            top_k: Some(-1),
+            ..Default::default()
+        };
+        let s = sampling(&ok).unwrap();
+        assert_eq!((s.temperature, s.top_p, s.top_k), (0.0, 1.0, 0));
+        let bad = [
+            (
+                SamplingWire {
+                    temperature: Some(2.5),
+                    ..Default::default()
+                },
+                "temperature",
+            ),
+            (
+                SamplingWire {
+                    top_p: Some(0.0),
+                    ..Default::default()
+                },
+                "top_p",
+            ),
+            (
+                SamplingWire {
+                    top_k: Some(-2),
+                    ..Default::default()
+                },
+                "top_k",
+            ),
+            (
+                SamplingWire {
+                    min_p: Some(1.5),
+                    ..Default::default()
+                },
+                "min_p",
+            ),
+            (
+                SamplingWire {
+                    presence_penalty: Some(-3.0),
+                    ..Default::default()
+                },
+                "presence_penalty",
+            ),
+            (
+                SamplingWire {
+                    frequency_penalty: Some(2.1),
+                    ..Default::default()
+                },
+                "frequency_penalty",
+            ),
+            (
+                SamplingWire {
+                    repetition_penalty: Some(0.0),
+                    ..Default::default()
+                },
+                "repetition_penalty",
+            ),
+        ];
+        for (wire, param) in bad {
+            let e = sampling(&wire).unwrap_err();
+            assert_eq!((e.param(), e.code()), (Some(param), Some("invalid_value")));
+        }
+    }
+
+    #[test]
+    fn context_fit() {
+        assert_eq!(fit(10, Some(6), 16, "prompt").unwrap(), 6);
+        assert_eq!(fit(10, None, 16, "messages").unwrap(), 6);
+        let e = fit(10, Some(7), 16, "prompt").unwrap_err();
+        assert_eq!(
+            (e.param(), e.code()),
+            (Some("prompt"), Some("context_length_exceeded"))
+        );
+        assert!(fit(16, None, 16, "messages").is_err());
+        assert_eq!(logprob_count(20, "logprobs").unwrap(), 20);
+        assert!(logprob_count(21, "logprobs").is_err());
+        assert!(logprob_count(-1, "logprobs").is_err());
+        assert!(max_tokens(Some(0), "max_tokens").is_err());
+    }
+}

@@ -1,0 +1,348 @@
+//! A deterministic test double of `ferry::engine::Backend` for the HTTP tests, and request
+//! helpers. It is NOT a model: it tokenises text as bytes (BOS = 256 when special tokens are
+//! added), renders chat as `<|role|>content\n...<|assistant|>`, and answers every request with
+//! the fixed continuation [`CONTINUATION`], one token per piece, honouring `max_tokens`.
+//!
+//! Models: `test-model` (ready), `loading-model` (stays loading; only in
+//! [`TestBackend::with_loading`]), `broken-model` (one token then a failure), `slow-model` (a
+//! token every 10 ms until the receiver is dropped, which sets [`TestBackend::cancelled`]).
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderMap, Method, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tower::ServiceExt;
+
+use ferry::engine::{
+    Backend, ChatMessage, EngineError, EngineResult, FinishReason, GenerationEvent,
+    GenerationRequest, ModelCard, ModelStatus, PromptInput, TokenLogprob, TokenOutput, Usage,
+};
+
+pub const READY: &str = "test-model";
+pub const LOADING: &str = "loading-model";
+pub const BROKEN: &str = "broken-model";
+pub const SLOW: &str = "slow-model";
+pub const MAX_CONTEXT: usize = 64;
+pub const BOS: u32 = 256;
+/// Token ids of the continuation start here.
+pub const FIRST_GENERATED_ID: u32 = 1000;
+pub const CONTINUATION: [&str; 8] = ["Hello", ",", " world", "!", " How", " are", " you", "?"];
+pub const CREATED: u64 = 1_700_000_000;
+
+/// The test double.
+pub struct TestBackend {
+    cards: Vec<ModelCard>,
+    /// Every request submitted, in order.
+    pub submitted: Mutex<Vec<GenerationRequest>>,
+    /// Set when a generation task found its receiver dropped.
+    pub cancelled: Arc<AtomicBool>,
+}
+
+fn card(id: &str, status: ModelStatus) -> ModelCard {
+    ModelCard {
+        id: id.to_owned(),
+        created: CREATED,
+        status,
+        max_context: (status == ModelStatus::Ready).then_some(MAX_CONTEXT),
+    }
+}
+
+impl TestBackend {
+    /// Ready models only.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            cards: vec![
+                card(READY, ModelStatus::Ready),
+                card(BROKEN, ModelStatus::Ready),
+                card(SLOW, ModelStatus::Ready),
+            ],
+            submitted: Mutex::new(Vec::new()),
+            cancelled: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// A ready model plus one that stays loading.
+    pub fn with_loading() -> Arc<Self> {
+        Arc::new(Self {
+            cards: vec![
+                card(READY, ModelStatus::Ready),
+                card(LOADING, ModelStatus::Loading),
+            ],
+            submitted: Mutex::new(Vec::new()),
+            cancelled: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// The last submitted request.
+    pub fn last(&self) -> GenerationRequest {
+        self.submitted
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .expect("nothing submitted")
+    }
+
+    fn ready(&self, model: &str) -> EngineResult<()> {
+        match self.cards.iter().find(|c| c.id == model) {
+            None => Err(EngineError::ModelNotFound(model.to_owned())),
+            Some(c) if c.status != ModelStatus::Ready => {
+                Err(EngineError::NotReady(model.to_owned()))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+/// The chat rendering the double uses (tests compute expected prompt lengths with it).
+pub fn render(messages: &[ChatMessage]) -> String {
+    let mut out: String = messages
+        .iter()
+        .map(|m| format!("<|{}|>{}\n", m.role, m.content))
+        .collect();
+    out.push_str("<|assistant|>");
+    out
+}
+
+fn logprob(id: u32, token: &str, logprob: f32) -> TokenLogprob {
+    TokenLogprob {
+        id,
+        token: token.to_owned(),
+        logprob,
+        bytes: token.as_bytes().to_vec(),
+    }
+}
+
+/// The output for continuation token `i` with `k` alternatives when logprobs are asked for.
+pub fn output(i: usize, logprobs: Option<usize>) -> TokenOutput {
+    let text = CONTINUATION[i % CONTINUATION.len()];
+    let id = FIRST_GENERATED_ID + i as u32;
+    let lp = -0.25 * (i as f32 + 1.0);
+    TokenOutput {
+        text: text.to_owned(),
+        token_id: id,
+        logprob: logprobs.map(|_| logprob(id, text, lp)),
+        top_logprobs: (0..logprobs.unwrap_or(0))
+            .map(|j| {
+                if j == 0 {
+                    logprob(id, text, lp)
+                } else {
+                    logprob(j as u32, &format!("alt{j}"), lp - j as f32)
+                }
+            })
+            .collect(),
+    }
+}
+
+impl Backend for TestBackend {
+    fn models(&self) -> Vec<ModelCard> {
+        self.cards.clone()
+    }
+
+    fn max_context(&self, model: &str) -> EngineResult<usize> {
+        self.ready(model).map(|_| MAX_CONTEXT)
+    }
+
+    fn tokenize(
+        &self,
+        model: &str,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> EngineResult<Vec<u32>> {
+        self.ready(model)?;
+        let bos = add_special_tokens.then_some(BOS);
+        Ok(bos.into_iter().chain(text.bytes().map(u32::from)).collect())
+    }
+
+    fn detokenize(&self, model: &str, tokens: &[u32]) -> EngineResult<String> {
+        self.ready(model)?;
+        let mut bytes = Vec::new();
+        for &t in tokens {
+            match t {
+                0..=255 => bytes.push(t as u8),
+                BOS => bytes.extend_from_slice(b"<s>"),
+                t if (FIRST_GENERATED_ID..FIRST_GENERATED_ID + 8).contains(&t) => bytes
+                    .extend_from_slice(CONTINUATION[(t - FIRST_GENERATED_ID) as usize].as_bytes()),
+                t => {
+                    return Err(EngineError::InvalidRequest {
+                        message: format!("token id {t} is out of range"),
+                        param: Some("tokens".into()),
+                    })
+                }
+            }
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn render_chat(
+        &self,
+        model: &str,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> EngineResult<String> {
+        self.ready(model)?;
+        assert!(add_generation_prompt);
+        Ok(render(messages))
+    }
+
+    fn submit(&self, request: GenerationRequest) -> EngineResult<mpsc::Receiver<GenerationEvent>> {
+        self.ready(&request.model)?;
+        self.submitted.lock().unwrap().push(request.clone());
+        let (tx, rx) = mpsc::channel(4);
+        let cancelled = Arc::clone(&self.cancelled);
+        let PromptInput::Tokens(prompt) = &request.prompt;
+        let prompt_tokens = prompt.len();
+        tokio::spawn(async move {
+            let params = &request.params;
+            let send = |event| {
+                let tx = tx.clone();
+                async move { tx.send(event).await.is_ok() }
+            };
+            match request.model.as_str() {
+                BROKEN => {
+                    send(GenerationEvent::Token(output(0, params.logprobs))).await;
+                    send(GenerationEvent::Failed(EngineError::Internal(
+                        "the test model broke".into(),
+                    )))
+                    .await;
+                }
+                SLOW => {
+                    for i in 0..params.max_tokens {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        if !send(GenerationEvent::Token(output(i, None))).await {
+                            cancelled.store(true, Ordering::SeqCst);
+                            return;
+                        }
+                    }
+                }
+                _ => {
+                    let n = params.max_tokens.min(CONTINUATION.len());
+                    for i in 0..n {
+                        if !send(GenerationEvent::Token(output(i, params.logprobs))).await {
+                            cancelled.store(true, Ordering::SeqCst);
+                            return;
+                        }
+                    }
+                    let reason = if n < CONTINUATION.len() {
+                        FinishReason::Length
+                    } else {
+                        FinishReason::Stop
+                    };
+                    let usage = Usage {
+                        prompt_tokens,
+                        completion_tokens: n,
+                        total_tokens: prompt_tokens + n,
+                    };
+                    send(GenerationEvent::Finished {
+                        reason,
+                        usage,
+                        trailing_text: String::new(),
+                    })
+                    .await;
+                }
+            }
+        });
+        Ok(rx)
+    }
+}
+
+/// A response, fully read.
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8(self.body.to_vec()).expect("body is not UTF-8")
+    }
+}
+
+/// Sends one request through the router in process.
+pub async fn send(app: &Router, request: Request<Body>) -> Reply {
+    let response = app
+        .clone()
+        .oneshot(request)
+        .await
+        .expect("router is infallible");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A request with a raw body and an optional content type.
+pub fn raw(
+    method: Method,
+    uri: &str,
+    content_type: Option<&str>,
+    body: impl Into<Body>,
+) -> Request<Body> {
+    let mut builder = Request::builder().method(method).uri(uri);
+    if let Some(ct) = content_type {
+        builder = builder.header(header::CONTENT_TYPE, ct);
+    }
+    builder.body(body.into()).expect("request")
+}
+
+/// POSTs JSON.
+pub async fn post(app: &Router, uri: &str, body: Value) -> Reply {
+    send(
+        app,
+        raw(
+            Method::POST,
+            uri,
+            Some("application/json"),
+            body.to_string(),
+        ),
+    )
+    .await
+}
+
+/// GETs a path.
+pub async fn get(app: &Router, uri: &str) -> Reply {
+    send(app, raw(Method::GET, uri, None, Body::empty())).await
+}
+
+/// Splits an SSE body into its events' data, checking the framing byte for byte: every event is
+/// exactly one `data: ` line followed by a blank line, and nothing else is in the body.
+pub fn sse_events(body: &str) -> Vec<String> {
+    assert!(
+        body.ends_with("\n\n"),
+        "body must end with a blank line: {body:?}"
+    );
+    let events: Vec<&str> = body[..body.len() - 2].split("\n\n").collect();
+    events
+        .iter()
+        .map(|event| {
+            assert!(!event.contains('\n'), "one line per event: {event:?}");
+            event
+                .strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("event without `data: ` prefix: {event:?}"))
+                .to_owned()
+        })
+        .collect()
+}
