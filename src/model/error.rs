@@ -68,6 +68,33 @@ pub enum ModelError {
     /// The chat template could not be compiled or rendered.
     #[error("chat template: {0}")]
     Template(String),
+    /// A sequence would grow past the key/value cache's limit.
+    #[error("context overflow: {needed} positions needed, the limit is {max}")]
+    ContextOverflow {
+        /// Positions the sequence would occupy after this step.
+        needed: usize,
+        /// The cache's limit (at most the model's `max_context`).
+        max: usize,
+    },
+    /// A forward pass was asked to run on no tokens.
+    #[error("no input tokens")]
+    EmptyInput,
+    /// A token id is outside the vocabulary.
+    #[error("token id {token} is outside the vocabulary of {vocab_size}")]
+    TokenOutOfRange {
+        /// The offending id.
+        token: u32,
+        /// The model's vocabulary size.
+        vocab_size: usize,
+    },
+    /// A key/value cache built for another model was passed in.
+    #[error("key/value cache has {cache} layers, the model has {model}")]
+    CacheMismatch {
+        /// Layers in the cache.
+        cache: usize,
+        /// Layers in the model.
+        model: usize,
+    },
     /// A tensor operation failed.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),

@@ -1,1 +1,283 @@
-//! (being written)
+//! The per-sequence key/value cache: one buffer pair per layer, written in place.
+//!
+//! Each layer keeps `[1, n_kv_heads, capacity, head_dim]` buffers for keys and values. New
+//! positions are written with `slice_set` and attention reads a narrowed view, so a decode step
+//! copies only the new token's keys and values, never the whole history. Buffers start small
+//! and double (up to the limit) when a step does not fit, so a short chat does not reserve the
+//! model's full context. The cache never grows past its limit: a step that would is refused
+//! with [`ModelError::ContextOverflow`] before any layer runs.
+//!
+//! Positions are committed only after every layer has written them ([`KvCache::commit`]), so a
+//! forward pass that fails half-way leaves the cache as it was.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::error::{ModelError, Result};
+
+/// Smallest number of positions a layer buffer is allocated for.
+const MIN_CHUNK: usize = 256;
+
+/// Shape of the cached tensors, shared by every layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    /// Key/value heads.
+    pub n_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+/// The key/value cache of one sequence across all layers.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<LayerKv>,
+    len: usize,
+    max_len: usize,
+}
+
+impl KvCache {
+    /// An empty cache for `n_layers` layers that holds at most `max_len` positions.
+    pub fn new(
+        n_layers: usize,
+        shape: KvShape,
+        max_len: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Self {
+        let layer = LayerKv {
+            k: None,
+            v: None,
+            shape,
+            dtype,
+            device: device.clone(),
+            max_len,
+        };
+        Self {
+            layers: vec![layer; n_layers],
+            len: 0,
+            max_len,
+        }
+    }
+
+    /// Positions stored (the next token's position).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is stored yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The most positions this cache will ever hold.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// Number of layers.
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Positions currently allocated in each layer's buffers.
+    pub fn capacity(&self) -> usize {
+        self.layers.first().map_or(0, LayerKv::capacity)
+    }
+
+    /// Bytes currently allocated across all layers (keys and values).
+    pub fn allocated_bytes(&self) -> usize {
+        self.layers.iter().map(LayerKv::allocated_bytes).sum()
+    }
+
+    /// Fails with [`ModelError::ContextOverflow`] when `extra` more positions do not fit.
+    pub fn check_room(&self, extra: usize) -> Result<()> {
+        let needed = self.len + extra;
+        if needed > self.max_len {
+            return Err(ModelError::ContextOverflow {
+                needed,
+                max: self.max_len,
+            });
+        }
+        Ok(())
+    }
+
+    /// The cache of layer `index`, for a block to write into.
+    pub fn layer_mut(&mut self, index: usize) -> Option<&mut LayerKv> {
+        self.layers.get_mut(index)
+    }
+
+    /// Marks `n` new positions as written by every layer.
+    pub fn commit(&mut self, n: usize) -> Result<()> {
+        self.check_room(n)?;
+        self.len += n;
+        Ok(())
+    }
+
+    /// Forgets every position at or after `len` (keeps the buffers for reuse).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Forgets everything and frees the buffers.
+    pub fn clear(&mut self) {
+        self.len = 0;
+        for layer in &mut self.layers {
+            layer.k = None;
+            layer.v = None;
+        }
+    }
+}
+
+/// One layer's key and value buffers.
+#[derive(Debug, Clone)]
+pub struct LayerKv {
+    k: Option<Tensor>,
+    v: Option<Tensor>,
+    shape: KvShape,
+    dtype: DType,
+    device: Device,
+    max_len: usize,
+}
+
+impl LayerKv {
+    /// Writes `k` and `v` (`[1, n_kv_heads, seq, head_dim]`, contiguous) at positions
+    /// `pos..pos + seq` and returns views of positions `0..pos + seq`.
+    pub fn write(&mut self, pos: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let seq = k.dim(2)?;
+        let end = pos + seq;
+        if end > self.max_len {
+            return Err(ModelError::ContextOverflow {
+                needed: end,
+                max: self.max_len,
+            });
+        }
+        if end > self.capacity() {
+            self.grow(pos, end)?;
+        }
+        let (kb, vb) = match (&self.k, &self.v) {
+            (Some(kb), Some(vb)) => (kb, vb),
+            _ => return Err(candle_core::Error::Msg("kv cache buffers missing".into()).into()),
+        };
+        kb.slice_set(&k.to_dtype(self.dtype)?.contiguous()?, 2, pos)?;
+        vb.slice_set(&v.to_dtype(self.dtype)?.contiguous()?, 2, pos)?;
+        Ok((kb.narrow(2, 0, end)?, vb.narrow(2, 0, end)?))
+    }
+
+    fn capacity(&self) -> usize {
+        self.k.as_ref().map_or(0, |k| k.dims()[2])
+    }
+
+    fn allocated_bytes(&self) -> usize {
+        2 * self.capacity()
+            * self.shape.n_kv_heads
+            * self.shape.head_dim
+            * self.dtype.size_in_bytes()
+    }
+
+    /// Reallocates to hold at least `needed` positions, keeping positions `0..keep`.
+    fn grow(&mut self, keep: usize, needed: usize) -> Result<()> {
+        let doubled = (self.capacity() * 2).max(MIN_CHUNK);
+        let rounded = needed.div_ceil(MIN_CHUNK) * MIN_CHUNK;
+        let capacity = doubled.max(rounded).min(self.max_len);
+        let shape = (1, self.shape.n_kv_heads, capacity, self.shape.head_dim);
+        let new_k = Tensor::zeros(shape, self.dtype, &self.device)?;
+        let new_v = Tensor::zeros(shape, self.dtype, &self.device)?;
+        if let (Some(old_k), Some(old_v), true) = (&self.k, &self.v, keep > 0) {
+            new_k.slice_set(&old_k.narrow(2, 0, keep)?.contiguous()?, 2, 0)?;
+            new_v.slice_set(&old_v.narrow(2, 0, keep)?.contiguous()?, 2, 0)?;
+        }
+        self.k = Some(new_k);
+        self.v = Some(new_v);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(cache: &mut KvCache, seq: usize, value: f32) -> Result<(Tensor, Tensor)> {
+        cache.check_room(seq)?;
+        let pos = cache.len();
+        let t = Tensor::full(value, (1, 2, seq, 4), &Device::Cpu)?;
+        let mut out = None;
+        for i in 0..cache.n_layers() {
+            let layer = cache.layer_mut(i).unwrap();
+            out = Some(layer.write(pos, &t, &(&t * 2.0)?)?);
+        }
+        cache.commit(seq)?;
+        Ok(out.unwrap())
+    }
+
+    #[test]
+    fn writes_in_place_and_grows_in_chunks() {
+        let shape = KvShape {
+            n_kv_heads: 2,
+            head_dim: 4,
+        };
+        let mut cache = KvCache::new(3, shape, 1000, DType::F32, &Device::Cpu);
+        let (k, v) = step(&mut cache, 5, 1.0).unwrap();
+        assert_eq!(k.dims(), &[1, 2, 5, 4]);
+        assert_eq!(cache.capacity(), 256);
+        let (k, v2) = step(&mut cache, 1, 3.0).unwrap();
+        assert_eq!(k.dims(), &[1, 2, 6, 4]);
+        let col: Vec<f32> = k
+            .narrow(2, 4, 2)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(&col[..8], &[1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0]);
+        assert_eq!(v.dims(), &[1, 2, 5, 4]);
+        let first: f32 = v2
+            .narrow(2, 0, 1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()[0];
+        assert_eq!(first, 2.0);
+        // Growing past the first chunk keeps the history.
+        let (k, _) = step(&mut cache, 300, 7.0).unwrap();
+        assert_eq!(cache.capacity(), 512);
+        let old: Vec<f32> = k
+            .narrow(2, 5, 1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(old[0], 3.0);
+        assert_eq!(cache.len(), 306);
+    }
+
+    #[test]
+    fn refuses_to_pass_the_limit_and_stays_consistent() {
+        let shape = KvShape {
+            n_kv_heads: 2,
+            head_dim: 4,
+        };
+        let mut cache = KvCache::new(2, shape, 10, DType::F32, &Device::Cpu);
+        step(&mut cache, 8, 1.0).unwrap();
+        assert_eq!(cache.capacity(), 10, "capacity is capped at the limit");
+        let err = step(&mut cache, 3, 1.0).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ModelError::ContextOverflow {
+                    needed: 11,
+                    max: 10
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(cache.len(), 8);
+        step(&mut cache, 2, 1.0).unwrap();
+        assert!(step(&mut cache, 1, 1.0).is_err());
+        cache.truncate(4);
+        assert_eq!(cache.len(), 4);
+        cache.clear();
+        assert!(cache.is_empty());
+        assert_eq!(cache.allocated_bytes(), 0);
+    }
+}

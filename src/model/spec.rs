@@ -1,1 +1,543 @@
-//! (being written)
+//! [`ModelSpec`]: the architecture and dimensions of a Llama-family model, read either from a
+//! Hugging Face `config.json` or from GGUF metadata (keys prefixed by `general.architecture`).
+//!
+//! The spec is everything the blocks need besides weights: head layout, RoPE parameters, context
+//! length, norm epsilon and the special token ids. It also knows the bytes a layer occupies so a
+//! planner can place layers before anything is loaded.
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use serde::Deserialize;
+
+use super::error::{ModelError, Result};
+
+/// The model families these blocks implement. They share one decoder block and differ in
+/// biases, RoPE layout and attention window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// Llama 1/2/3, SmolLM, TinyLlama and other `LlamaForCausalLM` checkpoints.
+    Llama,
+    /// Qwen2 / Qwen2.5: biases on the q, k and v projections.
+    Qwen2,
+    /// Mistral: Llama blocks with an optional sliding attention window.
+    Mistral,
+}
+
+impl Architecture {
+    /// The lowercase name used by HF `model_type` and GGUF `general.architecture`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Mistral => "mistral",
+        }
+    }
+
+    fn from_name(name: &str) -> Result<Self> {
+        match name {
+            "llama" => Ok(Architecture::Llama),
+            "qwen2" => Ok(Architecture::Qwen2),
+            "mistral" => Ok(Architecture::Mistral),
+            other => Err(ModelError::Unsupported(format!(
+                "architecture `{other}` (supported: llama, qwen2, mistral)"
+            ))),
+        }
+    }
+}
+
+/// Llama 3 frequency-dependent RoPE scaling (`rope_scaling.rope_type == "llama3"`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Llama3RopeScaling {
+    /// Divisor applied to low frequencies.
+    pub factor: f32,
+    /// Wavelengths longer than `original_max_position_embeddings / low_freq_factor` are scaled.
+    pub low_freq_factor: f32,
+    /// Wavelengths shorter than `original_max_position_embeddings / high_freq_factor` are kept.
+    pub high_freq_factor: f32,
+    /// The context length the model was pretrained with.
+    pub original_max_position_embeddings: usize,
+}
+
+/// Shape and hyper-parameters of a Llama-family decoder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSpec {
+    /// Which family (decides biases and defaults).
+    pub architecture: Architecture,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// Width of the SwiGLU MLP.
+    pub intermediate_size: usize,
+    /// Number of decoder layers.
+    pub n_layers: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `n_heads`).
+    pub n_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Vocabulary size (rows of the embedding).
+    pub vocab_size: usize,
+    /// Longest supported sequence (`max_position_embeddings` or GGUF `<arch>.context_length`).
+    pub max_context: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f64,
+    /// RoPE base frequency.
+    pub rope_theta: f32,
+    /// Llama 3 RoPE scaling, if the checkpoint uses it.
+    pub rope_scaling: Option<Llama3RopeScaling>,
+    /// true: rotate adjacent pairs (2i, 2i+1), the layout of GGUF llama checkpoints whose q/k
+    /// rows the converter permuted; false: HF "rotate half" (i, i + d/2).
+    pub rope_interleaved: bool,
+    /// The output head reuses the token embedding.
+    pub tie_word_embeddings: bool,
+    /// q/k/v projections carry biases (Qwen2, or Llama `attention_bias`).
+    pub attention_bias: bool,
+    /// Attention window in tokens (Mistral); `None` means full causal attention.
+    pub sliding_window: Option<usize>,
+    /// Beginning-of-sequence token, if the model declares one.
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence tokens (may be several, e.g. Llama 3 instruct).
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelSpec {
+    /// Reads the spec from GGUF metadata; keys are looked up under the `general.architecture`
+    /// prefix (`llama.`, `qwen2.`, ...).
+    pub fn from_gguf(content: &Content) -> Result<Self> {
+        let md = GgufMeta(content);
+        let arch_name = md.string("general.architecture")?;
+        let architecture = Architecture::from_name(&arch_name)?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+
+        let hidden_size = md.usize(&key("embedding_length"))?;
+        let n_heads = md.usize(&key("attention.head_count"))?;
+        let n_kv_heads = md
+            .opt_usize(&key("attention.head_count_kv"))?
+            .unwrap_or(n_heads);
+        let head_dim = match md.opt_usize(&key("attention.key_length"))? {
+            Some(d) => d,
+            None => div_exact(hidden_size, n_heads, "embedding_length / head_count")?,
+        };
+        if let Some(rope_dim) = md.opt_usize(&key("rope.dimension_count"))? {
+            if rope_dim != head_dim {
+                return Err(ModelError::Unsupported(format!(
+                    "partial rotary embedding ({rope_dim} of {head_dim} head dims)"
+                )));
+            }
+        }
+        match md.opt_string(&key("rope.scaling.type"))?.as_deref() {
+            None | Some("none") => {}
+            Some(other) => {
+                return Err(ModelError::Unsupported(format!(
+                    "GGUF rope scaling `{other}`"
+                )));
+            }
+        }
+        let vocab_size = match md.opt_usize(&key("vocab_size"))? {
+            Some(v) => v,
+            None => match content.metadata.get("tokenizer.ggml.tokens") {
+                Some(Value::Array(tokens)) => tokens.len(),
+                _ => match content.tensor_infos.get("token_embd.weight") {
+                    Some(info) => info.shape.dims()[0],
+                    None => return Err(ModelError::MissingTensor("token_embd.weight".into())),
+                },
+            },
+        };
+        let has_output = content.tensor_infos.contains_key("output.weight");
+        let attention_bias = content.tensor_infos.contains_key("blk.0.attn_q.bias");
+        let spec = ModelSpec {
+            architecture,
+            hidden_size,
+            intermediate_size: md.usize(&key("feed_forward_length"))?,
+            n_layers: md.usize(&key("block_count"))?,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            vocab_size,
+            max_context: md.usize(&key("context_length"))?,
+            rms_norm_eps: md.f64(&key("attention.layer_norm_rms_epsilon"))?,
+            rope_theta: md.opt_f64(&key("rope.freq_base"))?.unwrap_or(10_000.0) as f32,
+            rope_scaling: None,
+            // llama.cpp: LLAMA_ROPE_TYPE_NORM for llama-style archs, NEOX for qwen2.
+            rope_interleaved: architecture != Architecture::Qwen2,
+            tie_word_embeddings: !has_output,
+            attention_bias,
+            sliding_window: md.opt_usize(&key("attention.sliding_window"))?,
+            bos_token_id: md
+                .opt_usize("tokenizer.ggml.bos_token_id")?
+                .map(|v| v as u32),
+            eos_token_ids: md
+                .opt_usize("tokenizer.ggml.eos_token_id")?
+                .map(|v| vec![v as u32])
+                .unwrap_or_default(),
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Parses a Hugging Face `config.json` (`model_type` llama, qwen2 or mistral).
+    pub fn from_hf_config(config_json: &str) -> Result<Self> {
+        let raw: HfConfig = serde_json::from_str(config_json)
+            .map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
+        let model_type = match (&raw.model_type, raw.architectures.first()) {
+            (Some(t), _) => t.clone(),
+            (None, Some(a)) => a.trim_end_matches("ForCausalLM").to_lowercase(),
+            (None, None) => {
+                return Err(ModelError::Config("config.json has no model_type".into()));
+            }
+        };
+        let architecture = Architecture::from_name(&model_type)?;
+        if let Some(act) = raw
+            .hidden_act
+            .as_deref()
+            .or(raw.hidden_activation.as_deref())
+        {
+            if act != "silu" && act != "swish" {
+                return Err(ModelError::Unsupported(format!("hidden_act `{act}`")));
+            }
+        }
+        let n_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
+        let head_dim = match raw.head_dim {
+            Some(d) => d,
+            None => div_exact(
+                raw.hidden_size,
+                raw.num_attention_heads,
+                "hidden_size / heads",
+            )?,
+        };
+        let rope_scaling = match &raw.rope_scaling {
+            None => None,
+            Some(s) => parse_rope_scaling(s)?,
+        };
+        let sliding_window = match architecture {
+            Architecture::Qwen2 if !raw.use_sliding_window.unwrap_or(false) => None,
+            _ => raw.sliding_window,
+        };
+        let spec = ModelSpec {
+            architecture,
+            hidden_size: raw.hidden_size,
+            intermediate_size: raw.intermediate_size,
+            n_layers: raw.num_hidden_layers,
+            n_heads: raw.num_attention_heads,
+            n_kv_heads,
+            head_dim,
+            vocab_size: raw.vocab_size,
+            max_context: raw.max_position_embeddings,
+            rms_norm_eps: raw.rms_norm_eps,
+            rope_theta: raw.rope_theta.unwrap_or(10_000.0) as f32,
+            rope_scaling,
+            rope_interleaved: false,
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            attention_bias: architecture == Architecture::Qwen2
+                || raw.attention_bias.unwrap_or(false),
+            sliding_window,
+            bos_token_id: raw.bos_token_id,
+            eos_token_ids: match raw.eos_token_id {
+                None => Vec::new(),
+                Some(OneOrMany::One(id)) => vec![id],
+                Some(OneOrMany::Many(ids)) => ids,
+            },
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Query/key/value heads per key/value head.
+    pub fn gqa_group(&self) -> usize {
+        self.n_heads / self.n_kv_heads
+    }
+
+    /// Parameters in one decoder layer (norms, attention and MLP, biases included).
+    pub fn params_per_layer(&self) -> usize {
+        let q = self.n_heads * self.head_dim;
+        let kv = self.n_kv_heads * self.head_dim;
+        let attn = self.hidden_size * (q + 2 * kv) + q * self.hidden_size;
+        let bias = if self.attention_bias { q + 2 * kv } else { 0 };
+        let mlp = 3 * self.hidden_size * self.intermediate_size;
+        attn + bias + mlp + 2 * self.hidden_size
+    }
+
+    fn validate(&self) -> Result<()> {
+        let positive = [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("n_layers", self.n_layers),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+            ("max_context", self.max_context),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(ModelError::Config(format!("{name} must be positive")));
+            }
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return Err(ModelError::Config(format!(
+                "{} attention heads are not a multiple of {} key/value heads",
+                self.n_heads, self.n_kv_heads
+            )));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(ModelError::Config(format!(
+                "head_dim {} is odd",
+                self.head_dim
+            )));
+        }
+        if self.sliding_window == Some(0) {
+            return Err(ModelError::Config("sliding_window must be positive".into()));
+        }
+        Ok(())
+    }
+}
+
+fn div_exact(a: usize, b: usize, what: &str) -> Result<usize> {
+    if b == 0 || a % b != 0 {
+        return Err(ModelError::Config(format!(
+            "{what} is not an integer ({a} / {b})"
+        )));
+    }
+    Ok(a / b)
+}
+
+fn parse_rope_scaling(raw: &RawRopeScaling) -> Result<Option<Llama3RopeScaling>> {
+    let kind = raw
+        .rope_type
+        .as_deref()
+        .or(raw.kind.as_deref())
+        .unwrap_or("default");
+    match kind {
+        "default" => Ok(None),
+        "llama3" => {
+            let need = |v: Option<f32>, name: &str| {
+                v.ok_or_else(|| ModelError::Config(format!("rope_scaling.{name} is missing")))
+            };
+            let scaling = Llama3RopeScaling {
+                factor: need(raw.factor, "factor")?,
+                low_freq_factor: need(raw.low_freq_factor, "low_freq_factor")?,
+                high_freq_factor: need(raw.high_freq_factor, "high_freq_factor")?,
+                original_max_position_embeddings: raw.original_max_position_embeddings.ok_or_else(
+                    || ModelError::Config("rope_scaling.original_max_position_embeddings".into()),
+                )?,
+            };
+            if scaling.high_freq_factor <= scaling.low_freq_factor || scaling.factor <= 0.0 {
+                return Err(ModelError::Config(format!(
+                    "bad llama3 rope_scaling {scaling:?}"
+                )));
+            }
+            Ok(Some(scaling))
+        }
+        other => Err(ModelError::Unsupported(format!(
+            "rope_scaling type `{other}`"
+        ))),
+    }
+}
+
+/// The subset of `config.json` the Llama family uses.
+#[derive(Debug, Deserialize)]
+struct HfConfig {
+    model_type: Option<String>,
+    #[serde(default)]
+    architectures: Vec<String>,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: usize,
+    max_position_embeddings: usize,
+    rms_norm_eps: f64,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<RawRopeScaling>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+    hidden_act: Option<String>,
+    hidden_activation: Option<String>,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<OneOrMany>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawRopeScaling {
+    rope_type: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    factor: Option<f32>,
+    low_freq_factor: Option<f32>,
+    high_freq_factor: Option<f32>,
+    original_max_position_embeddings: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+/// Typed access to GGUF metadata with errors that name the key.
+struct GgufMeta<'a>(&'a Content);
+
+impl GgufMeta<'_> {
+    fn get(&self, key: &str) -> Result<&Value> {
+        self.0
+            .metadata
+            .get(key)
+            .ok_or_else(|| ModelError::Config(format!("GGUF metadata `{key}` is missing")))
+    }
+
+    fn bad(key: &str, e: candle_core::Error) -> ModelError {
+        ModelError::Config(format!("GGUF metadata `{key}`: {e}"))
+    }
+
+    fn string(&self, key: &str) -> Result<String> {
+        self.get(key)?
+            .to_string()
+            .cloned()
+            .map_err(|e| Self::bad(key, e))
+    }
+
+    fn opt_string(&self, key: &str) -> Result<Option<String>> {
+        match self.0.metadata.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .to_string()
+                .cloned()
+                .map(Some)
+                .map_err(|e| Self::bad(key, e)),
+        }
+    }
+
+    fn usize(&self, key: &str) -> Result<usize> {
+        as_u64(self.get(key)?)
+            .map(|v| v as usize)
+            .map_err(|e| Self::bad(key, e))
+    }
+
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.0.metadata.get(key) {
+            None => Ok(None),
+            Some(v) => as_u64(v)
+                .map(|v| Some(v as usize))
+                .map_err(|e| Self::bad(key, e)),
+        }
+    }
+
+    fn f64(&self, key: &str) -> Result<f64> {
+        as_f64(self.get(key)?).map_err(|e| Self::bad(key, e))
+    }
+
+    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+        match self.0.metadata.get(key) {
+            None => Ok(None),
+            Some(v) => as_f64(v).map(Some).map_err(|e| Self::bad(key, e)),
+        }
+    }
+}
+
+/// Integer metadata: writers disagree on the width, so accept any unsigned or non-negative type.
+fn as_u64(v: &Value) -> candle_core::Result<u64> {
+    match v {
+        Value::U8(x) => Ok(*x as u64),
+        Value::U16(x) => Ok(*x as u64),
+        Value::U32(x) => Ok(*x as u64),
+        Value::U64(x) => Ok(*x),
+        Value::I8(x) if *x >= 0 => Ok(*x as u64),
+        Value::I16(x) if *x >= 0 => Ok(*x as u64),
+        Value::I32(x) if *x >= 0 => Ok(*x as u64),
+        Value::I64(x) if *x >= 0 => Ok(*x as u64),
+        other => candle_core::bail!("expected a non-negative integer, got {other:?}"),
+    }
+}
+
+fn as_f64(v: &Value) -> candle_core::Result<f64> {
+    match v {
+        Value::F32(x) => Ok(*x as f64),
+        Value::F64(x) => Ok(*x),
+        other => as_u64(other).map(|x| x as f64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMOL_LIKE: &str = r#"{
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+        "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+        "tie_word_embeddings": true, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2
+    }"#;
+
+    #[test]
+    fn parses_llama_config() {
+        let spec = ModelSpec::from_hf_config(SMOL_LIKE).unwrap();
+        assert_eq!(spec.architecture, Architecture::Llama);
+        assert_eq!(spec.head_dim, 64);
+        assert_eq!(spec.gqa_group(), 3);
+        assert_eq!(spec.max_context, 8192);
+        assert!(spec.tie_word_embeddings && !spec.attention_bias && !spec.rope_interleaved);
+        assert_eq!(spec.eos_token_ids, vec![2]);
+        assert_eq!(spec.rope_theta, 100000.0);
+    }
+
+    #[test]
+    fn parses_llama3_scaling_and_eos_list() {
+        let json = SMOL_LIKE.replace(
+            "\"eos_token_id\": 2",
+            "\"eos_token_id\": [2, 7], \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0,
+             \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,
+             \"original_max_position_embeddings\": 8192}",
+        );
+        let spec = ModelSpec::from_hf_config(&json).unwrap();
+        assert_eq!(spec.eos_token_ids, vec![2, 7]);
+        let s = spec.rope_scaling.unwrap();
+        assert_eq!((s.factor, s.original_max_position_embeddings), (8.0, 8192));
+    }
+
+    #[test]
+    fn rejects_bad_configs() {
+        let yarn = SMOL_LIKE.replace(
+            "\"eos_token_id\": 2",
+            "\"eos_token_id\": 2, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}",
+        );
+        assert!(matches!(
+            ModelSpec::from_hf_config(&yarn),
+            Err(ModelError::Unsupported(_))
+        ));
+        let gelu = SMOL_LIKE.replace("\"silu\"", "\"gelu\"");
+        assert!(matches!(
+            ModelSpec::from_hf_config(&gelu),
+            Err(ModelError::Unsupported(_))
+        ));
+        let gqa = SMOL_LIKE.replace("\"num_key_value_heads\": 3", "\"num_key_value_heads\": 4");
+        assert!(matches!(
+            ModelSpec::from_hf_config(&gqa),
+            Err(ModelError::Config(_))
+        ));
+        let phi = SMOL_LIKE.replace("\"model_type\": \"llama\"", "\"model_type\": \"phi\"");
+        assert!(matches!(
+            ModelSpec::from_hf_config(&phi),
+            Err(ModelError::Unsupported(_))
+        ));
+        assert!(ModelSpec::from_hf_config("{").is_err());
+    }
+
+    #[test]
+    fn qwen2_gets_biases_and_no_window_unless_enabled() {
+        let json = SMOL_LIKE
+            .replace("\"model_type\": \"llama\"", "\"model_type\": \"qwen2\"")
+            .replace(
+                "\"hidden_act\"",
+                "\"sliding_window\": 4096, \"use_sliding_window\": false, \"hidden_act\"",
+            );
+        let spec = ModelSpec::from_hf_config(&json).unwrap();
+        assert_eq!(spec.architecture, Architecture::Qwen2);
+        assert!(spec.attention_bias);
+        assert_eq!(spec.sliding_window, None);
+    }
+}

@@ -1,1 +1,186 @@
-//! (being written)
+//! Weight containers for the Llama family: [`Linear`] (dense or GGUF-quantized),
+//! [`LayerWeights`] (one decoder layer) and [`FixedWeights`] (embedding, final norm, head).
+//!
+//! These types only hold tensors; they never decide where the tensors live. Every field is a
+//! reference-counted handle, so cloning a [`LayerWeights`] is cheap and the offload engine can
+//! hand out slot-backed copies without moving data.
+
+use std::sync::Arc;
+
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{Module, Tensor};
+
+use super::error::Result;
+
+/// A linear projection `y = x W^T + b`, with `W` stored as `[out, in]`.
+#[derive(Debug, Clone)]
+pub enum Linear {
+    /// Dense weight in the model's compute dtype.
+    Dense {
+        /// `[out, in]`.
+        weight: Tensor,
+        /// `[out]`, if the checkpoint has one.
+        bias: Option<Tensor>,
+    },
+    /// GGUF block-quantized weight, multiplied through candle's quantized matmul.
+    Quantized {
+        /// The quantized `[out, in]` matrix.
+        weight: Arc<QMatMul>,
+        /// `[out]` bias (dense f32), if the checkpoint has one.
+        bias: Option<Tensor>,
+    },
+}
+
+impl Linear {
+    /// Applies the projection to `x` of shape `[.., in]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = match self {
+            Linear::Dense { weight, .. } => {
+                let dims = x.dims();
+                let (in_dim, lead) = match dims.split_last() {
+                    Some((last, lead)) => (*last, lead.to_vec()),
+                    None => {
+                        return Err(candle_core::Error::Msg("linear: scalar input".into()).into())
+                    }
+                };
+                let rows: usize = lead.iter().product();
+                let y = x.reshape((rows, in_dim))?.matmul(&weight.t()?)?;
+                let mut out = lead;
+                out.push(weight.dim(0)?);
+                y.reshape(out)?
+            }
+            Linear::Quantized { weight, .. } => weight.forward(&x.contiguous()?)?,
+        };
+        match self.bias() {
+            Some(b) => Ok(y.broadcast_add(b)?),
+            None => Ok(y),
+        }
+    }
+
+    /// The bias, if any.
+    pub fn bias(&self) -> Option<&Tensor> {
+        match self {
+            Linear::Dense { bias, .. } | Linear::Quantized { bias, .. } => bias.as_ref(),
+        }
+    }
+
+    /// Output features (rows of the weight).
+    pub fn out_features(&self) -> Result<usize> {
+        match self {
+            Linear::Dense { weight, .. } => Ok(weight.dim(0)?),
+            Linear::Quantized { weight, .. } => match weight.as_ref() {
+                QMatMul::QTensor(q) => Ok(q.shape().dims2()?.0),
+                QMatMul::Tensor(t) | QMatMul::TensorF16(t) => Ok(t.dim(0)?),
+            },
+        }
+    }
+
+    /// Bytes held by the weight and bias (quantized weights count their packed size).
+    pub fn size_in_bytes(&self) -> usize {
+        let (w, b) = match self {
+            Linear::Dense { weight, bias } => (tensor_bytes(weight), bias.as_ref()),
+            Linear::Quantized { weight, bias } => {
+                let w = match weight.as_ref() {
+                    QMatMul::QTensor(q) => q.storage_size_in_bytes(),
+                    QMatMul::Tensor(t) | QMatMul::TensorF16(t) => tensor_bytes(t),
+                };
+                (w, bias.as_ref())
+            }
+        };
+        w + b.map_or(0, tensor_bytes)
+    }
+}
+
+/// The token embedding table, dense or quantized (rows are dequantized on lookup).
+#[derive(Debug, Clone)]
+pub enum Embedding {
+    /// `[vocab, hidden]` in the compute dtype.
+    Dense(Tensor),
+    /// `[vocab, hidden]` GGUF-quantized; lookups produce f32 rows.
+    Quantized(Arc<QTensor>),
+}
+
+impl Embedding {
+    /// Looks up `ids` (u32, any shape) and returns `[.., hidden]`.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        match self {
+            Embedding::Dense(table) => {
+                let mut dims = ids.dims().to_vec();
+                dims.push(table.dim(1)?);
+                Ok(table.index_select(&ids.flatten_all()?, 0)?.reshape(dims)?)
+            }
+            Embedding::Quantized(q) => Ok(q.embedding(ids)?),
+        }
+    }
+
+    /// Bytes held by the table.
+    pub fn size_in_bytes(&self) -> usize {
+        match self {
+            Embedding::Dense(t) => tensor_bytes(t),
+            Embedding::Quantized(q) => q.storage_size_in_bytes(),
+        }
+    }
+}
+
+/// The weights of one decoder layer (names follow the HF checkpoint: `input_layernorm` is
+/// `attn_norm`, `post_attention_layernorm` is `ffn_norm`).
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    /// RMSNorm weight before attention, `[hidden]`.
+    pub attn_norm: Tensor,
+    /// Query projection, `[n_heads * head_dim, hidden]`.
+    pub q: Linear,
+    /// Key projection, `[n_kv_heads * head_dim, hidden]`.
+    pub k: Linear,
+    /// Value projection, `[n_kv_heads * head_dim, hidden]`.
+    pub v: Linear,
+    /// Attention output projection, `[hidden, n_heads * head_dim]`.
+    pub o: Linear,
+    /// RMSNorm weight before the MLP, `[hidden]`.
+    pub ffn_norm: Tensor,
+    /// SwiGLU gate, `[intermediate, hidden]`.
+    pub gate: Linear,
+    /// SwiGLU up projection, `[intermediate, hidden]`.
+    pub up: Linear,
+    /// SwiGLU down projection, `[hidden, intermediate]`.
+    pub down: Linear,
+}
+
+impl LayerWeights {
+    /// Bytes held by this layer's tensors.
+    pub fn size_in_bytes(&self) -> usize {
+        let linears = [
+            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
+        ];
+        linears.iter().map(|l| l.size_in_bytes()).sum::<usize>()
+            + tensor_bytes(&self.attn_norm)
+            + tensor_bytes(&self.ffn_norm)
+    }
+}
+
+/// The parts of the model that are not per layer.
+#[derive(Debug, Clone)]
+pub struct FixedWeights {
+    /// Token embedding.
+    pub embedding: Embedding,
+    /// RMSNorm weight after the last layer, `[hidden]`.
+    pub final_norm: Tensor,
+    /// Output head `[vocab, hidden]`; shares storage with the embedding when tied.
+    pub lm_head: Linear,
+}
+
+impl FixedWeights {
+    /// Bytes held, counting a tied head once.
+    pub fn size_in_bytes(&self, tied: bool) -> usize {
+        let head = if tied {
+            0
+        } else {
+            self.lm_head.size_in_bytes()
+        };
+        self.embedding.size_in_bytes() + tensor_bytes(&self.final_norm) + head
+    }
+}
+
+fn tensor_bytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
+}

@@ -1,0 +1,54 @@
+//! One pre-norm decoder block: `x + attn(rms(x))`, then `x + mlp(rms(x))` with a SwiGLU MLP.
+//! The block holds only hyper-parameters; weights are borrowed per call, so the same block
+//! runs resident layers and layers streamed into a device slot alike.
+
+use candle_core::Tensor;
+
+use super::attention::{self, AttentionDims, Step};
+use crate::model::error::Result;
+use crate::model::kv_cache::LayerKv;
+use crate::model::spec::ModelSpec;
+use crate::model::weights::LayerWeights;
+
+/// The decoder block of the Llama family (shared by every layer).
+#[derive(Debug, Clone, Copy)]
+pub struct Block {
+    dims: AttentionDims,
+    eps: f32,
+}
+
+impl Block {
+    /// A block with `spec`'s head layout and norm epsilon.
+    pub fn new(spec: &ModelSpec) -> Self {
+        Self {
+            dims: AttentionDims {
+                n_heads: spec.n_heads,
+                n_kv_heads: spec.n_kv_heads,
+                head_dim: spec.head_dim,
+            },
+            eps: spec.rms_norm_eps as f32,
+        }
+    }
+
+    /// Runs the block on `x` (`[1, seq, hidden]`), writing this layer's keys and values to `kv`.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        w: &LayerWeights,
+        kv: &mut LayerKv,
+        step: &Step<'_>,
+    ) -> Result<Tensor> {
+        let h = rms_norm(x, &w.attn_norm, self.eps)?;
+        let h = attention::forward(&h, w, kv, step, self.dims)?;
+        let x = (x + h)?;
+        let h = rms_norm(&x, &w.ffn_norm, self.eps)?;
+        let gate = candle_nn::ops::silu(&w.gate.forward(&h)?)?;
+        let h = w.down.forward(&(gate * w.up.forward(&h)?)?)?;
+        Ok((x + h)?)
+    }
+}
+
+/// RMSNorm over the last dimension with a learned scale.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+    Ok(candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps)?)
+}

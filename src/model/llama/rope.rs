@@ -1,0 +1,158 @@
+//! Rotary position embeddings: cos/sin tables for every position up to the model's context,
+//! with Llama 3 frequency scaling or per-frequency factors (GGUF `rope_freqs.weight`), applied
+//! either interleaved (pairs `2i, 2i+1`, GGUF llama layout) or as HF "rotate half" (pairs
+//! `i, i + d/2`).
+
+use std::f32::consts::PI;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::model::error::{ModelError, Result};
+use crate::model::spec::{Llama3RopeScaling, ModelSpec};
+
+/// Precomputed rotary tables for one model.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+    interleaved: bool,
+}
+
+impl Rope {
+    /// Builds `[max_context, head_dim / 2]` tables in `dtype`. `freq_factors` (one per frequency)
+    /// divide the base frequencies, as llama.cpp does with a GGUF `rope_freqs` tensor.
+    pub fn new(
+        spec: &ModelSpec,
+        freq_factors: Option<&[f32]>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let mut freqs = inverse_frequencies(spec.head_dim, spec.rope_theta);
+        if let Some(scaling) = &spec.rope_scaling {
+            freqs = llama3_scale(&freqs, scaling);
+        }
+        if let Some(factors) = freq_factors {
+            if factors.len() != freqs.len() {
+                return Err(ModelError::BadShape {
+                    name: "rope_freqs.weight".into(),
+                    actual: vec![factors.len()],
+                    expected: vec![freqs.len()],
+                });
+            }
+            for (f, factor) in freqs.iter_mut().zip(factors) {
+                *f /= *factor;
+            }
+        }
+        let half = freqs.len();
+        let positions = spec.max_context;
+        let mut angles = Vec::with_capacity(positions * half);
+        for p in 0..positions {
+            let p = p as f32;
+            angles.extend(freqs.iter().map(|f| p * f));
+        }
+        let angles = Tensor::from_vec(angles, (positions, half), device)?;
+        Ok(Self {
+            cos: angles.cos()?.to_dtype(dtype)?,
+            sin: angles.sin()?.to_dtype(dtype)?,
+            interleaved: spec.rope_interleaved,
+        })
+    }
+
+    /// Rotates `x` (`[batch, heads, seq, head_dim]`) whose first token sits at position `pos`.
+    pub fn apply(&self, x: &Tensor, pos: usize) -> Result<Tensor> {
+        let seq = x.dim(2)?;
+        let cos = self.cos.narrow(0, pos, seq)?;
+        let sin = self.sin.narrow(0, pos, seq)?;
+        let x = x.contiguous()?;
+        let y = if self.interleaved {
+            candle_nn::rotary_emb::rope_i(&x, &cos, &sin)?
+        } else {
+            candle_nn::rotary_emb::rope(&x, &cos, &sin)?
+        };
+        Ok(y)
+    }
+}
+
+/// `theta^(-2i/d)` for `i in 0..d/2`.
+fn inverse_frequencies(head_dim: usize, theta: f32) -> Vec<f32> {
+    (0..head_dim)
+        .step_by(2)
+        .map(|i| 1.0 / theta.powf(i as f32 / head_dim as f32))
+        .collect()
+}
+
+/// Llama 3 scaling: keep high frequencies, divide low ones by `factor`, blend in between.
+fn llama3_scale(freqs: &[f32], s: &Llama3RopeScaling) -> Vec<f32> {
+    let old_context = s.original_max_position_embeddings as f32;
+    let low_freq_wavelen = old_context / s.low_freq_factor;
+    let high_freq_wavelen = old_context / s.high_freq_factor;
+    freqs
+        .iter()
+        .map(|&freq| {
+            let wavelen = 2.0 * PI / freq;
+            if wavelen < high_freq_wavelen {
+                freq
+            } else if wavelen > low_freq_wavelen {
+                freq / s.factor
+            } else {
+                let smooth = (old_context / wavelen - s.low_freq_factor)
+                    / (s.high_freq_factor - s.low_freq_factor);
+                (1.0 - smooth) * freq / s.factor + smooth * freq
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_scaling_keeps_high_and_divides_low_frequencies() {
+        let freqs = inverse_frequencies(128, 500_000.0);
+        let s = Llama3RopeScaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        };
+        let scaled = llama3_scale(&freqs, &s);
+        assert_eq!(scaled[0], freqs[0]);
+        let last = freqs.len() - 1;
+        assert!((scaled[last] - freqs[last] / 8.0).abs() < 1e-12);
+        assert!(scaled
+            .iter()
+            .zip(&freqs)
+            .all(|(a, b)| a <= b && *a >= b / 8.0));
+    }
+
+    #[test]
+    fn position_zero_is_identity() {
+        let json = r#"{"model_type":"llama","hidden_size":8,"intermediate_size":8,
+            "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":4,
+            "max_position_embeddings":4,"rms_norm_eps":1e-5}"#;
+        let mut spec = ModelSpec::from_hf_config(json).unwrap();
+        for interleaved in [false, true] {
+            spec.rope_interleaved = interleaved;
+            let rope = Rope::new(&spec, None, DType::F32, &Device::Cpu).unwrap();
+            let x = Tensor::arange(0f32, 16.0, &Device::Cpu)
+                .unwrap()
+                .reshape((1, 2, 2, 4))
+                .unwrap();
+            let y = rope.apply(&x, 0).unwrap();
+            let first = |t: &Tensor| {
+                t.narrow(2, 0, 1)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            };
+            assert_eq!(first(&x), first(&y));
+            assert!(
+                rope.apply(&x, 3).is_err(),
+                "positions past the table are refused"
+            );
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The real default model (SmolLM2-135M-Instruct, Q4_1 GGUF) through ferry's loader and blocks,
+//! checked against candle-transformers' `quantized_llama` on the same token ids.
+//!
+//! The model file comes from `scripts/fetch-model.sh`; set `FERRY_TEST_MODEL` to use another
+//! path.
+
+use std::path::PathBuf;
+
+use candle_core::quantized::gguf_file;
+use candle_core::{Device, Tensor};
+use candle_transformers::models::quantized_llama;
+use ferry::model::loader::{load_model, DTypeChoice, LoadOptions};
+use ferry::model::source::ModelFiles;
+use ferry::model::spec::Architecture;
+
+/// "The capital of France is" in SmolLM2's vocabulary.
+const PROMPT: &[u32] = &[504, 3575, 282, 4649, 314];
+
+fn model_path() -> PathBuf {
+    let path = match std::env::var_os("FERRY_TEST_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        }
+    };
+    assert!(
+        path.exists(),
+        "test model {} is missing: run scripts/fetch-model.sh (or set FERRY_TEST_MODEL)",
+        path.display()
+    );
+    path
+}
+
+fn vocab(path: &PathBuf) -> Vec<String> {
+    let mut file = std::fs::File::open(path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let tokens = content.metadata["tokenizer.ggml.tokens"].to_vec().unwrap();
+    tokens
+        .iter()
+        .map(|v| v.to_string().unwrap().clone())
+        .collect()
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold(0, |best, (i, x)| if *x > v[best] { i } else { best })
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+}
+
+/// ferry's logits for the prompt, then for each greedy continuation token.
+fn ours(dtype: DTypeChoice, steps: usize) -> Vec<Vec<f32>> {
+    let files = ModelFiles::Gguf { path: model_path() };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
+    assert_eq!(loaded.spec.architecture, Architecture::Llama);
+    assert!(loaded.spec.rope_interleaved && loaded.spec.tie_word_embeddings);
+    assert_eq!(
+        (
+            loaded.spec.n_layers,
+            loaded.spec.n_heads,
+            loaded.spec.n_kv_heads
+        ),
+        (30, 9, 3)
+    );
+    let mut layers = loaded.layers;
+    let mut cache = loaded.model.new_cache();
+    let mut out = vec![loaded
+        .model
+        .forward(PROMPT, &mut cache, &mut layers)
+        .unwrap()
+        .to_vec1()
+        .unwrap()];
+    for _ in 0..steps {
+        let next = argmax(out.last().unwrap()) as u32;
+        out.push(
+            loaded
+                .model
+                .forward(&[next], &mut cache, &mut layers)
+                .unwrap()
+                .to_vec1()
+                .unwrap(),
+        );
+    }
+    out
+}
+
+fn candle_reference(steps: usize) -> Vec<Vec<f32>> {
+    let path = model_path();
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let mut model =
+        quantized_llama::ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
+    let dev = Device::Cpu;
+    let ids = Tensor::new(PROMPT, &dev).unwrap().unsqueeze(0).unwrap();
+    let logits = model
+        .forward(&ids, 0)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let mut out: Vec<Vec<f32>> = vec![logits];
+    for i in 0..steps {
+        let next = argmax(out.last().unwrap()) as u32;
+        let ids = Tensor::new(&[next], &dev).unwrap().unsqueeze(0).unwrap();
+        let pos = PROMPT.len() + i;
+        out.push(
+            model
+                .forward(&ids, pos)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap(),
+        );
+    }
+    out
+}
+
+#[test]
+fn smollm2_matches_candle_and_answers_paris() {
+    let vocab = vocab(&model_path());
+    let words: Vec<&str> = PROMPT.iter().map(|&t| vocab[t as usize].as_str()).collect();
+    println!("prompt tokens: {words:?}");
+    assert_eq!(words, ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]);
+
+    let steps = 3;
+    let ours = ours(DTypeChoice::Auto, steps);
+    let theirs = candle_reference(steps);
+    for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = max_abs_diff(a, b);
+        println!(
+            "step {i}: max |diff| = {diff:e} (max |logit| {scale}), ours {:?} candle {:?}",
+            vocab[argmax(a)],
+            vocab[argmax(b)]
+        );
+        assert_eq!(argmax(a), argmax(b), "step {i}: greedy tokens differ");
+        assert!(diff < 0.05, "step {i}: logits differ by {diff}");
+    }
+    assert_eq!(vocab[argmax(&ours[0])], "ĠParis");
+}
+
+#[test]
+fn smollm2_dequantized_to_f32_still_answers_paris() {
+    let vocab = vocab(&model_path());
+    let dense = ours(DTypeChoice::F32, 0);
+    let quantized = ours(DTypeChoice::Auto, 0);
+    println!(
+        "dense {:?} quantized {:?}, max |diff| {:e}",
+        vocab[argmax(&dense[0])],
+        vocab[argmax(&quantized[0])],
+        max_abs_diff(&dense[0], &quantized[0])
+    );
+    assert_eq!(argmax(&dense[0]), argmax(&quantized[0]));
+    assert_eq!(vocab[argmax(&dense[0])], "ĠParis");
+}
