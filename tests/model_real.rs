@@ -162,3 +162,86 @@ fn smollm2_dequantized_to_f32_still_answers_paris() {
     assert_eq!(argmax(&dense[0]), argmax(&quantized[0]));
     assert_eq!(vocab[argmax(&dense[0])], "ĠParis");
 }
+
+/// Greedy tokens for `prompt` through ferry's model.
+fn ours_greedy(prompt: &[u32], steps: usize) -> Vec<u32> {
+    let files = ModelFiles::Gguf { path: model_path() };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DTypeChoice::Auto,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
+    let mut layers = loaded.layers;
+    let mut cache = loaded.model.new_cache();
+    let mut logits: Vec<f32> = loaded
+        .model
+        .forward(prompt, &mut cache, &mut layers)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let next = argmax(&logits) as u32;
+        out.push(next);
+        logits = loaded
+            .model
+            .forward(&[next], &mut cache, &mut layers)
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+    }
+    out
+}
+
+/// Greedy tokens for `prompt` through candle-transformers' quantized_llama.
+fn candle_greedy(prompt: &[u32], steps: usize) -> Vec<u32> {
+    let path = model_path();
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let dev = Device::Cpu;
+    let mut model = quantized_llama::ModelWeights::from_gguf(content, &mut file, &dev).unwrap();
+    let ids = Tensor::new(prompt, &dev).unwrap().unsqueeze(0).unwrap();
+    let mut logits: Vec<f32> = model.forward(&ids, 0).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let mut out = Vec::new();
+    for i in 0..steps {
+        let next = argmax(&logits) as u32;
+        out.push(next);
+        let ids = Tensor::new(&[next], &dev).unwrap().unsqueeze(0).unwrap();
+        logits = model
+            .forward(&ids, prompt.len() + i)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+    }
+    out
+}
+
+#[test]
+fn chat_prompt_greedy_generation_matches_candle() {
+    use ferry::engine::ChatMessage;
+    use ferry::model::tokenizer::TextTokenizer;
+    let mut file = std::fs::File::open(model_path()).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let tokenizer = TextTokenizer::from_gguf(&content).unwrap();
+    let text = tokenizer
+        .apply_chat_template(
+            &[ChatMessage {
+                role: "user".into(),
+                content: "What is the capital of France?".into(),
+            }],
+            true,
+        )
+        .unwrap();
+    let prompt = tokenizer.encode(&text, false).unwrap();
+    assert!(prompt.len() > 20, "the template adds a system prompt: {text:?}");
+    let ours = ours_greedy(&prompt, 16);
+    let theirs = candle_greedy(&prompt, 16);
+    println!(
+        "ours {:?}\ncandle {:?}",
+        tokenizer.decode(&ours, false).unwrap(),
+        tokenizer.decode(&theirs, false).unwrap()
+    );
+    assert_eq!(ours, theirs);
+}

@@ -166,7 +166,8 @@ impl EngineHandle {
             .map_err(|e| EngineError::Internal(format!("cannot start the engine thread: {e}")))
     }
 
-    /// [`load`](Self::load) for a model that is already loaded.
+    /// [`load`](Self::load) for a model that is already loaded: it is `Ready` when this returns,
+    /// so requests can be submitted at once.
     pub fn model_ready<M>(
         &self,
         name: &str,
@@ -176,7 +177,20 @@ impl EngineHandle {
     where
         M: LanguageModel + 'static,
     {
-        self.load(name, move || Ok((model, codec)))
+        let ready = SlotState::Ready(Loaded {
+            codec: Arc::clone(&codec),
+            max_context: model.max_context(),
+            vocab_size: model.vocab_size(),
+        });
+        let thread = self.load(name, move || Ok((model, codec)))?;
+        // The thread writes the same state once it starts; writing it here too closes the window
+        // in which a caller that already holds the model would see `Loading`.
+        *self
+            .slot(name)?
+            .state
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = ready;
+        Ok(thread)
     }
 
     fn slot(&self, name: &str) -> EngineResult<&ModelSlot> {
