@@ -7,6 +7,9 @@
 //! - [`model`]: where a model comes from ([`model::source`]), what shape it has ([`model::spec`]),
 //!   its tokenizer and chat template ([`model::tokenizer`]), its weights ([`model::weights`]) and the
 //!   per-layer transformer blocks that borrow those weights for one forward pass ([`model::llama`]).
+//! - [`offload`]: the offload engine's placement side: model sizes from file headers
+//!   ([`offload::sizing`]), the pure placement planner ([`offload::plan`]) and what `ferry plan`
+//!   prints ([`offload::render`]).
 //! - [`engine`]: the thread that owns loaded models and turns a validated request into a stream of
 //!   generation events: sampling, stop strings, incremental detokenisation, logprobs.
 //! - [`server`]: the axum HTTP layer: OpenAI wire types, validation, handlers, SSE framing and the
@@ -17,4 +20,5 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod model;
+pub mod offload;
 pub mod server;
