@@ -274,3 +274,39 @@ fn kv_and_workspace_formulas() {
         Some(2)
     );
 }
+
+#[test]
+fn plans_the_real_model_end_to_end() {
+    use crate::config::OffloadMode;
+    use crate::offload::plan::{plan, Home, PlanInput, DEFAULT_LINK_BANDWIDTH};
+    use crate::offload::render::render_text;
+
+    let summary = summarize(&ModelFiles::Gguf { path: test_model() }, None).expect("summary");
+    let (sizes, dims) = (summary.sizes, summary.dims);
+    let mut input = PlanInput::new(OffloadMode::Auto, sizes.layers.clone(), sizes.fixed, 0);
+    input.max_batch = 4;
+    input.max_context = 2048;
+    input.kv_bytes_per_token_per_layer =
+        kv_bytes_per_token_per_layer(dims.n_kv_heads, dims.head_dim, 2);
+    input.workspace_bytes = workspace_bytes(&WorkspaceInput {
+        hidden_size: dims.hidden_size,
+        vocab_size: dims.vocab_size,
+        n_heads: dims.n_heads,
+        max_batch: 4,
+        prefill_chunk: 256,
+        max_context: 2048,
+    });
+    input.link_bandwidth = Some(DEFAULT_LINK_BANDWIDTH);
+    // A budget for everything but the last ten layers (and the ring of three slots).
+    let layer = sizes.layers[0];
+    input.budget_bytes =
+        input.fixed_bytes + input.kv_bytes() + input.workspace_bytes + 20 * layer + 3 * layer;
+    let plan = plan(&input).expect("fits");
+    println!("{}", render_text(&plan));
+    assert_eq!(plan.device_layers(), 20);
+    assert!(plan.layers[20..].iter().all(|l| l.home == Home::Host));
+    assert_eq!(plan.device_bytes, input.budget_bytes);
+    assert_eq!(plan.host_bytes, 10 * layer);
+    let rate = plan.estimated_decode_tokens_per_s.expect("streams");
+    assert!((rate - 16e9 / (10 * layer) as f64).abs() < 1e-6);
+}
