@@ -7,8 +7,14 @@
 //! - [`model`]: where a model comes from ([`model::source`]), what shape it has ([`model::spec`]),
 //!   its tokenizer and chat template ([`model::tokenizer`]), its weights ([`model::weights`]) and the
 //!   per-layer transformer blocks that borrow those weights for one forward pass ([`model::llama`]).
+//! - [`offload`]: the offload engine's placement side: model sizes from file headers
+//!   ([`offload::sizing`]), the pure placement planner ([`offload::plan`]) and what `ferry plan`
+//!   prints ([`offload::render`]).
 //! - [`engine`]: the thread that owns loaded models and turns a validated request into a stream of
 //!   generation events: sampling, stop strings, incremental detokenisation, logprobs.
+//! - [`runtime`]: glue from a resolved configuration to running engine threads: device choice,
+//!   adapters from the real model and tokenizer to the engine's traits, loading with progress.
+//! - [`cli`]: the command-line types (clap); flags become configuration overrides.
 //! - [`server`]: the axum HTTP layer: OpenAI wire types, validation, handlers, SSE framing and the
 //!   single place where errors become HTTP responses. It depends on the [`engine::Backend`] trait,
 //!   never on a concrete model, so it is testable without one.
@@ -17,5 +23,6 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod model;
+pub mod offload;
 pub mod runtime;
 pub mod server;

@@ -1,0 +1,86 @@
+//! The offload layer's error type: sizing a model from its files and planning where it goes.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// Result alias for the offload layer.
+pub type Result<T> = std::result::Result<T, PlanError>;
+
+/// Failures while sizing a model or placing it on the device and host tiers.
+#[derive(Debug, Error)]
+pub enum PlanError {
+    /// A file could not be opened or read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A GGUF file's header (metadata or tensor infos) could not be parsed.
+    #[error("cannot read the GGUF header of {path}: {message}")]
+    Gguf {
+        /// The file.
+        path: PathBuf,
+        /// What candle reported.
+        message: String,
+    },
+    /// A safetensors header is malformed.
+    #[error("bad safetensors header in {path}: {message}")]
+    Safetensors {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A `config.json` or GGUF metadata lacks a dimension the planner needs, or it is invalid.
+    #[error("model metadata: {0}")]
+    Metadata(String),
+    /// The decoder layers found in the files are not numbered 0..n without gaps.
+    #[error("decoder layer {missing} has no tensors (found layers up to {highest})")]
+    MissingLayer {
+        /// The first index with no tensor.
+        missing: usize,
+        /// The highest index that has tensors.
+        highest: usize,
+    },
+    /// Mode `none`: the whole model does not fit in the budget.
+    #[error("the model needs {needed} on the device, budget {budget}: {advice}", needed = crate::offload::render::format_bytes(*.needed), budget = crate::offload::render::format_bytes(*.budget))]
+    DoesNotFit {
+        /// Device bytes a fully resident model needs.
+        needed: u64,
+        /// The device budget in bytes.
+        budget: u64,
+        /// Which other mode or dtype would fit (or that none does).
+        advice: String,
+    },
+    /// Mode `model`: the model cannot be made resident while active.
+    #[error("offload mode `model` cannot make the model resident: it needs {needed} on the device, budget {budget}: {advice}", needed = crate::offload::render::format_bytes(*.needed), budget = crate::offload::render::format_bytes(*.budget))]
+    CannotBeResident {
+        /// Device bytes the resident model needs.
+        needed: u64,
+        /// The device budget in bytes.
+        budget: u64,
+        /// Which other mode or dtype would fit (or that none does).
+        advice: String,
+    },
+    /// Modes `auto` and `sequential`: not even the fixed parts, KV cache, workspace, reserve and a
+    /// slot ring for the streamed layers fit.
+    #[error("offload mode `{mode}` needs at least {needed} on the device (fixed parts, KV cache, workspace, reserve and {slots} slot(s) of {slot}), budget {budget}", needed = crate::offload::render::format_bytes(*.needed), budget = crate::offload::render::format_bytes(*.budget), slot = crate::offload::render::format_bytes(*.slot_bytes))]
+    RingDoesNotFit {
+        /// `auto` or `sequential`.
+        mode: &'static str,
+        /// The smallest device footprint the mode can have.
+        needed: u64,
+        /// The device budget in bytes.
+        budget: u64,
+        /// Slots in that smallest footprint.
+        slots: usize,
+        /// Bytes per slot (the largest streamed layer).
+        slot_bytes: u64,
+    },
+    /// An input to the planner is out of range (e.g. a budget fraction outside (0, 1]).
+    #[error("invalid plan input: {0}")]
+    InvalidInput(String),
+}

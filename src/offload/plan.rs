@@ -1,0 +1,467 @@
+//! The placement planner (DESIGN.md 4.1, 4.2): a pure function from layer sizes, a device budget and
+//! an offload mode to a [`Plan`] saying where every decoder layer lives, how many device slots the
+//! streamed layers rotate through, how many bytes each tier holds, and how fast decoding can be when
+//! the link is the bottleneck. No I/O and no devices: the caller measures sizes ([`super::sizing`])
+//! and free device memory ([`resolve_budget`]) first.
+//!
+//! Device bytes of a plan are, for `k` resident layers out of `n`:
+//!
+//! ```text
+//! fixed + sum(layers[..k]) + slots * slot_bytes + kv + workspace + reserve
+//! slots      = min(prefetch + 1, n - k)   (0 when nothing streams)
+//! slot_bytes = max(layers[k..])           (the largest streamed layer)
+//! ```
+//!
+//! Resident layers are always a prefix (layers `0..k`) and streamed ones the suffix, so the first
+//! layers of every forward pass compute while the copy engine fetches the later ones.
+
+use serde::Serialize;
+
+use super::error::{PlanError, Result};
+use super::render::format_bytes;
+use crate::config::{MemoryBudget, OffloadMode};
+
+/// Default device reserve on CUDA: the CUDA context, cuBLAS workspace and allocator slack that the
+/// budget must leave untouched (256 MiB).
+pub const DEFAULT_CUDA_RESERVE_BYTES: u64 = 256 * 1024 * 1024;
+
+/// Default reserve on the CPU device: nothing (host memory is not carved up by a context).
+pub const DEFAULT_CPU_RESERVE_BYTES: u64 = 0;
+
+/// Link bandwidth assumed for the decode estimate when none is configured: 16 GB/s, about what a
+/// PCIe 4.0 x16 link sustains host-to-device from pinned memory (decimal bytes, as link speeds are
+/// quoted).
+pub const DEFAULT_LINK_BANDWIDTH: u64 = 16_000_000_000;
+
+/// Where a decoder layer's weights live between uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Home {
+    /// Resident on the compute device for the whole run.
+    Device,
+    /// In pinned host memory, streamed into a device slot for each forward pass.
+    Host,
+}
+
+impl Home {
+    /// `"device"` or `"host"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Home::Device => "device",
+            Home::Host => "host",
+        }
+    }
+}
+
+/// One decoder layer's placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LayerPlacement {
+    /// Layer index, 0-based.
+    pub index: usize,
+    /// Where it lives.
+    pub home: Home,
+    /// Its weight bytes.
+    pub bytes: u64,
+}
+
+/// The same model sized for another dtype (e.g. `--dtype bf16` for an f32 checkpoint), so that an
+/// error can say whether that dtype would fit with mode `none`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DtypeAlternative {
+    /// What the user would type, e.g. `--dtype bf16`.
+    pub label: String,
+    /// Bytes per decoder layer with that dtype.
+    pub layer_bytes: Vec<u64>,
+    /// Fixed parts with that dtype.
+    pub fixed_bytes: u64,
+}
+
+/// Everything the planner needs. Build it with struct syntax; [`PlanInput::new`] fills the
+/// optional parts with their defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanInput {
+    /// Placement mode.
+    pub mode: OffloadMode,
+    /// Weight bytes of each decoder layer, in forward order; its length is the layer count.
+    pub layer_bytes: Vec<u64>,
+    /// Embeddings, final norm and output head (tied embeddings counted once).
+    pub fixed_bytes: u64,
+    /// Device budget in bytes (see [`resolve_budget`] for percentages of free memory).
+    pub budget_bytes: u64,
+    /// Sequences decoded together; sizes the KV cache.
+    pub max_batch: usize,
+    /// Tokens per sequence (prompt + completion); sizes the KV cache.
+    pub max_context: usize,
+    /// KV-cache bytes for one token in one layer (see
+    /// [`super::sizing::kv_bytes_per_token_per_layer`]).
+    pub kv_bytes_per_token_per_layer: u64,
+    /// Layers in flight ahead of compute; the ring has `prefetch + 1` slots.
+    pub prefetch: usize,
+    /// Activation workspace (see [`super::sizing::workspace_bytes`]).
+    pub workspace_bytes: u64,
+    /// Bytes the budget leaves to the runtime ([`DEFAULT_CUDA_RESERVE_BYTES`],
+    /// [`DEFAULT_CPU_RESERVE_BYTES`]).
+    pub reserve_bytes: u64,
+    /// Host-to-device bandwidth in bytes/s for the decode estimate; `None`: no estimate.
+    pub link_bandwidth: Option<u64>,
+    /// Other dtypes worth suggesting when mode `none` or `model` does not fit; default none.
+    pub dtype_alternatives: Vec<DtypeAlternative>,
+}
+
+impl PlanInput {
+    /// An input with no KV cache, workspace, reserve, bandwidth or alternatives, and prefetch 2;
+    /// set the remaining public fields directly.
+    pub fn new(mode: OffloadMode, layer_bytes: Vec<u64>, fixed_bytes: u64, budget: u64) -> Self {
+        PlanInput {
+            mode,
+            layer_bytes,
+            fixed_bytes,
+            budget_bytes: budget,
+            max_batch: 1,
+            max_context: 0,
+            kv_bytes_per_token_per_layer: 0,
+            prefetch: 2,
+            workspace_bytes: 0,
+            reserve_bytes: 0,
+            link_bandwidth: None,
+            dtype_alternatives: Vec::new(),
+        }
+    }
+
+    /// Number of decoder layers.
+    pub fn n_layers(&self) -> usize {
+        self.layer_bytes.len()
+    }
+
+    /// KV-cache bytes: `max_batch * max_context * n_layers * kv_bytes_per_token_per_layer`. The
+    /// cache of every layer stays on the device, streamed or not.
+    pub fn kv_bytes(&self) -> u64 {
+        (self.max_batch as u64)
+            .saturating_mul(self.max_context as u64)
+            .saturating_mul(self.n_layers() as u64)
+            .saturating_mul(self.kv_bytes_per_token_per_layer)
+    }
+
+    /// Device bytes that do not depend on placement: fixed parts, KV, workspace and reserve.
+    fn base_bytes(&self) -> u64 {
+        self.fixed_bytes
+            .saturating_add(self.kv_bytes())
+            .saturating_add(self.workspace_bytes)
+            .saturating_add(self.reserve_bytes)
+    }
+}
+
+/// Where everything goes, and what it costs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The mode this plan was made for.
+    pub mode: OffloadMode,
+    /// The device budget it was made against.
+    pub budget_bytes: u64,
+    /// Every decoder layer in order: a device prefix, then a host suffix.
+    pub layers: Vec<LayerPlacement>,
+    /// Fixed parts (always on the device).
+    pub fixed_bytes: u64,
+    /// Sum of the resident layers' bytes.
+    pub resident_layer_bytes: u64,
+    /// KV cache on the device.
+    pub kv_bytes: u64,
+    /// Activation workspace on the device.
+    pub workspace_bytes: u64,
+    /// Reserve left to the runtime.
+    pub reserve_bytes: u64,
+    /// Device slots streamed layers rotate through: `min(prefetch + 1, streamed layers)`, 0 when
+    /// nothing streams.
+    pub slots: usize,
+    /// Bytes per slot: the largest streamed layer (0 when nothing streams).
+    pub slot_bytes: u64,
+    /// Device total: fixed + resident layers + slots + KV + workspace + reserve; never above
+    /// `budget_bytes`.
+    pub device_bytes: u64,
+    /// Pinned host total: the offloaded layers; in mode `model`, the whole model (its parked copy).
+    pub host_bytes: u64,
+    /// Bytes copied host-to-device per forward pass (the streamed layers).
+    pub streamed_bytes_per_step: u64,
+    /// The link bandwidth the estimate assumes.
+    pub link_bandwidth: Option<u64>,
+    /// Upper bound on decode tokens/s per sequence when copies are the bottleneck:
+    /// `link_bandwidth / streamed_bytes_per_step`; `None` when nothing streams or no bandwidth.
+    pub estimated_decode_tokens_per_s: Option<f64>,
+}
+
+impl Plan {
+    /// Number of layers resident on the device.
+    pub fn device_layers(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| l.home == Home::Device)
+            .count()
+    }
+
+    /// Number of layers streamed from the host.
+    pub fn host_layers(&self) -> usize {
+        self.layers.len() - self.device_layers()
+    }
+
+    /// Bytes of the whole slot ring.
+    pub fn slot_ring_bytes(&self) -> u64 {
+        (self.slots as u64).saturating_mul(self.slot_bytes)
+    }
+}
+
+/// The config spelling of a mode: `none`, `auto`, `sequential` or `model`.
+pub fn mode_name(mode: OffloadMode) -> &'static str {
+    match mode {
+        OffloadMode::None => "none",
+        OffloadMode::Auto => "auto",
+        OffloadMode::Sequential => "sequential",
+        OffloadMode::Model => "model",
+    }
+}
+
+/// Resolves a configured budget against the device's free memory: a fixed size stays as is, a
+/// fraction takes that share of `free_bytes` (rounded down). Fractions outside (0, 1] are an error.
+pub fn resolve_budget(budget: MemoryBudget, free_bytes: u64) -> Result<u64> {
+    match budget {
+        MemoryBudget::Bytes(bytes) => Ok(bytes),
+        MemoryBudget::FractionOfFree(fraction) => {
+            if !(fraction > 0.0 && fraction <= 1.0) {
+                return Err(PlanError::InvalidInput(format!(
+                    "budget fraction {fraction} is not in (0, 1]"
+                )));
+            }
+            // f64 has 53 bits of mantissa: exact for any memory size below 8 PiB.
+            Ok(((free_bytes as f64) * fraction).floor() as u64)
+        }
+    }
+}
+
+/// Device costs of every possible split point `k` (layers `0..k` resident, `k..n` streamed).
+struct Costs<'a> {
+    input: &'a PlanInput,
+    /// `prefix[k]` = sum of `layers[..k]`.
+    prefix: Vec<u64>,
+    /// `suffix_max[k]` = max of `layers[k..]` (0 for the empty suffix).
+    suffix_max: Vec<u64>,
+}
+
+impl<'a> Costs<'a> {
+    fn new(input: &'a PlanInput) -> Self {
+        let layers = &input.layer_bytes;
+        let mut prefix = Vec::with_capacity(layers.len() + 1);
+        prefix.push(0u64);
+        for &bytes in layers {
+            let last = prefix.last().copied().unwrap_or(0);
+            prefix.push(last.saturating_add(bytes));
+        }
+        let mut suffix_max = vec![0u64; layers.len() + 1];
+        for k in (0..layers.len()).rev() {
+            suffix_max[k] = suffix_max[k + 1].max(layers[k]);
+        }
+        Costs {
+            input,
+            prefix,
+            suffix_max,
+        }
+    }
+
+    fn n(&self) -> usize {
+        self.input.n_layers()
+    }
+
+    /// `(slots, slot_bytes)` when layers `k..n` stream.
+    fn ring(&self, k: usize) -> (usize, u64) {
+        let streamed = self.n() - k;
+        if streamed == 0 {
+            (0, 0)
+        } else {
+            (
+                (self.input.prefetch.saturating_add(1)).min(streamed),
+                self.suffix_max[k],
+            )
+        }
+    }
+
+    /// Device bytes with layers `0..k` resident.
+    fn device(&self, k: usize) -> u64 {
+        let (slots, slot_bytes) = self.ring(k);
+        self.input
+            .base_bytes()
+            .saturating_add(self.prefix[k])
+            .saturating_add((slots as u64).saturating_mul(slot_bytes))
+    }
+
+    fn fits(&self, k: usize) -> bool {
+        self.device(k) <= self.input.budget_bytes
+    }
+
+    /// The largest resident prefix that fits, if any does.
+    fn best_split(&self) -> Option<usize> {
+        (0..=self.n()).rev().find(|&k| self.fits(k))
+    }
+
+    /// The split with the smallest device footprint (for error messages).
+    fn cheapest_split(&self) -> usize {
+        (0..=self.n()).min_by_key(|&k| self.device(k)).unwrap_or(0)
+    }
+
+    /// Builds the plan with layers `0..k` resident.
+    fn build(&self, k: usize) -> Plan {
+        let input = self.input;
+        let n = self.n();
+        let (slots, slot_bytes) = self.ring(k);
+        let layers: Vec<LayerPlacement> = input
+            .layer_bytes
+            .iter()
+            .enumerate()
+            .map(|(index, &bytes)| LayerPlacement {
+                index,
+                home: if index < k { Home::Device } else { Home::Host },
+                bytes,
+            })
+            .collect();
+        let streamed = self.prefix[n].saturating_sub(self.prefix[k]);
+        let host_bytes = if input.mode == OffloadMode::Model {
+            input.fixed_bytes.saturating_add(self.prefix[n])
+        } else {
+            streamed
+        };
+        let estimate = match (input.link_bandwidth, streamed) {
+            (Some(bandwidth), s) if s > 0 => Some(bandwidth as f64 / s as f64),
+            _ => None,
+        };
+        Plan {
+            mode: input.mode,
+            budget_bytes: input.budget_bytes,
+            layers,
+            fixed_bytes: input.fixed_bytes,
+            resident_layer_bytes: self.prefix[k],
+            kv_bytes: input.kv_bytes(),
+            workspace_bytes: input.workspace_bytes,
+            reserve_bytes: input.reserve_bytes,
+            slots,
+            slot_bytes,
+            device_bytes: self.device(k),
+            host_bytes,
+            streamed_bytes_per_step: streamed,
+            link_bandwidth: input.link_bandwidth,
+            estimated_decode_tokens_per_s: estimate,
+        }
+    }
+}
+
+/// Places every decoder layer according to `input.mode` (DESIGN.md 4.2):
+///
+/// - `none`: everything on the device; if it does not fit, [`PlanError::DoesNotFit`] with the bytes
+///   needed and available and which mode or dtype would fit.
+/// - `auto`: fixed parts, KV, workspace, reserve and the slot ring first, then layers in order while
+///   they fit, the rest on the host. With room for every layer it equals `none` (no slots).
+///   [`PlanError::RingDoesNotFit`] when no split fits at all.
+/// - `sequential`: every layer on the host, only the ring on the device.
+/// - `model`: sized like `none` (the whole model is resident while active); its error,
+///   [`PlanError::CannotBeResident`], says the model cannot be made resident with this budget.
+///
+/// Every successful plan has `device_bytes <= budget_bytes`.
+pub fn plan(input: &PlanInput) -> Result<Plan> {
+    let costs = Costs::new(input);
+    let n = costs.n();
+    match input.mode {
+        OffloadMode::None | OffloadMode::Model => {
+            if costs.fits(n) {
+                return Ok(costs.build(n));
+            }
+            let needed = costs.device(n);
+            let budget = input.budget_bytes;
+            let advice = advice(input);
+            Err(if input.mode == OffloadMode::None {
+                PlanError::DoesNotFit {
+                    needed,
+                    budget,
+                    advice,
+                }
+            } else {
+                PlanError::CannotBeResident {
+                    needed,
+                    budget,
+                    advice,
+                }
+            })
+        }
+        OffloadMode::Auto => match costs.best_split() {
+            Some(k) => Ok(costs.build(k)),
+            None => Err(ring_error("auto", &costs, costs.cheapest_split())),
+        },
+        OffloadMode::Sequential => {
+            if costs.fits(0) {
+                Ok(costs.build(0))
+            } else {
+                Err(ring_error("sequential", &costs, 0))
+            }
+        }
+    }
+}
+
+fn ring_error(mode: &'static str, costs: &Costs<'_>, k: usize) -> PlanError {
+    let (slots, slot_bytes) = costs.ring(k);
+    PlanError::RingDoesNotFit {
+        mode,
+        needed: costs.device(k),
+        budget: costs.input.budget_bytes,
+        slots,
+        slot_bytes,
+    }
+}
+
+/// Which other modes or dtypes would fit, for the `none` / `model` errors.
+fn advice(input: &PlanInput) -> String {
+    let mut options = Vec::new();
+    let n = input.n_layers();
+    let with_mode = |mode| PlanInput {
+        mode,
+        ..input.clone()
+    };
+    if let Ok(auto) = plan(&with_mode(OffloadMode::Auto)) {
+        options.push(format!(
+            "--offload auto (fits with {} of {n} layers on the device)",
+            auto.device_layers()
+        ));
+    }
+    let sequential = Costs::new(input).device(0);
+    let sequential_fits = sequential <= input.budget_bytes;
+    if sequential_fits {
+        options.push(format!(
+            "--offload sequential (needs {})",
+            format_bytes(sequential)
+        ));
+    }
+    for alternative in &input.dtype_alternatives {
+        let resident = PlanInput {
+            mode: OffloadMode::None,
+            layer_bytes: alternative.layer_bytes.clone(),
+            fixed_bytes: alternative.fixed_bytes,
+            dtype_alternatives: Vec::new(),
+            ..input.clone()
+        };
+        let needed = Costs::new(&resident).device(resident.n_layers());
+        if needed <= input.budget_bytes {
+            options.push(format!(
+                "{} (needs {})",
+                alternative.label,
+                format_bytes(needed)
+            ));
+        }
+    }
+    if options.is_empty() {
+        let costs = Costs::new(input);
+        format!(
+            "no offload mode fits: streaming every layer it can still needs {} (fixed parts, KV cache, workspace, reserve and slots)",
+            format_bytes(costs.device(costs.cheapest_split()))
+        )
+    } else {
+        format!("use {}", options.join(" or "))
+    }
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

@@ -1,0 +1,321 @@
+//! What `ferry plan` prints: a human table of a [`Plan`] (runs of consecutive layers with the same
+//! home, bytes per tier, the slot ring and the PCIe-bound decode estimate) and the same plan as JSON
+//! (`--json`). Sizes use binary units (KiB, MiB, GiB); link speeds decimal ones (GB/s), as they are
+//! quoted.
+
+use std::fmt::Write as _;
+
+use serde_json::json;
+
+use super::plan::{mode_name, Home, Plan};
+
+/// Formats a byte count with binary units and one decimal: `512 B`, `3.0 KiB`, `45.2 MiB`,
+/// `6.0 GiB`, `1.5 TiB`.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// Formats a bandwidth in bytes/s with decimal units: `16 GB/s`, `12.5 GB/s`, `800 MB/s`.
+pub fn format_bandwidth(bytes_per_s: u64) -> String {
+    let (value, unit) = if bytes_per_s >= 1_000_000_000 {
+        (bytes_per_s as f64 / 1e9, "GB/s")
+    } else {
+        (bytes_per_s as f64 / 1e6, "MB/s")
+    };
+    if (value - value.round()).abs() < 1e-9 {
+        format!("{value:.0} {unit}")
+    } else {
+        format!("{value:.1} {unit}")
+    }
+}
+
+/// A run of consecutive layers with the same home.
+struct Run {
+    first: usize,
+    last: usize,
+    home: Home,
+    total: u64,
+    smallest: u64,
+    largest: u64,
+}
+
+fn runs(plan: &Plan) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    for layer in &plan.layers {
+        match runs.last_mut() {
+            Some(run) if run.home == layer.home && run.last + 1 == layer.index => {
+                run.last = layer.index;
+                run.total = run.total.saturating_add(layer.bytes);
+                run.smallest = run.smallest.min(layer.bytes);
+                run.largest = run.largest.max(layer.bytes);
+            }
+            _ => runs.push(Run {
+                first: layer.index,
+                last: layer.index,
+                home: layer.home,
+                total: layer.bytes,
+                smallest: layer.bytes,
+                largest: layer.bytes,
+            }),
+        }
+    }
+    runs
+}
+
+/// The human table, e.g.
+///
+/// ```text
+/// mode auto, budget 6.0 GiB, 32 layers (12 on the device, 20 streamed from the host)
+///   layers 0-11   device  12 x 45.2 MiB = 542.4 MiB
+///   layers 12-31  host    20 x 45.2 MiB = 904.0 MiB
+/// device  2.3 GiB of 6.0 GiB
+///   fixed parts  180.0 MiB
+///   ...
+/// host    904.0 MiB (pinned)
+/// PCIe-bound decode <= 17.7 tok/s at 16 GB/s (904.0 MiB streamed per step)
+/// ```
+pub fn render_text(plan: &Plan) -> String {
+    let mut out = String::new();
+    let n = plan.layers.len();
+    let _ = writeln!(
+        out,
+        "mode {}, budget {}, {n} layers ({} on the device, {} streamed from the host)",
+        mode_name(plan.mode),
+        format_bytes(plan.budget_bytes),
+        plan.device_layers(),
+        plan.host_layers(),
+    );
+    for run in runs(plan) {
+        let label = if run.first == run.last {
+            format!("layer {}", run.first)
+        } else {
+            format!("layers {}-{}", run.first, run.last)
+        };
+        let count = run.last - run.first + 1;
+        let each = if run.smallest == run.largest {
+            format!("{count} x {}", format_bytes(run.largest))
+        } else {
+            format!(
+                "{count} layers of {}-{}",
+                format_bytes(run.smallest),
+                format_bytes(run.largest)
+            )
+        };
+        let _ = writeln!(
+            out,
+            "  {label:<14}{:<8}{each} = {}",
+            run.home.as_str(),
+            format_bytes(run.total)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "device  {} of {}",
+        format_bytes(plan.device_bytes),
+        format_bytes(plan.budget_bytes)
+    );
+    let rows = [
+        ("fixed parts", format_bytes(plan.fixed_bytes)),
+        ("layers", format_bytes(plan.resident_layer_bytes)),
+        (
+            "slots",
+            format!(
+                "{} x {} = {}",
+                plan.slots,
+                format_bytes(plan.slot_bytes),
+                format_bytes(plan.slot_ring_bytes())
+            ),
+        ),
+        ("KV cache", format_bytes(plan.kv_bytes)),
+        ("workspace", format_bytes(plan.workspace_bytes)),
+        ("reserve", format_bytes(plan.reserve_bytes)),
+    ];
+    for (name, value) in rows {
+        let _ = writeln!(out, "  {name:<13}{value}");
+    }
+    let host_note = if plan.mode == crate::config::OffloadMode::Model {
+        " (pinned; the whole model parks here while idle)"
+    } else {
+        " (pinned)"
+    };
+    let _ = writeln!(out, "host    {}{host_note}", format_bytes(plan.host_bytes));
+    if let (Some(rate), Some(bandwidth)) = (plan.estimated_decode_tokens_per_s, plan.link_bandwidth)
+    {
+        let _ = writeln!(
+            out,
+            "PCIe-bound decode <= {rate:.1} tok/s at {} ({} streamed per step)",
+            format_bandwidth(bandwidth),
+            format_bytes(plan.streamed_bytes_per_step)
+        );
+    }
+    out
+}
+
+/// The plan as a JSON value:
+///
+/// ```text
+/// {"mode", "budget_bytes", "layers": [{"index", "home": "device"|"host", "bytes"}],
+///  "device_bytes", "host_bytes", "kv_bytes", "slots", "slot_bytes",
+///  "estimated_decode_tokens_per_s", "fixed_bytes", "workspace_bytes", "reserve_bytes",
+///  "streamed_bytes_per_step", "link_bandwidth"}
+/// ```
+///
+/// `estimated_decode_tokens_per_s` and `link_bandwidth` are `null` when absent.
+pub fn plan_json(plan: &Plan) -> serde_json::Value {
+    json!({
+        "mode": mode_name(plan.mode),
+        "budget_bytes": plan.budget_bytes,
+        "layers": plan.layers,
+        "device_bytes": plan.device_bytes,
+        "host_bytes": plan.host_bytes,
+        "kv_bytes": plan.kv_bytes,
+        "slots": plan.slots,
+        "slot_bytes": plan.slot_bytes,
+        "estimated_decode_tokens_per_s": plan.estimated_decode_tokens_per_s,
+        "fixed_bytes": plan.fixed_bytes,
+        "workspace_bytes": plan.workspace_bytes,
+        "reserve_bytes": plan.reserve_bytes,
+        "streamed_bytes_per_step": plan.streamed_bytes_per_step,
+        "link_bandwidth": plan.link_bandwidth,
+    })
+}
+
+/// [`plan_json`] pretty-printed.
+pub fn render_json(plan: &Plan) -> String {
+    format!("{:#}", plan_json(plan))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OffloadMode;
+    use crate::offload::plan::{plan, PlanInput};
+
+    const MIB: u64 = 1024 * 1024;
+
+    fn auto_plan() -> Plan {
+        let mut input = PlanInput::new(OffloadMode::Auto, vec![10 * MIB; 8], 20 * MIB, 80 * MIB);
+        input.prefetch = 1;
+        input.reserve_bytes = 5 * MIB;
+        input.link_bandwidth = Some(16_000_000_000);
+        // base 25 MiB + 2 slots x 10 MiB = 45 MiB; 3 more layers fit (75 MiB), 5 stream.
+        plan(&input).expect("fits")
+    }
+
+    #[test]
+    fn formats_binary_sizes() {
+        let cases = [
+            (0, "0 B"),
+            (1023, "1023 B"),
+            (1024, "1.0 KiB"),
+            (1536, "1.5 KiB"),
+            (45 * MIB + MIB / 5, "45.2 MiB"),
+            (6 * 1024 * MIB, "6.0 GiB"),
+            (3 * 1024 * 1024 * MIB / 2, "1.5 TiB"),
+        ];
+        for (bytes, text) in cases {
+            assert_eq!(format_bytes(bytes), text, "{bytes}");
+        }
+        assert_eq!(format_bandwidth(16_000_000_000), "16 GB/s");
+        assert_eq!(format_bandwidth(12_500_000_000), "12.5 GB/s");
+        assert_eq!(format_bandwidth(800_000_000), "800 MB/s");
+    }
+
+    #[test]
+    fn text_groups_runs_and_shows_tiers_and_estimate() {
+        let plan = auto_plan();
+        assert_eq!(plan.device_layers(), 3);
+        let text = render_text(&plan);
+        assert!(text.starts_with("mode auto, budget 80.0 MiB, 8 layers (3 on the device, 5 streamed from the host)\n"), "{text}");
+        assert!(
+            text.contains("  layers 0-2    device  3 x 10.0 MiB = 30.0 MiB\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  layers 3-7    host    5 x 10.0 MiB = 50.0 MiB\n"),
+            "{text}"
+        );
+        assert!(text.contains("device  75.0 MiB of 80.0 MiB\n"), "{text}");
+        assert!(
+            text.contains("  slots        2 x 10.0 MiB = 20.0 MiB\n"),
+            "{text}"
+        );
+        assert!(text.contains("  reserve      5.0 MiB\n"), "{text}");
+        assert!(text.contains("host    50.0 MiB (pinned)\n"), "{text}");
+        // 16e9 / (50 MiB) = 305.2 tok/s.
+        assert!(
+            text.contains(
+                "PCIe-bound decode <= 305.2 tok/s at 16 GB/s (50.0 MiB streamed per step)"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn text_of_a_resident_plan_has_no_estimate_and_names_single_layers() {
+        let mut input = PlanInput::new(OffloadMode::None, vec![3 * MIB, 5 * MIB], MIB, 100 * MIB);
+        input.link_bandwidth = Some(16_000_000_000);
+        let plan = plan(&input).expect("fits");
+        let text = render_text(&plan);
+        assert!(
+            text.contains("  layers 0-1    device  2 layers of 3.0 MiB-5.0 MiB = 8.0 MiB\n"),
+            "{text}"
+        );
+        assert!(!text.contains("PCIe-bound"), "{text}");
+        assert!(text.contains("  slots        0 x 0 B = 0 B\n"), "{text}");
+
+        let mut input = PlanInput::new(OffloadMode::Sequential, vec![MIB], 0, 100 * MIB);
+        input.link_bandwidth = Some(16_000_000_000);
+        let text = render_text(&plan_fn(&input));
+        assert!(
+            text.contains("  layer 0       host    1 x 1.0 MiB = 1.0 MiB\n"),
+            "{text}"
+        );
+    }
+
+    fn plan_fn(input: &PlanInput) -> Plan {
+        plan(input).expect("fits")
+    }
+
+    #[test]
+    fn json_has_the_documented_shape() {
+        let plan = auto_plan();
+        let value: serde_json::Value =
+            serde_json::from_str(&render_json(&plan)).expect("valid JSON");
+        assert_eq!(value["mode"], "auto");
+        assert_eq!(value["budget_bytes"], 80 * MIB);
+        assert_eq!(value["device_bytes"], 75 * MIB);
+        assert_eq!(value["host_bytes"], 50 * MIB);
+        assert_eq!(value["kv_bytes"], 0);
+        assert_eq!(value["slots"], 2);
+        assert_eq!(value["slot_bytes"], 10 * MIB);
+        let layers = value["layers"].as_array().expect("layers array");
+        assert_eq!(layers.len(), 8);
+        assert_eq!(
+            layers[2],
+            json!({"index": 2, "home": "device", "bytes": 10 * MIB})
+        );
+        assert_eq!(
+            layers[3],
+            json!({"index": 3, "home": "host", "bytes": 10 * MIB})
+        );
+        let rate = value["estimated_decode_tokens_per_s"]
+            .as_f64()
+            .expect("a number");
+        assert!((rate - 16e9 / (50.0 * MIB as f64)).abs() < 1e-6, "{rate}");
+
+        let resident = plan_fn(&PlanInput::new(OffloadMode::None, vec![MIB], 0, 10 * MIB));
+        assert!(plan_json(&resident)["estimated_decode_tokens_per_s"].is_null());
+        assert_eq!(plan_json(&resident)["mode"], "none");
+    }
+}
