@@ -22,7 +22,9 @@ use ferry::engine::{
 };
 use ferry::model::source::HubOptions;
 use ferry::runtime::device::{describe, select_device};
+use ferry::offload::render::{render_json, render_text};
 use ferry::runtime::load::load_for_serving;
+use ferry::runtime::planning::{cpu_free_bytes, plan_model};
 use ferry::server::{self, ServerOptions};
 
 fn main() -> ExitCode {
@@ -188,8 +190,19 @@ async fn shutdown_signal() {
 }
 
 fn ferry_plan(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
-    let _ = (config, json);
-    bail!("`ferry plan` arrives with the offload engine")
+    let device = select_device(config.device.kind)?;
+    let hub = HubOptions::from_env(|key| std::env::var(key).ok());
+    let free = cpu_free_bytes()?;
+    for model in &config.models {
+        let plan = plan_model(model, &config.device, &device, &hub, free)?;
+        if json {
+            println!("{}", render_json(&plan));
+        } else {
+            println!("model {} ({}) on {}", model.name, model.source, describe(&device));
+            println!("{}", render_text(&plan));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Loads the first configured model, generates for one prompt and streams the text to stdout.

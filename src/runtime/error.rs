@@ -16,4 +16,7 @@ pub enum RuntimeError {
         /// What went wrong.
         source: crate::model::ModelError,
     },
+    /// Sizing or placing the model failed (including "does not fit" with advice).
+    #[error(transparent)]
+    Plan(#[from] crate::offload::PlanError),
 }
