@@ -60,14 +60,22 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|| "models/SmolLM2-135M-Instruct.Q4_1.gguf".into());
     let mut file = std::fs::File::open(&path)?;
     let content = gguf_file::Content::read(&mut file)?;
-    for name in ["blk.0.attn_q.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_down.weight"] {
+    for name in [
+        "blk.0.attn_q.weight",
+        "blk.0.ffn_gate.weight",
+        "blk.0.ffn_down.weight",
+    ] {
         let q = content.tensor(&mut file, name, &Device::Cpu)?;
         let (n, k) = q.shape().dims2()?;
         let exact_w = q.dequantize(&Device::Cpu)?;
         let (q4_0, offsets) = split_q4_1(&q)?;
         // The split is lossless: dequantizing both parts gives the Q4_1 weights back.
         let rebuilt = (q4_0.dequantize(&Device::Cpu)?
-            + offsets.repeat((1, 32))?.reshape((n, 32, k / 32))?.transpose(1, 2)?.reshape((n, k))?)?;
+            + offsets
+                .repeat((1, 32))?
+                .reshape((n, 32, k / 32))?
+                .transpose(1, 2)?
+                .reshape((n, k))?)?;
         let rebuild_err = (rebuilt - &exact_w)?.abs()?.max_all()?.to_scalar::<f32>()?;
 
         let x = Tensor::randn(0f32, 1.0, (1, k), &Device::Cpu)?;
