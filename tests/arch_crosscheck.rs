@@ -291,3 +291,55 @@ fn forward_walks_layers_in_order_and_reports_errors() {
     let err = load_model(&files, &bf16, &mut |_| {}).unwrap_err();
     assert!(matches!(err, ModelError::Unsupported(_)), "{err}");
 }
+
+#[test]
+fn chunked_prefill_matches_one_shot_prefill() {
+    let tiny = Tiny::llama();
+    let dir = tempfile::tempdir().unwrap();
+    let weights = tiny.random_weights(true, true);
+    let files = tiny.write_hf(dir.path(), &tiny.qwen2_config(false), &weights, 1);
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DTypeChoice::F32,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
+    let mut layers = loaded.layers;
+    let mut one = loaded.model.new_cache();
+    let whole: Vec<f32> = loaded
+        .model
+        .forward(PROMPT, &mut one, &mut layers)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let mut chunked = loaded.model.new_cache();
+    loaded
+        .model
+        .forward(&PROMPT[..3], &mut chunked, &mut layers)
+        .unwrap();
+    let parts: Vec<f32> = loaded
+        .model
+        .forward(&PROMPT[3..], &mut chunked, &mut layers)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let d = max_abs_diff(&whole, &parts);
+    assert!(d < 1e-4, "chunked prefill differs by {d}");
+    // Rewinding the cache and replaying gives the same logits again.
+    chunked.truncate(3);
+    let again: Vec<f32> = loaded
+        .model
+        .forward(&PROMPT[3..], &mut chunked, &mut layers)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    assert_eq!(parts, again);
+}
+
+#[test]
+fn model_types_can_move_to_the_engine_thread() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<ferry::model::llama::Model>();
+    send_sync::<ferry::model::loader::LoadedModel>();
+    send_sync::<ferry::model::kv_cache::KvCache>();
+    send_sync::<LayerWeights>();
+}
