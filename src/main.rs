@@ -1,7 +1,7 @@
 //! The `ferry` binary: parses the command line, resolves the configuration, sets up logging and
 //! dispatches to `serve`, `plan` or `generate`. The only place `anyhow` is used.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -45,6 +45,7 @@ fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 
