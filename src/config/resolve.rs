@@ -61,18 +61,8 @@ pub struct DeviceConfig {
     pub link_bandwidth: Option<u64>,
 }
 
-/// Dense weight dtype.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DtypeChoice {
-    /// GGUF stays quantized; safetensors use f32 on the CPU and the checkpoint dtype on CUDA.
-    Auto,
-    /// 32-bit float.
-    F32,
-    /// 16-bit float.
-    F16,
-    /// bfloat16.
-    BF16,
-}
+/// Dense weight dtype: the model loader's own choice type, so the two layers cannot disagree.
+pub use crate::model::loader::DTypeChoice as DtypeChoice;
 
 /// Where weights live (DESIGN.md 4.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,8 +11,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::adapters::{ModelRunner, TokenizerCodec};
 use super::RuntimeError;
-use crate::config::{DtypeChoice, ModelConfig};
-use crate::model::loader::{load_model, DTypeChoice, LoadOptions, LoadProgress};
+use crate::config::ModelConfig;
+use crate::model::loader::{load_model, LoadOptions, LoadProgress};
 use crate::model::source::{self, HubOptions, ModelFiles, ModelSource};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::ModelError;
@@ -43,7 +43,7 @@ pub fn load_for_serving(
     let tokenizer = load_tokenizer(&files).map_err(wrap)?;
     let options = LoadOptions {
         device: device.clone(),
-        dtype: dtype_choice(config.dtype),
+        dtype: config.dtype,
     };
     let mut progress = ProgressReporter::new(&config.name);
     let loaded = load_model(&files, &options, &mut |p| progress.update(&p)).map_err(wrap)?;
@@ -66,15 +66,6 @@ pub fn load_for_serving(
         runner,
         codec: TokenizerCodec::new(tokenizer),
     })
-}
-
-fn dtype_choice(choice: DtypeChoice) -> DTypeChoice {
-    match choice {
-        DtypeChoice::Auto => DTypeChoice::Auto,
-        DtypeChoice::F32 => DTypeChoice::F32,
-        DtypeChoice::F16 => DTypeChoice::F16,
-        DtypeChoice::BF16 => DTypeChoice::BF16,
-    }
 }
 
 /// The tokenizer from the GGUF metadata or the HF tokenizer files.
