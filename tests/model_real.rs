@@ -52,7 +52,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// ferry's logits for the prompt, then for each greedy continuation token.
-fn ours(dtype: DTypeChoice, steps: usize) -> Vec<Vec<f32>> {
+fn ours(dtype: DTypeChoice, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
     let files = ModelFiles::Gguf { path: model_path() };
     let options = LoadOptions {
         device: Device::Cpu,
@@ -73,7 +73,7 @@ fn ours(dtype: DTypeChoice, steps: usize) -> Vec<Vec<f32>> {
     let mut cache = loaded.model.new_cache();
     let mut out = vec![loaded
         .model
-        .forward(PROMPT, &mut cache, &mut layers)
+        .forward(prompt, &mut cache, &mut layers)
         .unwrap()
         .to_vec1()
         .unwrap()];
@@ -91,14 +91,14 @@ fn ours(dtype: DTypeChoice, steps: usize) -> Vec<Vec<f32>> {
     out
 }
 
-fn candle_reference(steps: usize) -> Vec<Vec<f32>> {
+fn candle_reference(prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
     let path = model_path();
     let mut file = std::fs::File::open(&path).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();
     let mut model =
         quantized_llama::ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
     let dev = Device::Cpu;
-    let ids = Tensor::new(PROMPT, &dev).unwrap().unsqueeze(0).unwrap();
+    let ids = Tensor::new(prompt, &dev).unwrap().unsqueeze(0).unwrap();
     let logits = model
         .forward(&ids, 0)
         .unwrap()
@@ -110,7 +110,7 @@ fn candle_reference(steps: usize) -> Vec<Vec<f32>> {
     for i in 0..steps {
         let next = argmax(out.last().unwrap()) as u32;
         let ids = Tensor::new(&[next], &dev).unwrap().unsqueeze(0).unwrap();
-        let pos = PROMPT.len() + i;
+        let pos = prompt.len() + i;
         out.push(
             model
                 .forward(&ids, pos)
@@ -132,8 +132,8 @@ fn smollm2_matches_candle_and_answers_paris() {
     assert_eq!(words, ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]);
 
     let steps = 3;
-    let ours = ours(DTypeChoice::Auto, steps);
-    let theirs = candle_reference(steps);
+    let ours = ours(DTypeChoice::Auto, PROMPT, steps);
+    let theirs = candle_reference(PROMPT, steps);
     for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
         let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
         let diff = max_abs_diff(a, b);
@@ -151,8 +151,8 @@ fn smollm2_matches_candle_and_answers_paris() {
 #[test]
 fn smollm2_dequantized_to_f32_still_answers_paris() {
     let vocab = vocab(&model_path());
-    let dense = ours(DTypeChoice::F32, 0);
-    let quantized = ours(DTypeChoice::Auto, 0);
+    let dense = ours(DTypeChoice::F32, PROMPT, 0);
+    let quantized = ours(DTypeChoice::Auto, PROMPT, 0);
     println!(
         "dense {:?} quantized {:?}, max |diff| {:e}",
         vocab[argmax(&dense[0])],
@@ -161,67 +161,6 @@ fn smollm2_dequantized_to_f32_still_answers_paris() {
     );
     assert_eq!(argmax(&dense[0]), argmax(&quantized[0]));
     assert_eq!(vocab[argmax(&dense[0])], "ĠParis");
-}
-
-/// Greedy tokens for `prompt` through ferry's model.
-fn ours_greedy(prompt: &[u32], steps: usize) -> Vec<u32> {
-    let files = ModelFiles::Gguf { path: model_path() };
-    let options = LoadOptions {
-        device: Device::Cpu,
-        dtype: DTypeChoice::Auto,
-    };
-    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
-    let mut layers = loaded.layers;
-    let mut cache = loaded.model.new_cache();
-    let mut logits: Vec<f32> = loaded
-        .model
-        .forward(prompt, &mut cache, &mut layers)
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let mut out = Vec::new();
-    for _ in 0..steps {
-        let next = argmax(&logits) as u32;
-        out.push(next);
-        logits = loaded
-            .model
-            .forward(&[next], &mut cache, &mut layers)
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-    }
-    out
-}
-
-/// Greedy tokens for `prompt` through candle-transformers' quantized_llama.
-fn candle_greedy(prompt: &[u32], steps: usize) -> Vec<u32> {
-    let path = model_path();
-    let mut file = std::fs::File::open(&path).unwrap();
-    let content = gguf_file::Content::read(&mut file).unwrap();
-    let dev = Device::Cpu;
-    let mut model = quantized_llama::ModelWeights::from_gguf(content, &mut file, &dev).unwrap();
-    let ids = Tensor::new(prompt, &dev).unwrap().unsqueeze(0).unwrap();
-    let mut logits: Vec<f32> = model
-        .forward(&ids, 0)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let mut out = Vec::new();
-    for i in 0..steps {
-        let next = argmax(&logits) as u32;
-        out.push(next);
-        let ids = Tensor::new(&[next], &dev).unwrap().unsqueeze(0).unwrap();
-        logits = model
-            .forward(&ids, prompt.len() + i)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-    }
-    out
 }
 
 #[test]
@@ -245,8 +184,11 @@ fn chat_prompt_greedy_generation_matches_candle() {
         prompt.len() > 20,
         "the template adds a system prompt: {text:?}"
     );
-    let ours = ours_greedy(&prompt, 16);
-    let theirs = candle_greedy(&prompt, 16);
+    let greedy = |logits: Vec<Vec<f32>>| -> Vec<u32> {
+        logits.iter().take(16).map(|l| argmax(l) as u32).collect()
+    };
+    let ours = greedy(ours(DTypeChoice::Auto, &prompt, 16));
+    let theirs = greedy(candle_reference(&prompt, 16));
     println!(
         "ours {:?}\ncandle {:?}",
         tokenizer.decode(&ours, false).unwrap(),
