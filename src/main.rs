@@ -23,7 +23,7 @@ use ferry::engine::{
 use ferry::model::source::HubOptions;
 use ferry::offload::render::{render_json, render_text};
 use ferry::runtime::device::{describe, select_device};
-use ferry::runtime::load::load_for_serving;
+use ferry::runtime::load::load_for_serving_on;
 use ferry::runtime::planning::{cpu_free_bytes, plan_model};
 use ferry::server::{self, ServerOptions};
 
@@ -97,11 +97,12 @@ fn serve(config: Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let (load_results, mut load_results_rx) = tokio::sync::mpsc::unbounded_channel();
     for model in config.models.clone() {
         let device = device.clone();
+        let device_config = config.device.clone();
         let hub = hub.clone();
         let results = load_results.clone();
         let name = model.name.clone();
         engine.load(&name, move || {
-            let outcome = load_for_serving(&model, &device, &hub);
+            let outcome = load_for_serving_on(&model, &device_config, &device, &hub);
             let reply = outcome.as_ref().map(|_| ()).map_err(|e| e.to_string());
             let _ = results.send((model.name.clone(), reply));
             let loaded = outcome.map_err(|e| EngineError::Internal(e.to_string()))?;
@@ -218,7 +219,7 @@ fn generate(config: Config, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
     let device = select_device(config.device.kind)?;
     let hub = HubOptions::from_env(|key| std::env::var(key).ok());
     let load_started = Instant::now();
-    let loaded = load_for_serving(&model, &device, &hub)?;
+    let loaded = load_for_serving_on(&model, &config.device, &device, &hub)?;
     let load_seconds = load_started.elapsed().as_secs_f64();
 
     let engine = EngineHandle::new([model.name.clone()]);

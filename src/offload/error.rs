@@ -84,3 +84,50 @@ pub enum PlanError {
     #[error("invalid plan input: {0}")]
     InvalidInput(String),
 }
+
+/// Failures of the running offload engine: filling the host store, the slot ring and the copy
+/// thread, and handing layers to the forward loop.
+#[derive(Debug, Error)]
+pub enum OffloadError {
+    /// Placement failed (including "does not fit" with advice).
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// A weight file could not be opened, mapped or read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A tensor of an offloaded layer is missing, malformed or of an unsupported type.
+    #[error("offloaded weights: {0}")]
+    Weights(String),
+    /// A tensor operation failed while filling a slab or a slot.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    /// Loading the resident parts of the model failed.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    /// The copy thread stopped or could not be started.
+    #[error("copy thread: {0}")]
+    CopyThread(String),
+    /// The forward loop asked for a layer the store does not have.
+    #[error("layer {index} is not in the weight store (it has {n_layers} layers)")]
+    NoSuchLayer {
+        /// The requested layer.
+        index: usize,
+        /// Layers in the model.
+        n_layers: usize,
+    },
+}
+
+impl From<OffloadError> for crate::model::ModelError {
+    fn from(err: OffloadError) -> Self {
+        match err {
+            OffloadError::Model(inner) => inner,
+            OffloadError::Candle(inner) => crate::model::ModelError::Candle(inner),
+            other => crate::model::ModelError::Source(other.to_string()),
+        }
+    }
+}

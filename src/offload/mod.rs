@@ -1,7 +1,7 @@
 //! The offload engine: where every decoder layer lives (device or host) and how offloaded layers are
 //! streamed onto the compute device (DESIGN.md section 4).
 //!
-//! This module owns, so far, the pure side of that engine, which needs no device:
+//! The pure side, which needs no device:
 //!
 //! - [`sizing`]: bytes per decoder layer and of the fixed parts, read from a GGUF file's tensor
 //!   infos or from safetensors JSON headers, without loading any weights; KV-cache and activation
@@ -10,12 +10,35 @@
 //!   (which layers stay on the device, the slot ring, bytes per tier, PCIe-bound decode estimate).
 //! - [`render`]: the human table and the JSON document that `ferry plan` prints.
 //!
-//! All of them report failures through one error type, [`PlanError`].
+//! The running side (CPU device today; a CUDA backend keeps the same API):
+//!
+//! - [`host`]: [`HostStore`], one slab per offloaded layer, filled once from the mapped file.
+//! - [`slot`] and [`qview`]: a device slot's buffers and the weight views into it.
+//! - [`stream`]: [`Streamer`], the slot ring, prefetch queue and copy engine.
+//! - [`store`]: [`WeightStore`], the model's `LayerSource` in every mode.
+//! - [`load`]: loads a model as its plan places it.
+//! - [`accounting`]: device bytes per kind against the plan, and streaming counters.
+//! - [`buffer`]: the aligned byte buffer slabs and slots are made of.
+//!
+//! Planning reports failures through [`PlanError`], the running engine through [`OffloadError`].
 
+pub mod accounting;
+pub mod buffer;
 pub mod error;
+pub mod host;
+pub mod load;
 pub mod plan;
+pub mod qview;
 pub mod render;
 pub mod sizing;
+pub mod slot;
+pub mod store;
+pub mod stream;
 
-pub use error::{PlanError, Result};
+pub use accounting::{Accounting, AccountingSnapshot, PlannedBytes};
+pub use error::{OffloadError, PlanError, Result};
+pub use host::HostStore;
+pub use load::{load_placed, PlacedModel};
 pub use plan::{plan, Home, LayerPlacement, Plan, PlanInput};
+pub use store::WeightStore;
+pub use stream::{StreamConfig, Streamer};

@@ -1,5 +1,6 @@
 //! The real model and tokenizer behind the engine's traits: [`ModelRunner`] implements
-//! `LanguageModel` (one KV cache per sequence, weights from a `LayerSource`), [`TokenizerCodec`]
+//! `LanguageModel` (one KV cache per sequence, weights from the offload engine's `WeightStore`,
+//! resident or streamed), [`TokenizerCodec`]
 //! implements `TextCodec`.
 
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use crate::model::kv_cache::KvCache;
 use crate::model::llama::{Model, ResidentLayers};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::ModelError;
+use crate::offload::{Accounting, AccountingSnapshot, WeightStore};
 
 fn internal(err: ModelError) -> EngineError {
     match err {
@@ -21,23 +23,49 @@ fn internal(err: ModelError) -> EngineError {
     }
 }
 
-/// A loaded model with its resident layer weights, served one forward step at a time.
+/// A loaded model with its decoder layers (resident or streamed), served one forward step at a
+/// time.
 pub struct ModelRunner {
     model: Model,
-    layers: ResidentLayers,
+    layers: WeightStore,
     max_context: usize,
 }
 
 impl ModelRunner {
-    /// Serves `model` with `layers`, capping the context at `max_context` (and the model's own).
-    pub fn new(model: Model, layers: ResidentLayers, max_context: Option<usize>) -> Self {
+    /// Serves `model` with the layers of `store`, capping the context at `max_context` (and the
+    /// model's own).
+    pub fn new(model: Model, store: WeightStore, max_context: Option<usize>) -> Self {
         let native = model.spec().max_context;
         let max_context = max_context.map_or(native, |cap| cap.min(native));
         Self {
             model,
-            layers,
+            layers: store,
             max_context,
         }
+    }
+
+    /// Serves `model` with every layer resident and counters measured against `accounting`.
+    pub fn resident(
+        model: Model,
+        layers: ResidentLayers,
+        accounting: Arc<Accounting>,
+        max_context: Option<usize>,
+    ) -> Self {
+        Self::new(
+            model,
+            WeightStore::resident(layers.0, accounting),
+            max_context,
+        )
+    }
+
+    /// The weight store (resident prefix, slot ring).
+    pub fn store(&self) -> &WeightStore {
+        &self.layers
+    }
+
+    /// Device bytes held per kind and streaming counters, right now.
+    pub fn accounting(&self) -> AccountingSnapshot {
+        self.layers.accounting().snapshot()
     }
 
     /// The model (spec, fixed weights, device).
@@ -58,6 +86,9 @@ impl LanguageModel for ModelRunner {
             .model
             .forward(tokens, seq, &mut self.layers)
             .map_err(internal)?;
+        self.layers
+            .accounting()
+            .observe_kv(seq.allocated_bytes() as u64);
         logits
             .to_vec1::<f32>()
             .map_err(|e| EngineError::Internal(e.to_string()))

@@ -19,4 +19,12 @@ pub enum RuntimeError {
     /// Sizing or placing the model failed (including "does not fit" with advice).
     #[error(transparent)]
     Plan(#[from] crate::offload::PlanError),
+    /// Loading the model as placed, or starting its streaming, failed.
+    #[error("model `{name}`: {source}")]
+    Offload {
+        /// The served model name.
+        name: String,
+        /// What went wrong.
+        source: crate::offload::OffloadError,
+    },
 }

@@ -1,5 +1,6 @@
-//! Brings one configured model up: source -> local files -> tokenizer + weights on the device,
-//! reporting progress as a bar on a terminal and as log lines otherwise.
+//! Brings one configured model up: source -> local files -> placement plan -> tokenizer + weights
+//! (resident on the device or offloaded to the host and streamed, as the plan says), reporting
+//! progress as a bar on a terminal and as log lines otherwise.
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -10,12 +11,15 @@ use candle_core::Device;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::adapters::{ModelRunner, TokenizerCodec};
+use super::planning::{cpu_free_bytes, plan_model};
 use super::RuntimeError;
-use crate::config::ModelConfig;
-use crate::model::loader::{load_model, LoadOptions, LoadProgress};
+use crate::config::{DeviceChoice, DeviceConfig, ModelConfig};
+use crate::model::loader::{LoadOptions, LoadProgress};
 use crate::model::source::{self, HubOptions, ModelFiles, ModelSource};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::ModelError;
+use crate::offload::plan::mode_name;
+use crate::offload::{load_placed, StreamConfig};
 
 /// A model ready to hand to the engine.
 pub struct LoadedForServing {
@@ -25,9 +29,27 @@ pub struct LoadedForServing {
     pub codec: Arc<TokenizerCodec>,
 }
 
-/// Loads `config`'s model onto `device`. Blocking; call it from the engine thread.
+/// Loads `config`'s model onto `device` with no link throttle. Blocking; call it from the engine
+/// thread. See [`load_for_serving_on`].
 pub fn load_for_serving(
     config: &ModelConfig,
+    device: &Device,
+    hub: &HubOptions,
+) -> Result<LoadedForServing, RuntimeError> {
+    let device_config = DeviceConfig {
+        kind: DeviceChoice::Auto,
+        link_bandwidth: None,
+    };
+    load_for_serving_on(config, &device_config, device, hub)
+}
+
+/// Loads `config`'s model onto `device`, placing it with the offload planner (`config.offload`:
+/// mode, budget, prefetch) and streaming offloaded layers through a copy engine throttled to
+/// `device_config.link_bandwidth`. Mode `none` that does not fit the budget fails with the
+/// planner's advice. Blocking; call it from the engine thread.
+pub fn load_for_serving_on(
+    config: &ModelConfig,
+    device_config: &DeviceConfig,
     device: &Device,
     hub: &HubOptions,
 ) -> Result<LoadedForServing, RuntimeError> {
@@ -45,11 +67,40 @@ pub fn load_for_serving(
         device: device.clone(),
         dtype: config.dtype,
     };
+    let free = match device {
+        Device::Cpu => cpu_free_bytes()?,
+        _ => {
+            return Err(RuntimeError::Device(
+                "offload placement needs the free memory of the device; only the CPU is supported in this build"
+                    .into(),
+            ))
+        }
+    };
+    let plan = plan_model(config, device_config, device, hub, free)?;
+    tracing::info!(
+        model = %config.name,
+        mode = mode_name(plan.mode),
+        device_layers = plan.device_layers(),
+        host_layers = plan.host_layers(),
+        slots = plan.slots,
+        "placement planned"
+    );
+    let stream = StreamConfig {
+        prefetch: config.offload.prefetch,
+        link_bandwidth: device_config.link_bandwidth,
+    };
     let mut progress = ProgressReporter::new(&config.name);
-    let loaded = load_model(&files, &options, &mut |p| progress.update(&p)).map_err(wrap)?;
+    let placed = load_placed(&files, &options, &plan, stream, &mut |p| {
+        progress.update(&p)
+    })
+    .map_err(|e| RuntimeError::Offload {
+        name: config.name.clone(),
+        source: e,
+    })?;
     progress.finish();
+    placed.store.accounting().log(&config.name);
 
-    let runner = ModelRunner::new(loaded.model, loaded.layers, config.max_context);
+    let runner = ModelRunner::new(placed.model, placed.store, config.max_context);
     let spec = runner.model().spec();
     tracing::info!(
         model = %config.name,

@@ -1,0 +1,149 @@
+//! Loads a model according to its [`Plan`]: fixed parts and the resident prefix of decoder layers
+//! through the model loader, the offloaded suffix into a [`HostStore`] straight from the file,
+//! and a [`WeightStore`] that streams it. Mode `none` (and `auto` when everything fits) ends up
+//! with every layer resident and no slot ring.
+
+use std::sync::Arc;
+
+use super::accounting::Accounting;
+use super::error::OffloadError;
+use super::host::{HostStore, Result};
+use super::plan::{Home, Plan};
+use super::store::WeightStore;
+use super::stream::StreamConfig;
+use crate::model::llama::{Model, ModelParts};
+use crate::model::loader::gguf::GgufWeights;
+use crate::model::loader::safetensors::HfWeights;
+use crate::model::loader::{LoadOptions, LoadProgress};
+use crate::model::source::ModelFiles;
+use crate::model::spec::ModelSpec;
+use crate::model::weights::LayerWeights;
+use crate::model::ModelError;
+
+/// A model placed by its plan.
+#[derive(Debug)]
+pub struct PlacedModel {
+    /// Shape and hyper-parameters.
+    pub spec: ModelSpec,
+    /// Fixed weights, RoPE tables and the forward loop.
+    pub model: Model,
+    /// Decoder layers, resident or streamed.
+    pub store: WeightStore,
+}
+
+/// Loads `files` onto `options.device` as `plan` places them, streaming with `stream`.
+/// `progress` is called after each tensor the loader reads (resident parts).
+pub fn load_placed(
+    files: &ModelFiles,
+    options: &LoadOptions,
+    plan: &Plan,
+    stream: StreamConfig,
+    progress: &mut dyn FnMut(LoadProgress),
+) -> Result<PlacedModel> {
+    let resident_count = plan
+        .layers
+        .iter()
+        .take_while(|l| l.home == Home::Device)
+        .count();
+    let offloaded: Vec<usize> = (resident_count..plan.layers.len()).collect();
+    let accounting = Arc::new(Accounting::new(plan));
+    let (parts, resident, host, tied) = match files {
+        ModelFiles::Gguf { path } => {
+            let mut reader = GgufWeights::open(path, options)?.with_progress(progress);
+            check_layers(reader.spec(), plan)?;
+            let fixed = reader.fixed()?;
+            let resident = (0..resident_count)
+                .map(|i| reader.layer(i))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let host = if offloaded.is_empty() {
+                None
+            } else {
+                let dense = options.dtype.dense();
+                Some(HostStore::from_gguf(
+                    path,
+                    reader.content(),
+                    &offloaded,
+                    dense,
+                )?)
+            };
+            let tied = !reader.content().tensor_infos.contains_key("output.weight");
+            let parts = ModelParts {
+                spec: reader.spec().clone(),
+                fixed,
+                rope_freq_factors: reader.rope_freq_factors()?,
+                device: options.device.clone(),
+                dtype: reader.dtype(),
+            };
+            (parts, resident, host, tied)
+        }
+        ModelFiles::HfDir {
+            config, weights, ..
+        } => {
+            let json = std::fs::read_to_string(config).map_err(|source| OffloadError::Io {
+                path: config.clone(),
+                source,
+            })?;
+            let spec = ModelSpec::from_hf_config(&json)?;
+            let mut reader = HfWeights::open(spec, weights, options)?.with_progress(progress);
+            check_layers(reader.spec(), plan)?;
+            let fixed = reader.fixed()?;
+            let resident = (0..resident_count)
+                .map(|i| reader.layer(i))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let host = if offloaded.is_empty() {
+                None
+            } else {
+                Some(HostStore::from_safetensors(
+                    weights,
+                    reader.spec(),
+                    &offloaded,
+                    reader.dtype(),
+                )?)
+            };
+            let tied = reader.spec().tie_word_embeddings;
+            let parts = ModelParts {
+                spec: reader.spec().clone(),
+                fixed,
+                rope_freq_factors: None,
+                device: options.device.clone(),
+                dtype: reader.dtype(),
+            };
+            (parts, resident, host, tied)
+        }
+    };
+    accounting.add_weights(parts.fixed.size_in_bytes(tied) as u64);
+    let spec = parts.spec.clone();
+    let model = Model::new(parts)?;
+    let store = build_store(resident, host, stream, options, accounting)?;
+    Ok(PlacedModel { spec, model, store })
+}
+
+fn build_store(
+    resident: Vec<LayerWeights>,
+    host: Option<HostStore>,
+    stream: StreamConfig,
+    options: &LoadOptions,
+    accounting: Arc<Accounting>,
+) -> Result<WeightStore> {
+    match host {
+        None => Ok(WeightStore::resident(resident, accounting)),
+        Some(host) => WeightStore::streaming(
+            resident,
+            Arc::new(host),
+            stream,
+            &options.device,
+            accounting,
+        ),
+    }
+}
+
+fn check_layers(spec: &ModelSpec, plan: &Plan) -> Result<()> {
+    if spec.n_layers != plan.layers.len() {
+        return Err(OffloadError::Model(ModelError::Config(format!(
+            "the plan places {} layers, the model has {}",
+            plan.layers.len(),
+            spec.n_layers
+        ))));
+    }
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! One device slot of the streaming ring: buffers allocated once at start that receive an
+//! offloaded layer's slab, and the [`LayerWeights`] views the forward loop computes with.
+//!
+//! A slot mirrors the slab layout of [`super::host`]: a block region ([`BlockArena`], raw GGML
+//! bytes viewed through [`SlotBlocks`]) and a dense region (one 1-D tensor of the compute dtype,
+//! viewed with `narrow` + `reshape`). Filling a slot writes both regions in place; nothing the
+//! size of a weight is allocated after start.
+
+use std::sync::Arc;
+
+use candle_core::quantized::{QMatMul, QStorage, QTensor};
+use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
+
+use super::error::OffloadError;
+use super::host::{HostLayer, Part, Result, TensorEntry, TensorKind};
+use super::qview::{BlockArena, SlotBlocks};
+use crate::model::weights::{LayerWeights, Linear};
+
+/// The buffers of one slot.
+#[derive(Debug)]
+pub struct SlotBuffers {
+    blocks: Arc<BlockArena>,
+    dense: Tensor,
+    dense_dtype: DType,
+}
+
+impl SlotBuffers {
+    /// Allocates a slot with `blocks_len` bytes of block region and `dense_len` bytes of dense
+    /// region in `dtype` on `device` (the CPU; CUDA slots are a later backend).
+    pub fn new(blocks_len: usize, dense_len: usize, dtype: DType, device: &Device) -> Result<Self> {
+        if !device.is_cpu() {
+            return Err(OffloadError::Weights(
+                "streaming offloaded layers is implemented for the CPU device only".into(),
+            ));
+        }
+        let elems = dense_len / dtype.size_in_bytes();
+        Ok(Self {
+            blocks: BlockArena::new(blocks_len),
+            dense: Tensor::zeros(elems, dtype, device)?,
+            dense_dtype: dtype,
+        })
+    }
+
+    /// Bytes this slot holds on the device.
+    pub fn allocated_bytes(&self) -> u64 {
+        (self.blocks.len() + self.dense.elem_count() * self.dense_dtype.size_in_bytes()) as u64
+    }
+
+    /// Copies `layer`'s slab into the slot (two memcpys) and returns the bytes copied.
+    pub fn fill(&self, layer: &HostLayer) -> Result<u64> {
+        {
+            let mut blocks = self.blocks.write();
+            let src = layer.blocks();
+            let dst = blocks.as_bytes_mut().get_mut(..src.len()).ok_or_else(|| {
+                OffloadError::Weights(format!("layer {} does not fit its slot", layer.index))
+            })?;
+            dst.copy_from_slice(src);
+        }
+        self.dense.inplace_op1(&FillDense { src: layer.dense() })?;
+        Ok((layer.blocks_len + layer.dense_len) as u64)
+    }
+
+    /// The weights of `layer` as views into this slot (call after [`SlotBuffers::fill`]).
+    pub fn views(&self, layer: &HostLayer) -> Result<LayerWeights> {
+        let find = |part: Part| layer.entries.iter().find(|e| e.part == part);
+        let need = |part: Part| {
+            find(part).ok_or_else(|| {
+                OffloadError::Weights(format!("layer {} has no {part:?} tensor", layer.index))
+            })
+        };
+        let linear = |w: Part, b: Option<Part>| -> Result<Linear> {
+            let bias = match b.and_then(find) {
+                Some(entry) => Some(self.dense_view(entry)?),
+                None => None,
+            };
+            let entry = need(w)?;
+            Ok(match entry.kind {
+                TensorKind::Blocks(dtype) => {
+                    let view =
+                        SlotBlocks::new(self.blocks.clone(), entry.offset, entry.len, dtype)?;
+                    let q = QTensor::new(QStorage::Cpu(Box::new(view)), entry.shape.clone())?;
+                    Linear::Quantized {
+                        weight: Arc::new(QMatMul::from_arc(Arc::new(q))?),
+                        bias,
+                    }
+                }
+                TensorKind::Dense(_) => Linear::Dense {
+                    weight: self.dense_view(entry)?,
+                    bias,
+                },
+            })
+        };
+        Ok(LayerWeights {
+            attn_norm: self.dense_view(need(Part::AttnNorm)?)?,
+            q: linear(Part::Q, Some(Part::QBias))?,
+            k: linear(Part::K, Some(Part::KBias))?,
+            v: linear(Part::V, Some(Part::VBias))?,
+            o: linear(Part::O, None)?,
+            ffn_norm: self.dense_view(need(Part::FfnNorm)?)?,
+            gate: linear(Part::Gate, None)?,
+            up: linear(Part::Up, None)?,
+            down: linear(Part::Down, None)?,
+        })
+    }
+
+    /// A dense tensor of the slot, by its entry (no copy: a narrowed, reshaped view).
+    fn dense_view(&self, entry: &TensorEntry) -> Result<Tensor> {
+        if !matches!(entry.kind, TensorKind::Dense(dt) if dt == self.dense_dtype) {
+            return Err(OffloadError::Weights(format!(
+                "`{}` is not a dense {:?} tensor",
+                entry.name, self.dense_dtype
+            )));
+        }
+        let size = self.dense_dtype.size_in_bytes();
+        Ok(self
+            .dense
+            .narrow(0, entry.offset / size, entry.len / size)?
+            .reshape(entry.shape.as_slice())?)
+    }
+}
+
+/// Writes raw bytes of the compute dtype over the start of a dense slot tensor, in place.
+struct FillDense<'a> {
+    src: &'a [u8],
+}
+
+impl InplaceOp1 for FillDense<'_> {
+    fn name(&self) -> &'static str {
+        "ferry-fill-slot"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        let start = layout.start_offset();
+        let dst: &mut [u8] = match storage {
+            CpuStorage::F32(v) => as_bytes_mut(&mut v[start..]),
+            CpuStorage::F16(v) => as_bytes_mut(&mut v[start..]),
+            CpuStorage::BF16(v) => as_bytes_mut(&mut v[start..]),
+            _ => return Err(candle_core::Error::Msg("slot dtype is not a float".into())),
+        };
+        let dst = dst
+            .get_mut(..self.src.len())
+            .ok_or_else(|| candle_core::Error::Msg("layer does not fit its slot".into()))?;
+        dst.copy_from_slice(self.src);
+        Ok(())
+    }
+}
+
+fn as_bytes_mut<T: Copy>(v: &mut [T]) -> &mut [u8] {
+    let n = std::mem::size_of_val(v);
+    // SAFETY: floats have no invalid bit patterns and u8 has no alignment needs; access is unique.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, n) }
+}
