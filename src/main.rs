@@ -23,7 +23,8 @@ use ferry::engine::{
 use ferry::model::source::HubOptions;
 use ferry::offload::render::{render_json, render_text};
 use ferry::runtime::device::{describe, select_device};
-use ferry::runtime::load::load_for_serving_on;
+use ferry::runtime::load::{load_for_serving_on, load_for_serving_shared};
+use ferry::runtime::swap::swap_manager_for;
 use ferry::runtime::planning::{cpu_free_bytes, plan_model};
 use ferry::server::{self, ServerOptions};
 
@@ -93,6 +94,12 @@ fn serve(config: Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
         },
     );
 
+    // Mode `model`: one residency manager shared by every swapped model.
+    let swap = swap_manager_for(&config, &device, &hub)?;
+    if let Some(swap) = &swap {
+        engine.set_residency(swap.clone());
+    }
+
     // Each model loads on its own engine thread; the server answers /health 503 meanwhile.
     let (load_results, mut load_results_rx) = tokio::sync::mpsc::unbounded_channel();
     for model in config.models.clone() {
@@ -101,8 +108,10 @@ fn serve(config: Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
         let hub = hub.clone();
         let results = load_results.clone();
         let name = model.name.clone();
+        let swap = swap.clone();
         engine.load(&name, move || {
-            let outcome = load_for_serving_on(&model, &device_config, &device, &hub);
+            let outcome =
+                load_for_serving_shared(&model, &device_config, &device, &hub, swap.as_ref());
             let reply = outcome.as_ref().map(|_| ()).map_err(|e| e.to_string());
             let _ = results.send((model.name.clone(), reply));
             let loaded = outcome.map_err(|e| EngineError::Internal(e.to_string()))?;

@@ -29,6 +29,16 @@ pub struct ModelCard {
     pub status: ModelStatus,
     /// Context window in tokens (known once loaded).
     pub max_context: Option<usize>,
+    /// Offload mode `model`: where the weights are now (`"device"`, `"host"` or `"moving"`);
+    /// `None` for models that do not swap.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub residency: Option<String>,
+}
+
+/// Tells where a model's weights are (offload mode `model`), for [`ModelCard::residency`].
+pub trait Residency: Send + Sync {
+    /// `"device"`, `"host"`, ... for a model that swaps; `None` otherwise.
+    fn location(&self, model: &str) -> Option<String>;
 }
 
 /// What the HTTP layer needs from the engine.

@@ -24,7 +24,7 @@ pub(crate) mod test_support;
 pub mod traits;
 pub mod worker;
 
-pub use backend::{Backend, ModelCard, ModelStatus};
+pub use backend::{Backend, ModelCard, ModelStatus, Residency};
 pub use error::{EngineError, EngineResult};
 pub use request::{
     ChatMessage, FinishReason, GenerationEvent, GenerationParams, GenerationRequest, PromptInput,

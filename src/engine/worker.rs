@@ -18,7 +18,7 @@ use std::{
     panic::{catch_unwind, AssertUnwindSafe},
     sync::{
         atomic::{AtomicUsize, Ordering},
-        mpsc as std_mpsc, Arc, Mutex, PoisonError, RwLock,
+        mpsc as std_mpsc, Arc, Mutex, OnceLock, PoisonError, RwLock,
     },
     thread::JoinHandle,
     time::{SystemTime, UNIX_EPOCH},
@@ -27,7 +27,7 @@ use std::{
 use tokio::sync::mpsc;
 
 use super::{
-    backend::{Backend, ModelCard, ModelStatus},
+    backend::{Backend, ModelCard, ModelStatus, Residency},
     generate::{generate, validate_prompt, Outcome},
     queue::{Job, RequestQueue},
     request::{ChatMessage, GenerationEvent, GenerationRequest, PromptInput},
@@ -89,6 +89,8 @@ struct Shared {
     options: EngineOptions,
     /// Fixed at construction, in configuration order.
     models: Vec<ModelSlot>,
+    /// Where swapped models are (offload mode `model`), set once by the runtime.
+    residency: OnceLock<Arc<dyn Residency>>,
 }
 
 /// The engine as the HTTP layer sees it: implements [`Backend`]. Cheap to clone.
@@ -134,7 +136,11 @@ impl EngineHandle {
             });
         }
         Self {
-            shared: Arc::new(Shared { options, models }),
+            shared: Arc::new(Shared {
+                options,
+                models,
+                residency: OnceLock::new(),
+            }),
         }
     }
 
@@ -193,6 +199,12 @@ impl EngineHandle {
         Ok(thread)
     }
 
+    /// Sets where `GET /v1/models` learns each model's residency (offload mode `model`). Only
+    /// the first call has an effect.
+    pub fn set_residency(&self, probe: Arc<dyn Residency>) {
+        let _ = self.shared.residency.set(probe);
+    }
+
     fn slot(&self, name: &str) -> EngineResult<&ModelSlot> {
         self.shared
             .models
@@ -232,6 +244,11 @@ impl Backend for EngineHandle {
                     created: m.created,
                     status,
                     max_context,
+                    residency: self
+                        .shared
+                        .residency
+                        .get()
+                        .and_then(|probe| probe.location(&m.name)),
                 }
             })
             .collect()

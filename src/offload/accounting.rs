@@ -140,6 +140,15 @@ impl Accounting {
         self.weights.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Uncounts resident weight bytes freed on the device (mode `model` moving a model out).
+    pub fn sub_weights(&self, bytes: u64) {
+        let _ = self
+            .weights
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                Some(w.saturating_sub(bytes))
+            });
+    }
+
     /// Counts slot bytes allocated on the device.
     pub fn add_slots(&self, bytes: u64) {
         self.slots.fetch_add(bytes, Ordering::Relaxed);

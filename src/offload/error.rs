@@ -112,6 +112,10 @@ pub enum OffloadError {
     /// The copy thread stopped or could not be started.
     #[error("copy thread: {0}")]
     CopyThread(String),
+    /// Mode `model`: the device room a model needs stayed held by other models' running requests
+    /// for longer than the wait timeout.
+    #[error("busy: {0}")]
+    Busy(String),
     /// The forward loop asked for a layer the store does not have.
     #[error("layer {index} is not in the weight store (it has {n_layers} layers)")]
     NoSuchLayer {

@@ -1,7 +1,8 @@
 //! Loads a model according to its [`Plan`]: fixed parts and the resident prefix of decoder layers
 //! through the model loader, the offloaded suffix into a [`HostStore`] straight from the file,
 //! and a [`WeightStore`] that streams it. Mode `none` (and `auto` when everything fits) ends up
-//! with every layer resident and no slot ring.
+//! with every layer resident and no slot ring. [`load_parked`] loads a model for mode `model`:
+//! fixed parts resident, every decoder layer parked in host slabs for the swap manager.
 
 use std::sync::Arc;
 
@@ -45,12 +46,69 @@ pub fn load_placed(
         .iter()
         .take_while(|l| l.home == Home::Device)
         .count();
-    let offloaded: Vec<usize> = (resident_count..plan.layers.len()).collect();
     let accounting = Arc::new(Accounting::new(plan));
+    let split = |spec: &ModelSpec| check_layers(spec, plan).map(|()| resident_count);
+    let read = read_model(files, options, &split, progress)?;
+    accounting.add_weights(read.fixed_bytes);
+    let spec = read.parts.spec.clone();
+    let model = Model::new(read.parts)?;
+    let store = build_store(read.resident, read.host, stream, options, accounting)?;
+    Ok(PlacedModel { spec, model, store })
+}
+
+/// A model parked for mode `model`: fixed parts resident, every decoder layer in host slabs.
+#[derive(Debug)]
+pub struct ParkedModel {
+    /// Shape and hyper-parameters.
+    pub spec: ModelSpec,
+    /// Fixed weights (resident on the device), RoPE tables and the forward loop.
+    pub model: Model,
+    /// Every decoder layer, in host slabs.
+    pub host: HostStore,
+    /// Device bytes of the fixed parts (always resident).
+    pub fixed_bytes: u64,
+}
+
+/// Loads `files` for mode `model`: the fixed parts onto `options.device` through the model
+/// loader, every decoder layer into a [`HostStore`] straight from the file.
+pub fn load_parked(
+    files: &ModelFiles,
+    options: &LoadOptions,
+    progress: &mut dyn FnMut(LoadProgress),
+) -> Result<ParkedModel> {
+    let read = read_model(files, options, &|_| Ok(0), progress)?;
+    let host = read
+        .host
+        .ok_or_else(|| OffloadError::Weights("the model has no decoder layers".into()))?;
+    let spec = read.parts.spec.clone();
+    Ok(ParkedModel {
+        spec,
+        model: Model::new(read.parts)?,
+        host,
+        fixed_bytes: read.fixed_bytes,
+    })
+}
+
+/// What [`read_model`] read: model parts, a resident prefix of layers, host slabs for the rest.
+struct ReadModel {
+    parts: ModelParts,
+    resident: Vec<LayerWeights>,
+    host: Option<HostStore>,
+    fixed_bytes: u64,
+}
+
+/// Reads the fixed parts, layers `0..split(spec)` resident and the rest into host slabs.
+fn read_model(
+    files: &ModelFiles,
+    options: &LoadOptions,
+    split: &dyn Fn(&ModelSpec) -> Result<usize>,
+    progress: &mut dyn FnMut(LoadProgress),
+) -> Result<ReadModel> {
     let (parts, resident, host, tied) = match files {
         ModelFiles::Gguf { path } => {
             let mut reader = GgufWeights::open(path, options)?.with_progress(progress);
-            check_layers(reader.spec(), plan)?;
+            let resident_count = split(reader.spec())?;
+            let offloaded: Vec<usize> = (resident_count..reader.spec().n_layers).collect();
             let fixed = reader.fixed()?;
             let resident = (0..resident_count)
                 .map(|i| reader.layer(i))
@@ -85,7 +143,8 @@ pub fn load_placed(
             })?;
             let spec = ModelSpec::from_hf_config(&json)?;
             let mut reader = HfWeights::open(spec, weights, options)?.with_progress(progress);
-            check_layers(reader.spec(), plan)?;
+            let resident_count = split(reader.spec())?;
+            let offloaded: Vec<usize> = (resident_count..reader.spec().n_layers).collect();
             let fixed = reader.fixed()?;
             let resident = (0..resident_count)
                 .map(|i| reader.layer(i))
@@ -111,11 +170,13 @@ pub fn load_placed(
             (parts, resident, host, tied)
         }
     };
-    accounting.add_weights(parts.fixed.size_in_bytes(tied) as u64);
-    let spec = parts.spec.clone();
-    let model = Model::new(parts)?;
-    let store = build_store(resident, host, stream, options, accounting)?;
-    Ok(PlacedModel { spec, model, store })
+    let fixed_bytes = parts.fixed.size_in_bytes(tied) as u64;
+    Ok(ReadModel {
+        parts,
+        resident,
+        host,
+        fixed_bytes,
+    })
 }
 
 fn build_store(

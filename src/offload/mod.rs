@@ -16,7 +16,8 @@
 //! - [`slot`] and [`qview`]: a device slot's buffers and the weight views into it.
 //! - [`stream`]: [`Streamer`], the slot ring, prefetch queue and copy engine.
 //! - [`store`]: [`WeightStore`], the model's `LayerSource` in every mode.
-//! - [`load`]: loads a model as its plan places it.
+//! - [`load`]: loads a model as its plan places it, or parks it whole on the host (mode `model`).
+//! - [`swap`]: [`SwapManager`], whole-model residency across the models of a server (mode `model`).
 //! - [`accounting`]: device bytes per kind against the plan, and streaming counters.
 //! - [`buffer`]: the aligned byte buffer slabs and slots are made of.
 //!
@@ -34,11 +35,13 @@ pub mod sizing;
 pub mod slot;
 pub mod store;
 pub mod stream;
+pub mod swap;
 
 pub use accounting::{Accounting, AccountingSnapshot, PlannedBytes};
 pub use error::{OffloadError, PlanError, Result};
 pub use host::HostStore;
-pub use load::{load_placed, PlacedModel};
+pub use load::{load_parked, load_placed, ParkedModel, PlacedModel};
 pub use plan::{plan, Home, LayerPlacement, Plan, PlanInput};
 pub use store::WeightStore;
 pub use stream::{StreamConfig, Streamer};
+pub use swap::{Lease, Location, ModelSwapStats, SwapClient, SwapConfig, SwapManager, SwapStats};

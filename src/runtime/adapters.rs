@@ -1,17 +1,24 @@
 //! The real model and tokenizer behind the engine's traits: [`ModelRunner`] implements
 //! `LanguageModel` (one KV cache per sequence, weights from the offload engine's `WeightStore`,
-//! resident or streamed), [`TokenizerCodec`]
-//! implements `TextCodec`.
+//! resident or streamed, or in mode `model` from a [`Lease`] on the swap manager's resident copy),
+//! [`TokenizerCodec`] implements `TextCodec`.
+//!
+//! In mode `model` a sequence takes its lease at its first forward step and holds it until the
+//! engine drops the sequence, so the model stays on the device for the whole request and the
+//! keep_alive clock starts when the request ends.
 
 use std::sync::Arc;
 
 use crate::engine::traits::{LanguageModel, TextCodec};
 use crate::engine::{ChatMessage, EngineError, EngineResult};
 use crate::model::kv_cache::KvCache;
-use crate::model::llama::{Model, ResidentLayers};
+use crate::model::llama::{LayerSource, Model, ResidentLayers};
 use crate::model::tokenizer::TextTokenizer;
+use crate::model::weights::LayerWeights;
 use crate::model::ModelError;
-use crate::offload::{Accounting, AccountingSnapshot, WeightStore};
+use crate::offload::{
+    Accounting, AccountingSnapshot, Lease, OffloadError, SwapClient, SwapManager, WeightStore,
+};
 
 fn internal(err: ModelError) -> EngineError {
     match err {
@@ -23,12 +30,57 @@ fn internal(err: ModelError) -> EngineError {
     }
 }
 
-/// A loaded model with its decoder layers (resident or streamed), served one forward step at a
-/// time.
+fn swap_error(err: OffloadError) -> EngineError {
+    match err {
+        OffloadError::Busy(message) => EngineError::Overloaded(message),
+        other => EngineError::Internal(other.to_string()),
+    }
+}
+
+/// A model in mode `model`: its handle on the swap manager (kept alive by the runner).
+struct Swapped {
+    manager: Arc<SwapManager>,
+    client: SwapClient,
+}
+
+/// A loaded model with its decoder layers (resident, streamed, or swapped as a whole), served
+/// one forward step at a time.
 pub struct ModelRunner {
     model: Model,
     layers: WeightStore,
+    swapped: Option<Swapped>,
     max_context: usize,
+}
+
+/// One request's state: its KV cache and, in mode `model`, the lease that keeps the model
+/// resident while the request runs.
+#[derive(Debug)]
+pub struct RunnerSequence {
+    cache: KvCache,
+    lease: Option<Lease>,
+}
+
+impl RunnerSequence {
+    /// The KV cache.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// Whether this sequence holds the model resident (mode `model`, after its first step).
+    pub fn holds_lease(&self) -> bool {
+        self.lease.is_some()
+    }
+}
+
+/// The layers of a lease as a [`LayerSource`].
+struct LeasedLayers<'a>(&'a [LayerWeights]);
+
+impl LayerSource for LeasedLayers<'_> {
+    fn layer(&mut self, index: usize) -> crate::model::Result<LayerWeights> {
+        self.0.get(index).cloned().ok_or_else(|| {
+            ModelError::MissingTensor(format!("layer {index} (of {})", self.0.len()))
+        })
+    }
 }
 
 impl ModelRunner {
@@ -40,8 +92,33 @@ impl ModelRunner {
         Self {
             model,
             layers: store,
+            swapped: None,
             max_context,
         }
+    }
+
+    /// Serves `model` in mode `model`: decoder layers come from `client`'s resident copy, made
+    /// resident by `manager` when a sequence first steps. `accounting` counts the fixed parts and,
+    /// while resident, the layers.
+    pub fn swapped(
+        model: Model,
+        accounting: Arc<Accounting>,
+        manager: Arc<SwapManager>,
+        client: SwapClient,
+        max_context: Option<usize>,
+    ) -> Self {
+        let mut runner = Self::new(
+            model,
+            WeightStore::resident(Vec::new(), accounting),
+            max_context,
+        );
+        runner.swapped = Some(Swapped { manager, client });
+        runner
+    }
+
+    /// The swap manager, in mode `model`.
+    pub fn swap_manager(&self) -> Option<&Arc<SwapManager>> {
+        self.swapped.as_ref().map(|s| &s.manager)
     }
 
     /// Serves `model` with every layer resident and counters measured against `accounting`.
@@ -75,20 +152,32 @@ impl ModelRunner {
 }
 
 impl LanguageModel for ModelRunner {
-    type Sequence = KvCache;
+    type Sequence = RunnerSequence;
 
-    fn new_sequence(&self) -> KvCache {
-        self.model.new_cache_with_limit(self.max_context)
+    fn new_sequence(&self) -> RunnerSequence {
+        RunnerSequence {
+            cache: self.model.new_cache_with_limit(self.max_context),
+            lease: None,
+        }
     }
 
-    fn forward(&mut self, seq: &mut KvCache, tokens: &[u32]) -> EngineResult<Vec<f32>> {
-        let logits = self
-            .model
-            .forward(tokens, seq, &mut self.layers)
-            .map_err(internal)?;
+    fn forward(&mut self, seq: &mut RunnerSequence, tokens: &[u32]) -> EngineResult<Vec<f32>> {
+        let logits = match &self.swapped {
+            None => self.model.forward(tokens, &mut seq.cache, &mut self.layers),
+            Some(swapped) => {
+                let lease = match seq.lease.take() {
+                    Some(lease) => lease,
+                    None => swapped.client.acquire().map_err(swap_error)?,
+                };
+                let lease = seq.lease.insert(lease);
+                self.model
+                    .forward(tokens, &mut seq.cache, &mut LeasedLayers(lease.layers()))
+            }
+        }
+        .map_err(internal)?;
         self.layers
             .accounting()
-            .observe_kv(seq.allocated_bytes() as u64);
+            .observe_kv(seq.cache.allocated_bytes() as u64);
         logits
             .to_vec1::<f32>()
             .map_err(|e| EngineError::Internal(e.to_string()))

@@ -13,13 +13,15 @@ use indicatif::{ProgressBar, ProgressStyle};
 use super::adapters::{ModelRunner, TokenizerCodec};
 use super::planning::{cpu_free_bytes, plan_model};
 use super::RuntimeError;
-use crate::config::{DeviceChoice, DeviceConfig, ModelConfig};
+use crate::config::{DeviceChoice, DeviceConfig, ModelConfig, OffloadMode};
 use crate::model::loader::{LoadOptions, LoadProgress};
 use crate::model::source::{self, HubOptions, ModelFiles, ModelSource};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::ModelError;
-use crate::offload::plan::mode_name;
-use crate::offload::{load_placed, StreamConfig};
+use crate::offload::plan::{mode_name, Plan};
+use crate::offload::{
+    load_parked, load_placed, Accounting, StreamConfig, SwapConfig, SwapManager,
+};
 
 /// A model ready to hand to the engine.
 pub struct LoadedForServing {
@@ -46,12 +48,26 @@ pub fn load_for_serving(
 /// Loads `config`'s model onto `device`, placing it with the offload planner (`config.offload`:
 /// mode, budget, prefetch) and streaming offloaded layers through a copy engine throttled to
 /// `device_config.link_bandwidth`. Mode `none` that does not fit the budget fails with the
-/// planner's advice. Blocking; call it from the engine thread.
+/// planner's advice. Mode `model` gets a swap manager of its own, sized to this one model (a
+/// server with several models shares one: [`load_for_serving_shared`]). Blocking; call it from
+/// the engine thread.
 pub fn load_for_serving_on(
     config: &ModelConfig,
     device_config: &DeviceConfig,
     device: &Device,
     hub: &HubOptions,
+) -> Result<LoadedForServing, RuntimeError> {
+    load_for_serving_shared(config, device_config, device, hub, None)
+}
+
+/// [`load_for_serving_on`], registering a mode-`model` model with the server's `swap` manager
+/// (see `runtime::swap::swap_manager_for`). Other modes ignore `swap`.
+pub fn load_for_serving_shared(
+    config: &ModelConfig,
+    device_config: &DeviceConfig,
+    device: &Device,
+    hub: &HubOptions,
+    swap: Option<&Arc<SwapManager>>,
 ) -> Result<LoadedForServing, RuntimeError> {
     let wrap = |source: ModelError| RuntimeError::Model {
         name: config.name.clone(),
@@ -90,6 +106,14 @@ pub fn load_for_serving_on(
         link_bandwidth: device_config.link_bandwidth,
     };
     let mut progress = ProgressReporter::new(&config.name);
+    if config.offload.mode == OffloadMode::Model {
+        let runner = load_swapped(config, device_config, &options, &files, &plan, swap, &mut progress)?;
+        log_loaded(config, &runner, started);
+        return Ok(LoadedForServing {
+            runner,
+            codec: TokenizerCodec::new(tokenizer),
+        });
+    }
     let placed = load_placed(&files, &options, &plan, stream, &mut |p| {
         progress.update(&p)
     })
@@ -101,6 +125,66 @@ pub fn load_for_serving_on(
     placed.store.accounting().log(&config.name);
 
     let runner = ModelRunner::new(placed.model, placed.store, config.max_context);
+    log_loaded(config, &runner, started);
+    Ok(LoadedForServing {
+        runner,
+        codec: TokenizerCodec::new(tokenizer),
+    })
+}
+
+/// Mode `model`: fixed parts resident, every layer parked on the host and registered with the
+/// swap manager (the server's, or one of its own sized to this model).
+fn load_swapped(
+    config: &ModelConfig,
+    device_config: &DeviceConfig,
+    options: &LoadOptions,
+    files: &ModelFiles,
+    plan: &Plan,
+    swap: Option<&Arc<SwapManager>>,
+    progress: &mut ProgressReporter,
+) -> Result<ModelRunner, RuntimeError> {
+    let wrap = |source| RuntimeError::Offload {
+        name: config.name.clone(),
+        source,
+    };
+    let parked = load_parked(files, options, &mut |p| progress.update(&p)).map_err(wrap)?;
+    progress.finish();
+    let accounting = Arc::new(Accounting::new(plan));
+    accounting.add_weights(parked.fixed_bytes);
+    let host = Arc::new(parked.host);
+    let manager = match swap {
+        Some(manager) => manager.clone(),
+        None => SwapManager::new(SwapConfig {
+            budget_bytes: host
+                .layers()
+                .iter()
+                .map(|l| (l.blocks_len + l.dense_len) as u64)
+                .sum(),
+            link_bandwidth: device_config.link_bandwidth,
+            wait_timeout: super::swap::DEFAULT_SWAP_WAIT,
+        })
+        .map_err(wrap)?,
+    };
+    let client = manager
+        .register(
+            &config.name,
+            host,
+            &options.device,
+            config.offload.keep_alive,
+            Some(accounting.clone()),
+        )
+        .map_err(wrap)?;
+    accounting.log(&config.name);
+    Ok(ModelRunner::swapped(
+        parked.model,
+        accounting,
+        manager,
+        client,
+        config.max_context,
+    ))
+}
+
+fn log_loaded(config: &ModelConfig, runner: &ModelRunner, started: Instant) {
     let spec = runner.model().spec();
     tracing::info!(
         model = %config.name,
@@ -108,15 +192,11 @@ pub fn load_for_serving_on(
         layers = spec.n_layers,
         hidden = spec.hidden_size,
         vocab = spec.vocab_size,
-        context = crate::engine::traits::LanguageModel::max_context(&runner),
+        context = crate::engine::traits::LanguageModel::max_context(runner),
         dtype = ?runner.model().dtype(),
         seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
         "model loaded"
     );
-    Ok(LoadedForServing {
-        runner,
-        codec: TokenizerCodec::new(tokenizer),
-    })
 }
 
 /// The tokenizer from the GGUF metadata or the HF tokenizer files.

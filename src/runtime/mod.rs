@@ -5,11 +5,13 @@
 //!   `TextCodec` traits.
 //! - [`load`]: source -> files -> weights + tokenizer, with a progress bar or log lines.
 //! - [`planning`]: `ferry plan`: file headers + budget -> placement plan, no weights read.
+//! - [`swap`]: the server's residency manager for mode `model`: budget and location probe.
 
 pub mod adapters;
 pub mod device;
 pub mod error;
 pub mod load;
 pub mod planning;
+pub mod swap;
 
 pub use error::RuntimeError;

@@ -52,6 +52,7 @@ fn card(id: &str, status: ModelStatus) -> ModelCard {
         created: CREATED,
         status,
         max_context: (status == ModelStatus::Ready).then_some(MAX_CONTEXT),
+        residency: None,
     }
 }
 

@@ -34,5 +34,6 @@ fn data_for(card: &crate::engine::ModelCard) -> ModelObject {
         root: card.id.clone(),
         max_model_len: card.max_context,
         status: card.status,
+        location: card.residency.clone(),
     }
 }

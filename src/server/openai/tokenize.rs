@@ -97,4 +97,7 @@ pub struct ModelObject {
     pub max_model_len: Option<usize>,
     /// `loading`, `ready` or `failed` (ferry extension).
     pub status: crate::engine::ModelStatus,
+    /// Offload mode `model`: `device`, `host` or `moving` (ferry extension; absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
 }
