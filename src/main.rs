@@ -24,8 +24,8 @@ use ferry::model::source::HubOptions;
 use ferry::offload::render::{render_json, render_text};
 use ferry::runtime::device::{describe, select_device};
 use ferry::runtime::load::{load_for_serving_on, load_for_serving_shared};
-use ferry::runtime::swap::swap_manager_for;
 use ferry::runtime::planning::{cpu_free_bytes, plan_model};
+use ferry::runtime::swap::swap_manager_for;
 use ferry::server::{self, ServerOptions};
 
 fn main() -> ExitCode {

@@ -19,9 +19,7 @@ use crate::model::source::{self, HubOptions, ModelFiles, ModelSource};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::ModelError;
 use crate::offload::plan::{mode_name, Plan};
-use crate::offload::{
-    load_parked, load_placed, Accounting, StreamConfig, SwapConfig, SwapManager,
-};
+use crate::offload::{load_parked, load_placed, Accounting, StreamConfig, SwapConfig, SwapManager};
 
 /// A model ready to hand to the engine.
 pub struct LoadedForServing {
@@ -107,7 +105,15 @@ pub fn load_for_serving_shared(
     };
     let mut progress = ProgressReporter::new(&config.name);
     if config.offload.mode == OffloadMode::Model {
-        let runner = load_swapped(config, device_config, &options, &files, &plan, swap, &mut progress)?;
+        let runner = load_swapped(
+            config,
+            device_config,
+            &options,
+            &files,
+            &plan,
+            swap,
+            &mut progress,
+        )?;
         log_loaded(config, &runner, started);
         return Ok(LoadedForServing {
             runner,
