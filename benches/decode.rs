@@ -51,7 +51,8 @@ fn parse_args() -> Result<Options, String> {
 }
 
 fn parse(text: &str) -> Result<usize, String> {
-    text.parse().map_err(|_| format!("`{text}` is not a number"))
+    text.parse()
+        .map_err(|_| format!("`{text}` is not a number"))
 }
 
 fn argmax(logits: &[f32]) -> u32 {
@@ -80,7 +81,8 @@ fn main() -> Result<(), String> {
         },
     };
     let hub = HubOptions::from_env(|key| std::env::var(key).ok());
-    let loaded = load_for_serving(&config, &candle_core::Device::Cpu, &hub).map_err(|e| e.to_string())?;
+    let loaded =
+        load_for_serving(&config, &candle_core::Device::Cpu, &hub).map_err(|e| e.to_string())?;
     let mut runner = loaded.runner;
 
     // A prompt of exactly `prompt_tokens` ids: a plain English passage, repeated as needed.
@@ -88,19 +90,28 @@ fn main() -> Result<(), String> {
                    teachers and children to the market town on the other side. ";
     let mut prompt = Vec::new();
     while prompt.len() < options.prompt_tokens {
-        prompt.extend(loaded.codec.encode(passage, false).map_err(|e| e.to_string())?);
+        prompt.extend(
+            loaded
+                .codec
+                .encode(passage, false)
+                .map_err(|e| e.to_string())?,
+        );
     }
     prompt.truncate(options.prompt_tokens);
 
     for run in 0..options.runs {
         let mut sequence = runner.new_sequence();
         let started = Instant::now();
-        let logits = runner.forward(&mut sequence, &prompt).map_err(|e| e.to_string())?;
+        let logits = runner
+            .forward(&mut sequence, &prompt)
+            .map_err(|e| e.to_string())?;
         let prefill_seconds = started.elapsed().as_secs_f64();
         let mut next = argmax(&logits);
         let decode_started = Instant::now();
         for _ in 0..options.gen_tokens {
-            let logits = runner.forward(&mut sequence, &[next]).map_err(|e| e.to_string())?;
+            let logits = runner
+                .forward(&mut sequence, &[next])
+                .map_err(|e| e.to_string())?;
             next = argmax(&logits);
         }
         let decode_seconds = decode_started.elapsed().as_secs_f64();

@@ -21,8 +21,8 @@ use ferry::engine::{
     PromptInput, SamplingParams,
 };
 use ferry::model::source::HubOptions;
-use ferry::runtime::device::{describe, select_device};
 use ferry::offload::render::{render_json, render_text};
+use ferry::runtime::device::{describe, select_device};
 use ferry::runtime::load::load_for_serving;
 use ferry::runtime::planning::{cpu_free_bytes, plan_model};
 use ferry::server::{self, ServerOptions};
@@ -198,7 +198,12 @@ fn ferry_plan(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
         if json {
             println!("{}", render_json(&plan));
         } else {
-            println!("model {} ({}) on {}", model.name, model.source, describe(&device));
+            println!(
+                "model {} ({}) on {}",
+                model.name,
+                model.source,
+                describe(&device)
+            );
             println!("{}", render_text(&plan));
         }
     }
@@ -217,7 +222,11 @@ fn generate(config: Config, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
     let load_seconds = load_started.elapsed().as_secs_f64();
 
     let engine = EngineHandle::new([model.name.clone()]);
-    engine.model_ready(&model.name, loaded.runner, loaded.codec as Arc<dyn TextCodec>)?;
+    engine.model_ready(
+        &model.name,
+        loaded.runner,
+        loaded.codec as Arc<dyn TextCodec>,
+    )?;
 
     let prompt_tokens = if args.chat {
         let messages = [ChatMessage {

@@ -27,15 +27,33 @@ fn generate_writes_only_the_text_to_stdout() {
     assert!(output.status.success(), "stderr: {stderr}");
     let stdout = String::from_utf8(output.stdout).expect("utf-8");
     assert!(stdout.starts_with(" Paris"), "stdout was {stdout:?}");
-    assert!(!stdout.contains("INFO"), "logs leaked to stdout: {stdout:?}");
-    assert!(stderr.contains("tok/s"), "statistics go to stderr: {stderr}");
+    assert!(
+        !stdout.contains("INFO"),
+        "logs leaked to stdout: {stdout:?}"
+    );
+    assert!(
+        stderr.contains("tok/s"),
+        "statistics go to stderr: {stderr}"
+    );
 }
 
 #[test]
 fn bad_input_is_a_readable_error_not_a_panic() {
     let cases: [&[&str]; 4] = [
-        &["generate", "--model", "/nonexistent/model.gguf", "--prompt", "x"],
-        &["serve", "--model", "/nonexistent/model.gguf", "--port", "notaport"],
+        &[
+            "generate",
+            "--model",
+            "/nonexistent/model.gguf",
+            "--prompt",
+            "x",
+        ],
+        &[
+            "serve",
+            "--model",
+            "/nonexistent/model.gguf",
+            "--port",
+            "notaport",
+        ],
         &["generate", "--prompt", "x", "--device", "tpu:0"],
         &["serve", "--config", "/nonexistent/ferry.toml"],
     ];
@@ -101,22 +119,43 @@ async fn serve_answers_and_shuts_down_cleanly_on_sigterm() {
         .json()
         .await
         .expect("json");
-    assert!(body["choices"][0]["text"].as_str().unwrap_or("").starts_with(" Paris"), "{body}");
+    assert!(
+        body["choices"][0]["text"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with(" Paris"),
+        "{body}"
+    );
 
     let pid = server.0.id().to_string();
-    let status = Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
+    let status = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
     assert!(status.success());
     let deadline = Instant::now() + Duration::from_secs(30);
     let exit = loop {
         if let Some(exit) = server.0.try_wait().expect("wait") {
             break exit;
         }
-        assert!(Instant::now() < deadline, "server did not exit after SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "server did not exit after SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(exit.success(), "exit status {exit:?}");
     let stderr = server.0.stderr.take().expect("stderr");
-    let lines: Vec<String> = BufReader::new(stderr).lines().map_while(Result::ok).collect();
-    assert!(lines.iter().any(|l| l.contains("listening on")), "{lines:?}");
-    assert!(lines.iter().any(|l| l.contains("shutting down")), "{lines:?}");
+    let lines: Vec<String> = BufReader::new(stderr)
+        .lines()
+        .map_while(Result::ok)
+        .collect();
+    assert!(
+        lines.iter().any(|l| l.contains("listening on")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("shutting down")),
+        "{lines:?}"
+    );
 }

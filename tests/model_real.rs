@@ -201,7 +201,13 @@ fn candle_greedy(prompt: &[u32], steps: usize) -> Vec<u32> {
     let dev = Device::Cpu;
     let mut model = quantized_llama::ModelWeights::from_gguf(content, &mut file, &dev).unwrap();
     let ids = Tensor::new(prompt, &dev).unwrap().unsqueeze(0).unwrap();
-    let mut logits: Vec<f32> = model.forward(&ids, 0).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let mut logits: Vec<f32> = model
+        .forward(&ids, 0)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     let mut out = Vec::new();
     for i in 0..steps {
         let next = argmax(&logits) as u32;
@@ -235,7 +241,10 @@ fn chat_prompt_greedy_generation_matches_candle() {
         )
         .unwrap();
     let prompt = tokenizer.encode(&text, false).unwrap();
-    assert!(prompt.len() > 20, "the template adds a system prompt: {text:?}");
+    assert!(
+        prompt.len() > 20,
+        "the template adds a system prompt: {text:?}"
+    );
     let ours = ours_greedy(&prompt, 16);
     let theirs = candle_greedy(&prompt, 16);
     println!(

@@ -20,7 +20,12 @@ async fn post(path: &str, body: Value) -> (StatusCode, Value) {
         .expect("request");
     let response = router.oneshot(request).await.expect("response");
     let status = response.status();
-    let bytes = response.into_body().collect().await.expect("body").to_bytes();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
     (status, serde_json::from_slice(&bytes).expect("json body"))
 }
 
@@ -32,11 +37,18 @@ async fn post_stream(path: &str, body: Value) -> Vec<Value> {
         .expect("request");
     let response = router.oneshot(request).await.expect("response");
     assert_eq!(response.status(), StatusCode::OK);
-    let bytes = response.into_body().collect().await.expect("body").to_bytes();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
     let text = String::from_utf8(bytes.to_vec()).expect("utf-8 stream");
     let mut events = Vec::new();
     for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
-        let data = block.strip_prefix("data: ").expect("every event is a data line");
+        let data = block
+            .strip_prefix("data: ")
+            .expect("every event is a data line");
         if data == "[DONE]" {
             break;
         }
@@ -46,7 +58,10 @@ async fn post_stream(path: &str, body: Value) -> Vec<Value> {
 }
 
 fn completion_text(body: &Value) -> String {
-    body["choices"][0]["text"].as_str().expect("text").to_string()
+    body["choices"][0]["text"]
+        .as_str()
+        .expect("text")
+        .to_string()
 }
 
 #[tokio::test]
@@ -58,7 +73,10 @@ async fn capital_of_france_is_paris() {
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let text = completion_text(&body);
-    assert!(text.starts_with(" Paris"), "greedy continuation was {text:?}");
+    assert!(
+        text.starts_with(" Paris"),
+        "greedy continuation was {text:?}"
+    );
     assert_eq!(body["object"], "text_completion");
     assert_eq!(body["usage"]["prompt_tokens"], 5);
     assert_eq!(body["usage"]["completion_tokens"], 4);
@@ -84,7 +102,10 @@ async fn chat_returns_an_assistant_message() {
     );
     // The 135M Q4_1 model answers this in French fragments; tests/model_real.rs checks that the
     // same greedy tokens come out of candle-transformers' reference implementation.
-    assert!(body["usage"]["prompt_tokens"].as_u64().unwrap_or(0) > 20, "{body}");
+    assert!(
+        body["usage"]["prompt_tokens"].as_u64().unwrap_or(0) > 20,
+        "{body}"
+    );
 }
 
 #[tokio::test]
@@ -131,7 +152,10 @@ async fn stop_strings_end_the_text_and_are_never_emitted() {
         .iter()
         .filter_map(|e| e["choices"][0]["text"].as_str())
         .collect();
-    assert_eq!(streamed, expected, "streaming must hold back partial stop strings");
+    assert_eq!(
+        streamed, expected,
+        "streaming must hold back partial stop strings"
+    );
     let finishes: Vec<&Value> = events
         .iter()
         .filter(|e| !e["choices"][0]["finish_reason"].is_null())
@@ -153,7 +177,12 @@ async fn streamed_chat_equals_the_non_streamed_answer() {
         .iter()
         .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
         .collect();
-    assert_eq!(streamed, whole["choices"][0]["message"]["content"].as_str().expect("content"));
+    assert_eq!(
+        streamed,
+        whole["choices"][0]["message"]["content"]
+            .as_str()
+            .expect("content")
+    );
 }
 
 #[tokio::test]
@@ -169,8 +198,14 @@ async fn logprobs_describe_the_greedy_choice() {
     let chosen = logprobs["token_logprobs"][0].as_f64().expect("logprob");
     let top = logprobs["top_logprobs"][0].as_object().expect("top map");
     assert_eq!(top.len(), 3);
-    let best = top.values().filter_map(Value::as_f64).fold(f64::MIN, f64::max);
-    assert!((chosen - best).abs() < 1e-4, "greedy picks the most likely token");
+    let best = top
+        .values()
+        .filter_map(Value::as_f64)
+        .fold(f64::MIN, f64::max);
+    assert!(
+        (chosen - best).abs() < 1e-4,
+        "greedy picks the most likely token"
+    );
     assert!(chosen < 0.0);
     assert_eq!(logprobs["tokens"][0], " Paris");
 }
@@ -184,7 +219,9 @@ async fn openai_client_on_a_loopback_port() {
     };
     use async_openai::Client;
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let address = listener.local_addr().expect("address");
     let router = app(common::backend(), ServerOptions::default());
     let server = tokio::spawn(async move { axum::serve(listener, router).await });

@@ -3,6 +3,8 @@
 
 use tokio::sync::mpsc;
 
+use crate::metrics::RequestTracker;
+
 use super::{
     detokenize::IncrementalDecoder,
     logprobs::LogSoftmax,
@@ -80,13 +82,16 @@ pub fn validate_prompt(
 /// The EOS token (unless `ignore_eos`) ends the generation with reason `Stop`; it counts in
 /// `completion_tokens` but gets no `Token` event (its text is empty). A token that completes a
 /// stop string does get an event, carrying the text before the stop.
+///
+/// `tracker` is told about the prefill and every sampled token (metrics).
 pub fn generate<M: LanguageModel>(
     model: &mut M,
     codec: &dyn TextCodec,
     request: &GenerationRequest,
     events: &mpsc::Sender<GenerationEvent>,
+    tracker: &mut RequestTracker,
 ) -> Outcome {
-    match run(model, codec, request, events) {
+    match run(model, codec, request, events, tracker) {
         Ok((reason, usage)) => Outcome::Finished(reason, usage),
         Err(Abort::Failed(err)) => {
             // The client may be gone too; the failure is reported either way.
@@ -102,6 +107,7 @@ fn run<M: LanguageModel>(
     codec: &dyn TextCodec,
     request: &GenerationRequest,
     events: &mpsc::Sender<GenerationEvent>,
+    tracker: &mut RequestTracker,
 ) -> Result<(FinishReason, Usage), Abort> {
     let PromptInput::Tokens(prompt) = &request.prompt;
     let params = &request.params;
@@ -125,6 +131,8 @@ fn run<M: LanguageModel>(
     };
 
     if params.max_tokens == 0 {
+        // Nothing to generate, but the prompt counts as served (usage reports it).
+        tracker.prefilled(prompt.len());
         return finish(FinishReason::Length, 0, String::new());
     }
     let mut sampler = Sampler::new(&params.sampling, prompt);
@@ -133,6 +141,7 @@ fn run<M: LanguageModel>(
     let eos = codec.eos_token_ids();
     let mut seq = model.new_sequence();
     let mut logits = model.forward(&mut seq, prompt)?;
+    tracker.prefilled(prompt.len());
 
     let mut generated = 0;
     loop {
@@ -142,6 +151,7 @@ fn run<M: LanguageModel>(
         let raw = params.logprobs.map(|_| LogSoftmax::new(&logits));
         let token = sampler.sample(&mut logits);
         generated += 1;
+        tracker.token();
         if !params.ignore_eos && eos.contains(&token) {
             let (tail, _) = release_all(codec, &mut detok, &mut stops)?;
             return finish(FinishReason::Stop, generated, tail);
@@ -244,7 +254,13 @@ mod tests {
         let mut model = ScriptModel::new(script, after, codec.vocab_size());
         let (tx, mut rx) = mpsc::channel(4096);
         let prompt = codec.encode("he said:", false).unwrap();
-        let outcome = generate(&mut model, &codec, &request(prompt, params), &tx);
+        let outcome = generate(
+            &mut model,
+            &codec,
+            &request(prompt, params),
+            &tx,
+            &mut RequestTracker::detached(),
+        );
         drop(tx);
         let mut events = Vec::new();
         while let Some(e) = rx.blocking_recv() {
@@ -377,7 +393,13 @@ mod tests {
         let mut model = ScriptModel::new(vec![1], EOS, codec.vocab_size());
         model.max_context = 10;
         let (tx, mut rx) = mpsc::channel(8);
-        let outcome = generate(&mut model, &codec, &request(vec![1; 6], greedy(5)), &tx);
+        let outcome = generate(
+            &mut model,
+            &codec,
+            &request(vec![1; 6], greedy(5)),
+            &tx,
+            &mut RequestTracker::detached(),
+        );
         let err = EngineError::ContextLengthExceeded {
             max_context: 10,
             requested: 11,
@@ -387,12 +409,24 @@ mod tests {
         assert_eq!(outcome, Outcome::Failed(err.clone()));
         assert_eq!(rx.blocking_recv(), Some(GenerationEvent::Failed(err)));
         assert_eq!(model.forward_calls, 0);
-        let out = generate(&mut model, &codec, &request(vec![], greedy(1)), &tx);
+        let out = generate(
+            &mut model,
+            &codec,
+            &request(vec![], greedy(1)),
+            &tx,
+            &mut RequestTracker::detached(),
+        );
         assert!(matches!(
             out,
             Outcome::Failed(EngineError::InvalidRequest { .. })
         ));
-        let out = generate(&mut model, &codec, &request(vec![9999], greedy(1)), &tx);
+        let out = generate(
+            &mut model,
+            &codec,
+            &request(vec![9999], greedy(1)),
+            &tx,
+            &mut RequestTracker::detached(),
+        );
         assert!(matches!(
             out,
             Outcome::Failed(EngineError::InvalidRequest { .. })
@@ -407,7 +441,13 @@ mod tests {
         let worker = std::thread::spawn(move || {
             let mut model = model;
             let codec = TestCodec::new();
-            let out = generate(&mut model, &codec, &request(vec![1], greedy(1000)), &tx);
+            let out = generate(
+                &mut model,
+                &codec,
+                &request(vec![1], greedy(1000)),
+                &tx,
+                &mut RequestTracker::detached(),
+            );
             (out, model.forward_calls)
         });
         for _ in 0..3 {
@@ -438,7 +478,13 @@ mod tests {
             // A flat model: every token equally likely, so only the RNG decides.
             let mut model = ScriptModel::new(vec![], u32::MAX, codec.vocab_size());
             let (tx, mut rx) = mpsc::channel(64);
-            generate(&mut model, &codec, &request(vec![1], params.clone()), &tx);
+            generate(
+                &mut model,
+                &codec,
+                &request(vec![1], params.clone()),
+                &tx,
+                &mut RequestTracker::detached(),
+            );
             drop(tx);
             let mut ids = Vec::new();
             while let Some(GenerationEvent::Token(t)) = rx.blocking_recv() {

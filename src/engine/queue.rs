@@ -2,6 +2,7 @@
 //! it is unit-tested directly; this is where a continuous-batching scheduler will grow.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use tokio::sync::mpsc;
 
@@ -13,6 +14,8 @@ pub struct Job {
     pub request: GenerationRequest,
     /// The client's event channel; closed when the client went away.
     pub events: mpsc::Sender<GenerationEvent>,
+    /// When `submit` accepted it (the start of its time to first token).
+    pub accepted: Instant,
 }
 
 impl Job {
@@ -76,6 +79,7 @@ mod tests {
                     params: GenerationParams::default(),
                 },
                 events: tx,
+                accepted: Instant::now(),
             });
             if i != 0 && i != 2 {
                 keep.push(rx);

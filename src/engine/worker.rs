@@ -21,10 +21,12 @@ use std::{
         mpsc as std_mpsc, Arc, Mutex, PoisonError, RwLock,
     },
     thread::JoinHandle,
-    time::{SystemTime, UNIX_EPOCH},
+    time::{Instant, SystemTime, UNIX_EPOCH},
 };
 
 use tokio::sync::mpsc;
+
+use crate::metrics::{Metrics, RequestTracker};
 
 use super::{
     backend::{Backend, ModelCard, ModelStatus},
@@ -45,12 +47,16 @@ pub struct EngineOptions {
     /// Most requests per model that may be accepted and not yet finished (waiting plus
     /// running); more are refused with [`EngineError::Overloaded`]. Default: unbounded.
     pub max_queue: usize,
+    /// Where the engine reports queue depth, tokens and latencies. Default: a fresh registry
+    /// (pass the server's to have them on `/metrics`).
+    pub metrics: Metrics,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
         Self {
             max_queue: usize::MAX,
+            metrics: Metrics::new(),
         }
     }
 }
@@ -158,11 +164,20 @@ impl EngineHandle {
             .ok_or_else(|| EngineError::Internal(format!("model `{name}` was already loaded")))?;
         let state = Arc::clone(&slot.state);
         let pending = Arc::clone(&slot.pending);
+        let metrics = self.shared.options.metrics.clone();
         let thread_name = format!("ferry-engine-{name}");
         let name = name.to_owned();
         std::thread::Builder::new()
             .name(thread_name)
-            .spawn(move || engine_thread(&name, loader, &state, &receiver, &pending))
+            .spawn(move || {
+                let shared = ThreadShared {
+                    state: &state,
+                    jobs: &receiver,
+                    pending: &pending,
+                    metrics: &metrics,
+                };
+                engine_thread(&name, loader, &shared)
+            })
             .map_err(|e| EngineError::Internal(format!("cannot start the engine thread: {e}")))
     }
 
@@ -237,6 +252,10 @@ impl Backend for EngineHandle {
             .collect()
     }
 
+    fn metrics(&self) -> Metrics {
+        self.shared.options.metrics.clone()
+    }
+
     fn max_context(&self, model: &str) -> EngineResult<usize> {
         Ok(self.ready(model)?.1.max_context)
     }
@@ -299,23 +318,34 @@ impl Backend for EngineHandle {
             .saturating_add(2)
             .min(MAX_EVENT_BUFFER);
         let (events, receiver) = mpsc::channel(buffer);
-        if slot.jobs.send(Job { request, events }).is_err() {
+        let metrics = &self.shared.options.metrics;
+        metrics.request_queued();
+        let job = Job {
+            request,
+            events,
+            accepted: Instant::now(),
+        };
+        if slot.jobs.send(job).is_err() {
             slot.pending.fetch_sub(1, Ordering::SeqCst);
+            metrics.request_dequeued();
             return Err(EngineError::Unavailable);
         }
         Ok(receiver)
     }
 }
 
+/// What a model's engine thread shares with the handles.
+struct ThreadShared<'a> {
+    state: &'a RwLock<SlotState>,
+    jobs: &'a std_mpsc::Receiver<Job>,
+    pending: &'a AtomicUsize,
+    metrics: &'a Metrics,
+}
+
 /// Body of a model's engine thread: load, publish the result, then serve jobs until every
 /// handle is gone.
-fn engine_thread<M, F>(
-    name: &str,
-    loader: F,
-    state: &RwLock<SlotState>,
-    jobs: &std_mpsc::Receiver<Job>,
-    pending: &AtomicUsize,
-) where
+fn engine_thread<M, F>(name: &str, loader: F, shared: &ThreadShared<'_>)
+where
     M: LanguageModel,
     F: FnOnce() -> EngineResult<(M, Arc<dyn TextCodec>)>,
 {
@@ -325,18 +355,21 @@ fn engine_thread<M, F>(
         Ok(parts) => parts,
         Err(e) => {
             tracing::error!(model = name, error = %e, "model failed to load");
-            *state.write().unwrap_or_else(PoisonError::into_inner) =
+            *shared.state.write().unwrap_or_else(PoisonError::into_inner) =
                 SlotState::Failed(e.to_string());
             return;
         }
     };
     let max_context = model.max_context();
-    *state.write().unwrap_or_else(PoisonError::into_inner) = SlotState::Ready(Loaded {
+    *shared.state.write().unwrap_or_else(PoisonError::into_inner) = SlotState::Ready(Loaded {
         codec: Arc::clone(&codec),
         max_context,
         vocab_size: model.vocab_size(),
     });
     tracing::info!(model = name, max_context, "model ready");
+    // Every layer is resident on the compute device until the offload engine manages this.
+    shared.metrics.set_model_resident(name, true);
+    let (jobs, pending, metrics) = (shared.jobs, shared.pending, shared.metrics);
 
     let mut queue = RequestQueue::default();
     loop {
@@ -351,8 +384,14 @@ fn engine_thread<M, F>(
         }
         let (job, dropped) = queue.next_live();
         pending.fetch_sub(dropped, Ordering::SeqCst);
+        for _ in 0..dropped {
+            metrics.request_dequeued();
+        }
         if let Some(job) = job {
-            serve(name, &mut model, codec.as_ref(), &job);
+            metrics.request_started();
+            let mut tracker = RequestTracker::new(metrics, job.accepted);
+            serve(name, &mut model, codec.as_ref(), &job, &mut tracker);
+            metrics.request_ended();
             pending.fetch_sub(1, Ordering::SeqCst);
         }
     }
@@ -360,9 +399,15 @@ fn engine_thread<M, F>(
 }
 
 /// Runs one job, turning a panic inside the model into a `Failed(Internal)` event.
-fn serve<M: LanguageModel>(name: &str, model: &mut M, codec: &dyn TextCodec, job: &Job) {
+fn serve<M: LanguageModel>(
+    name: &str,
+    model: &mut M,
+    codec: &dyn TextCodec,
+    job: &Job,
+    tracker: &mut RequestTracker,
+) {
     let run = catch_unwind(AssertUnwindSafe(|| {
-        generate(model, codec, &job.request, &job.events)
+        generate(model, codec, &job.request, &job.events, tracker)
     }));
     match run {
         Ok(Outcome::Failed(e)) => tracing::warn!(model = name, error = %e, "generation failed"),

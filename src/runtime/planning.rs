@@ -68,7 +68,11 @@ pub fn plan_model(
         Device::Cpu => DEFAULT_CPU_RESERVE_BYTES,
         _ => DEFAULT_CUDA_RESERVE_BYTES,
     };
-    input.link_bandwidth = Some(device_config.link_bandwidth.unwrap_or(DEFAULT_LINK_BANDWIDTH));
+    input.link_bandwidth = Some(
+        device_config
+            .link_bandwidth
+            .unwrap_or(DEFAULT_LINK_BANDWIDTH),
+    );
     Ok(plan(&input)?)
 }
 
