@@ -41,11 +41,15 @@ use super::{
 /// client (tokio allocates channel blocks lazily, so a large bound costs nothing up front).
 const MAX_EVENT_BUFFER: usize = 1 << 20;
 
+/// Sequences one model's thread generates at a time (it serves requests one by one).
+const RUNNING_SLOTS: usize = 1;
+
 /// Engine-wide settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineOptions {
-    /// Most requests per model that may be accepted and not yet finished (waiting plus
-    /// running); more are refused with [`EngineError::Overloaded`]. Default: unbounded.
+    /// Most requests per model that may wait for a free sequence slot; with every slot busy
+    /// and `max_queue` requests waiting, more are refused at once with
+    /// [`EngineError::Overloaded`] (HTTP 503 + `Retry-After`). Default: unbounded.
     pub max_queue: usize,
     /// Where the engine reports queue depth, tokens and latencies. Default: a fresh registry
     /// (pass the server's to have them on `/metrics`).
@@ -305,7 +309,8 @@ impl Backend for EngineHandle {
             loaded.vocab_size,
         )?;
         let max_queue = self.shared.options.max_queue;
-        if slot.pending.fetch_add(1, Ordering::SeqCst) >= max_queue {
+        let capacity = max_queue.saturating_add(RUNNING_SLOTS);
+        if slot.pending.fetch_add(1, Ordering::SeqCst) >= capacity {
             slot.pending.fetch_sub(1, Ordering::SeqCst);
             return Err(EngineError::Overloaded(format!(
                 "{max_queue} requests are already queued for model `{}`",

@@ -238,7 +238,7 @@ async fn max_queue_refuses_extra_requests_and_cancellation_frees_the_slot() {
     let handle = EngineHandle::with_options(
         ["a"],
         EngineOptions {
-            max_queue: 1,
+            max_queue: 0,
             ..EngineOptions::default()
         },
     );
