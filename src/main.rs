@@ -89,6 +89,14 @@ fn serve(config: Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
         names.clone(),
         EngineOptions {
             max_queue: config.server.max_queue,
+            // The engine takes one batch size for every model: the smallest configured one,
+            // so no model runs more sequences (and KV caches) than it was sized for.
+            max_batch: config
+                .models
+                .iter()
+                .map(|m| m.max_batch)
+                .min()
+                .unwrap_or(ferry::engine::worker::DEFAULT_MAX_BATCH),
             ..EngineOptions::default()
         },
     );

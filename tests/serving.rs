@@ -1,6 +1,7 @@
 //! The server under load with the real model, over real HTTP on a loopback port: exact metrics,
 //! overload answered at once with 503 + Retry-After, and clients that go away (streamed or not)
-//! freeing their sequence. Each test has its own engine, so its counters are its own.
+//! freeing their sequence, and concurrent requests batched together giving exactly the text
+//! each gives alone. Each test has its own engine, so its counters are its own.
 
 mod real_model;
 
@@ -169,6 +170,7 @@ async fn counters_match_the_usage_of_real_requests_exactly() {
 async fn overload_is_answered_at_once_with_503_and_the_server_stays_healthy() {
     let server = Server::start(EngineOptions {
         max_queue: 2,
+        max_batch: 1,
         ..EngineOptions::default()
     })
     .await;
@@ -316,4 +318,106 @@ async fn a_client_that_goes_away_frees_its_sequence() {
     );
     assert!(after_plain - after_stream < 400.0);
     assert_eq!(server.metric(&requests_total(200)).await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_greedy_requests_give_exactly_the_solo_text() {
+    let server = Arc::new(
+        Server::start(EngineOptions {
+            max_batch: 4,
+            ..EngineOptions::default()
+        })
+        .await,
+    );
+    let long_prompt = "Here is a list of the planets of the solar system in order from the sun: \
+        Mercury, Venus, Earth, Mars, Jupiter, Saturn, Uranus and Neptune. The largest one is";
+    // Five requests for four slots: one waits and joins when the first leaves.
+    let requests = [
+        ("The capital of France is", 12),
+        ("Once upon a time", 20),
+        (long_prompt, 10),
+        ("List three colors:", 16),
+        ("1, 2, 3,", 24),
+    ];
+    let run = |(prompt, max_tokens): (&'static str, usize)| {
+        let server = Arc::clone(&server);
+        async move {
+            let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
+                "temperature": 0});
+            let response = server
+                .post("/v1/completions", &body)
+                .send()
+                .await
+                .expect("request");
+            assert_eq!(response.status(), StatusCode::OK);
+            let v: Value = response.json().await.expect("json");
+            v["choices"][0]["text"].as_str().expect("text").to_owned()
+        }
+    };
+    let mut solo = Vec::new();
+    for r in requests {
+        solo.push(run(r).await);
+    }
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let (server, stop) = (Arc::clone(&server), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut most = 0.0f64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                most = most.max(server.metric("ferry_requests_running").await);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            most
+        })
+    };
+    let together = futures::future::join_all(requests.map(run)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let most = poller.await.expect("poller");
+    assert_eq!(together, solo);
+    assert!(solo.iter().all(|t| !t.is_empty()), "{solo:?}");
+    // The requests did run together (the gauge saw several at once, never more than 4).
+    let page = server.metrics().await;
+    assert_eq!(metric(&page, "ferry_requests_running"), 0.0);
+    assert_eq!(metric(&page, &requests_total(200)), 10.0);
+    assert!((2.0..=4.0).contains(&most), "at most {most} ran at once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chunked_prefill_alongside_decodes_gives_the_same_text() {
+    let whole = Server::start(EngineOptions::default()).await;
+    let chunked = Server::start(EngineOptions {
+        max_batch: 3,
+        prefill_chunk: 5,
+        ..EngineOptions::default()
+    })
+    .await;
+    let prompts = [
+        "Here is a long story about a lighthouse keeper who lived alone on a rocky island \
+         far from the coast, and what he saw one night was",
+        "The capital of France is",
+        "My favourite fruit is",
+    ];
+    let body = |prompt: &str| json!({"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0});
+    let text = |v: Value| v["choices"][0]["text"].as_str().expect("text").to_owned();
+    let mut expected = Vec::new();
+    for p in prompts {
+        let r = whole
+            .post("/v1/completions", &body(p))
+            .send()
+            .await
+            .expect("solo");
+        expected.push(text(r.json().await.expect("json")));
+    }
+    // The long prompt is prefilled 5 tokens per step while the short ones decode.
+    let got = futures::future::join_all(prompts.iter().map(|p| async {
+        let r = chunked
+            .post("/v1/completions", &body(p))
+            .send()
+            .await
+            .expect("batched");
+        text(r.json().await.expect("json"))
+    }))
+    .await;
+    assert_eq!(got, expected);
 }

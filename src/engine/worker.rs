@@ -1,8 +1,8 @@
 //! The engine threads and the [`EngineHandle`] the HTTP layer talks to.
 //!
 //! Each served model gets one dedicated OS thread that owns its [`LanguageModel`] (loaded on that
-//! thread) and serves its requests one at a time, in arrival order, through
-//! [`super::queue::RequestQueue`].
+//! thread) and serves its requests with continuous batching ([`super::serve_loop`]): up to
+//! `max_batch` sequences share each forward step, the rest wait in arrival order.
 //! The handle is a cheap `Clone` over shared, mostly immutable state:
 //!
 //! 1. `EngineHandle::new(names)` registers every configured model as `Loading`, so `/health` and
@@ -26,13 +26,14 @@ use std::{
 
 use tokio::sync::mpsc;
 
-use crate::metrics::{Metrics, RequestTracker};
+use crate::metrics::Metrics;
 
 use super::{
     backend::{Backend, ModelCard, ModelStatus},
-    generate::{generate, validate_prompt, Outcome},
-    queue::{Job, RequestQueue},
+    generate::validate_prompt,
+    queue::Job,
     request::{ChatMessage, GenerationEvent, GenerationRequest, PromptInput},
+    serve_loop::{serve_requests, LoopContext},
     traits::{LanguageModel, TextCodec},
     EngineError, EngineResult,
 };
@@ -41,8 +42,11 @@ use super::{
 /// client (tokio allocates channel blocks lazily, so a large bound costs nothing up front).
 const MAX_EVENT_BUFFER: usize = 1 << 20;
 
-/// Sequences one model's thread generates at a time (it serves requests one by one).
-const RUNNING_SLOTS: usize = 1;
+/// Default [`EngineOptions::max_batch`].
+pub const DEFAULT_MAX_BATCH: usize = 8;
+
+/// Default [`EngineOptions::prefill_chunk`].
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 
 /// Engine-wide settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +55,12 @@ pub struct EngineOptions {
     /// and `max_queue` requests waiting, more are refused at once with
     /// [`EngineError::Overloaded`] (HTTP 503 + `Retry-After`). Default: unbounded.
     pub max_queue: usize,
+    /// Most sequences one model generates together (one batched forward step serves them
+    /// all). Default [`DEFAULT_MAX_BATCH`].
+    pub max_batch: usize,
+    /// Prompt tokens per step shared by the sequences being prefilled, so a long prompt does
+    /// not stall running decodes. Default [`DEFAULT_PREFILL_CHUNK`].
+    pub prefill_chunk: usize,
     /// Where the engine reports queue depth, tokens and latencies. Default: a fresh registry
     /// (pass the server's to have them on `/metrics`).
     pub metrics: Metrics,
@@ -60,6 +70,8 @@ impl Default for EngineOptions {
     fn default() -> Self {
         Self {
             max_queue: usize::MAX,
+            max_batch: DEFAULT_MAX_BATCH,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
             metrics: Metrics::new(),
         }
     }
@@ -169,6 +181,10 @@ impl EngineHandle {
         let state = Arc::clone(&slot.state);
         let pending = Arc::clone(&slot.pending);
         let metrics = self.shared.options.metrics.clone();
+        let (max_batch, prefill_chunk) = (
+            self.shared.options.max_batch,
+            self.shared.options.prefill_chunk,
+        );
         let thread_name = format!("ferry-engine-{name}");
         let name = name.to_owned();
         std::thread::Builder::new()
@@ -179,6 +195,8 @@ impl EngineHandle {
                     jobs: &receiver,
                     pending: &pending,
                     metrics: &metrics,
+                    max_batch,
+                    prefill_chunk,
                 };
                 engine_thread(&name, loader, &shared)
             })
@@ -309,7 +327,7 @@ impl Backend for EngineHandle {
             loaded.vocab_size,
         )?;
         let max_queue = self.shared.options.max_queue;
-        let capacity = max_queue.saturating_add(RUNNING_SLOTS);
+        let capacity = max_queue.saturating_add(self.shared.options.max_batch.max(1));
         if slot.pending.fetch_add(1, Ordering::SeqCst) >= capacity {
             slot.pending.fetch_sub(1, Ordering::SeqCst);
             return Err(EngineError::Overloaded(format!(
@@ -345,6 +363,8 @@ struct ThreadShared<'a> {
     jobs: &'a std_mpsc::Receiver<Job>,
     pending: &'a AtomicUsize,
     metrics: &'a Metrics,
+    max_batch: usize,
+    prefill_chunk: usize,
 }
 
 /// Body of a model's engine thread: load, publish the result, then serve jobs until every
@@ -374,65 +394,20 @@ where
     tracing::info!(model = name, max_context, "model ready");
     // Every layer is resident on the compute device until the offload engine manages this.
     shared.metrics.set_model_resident(name, true);
-    let (jobs, pending, metrics) = (shared.jobs, shared.pending, shared.metrics);
-
-    let mut queue = RequestQueue::default();
-    loop {
-        if queue.is_empty() {
-            match jobs.recv() {
-                Ok(job) => queue.push(job),
-                Err(_) => break,
-            }
-        }
-        while let Ok(job) = jobs.try_recv() {
-            queue.push(job);
-        }
-        let (job, dropped) = queue.next_live();
-        pending.fetch_sub(dropped, Ordering::SeqCst);
-        for _ in 0..dropped {
-            metrics.request_dequeued();
-        }
-        if let Some(job) = job {
-            metrics.request_started();
-            let mut tracker = RequestTracker::new(metrics, job.accepted);
-            serve(name, &mut model, codec.as_ref(), &job, &mut tracker);
-            metrics.request_ended();
-            pending.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
+    let context = LoopContext {
+        name,
+        jobs: shared.jobs,
+        pending: shared.pending,
+        metrics: shared.metrics,
+        max_batch: shared.max_batch,
+        prefill_chunk: shared.prefill_chunk,
+    };
+    serve_requests(&mut model, codec.as_ref(), &context);
     tracing::debug!(model = name, "engine thread stopped");
 }
 
-/// Runs one job, turning a panic inside the model into a `Failed(Internal)` event.
-fn serve<M: LanguageModel>(
-    name: &str,
-    model: &mut M,
-    codec: &dyn TextCodec,
-    job: &Job,
-    tracker: &mut RequestTracker,
-) {
-    let run = catch_unwind(AssertUnwindSafe(|| {
-        generate(model, codec, &job.request, &job.events, tracker)
-    }));
-    match run {
-        Ok(Outcome::Failed(e)) => tracing::warn!(model = name, error = %e, "generation failed"),
-        Ok(Outcome::Cancelled) => tracing::debug!(model = name, "generation cancelled"),
-        Ok(Outcome::Finished(reason, usage)) => {
-            tracing::debug!(model = name, ?reason, ?usage, "generation finished")
-        }
-        Err(panic) => {
-            let message = panic_message(&*panic);
-            tracing::error!(model = name, panic = %message, "the model panicked during generation");
-            let _ = job
-                .events
-                .blocking_send(GenerationEvent::Failed(EngineError::Internal(format!(
-                    "the model panicked: {message}"
-                ))));
-        }
-    }
-}
-
-fn panic_message(panic: &(dyn Any + Send)) -> String {
+/// The text of a caught panic.
+pub(super) fn panic_message(panic: &(dyn Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = panic.downcast_ref::<String>() {

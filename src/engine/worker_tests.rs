@@ -239,6 +239,7 @@ async fn max_queue_refuses_extra_requests_and_cancellation_frees_the_slot() {
         ["a"],
         EngineOptions {
             max_queue: 0,
+            max_batch: 1,
             ..EngineOptions::default()
         },
     );
