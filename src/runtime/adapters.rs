@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::engine::traits::{LanguageModel, TextCodec};
 use crate::engine::{ChatMessage, EngineError, EngineResult};
 use crate::model::kv_cache::KvCache;
-use crate::model::llama::{Model, ResidentLayers};
+use crate::model::llama::{Model, ResidentLayers, SeqInput};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::ModelError;
 
@@ -60,6 +60,26 @@ impl LanguageModel for ModelRunner {
             .map_err(internal)?;
         logits
             .to_vec1::<f32>()
+            .map_err(|e| EngineError::Internal(e.to_string()))
+    }
+
+    fn forward_batch(
+        &mut self,
+        batch: &mut [(&mut KvCache, &[u32])],
+    ) -> EngineResult<Vec<Vec<f32>>> {
+        let mut inputs: Vec<SeqInput> = batch
+            .iter_mut()
+            .map(|(cache, tokens)| SeqInput {
+                tokens,
+                cache,
+            })
+            .collect();
+        let logits = self
+            .model
+            .forward_batch(&mut inputs, &mut self.layers)
+            .map_err(internal)?;
+        logits
+            .to_vec2::<f32>()
             .map_err(|e| EngineError::Internal(e.to_string()))
     }
 
