@@ -69,10 +69,7 @@ impl LanguageModel for ModelRunner {
     ) -> EngineResult<Vec<Vec<f32>>> {
         let mut inputs: Vec<SeqInput> = batch
             .iter_mut()
-            .map(|(cache, tokens)| SeqInput {
-                tokens,
-                cache,
-            })
+            .map(|(cache, tokens)| SeqInput { tokens, cache })
             .collect();
         let logits = self
             .model
