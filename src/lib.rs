@@ -14,6 +14,8 @@
 //!   generation events: sampling, stop strings, incremental detokenisation, logprobs.
 //! - [`runtime`]: glue from a resolved configuration to running engine threads: device choice,
 //!   adapters from the real model and tokenizer to the engine's traits, loading with progress.
+//! - [`metrics`]: the Prometheus registry (`ferry_*`) shared by the HTTP layer, the engine and the
+//!   offload engine, rendered by `GET /metrics`.
 //! - [`cli`]: the command-line types (clap); flags become configuration overrides.
 //! - [`server`]: the axum HTTP layer: OpenAI wire types, validation, handlers, SSE framing and the
 //!   single place where errors become HTTP responses. It depends on the [`engine::Backend`] trait,
@@ -22,6 +24,7 @@
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod metrics;
 pub mod model;
 pub mod offload;
 pub mod runtime;

@@ -91,6 +91,15 @@ fn serve(config: Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
         names.clone(),
         EngineOptions {
             max_queue: config.server.max_queue,
+            // The engine takes one batch size for every model: the smallest configured one,
+            // so no model runs more sequences (and KV caches) than it was sized for.
+            max_batch: config
+                .models
+                .iter()
+                .map(|m| m.max_batch)
+                .min()
+                .unwrap_or(ferry::engine::worker::DEFAULT_MAX_BATCH),
+            ..EngineOptions::default()
         },
     );
 
@@ -126,8 +135,9 @@ fn serve(config: Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let router = server::app(Arc::new(engine), options);
 
+    let grace = config.server.shutdown_timeout;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    runtime.block_on(async move {
+    let outcome = runtime.block_on(async move {
         let address = format!("{}:{}", config.server.host, config.server.port);
         let listener = tokio::net::TcpListener::bind(&address)
             .await
@@ -158,9 +168,17 @@ fn serve(config: Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
 
         let fatal = Arc::new(std::sync::Mutex::new(None::<String>));
         let fatal_slot = Arc::clone(&fatal);
+        // Fires once a signal asked to stop: from then on in-flight requests get `grace`.
+        let stopping = Arc::new(tokio::sync::Notify::new());
+        let stop_requested = Arc::clone(&stopping);
         let shutdown = async move {
             tokio::select! {
-                _ = shutdown_signal() => tracing::info!("shutting down: finishing in-flight requests"),
+                _ = shutdown_signal() => {
+                    tracing::info!(
+                        "shutting down: no new connections; finishing in-flight requests (up to {grace:?})"
+                    );
+                    stop_requested.notify_one();
+                }
                 Ok(reason) = fatal_rx => {
                     if let Ok(mut slot) = fatal_slot.lock() {
                         *slot = Some(reason);
@@ -168,13 +186,27 @@ fn serve(config: Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         };
-        server::serve(listener, router, shutdown).await?;
+        let serving = server::serve(listener, router, shutdown);
+        let deadline = async {
+            stopping.notified().await;
+            tokio::time::sleep(grace).await;
+        };
+        tokio::select! {
+            served = serving => served?,
+            () = deadline => tracing::warn!(
+                "shutdown timeout ({grace:?}) reached: dropping the requests still in flight"
+            ),
+        }
         let failure = fatal.lock().ok().and_then(|mut slot| slot.take());
         match failure {
             Some(reason) => bail!("no model could be loaded: {reason}"),
             None => Ok(ExitCode::SUCCESS),
         }
-    })
+    });
+    // Connections still open after the grace period are dropped with the runtime; do not wait
+    // for stray blocking work (tokenisation) either. Engine threads end with the process.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    outcome
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.

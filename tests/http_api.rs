@@ -4,6 +4,8 @@
 #[path = "http_api/bad_requests.rs"]
 mod bad_requests;
 mod common;
+#[path = "http_api/metrics.rs"]
+mod metrics;
 #[path = "http_api/openai_client.rs"]
 mod openai_client;
 #[path = "http_api/streaming.rs"]

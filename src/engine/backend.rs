@@ -4,6 +4,8 @@
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use crate::metrics::Metrics;
+
 use super::{request::ChatMessage, EngineResult, GenerationEvent, GenerationRequest};
 
 /// Where a served model currently is.
@@ -46,6 +48,10 @@ pub trait Residency: Send + Sync {
 /// Calls are cheap and non-blocking except `tokenize`/`detokenize`/`render_chat`, which do CPU
 /// work proportional to the text (the server runs them where blocking is fine).
 pub trait Backend: Send + Sync + 'static {
+    /// The metrics registry the backend reports into; the HTTP layer adds request counts to it
+    /// and renders it on `GET /metrics`. Every call returns a handle to the same registry.
+    fn metrics(&self) -> Metrics;
+
     /// Every configured model, loaded or not.
     fn models(&self) -> Vec<ModelCard>;
 

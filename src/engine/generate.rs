@@ -1,7 +1,14 @@
-//! Runs one request to completion on the engine thread: prefill, decode loop, sampling, logprobs,
-//! incremental detokenisation and stop strings, streaming [`GenerationEvent`]s as it goes.
+//! One request's generation on the engine thread: prefill, sampling, logprobs, incremental
+//! detokenisation and stop strings, streaming [`GenerationEvent`]s as it goes.
+//!
+//! [`Generation`] is the per-sequence state machine the batching scheduler drives one step at a
+//! time (it never calls the model itself: the caller feeds [`Generation::input`] through the
+//! model, possibly batched with other sequences, and hands the logits back). [`generate`] runs
+//! one request alone to completion with it.
 
 use tokio::sync::mpsc;
+
+use crate::metrics::RequestTracker;
 
 use super::{
     detokenize::IncrementalDecoder,
@@ -73,81 +80,184 @@ pub fn validate_prompt(
     Ok(())
 }
 
-/// Runs `request` against `model` and sends its events on `events`: zero or more `Token`s, then
-/// one `Finished` or `Failed`. Uses `blocking_send`, so call it from a plain thread, never from
-/// inside a tokio runtime. Returns early, without a final event, once the receiver is dropped.
-///
-/// The EOS token (unless `ignore_eos`) ends the generation with reason `Stop`; it counts in
-/// `completion_tokens` but gets no `Token` event (its text is empty). A token that completes a
-/// stop string does get an event, carrying the text before the stop.
-pub fn generate<M: LanguageModel>(
-    model: &mut M,
-    codec: &dyn TextCodec,
-    request: &GenerationRequest,
-    events: &mpsc::Sender<GenerationEvent>,
-) -> Outcome {
-    match run(model, codec, request, events) {
-        Ok((reason, usage)) => Outcome::Finished(reason, usage),
-        Err(Abort::Failed(err)) => {
-            // The client may be gone too; the failure is reported either way.
-            let _ = events.blocking_send(GenerationEvent::Failed(err.clone()));
-            Outcome::Failed(err)
-        }
-        Err(Abort::Cancelled) => Outcome::Cancelled,
-    }
+/// How [`Generation::start`] went.
+pub enum Started {
+    /// The sequence needs the model: drive it with `input` / `fed` / `advance`.
+    Running(Box<Generation>),
+    /// It ended before any model work (invalid, cancelled, or `max_tokens` 0).
+    Ended(Outcome),
 }
 
-fn run<M: LanguageModel>(
-    model: &mut M,
-    codec: &dyn TextCodec,
-    request: &GenerationRequest,
-    events: &mpsc::Sender<GenerationEvent>,
-) -> Result<(FinishReason, Usage), Abort> {
-    let PromptInput::Tokens(prompt) = &request.prompt;
-    let params = &request.params;
-    validate_prompt(prompt, params, model.max_context(), model.vocab_size())?;
-    if events.is_closed() {
-        return Err(Abort::Cancelled);
-    }
-    let send = |event: GenerationEvent| events.blocking_send(event).map_err(|_| Abort::Cancelled);
-    let finish = |reason: FinishReason, generated: usize, trailing_text: String| {
-        let usage = Usage {
-            prompt_tokens: prompt.len(),
-            completion_tokens: generated,
-            total_tokens: prompt.len() + generated,
+/// What one [`Generation::advance`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Progress {
+    /// A token was emitted; feed [`Generation::input`] next step.
+    Continue,
+    /// The generation ended (its final event, if any, was sent).
+    Done(Outcome),
+}
+
+/// The state of one running request: everything except its model-side sequence (KV cache).
+pub struct Generation {
+    prompt: Vec<u32>,
+    params: GenerationParams,
+    sampler: Sampler,
+    detok: IncrementalDecoder,
+    stops: StopMatcher,
+    events: mpsc::Sender<GenerationEvent>,
+    tracker: RequestTracker,
+    /// Prompt tokens already through the model.
+    fed: usize,
+    /// The last sampled token (the next decode input).
+    last: [u32; 1],
+    generated: usize,
+}
+
+impl Generation {
+    /// Validates `request` against the model's limits and prepares its state. Uses
+    /// `blocking_send` for the events, so drive it from a plain thread.
+    pub fn start(
+        request: &GenerationRequest,
+        max_context: usize,
+        vocab_size: usize,
+        events: mpsc::Sender<GenerationEvent>,
+        tracker: RequestTracker,
+    ) -> Started {
+        let PromptInput::Tokens(prompt) = &request.prompt;
+        let params = &request.params;
+        if let Err(e) = validate_prompt(prompt, params, max_context, vocab_size) {
+            let _ = events.blocking_send(GenerationEvent::Failed(e.clone()));
+            return Started::Ended(Outcome::Failed(e));
+        }
+        if events.is_closed() {
+            return Started::Ended(Outcome::Cancelled);
+        }
+        let mut g = Generation {
+            sampler: Sampler::new(&params.sampling, prompt),
+            detok: IncrementalDecoder::new(prompt, true),
+            stops: StopMatcher::new(&params.stop),
+            prompt: prompt.clone(),
+            params: params.clone(),
+            events,
+            tracker,
+            fed: 0,
+            last: [0],
+            generated: 0,
         };
-        send(GenerationEvent::Finished {
+        if params.max_tokens == 0 {
+            // Nothing to generate, but the prompt counts as served (usage reports it).
+            g.tracker.prefilled(g.prompt.len());
+            return Started::Ended(g.end(g.finish(FinishReason::Length, String::new())));
+        }
+        Started::Running(Box::new(g))
+    }
+
+    /// The client went away.
+    pub fn is_cancelled(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    /// Prompt tokens not yet through the model.
+    pub fn prefill_remaining(&self) -> usize {
+        self.prompt.len() - self.fed
+    }
+
+    /// The tokens to run next: up to `budget` (at least 1) prompt tokens while prefilling,
+    /// else the last sampled token.
+    pub fn input(&self, budget: usize) -> &[u32] {
+        if self.fed < self.prompt.len() {
+            let end = self.prompt.len().min(self.fed + budget.max(1));
+            &self.prompt[self.fed..end]
+        } else {
+            &self.last
+        }
+    }
+
+    /// Records that `input(..)` (of length `n`) went through the model. Returns whether the
+    /// logits of that step are to be sampled (the prompt is complete).
+    pub fn fed(&mut self, n: usize) -> bool {
+        if self.fed < self.prompt.len() {
+            self.fed = (self.fed + n).min(self.prompt.len());
+            if self.fed < self.prompt.len() {
+                return false;
+            }
+            self.tracker.prefilled(self.prompt.len());
+        }
+        true
+    }
+
+    /// Samples the next token from `logits` and emits it.
+    pub fn advance(&mut self, mut logits: Vec<f32>, codec: &dyn TextCodec) -> Progress {
+        match self.step(&mut logits, codec) {
+            Ok(None) => Progress::Continue,
+            Ok(Some(done)) => Progress::Done(self.end(Ok(done))),
+            Err(abort) => Progress::Done(self.end(Err(abort))),
+        }
+    }
+
+    /// Ends the generation with a model failure (reported to the client).
+    pub fn fail(&self, err: EngineError) -> Outcome {
+        self.end(Err(Abort::Failed(err)))
+    }
+
+    fn end(&self, result: Result<(FinishReason, Usage), Abort>) -> Outcome {
+        match result {
+            Ok((reason, usage)) => Outcome::Finished(reason, usage),
+            Err(Abort::Failed(err)) => {
+                // The client may be gone too; the failure is reported either way.
+                let _ = self
+                    .events
+                    .blocking_send(GenerationEvent::Failed(err.clone()));
+                Outcome::Failed(err)
+            }
+            Err(Abort::Cancelled) => Outcome::Cancelled,
+        }
+    }
+
+    fn send(&self, event: GenerationEvent) -> Result<(), Abort> {
+        self.events
+            .blocking_send(event)
+            .map_err(|_| Abort::Cancelled)
+    }
+
+    fn finish(
+        &self,
+        reason: FinishReason,
+        trailing_text: String,
+    ) -> Result<(FinishReason, Usage), Abort> {
+        let usage = Usage {
+            prompt_tokens: self.prompt.len(),
+            completion_tokens: self.generated,
+            total_tokens: self.prompt.len() + self.generated,
+        };
+        self.send(GenerationEvent::Finished {
             reason,
             usage,
             trailing_text,
         })
         .map(|()| (reason, usage))
-    };
-
-    if params.max_tokens == 0 {
-        return finish(FinishReason::Length, 0, String::new());
     }
-    let mut sampler = Sampler::new(&params.sampling, prompt);
-    let mut detok = IncrementalDecoder::new(prompt, true);
-    let mut stops = StopMatcher::new(&params.stop);
-    let eos = codec.eos_token_ids();
-    let mut seq = model.new_sequence();
-    let mut logits = model.forward(&mut seq, prompt)?;
 
-    let mut generated = 0;
-    loop {
-        if events.is_closed() {
+    /// One sampling step: `Ok(None)` to continue, `Ok(Some(..))` once finished.
+    fn step(
+        &mut self,
+        logits: &mut [f32],
+        codec: &dyn TextCodec,
+    ) -> Result<Option<(FinishReason, Usage)>, Abort> {
+        if self.is_cancelled() {
             return Err(Abort::Cancelled);
         }
-        let raw = params.logprobs.map(|_| LogSoftmax::new(&logits));
-        let token = sampler.sample(&mut logits);
-        generated += 1;
-        if !params.ignore_eos && eos.contains(&token) {
-            let (tail, _) = release_all(codec, &mut detok, &mut stops)?;
-            return finish(FinishReason::Stop, generated, tail);
+        let raw = self.params.logprobs.map(|_| LogSoftmax::new(logits));
+        let token = self.sampler.sample(logits);
+        self.generated += 1;
+        self.tracker.token();
+        self.last = [token];
+        if !self.params.ignore_eos && codec.eos_token_ids().contains(&token) {
+            let (tail, _) = release_all(codec, &mut self.detok, &mut self.stops)?;
+            return self.finish(FinishReason::Stop, tail).map(Some);
         }
-        let step = stops.push(&detok.push(codec, token)?);
-        let (logprob, top_logprobs) = match (&raw, params.logprobs) {
+        let step = self.stops.push(&self.detok.push(codec, token)?);
+        let (logprob, top_logprobs) = match (&raw, self.params.logprobs) {
             (Some(ls), Some(n)) => {
                 let chosen = token_logprob(codec, token, ls.logprob(token));
                 let top = ls
@@ -159,25 +269,71 @@ fn run<M: LanguageModel>(
             }
             _ => (None, Vec::new()),
         };
-        send(GenerationEvent::Token(TokenOutput {
+        self.send(GenerationEvent::Token(TokenOutput {
             text: step.text,
             token_id: token,
             logprob,
             top_logprobs,
         }))?;
         if step.stopped {
-            return finish(FinishReason::Stop, generated, String::new());
+            return self.finish(FinishReason::Stop, String::new()).map(Some);
         }
-        if generated >= params.max_tokens {
-            let (tail, stopped) = release_all(codec, &mut detok, &mut stops)?;
+        if self.generated >= self.params.max_tokens {
+            let (tail, stopped) = release_all(codec, &mut self.detok, &mut self.stops)?;
             let reason = if stopped {
                 FinishReason::Stop
             } else {
                 FinishReason::Length
             };
-            return finish(reason, generated, tail);
+            return self.finish(reason, tail).map(Some);
         }
-        logits = model.forward(&mut seq, &[token])?;
+        Ok(None)
+    }
+}
+
+/// Runs `request` alone against `model` and sends its events on `events`: zero or more
+/// `Token`s, then one `Finished` or `Failed`. Uses `blocking_send`, so call it from a plain
+/// thread, never from inside a tokio runtime. Returns early, without a final event, once the
+/// receiver is dropped.
+///
+/// The EOS token (unless `ignore_eos`) ends the generation with reason `Stop`; it counts in
+/// `completion_tokens` but gets no `Token` event (its text is empty). A token that completes a
+/// stop string does get an event, carrying the text before the stop.
+///
+/// `tracker` is told about the prefill and every sampled token (metrics).
+pub fn generate<M: LanguageModel>(
+    model: &mut M,
+    codec: &dyn TextCodec,
+    request: &GenerationRequest,
+    events: &mpsc::Sender<GenerationEvent>,
+    tracker: RequestTracker,
+) -> Outcome {
+    let started = Generation::start(
+        request,
+        model.max_context(),
+        model.vocab_size(),
+        events.clone(),
+        tracker,
+    );
+    let mut g = match started {
+        Started::Running(g) => g,
+        Started::Ended(outcome) => return outcome,
+    };
+    let mut seq = model.new_sequence();
+    loop {
+        if g.is_cancelled() {
+            return Outcome::Cancelled;
+        }
+        let input = g.input(usize::MAX).to_vec();
+        let logits = match model.forward(&mut seq, &input) {
+            Ok(logits) => logits,
+            Err(e) => return g.fail(e),
+        };
+        if g.fed(input.len()) {
+            if let Progress::Done(outcome) = g.advance(logits, codec) {
+                return outcome;
+            }
+        }
     }
 }
 
@@ -207,247 +363,5 @@ fn token_logprob(codec: &dyn TextCodec, id: u32, logprob: f32) -> TokenLogprob {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::{
-        request::SamplingParams,
-        test_support::{ScriptModel, TestCodec, EOS},
-    };
-
-    fn request(prompt: Vec<u32>, params: GenerationParams) -> GenerationRequest {
-        GenerationRequest {
-            model: "m".into(),
-            prompt: PromptInput::Tokens(prompt),
-            params,
-        }
-    }
-
-    fn greedy(max_tokens: usize) -> GenerationParams {
-        GenerationParams {
-            max_tokens,
-            sampling: SamplingParams {
-                temperature: 0.0,
-                ..SamplingParams::default()
-            },
-            ..GenerationParams::default()
-        }
-    }
-
-    /// Runs a script model producing `text` then `after`; returns outcome, events, model.
-    fn run_script(
-        text: &str,
-        after: u32,
-        params: GenerationParams,
-    ) -> (Outcome, Vec<GenerationEvent>, ScriptModel) {
-        let codec = TestCodec::new();
-        let script = codec.encode(text, false).unwrap();
-        let mut model = ScriptModel::new(script, after, codec.vocab_size());
-        let (tx, mut rx) = mpsc::channel(4096);
-        let prompt = codec.encode("he said:", false).unwrap();
-        let outcome = generate(&mut model, &codec, &request(prompt, params), &tx);
-        drop(tx);
-        let mut events = Vec::new();
-        while let Some(e) = rx.blocking_recv() {
-            events.push(e);
-        }
-        (outcome, events, model)
-    }
-
-    /// Concatenated token texts plus trailing text, and the final event.
-    fn text_of(events: &[GenerationEvent]) -> String {
-        events
-            .iter()
-            .map(|e| match e {
-                GenerationEvent::Token(t) => t.text.clone(),
-                GenerationEvent::Finished { trailing_text, .. } => trailing_text.clone(),
-                GenerationEvent::Failed(_) => String::new(),
-            })
-            .collect()
-    }
-
-    fn tokens(events: &[GenerationEvent]) -> usize {
-        events
-            .iter()
-            .filter(|e| matches!(e, GenerationEvent::Token(_)))
-            .count()
-    }
-
-    #[test]
-    fn runs_to_max_tokens_with_usage() {
-        let codec = TestCodec::new();
-        let n = codec.encode("he wo café 😀", false).unwrap().len();
-        let p = codec.encode("he said:", false).unwrap().len();
-        let (outcome, events, model) = run_script("he wo café 😀", EOS, greedy(n));
-        assert_eq!(text_of(&events), "he wo café 😀");
-        assert_eq!(tokens(&events), n);
-        let usage = Usage {
-            prompt_tokens: p,
-            completion_tokens: n,
-            total_tokens: p + n,
-        };
-        assert_eq!(outcome, Outcome::Finished(FinishReason::Length, usage));
-        assert!(
-            matches!(events.last(), Some(GenerationEvent::Finished { reason: FinishReason::Length, usage: u, .. }) if *u == usage)
-        );
-        assert_eq!(model.forward_calls, n);
-    }
-
-    #[test]
-    fn eos_stops_and_counts_but_is_not_emitted() {
-        let (outcome, events, _) = run_script("he wo", EOS, greedy(50));
-        assert_eq!(text_of(&events), "he wo");
-        // "he", " wo", then EOS.
-        assert_eq!(tokens(&events), 2);
-        match outcome {
-            Outcome::Finished(FinishReason::Stop, usage) => assert_eq!(usage.completion_tokens, 3),
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-
-    #[test]
-    fn ignore_eos_runs_to_length() {
-        let params = GenerationParams {
-            ignore_eos: true,
-            ..greedy(6)
-        };
-        let (outcome, events, _) = run_script("he wo", EOS, params);
-        assert_eq!(tokens(&events), 6);
-        assert!(matches!(
-            outcome,
-            Outcome::Finished(FinishReason::Length, _)
-        ));
-    }
-
-    #[test]
-    fn stop_string_across_tokens_is_not_emitted() {
-        let params = GenerationParams {
-            stop: vec!["STOP".into(), "never".into()],
-            ..greedy(100)
-        };
-        let (outcome, events, _) = run_script("he wo STOP more text", EOS, params);
-        assert_eq!(text_of(&events), "he wo ");
-        // "he", " wo", " ", "S", "T", "O", "P": the token completing the stop is counted.
-        match outcome {
-            Outcome::Finished(FinishReason::Stop, usage) => assert_eq!(usage.completion_tokens, 7),
-            other => panic!("unexpected {other:?}"),
-        }
-        assert_eq!(tokens(&events), 7);
-    }
-
-    #[test]
-    fn held_back_text_is_released_at_length() {
-        let params = GenerationParams {
-            stop: vec!["wonder".into()],
-            ..greedy(2)
-        };
-        let (_, events, _) = run_script("he wo", EOS, params);
-        assert_eq!(text_of(&events), "he wo");
-        assert!(
-            matches!(events.last(), Some(GenerationEvent::Finished { trailing_text, .. }) if trailing_text == "wo")
-        );
-    }
-
-    #[test]
-    fn logprobs_report_the_chosen_token_and_alternatives() {
-        let params = GenerationParams {
-            logprobs: Some(3),
-            ..greedy(3)
-        };
-        let (_, events, _) = run_script("he wo", EOS, params);
-        let GenerationEvent::Token(first) = &events[0] else {
-            panic!("expected a token, got {:?}", events[0]);
-        };
-        let chosen = first.logprob.as_ref().unwrap();
-        assert_eq!(chosen.id, first.token_id);
-        assert_eq!(chosen.token, "he");
-        assert_eq!(chosen.bytes, b"he".to_vec());
-        assert!(chosen.logprob <= 0.0 && chosen.logprob > -1e-6);
-        assert_eq!(first.top_logprobs.len(), 3);
-        assert_eq!(first.top_logprobs[0], *chosen);
-        assert!(first.top_logprobs[1].logprob < -29.0);
-        let (_, events, _) = run_script("he", EOS, greedy(1));
-        assert!(
-            matches!(&events[0], GenerationEvent::Token(t) if t.logprob.is_none() && t.top_logprobs.is_empty())
-        );
-    }
-
-    #[test]
-    fn context_overflow_fails_cleanly_without_running_the_model() {
-        let codec = TestCodec::new();
-        let mut model = ScriptModel::new(vec![1], EOS, codec.vocab_size());
-        model.max_context = 10;
-        let (tx, mut rx) = mpsc::channel(8);
-        let outcome = generate(&mut model, &codec, &request(vec![1; 6], greedy(5)), &tx);
-        let err = EngineError::ContextLengthExceeded {
-            max_context: 10,
-            requested: 11,
-            prompt_tokens: 6,
-            max_tokens: 5,
-        };
-        assert_eq!(outcome, Outcome::Failed(err.clone()));
-        assert_eq!(rx.blocking_recv(), Some(GenerationEvent::Failed(err)));
-        assert_eq!(model.forward_calls, 0);
-        let out = generate(&mut model, &codec, &request(vec![], greedy(1)), &tx);
-        assert!(matches!(
-            out,
-            Outcome::Failed(EngineError::InvalidRequest { .. })
-        ));
-        let out = generate(&mut model, &codec, &request(vec![9999], greedy(1)), &tx);
-        assert!(matches!(
-            out,
-            Outcome::Failed(EngineError::InvalidRequest { .. })
-        ));
-    }
-
-    #[test]
-    fn dropping_the_receiver_cancels_at_once() {
-        let codec = TestCodec::new();
-        let model = ScriptModel::new(vec![], b'a' as u32, codec.vocab_size());
-        let (tx, mut rx) = mpsc::channel(1);
-        let worker = std::thread::spawn(move || {
-            let mut model = model;
-            let codec = TestCodec::new();
-            let out = generate(&mut model, &codec, &request(vec![1], greedy(1000)), &tx);
-            (out, model.forward_calls)
-        });
-        for _ in 0..3 {
-            assert!(matches!(
-                rx.blocking_recv(),
-                Some(GenerationEvent::Token(_))
-            ));
-        }
-        drop(rx);
-        let (outcome, calls) = worker.join().unwrap();
-        assert_eq!(outcome, Outcome::Cancelled);
-        assert!(calls <= 6, "model ran {calls} steps after cancellation");
-    }
-
-    #[test]
-    fn seeded_sampling_is_reproducible_end_to_end() {
-        let codec = TestCodec::new();
-        let params = GenerationParams {
-            sampling: SamplingParams {
-                temperature: 1.0,
-                seed: Some(7),
-                ..SamplingParams::default()
-            },
-            ignore_eos: true,
-            ..GenerationParams::default()
-        };
-        let run = || {
-            // A flat model: every token equally likely, so only the RNG decides.
-            let mut model = ScriptModel::new(vec![], u32::MAX, codec.vocab_size());
-            let (tx, mut rx) = mpsc::channel(64);
-            generate(&mut model, &codec, &request(vec![1], params.clone()), &tx);
-            drop(tx);
-            let mut ids = Vec::new();
-            while let Some(GenerationEvent::Token(t)) = rx.blocking_recv() {
-                ids.push(t.token_id);
-            }
-            ids
-        };
-        let a = run();
-        assert_eq!(a.len(), 16);
-        assert_eq!(a, run());
-    }
-}
+#[path = "generate_tests.rs"]
+mod tests;

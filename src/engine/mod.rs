@@ -6,7 +6,9 @@
 //! Generation is written against two small traits ([`traits`]): [`LanguageModel`] (tokens in,
 //! last-position logits out, with per-sequence KV state) and [`TextCodec`] (tokenizer and chat
 //! template). [`worker`] runs one thread per model and implements [`Backend`] as
-//! [`EngineHandle`], queueing in [`queue`]; [`generate`] is the per-request loop, built from [`sampling`] (with
+//! [`EngineHandle`]; each thread batches its requests continuously (`serve_loop`, with the
+//! plain-state [`scheduler`]); [`queue`] is a job in transit. [`generate`] is the per-request
+//! state machine, built from [`sampling`] (with
 //! [`penalties`]), [`logprobs`], [`detokenize`] (incremental, UTF-8 safe) and [`stop`].
 
 pub mod backend;
@@ -18,6 +20,8 @@ pub mod penalties;
 pub mod queue;
 pub mod request;
 pub mod sampling;
+pub mod scheduler;
+mod serve_loop;
 pub mod stop;
 #[cfg(test)]
 pub(crate) mod test_support;

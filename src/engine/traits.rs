@@ -19,6 +19,21 @@ pub trait LanguageModel: Send {
     /// the logits of the last position, one `f32` per vocabulary entry.
     fn forward(&mut self, seq: &mut Self::Sequence, tokens: &[u32]) -> EngineResult<Vec<f32>>;
 
+    /// One step for several sequences at once: each `(sequence, tokens)` pair as in
+    /// [`forward`](Self::forward), returning each one's last-position logits in order. A model
+    /// that can batch runs every layer once for all of them (one pass over the weights per
+    /// step, which is what makes offloaded serving pay off); the default runs them one by one.
+    /// On error, no sequence may have advanced past a consistent state the caller can drop.
+    fn forward_batch(
+        &mut self,
+        batch: &mut [(&mut Self::Sequence, &[u32])],
+    ) -> EngineResult<Vec<Vec<f32>>> {
+        batch
+            .iter_mut()
+            .map(|(seq, tokens)| self.forward(seq, tokens))
+            .collect()
+    }
+
     /// The context window in tokens (prompt plus completion).
     fn max_context(&self) -> usize;
 

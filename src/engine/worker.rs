@@ -1,8 +1,8 @@
 //! The engine threads and the [`EngineHandle`] the HTTP layer talks to.
 //!
 //! Each served model gets one dedicated OS thread that owns its [`LanguageModel`] (loaded on that
-//! thread) and serves its requests one at a time, in arrival order, through
-//! [`super::queue::RequestQueue`].
+//! thread) and serves its requests with continuous batching ([`super::serve_loop`]): up to
+//! `max_batch` sequences share each forward step, the rest wait in arrival order.
 //! The handle is a cheap `Clone` over shared, mostly immutable state:
 //!
 //! 1. `EngineHandle::new(names)` registers every configured model as `Loading`, so `/health` and
@@ -21,16 +21,19 @@ use std::{
         mpsc as std_mpsc, Arc, Mutex, OnceLock, PoisonError, RwLock,
     },
     thread::JoinHandle,
-    time::{SystemTime, UNIX_EPOCH},
+    time::{Instant, SystemTime, UNIX_EPOCH},
 };
 
 use tokio::sync::mpsc;
 
+use crate::metrics::Metrics;
+
 use super::{
     backend::{Backend, ModelCard, ModelStatus, Residency},
-    generate::{generate, validate_prompt, Outcome},
-    queue::{Job, RequestQueue},
+    generate::validate_prompt,
+    queue::Job,
     request::{ChatMessage, GenerationEvent, GenerationRequest, PromptInput},
+    serve_loop::{serve_requests, LoopContext},
     traits::{LanguageModel, TextCodec},
     EngineError, EngineResult,
 };
@@ -39,18 +42,37 @@ use super::{
 /// client (tokio allocates channel blocks lazily, so a large bound costs nothing up front).
 const MAX_EVENT_BUFFER: usize = 1 << 20;
 
+/// Default [`EngineOptions::max_batch`].
+pub const DEFAULT_MAX_BATCH: usize = 8;
+
+/// Default [`EngineOptions::prefill_chunk`].
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
 /// Engine-wide settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineOptions {
-    /// Most requests per model that may be accepted and not yet finished (waiting plus
-    /// running); more are refused with [`EngineError::Overloaded`]. Default: unbounded.
+    /// Most requests per model that may wait for a free sequence slot; with every slot busy
+    /// and `max_queue` requests waiting, more are refused at once with
+    /// [`EngineError::Overloaded`] (HTTP 503 + `Retry-After`). Default: unbounded.
     pub max_queue: usize,
+    /// Most sequences one model generates together (one batched forward step serves them
+    /// all). Default [`DEFAULT_MAX_BATCH`].
+    pub max_batch: usize,
+    /// Prompt tokens per step shared by the sequences being prefilled, so a long prompt does
+    /// not stall running decodes. Default [`DEFAULT_PREFILL_CHUNK`].
+    pub prefill_chunk: usize,
+    /// Where the engine reports queue depth, tokens and latencies. Default: a fresh registry
+    /// (pass the server's to have them on `/metrics`).
+    pub metrics: Metrics,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
         Self {
             max_queue: usize::MAX,
+            max_batch: DEFAULT_MAX_BATCH,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            metrics: Metrics::new(),
         }
     }
 }
@@ -164,11 +186,26 @@ impl EngineHandle {
             .ok_or_else(|| EngineError::Internal(format!("model `{name}` was already loaded")))?;
         let state = Arc::clone(&slot.state);
         let pending = Arc::clone(&slot.pending);
+        let metrics = self.shared.options.metrics.clone();
+        let (max_batch, prefill_chunk) = (
+            self.shared.options.max_batch,
+            self.shared.options.prefill_chunk,
+        );
         let thread_name = format!("ferry-engine-{name}");
         let name = name.to_owned();
         std::thread::Builder::new()
             .name(thread_name)
-            .spawn(move || engine_thread(&name, loader, &state, &receiver, &pending))
+            .spawn(move || {
+                let shared = ThreadShared {
+                    state: &state,
+                    jobs: &receiver,
+                    pending: &pending,
+                    metrics: &metrics,
+                    max_batch,
+                    prefill_chunk,
+                };
+                engine_thread(&name, loader, &shared)
+            })
             .map_err(|e| EngineError::Internal(format!("cannot start the engine thread: {e}")))
     }
 
@@ -254,6 +291,10 @@ impl Backend for EngineHandle {
             .collect()
     }
 
+    fn metrics(&self) -> Metrics {
+        self.shared.options.metrics.clone()
+    }
+
     fn max_context(&self, model: &str) -> EngineResult<usize> {
         Ok(self.ready(model)?.1.max_context)
     }
@@ -303,7 +344,8 @@ impl Backend for EngineHandle {
             loaded.vocab_size,
         )?;
         let max_queue = self.shared.options.max_queue;
-        if slot.pending.fetch_add(1, Ordering::SeqCst) >= max_queue {
+        let capacity = max_queue.saturating_add(self.shared.options.max_batch.max(1));
+        if slot.pending.fetch_add(1, Ordering::SeqCst) >= capacity {
             slot.pending.fetch_sub(1, Ordering::SeqCst);
             return Err(EngineError::Overloaded(format!(
                 "{max_queue} requests are already queued for model `{}`",
@@ -316,23 +358,36 @@ impl Backend for EngineHandle {
             .saturating_add(2)
             .min(MAX_EVENT_BUFFER);
         let (events, receiver) = mpsc::channel(buffer);
-        if slot.jobs.send(Job { request, events }).is_err() {
+        let metrics = &self.shared.options.metrics;
+        metrics.request_queued();
+        let job = Job {
+            request,
+            events,
+            accepted: Instant::now(),
+        };
+        if slot.jobs.send(job).is_err() {
             slot.pending.fetch_sub(1, Ordering::SeqCst);
+            metrics.request_dequeued();
             return Err(EngineError::Unavailable);
         }
         Ok(receiver)
     }
 }
 
+/// What a model's engine thread shares with the handles.
+struct ThreadShared<'a> {
+    state: &'a RwLock<SlotState>,
+    jobs: &'a std_mpsc::Receiver<Job>,
+    pending: &'a AtomicUsize,
+    metrics: &'a Metrics,
+    max_batch: usize,
+    prefill_chunk: usize,
+}
+
 /// Body of a model's engine thread: load, publish the result, then serve jobs until every
 /// handle is gone.
-fn engine_thread<M, F>(
-    name: &str,
-    loader: F,
-    state: &RwLock<SlotState>,
-    jobs: &std_mpsc::Receiver<Job>,
-    pending: &AtomicUsize,
-) where
+fn engine_thread<M, F>(name: &str, loader: F, shared: &ThreadShared<'_>)
+where
     M: LanguageModel,
     F: FnOnce() -> EngineResult<(M, Arc<dyn TextCodec>)>,
 {
@@ -342,64 +397,34 @@ fn engine_thread<M, F>(
         Ok(parts) => parts,
         Err(e) => {
             tracing::error!(model = name, error = %e, "model failed to load");
-            *state.write().unwrap_or_else(PoisonError::into_inner) =
+            *shared.state.write().unwrap_or_else(PoisonError::into_inner) =
                 SlotState::Failed(e.to_string());
             return;
         }
     };
     let max_context = model.max_context();
-    *state.write().unwrap_or_else(PoisonError::into_inner) = SlotState::Ready(Loaded {
+    *shared.state.write().unwrap_or_else(PoisonError::into_inner) = SlotState::Ready(Loaded {
         codec: Arc::clone(&codec),
         max_context,
         vocab_size: model.vocab_size(),
     });
     tracing::info!(model = name, max_context, "model ready");
-
-    let mut queue = RequestQueue::default();
-    loop {
-        if queue.is_empty() {
-            match jobs.recv() {
-                Ok(job) => queue.push(job),
-                Err(_) => break,
-            }
-        }
-        while let Ok(job) = jobs.try_recv() {
-            queue.push(job);
-        }
-        let (job, dropped) = queue.next_live();
-        pending.fetch_sub(dropped, Ordering::SeqCst);
-        if let Some(job) = job {
-            serve(name, &mut model, codec.as_ref(), &job);
-            pending.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
+    // Every layer is resident on the compute device until the offload engine manages this.
+    shared.metrics.set_model_resident(name, true);
+    let context = LoopContext {
+        name,
+        jobs: shared.jobs,
+        pending: shared.pending,
+        metrics: shared.metrics,
+        max_batch: shared.max_batch,
+        prefill_chunk: shared.prefill_chunk,
+    };
+    serve_requests(&mut model, codec.as_ref(), &context);
     tracing::debug!(model = name, "engine thread stopped");
 }
 
-/// Runs one job, turning a panic inside the model into a `Failed(Internal)` event.
-fn serve<M: LanguageModel>(name: &str, model: &mut M, codec: &dyn TextCodec, job: &Job) {
-    let run = catch_unwind(AssertUnwindSafe(|| {
-        generate(model, codec, &job.request, &job.events)
-    }));
-    match run {
-        Ok(Outcome::Failed(e)) => tracing::warn!(model = name, error = %e, "generation failed"),
-        Ok(Outcome::Cancelled) => tracing::debug!(model = name, "generation cancelled"),
-        Ok(Outcome::Finished(reason, usage)) => {
-            tracing::debug!(model = name, ?reason, ?usage, "generation finished")
-        }
-        Err(panic) => {
-            let message = panic_message(&*panic);
-            tracing::error!(model = name, panic = %message, "the model panicked during generation");
-            let _ = job
-                .events
-                .blocking_send(GenerationEvent::Failed(EngineError::Internal(format!(
-                    "the model panicked: {message}"
-                ))));
-        }
-    }
-}
-
-fn panic_message(panic: &(dyn Any + Send)) -> String {
+/// The text of a caught panic.
+pub(super) fn panic_message(panic: &(dyn Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = panic.downcast_ref::<String>() {

@@ -235,7 +235,14 @@ async fn failed_loads_are_reported() {
 
 #[tokio::test]
 async fn max_queue_refuses_extra_requests_and_cancellation_frees_the_slot() {
-    let handle = EngineHandle::with_options(["a"], EngineOptions { max_queue: 1 });
+    let handle = EngineHandle::with_options(
+        ["a"],
+        EngineOptions {
+            max_queue: 0,
+            max_batch: 1,
+            ..EngineOptions::default()
+        },
+    );
     let mut model = script("");
     model.after = b'a' as u32;
     model.step_delay = Duration::from_millis(20);
@@ -276,4 +283,40 @@ fn threads_exit_when_the_last_handle_is_dropped() {
         std::thread::sleep(Duration::from_millis(5));
     }
     thread.join().unwrap();
+}
+
+#[tokio::test]
+async fn metrics_count_exactly_the_usage_and_gauges_return_to_zero() {
+    let handle = EngineHandle::new(["a"]);
+    let metrics = handle.metrics();
+    handle
+        .model_ready("a", script("he wo café"), codec())
+        .unwrap();
+    let mut receivers = Vec::new();
+    for (prompt, max_tokens) in [(vec![1, 2, 3], 2), (vec![4; 5], 50), (vec![7], 0)] {
+        receivers.push(handle.submit(request("a", prompt, max_tokens)).unwrap());
+    }
+    let (mut prompt, mut completion) = (0, 0);
+    for rx in receivers {
+        match collect(rx).await.1 {
+            GenerationEvent::Finished { usage, .. } => {
+                prompt += usage.prompt_tokens;
+                completion += usage.completion_tokens;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(prompt, 9);
+    assert!(completion > 2, "{completion}");
+    assert_eq!(metrics.prompt_tokens(), prompt as u64);
+    assert_eq!(metrics.generated_tokens(), completion as u64);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metrics.running() != 0 {
+        assert!(Instant::now() < deadline, "running never returned to 0");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(metrics.waiting(), 0);
+    assert!(metrics
+        .render()
+        .contains("ferry_model_resident{model=\"a\"} 1"));
 }

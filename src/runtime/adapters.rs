@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::engine::traits::{LanguageModel, TextCodec};
 use crate::engine::{ChatMessage, EngineError, EngineResult};
 use crate::model::kv_cache::KvCache;
-use crate::model::llama::{LayerSource, Model, ResidentLayers};
+use crate::model::llama::{LayerSource, Model, ResidentLayers, SeqInput};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::weights::LayerWeights;
 use crate::model::ModelError;
@@ -180,6 +180,50 @@ impl LanguageModel for ModelRunner {
             .observe_kv(seq.cache.allocated_bytes() as u64);
         logits
             .to_vec1::<f32>()
+            .map_err(|e| EngineError::Internal(e.to_string()))
+    }
+
+    fn forward_batch(
+        &mut self,
+        batch: &mut [(&mut RunnerSequence, &[u32])],
+    ) -> EngineResult<Vec<Vec<f32>>> {
+        // Mode `model`: every sequence holds a lease; all leases name the same resident copy.
+        let leased: Option<Vec<LayerWeights>> = match &self.swapped {
+            None => None,
+            Some(swapped) => {
+                for (seq, _) in batch.iter_mut() {
+                    if seq.lease.is_none() {
+                        seq.lease = Some(swapped.client.acquire().map_err(swap_error)?);
+                    }
+                }
+                batch
+                    .first()
+                    .and_then(|(seq, _)| seq.lease.as_ref())
+                    .map(|lease| lease.layers().to_vec())
+            }
+        };
+        let mut inputs: Vec<SeqInput> = batch
+            .iter_mut()
+            .map(|(seq, tokens)| SeqInput {
+                tokens,
+                cache: &mut seq.cache,
+            })
+            .collect();
+        let logits = match &leased {
+            None => self.model.forward_batch(&mut inputs, &mut self.layers),
+            Some(layers) => self
+                .model
+                .forward_batch(&mut inputs, &mut LeasedLayers(layers)),
+        }
+        .map_err(internal)?;
+        drop(inputs);
+        for (seq, _) in batch.iter() {
+            self.layers
+                .accounting()
+                .observe_kv(seq.cache.allocated_bytes() as u64);
+        }
+        logits
+            .to_vec2::<f32>()
             .map_err(|e| EngineError::Internal(e.to_string()))
     }
 

@@ -10,6 +10,7 @@
 //! | `GET /v1/models` | [`handlers::models`] |
 //! | `POST /tokenize`, `POST /detokenize` | [`handlers::tokenize`] (vLLM's extensions) |
 //! | `GET /health` | [`handlers::health`] (never behind the API key) |
+//! | `GET /metrics` | [`metrics::render`] (Prometheus text; never behind the API key) |
 //!
 //! A request flows: [`extract::JsonObject`] (content type, size, JSON syntax) -> the wire type in
 //! [`openai`] (field types, unsupported fields) -> [`validate`] (ranges, model, tokenisation,
@@ -19,6 +20,7 @@
 pub mod error;
 pub mod extract;
 pub mod handlers;
+pub mod metrics;
 pub mod openai;
 pub mod sse;
 pub mod validate;
@@ -37,6 +39,7 @@ use axum::Router;
 use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
 
 use crate::engine::Backend;
+use crate::metrics::Metrics;
 use error::ApiError;
 
 /// Default [`ServerOptions::body_limit`]: 16 MiB.
@@ -111,13 +114,16 @@ impl ServerOptions {
     }
 }
 
-/// What every handler can reach. Both fields are read-only and shared, so `Arc` without a lock.
+/// What every handler can reach. Every field is read-only and shared (`Arc`, or a handle over
+/// atomics for the metrics), so no lock.
 #[derive(Clone)]
 pub struct AppState {
     /// The engine, behind its trait.
     pub backend: Arc<dyn Backend>,
     /// The options the router was built with.
     pub options: Arc<ServerOptions>,
+    /// The backend's metrics registry (request counts are added here).
+    pub metrics: Metrics,
 }
 
 /// The router with every endpoint, the body limit, the API key check, tracing and the
@@ -125,15 +131,22 @@ pub struct AppState {
 pub fn app(backend: Arc<dyn Backend>, options: ServerOptions) -> Router {
     let body_limit = options.body_limit;
     let state = AppState {
+        metrics: backend.metrics(),
         backend,
         options: Arc::new(options),
     };
-    let api = Router::new()
+    let generation = Router::new()
         .route("/v1/completions", post(handlers::completions::completions))
         .route(
             "/v1/chat/completions",
             post(handlers::chat::chat_completions),
         )
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            metrics::count_requests,
+        ));
+    let api = Router::new()
+        .merge(generation)
         .route("/v1/models", get(handlers::models::list_models))
         .route("/tokenize", post(handlers::tokenize::tokenize))
         .route("/detokenize", post(handlers::tokenize::detokenize))
@@ -143,6 +156,7 @@ pub fn app(backend: Arc<dyn Backend>, options: ServerOptions) -> Router {
         ));
     Router::new()
         .route("/health", get(handlers::health::health))
+        .route("/metrics", get(metrics::render))
         .merge(api)
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)

@@ -25,6 +25,7 @@ use ferry::engine::{
     Backend, ChatMessage, EngineError, EngineResult, FinishReason, GenerationEvent,
     GenerationRequest, ModelCard, ModelStatus, PromptInput, TokenLogprob, TokenOutput, Usage,
 };
+use ferry::metrics::Metrics;
 
 pub const READY: &str = "test-model";
 pub const LOADING: &str = "loading-model";
@@ -44,6 +45,9 @@ pub struct TestBackend {
     pub submitted: Mutex<Vec<GenerationRequest>>,
     /// Set when a generation task found its receiver dropped.
     pub cancelled: Arc<AtomicBool>,
+    /// The registry `/metrics` renders; the double counts prompt and generated tokens of the
+    /// ready model as the engine does (the usage it reports).
+    pub metrics: Metrics,
 }
 
 fn card(id: &str, status: ModelStatus) -> ModelCard {
@@ -67,6 +71,7 @@ impl TestBackend {
             ],
             submitted: Mutex::new(Vec::new()),
             cancelled: Arc::new(AtomicBool::new(false)),
+            metrics: Metrics::new(),
         })
     }
 
@@ -79,6 +84,7 @@ impl TestBackend {
             ],
             submitted: Mutex::new(Vec::new()),
             cancelled: Arc::new(AtomicBool::new(false)),
+            metrics: Metrics::new(),
         })
     }
 
@@ -144,6 +150,10 @@ pub fn output(i: usize, logprobs: Option<usize>) -> TokenOutput {
 }
 
 impl Backend for TestBackend {
+    fn metrics(&self) -> Metrics {
+        self.metrics.clone()
+    }
+
     fn models(&self) -> Vec<ModelCard> {
         self.cards.clone()
     }
@@ -201,6 +211,7 @@ impl Backend for TestBackend {
         let cancelled = Arc::clone(&self.cancelled);
         let PromptInput::Tokens(prompt) = &request.prompt;
         let prompt_tokens = prompt.len();
+        let metrics = self.metrics.clone();
         tokio::spawn(async move {
             let params = &request.params;
             let send = |event| {
@@ -226,7 +237,9 @@ impl Backend for TestBackend {
                 }
                 _ => {
                     let n = params.max_tokens.min(CONTINUATION.len());
+                    metrics.add_prompt_tokens(prompt_tokens);
                     for i in 0..n {
+                        metrics.add_generated_tokens(1);
                         if !send(GenerationEvent::Token(output(i, params.logprobs))).await {
                             cancelled.store(true, Ordering::SeqCst);
                             return;
@@ -346,4 +359,12 @@ pub fn sse_events(body: &str) -> Vec<String> {
                 .to_owned()
         })
         .collect()
+}
+
+/// The value of one sample line of a Prometheus text page, `name` including its labels exactly
+/// as rendered (`ferry_requests_total{model="m",status="200"}`); 0 when absent.
+pub fn metric(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use ferry::config::{DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode};
 use ferry::engine::traits::TextCodec;
-use ferry::engine::worker::EngineHandle;
+use ferry::engine::worker::{EngineHandle, EngineOptions};
 use ferry::engine::Backend;
 use ferry::model::source::HubOptions;
 use ferry::runtime::load::load_for_serving;
@@ -52,18 +52,21 @@ pub fn model_config(dtype: DtypeChoice) -> ModelConfig {
 pub fn engine() -> EngineHandle {
     static ENGINE: OnceLock<EngineHandle> = OnceLock::new();
     ENGINE
-        .get_or_init(|| {
-            let config = model_config(DtypeChoice::Auto);
-            let hub = HubOptions::from_env(|_| None);
-            let loaded = load_for_serving(&config, &candle_core::Device::Cpu, &hub)
-                .expect("the default model loads");
-            let engine = EngineHandle::new([MODEL]);
-            engine
-                .model_ready(MODEL, loaded.runner, loaded.codec as Arc<dyn TextCodec>)
-                .expect("engine starts");
-            engine
-        })
+        .get_or_init(|| engine_with(EngineOptions::default()))
         .clone()
+}
+
+/// A new engine (own queue, own metrics) serving a fresh load of the real model.
+pub fn engine_with(options: EngineOptions) -> EngineHandle {
+    let config = model_config(DtypeChoice::Auto);
+    let hub = HubOptions::from_env(|_| None);
+    let loaded = load_for_serving(&config, &candle_core::Device::Cpu, &hub)
+        .expect("the default model loads");
+    let engine = EngineHandle::with_options([MODEL], options);
+    engine
+        .model_ready(MODEL, loaded.runner, loaded.codec as Arc<dyn TextCodec>)
+        .expect("engine starts");
+    engine
 }
 
 /// The engine behind the trait the server takes.

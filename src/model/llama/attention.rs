@@ -41,20 +41,44 @@ pub fn forward(
     step: &Step<'_>,
     dims: AttentionDims,
 ) -> Result<Tensor> {
-    let (b, seq, _) = x.dims3()?;
+    let y = attend(
+        &w.q.forward(x)?,
+        &w.k.forward(x)?,
+        &w.v.forward(x)?,
+        kv,
+        step,
+        dims,
+    )?;
+    w.o.forward(&y)
+}
+
+/// The attention core for one sequence, between the projections: takes the projected
+/// `q` (`[1, seq, heads * dim]`), `k` and `v` (`[1, seq, kv_heads * dim]`), applies RoPE at
+/// `step.pos`, writes keys and values to `kv` and returns the heads' output
+/// (`[1, seq, heads * dim]`, before the output projection). A batched step calls it once per
+/// sequence on that sequence's rows of the batched projections.
+pub fn attend(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv: &mut LayerKv,
+    step: &Step<'_>,
+    dims: AttentionDims,
+) -> Result<Tensor> {
+    let (b, seq, _) = q.dims3()?;
     let AttentionDims {
         n_heads,
         n_kv_heads,
         head_dim,
     } = dims;
-    let heads = |t: Tensor, n: usize| -> Result<Tensor> {
+    let heads = |t: &Tensor, n: usize| -> Result<Tensor> {
         Ok(t.reshape((b, seq, n, head_dim))?
             .transpose(1, 2)?
             .contiguous()?)
     };
-    let q = heads(w.q.forward(x)?, n_heads)?;
-    let k = heads(w.k.forward(x)?, n_kv_heads)?;
-    let v = heads(w.v.forward(x)?, n_kv_heads)?;
+    let q = heads(q, n_heads)?;
+    let k = heads(k, n_kv_heads)?;
+    let v = heads(v, n_kv_heads)?;
     let q = step.rope.apply(&q, step.pos)?;
     let k = step.rope.apply(&k, step.pos)?;
     let (k, v) = kv.write(step.pos, &k, &v)?;
@@ -73,11 +97,9 @@ pub fn forward(
     };
     let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
     let y = probs.matmul(&v)?;
-    let y = y
-        .reshape((b, n_heads, seq, head_dim))?
+    Ok(y.reshape((b, n_heads, seq, head_dim))?
         .transpose(1, 2)?
-        .reshape((b, seq, n_heads * head_dim))?;
-    w.o.forward(&y)
+        .reshape((b, seq, n_heads * head_dim))?)
 }
 
 /// The additive mask for `seq` new tokens at `pos`: a query at position `p` sees keys `j <= p`,

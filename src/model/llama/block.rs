@@ -48,6 +48,54 @@ impl Block {
     }
 }
 
+/// One sequence's rows in a batched step: where they are in the batch and what its attention
+/// needs.
+pub struct BatchRows<'a, 'b> {
+    /// First row of the sequence in the batch.
+    pub offset: usize,
+    /// Number of rows (new tokens).
+    pub len: usize,
+    /// This layer's key/value cache of the sequence.
+    pub kv: &'b mut LayerKv,
+    /// Position and mask of the sequence.
+    pub step: &'b Step<'a>,
+}
+
+impl Block {
+    /// Runs the block on the rows of several sequences at once (`x` is `[1, rows, hidden]`,
+    /// the sequences' rows concatenated): norms, projections and the MLP see every row in one
+    /// call each (one pass over the weights); attention runs per sequence on its own rows
+    /// against its own cache.
+    pub fn forward_batch(
+        &self,
+        x: &Tensor,
+        w: &LayerWeights,
+        seqs: &mut [BatchRows<'_, '_>],
+    ) -> Result<Tensor> {
+        let h = rms_norm(x, &w.attn_norm, self.eps)?;
+        let (q, k, v) = (w.q.forward(&h)?, w.k.forward(&h)?, w.v.forward(&h)?);
+        let mut outputs = Vec::with_capacity(seqs.len());
+        for s in seqs.iter_mut() {
+            let (offset, len) = (s.offset, s.len);
+            let rows = |t: &Tensor| t.narrow(1, offset, len);
+            outputs.push(attention::attend(
+                &rows(&q)?,
+                &rows(&k)?,
+                &rows(&v)?,
+                s.kv,
+                s.step,
+                self.dims,
+            )?);
+        }
+        let y = Tensor::cat(&outputs, 1)?;
+        let x = (x + w.o.forward(&y)?)?;
+        let h = rms_norm(&x, &w.ffn_norm, self.eps)?;
+        let gate = candle_nn::ops::silu(&w.gate.forward(&h)?)?;
+        let h = w.down.forward(&(gate * w.up.forward(&h)?)?)?;
+        Ok((x + h)?)
+    }
+}
+
 /// RMSNorm over the last dimension with a learned scale.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
     Ok(candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps)?)

@@ -16,7 +16,7 @@ pub mod rope;
 use candle_core::{DType, Device, Tensor};
 
 use self::attention::Step;
-use self::block::{rms_norm, Block};
+use self::block::{rms_norm, BatchRows, Block};
 use self::rope::Rope;
 use super::error::{ModelError, Result};
 use super::kv_cache::{KvCache, KvShape};
@@ -44,6 +44,14 @@ impl LayerSource for ResidentLayers {
             ModelError::MissingTensor(format!("layer {index} (of {})", self.0.len()))
         })
     }
+}
+
+/// One sequence of a batched step ([`Model::forward_batch`]): its new tokens and its cache.
+pub struct SeqInput<'a> {
+    /// Tokens to run at positions `cache.len()..` (a prompt chunk or one decode token).
+    pub tokens: &'a [u32],
+    /// The sequence's key/value cache.
+    pub cache: &'a mut KvCache,
 }
 
 /// Everything [`Model::new`] needs.
@@ -177,5 +185,89 @@ impl Model {
         let last = rms_norm(&last, &self.fixed.final_norm, self.spec.rms_norm_eps as f32)?;
         let logits = self.fixed.lm_head.forward(&last)?;
         Ok(logits.flatten_all()?.to_dtype(DType::F32)?)
+    }
+
+    /// Runs several sequences in one step and returns each one's last-position logits as f32
+    /// `[n_seqs, vocab]`, in input order. Every decoder layer is fetched from `layers` once and
+    /// serves the whole batch: norms, projections and MLP run on all rows together (rows
+    /// concatenated), attention per sequence against its own cache. Each sequence gives the
+    /// same logits as [`Model::forward`] on it alone. On error no cache is advanced.
+    pub fn forward_batch(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        layers: &mut dyn LayerSource,
+    ) -> Result<Tensor> {
+        if batch.is_empty() || batch.iter().any(|s| s.tokens.is_empty()) {
+            return Err(ModelError::EmptyInput);
+        }
+        let mut ids = Vec::new();
+        let mut steps = Vec::with_capacity(batch.len());
+        let mut offsets = Vec::with_capacity(batch.len());
+        for s in batch.iter() {
+            if s.cache.n_layers() != self.spec.n_layers {
+                return Err(ModelError::CacheMismatch {
+                    cache: s.cache.n_layers(),
+                    model: self.spec.n_layers,
+                });
+            }
+            if let Some(&token) = s
+                .tokens
+                .iter()
+                .find(|&&t| t as usize >= self.spec.vocab_size)
+            {
+                return Err(ModelError::TokenOutOfRange {
+                    token,
+                    vocab_size: self.spec.vocab_size,
+                });
+            }
+            s.cache.check_room(s.tokens.len())?;
+            let pos = s.cache.len();
+            let seq = s.tokens.len();
+            offsets.push(ids.len());
+            ids.extend_from_slice(s.tokens);
+            steps.push(Step {
+                pos,
+                rope: &self.rope,
+                mask: attention::causal_mask(seq, pos, self.spec.sliding_window, &self.device)?,
+            });
+        }
+        let total = ids.len();
+        let ids = Tensor::from_vec(ids, (1, total), &self.device)?;
+        let mut x = self.fixed.embedding.forward(&ids)?.to_dtype(self.dtype)?;
+        for i in 0..self.spec.n_layers {
+            let w = layers.layer(i)?;
+            let mut rows = Vec::with_capacity(batch.len());
+            for ((s, step), &offset) in batch.iter_mut().zip(&steps).zip(&offsets) {
+                let len = s.tokens.len();
+                let n_cached = s.cache.n_layers();
+                let kv = s.cache.layer_mut(i).ok_or(ModelError::CacheMismatch {
+                    cache: n_cached,
+                    model: self.spec.n_layers,
+                })?;
+                rows.push(BatchRows {
+                    offset,
+                    len,
+                    kv,
+                    step,
+                });
+            }
+            x = self.block.forward_batch(&x, &w, &mut rows)?;
+            drop(w);
+            layers.release(i)?;
+        }
+        for s in batch.iter_mut() {
+            s.cache.commit(s.tokens.len())?;
+        }
+
+        let last: Vec<u32> = batch
+            .iter()
+            .zip(&offsets)
+            .map(|(s, &offset)| (offset + s.tokens.len() - 1) as u32)
+            .collect();
+        let last = Tensor::from_vec(last, batch.len(), &self.device)?;
+        let last = x.squeeze(0)?.index_select(&last, 0)?.unsqueeze(0)?;
+        let last = rms_norm(&last, &self.fixed.final_norm, self.spec.rms_norm_eps as f32)?;
+        let logits = self.fixed.lm_head.forward(&last)?;
+        Ok(logits.squeeze(0)?.to_dtype(DType::F32)?)
     }
 }

@@ -4,11 +4,13 @@
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde_json::{Map, Value};
 
 use super::{collect, Collected};
 use crate::engine::{FinishReason, TokenOutput, Usage};
 use crate::server::error::ApiError;
 use crate::server::extract::JsonObject;
+use crate::server::metrics::ModelLabel;
 use crate::server::openai::chat::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse, ChatDelta,
     ChatLogprobs, ChatRequest, ChatResponseMessage, ChatTokenLogprob,
@@ -18,11 +20,16 @@ use crate::server::sse::{self, to_data, ChunkFormatter};
 use crate::server::validate::{self, ValidRequest};
 use crate::server::AppState;
 
-/// The handler.
+/// The handler; its response carries the model label for `ferry_requests_total`.
 pub async fn chat_completions(
     State(state): State<AppState>,
     JsonObject(body): JsonObject,
-) -> Result<Response, ApiError> {
+) -> Response {
+    let label = ModelLabel::of(&state, &body);
+    label.attach(run(state, body).await)
+}
+
+async fn run(state: AppState, body: Map<String, Value>) -> Result<Response, ApiError> {
     let req = ChatRequest::from_json(body)?;
     let valid = validate::chat(&state.backend, &state.options, req).await?;
     let rx = state.backend.submit(valid.generation_request())?;
