@@ -20,12 +20,14 @@ use ferry::engine::{
     Backend, ChatMessage, EngineError, GenerationEvent, GenerationParams, GenerationRequest,
     PromptInput, SamplingParams,
 };
+use ferry::metrics::Metrics;
 use ferry::model::source::HubOptions;
 use ferry::offload::render::{render_json, render_text};
 use ferry::runtime::device::{describe, select_device};
 use ferry::runtime::load::{load_for_serving_on, load_for_serving_shared};
 use ferry::runtime::planning::{cpu_free_bytes, plan_model};
 use ferry::runtime::swap::swap_manager_for;
+use ferry::runtime::telemetry::Telemetry;
 use ferry::server::{self, ServerOptions};
 
 fn main() -> ExitCode {
@@ -87,6 +89,7 @@ fn serve(config: Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let device = select_device(config.device.kind)?;
     let hub = HubOptions::from_env(|key| std::env::var(key).ok());
     let names: Vec<String> = config.models.iter().map(|m| m.name.clone()).collect();
+    let metrics = Metrics::new();
     let engine = EngineHandle::with_options(
         names.clone(),
         EngineOptions {
@@ -99,6 +102,7 @@ fn serve(config: Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
                 .map(|m| m.max_batch)
                 .min()
                 .unwrap_or(ferry::engine::worker::DEFAULT_MAX_BATCH),
+            metrics: metrics.clone(),
             ..EngineOptions::default()
         },
     );
@@ -108,6 +112,7 @@ fn serve(config: Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(swap) = &swap {
         engine.set_residency(swap.clone());
     }
+    let telemetry = Telemetry::new(metrics, swap.clone());
 
     // Each model loads on its own engine thread; the server answers /health 503 meanwhile.
     let (load_results, mut load_results_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -118,9 +123,13 @@ fn serve(config: Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
         let results = load_results.clone();
         let name = model.name.clone();
         let swap = swap.clone();
+        let telemetry = Arc::clone(&telemetry);
         engine.load(&name, move || {
             let outcome =
                 load_for_serving_shared(&model, &device_config, &device, &hub, swap.as_ref());
+            if let Ok(loaded) = &outcome {
+                telemetry.add_model(&model.name, Arc::clone(loaded.runner.store().accounting()));
+            }
             let reply = outcome.as_ref().map(|_| ()).map_err(|e| e.to_string());
             let _ = results.send((model.name.clone(), reply));
             let loaded = outcome.map_err(|e| EngineError::Internal(e.to_string()))?;
@@ -142,6 +151,13 @@ fn serve(config: Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
         let listener = tokio::net::TcpListener::bind(&address)
             .await
             .with_context(|| format!("cannot listen on {address}"))?;
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_millis(500));
+            loop {
+                every.tick().await;
+                telemetry.publish();
+            }
+        });
         tracing::info!(
             device = describe(&device),
             models = ?names,

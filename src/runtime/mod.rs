@@ -4,6 +4,7 @@
 //! - [`adapters`]: the real model and tokenizer behind the engine's `LanguageModel` and
 //!   `TextCodec` traits.
 //! - [`load`]: source -> files -> weights + tokenizer, with a progress bar or log lines.
+//! - [`telemetry`]: publishes offload accounting and residency into the Prometheus metrics.
 //! - [`planning`]: `ferry plan`: file headers + budget -> placement plan, no weights read.
 //! - [`swap`]: the server's residency manager for mode `model`: budget and location probe.
 
@@ -13,5 +14,6 @@ pub mod error;
 pub mod load;
 pub mod planning;
 pub mod swap;
+pub mod telemetry;
 
 pub use error::RuntimeError;
