@@ -10,6 +10,7 @@ use std::sync::Arc;
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Module, Tensor};
 
+use super::cpu_qmatmul::CpuQMatMul;
 use super::error::Result;
 
 /// A linear projection `y = x W^T + b`, with `W` stored as `[out, in]`.
@@ -26,6 +27,14 @@ pub enum Linear {
     Quantized {
         /// The quantized `[out, in]` matrix.
         weight: Arc<QMatMul>,
+        /// `[out]` bias (dense f32), if the checkpoint has one.
+        bias: Option<Tensor>,
+    },
+    /// GGUF block-quantized weight on the CPU, multiplied by ferry's SIMD kernels
+    /// ([`CpuQMatMul`], Q4_0 / Q4_1 / Q8_0) over the same raw blocks.
+    CpuQuantized {
+        /// The quantized `[out, in]` matrix.
+        weight: CpuQMatMul,
         /// `[out]` bias (dense f32), if the checkpoint has one.
         bias: Option<Tensor>,
     },
@@ -50,6 +59,7 @@ impl Linear {
                 y.reshape(out)?
             }
             Linear::Quantized { weight, .. } => weight.forward(&x.contiguous()?)?,
+            Linear::CpuQuantized { weight, .. } => weight.forward(x)?,
         };
         match self.bias() {
             Some(b) => Ok(y.broadcast_add(b)?),
@@ -60,7 +70,9 @@ impl Linear {
     /// The bias, if any.
     pub fn bias(&self) -> Option<&Tensor> {
         match self {
-            Linear::Dense { bias, .. } | Linear::Quantized { bias, .. } => bias.as_ref(),
+            Linear::Dense { bias, .. }
+            | Linear::Quantized { bias, .. }
+            | Linear::CpuQuantized { bias, .. } => bias.as_ref(),
         }
     }
 
@@ -72,6 +84,7 @@ impl Linear {
                 QMatMul::QTensor(q) => Ok(q.shape().dims2()?.0),
                 QMatMul::Tensor(t) | QMatMul::TensorF16(t) => Ok(t.dim(0)?),
             },
+            Linear::CpuQuantized { weight, .. } => Ok(weight.out_features()),
         }
     }
 
@@ -85,6 +98,9 @@ impl Linear {
                     QMatMul::Tensor(t) | QMatMul::TensorF16(t) => tensor_bytes(t),
                 };
                 (w, bias.as_ref())
+            }
+            Linear::CpuQuantized { weight, bias } => {
+                (weight.weight().storage_size_in_bytes(), bias.as_ref())
             }
         };
         w + b.map_or(0, tensor_bytes)

@@ -1,7 +1,12 @@
 //! Reads a GGUF file (llama.cpp layout: `token_embd`, `blk.N.attn_q`, ..., `output_norm`,
 //! `output`) into model weights. With [`DTypeChoice::Auto`](super::DTypeChoice::Auto) the block
-//! quantized matrices stay quantized behind candle's `QMatMul`; with an explicit dtype every
-//! tensor is dequantized, so the dense path runs on the same weights.
+//! quantized matrices stay quantized: on the CPU, Q4_0 / Q4_1 / Q8_0 go through ferry's own
+//! kernels ([`CpuQMatMul`]), everything else (and every CUDA weight) through candle's
+//! `QMatMul`. With an explicit dtype every tensor is dequantized, so the dense path runs on the
+//! same weights.
+//!
+//! Setting `FERRY_CPU_QMATMUL=candle` in the environment keeps candle's `QMatMul` on the CPU too
+//! (for A/B measurements and as an escape hatch).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -12,6 +17,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 
 use super::{check_dtype_on_device, check_shape, LayerShapes, LoadOptions, LoadProgress, Progress};
+use crate::model::cpu_qmatmul::CpuQMatMul;
 use crate::model::error::{ModelError, Result};
 use crate::model::spec::ModelSpec;
 use crate::model::weights::{Embedding, FixedWeights, LayerWeights, Linear};
@@ -93,10 +99,7 @@ impl<'a> GgufWeights<'a> {
         let (embedding, tied_head) = match (self.dense, is_block_quantized(embd.dtype())) {
             (None, true) => {
                 let embd = Arc::new(embd);
-                let head = Linear::Quantized {
-                    weight: Arc::new(QMatMul::from_arc(embd.clone())?),
-                    bias: None,
-                };
+                let head = quantized_linear(embd.clone(), None)?;
                 (Embedding::Quantized(embd), head)
             }
             _ => {
@@ -187,10 +190,7 @@ impl<'a> GgufWeights<'a> {
             None
         };
         match self.dense {
-            None if is_block_quantized(weight.dtype()) => Ok(Linear::Quantized {
-                weight: Arc::new(QMatMul::from_arc(Arc::new(weight))?),
-                bias,
-            }),
+            None if is_block_quantized(weight.dtype()) => quantized_linear(Arc::new(weight), bias),
             _ => Ok(Linear::Dense {
                 weight: weight.dequantize(&self.device)?.to_dtype(self.dtype())?,
                 bias,
@@ -207,6 +207,21 @@ impl std::fmt::Debug for GgufWeights<'_> {
             .field("dense", &self.dense)
             .finish_non_exhaustive()
     }
+}
+
+/// A quantized [`Linear`]: ferry's CPU kernels where they apply, else candle's `QMatMul`.
+fn quantized_linear(weight: Arc<QTensor>, bias: Option<Tensor>) -> Result<Linear> {
+    let candle_forced = std::env::var("FERRY_CPU_QMATMUL").is_ok_and(|v| v == "candle");
+    if weight.device().is_cpu() && CpuQMatMul::supports(weight.dtype()) && !candle_forced {
+        return Ok(Linear::CpuQuantized {
+            weight: CpuQMatMul::new(weight)?,
+            bias,
+        });
+    }
+    Ok(Linear::Quantized {
+        weight: Arc::new(QMatMul::from_arc(weight)?),
+        bias,
+    })
 }
 
 /// Whether `dtype` is a block format (kept quantized) rather than a plain float format.
