@@ -52,7 +52,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// ferry's logits for the prompt, then for each greedy continuation token.
-fn ours(dtype: DTypeChoice, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
+fn ours(dtype: DTypeChoice, steps: usize) -> Vec<Vec<f32>> {
     let files = ModelFiles::Gguf { path: model_path() };
     let options = LoadOptions {
         device: Device::Cpu,
@@ -73,7 +73,7 @@ fn ours(dtype: DTypeChoice, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
     let mut cache = loaded.model.new_cache();
     let mut out = vec![loaded
         .model
-        .forward(prompt, &mut cache, &mut layers)
+        .forward(PROMPT, &mut cache, &mut layers)
         .unwrap()
         .to_vec1()
         .unwrap()];
@@ -91,14 +91,14 @@ fn ours(dtype: DTypeChoice, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
     out
 }
 
-fn candle_reference(prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
+fn candle_reference(steps: usize) -> Vec<Vec<f32>> {
     let path = model_path();
     let mut file = std::fs::File::open(&path).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();
     let mut model =
         quantized_llama::ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
     let dev = Device::Cpu;
-    let ids = Tensor::new(prompt, &dev).unwrap().unsqueeze(0).unwrap();
+    let ids = Tensor::new(PROMPT, &dev).unwrap().unsqueeze(0).unwrap();
     let logits = model
         .forward(&ids, 0)
         .unwrap()
@@ -110,7 +110,7 @@ fn candle_reference(prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
     for i in 0..steps {
         let next = argmax(out.last().unwrap()) as u32;
         let ids = Tensor::new(&[next], &dev).unwrap().unsqueeze(0).unwrap();
-        let pos = prompt.len() + i;
+        let pos = PROMPT.len() + i;
         out.push(
             model
                 .forward(&ids, pos)
@@ -124,6 +124,11 @@ fn candle_reference(prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
     out
 }
 
+/// ferry's CPU kernels quantize activations exactly as candle does, but sum in a different
+/// order, so an int8 rounding now and then goes the other way and the logits are no longer
+/// bit-equal to candle's. The check: the same greedy tokens, and ferry's logits no further from
+/// candle's than twice candle's own distance from the unquantized (dense f32) model.
+/// (With the scalar kernels, which sum in candle's order, the difference is about 1e-5.)
 #[test]
 fn smollm2_matches_candle_and_answers_paris() {
     let vocab = vocab(&model_path());
@@ -132,27 +137,64 @@ fn smollm2_matches_candle_and_answers_paris() {
     assert_eq!(words, ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]);
 
     let steps = 3;
-    let ours = ours(DTypeChoice::Auto, PROMPT, steps);
-    let theirs = candle_reference(PROMPT, steps);
-    for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+    let ours = ours(DTypeChoice::Auto, steps);
+    let theirs = candle_reference(steps);
+    let dense = ours_dense_following(&theirs);
+    for (i, ((a, b), d)) in ours.iter().zip(&theirs).zip(&dense).enumerate() {
         let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
         let diff = max_abs_diff(a, b);
+        let noise = max_abs_diff(b, d);
         println!(
-            "step {i}: max |diff| = {diff:e} (max |logit| {scale}), ours {:?} candle {:?}",
+            "step {i}: max |ours - candle| = {diff:e}, max |candle - dense| = {noise:e} \
+             (max |logit| {scale}), ours {:?} candle {:?}",
             vocab[argmax(a)],
             vocab[argmax(b)]
         );
         assert_eq!(argmax(a), argmax(b), "step {i}: greedy tokens differ");
-        assert!(diff < 0.05, "step {i}: logits differ by {diff}");
+        assert!(diff < 0.05 * scale, "step {i}: logits differ by {diff}");
+        assert!(
+            diff <= 2.0 * noise,
+            "step {i}: ours differs from candle by {diff}, candle from dense by {noise}"
+        );
     }
     assert_eq!(vocab[argmax(&ours[0])], "ĠParis");
+}
+
+/// The dense f32 model's logits for the prompt and then for `reference`'s greedy tokens.
+fn ours_dense_following(reference: &[Vec<f32>]) -> Vec<Vec<f32>> {
+    let files = ModelFiles::Gguf { path: model_path() };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DTypeChoice::F32,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
+    let mut layers = loaded.layers;
+    let mut cache = loaded.model.new_cache();
+    let mut out = vec![loaded
+        .model
+        .forward(PROMPT, &mut cache, &mut layers)
+        .unwrap()
+        .to_vec1()
+        .unwrap()];
+    for logits in &reference[..reference.len() - 1] {
+        let next = argmax(logits) as u32;
+        out.push(
+            loaded
+                .model
+                .forward(&[next], &mut cache, &mut layers)
+                .unwrap()
+                .to_vec1()
+                .unwrap(),
+        );
+    }
+    out
 }
 
 #[test]
 fn smollm2_dequantized_to_f32_still_answers_paris() {
     let vocab = vocab(&model_path());
-    let dense = ours(DTypeChoice::F32, PROMPT, 0);
-    let quantized = ours(DTypeChoice::Auto, PROMPT, 0);
+    let dense = ours(DTypeChoice::F32, 0);
+    let quantized = ours(DTypeChoice::Auto, 0);
     println!(
         "dense {:?} quantized {:?}, max |diff| {:e}",
         vocab[argmax(&dense[0])],
@@ -163,6 +205,70 @@ fn smollm2_dequantized_to_f32_still_answers_paris() {
     assert_eq!(vocab[argmax(&dense[0])], "ĠParis");
 }
 
+/// Greedy tokens for `prompt` through ferry's model.
+fn ours_greedy(prompt: &[u32], steps: usize) -> Vec<u32> {
+    let files = ModelFiles::Gguf { path: model_path() };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DTypeChoice::Auto,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
+    let mut layers = loaded.layers;
+    let mut cache = loaded.model.new_cache();
+    let mut logits: Vec<f32> = loaded
+        .model
+        .forward(prompt, &mut cache, &mut layers)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let next = argmax(&logits) as u32;
+        out.push(next);
+        logits = loaded
+            .model
+            .forward(&[next], &mut cache, &mut layers)
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+    }
+    out
+}
+
+/// Greedy tokens for `prompt` through candle-transformers' quantized_llama.
+fn candle_greedy(prompt: &[u32], steps: usize) -> Vec<u32> {
+    let path = model_path();
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let dev = Device::Cpu;
+    let mut model = quantized_llama::ModelWeights::from_gguf(content, &mut file, &dev).unwrap();
+    let ids = Tensor::new(prompt, &dev).unwrap().unsqueeze(0).unwrap();
+    let mut logits: Vec<f32> = model
+        .forward(&ids, 0)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let mut out = Vec::new();
+    for i in 0..steps {
+        let next = argmax(&logits) as u32;
+        out.push(next);
+        let ids = Tensor::new(&[next], &dev).unwrap().unsqueeze(0).unwrap();
+        logits = model
+            .forward(&ids, prompt.len() + i)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+    }
+    out
+}
+
+/// Greedy generation from a chat prompt starts like candle's. Only a prefix is compared: the
+/// activations round differently now and then (see `smollm2_matches_candle_and_answers_paris`),
+/// so after a few tokens a near tie can go the other way.
 #[test]
 fn chat_prompt_greedy_generation_matches_candle() {
     use ferry::engine::ChatMessage;
@@ -184,15 +290,78 @@ fn chat_prompt_greedy_generation_matches_candle() {
         prompt.len() > 20,
         "the template adds a system prompt: {text:?}"
     );
-    let greedy = |logits: Vec<Vec<f32>>| -> Vec<u32> {
-        logits.iter().take(16).map(|l| argmax(l) as u32).collect()
-    };
-    let ours = greedy(ours(DTypeChoice::Auto, &prompt, 16));
-    let theirs = greedy(candle_reference(&prompt, 16));
+    let ours = ours_greedy(&prompt, 16);
+    let theirs = candle_greedy(&prompt, 16);
     println!(
         "ours {:?}\ncandle {:?}",
         tokenizer.decode(&ours, false).unwrap(),
         tokenizer.decode(&theirs, false).unwrap()
     );
-    assert_eq!(ours, theirs);
+    assert_eq!(ours.len(), 16);
+    assert_eq!(ours[..4], theirs[..4]);
+}
+
+/// On the CPU every projection (Q4_1) and the tied head (Q8_0) run through ferry's kernels,
+/// and each agrees with candle's `QMatMul` on the same raw blocks, for decode and prefill rows.
+#[test]
+fn cpu_projections_use_ferry_kernels_and_match_candle() {
+    use candle_core::quantized::{GgmlDType, QMatMul};
+    use candle_core::Module;
+    use ferry::model::cpu_qmatmul::Kernel;
+    use ferry::model::llama::LayerSource;
+    use ferry::model::weights::Linear;
+
+    let files = ModelFiles::Gguf { path: model_path() };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DTypeChoice::Auto,
+    };
+    let mut loaded = load_model(&files, &options, &mut |_| {}).unwrap();
+    let layer = loaded.layers.layer(7).unwrap();
+    let head = loaded.model.fixed().lm_head.clone();
+    let linears = [
+        ("q", &layer.q),
+        ("k", &layer.k),
+        ("down", &layer.down),
+        ("gate", &layer.gate),
+        ("head", &head),
+    ];
+    for (name, linear) in linears {
+        let Linear::CpuQuantized { weight, .. } = linear else {
+            panic!("{name}: expected ferry's CPU kernel, got {linear:?}");
+        };
+        let expected = if name == "head" {
+            GgmlDType::Q8_0
+        } else {
+            GgmlDType::Q4_1
+        };
+        assert_eq!(weight.weight().dtype(), expected, "{name}");
+        let candle = QMatMul::from_arc(weight.weight().clone()).unwrap();
+        for rows in [1, 7] {
+            let x = Tensor::randn(0f32, 1.0, (rows, weight.in_features()), &Device::Cpu).unwrap();
+            let want: Vec<f32> = candle
+                .forward(&x)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for kernel in [Kernel::Auto, Kernel::Scalar] {
+                let got: Vec<f32> = weight
+                    .forward_with(&x, kernel)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                let diff = max_abs_diff(&got, &want);
+                println!("{name} {rows} rows {kernel:?}: max |diff| {diff:e} (max |y| {scale})");
+                assert!(
+                    diff <= 1e-4 * scale.max(1.0),
+                    "{name} {rows} rows {kernel:?}: {diff}"
+                );
+            }
+        }
+    }
 }

@@ -5,9 +5,11 @@
 //! - [`tokenizer`]: tokenizer.json or GGUF vocab -> [`tokenizer::TextTokenizer`], and chat templates.
 //! - [`weights`]: [`weights::LayerWeights`] and the fixed parts, dense or quantized.
 //! - [`loader`]: reads weights from GGUF or safetensors into those types.
+//! - [`cpu_qmatmul`]: a SIMD CPU matmul over raw GGUF Q4_0 / Q4_1 / Q8_0 blocks.
 //! - [`llama`]: the Llama-family blocks (Llama, Qwen2, Mistral) whose forward borrows its weights.
 //! - [`kv_cache`]: the per-sequence key/value cache.
 
+pub mod cpu_qmatmul;
 pub mod error;
 pub mod hub;
 pub mod kv_cache;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Module, Tensor};
 
+use super::cpu_qmatmul::CpuQMatMul;
 use super::error::Result;
 
 /// A linear projection `y = x W^T + b`, with `W` stored as `[out, in]`.
@@ -29,9 +30,34 @@ pub enum Linear {
         /// `[out]` bias (dense f32), if the checkpoint has one.
         bias: Option<Tensor>,
     },
+    /// GGUF block-quantized weight on the CPU, multiplied by ferry's SIMD kernels
+    /// ([`CpuQMatMul`], Q4_0 / Q4_1 / Q8_0) over the same raw blocks.
+    CpuQuantized {
+        /// The quantized `[out, in]` matrix.
+        weight: CpuQMatMul,
+        /// `[out]` bias (dense f32), if the checkpoint has one.
+        bias: Option<Tensor>,
+    },
 }
 
 impl Linear {
+    /// A quantized linear layer: ferry's CPU kernels ([`CpuQMatMul`]) where they apply (Q4_0,
+    /// Q4_1 and Q8_0 on the CPU), else candle's `QMatMul` (every CUDA weight, other formats).
+    /// `FERRY_CPU_QMATMUL=candle` keeps candle's kernels on the CPU too, for comparisons.
+    pub fn quantized(weight: Arc<QTensor>, bias: Option<Tensor>) -> Result<Self> {
+        let candle_forced = std::env::var("FERRY_CPU_QMATMUL").is_ok_and(|v| v == "candle");
+        if weight.device().is_cpu() && CpuQMatMul::supports(weight.dtype()) && !candle_forced {
+            return Ok(Linear::CpuQuantized {
+                weight: CpuQMatMul::new(weight)?,
+                bias,
+            });
+        }
+        Ok(Linear::Quantized {
+            weight: Arc::new(QMatMul::from_arc(weight)?),
+            bias,
+        })
+    }
+
     /// Applies the projection to `x` of shape `[.., in]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match self {
@@ -50,6 +76,7 @@ impl Linear {
                 y.reshape(out)?
             }
             Linear::Quantized { weight, .. } => weight.forward(&x.contiguous()?)?,
+            Linear::CpuQuantized { weight, .. } => weight.forward(x)?,
         };
         match self.bias() {
             Some(b) => Ok(y.broadcast_add(b)?),
@@ -60,7 +87,9 @@ impl Linear {
     /// The bias, if any.
     pub fn bias(&self) -> Option<&Tensor> {
         match self {
-            Linear::Dense { bias, .. } | Linear::Quantized { bias, .. } => bias.as_ref(),
+            Linear::Dense { bias, .. }
+            | Linear::Quantized { bias, .. }
+            | Linear::CpuQuantized { bias, .. } => bias.as_ref(),
         }
     }
 
@@ -72,6 +101,7 @@ impl Linear {
                 QMatMul::QTensor(q) => Ok(q.shape().dims2()?.0),
                 QMatMul::Tensor(t) | QMatMul::TensorF16(t) => Ok(t.dim(0)?),
             },
+            Linear::CpuQuantized { weight, .. } => Ok(weight.out_features()),
         }
     }
 
@@ -85,6 +115,9 @@ impl Linear {
                     QMatMul::Tensor(t) | QMatMul::TensorF16(t) => tensor_bytes(t),
                 };
                 (w, bias.as_ref())
+            }
+            Linear::CpuQuantized { weight, bias } => {
+                (weight.weight().storage_size_in_bytes(), bias.as_ref())
             }
         };
         w + b.map_or(0, tensor_bytes)

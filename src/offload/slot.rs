@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use candle_core::quantized::{QMatMul, QStorage, QTensor};
+use candle_core::quantized::{QStorage, QTensor};
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
 
 use super::error::OffloadError;
@@ -79,10 +79,8 @@ impl SlotBuffers {
                     let view =
                         SlotBlocks::new(self.blocks.clone(), entry.offset, entry.len, dtype)?;
                     let q = QTensor::new(QStorage::Cpu(Box::new(view)), entry.shape.clone())?;
-                    Linear::Quantized {
-                        weight: Arc::new(QMatMul::from_arc(Arc::new(q))?),
-                        bias,
-                    }
+                    // The same kernel choice as resident layers, so every mode rounds alike.
+                    Linear::quantized(Arc::new(q), bias)?
                 }
                 TensorKind::Dense(_) => Linear::Dense {
                     weight: self.dense_view(entry)?,

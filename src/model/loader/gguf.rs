@@ -1,14 +1,19 @@
 //! Reads a GGUF file (llama.cpp layout: `token_embd`, `blk.N.attn_q`, ..., `output_norm`,
 //! `output`) into model weights. With [`DTypeChoice::Auto`](super::DTypeChoice::Auto) the block
-//! quantized matrices stay quantized behind candle's `QMatMul`; with an explicit dtype every
-//! tensor is dequantized, so the dense path runs on the same weights.
+//! quantized matrices stay quantized: on the CPU, Q4_0 / Q4_1 / Q8_0 go through ferry's own
+//! kernels ([`CpuQMatMul`]), everything else (and every CUDA weight) through candle's
+//! `QMatMul`. With an explicit dtype every tensor is dequantized, so the dense path runs on the
+//! same weights.
+//!
+//! Setting `FERRY_CPU_QMATMUL=candle` in the environment keeps candle's `QMatMul` on the CPU too
+//! (for A/B measurements and as an escape hatch).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::Content;
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
 use super::{check_dtype_on_device, check_shape, LayerShapes, LoadOptions, LoadProgress, Progress};
@@ -93,10 +98,7 @@ impl<'a> GgufWeights<'a> {
         let (embedding, tied_head) = match (self.dense, is_block_quantized(embd.dtype())) {
             (None, true) => {
                 let embd = Arc::new(embd);
-                let head = Linear::Quantized {
-                    weight: Arc::new(QMatMul::from_arc(embd.clone())?),
-                    bias: None,
-                };
+                let head = Linear::quantized(embd.clone(), None)?;
                 (Embedding::Quantized(embd), head)
             }
             _ => {
@@ -187,10 +189,7 @@ impl<'a> GgufWeights<'a> {
             None
         };
         match self.dense {
-            None if is_block_quantized(weight.dtype()) => Ok(Linear::Quantized {
-                weight: Arc::new(QMatMul::from_arc(Arc::new(weight))?),
-                bias,
-            }),
+            None if is_block_quantized(weight.dtype()) => Linear::quantized(Arc::new(weight), bias),
             _ => Ok(Linear::Dense {
                 weight: weight.dequantize(&self.device)?.to_dtype(self.dtype())?,
                 bias,

@@ -1,0 +1,177 @@
+//! AVX2 dot products of one raw GGUF weight row with one quantized activation row (same
+//! contract as [`super::scalar`]; see there for the block layouts).
+//!
+//! Per 32-element block the weights are widened to 32 bytes, multiplied with the int8
+//! activations by `vpmaddubsw` (unsigned x signed byte pairs summed into i16; no saturation is
+//! possible with 4-bit weights, nor with 8-bit weights after the sign trick) and `vpmaddwd`
+//! (into i32), then scaled in f32 and accumulated with FMA. The f16 scales are converted with
+//! F16C. Only [`Avx2`], which exists only when the CPU has AVX2, FMA and F16C, can call them.
+
+use std::arch::x86_64::*;
+
+use super::activation::Q8Block;
+
+/// Proof that this CPU has AVX2, FMA and F16C.
+#[derive(Debug, Clone, Copy)]
+pub struct Avx2(());
+
+impl Avx2 {
+    /// `Some` when the running CPU supports the kernels.
+    pub fn detect() -> Option<Self> {
+        let ok = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        ok.then_some(Avx2(()))
+    }
+
+    /// Dot product of a Q4_0 row (at least `18 * a.len()` bytes) with `a`.
+    pub fn dot_q4_0(self, w: &[u8], a: &[Q8Block]) -> f32 {
+        assert!(w.len() >= 18 * a.len(), "q4_0 row too short");
+        // SAFETY: `self` proves the features; the assert bounds every read of `w`.
+        unsafe { q4_0(w.as_ptr(), a) }
+    }
+
+    /// Dot product of a Q4_1 row (at least `20 * a.len()` bytes) with `a`.
+    pub fn dot_q4_1(self, w: &[u8], a: &[Q8Block]) -> f32 {
+        assert!(w.len() >= 20 * a.len(), "q4_1 row too short");
+        // SAFETY: as in `dot_q4_0`.
+        unsafe { q4_1(w.as_ptr(), a) }
+    }
+
+    /// Dot product of a Q8_0 row (at least `34 * a.len()` bytes) with `a`.
+    pub fn dot_q8_0(self, w: &[u8], a: &[Q8Block]) -> f32 {
+        assert!(w.len() >= 34 * a.len(), "q8_0 row too short");
+        // SAFETY: as in `dot_q4_0`.
+        unsafe { q8_0(w.as_ptr(), a) }
+    }
+}
+
+/// Horizontal sum of eight f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+/// The 32 nibbles of 16 packed bytes at `p`, low halves first, as unsigned bytes.
+///
+/// # Safety
+/// `p..p + 16` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    let mask = _mm_set1_epi8(0x0F);
+    let q = _mm_loadu_si128(p.cast());
+    let lo = _mm_and_si128(q, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), mask);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Sums of `u8 * i8` products, eight i32 lanes as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_u8_i8(w: __m256i, y: __m256i) -> __m256 {
+    let pairs = _mm256_maddubs_epi16(w, y);
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+}
+
+/// The activation block's int8 values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load_act(a: &Q8Block) -> __m256i {
+    // SAFETY: `qs` is 32 bytes.
+    unsafe { _mm256_loadu_si256(a.qs.as_ptr().cast()) }
+}
+
+/// The f16 at `p` as f32.
+///
+/// # Safety
+/// `p..p + 2` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    let bits = i32::from(p.cast::<u16>().read_unaligned());
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `w..w + 18 * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0(w: *const u8, a: &[Q8Block]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut offset = 0f32;
+    for (i, a) in a.iter().enumerate() {
+        let p = w.add(18 * i);
+        let scale = f16_at(p) * a.d;
+        let prod = dot_u8_i8(nibbles(p.add(2)), load_act(a));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(scale), prod, acc);
+        offset += scale * (8 * a.isum) as f32;
+    }
+    hsum(acc) - offset
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `w..w + 20 * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_1(w: *const u8, a: &[Q8Block]) -> f32 {
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut offset = 0f32;
+    let mut pairs = a.chunks_exact(2);
+    let mut p = w;
+    for pair in &mut pairs {
+        // d and m of both blocks in one conversion: lanes [d0, m0, ..] and [d1, m1, ..].
+        let dm0 = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
+        let dm1 = _mm_cvtph_ps(_mm_cvtsi32_si128(p.add(20).cast::<i32>().read_unaligned()));
+        let prod0 = dot_u8_i8(nibbles(p.add(4)), load_act(&pair[0]));
+        let prod1 = dot_u8_i8(nibbles(p.add(24)), load_act(&pair[1]));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(dm0) * pair[0].d), prod0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(dm1) * pair[1].d), prod1, acc1);
+        offset += _mm_cvtss_f32(_mm_movehdup_ps(dm0)) * pair[0].s
+            + _mm_cvtss_f32(_mm_movehdup_ps(dm1)) * pair[1].s;
+        p = p.add(40);
+    }
+    if let [last] = pairs.remainder() {
+        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
+        let prod = dot_u8_i8(nibbles(p.add(4)), load_act(last));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(dm) * last.d), prod, acc0);
+        offset += _mm_cvtss_f32(_mm_movehdup_ps(dm)) * last.s;
+    }
+    hsum(_mm256_add_ps(acc0, acc1)) + offset
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `w..w + 34 * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0(w: *const u8, a: &[Q8Block]) -> f32 {
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut pairs = a.chunks_exact(2);
+    let mut p = w;
+    for pair in &mut pairs {
+        acc0 = q8_0_block(p, &pair[0], acc0);
+        acc1 = q8_0_block(p.add(34), &pair[1], acc1);
+        p = p.add(68);
+    }
+    if let [last] = pairs.remainder() {
+        acc0 = q8_0_block(p, last, acc0);
+    }
+    hsum(_mm256_add_ps(acc0, acc1))
+}
+
+/// `acc + scale * (w . y)` for the Q8_0 block at `p`.
+///
+/// # Safety
+/// `p..p + 34` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_block(p: *const u8, a: &Q8Block, acc: __m256) -> __m256 {
+    let wv = _mm256_loadu_si256(p.add(2).cast());
+    let yv = load_act(a);
+    // |w| * (y * sign(w)) == w * y, with the unsigned operand first as vpmaddubsw needs.
+    let prod = dot_u8_i8(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(yv, wv));
+    _mm256_fmadd_ps(_mm256_set1_ps(f16_at(p) * a.d), prod, acc)
+}

@@ -1,0 +1,267 @@
+//! A CPU matmul for GGUF block-quantized weights (Q4_0, Q4_1, Q8_0) that reads the raw GGUF
+//! blocks in place: activations are quantized per 32-block to int8 (llama.cpp's Q8_1 scheme,
+//! see [`activation`]), each output is an integer dot product over one weight row
+//! ([`scalar`], or [`avx2`] when the CPU has it), and output rows are split across rayon's
+//! pool (`RAYON_NUM_THREADS`).
+//!
+//! It exists because candle 0.11.1 built without `-C target-cpu` runs Q4_1 (the default
+//! model's format), Q4_0 and Q8_0 through scalar code. The weight stays a candle [`QTensor`]
+//! (shared, e.g. with a tied embedding), so nothing is copied or repacked at load time.
+
+pub mod activation;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
+pub mod scalar;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Device, Storage, Tensor};
+use rayon::prelude::*;
+
+use self::activation::{quantize_row, Q8Block, BLOCK};
+use super::error::{ModelError, Result};
+
+/// Which dot-product implementation to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Kernel {
+    /// The fastest the CPU supports (AVX2 when detected, else scalar).
+    #[default]
+    Auto,
+    /// The portable scalar kernels (the reference; used in tests to cover the fallback).
+    Scalar,
+}
+
+/// Weight block formats this matmul handles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Q4_0,
+    Q4_1,
+    Q8_0,
+}
+
+impl Format {
+    fn of(dtype: GgmlDType) -> Option<Self> {
+        match dtype {
+            GgmlDType::Q4_0 => Some(Format::Q4_0),
+            GgmlDType::Q4_1 => Some(Format::Q4_1),
+            GgmlDType::Q8_0 => Some(Format::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// Bytes per 32-element block.
+    fn block_bytes(self) -> usize {
+        match self {
+            Format::Q4_0 => 18,
+            Format::Q4_1 => 20,
+            Format::Q8_0 => 34,
+        }
+    }
+}
+
+/// A resolved dot product: format plus the kernel to run it with.
+#[derive(Debug, Clone, Copy)]
+struct Dot {
+    format: Format,
+    #[cfg(target_arch = "x86_64")]
+    avx2: Option<avx2::Avx2>,
+}
+
+impl Dot {
+    fn new(format: Format, kernel: Kernel) -> Self {
+        let _ = kernel;
+        Dot {
+            format,
+            #[cfg(target_arch = "x86_64")]
+            avx2: match kernel {
+                Kernel::Auto => avx2::Avx2::detect(),
+                Kernel::Scalar => None,
+            },
+        }
+    }
+
+    /// Dot product of one weight row with one quantized activation row.
+    #[inline]
+    fn row(&self, w: &[u8], a: &[Q8Block]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(k) = self.avx2 {
+            return match self.format {
+                Format::Q4_0 => k.dot_q4_0(w, a),
+                Format::Q4_1 => k.dot_q4_1(w, a),
+                Format::Q8_0 => k.dot_q8_0(w, a),
+            };
+        }
+        match self.format {
+            Format::Q4_0 => scalar::dot_q4_0(w, a),
+            Format::Q4_1 => scalar::dot_q4_1(w, a),
+            Format::Q8_0 => scalar::dot_q8_0(w, a),
+        }
+    }
+}
+
+/// Below this many block dot products a matmul runs on the calling thread.
+const PARALLEL_MIN_BLOCKS: usize = 4096;
+
+/// `y = x W^T` for a quantized `W` (`[out, in]`) on the CPU.
+#[derive(Debug, Clone)]
+pub struct CpuQMatMul {
+    weight: Arc<QTensor>,
+    format: Format,
+    rows: usize,
+    cols: usize,
+}
+
+impl CpuQMatMul {
+    /// Whether `dtype` has a kernel here.
+    pub fn supports(dtype: GgmlDType) -> bool {
+        Format::of(dtype).is_some()
+    }
+
+    /// Wraps a CPU-resident 2-D quantized weight `[out, in]` (`in` a multiple of 32).
+    pub fn new(weight: Arc<QTensor>) -> Result<Self> {
+        let format = Format::of(weight.dtype()).ok_or_else(|| {
+            ModelError::Unsupported(format!("CPU quantized matmul of {:?}", weight.dtype()))
+        })?;
+        if !weight.device().is_cpu() {
+            return Err(ModelError::Unsupported(
+                "CPU quantized matmul of a weight that is not on the CPU".into(),
+            ));
+        }
+        let (rows, cols) = weight.shape().dims2()?;
+        let bytes = weight.data()?.len();
+        if cols % BLOCK != 0 || bytes != rows * cols / BLOCK * format.block_bytes() {
+            return Err(ModelError::Config(format!(
+                "quantized weight {rows}x{cols} of {:?} holds {bytes} bytes",
+                weight.dtype()
+            )));
+        }
+        Ok(Self {
+            weight,
+            format,
+            rows,
+            cols,
+        })
+    }
+
+    /// The wrapped weight.
+    pub fn weight(&self) -> &Arc<QTensor> {
+        &self.weight
+    }
+
+    /// Output features (weight rows).
+    pub fn out_features(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features (weight columns).
+    pub fn in_features(&self) -> usize {
+        self.cols
+    }
+
+    /// Applies `x W^T` to a CPU tensor `x` of shape `[.., in]` (any float dtype; computed in
+    /// f32 and returned in `x`'s dtype).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_with(x, Kernel::Auto)
+    }
+
+    /// [`forward`](Self::forward) with an explicit kernel choice.
+    pub fn forward_with(&self, x: &Tensor, kernel: Kernel) -> Result<Tensor> {
+        let dims = x.dims();
+        let Some((&last, lead)) = dims.split_last() else {
+            return Err(candle_core::Error::Msg("quantized matmul: scalar input".into()).into());
+        };
+        if last != self.cols {
+            return Err(ModelError::Config(format!(
+                "quantized matmul: input has {last} features, the weight {}",
+                self.cols
+            )));
+        }
+        let m: usize = lead.iter().product();
+        let xf = x.to_dtype(DType::F32)?.contiguous()?;
+        let mut out = vec![0f32; m * self.rows];
+        {
+            let (storage, layout) = xf.storage_and_layout();
+            let Storage::Cpu(cpu) = &*storage else {
+                return Err(ModelError::Unsupported(
+                    "CPU quantized matmul of an input that is not on the CPU".into(),
+                ));
+            };
+            let all = cpu.as_slice::<f32>()?;
+            let start = layout.start_offset();
+            let input = all.get(start..start + m * self.cols).ok_or_else(|| {
+                candle_core::Error::Msg("quantized matmul: input storage too short".into())
+            })?;
+            self.matmul_f32(input, m, &mut out, kernel)?;
+        }
+        let mut shape = lead.to_vec();
+        shape.push(self.rows);
+        Ok(Tensor::from_vec(out, shape, &Device::Cpu)?.to_dtype(x.dtype())?)
+    }
+
+    /// `out[i, r] = sum_c x[i, c] * W[r, c]` for `x` of `m` rows of `in` features (row major)
+    /// and `out` of `m` rows of `out` features.
+    pub fn matmul_f32(&self, x: &[f32], m: usize, out: &mut [f32], kernel: Kernel) -> Result<()> {
+        let (n, k) = (self.rows, self.cols);
+        if x.len() != m * k || out.len() != m * n {
+            return Err(ModelError::Config(format!(
+                "quantized matmul: {} inputs and {} outputs for {m} rows of {k} -> {n}",
+                x.len(),
+                out.len()
+            )));
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let kb = k / BLOCK;
+        let mut act = vec![Q8Block::ZERO; m * kb];
+        if m * kb >= PARALLEL_MIN_BLOCKS {
+            act.par_chunks_mut(kb)
+                .zip(x.par_chunks(k))
+                .for_each(|(a, x)| quantize_row(x, a));
+        } else {
+            for (a, x) in act.chunks_mut(kb).zip(x.chunks(k)) {
+                quantize_row(x, a);
+            }
+        }
+
+        let data = self.weight.data()?;
+        let row_bytes = kb * self.format.block_bytes();
+        let dot = Dot::new(self.format, kernel);
+        // Each task owns a run of weight rows and computes them against every input row, so a
+        // weight row is read from memory once per call; results land transposed (`[n, m]`).
+        let run_rows = |first: usize, dst: &mut [f32]| {
+            for (r, dst_row) in dst.chunks_mut(m).enumerate() {
+                let w = &data[(first + r) * row_bytes..(first + r + 1) * row_bytes];
+                for (d, a) in dst_row.iter_mut().zip(act.chunks(kb)) {
+                    *d = dot.row(w, a);
+                }
+            }
+        };
+        let mut out_t = if m == 1 {
+            Vec::new()
+        } else {
+            vec![0f32; n * m]
+        };
+        let dst: &mut [f32] = if m == 1 { out } else { &mut out_t };
+        if n * kb * m < PARALLEL_MIN_BLOCKS {
+            run_rows(0, dst);
+        } else {
+            let tasks = 4 * rayon::current_num_threads();
+            let per_task = n.div_ceil(tasks).max(4);
+            dst.par_chunks_mut(per_task * m)
+                .enumerate()
+                .for_each(|(t, chunk)| run_rows(t * per_task, chunk));
+        }
+        if m > 1 {
+            for (r, col) in out_t.chunks(m).enumerate() {
+                for (i, &v) in col.iter().enumerate() {
+                    out[i * n + r] = v;
+                }
+            }
+        }
+        Ok(())
+    }
+}
