@@ -7,7 +7,23 @@ import json
 import sys
 import time
 
+import llama_cpp.llama_cpp as llama_cpp_api
 from llama_cpp import Llama
+
+# ggml's "extra buffer types" put weights in AMX tiles on CPUs that report AMX; in VMs that do not
+# grant the AMX tile state that path segfaults (seen in ggml_backend_amx_mul_mat). The wrapper has
+# no switch for it, so default model params are patched to keep weights in plain CPU buffers.
+# (ggml's other extra buffer, weight repacking, has no Q4_1 layout, so Q4_1 runs the same kernels.)
+_default_model_params = llama_cpp_api.llama_model_default_params
+
+
+def _plain_buffers():
+    params = _default_model_params()
+    params.use_extra_bufts = False
+    return params
+
+
+llama_cpp_api.llama_model_default_params = _plain_buffers
 
 
 def main() -> None:

@@ -1,0 +1,147 @@
+//! Aggregate decode throughput with 1, 4 and 8 concurrent requests through the real engine
+//! (continuous batching), (a) with every layer resident and (b) in mode `sequential` with the
+//! CPU copy engine throttled so that copying weights dominates a step. In (b) one copy of each
+//! layer serves the whole batch, so the aggregate at 8 should approach 8x the single-request
+//! rate. Prints a markdown table with the ratios.
+//!
+//! Usage: cargo bench --bench batch_throughput -- [--model PATH] [--tokens N] [--link RATE_BYTES_PER_S]
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::Device;
+use ferry::config::{
+    DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
+};
+use ferry::engine::{
+    Backend, EngineHandle, EngineOptions, GenerationEvent, GenerationParams, GenerationRequest,
+    PromptInput, TextCodec,
+};
+use ferry::model::source::HubOptions;
+use ferry::runtime::load::load_for_serving_on;
+
+struct Options {
+    model: String,
+    tokens: usize,
+    link: u64,
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut options = Options {
+        model: "models/SmolLM2-135M-Instruct.Q4_1.gguf".to_string(),
+        tokens: 32,
+        link: 400_000_000,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--model" => options.model = value()?,
+            "--tokens" => options.tokens = value()?.parse().map_err(|_| "bad --tokens")?,
+            "--link" => options.link = value()?.parse().map_err(|_| "bad --link")?,
+            "--bench" => {}
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(options)
+}
+
+/// An engine serving the model in `mode` with batches of up to 8.
+fn engine(options: &Options, mode: OffloadMode, link: Option<u64>) -> Result<EngineHandle, String> {
+    let config = ModelConfig {
+        name: "bench".to_string(),
+        source: options.model.clone(),
+        dtype: DtypeChoice::Auto,
+        max_context: Some(512),
+        max_batch: 8,
+        offload: OffloadConfig {
+            mode,
+            gpu_memory: MemoryBudget::FractionOfFree(0.9),
+            prefetch: 2,
+            keep_alive: std::time::Duration::from_secs(60),
+        },
+    };
+    let device = DeviceConfig {
+        kind: DeviceChoice::Cpu,
+        link_bandwidth: link,
+    };
+    let hub = HubOptions::from_env(|_| None);
+    let loaded = load_for_serving_on(&config, &device, &Device::Cpu, &hub).map_err(|e| e.to_string())?;
+    let engine = EngineHandle::with_options(
+        ["bench"],
+        EngineOptions {
+            max_batch: 8,
+            ..EngineOptions::default()
+        },
+    );
+    engine
+        .model_ready("bench", loaded.runner, loaded.codec as Arc<dyn TextCodec>)
+        .map_err(|e| e.to_string())?;
+    Ok(engine)
+}
+
+/// Runs `n` concurrent requests of `tokens` tokens each; returns aggregate generated tokens/s.
+fn aggregate_rate(engine: &EngineHandle, n: usize, tokens: usize) -> Result<f64, String> {
+    let prompt = engine
+        .tokenize("bench", "The ferry crossed the river at dawn and", true)
+        .map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let mut receivers = Vec::new();
+    for _ in 0..n {
+        let mut params = GenerationParams::default();
+        params.max_tokens = tokens;
+        params.ignore_eos = true;
+        params.sampling.temperature = 0.0;
+        receivers.push(
+            engine
+                .submit(GenerationRequest {
+                    model: "bench".to_string(),
+                    prompt: PromptInput::Tokens(prompt.clone()),
+                    params,
+                })
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let mut generated = 0;
+    for mut events in receivers {
+        while let Some(event) = events.blocking_recv() {
+            match event {
+                GenerationEvent::Token(_) => {}
+                GenerationEvent::Finished { usage, .. } => {
+                    generated += usage.completion_tokens;
+                    break;
+                }
+                GenerationEvent::Failed(err) => return Err(err.to_string()),
+            }
+        }
+    }
+    Ok(generated as f64 / started.elapsed().as_secs_f64())
+}
+
+fn main() -> Result<(), String> {
+    let options = parse_args()?;
+    let cases = [
+        ("resident (none)", OffloadMode::None, None),
+        ("sequential, link throttled", OffloadMode::Sequential, Some(options.link)),
+    ];
+    println!("| mode | link | 1 req tok/s | 4 req tok/s | 8 req tok/s | 4 / 1 | 8 / 1 |");
+    println!("|---|---|---|---|---|---|---|");
+    for (label, mode, link) in cases {
+        let engine = engine(&options, mode, link)?;
+        aggregate_rate(&engine, 1, 4)?; // warm-up
+        let rates: Vec<f64> = [1, 4, 8]
+            .iter()
+            .map(|&n| aggregate_rate(&engine, n, options.tokens))
+            .collect::<Result<_, _>>()?;
+        let link = link.map_or("-".to_string(), |b| format!("{:.0} MB/s", b as f64 / 1e6));
+        println!(
+            "| {label} | {link} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} |",
+            rates[0],
+            rates[1],
+            rates[2],
+            rates[1] / rates[0],
+            rates[2] / rates[0]
+        );
+    }
+    Ok(())
+}
