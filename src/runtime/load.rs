@@ -76,7 +76,35 @@ pub fn load_for_serving_shared(
     let parsed = ModelSource::parse(&config.source).map_err(wrap)?;
     let files = source::resolve(&parsed, hub).map_err(wrap)?;
 
-    let tokenizer = load_tokenizer(&files).map_err(wrap)?;
+    // The tokenizer (tens of thousands of merges) builds on its own thread while the weights load.
+    std::thread::scope(|scope| {
+        let tokenizer = scope.spawn(|| load_tokenizer(&files));
+        let runner = load_runner(config, device_config, device, hub, swap, &files)?;
+        let tokenizer = tokenizer
+            .join()
+            .map_err(|_| {
+                wrap(ModelError::Tokenizer(
+                    "the tokenizer builder panicked".into(),
+                ))
+            })?
+            .map_err(wrap)?;
+        log_loaded(config, &runner, started);
+        Ok(LoadedForServing {
+            runner,
+            codec: TokenizerCodec::new(tokenizer),
+        })
+    })
+}
+
+/// Plans the placement and loads the weights: resident, streamed or parked for swapping.
+fn load_runner(
+    config: &ModelConfig,
+    device_config: &DeviceConfig,
+    device: &Device,
+    hub: &HubOptions,
+    swap: Option<&Arc<SwapManager>>,
+    files: &ModelFiles,
+) -> Result<ModelRunner, RuntimeError> {
     let options = LoadOptions {
         device: device.clone(),
         dtype: config.dtype,
@@ -105,37 +133,28 @@ pub fn load_for_serving_shared(
     };
     let mut progress = ProgressReporter::new(&config.name);
     if config.offload.mode == OffloadMode::Model {
-        let runner = load_swapped(
+        return load_swapped(
             config,
             device_config,
             &options,
-            &files,
+            files,
             &plan,
             swap,
             &mut progress,
-        )?;
-        log_loaded(config, &runner, started);
-        return Ok(LoadedForServing {
-            runner,
-            codec: TokenizerCodec::new(tokenizer),
-        });
+        );
     }
-    let placed = load_placed(&files, &options, &plan, stream, &mut |p| {
-        progress.update(&p)
-    })
-    .map_err(|e| RuntimeError::Offload {
-        name: config.name.clone(),
-        source: e,
-    })?;
+    let placed = load_placed(files, &options, &plan, stream, &mut |p| progress.update(&p))
+        .map_err(|e| RuntimeError::Offload {
+            name: config.name.clone(),
+            source: e,
+        })?;
     progress.finish();
     placed.store.accounting().log(&config.name);
-
-    let runner = ModelRunner::new(placed.model, placed.store, config.max_context);
-    log_loaded(config, &runner, started);
-    Ok(LoadedForServing {
-        runner,
-        codec: TokenizerCodec::new(tokenizer),
-    })
+    Ok(ModelRunner::new(
+        placed.model,
+        placed.store,
+        config.max_context,
+    ))
 }
 
 /// Mode `model`: fixed parts resident, every layer parked on the host and registered with the
