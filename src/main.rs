@@ -251,21 +251,36 @@ fn ferry_plan(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
     let device = select_device(config.device.kind)?;
     let hub = HubOptions::from_env(|key| std::env::var(key).ok());
     let free = cpu_free_bytes()?;
+    let mut out = String::new();
     for model in &config.models {
         let plan = plan_model(model, &config.device, &device, &hub, free)?;
         if json {
-            println!("{}", render_json(&plan));
+            out.push_str(&render_json(&plan));
         } else {
-            println!(
-                "model {} ({}) on {}",
+            out.push_str(&format!(
+                "model {} ({}) on {}\n{}",
                 model.name,
                 model.source,
-                describe(&device)
-            );
-            println!("{}", render_text(&plan));
+                describe(&device),
+                render_text(&plan)
+            ));
         }
+        out.push('\n');
     }
+    write_stdout(&out)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes to stdout; a reader that went away (`ferry plan --json | head`) is not an error.
+fn write_stdout(text: &str) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
 }
 
 /// Loads the first configured model, generates for one prompt and streams the text to stdout.
