@@ -232,8 +232,9 @@ fn load_tokenizer(files: &ModelFiles) -> Result<TextTokenizer, ModelError> {
                 path: path.clone(),
                 source,
             };
-            let mut file = std::fs::File::open(path).map_err(io)?;
-            let content = gguf_file::Content::read(&mut file)
+            let file = std::fs::File::open(path).map_err(io)?;
+            // Buffered: the vocabulary and merges are hundreds of thousands of small fields.
+            let content = gguf_file::Content::read(&mut std::io::BufReader::new(file))
                 .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
             TextTokenizer::from_gguf(&content)
         }

@@ -41,7 +41,8 @@ impl<'a> GgufWeights<'a> {
             source,
         };
         let mut file = File::open(path).map_err(io)?;
-        let content = Content::read(&mut file).map_err(|e| {
+        // Buffered: the header is hundreds of thousands of small fields (vocabulary, merges).
+        let content = Content::read(&mut std::io::BufReader::new(&mut file)).map_err(|e| {
             ModelError::Source(format!("{} is not a GGUF file: {e}", path.display()))
         })?;
         let spec = ModelSpec::from_gguf(&content)?;
