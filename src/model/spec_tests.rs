@@ -1,0 +1,78 @@
+//! Unit tests for `ModelSpec` parsing from config.json and GGUF metadata.
+use super::*;
+
+const SMOL_LIKE: &str = r#"{
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+    "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+    "tie_word_embeddings": true, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2
+}"#;
+
+#[test]
+fn parses_llama_config() {
+    let spec = ModelSpec::from_hf_config(SMOL_LIKE).unwrap();
+    assert_eq!(spec.architecture, Architecture::Llama);
+    assert_eq!(spec.head_dim, 64);
+    assert_eq!(spec.gqa_group(), 3);
+    assert_eq!(spec.max_context, 8192);
+    assert!(spec.tie_word_embeddings && !spec.attention_bias && !spec.rope_interleaved);
+    assert_eq!(spec.eos_token_ids, vec![2]);
+    assert_eq!(spec.rope_theta, 100000.0);
+}
+
+#[test]
+fn parses_llama3_scaling_and_eos_list() {
+    let json = SMOL_LIKE.replace(
+        "\"eos_token_id\": 2",
+        "\"eos_token_id\": [2, 7], \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0,
+         \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,
+         \"original_max_position_embeddings\": 8192}",
+    );
+    let spec = ModelSpec::from_hf_config(&json).unwrap();
+    assert_eq!(spec.eos_token_ids, vec![2, 7]);
+    let s = spec.rope_scaling.unwrap();
+    assert_eq!((s.factor, s.original_max_position_embeddings), (8.0, 8192));
+}
+
+#[test]
+fn rejects_bad_configs() {
+    let yarn = SMOL_LIKE.replace(
+        "\"eos_token_id\": 2",
+        "\"eos_token_id\": 2, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}",
+    );
+    assert!(matches!(
+        ModelSpec::from_hf_config(&yarn),
+        Err(ModelError::Unsupported(_))
+    ));
+    let gelu = SMOL_LIKE.replace("\"silu\"", "\"gelu\"");
+    assert!(matches!(
+        ModelSpec::from_hf_config(&gelu),
+        Err(ModelError::Unsupported(_))
+    ));
+    let gqa = SMOL_LIKE.replace("\"num_key_value_heads\": 3", "\"num_key_value_heads\": 4");
+    assert!(matches!(
+        ModelSpec::from_hf_config(&gqa),
+        Err(ModelError::Config(_))
+    ));
+    let phi = SMOL_LIKE.replace("\"model_type\": \"llama\"", "\"model_type\": \"phi\"");
+    assert!(matches!(
+        ModelSpec::from_hf_config(&phi),
+        Err(ModelError::Unsupported(_))
+    ));
+    assert!(ModelSpec::from_hf_config("{").is_err());
+}
+
+#[test]
+fn qwen2_gets_biases_and_no_window_unless_enabled() {
+    let json = SMOL_LIKE
+        .replace("\"model_type\": \"llama\"", "\"model_type\": \"qwen2\"")
+        .replace(
+            "\"hidden_act\"",
+            "\"sliding_window\": 4096, \"use_sliding_window\": false, \"hidden_act\"",
+        );
+    let spec = ModelSpec::from_hf_config(&json).unwrap();
+    assert_eq!(spec.architecture, Architecture::Qwen2);
+    assert!(spec.attention_bias);
+    assert_eq!(spec.sliding_window, None);
+}
