@@ -66,7 +66,8 @@ fn engine(options: &Options, mode: OffloadMode, link: Option<u64>) -> Result<Eng
         link_bandwidth: link,
     };
     let hub = HubOptions::from_env(|_| None);
-    let loaded = load_for_serving_on(&config, &device, &Device::Cpu, &hub).map_err(|e| e.to_string())?;
+    let loaded =
+        load_for_serving_on(&config, &device, &Device::Cpu, &hub).map_err(|e| e.to_string())?;
     let engine = EngineHandle::with_options(
         ["bench"],
         EngineOptions {
@@ -88,9 +89,11 @@ fn aggregate_rate(engine: &EngineHandle, n: usize, tokens: usize) -> Result<f64,
     let started = Instant::now();
     let mut receivers = Vec::new();
     for _ in 0..n {
-        let mut params = GenerationParams::default();
-        params.max_tokens = tokens;
-        params.ignore_eos = true;
+        let mut params = GenerationParams {
+            max_tokens: tokens,
+            ignore_eos: true,
+            ..Default::default()
+        };
         params.sampling.temperature = 0.0;
         receivers.push(
             engine
@@ -122,7 +125,11 @@ fn main() -> Result<(), String> {
     let options = parse_args()?;
     let cases = [
         ("resident (none)", OffloadMode::None, None),
-        ("sequential, link throttled", OffloadMode::Sequential, Some(options.link)),
+        (
+            "sequential, link throttled",
+            OffloadMode::Sequential,
+            Some(options.link),
+        ),
     ];
     println!("| mode | link | 1 req tok/s | 4 req tok/s | 8 req tok/s | 4 / 1 | 8 / 1 |");
     println!("|---|---|---|---|---|---|---|");
