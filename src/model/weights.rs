@@ -10,7 +10,7 @@ use std::sync::Arc;
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Module, Tensor};
 
-use super::cpu_qmatmul::CpuQMatMul;
+use super::cpu_qmatmul::{CpuQMatMul, Kernel};
 use super::error::Result;
 
 /// A linear projection `y = x W^T + b`, with `W` stored as `[out, in]`.
@@ -82,6 +82,31 @@ impl Linear {
             Some(b) => Ok(y.broadcast_add(b)?),
             None => Ok(y),
         }
+    }
+
+    /// Applies several projections to the same input `x`. When all of them run on ferry's CPU
+    /// kernels they share one parallel pass ([`CpuQMatMul::forward_many`]); otherwise each runs
+    /// on its own. Either way result `i` equals `linears[i].forward(x)`.
+    pub fn forward_many(linears: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
+        let cpu: Option<Vec<&CpuQMatMul>> = linears
+            .iter()
+            .map(|l| match l {
+                Linear::CpuQuantized { weight, .. } => Some(weight),
+                _ => None,
+            })
+            .collect();
+        let Some(mats) = cpu.filter(|mats| mats.len() > 1) else {
+            return linears.iter().map(|l| l.forward(x)).collect();
+        };
+        let ys = CpuQMatMul::forward_many(&mats, x, Kernel::Auto)?;
+        linears
+            .iter()
+            .zip(ys)
+            .map(|(l, y)| match l.bias() {
+                Some(b) => Ok(y.broadcast_add(b)?),
+                None => Ok(y),
+            })
+            .collect()
     }
 
     /// The bias, if any.

@@ -5,7 +5,8 @@
 //! activations by `vpmaddubsw` (unsigned x signed byte pairs summed into i16; no saturation is
 //! possible with 4-bit weights, nor with 8-bit weights after the sign trick) and `vpmaddwd`
 //! (into i32), then scaled in f32 and accumulated with FMA. The f16 scales are converted with
-//! F16C. Only [`Avx2`], which exists only when the CPU has AVX2, FMA and F16C, can call them.
+//! F16C. The weight stream is prefetched [`PREFETCH_AHEAD`] bytes ahead. Only [`Avx2`],
+//! which exists only when the CPU has AVX2, FMA and F16C, can call them.
 
 use std::arch::x86_64::*;
 
@@ -45,6 +46,12 @@ impl Avx2 {
         unsafe { q8_0(w.as_ptr(), a) }
     }
 }
+
+/// How far ahead of the block being read the weight stream is prefetched, in bytes. Weights
+/// are read once per token from far outside the caches, and on the machines measured the
+/// hardware prefetcher alone left the kernels waiting on memory; 2 KiB ahead (tried 512 B to
+/// 4 KiB) cut the single-thread decode time by about a third.
+const PREFETCH_AHEAD: usize = 2048;
 
 /// Horizontal sum of eight f32 lanes.
 #[inline]
@@ -105,6 +112,9 @@ unsafe fn q4_0(w: *const u8, a: &[Q8Block]) -> f32 {
     let mut offset = 0f32;
     for (i, a) in a.iter().enumerate() {
         let p = w.add(18 * i);
+        if i % 2 == 0 {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
+        }
         let scale = f16_at(p) * a.d;
         let prod = dot_u8_i8(nibbles(p.add(2)), load_act(a));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(scale), prod, acc);
@@ -123,6 +133,7 @@ unsafe fn q4_1(w: *const u8, a: &[Q8Block]) -> f32 {
     let mut pairs = a.chunks_exact(2);
     let mut p = w;
     for pair in &mut pairs {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
         // d and m of both blocks in one conversion: lanes [d0, m0, ..] and [d1, m1, ..].
         let dm0 = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
         let dm1 = _mm_cvtph_ps(_mm_cvtsi32_si128(p.add(20).cast::<i32>().read_unaligned()));
@@ -152,6 +163,8 @@ unsafe fn q8_0(w: *const u8, a: &[Q8Block]) -> f32 {
     let mut pairs = a.chunks_exact(2);
     let mut p = w;
     for pair in &mut pairs {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD + 64).cast());
         acc0 = q8_0_block(p, &pair[0], acc0);
         acc1 = q8_0_block(p.add(34), &pair[1], acc1);
         p = p.add(68);

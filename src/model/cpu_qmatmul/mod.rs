@@ -169,19 +169,30 @@ impl CpuQMatMul {
 
     /// [`forward`](Self::forward) with an explicit kernel choice.
     pub fn forward_with(&self, x: &Tensor, kernel: Kernel) -> Result<Tensor> {
+        let mut out = Self::forward_many(&[self], x, kernel)?;
+        out.pop()
+            .ok_or_else(|| candle_core::Error::Msg("quantized matmul: no output".into()).into())
+    }
+
+    /// Applies several weights with the same input width to one input `x` (`[.., in]`) in a
+    /// single parallel pass: the activations are quantized once and the rows of every weight
+    /// are split across the pool together, so e.g. the query, key and value projections cost
+    /// one fork/join instead of three. Each result equals that weight's own
+    /// [`forward_with`](Self::forward_with) exactly (same per-row kernel and activations).
+    pub fn forward_many(mats: &[&Self], x: &Tensor, kernel: Kernel) -> Result<Vec<Tensor>> {
         let dims = x.dims();
         let Some((&last, lead)) = dims.split_last() else {
             return Err(candle_core::Error::Msg("quantized matmul: scalar input".into()).into());
         };
-        if last != self.cols {
+        if let Some(bad) = mats.iter().find(|mm| mm.cols != last) {
             return Err(ModelError::Config(format!(
                 "quantized matmul: input has {last} features, the weight {}",
-                self.cols
+                bad.cols
             )));
         }
         let m: usize = lead.iter().product();
         let xf = x.to_dtype(DType::F32)?.contiguous()?;
-        let mut out = vec![0f32; m * self.rows];
+        let mut outs: Vec<Vec<f32>> = mats.iter().map(|mm| vec![0f32; m * mm.rows]).collect();
         {
             let (storage, layout) = xf.storage_and_layout();
             let Storage::Cpu(cpu) = &*storage else {
@@ -191,77 +202,140 @@ impl CpuQMatMul {
             };
             let all = cpu.as_slice::<f32>()?;
             let start = layout.start_offset();
-            let input = all.get(start..start + m * self.cols).ok_or_else(|| {
+            let input = all.get(start..start + m * last).ok_or_else(|| {
                 candle_core::Error::Msg("quantized matmul: input storage too short".into())
             })?;
-            self.matmul_f32(input, m, &mut out, kernel)?;
+            let mut jobs: Vec<(&Self, &mut [f32])> = mats
+                .iter()
+                .copied()
+                .zip(outs.iter_mut().map(Vec::as_mut_slice))
+                .collect();
+            matmul_many(&mut jobs, input, m, kernel)?;
         }
-        let mut shape = lead.to_vec();
-        shape.push(self.rows);
-        Ok(Tensor::from_vec(out, shape, &Device::Cpu)?.to_dtype(x.dtype())?)
+        mats.iter()
+            .zip(outs)
+            .map(|(mm, out)| {
+                let mut shape = lead.to_vec();
+                shape.push(mm.rows);
+                Ok(Tensor::from_vec(out, shape, &Device::Cpu)?.to_dtype(x.dtype())?)
+            })
+            .collect()
     }
 
     /// `out[i, r] = sum_c x[i, c] * W[r, c]` for `x` of `m` rows of `in` features (row major)
     /// and `out` of `m` rows of `out` features.
     pub fn matmul_f32(&self, x: &[f32], m: usize, out: &mut [f32], kernel: Kernel) -> Result<()> {
-        let (n, k) = (self.rows, self.cols);
-        if x.len() != m * k || out.len() != m * n {
+        matmul_many(&mut [(self, out)], x, m, kernel)
+    }
+}
+
+/// [`CpuQMatMul::matmul_f32`] for several weights of the same input width at once: `x` is
+/// quantized once and every weight's rows go through one parallel pass.
+fn matmul_many(
+    jobs: &mut [(&CpuQMatMul, &mut [f32])],
+    x: &[f32],
+    m: usize,
+    kernel: Kernel,
+) -> Result<()> {
+    let Some(k) = jobs.first().map(|(mm, _)| mm.cols) else {
+        return Ok(());
+    };
+    for (mm, out) in jobs.iter() {
+        if mm.cols != k || x.len() != m * k || out.len() != m * mm.rows {
             return Err(ModelError::Config(format!(
-                "quantized matmul: {} inputs and {} outputs for {m} rows of {k} -> {n}",
+                "quantized matmul: {} inputs and {} outputs for {m} rows of {} -> {}",
                 x.len(),
-                out.len()
+                out.len(),
+                mm.cols,
+                mm.rows
             )));
         }
-        if m == 0 || n == 0 {
-            return Ok(());
+    }
+    let n_total: usize = jobs.iter().map(|(mm, _)| mm.rows).sum();
+    if m == 0 || n_total == 0 {
+        return Ok(());
+    }
+    let kb = k / BLOCK;
+    let mut act = vec![Q8Block::ZERO; m * kb];
+    if m * kb >= PARALLEL_MIN_BLOCKS {
+        act.par_chunks_mut(kb)
+            .zip(x.par_chunks(k))
+            .for_each(|(a, x)| quantize_row(x, a));
+    } else {
+        for (a, x) in act.chunks_mut(kb).zip(x.chunks(k)) {
+            quantize_row(x, a);
         }
-        let kb = k / BLOCK;
-        let mut act = vec![Q8Block::ZERO; m * kb];
-        if m * kb >= PARALLEL_MIN_BLOCKS {
-            act.par_chunks_mut(kb)
-                .zip(x.par_chunks(k))
-                .for_each(|(a, x)| quantize_row(x, a));
-        } else {
-            for (a, x) in act.chunks_mut(kb).zip(x.chunks(k)) {
-                quantize_row(x, a);
-            }
-        }
+    }
 
-        let data = self.weight.data()?;
-        let row_bytes = kb * self.format.block_bytes();
-        let dot = Dot::new(self.format, kernel);
-        // Each task owns a run of weight rows and computes them against every input row, so a
-        // weight row is read from memory once per call; results land transposed (`[n, m]`).
-        let run_rows = |first: usize, dst: &mut [f32]| {
-            for (r, dst_row) in dst.chunks_mut(m).enumerate() {
-                let w = &data[(first + r) * row_bytes..(first + r + 1) * row_bytes];
-                for (d, a) in dst_row.iter_mut().zip(act.chunks(kb)) {
-                    *d = dot.row(w, a);
-                }
-            }
+    // Each task owns a run of weight rows and computes them against every input row, so a
+    // weight row is read from memory once per call; with several input rows the results land
+    // transposed (`[n, m]`) and are put back in place at the end.
+    let mut transposed: Vec<Vec<f32>> = if m == 1 {
+        Vec::new()
+    } else {
+        jobs.iter().map(|(mm, _)| vec![0f32; mm.rows * m]).collect()
+    };
+    let parallel = n_total * kb * m >= PARALLEL_MIN_BLOCKS;
+    let per_task = if parallel {
+        n_total.div_ceil(4 * rayon::current_num_threads()).max(4)
+    } else {
+        n_total
+    };
+    let mats: Vec<&CpuQMatMul> = jobs.iter().map(|(mm, _)| *mm).collect();
+    let datas = mats
+        .iter()
+        .map(|mm| mm.weight.data())
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let mut tasks: Vec<Task<'_>> = Vec::new();
+    let mut scratch = transposed.iter_mut();
+    for ((mm, out), data) in jobs.iter_mut().zip(&datas) {
+        let dst: &mut [f32] = match scratch.next() {
+            Some(t) => t,
+            None => out,
         };
-        let mut out_t = if m == 1 {
-            Vec::new()
-        } else {
-            vec![0f32; n * m]
-        };
-        let dst: &mut [f32] = if m == 1 { out } else { &mut out_t };
-        if n * kb * m < PARALLEL_MIN_BLOCKS {
-            run_rows(0, dst);
-        } else {
-            let tasks = 4 * rayon::current_num_threads();
-            let per_task = n.div_ceil(tasks).max(4);
-            dst.par_chunks_mut(per_task * m)
-                .enumerate()
-                .for_each(|(t, chunk)| run_rows(t * per_task, chunk));
+        for (t, dst) in dst.chunks_mut(per_task * m).enumerate() {
+            tasks.push(Task {
+                data,
+                row_bytes: kb * mm.format.block_bytes(),
+                first: t * per_task,
+                dot: Dot::new(mm.format, kernel),
+                dst,
+            });
         }
-        if m > 1 {
-            for (r, col) in out_t.chunks(m).enumerate() {
+    }
+    let act = &act;
+    let run = |task: Task<'_>| {
+        for (r, dst_row) in task.dst.chunks_mut(m).enumerate() {
+            let row = task.first + r;
+            let w = &task.data[row * task.row_bytes..(row + 1) * task.row_bytes];
+            for (d, a) in dst_row.iter_mut().zip(act.chunks(kb)) {
+                *d = task.dot.row(w, a);
+            }
+        }
+    };
+    if parallel {
+        tasks.into_par_iter().for_each(run);
+    } else {
+        tasks.into_iter().for_each(run);
+    }
+    if m > 1 {
+        for ((mm, out), t) in jobs.iter_mut().zip(&transposed) {
+            let n = mm.rows;
+            for (r, col) in t.chunks(m).enumerate() {
                 for (i, &v) in col.iter().enumerate() {
                     out[i * n + r] = v;
                 }
             }
         }
-        Ok(())
     }
+    Ok(())
+}
+
+/// A run of consecutive weight rows of one matrix and where their outputs go.
+struct Task<'a> {
+    data: &'a [u8],
+    row_bytes: usize,
+    first: usize,
+    dot: Dot,
+    dst: &'a mut [f32],
 }

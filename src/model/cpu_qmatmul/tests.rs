@@ -229,3 +229,35 @@ fn rejects_formats_without_a_kernel() {
     assert!(!CpuQMatMul::supports(GgmlDType::Q4K));
     assert!(CpuQMatMul::new(Arc::new(q)).is_err());
 }
+
+#[test]
+fn forward_many_equals_separate_forwards() {
+    let mats: Vec<CpuQMatMul> = [
+        (GgmlDType::Q4_1, 96),
+        (GgmlDType::Q8_0, 32),
+        (GgmlDType::Q4_0, 200),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, &(dtype, n))| CpuQMatMul::new(case(dtype, n, 576, i as u64).weight).unwrap())
+    .collect();
+    let refs: Vec<&CpuQMatMul> = mats.iter().collect();
+    for m in [1, 3, 40] {
+        let x = Tensor::from_vec(values(m * 576, 5), (1, m, 576), &Device::Cpu).unwrap();
+        let many = CpuQMatMul::forward_many(&refs, &x, Kernel::Auto).unwrap();
+        assert_eq!(many.len(), mats.len());
+        for (mm, y) in mats.iter().zip(&many) {
+            assert_eq!(y.dims(), &[1, m, mm.out_features()]);
+            let one = mm
+                .forward(&x)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            assert_eq!(y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), one);
+        }
+    }
+    let bad = Tensor::zeros((1, 2, 64), candle_core::DType::F32, &Device::Cpu).unwrap();
+    assert!(CpuQMatMul::forward_many(&refs, &bad, Kernel::Auto).is_err());
+}

@@ -41,14 +41,8 @@ pub fn forward(
     step: &Step<'_>,
     dims: AttentionDims,
 ) -> Result<Tensor> {
-    let y = attend(
-        &w.q.forward(x)?,
-        &w.k.forward(x)?,
-        &w.v.forward(x)?,
-        kv,
-        step,
-        dims,
-    )?;
+    let [q, k, v] = super::block::projections(&[&w.q, &w.k, &w.v], x)?;
+    let y = attend(&q, &k, &v, kv, step, dims)?;
     w.o.forward(&y)
 }
 

@@ -8,7 +8,7 @@ use super::attention::{self, AttentionDims, Step};
 use crate::model::error::Result;
 use crate::model::kv_cache::LayerKv;
 use crate::model::spec::ModelSpec;
-use crate::model::weights::LayerWeights;
+use crate::model::weights::{LayerWeights, Linear};
 
 /// The decoder block of the Llama family (shared by every layer).
 #[derive(Debug, Clone, Copy)]
@@ -42,9 +42,7 @@ impl Block {
         let h = attention::forward(&h, w, kv, step, self.dims)?;
         let x = (x + h)?;
         let h = rms_norm(&x, &w.ffn_norm, self.eps)?;
-        let gate = candle_nn::ops::silu(&w.gate.forward(&h)?)?;
-        let h = w.down.forward(&(gate * w.up.forward(&h)?)?)?;
-        Ok((x + h)?)
+        Ok((&x + mlp(&h, w)?)?)
     }
 }
 
@@ -73,7 +71,7 @@ impl Block {
         seqs: &mut [BatchRows<'_, '_>],
     ) -> Result<Tensor> {
         let h = rms_norm(x, &w.attn_norm, self.eps)?;
-        let (q, k, v) = (w.q.forward(&h)?, w.k.forward(&h)?, w.v.forward(&h)?);
+        let [q, k, v] = projections(&[&w.q, &w.k, &w.v], &h)?;
         let mut outputs = Vec::with_capacity(seqs.len());
         for s in seqs.iter_mut() {
             let (offset, len) = (s.offset, s.len);
@@ -90,10 +88,21 @@ impl Block {
         let y = Tensor::cat(&outputs, 1)?;
         let x = (x + w.o.forward(&y)?)?;
         let h = rms_norm(&x, &w.ffn_norm, self.eps)?;
-        let gate = candle_nn::ops::silu(&w.gate.forward(&h)?)?;
-        let h = w.down.forward(&(gate * w.up.forward(&h)?)?)?;
-        Ok((x + h)?)
+        Ok((&x + mlp(&h, w)?)?)
     }
+}
+
+/// The SwiGLU MLP `down(silu(gate(h)) * up(h))`; gate and up share one pass over `h`.
+fn mlp(h: &Tensor, w: &LayerWeights) -> Result<Tensor> {
+    let [gate, up] = projections(&[&w.gate, &w.up], h)?;
+    w.down.forward(&(candle_nn::ops::silu(&gate)? * up)?)
+}
+
+/// `N` projections of the same input ([`Linear::forward_many`]).
+pub fn projections<const N: usize>(linears: &[&Linear; N], h: &Tensor) -> Result<[Tensor; N]> {
+    Linear::forward_many(linears, h)?
+        .try_into()
+        .map_err(|_| candle_core::Error::Msg("projection count".into()).into())
 }
 
 /// RMSNorm over the last dimension with a learned scale.

@@ -175,7 +175,7 @@ impl Model {
                 cache: n_cached,
                 model: self.spec.n_layers,
             })?;
-            x = self.block.forward(&x, &w, kv, &step)?;
+            x = self.on_pool(|| self.block.forward(&x, &w, kv, &step))?;
             drop(w);
             layers.release(i)?;
         }
@@ -185,6 +185,19 @@ impl Model {
         let last = rms_norm(&last, &self.fixed.final_norm, self.spec.rms_norm_eps as f32)?;
         let logits = self.fixed.lm_head.forward(&last)?;
         Ok(logits.flatten_all()?.to_dtype(DType::F32)?)
+    }
+
+    /// Runs `f` (one decoder layer) on a thread of rayon's pool when computing on the CPU.
+    ///
+    /// The CPU matmuls split their rows over the pool; called from a thread outside it, each
+    /// of them would hand its work over and sleep until woken (two thread switches per matmul).
+    /// Moving the whole layer onto a pool thread pays that once per layer instead.
+    fn on_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        if self.device.is_cpu() {
+            rayon::scope(|_| f())
+        } else {
+            f()
+        }
     }
 
     /// Runs several sequences in one step and returns each one's last-position logits as f32
@@ -251,7 +264,7 @@ impl Model {
                     step,
                 });
             }
-            x = self.block.forward_batch(&x, &w, &mut rows)?;
+            x = self.on_pool(|| self.block.forward_batch(&x, &w, &mut rows))?;
             drop(w);
             layers.release(i)?;
         }
