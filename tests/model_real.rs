@@ -51,8 +51,13 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
 }
 
-/// ferry's logits for the prompt, then for each greedy continuation token.
-fn ours(dtype: DTypeChoice, steps: usize) -> Vec<Vec<f32>> {
+/// ferry's logits for `prompt`, then for `steps` more tokens, each chosen by `pick(step, logits)`.
+fn ours_logits(
+    dtype: DTypeChoice,
+    prompt: &[u32],
+    steps: usize,
+    pick: &dyn Fn(usize, &[f32]) -> u32,
+) -> Vec<Vec<f32>> {
     let files = ModelFiles::Gguf { path: model_path() };
     let options = LoadOptions {
         device: Device::Cpu,
@@ -71,57 +76,58 @@ fn ours(dtype: DTypeChoice, steps: usize) -> Vec<Vec<f32>> {
     );
     let mut layers = loaded.layers;
     let mut cache = loaded.model.new_cache();
-    let mut out = vec![loaded
-        .model
-        .forward(PROMPT, &mut cache, &mut layers)
-        .unwrap()
-        .to_vec1()
-        .unwrap()];
-    for _ in 0..steps {
-        let next = argmax(out.last().unwrap()) as u32;
-        out.push(
-            loaded
-                .model
-                .forward(&[next], &mut cache, &mut layers)
-                .unwrap()
-                .to_vec1()
-                .unwrap(),
-        );
+    let mut run = |tokens: &[u32]| -> Vec<f32> {
+        loaded
+            .model
+            .forward(tokens, &mut cache, &mut layers)
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    let mut out = vec![run(prompt)];
+    for step in 0..steps {
+        let next = pick(step, out.last().unwrap());
+        out.push(run(&[next]));
     }
     out
 }
 
-fn candle_reference(steps: usize) -> Vec<Vec<f32>> {
+/// candle-transformers' quantized_llama on the same file, same protocol as [`ours_logits`].
+fn candle_logits(prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
     let path = model_path();
     let mut file = std::fs::File::open(&path).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();
-    let mut model =
-        quantized_llama::ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
     let dev = Device::Cpu;
-    let ids = Tensor::new(PROMPT, &dev).unwrap().unsqueeze(0).unwrap();
-    let logits = model
-        .forward(&ids, 0)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let mut out: Vec<Vec<f32>> = vec![logits];
-    for i in 0..steps {
+    let mut model = quantized_llama::ModelWeights::from_gguf(content, &mut file, &dev).unwrap();
+    let mut run = |tokens: &[u32], pos: usize| -> Vec<f32> {
+        let ids = Tensor::new(tokens, &dev).unwrap().unsqueeze(0).unwrap();
+        model
+            .forward(&ids, pos)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    let mut out = vec![run(prompt, 0)];
+    for step in 0..steps {
         let next = argmax(out.last().unwrap()) as u32;
-        let ids = Tensor::new(&[next], &dev).unwrap().unsqueeze(0).unwrap();
-        let pos = PROMPT.len() + i;
-        out.push(
-            model
-                .forward(&ids, pos)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap(),
-        );
+        out.push(run(&[next], prompt.len() + step));
     }
     out
+}
+
+fn greedy(_: usize, logits: &[f32]) -> u32 {
+    argmax(logits) as u32
+}
+
+/// ferry's greedy logits for the test prompt.
+fn ours(dtype: DTypeChoice, steps: usize) -> Vec<Vec<f32>> {
+    ours_logits(dtype, PROMPT, steps, &greedy)
+}
+
+fn candle_reference(steps: usize) -> Vec<Vec<f32>> {
+    candle_logits(PROMPT, steps)
 }
 
 /// ferry's CPU kernels quantize activations exactly as candle does, but sum in a different
@@ -162,32 +168,9 @@ fn smollm2_matches_candle_and_answers_paris() {
 
 /// The dense f32 model's logits for the prompt and then for `reference`'s greedy tokens.
 fn ours_dense_following(reference: &[Vec<f32>]) -> Vec<Vec<f32>> {
-    let files = ModelFiles::Gguf { path: model_path() };
-    let options = LoadOptions {
-        device: Device::Cpu,
-        dtype: DTypeChoice::F32,
-    };
-    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
-    let mut layers = loaded.layers;
-    let mut cache = loaded.model.new_cache();
-    let mut out = vec![loaded
-        .model
-        .forward(PROMPT, &mut cache, &mut layers)
-        .unwrap()
-        .to_vec1()
-        .unwrap()];
-    for logits in &reference[..reference.len() - 1] {
-        let next = argmax(logits) as u32;
-        out.push(
-            loaded
-                .model
-                .forward(&[next], &mut cache, &mut layers)
-                .unwrap()
-                .to_vec1()
-                .unwrap(),
-        );
-    }
-    out
+    ours_logits(DTypeChoice::F32, PROMPT, reference.len() - 1, &|step, _| {
+        argmax(&reference[step]) as u32
+    })
 }
 
 #[test]
@@ -205,65 +188,12 @@ fn smollm2_dequantized_to_f32_still_answers_paris() {
     assert_eq!(vocab[argmax(&dense[0])], "ĠParis");
 }
 
-/// Greedy tokens for `prompt` through ferry's model.
-fn ours_greedy(prompt: &[u32], steps: usize) -> Vec<u32> {
-    let files = ModelFiles::Gguf { path: model_path() };
-    let options = LoadOptions {
-        device: Device::Cpu,
-        dtype: DTypeChoice::Auto,
-    };
-    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
-    let mut layers = loaded.layers;
-    let mut cache = loaded.model.new_cache();
-    let mut logits: Vec<f32> = loaded
-        .model
-        .forward(prompt, &mut cache, &mut layers)
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let mut out = Vec::new();
-    for _ in 0..steps {
-        let next = argmax(&logits) as u32;
-        out.push(next);
-        logits = loaded
-            .model
-            .forward(&[next], &mut cache, &mut layers)
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-    }
-    out
-}
-
-/// Greedy tokens for `prompt` through candle-transformers' quantized_llama.
-fn candle_greedy(prompt: &[u32], steps: usize) -> Vec<u32> {
-    let path = model_path();
-    let mut file = std::fs::File::open(&path).unwrap();
-    let content = gguf_file::Content::read(&mut file).unwrap();
-    let dev = Device::Cpu;
-    let mut model = quantized_llama::ModelWeights::from_gguf(content, &mut file, &dev).unwrap();
-    let ids = Tensor::new(prompt, &dev).unwrap().unsqueeze(0).unwrap();
-    let mut logits: Vec<f32> = model
-        .forward(&ids, 0)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let mut out = Vec::new();
-    for i in 0..steps {
-        let next = argmax(&logits) as u32;
-        out.push(next);
-        let ids = Tensor::new(&[next], &dev).unwrap().unsqueeze(0).unwrap();
-        logits = model
-            .forward(&ids, prompt.len() + i)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-    }
-    out
+/// The greedy tokens chosen from a run's logits (the last logits choose nothing).
+fn tokens(logits: &[Vec<f32>]) -> Vec<u32> {
+    logits[..logits.len() - 1]
+        .iter()
+        .map(|l| argmax(l) as u32)
+        .collect()
 }
 
 /// Greedy generation from a chat prompt starts like candle's. Only a prefix is compared: the
@@ -290,8 +220,8 @@ fn chat_prompt_greedy_generation_matches_candle() {
         prompt.len() > 20,
         "the template adds a system prompt: {text:?}"
     );
-    let ours = ours_greedy(&prompt, 16);
-    let theirs = candle_greedy(&prompt, 16);
+    let ours = tokens(&ours_logits(DTypeChoice::Auto, &prompt, 16, &greedy));
+    let theirs = tokens(&candle_logits(&prompt, 16));
     println!(
         "ours {:?}\ncandle {:?}",
         tokenizer.decode(&ours, false).unwrap(),
