@@ -4,6 +4,9 @@
 //! The model file comes from `scripts/fetch-model.sh`; set `FERRY_TEST_MODEL` to use another
 //! path.
 
+mod real_model;
+use real_model::model_path;
+
 use std::path::PathBuf;
 
 use candle_core::quantized::gguf_file;
@@ -15,21 +18,6 @@ use ferry::model::spec::Architecture;
 
 /// "The capital of France is" in SmolLM2's vocabulary.
 const PROMPT: &[u32] = &[504, 3575, 282, 4649, 314];
-
-fn model_path() -> PathBuf {
-    let path = match std::env::var_os("FERRY_TEST_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        }
-    };
-    assert!(
-        path.exists(),
-        "test model {} is missing: run scripts/fetch-model.sh (or set FERRY_TEST_MODEL)",
-        path.display()
-    );
-    path
-}
 
 fn vocab(path: &PathBuf) -> Vec<String> {
     let mut file = std::fs::File::open(path).unwrap();

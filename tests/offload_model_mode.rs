@@ -5,7 +5,9 @@
 //! traffic; room for both means no further swaps; a model whose room is held by a running request
 //! waits and then fails with `Overloaded`.
 
-use std::path::PathBuf;
+mod real_model;
+use real_model::model_path;
+
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -30,20 +32,6 @@ use ferry::server::{app, ServerOptions};
 
 const MAX_TOKENS: usize = 12;
 const LONG: Duration = Duration::from_secs(300);
-
-fn model_path() -> PathBuf {
-    let path = std::env::var_os("FERRY_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.is_file(),
-        "{} is missing: run scripts/fetch-model.sh",
-        path.display()
-    );
-    path
-}
 
 /// "a" is the quantized model, "b" the same file dequantized to f32.
 fn dtype_of(name: &str) -> DtypeChoice {

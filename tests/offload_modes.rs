@@ -4,7 +4,9 @@
 //! `prefetch + 1` slots; `none` over budget fails with advice; the host store holds the offloaded
 //! bytes and barely more.
 
-use std::path::PathBuf;
+mod real_model;
+use real_model::model_path;
+
 
 use candle_core::{DType, Device};
 use ferry::config::{
@@ -21,20 +23,6 @@ use ferry::runtime::planning::plan_model;
 
 const PROMPT: &str = "The capital of France is";
 const NEW_TOKENS: usize = 12;
-
-fn model_path() -> PathBuf {
-    let path = std::env::var_os("FERRY_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.is_file(),
-        "{} is missing: run scripts/fetch-model.sh",
-        path.display()
-    );
-    path
-}
 
 fn config(
     dtype: DtypeChoice,

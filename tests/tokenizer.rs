@@ -2,6 +2,9 @@
 //! that Hugging Face transformers produced for SmolLM2-135M-Instruct's GGUF
 //! (tests/fixtures/tokenizer_smollm2.json, made by scripts/make-tokenizer-fixture.py).
 
+mod real_model;
+use real_model::model_path;
+
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
@@ -14,18 +17,6 @@ use serde_json::Value as Json;
 
 fn crate_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn model_path() -> PathBuf {
-    let path = std::env::var_os("FERRY_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    assert!(
-        path.is_file(),
-        "test model {} is missing: run scripts/fetch-model.sh (or set FERRY_TEST_MODEL)",
-        path.display()
-    );
-    path
 }
 
 fn gguf_tokenizer() -> TextTokenizer {
