@@ -7,7 +7,6 @@
 mod real_model;
 use real_model::model_path;
 
-
 use candle_core::{DType, Device};
 use ferry::config::{
     DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
