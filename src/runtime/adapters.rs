@@ -188,28 +188,25 @@ impl LanguageModel for ModelRunner {
         batch: &mut [(&mut RunnerSequence, &[u32])],
     ) -> EngineResult<Vec<Vec<f32>>> {
         // Mode `model`: every sequence holds a lease; all leases name the same resident copy.
-        let leased: Option<Vec<LayerWeights>> = match &self.swapped {
-            None => None,
-            Some(swapped) => {
-                for (seq, _) in batch.iter_mut() {
-                    if seq.lease.is_none() {
-                        seq.lease = Some(swapped.client.acquire().map_err(swap_error)?);
-                    }
+        if let Some(swapped) = &self.swapped {
+            for (seq, _) in batch.iter_mut() {
+                if seq.lease.is_none() {
+                    seq.lease = Some(swapped.client.acquire().map_err(swap_error)?);
                 }
-                batch
-                    .first()
-                    .and_then(|(seq, _)| seq.lease.as_ref())
-                    .map(|lease| lease.layers().to_vec())
             }
-        };
-        let mut inputs: Vec<SeqInput> = batch
-            .iter_mut()
-            .map(|(seq, tokens)| SeqInput {
-                tokens,
-                cache: &mut seq.cache,
-            })
-            .collect();
-        let logits = match &leased {
+        }
+        // Split each sequence into its cache (written) and its lease (read), so the first lease's
+        // layers are borrowed in place rather than copied every step.
+        let mut leased: Option<&[LayerWeights]> = None;
+        let mut inputs: Vec<SeqInput> = Vec::with_capacity(batch.len());
+        for (seq, tokens) in batch.iter_mut() {
+            let RunnerSequence { cache, lease } = &mut **seq;
+            if leased.is_none() {
+                leased = lease.as_ref().map(Lease::layers);
+            }
+            inputs.push(SeqInput { tokens, cache });
+        }
+        let logits = match leased {
             None => self.model.forward_batch(&mut inputs, &mut self.layers),
             Some(layers) => self
                 .model

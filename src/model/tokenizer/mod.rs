@@ -54,17 +54,7 @@ impl TextTokenizer {
     /// `tokenizer.ggml.pre`.
     pub fn from_gguf(content: &Content) -> Result<Self> {
         let built = gguf::build(content)?;
-        let chat_template = built
-            .chat_template
-            .as_deref()
-            .map(ChatTemplate::new)
-            .transpose()?;
-        Ok(Self {
-            tokenizer: built.tokenizer,
-            special: built.special,
-            byte_level: true,
-            chat_template,
-        })
+        Self::assemble(built.tokenizer, built.special, true, built.chat_template)
     }
 
     /// Builds the tokenizer from Hugging Face files: `tokenizer.json`, plus optionally
@@ -76,15 +66,29 @@ impl TextTokenizer {
         generation_config: Option<&Path>,
     ) -> Result<Self> {
         let built = hf::build(tokenizer_json, tokenizer_config, generation_config)?;
-        let chat_template = built
-            .chat_template
+        Self::assemble(
+            built.tokenizer,
+            built.special,
+            built.byte_level,
+            built.chat_template,
+        )
+    }
+
+    /// The tokenizer with its template compiled (shared by both constructors).
+    fn assemble(
+        tokenizer: Tokenizer,
+        special: SpecialTokens,
+        byte_level: bool,
+        chat_template: Option<String>,
+    ) -> Result<Self> {
+        let chat_template = chat_template
             .as_deref()
             .map(ChatTemplate::new)
             .transpose()?;
         Ok(Self {
-            tokenizer: built.tokenizer,
-            special: built.special,
-            byte_level: built.byte_level,
+            tokenizer,
+            special,
+            byte_level,
             chat_template,
         })
     }
