@@ -12,6 +12,9 @@
 //!   prints ([`offload::render`]).
 //! - [`engine`]: the thread that owns loaded models and turns a validated request into a stream of
 //!   generation events: sampling, stop strings, incremental detokenisation, logprobs.
+//! - [`gpu`]: the CUDA side (devices, driver memory numbers, pinned host memory, the copy stream
+//!   and its events, device slots), with a stand-in that says "built without CUDA" when the
+//!   `cuda` feature is off.
 //! - [`runtime`]: glue from a resolved configuration to running engine threads: device choice,
 //!   adapters from the real model and tokenizer to the engine's traits, loading with progress.
 //! - [`metrics`]: the Prometheus registry (`ferry_*`) shared by the HTTP layer, the engine and the
@@ -24,6 +27,7 @@
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod gpu;
 pub mod metrics;
 pub mod model;
 pub mod offload;

@@ -23,9 +23,9 @@ use ferry::engine::{
 use ferry::metrics::Metrics;
 use ferry::model::source::HubOptions;
 use ferry::offload::render::{render_json, render_text};
-use ferry::runtime::device::{describe, select_device};
+use ferry::runtime::device::{describe, free_bytes, select_device};
 use ferry::runtime::load::{load_for_serving_on, load_for_serving_shared};
-use ferry::runtime::planning::{cpu_free_bytes, plan_model};
+use ferry::runtime::planning::plan_model;
 use ferry::runtime::swap::swap_manager_for;
 use ferry::runtime::telemetry::Telemetry;
 use ferry::server::{self, ServerOptions};
@@ -250,7 +250,7 @@ async fn shutdown_signal() {
 fn ferry_plan(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
     let device = select_device(config.device.kind)?;
     let hub = HubOptions::from_env(|key| std::env::var(key).ok());
-    let free = cpu_free_bytes()?;
+    let free = free_bytes(&device)?;
     let mut out = String::new();
     for model in &config.models {
         let plan = plan_model(model, &config.device, &device, &hub, free)?;

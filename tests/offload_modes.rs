@@ -13,6 +13,7 @@ use ferry::config::{
 };
 use ferry::engine::traits::{LanguageModel, TextCodec};
 use ferry::model::source::HubOptions;
+use ferry::offload::buffer::HostMemory;
 use ferry::offload::plan::Plan;
 use ferry::offload::sizing::{read_gguf_header, size_gguf, DenseDtype};
 use ferry::offload::HostStore;
@@ -246,7 +247,8 @@ fn host_store_holds_the_offloaded_bytes_within_two_percent() {
         let sizes = size_gguf(&path, target).expect("sizes");
         // Offload all but the first two layers.
         let layers: Vec<usize> = (2..sizes.n_layers()).collect();
-        let store = HostStore::from_gguf(&path, &content, &layers, dense).expect("host store");
+        let store = HostStore::from_gguf(&path, &content, &layers, dense, &HostMemory::Heap)
+            .expect("host store");
         let expected: u64 = sizes.layers[2..].iter().sum();
         assert_eq!(store.weight_bytes(), expected, "{dense:?}");
         let allocated = store.allocated_bytes();

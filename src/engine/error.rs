@@ -38,6 +38,10 @@ pub enum EngineError {
         /// Tokens requested for the completion.
         max_tokens: usize,
     },
+    /// The device ran out of memory during this request's step. The request fails; the server
+    /// and other requests go on (a retry may fit once other requests finish).
+    #[error("the device ran out of memory while serving this request: {0}")]
+    OutOfMemory(String),
     /// The engine thread is gone (shutdown or a crash); the request cannot be served.
     #[error("the engine is not running")]
     Unavailable,

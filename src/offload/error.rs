@@ -109,6 +109,9 @@ pub enum OffloadError {
     /// Loading the resident parts of the model failed.
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
+    /// The CUDA layer failed (or this build has none).
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuError),
     /// The copy thread stopped or could not be started.
     #[error("copy thread: {0}")]
     CopyThread(String),

@@ -11,7 +11,8 @@
 //! The device slots ([`super::slot`]) mirror that layout, so filling a slot is two memcpys. No
 //! tensor of an offloaded layer is ever loaded whole: at most one tensor is converted at a time
 //! when a dense dtype is asked for, so host memory for offloaded weights is the slabs and nothing
-//! else. On CUDA the slabs will be pinned allocations; on the CPU they are plain buffers.
+//! else. On CUDA the slabs are pinned allocations ([`HostMemory::Pinned`]); on the CPU they are
+//! plain heap buffers.
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -21,7 +22,7 @@ use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
-use super::buffer::AlignedBytes;
+use super::buffer::{AlignedBytes, HostMemory};
 use super::error::OffloadError;
 use crate::model::spec::ModelSpec;
 
@@ -163,6 +164,11 @@ impl HostLayer {
     pub fn allocated_bytes(&self) -> u64 {
         self.slab.capacity_bytes() as u64
     }
+
+    /// Whether the slab is page-locked (CUDA devices).
+    pub fn is_pinned(&self) -> bool {
+        self.slab.is_pinned()
+    }
 }
 
 /// Every offloaded layer's slab, keyed by layer index.
@@ -189,12 +195,13 @@ enum Source<'a> {
 impl HostStore {
     /// Fills slabs for `layers` of a GGUF file. `dense`: `None` keeps block-quantized matrices as
     /// their raw bytes (activations f32); `Some(dtype)` dequantizes everything to `dtype`, like the
-    /// loader does.
+    /// loader does. Slabs are allocated in `memory`.
     pub fn from_gguf(
         path: &Path,
         content: &Content,
         layers: &[usize],
         dense: Option<DType>,
+        memory: &HostMemory,
     ) -> Result<Self> {
         let file = std::fs::File::open(path).map_err(|source| io(path, source))?;
         // SAFETY: the file is mapped read-only and only read while this function runs; like every
@@ -243,7 +250,7 @@ impl HostStore {
                     source,
                 });
             }
-            out.push(place(index, pending)?);
+            out.push(place(index, pending, memory)?);
         }
         Ok(Self {
             layers: out,
@@ -252,12 +259,14 @@ impl HostStore {
     }
 
     /// Fills slabs for `layers` of a Hugging Face checkpoint, every tensor dense in `dtype`
-    /// (tensors already in `dtype` are copied straight from the mapped shard).
+    /// (tensors already in `dtype` are copied straight from the mapped shard). Slabs are
+    /// allocated in `memory`.
     pub fn from_safetensors(
         shards: &[PathBuf],
         spec: &ModelSpec,
         layers: &[usize],
         dtype: DType,
+        memory: &HostMemory,
     ) -> Result<Self> {
         let _ = spec;
         // SAFETY: read-only maps, read only while this function runs (see `from_gguf`).
@@ -293,7 +302,7 @@ impl HostStore {
                     source,
                 });
             }
-            out.push(place(index, pending)?);
+            out.push(place(index, pending, memory)?);
         }
         Ok(Self {
             layers: out,
@@ -335,8 +344,8 @@ impl HostStore {
 }
 
 /// Lays `pending` out (blocks first, then dense, each 8-byte aligned) and copies it into a new
-/// slab of exactly that size.
-fn place(index: usize, mut pending: Vec<Pending<'_>>) -> Result<HostLayer> {
+/// slab of exactly that size in `memory`.
+fn place(index: usize, mut pending: Vec<Pending<'_>>, memory: &HostMemory) -> Result<HostLayer> {
     let mut blocks_len = 0usize;
     let mut dense_len = 0usize;
     for p in &mut pending {
@@ -352,7 +361,7 @@ fn place(index: usize, mut pending: Vec<Pending<'_>>) -> Result<HostLayer> {
         p.entry.len = len;
         *cursor = align_up(*cursor + len);
     }
-    let mut slab = AlignedBytes::zeroed(blocks_len + dense_len);
+    let mut slab = AlignedBytes::zeroed_in(blocks_len + dense_len, memory)?;
     let bytes = slab.as_bytes_mut();
     for p in &pending {
         let start = match p.entry.kind {

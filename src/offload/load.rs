@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use super::accounting::Accounting;
+use super::buffer::HostMemory;
 use super::error::OffloadError;
 use super::host::{HostStore, Result};
 use super::plan::{Home, Plan};
@@ -122,6 +123,7 @@ fn read_model(
                     reader.content(),
                     &offloaded,
                     dense,
+                    &HostMemory::for_device(&options.device),
                 )?)
             };
             let tied = !reader.content().tensor_infos.contains_key("output.weight");
@@ -157,6 +159,7 @@ fn read_model(
                     reader.spec(),
                     &offloaded,
                     reader.dtype(),
+                    &HostMemory::for_device(&options.device),
                 )?)
             };
             let tied = reader.spec().tie_word_embeddings;

@@ -10,14 +10,17 @@
 //!   (which layers stay on the device, the slot ring, bytes per tier, PCIe-bound decode estimate).
 //! - [`render`]: the human table and the JSON document that `ferry plan` prints.
 //!
-//! The running side (CPU device today; a CUDA backend keeps the same API):
+//! The running side (the CPU device and CUDA devices, one API):
 //!
 //! - [`host`]: [`HostStore`], one slab per offloaded layer, filled once from the mapped file.
 //! - [`slot`] and [`qview`]: a device slot's buffers and the weight views into it.
-//! - [`stream`]: [`Streamer`], the slot ring, prefetch queue and copy engine.
+//! - [`stream`]: [`Streamer`], the slot ring and its tickets, with two copy backends:
+//!   [`stream_thread`] (a copy thread, the CPU device) and [`stream_gpu`] (a CUDA copy stream and
+//!   events; the CUDA primitives themselves live in [`crate::gpu`]).
 //! - [`store`]: [`WeightStore`], the model's `LayerSource` in every mode.
 //! - [`load`]: loads a model as its plan places it, or parks it whole on the host (mode `model`).
-//! - [`swap`]: [`SwapManager`], whole-model residency across the models of a server (mode `model`).
+//! - [`swap`]: [`SwapManager`], whole-model residency across the models of a server (mode `model`);
+//!   [`swap_copy`] moves a parked model's slabs onto the device.
 //! - [`accounting`]: device bytes per kind against the plan, and streaming counters.
 //! - [`buffer`]: the aligned byte buffer slabs and slots are made of.
 //!
@@ -35,7 +38,10 @@ pub mod sizing;
 pub mod slot;
 pub mod store;
 pub mod stream;
+mod stream_gpu;
+mod stream_thread;
 pub mod swap;
+mod swap_copy;
 
 pub use accounting::{Accounting, AccountingSnapshot, PlannedBytes};
 pub use error::{OffloadError, PlanError, Result};

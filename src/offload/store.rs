@@ -101,7 +101,7 @@ impl WeightStore {
     pub fn prefetch_ahead(&mut self, index: usize) -> Result<()> {
         let _ = index;
         if let Some(streamer) = self.streamer.as_mut() {
-            streamer.prefetch();
+            streamer.prefetch()?;
         }
         Ok(())
     }

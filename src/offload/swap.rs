@@ -9,8 +9,9 @@
 //!
 //! - already resident: the lease is immediate;
 //! - parked, and it fits next to the other resident models: its slabs are copied into fresh
-//!   device buffers (the same slot buffers and fill path as the streaming ring, throttled to
-//!   `link_bandwidth` on the CPU so a swap costs what PCIe would), counted as a swap-in;
+//!   device buffers ([`super::swap_copy`]: bulk copies of the pinned slabs on CUDA; on the CPU
+//!   the streaming ring's fill path, throttled to `link_bandwidth` so a swap costs what PCIe
+//!   would), counted as a swap-in;
 //! - parked and it does not fit: idle resident models (no lease) are moved out, least recently
 //!   used first, each counted as a swap-out; if the room is held by busy models the caller waits,
 //!   and fails with [`OffloadError::Busy`] after the manager's wait timeout rather than hang.
@@ -30,7 +31,7 @@ use candle_core::Device;
 use super::accounting::Accounting;
 use super::error::OffloadError;
 use super::host::{HostStore, Result};
-use super::slot::SlotBuffers;
+use super::swap_copy::copy_to_device;
 use crate::model::weights::LayerWeights;
 
 /// Server-wide settings of the residency manager.
@@ -481,35 +482,6 @@ impl SwapClient {
         self.inner.changed.notify_all();
         result
     }
-}
-
-/// Copies every slab of `host` into new device buffers and returns the layers viewing them.
-fn copy_to_device(
-    host: &HostStore,
-    device: &Device,
-    bandwidth: Option<u64>,
-) -> Result<Vec<LayerWeights>> {
-    let started = Instant::now();
-    let mut bytes = 0u64;
-    let mut layers = Vec::with_capacity(host.layers().len());
-    for layer in host.layers() {
-        let buffers = SlotBuffers::new(
-            layer.blocks_len,
-            layer.dense_len,
-            host.dense_dtype(),
-            device,
-        )?;
-        bytes += buffers.fill(layer)?;
-        layers.push(buffers.views(layer)?);
-    }
-    if let Some(bandwidth) = bandwidth.filter(|&b| b > 0) {
-        let target = Duration::from_secs_f64(bytes as f64 / bandwidth as f64);
-        let elapsed = started.elapsed();
-        if target > elapsed {
-            std::thread::sleep(target - elapsed);
-        }
-    }
-    Ok(layers)
 }
 
 /// Keeps a model resident while alive; the forward loop reads its layers.

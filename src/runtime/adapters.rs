@@ -145,6 +145,33 @@ impl ModelRunner {
         self.layers.accounting().snapshot()
     }
 
+    /// The engine's error for a failed forward step. A device out-of-memory error becomes
+    /// [`EngineError::OutOfMemory`] (HTTP 503) and is logged with what ferry holds against the
+    /// plan and what the driver reports, so the operator can resize `gpu_memory` or `max_batch`;
+    /// the runner stays usable (the streamer resynchronises on the next step).
+    fn step_error(&self, err: ModelError) -> EngineError {
+        let text = err.to_string();
+        if !crate::gpu::is_out_of_memory(&text) {
+            return internal(err);
+        }
+        let held = self.layers.accounting().snapshot();
+        let driver = crate::gpu::memory_info(self.model.device()).ok();
+        tracing::error!(
+            error = %text,
+            device = %crate::gpu::describe(self.model.device()),
+            held_weights_mib = held.weights >> 20,
+            held_slots_mib = held.slots >> 20,
+            kv_peak_mib = held.kv_peak >> 20,
+            planned_total_mib = held.planned.total >> 20,
+            planned_kv_mib = held.planned.kv >> 20,
+            planned_workspace_mib = held.planned.workspace >> 20,
+            driver_free_mib = driver.map(|m| m.free >> 20),
+            driver_total_mib = driver.map(|m| m.total >> 20),
+            "out of device memory during a forward step; failing the request with 503"
+        );
+        EngineError::OutOfMemory(text)
+    }
+
     /// The model (spec, fixed weights, device).
     pub fn model(&self) -> &Model {
         &self.model
@@ -174,13 +201,13 @@ impl LanguageModel for ModelRunner {
                     .forward(tokens, &mut seq.cache, &mut LeasedLayers(lease.layers()))
             }
         }
-        .map_err(internal)?;
+        .map_err(|e| self.step_error(e))?;
         self.layers
             .accounting()
             .observe_kv(seq.cache.allocated_bytes() as u64);
         logits
             .to_vec1::<f32>()
-            .map_err(|e| EngineError::Internal(e.to_string()))
+            .map_err(|e| self.step_error(e.into()))
     }
 
     fn forward_batch(
@@ -212,7 +239,7 @@ impl LanguageModel for ModelRunner {
                 .model
                 .forward_batch(&mut inputs, &mut LeasedLayers(layers)),
         }
-        .map_err(internal)?;
+        .map_err(|e| self.step_error(e))?;
         drop(inputs);
         for (seq, _) in batch.iter() {
             self.layers
@@ -221,7 +248,7 @@ impl LanguageModel for ModelRunner {
         }
         logits
             .to_vec2::<f32>()
-            .map_err(|e| EngineError::Internal(e.to_string()))
+            .map_err(|e| self.step_error(e.into()))
     }
 
     fn max_context(&self) -> usize {

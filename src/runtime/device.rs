@@ -1,29 +1,54 @@
-//! Picks the compute device from the configuration. This build has no CUDA backend yet, so
-//! `auto` means the CPU and `cuda:N` is a clear error rather than a silent fallback.
+//! Picks the compute device from the configuration: `cpu`, `cuda:N`, or `auto` (cuda:0 when this
+//! build has CUDA and the driver sees a device, else the CPU). Asking for CUDA in a build without
+//! it, or for a device the driver does not see, is a clear error, never a silent fallback.
+//!
+//! Also the device's free memory, which the planner resolves `gpu_memory = "90%"` against: the
+//! driver's number on CUDA, `MemAvailable` on the CPU.
 
 use candle_core::Device;
 
+use super::planning::cpu_free_bytes;
 use super::RuntimeError;
 use crate::config::DeviceChoice;
+use crate::gpu;
 
 /// The candle device for `choice`.
 pub fn select_device(choice: DeviceChoice) -> Result<Device, RuntimeError> {
     match choice {
-        DeviceChoice::Auto | DeviceChoice::Cpu => Ok(Device::Cpu),
-        DeviceChoice::Cuda(index) => Err(RuntimeError::Device(format!(
-            "cuda:{index} was requested, but this ferry was built without CUDA support; \
-             rebuild with `--features cuda` (see README) or use --device cpu"
-        ))),
+        DeviceChoice::Cpu => Ok(Device::Cpu),
+        DeviceChoice::Auto if gpu::device_count() > 0 => open_cuda(0),
+        DeviceChoice::Auto => Ok(Device::Cpu),
+        DeviceChoice::Cuda(index) => open_cuda(index),
     }
+}
+
+fn open_cuda(index: usize) -> Result<Device, RuntimeError> {
+    let device =
+        gpu::open(index).map_err(|e| RuntimeError::Device(format!("cuda:{index}: {e}")))?;
+    if let Ok(mem) = gpu::memory_info(&device) {
+        tracing::info!(
+            device = %describe(&device),
+            free_mib = mem.free >> 20,
+            total_mib = mem.total >> 20,
+            "CUDA device opened"
+        );
+    }
+    Ok(device)
 }
 
 /// A short human name for logs ("cpu", "cuda:0").
 pub fn describe(device: &Device) -> String {
-    match device {
-        Device::Cpu => "cpu".to_string(),
-        Device::Cuda(_) => "cuda".to_string(),
-        Device::Metal(_) => "metal".to_string(),
+    gpu::describe(device)
+}
+
+/// Bytes free on `device` right now: the driver's figure on CUDA, `MemAvailable` on the CPU.
+pub fn free_bytes(device: &Device) -> Result<u64, RuntimeError> {
+    if device.is_cuda() {
+        return gpu::memory_info(device).map(|m| m.free).map_err(|e| {
+            RuntimeError::Device(format!("free memory of {}: {e}", describe(device)))
+        });
     }
+    cpu_free_bytes()
 }
 
 #[cfg(test)]
@@ -31,14 +56,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cpu_and_auto_give_the_cpu() {
+    fn cpu_gives_the_cpu() {
         assert!(matches!(select_device(DeviceChoice::Cpu), Ok(Device::Cpu)));
-        assert!(matches!(select_device(DeviceChoice::Auto), Ok(Device::Cpu)));
     }
 
+    #[test]
+    fn auto_gives_the_cpu_without_a_cuda_device() {
+        if gpu::device_count() == 0 {
+            assert!(matches!(select_device(DeviceChoice::Auto), Ok(Device::Cpu)));
+        }
+    }
+
+    #[test]
+    fn the_cpu_has_free_memory() {
+        assert!(free_bytes(&Device::Cpu).expect("meminfo") > 0);
+    }
+
+    #[cfg(not(feature = "cuda"))]
     #[test]
     fn cuda_without_the_feature_says_how_to_get_it() {
         let err = select_device(DeviceChoice::Cuda(0)).expect_err("no CUDA in this build");
         assert!(err.to_string().contains("--features cuda"), "{err}");
+    }
+
+    #[test]
+    fn a_device_the_driver_does_not_see_is_an_error() {
+        let err = select_device(DeviceChoice::Cuda(97)).expect_err("no such device");
+        assert!(err.to_string().contains("cuda:97"), "{err}");
     }
 }

@@ -11,7 +11,8 @@ use candle_core::Device;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::adapters::{ModelRunner, TokenizerCodec};
-use super::planning::{cpu_free_bytes, plan_model};
+use super::device::free_bytes;
+use super::planning::plan_model;
 use super::RuntimeError;
 use crate::config::{DeviceChoice, DeviceConfig, ModelConfig, OffloadMode};
 use crate::model::loader::{LoadOptions, LoadProgress};
@@ -109,15 +110,7 @@ fn load_runner(
         device: device.clone(),
         dtype: config.dtype,
     };
-    let free = match device {
-        Device::Cpu => cpu_free_bytes()?,
-        _ => {
-            return Err(RuntimeError::Device(
-                "offload placement needs the free memory of the device; only the CPU is supported in this build"
-                    .into(),
-            ))
-        }
-    };
+    let free = free_bytes(device)?;
     let plan = plan_model(config, device_config, device, hub, free)?;
     tracing::info!(
         model = %config.name,

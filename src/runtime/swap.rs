@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use candle_core::Device;
 
-use super::planning::{cpu_free_bytes, plan_model};
+use super::device::free_bytes;
+use super::planning::plan_model;
 use super::RuntimeError;
 use crate::config::{Config, OffloadMode};
 use crate::engine::Residency;
@@ -81,14 +82,7 @@ pub fn swap_manager_for(
     {
         return Ok(None);
     }
-    let free = match device {
-        Device::Cpu => cpu_free_bytes()?,
-        _ => {
-            return Err(RuntimeError::Device(
-                "mode `model` needs the free memory of the device; only the CPU is supported in this build".into(),
-            ))
-        }
-    };
+    let free = free_bytes(device)?;
     let Some(budget_bytes) = swap_budget(config, device, hub, free)? else {
         return Ok(None);
     };

@@ -266,6 +266,11 @@ impl From<EngineError> for ApiError {
                 "engine_unavailable",
                 message,
             ),
+            EngineError::OutOfMemory(_) => {
+                let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "out_of_memory", message);
+                e.retry_after_secs = Some(OVERLOADED_RETRY_AFTER_SECS);
+                e
+            }
             EngineError::Internal(_) => Self::internal(message),
         }
     }
@@ -315,6 +320,11 @@ mod tests {
             (EngineError::NotReady("m".into()), 503, "model_not_ready"),
             (EngineError::Overloaded("q".into()), 503, "overloaded"),
             (EngineError::Unavailable, 503, "engine_unavailable"),
+            (
+                EngineError::OutOfMemory("CUDA".into()),
+                503,
+                "out_of_memory",
+            ),
             (EngineError::Internal("x".into()), 500, "internal_error"),
         ];
         for (err, status, code) in cases {

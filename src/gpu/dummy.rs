@@ -1,0 +1,151 @@
+//! [`crate::gpu`] in a build without the `cuda` feature: the same items, and every constructor
+//! returns [`GpuError::NotBuilt`]. The types cannot be constructed, so their methods are never
+//! reached; they exist so that callers compile without `cfg`.
+
+use std::convert::Infallible;
+
+use candle_core::{DType, Device};
+
+use super::{GpuError, MemoryInfo, Result};
+use crate::model::weights::LayerWeights;
+use crate::offload::host::HostLayer;
+
+/// No CUDA devices in this build.
+pub fn device_count() -> usize {
+    0
+}
+
+/// Always [`GpuError::NotBuilt`].
+pub fn open(ordinal: usize) -> Result<Device> {
+    let _ = ordinal;
+    Err(GpuError::NotBuilt)
+}
+
+/// Always [`GpuError::NotBuilt`].
+pub fn memory_info(device: &Device) -> Result<MemoryInfo> {
+    let _ = device;
+    Err(GpuError::NotBuilt)
+}
+
+/// Page-locked host memory (not available in this build).
+#[derive(Debug)]
+pub struct PinnedBytes {
+    never: Infallible,
+}
+
+impl PinnedBytes {
+    /// Always [`GpuError::NotBuilt`].
+    pub fn zeroed(device: &Device, len: usize) -> Result<Self> {
+        let _ = (device, len);
+        Err(GpuError::NotBuilt)
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self.never {}
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        match self.never {}
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self.never {}
+    }
+
+    /// The bytes, mutably.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        match self.never {}
+    }
+}
+
+/// The copy stream and slot events (not available in this build).
+#[derive(Debug)]
+pub struct CopyLink {
+    never: Infallible,
+}
+
+impl CopyLink {
+    /// Always [`GpuError::NotBuilt`].
+    pub fn new(device: &Device, slots: usize) -> Result<Self> {
+        let _ = (device, slots);
+        Err(GpuError::NotBuilt)
+    }
+
+    /// Copies wait for the compute stream to release `slot`.
+    pub fn copy_after_consumed(&self, _slot: usize) -> Result<()> {
+        match self.never {}
+    }
+
+    /// Marks the end of the copies into `slot`.
+    pub fn mark_loaded(&self, _slot: usize) -> Result<()> {
+        match self.never {}
+    }
+
+    /// Kernels wait for `slot`'s copies.
+    pub fn compute_after_loaded(&self, _slot: usize) -> Result<()> {
+        match self.never {}
+    }
+
+    /// Marks the end of the kernels reading `slot`.
+    pub fn mark_consumed(&self, _slot: usize) -> Result<()> {
+        match self.never {}
+    }
+
+    /// Waits for every queued copy.
+    pub fn synchronize(&self) -> Result<()> {
+        match self.never {}
+    }
+}
+
+/// One slot's device buffers (not available in this build).
+#[derive(Debug)]
+pub struct GpuSlot {
+    never: Infallible,
+}
+
+impl GpuSlot {
+    /// Always [`GpuError::NotBuilt`].
+    pub fn new(device: &Device, layers: &[&HostLayer], dense_dtype: DType) -> Result<Self> {
+        let _ = (device, layers, dense_dtype);
+        Err(GpuError::NotBuilt)
+    }
+
+    /// Bytes this slot holds on the device.
+    pub fn allocated_bytes(&self) -> u64 {
+        match self.never {}
+    }
+
+    /// Queues the copies of `layer` into this slot.
+    pub fn enqueue_fill(&self, _link: &CopyLink, _layer: &HostLayer) -> Result<u64> {
+        match self.never {}
+    }
+
+    /// The weights of `layer` as this slot's tensors.
+    pub fn views(&self, _layer: &HostLayer) -> Result<LayerWeights> {
+        match self.never {}
+    }
+
+    /// The device the slot lives on.
+    pub fn device(&self) -> Device {
+        match self.never {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_constructor_says_cuda_is_not_built() {
+        assert_eq!(device_count(), 0);
+        let err = open(0).expect_err("no CUDA");
+        assert!(err.to_string().contains("--features cuda"), "{err}");
+        assert!(matches!(memory_info(&Device::Cpu), Err(GpuError::NotBuilt)));
+        assert!(PinnedBytes::zeroed(&Device::Cpu, 8).is_err());
+        assert!(CopyLink::new(&Device::Cpu, 2).is_err());
+        assert!(GpuSlot::new(&Device::Cpu, &[], DType::F32).is_err());
+    }
+}

@@ -1,0 +1,62 @@
+//! Moving a parked model onto the device (offload mode `model`): every host slab is copied into
+//! device buffers of its own, and the layers come back as views of those buffers.
+//!
+//! - CUDA: one [`GpuSlot`] per layer, every slab queued as bulk copies on a copy stream from
+//!   pinned memory, one host wait at the end (a swap-in is not in the forward loop).
+//! - CPU: the streaming ring's [`SlotBuffers`] fill path, throttled to `link_bandwidth` so a swap
+//!   costs what the emulated link would.
+
+use std::time::{Duration, Instant};
+
+use candle_core::Device;
+
+use super::host::{HostStore, Result};
+use super::slot::SlotBuffers;
+use crate::gpu::{CopyLink, GpuSlot};
+use crate::model::weights::LayerWeights;
+
+/// Copies every slab of `host` into new device buffers and returns the layers viewing them.
+pub(super) fn copy_to_device(
+    host: &HostStore,
+    device: &Device,
+    bandwidth: Option<u64>,
+) -> Result<Vec<LayerWeights>> {
+    if device.is_cuda() {
+        return copy_to_gpu(host, device);
+    }
+    let started = Instant::now();
+    let mut bytes = 0u64;
+    let mut layers = Vec::with_capacity(host.layers().len());
+    for layer in host.layers() {
+        let buffers = SlotBuffers::new(
+            layer.blocks_len,
+            layer.dense_len,
+            host.dense_dtype(),
+            device,
+        )?;
+        bytes += buffers.fill(layer)?;
+        layers.push(buffers.views(layer)?);
+    }
+    if let Some(bandwidth) = bandwidth.filter(|&b| b > 0) {
+        let target = Duration::from_secs_f64(bytes as f64 / bandwidth as f64);
+        let elapsed = started.elapsed();
+        if target > elapsed {
+            std::thread::sleep(target - elapsed);
+        }
+    }
+    Ok(layers)
+}
+
+fn copy_to_gpu(host: &HostStore, device: &Device) -> Result<Vec<LayerWeights>> {
+    let link = CopyLink::new(device, 1)?;
+    let mut layers = Vec::with_capacity(host.layers().len());
+    for layer in host.layers() {
+        let slot = GpuSlot::new(device, &[layer], host.dense_dtype())?;
+        slot.enqueue_fill(&link, layer)?;
+        layers.push(slot.views(layer)?);
+    }
+    // The copies read the pinned slabs and write buffers the compute stream reads next: wait
+    // for them once here.
+    link.synchronize()?;
+    Ok(layers)
+}

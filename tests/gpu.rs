@@ -1,0 +1,473 @@
+//! The offload engine on a real CUDA device (feature `cuda`; compiled by CI, run on a GPU machine
+//! by scripts/gpu-check.sh). Every test needs cuda:0 and fails with a clear message without one.
+//!
+//! - every mode decodes the same greedy tokens as mode `none` on the GPU (quantized GGUF and
+//!   dense f16/bf16/f32 models written by the test, and, when `FERRY_GPU_TEST_MODEL` names an HF
+//!   directory with a tokenizer, that model through the serving loader in all four modes);
+//! - GPU logits match the CPU's within float tolerance for the same weights;
+//! - the device memory ferry takes, as the driver reports it, stays within the plan, and the
+//!   slot ring is not reallocated while decoding;
+//! - a CUDA out-of-memory error fails the step with `OutOfMemory` (HTTP 503) and the next step
+//!   on the same runner succeeds.
+
+#[allow(dead_code)]
+#[path = "arch_crosscheck/tiny.rs"]
+mod tiny;
+
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::GgmlDType;
+use candle_core::{DType, Device, Tensor};
+use ferry::config::{
+    DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
+};
+use ferry::engine::traits::{LanguageModel, TextCodec};
+use ferry::engine::EngineError;
+use ferry::model::loader::LoadOptions;
+use ferry::model::source::{HubOptions, ModelFiles};
+use ferry::offload::plan::Plan;
+use ferry::offload::{load_placed, StreamConfig};
+use ferry::runtime::adapters::ModelRunner;
+use ferry::runtime::load::load_for_serving_on;
+use ferry::runtime::planning::plan_model;
+use tiny::Tiny;
+
+const PROMPT: &[u32] = &[1, 17, 42, 99, 5, 63, 120, 7, 88, 31];
+const NEW_TOKENS: usize = 12;
+const MAX_CONTEXT: usize = 64;
+
+fn gpu() -> Device {
+    ferry::gpu::open(0).unwrap_or_else(|e| {
+        panic!("these tests need cuda:0 (run them through scripts/gpu-check.sh): {e}")
+    })
+}
+
+fn hub() -> HubOptions {
+    HubOptions::from_env(|_| None)
+}
+
+fn device_config(device: &Device) -> DeviceConfig {
+    DeviceConfig {
+        kind: if device.is_cuda() {
+            DeviceChoice::Cuda(0)
+        } else {
+            DeviceChoice::Cpu
+        },
+        link_bandwidth: None,
+    }
+}
+
+/// A test model: its files, the dtype to load it in, and a label for messages.
+struct Case {
+    label: &'static str,
+    source: PathBuf,
+    files: ModelFiles,
+    dtype: DtypeChoice,
+}
+
+/// Hidden 256, 6 layers, GQA 8/4: small, but with real GGML block rows (multiples of 32).
+fn shape() -> Tiny {
+    Tiny {
+        hidden: 256,
+        inter: 512,
+        layers: 6,
+        heads: 8,
+        kv_heads: 4,
+        head_dim: 32,
+        vocab: 512,
+    }
+}
+
+/// Writes the test models into `dir`: Q8_0 and Q4_0 GGUF files and one HF directory loaded as
+/// f32, f16 and bf16.
+fn cases(dir: &Path) -> Vec<Case> {
+    let t = shape();
+    let weights = t.random_weights(false, true);
+    let mut out = Vec::new();
+    for (label, dtype) in [
+        ("gguf q8_0", GgmlDType::Q8_0),
+        ("gguf q4_0", GgmlDType::Q4_0),
+    ] {
+        let path = dir.join(format!("{}.gguf", label.replace(' ', "-")));
+        t.write_gguf(&path, "llama", &weights, dtype, true);
+        out.push(Case {
+            label,
+            source: path.clone(),
+            files: ModelFiles::Gguf { path },
+            dtype: DtypeChoice::Auto,
+        });
+    }
+    let hf = dir.join("hf");
+    std::fs::create_dir_all(&hf).expect("mkdir");
+    let files = t.write_hf(&hf, &t.llama_config(false, None), &weights, 2);
+    for (label, dtype) in [
+        ("hf f32", DtypeChoice::F32),
+        ("hf f16", DtypeChoice::F16),
+        ("hf bf16", DtypeChoice::BF16),
+    ] {
+        out.push(Case {
+            label,
+            source: hf.clone(),
+            files: files.clone(),
+            dtype,
+        });
+    }
+    out
+}
+
+fn model_config(
+    case: &Case,
+    mode: OffloadMode,
+    budget: MemoryBudget,
+    prefetch: usize,
+) -> ModelConfig {
+    ModelConfig {
+        name: case.label.replace(' ', "-"),
+        source: case.source.to_string_lossy().into_owned(),
+        dtype: case.dtype,
+        max_context: Some(MAX_CONTEXT),
+        max_batch: 1,
+        offload: OffloadConfig {
+            mode,
+            gpu_memory: budget,
+            prefetch,
+            keep_alive: std::time::Duration::from_secs(1),
+        },
+    }
+}
+
+/// Plenty of room (the planner still checks it against the card).
+const BIG: MemoryBudget = MemoryBudget::Bytes(8 << 30);
+
+fn plan_for(config: &ModelConfig, device: &Device) -> Plan {
+    let free = ferry::runtime::device::free_bytes(device).expect("free memory");
+    plan_model(config, &device_config(device), device, &hub(), free).expect("plan")
+}
+
+/// The budget with which mode `auto` keeps exactly `k` layers resident.
+fn budget_for(none: &Plan, k: usize, prefetch: usize) -> u64 {
+    let layers: Vec<u64> = none.layers.iter().map(|l| l.bytes).collect();
+    let base = none.device_bytes - layers.iter().sum::<u64>();
+    let slot = layers[k..].iter().copied().max().unwrap_or(0);
+    let slots = (prefetch + 1).min(layers.len() - k) as u64;
+    base + layers[..k].iter().sum::<u64>() + slots * slot
+}
+
+/// Loads `case` as `config` places it on `device` (no tokenizer needed).
+fn runner(case: &Case, config: &ModelConfig, device: &Device) -> (ModelRunner, Plan) {
+    let plan = plan_for(config, device);
+    let options = LoadOptions {
+        device: device.clone(),
+        dtype: config.dtype,
+    };
+    let stream = StreamConfig {
+        prefetch: config.offload.prefetch,
+        link_bandwidth: None,
+    };
+    let placed = load_placed(&case.files, &options, &plan, stream, &mut |_| {})
+        .unwrap_or_else(|e| panic!("{} {:?}: load: {e}", case.label, config.offload.mode));
+    (
+        ModelRunner::new(placed.model, placed.store, Some(MAX_CONTEXT)),
+        plan,
+    )
+}
+
+fn argmax(logits: &[f32]) -> u32 {
+    logits
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, _)| i as u32)
+        .expect("non-empty logits")
+}
+
+/// Greedy tokens after `prompt`, and the logits of every step.
+fn greedy(runner: &mut ModelRunner, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut seq = runner.new_sequence();
+    let mut logits = runner.forward(&mut seq, prompt).expect("prefill");
+    let (mut tokens, mut all) = (Vec::new(), Vec::new());
+    for _ in 0..NEW_TOKENS {
+        let next = argmax(&logits);
+        tokens.push(next);
+        all.push(logits);
+        logits = runner.forward(&mut seq, &[next]).expect("decode");
+    }
+    all.push(logits);
+    (tokens, all)
+}
+
+fn max_abs(v: &[Vec<f32>]) -> f32 {
+    v.iter().flatten().fold(0f32, |m, x| m.max(x.abs()))
+}
+
+fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| tiny::max_abs_diff(x, y))
+        .fold(0f32, f32::max)
+}
+
+#[test]
+fn every_mode_decodes_like_none_on_the_gpu() {
+    let device = gpu();
+    let dir = tempfile::tempdir().expect("tempdir");
+    for case in cases(dir.path()) {
+        let none_config = model_config(&case, OffloadMode::None, BIG, 0);
+        let (mut none, none_plan) = runner(&case, &none_config, &device);
+        let (reference, reference_logits) = greedy(&mut none, PROMPT);
+        drop(none);
+        let n = none_plan.layers.len();
+        let mut configs = vec![
+            model_config(&case, OffloadMode::Sequential, BIG, 1),
+            model_config(&case, OffloadMode::Sequential, BIG, 2),
+        ];
+        for k in [n / 2, n - 1] {
+            let budget = MemoryBudget::Bytes(budget_for(&none_plan, k, 2));
+            configs.push(model_config(&case, OffloadMode::Auto, budget, 2));
+        }
+        for config in configs {
+            let (mut r, plan) = runner(&case, &config, &device);
+            let what = format!(
+                "{} {:?} prefetch {}",
+                case.label, config.offload.mode, config.offload.prefetch
+            );
+            assert!(plan.host_layers() > 0, "{what}: nothing streams");
+            assert_eq!(r.store().slots(), plan.slots, "{what}");
+            let (tokens, logits) = greedy(&mut r, PROMPT);
+            assert_eq!(tokens, reference, "{what}");
+            // The same kernels on the same bytes: streamed layers must not change the numbers.
+            let diff = max_diff(&logits, &reference_logits);
+            assert!(
+                diff <= 1e-4 * max_abs(&reference_logits).max(1.0),
+                "{what}: logits differ by {diff}"
+            );
+            let acc = r.accounting();
+            assert_eq!(acc.check_within_plan(), Ok(()), "{what}: {acc:?}");
+            let passes = NEW_TOKENS as u64 + 1;
+            assert!(
+                acc.copies >= passes * plan.host_layers() as u64,
+                "{what}: {acc:?}"
+            );
+            assert!(acc.max_slots_busy <= plan.slots as u64, "{what}: {acc:?}");
+        }
+    }
+}
+
+#[test]
+fn gpu_logits_match_the_cpu() {
+    let device = gpu();
+    let dir = tempfile::tempdir().expect("tempdir");
+    for case in cases(dir.path()) {
+        // The CPU has no bf16 matmul: compare bf16 on the GPU with f32 on the CPU.
+        let cpu_case = Case {
+            dtype: match case.dtype {
+                DtypeChoice::BF16 => DtypeChoice::F32,
+                other => other,
+            },
+            label: case.label,
+            source: case.source.clone(),
+            files: case.files.clone(),
+        };
+        let (mut on_cpu, _) = runner(
+            &cpu_case,
+            &model_config(&cpu_case, OffloadMode::None, BIG, 0),
+            &Device::Cpu,
+        );
+        let (mut on_gpu, _) = runner(
+            &case,
+            &model_config(&case, OffloadMode::Sequential, BIG, 2),
+            &device,
+        );
+        // Teacher forcing: both see the CPU's tokens, so one near-tie cannot derail the rest.
+        let (cpu_tokens, cpu_logits) = greedy(&mut on_cpu, PROMPT);
+        let mut seq = on_gpu.new_sequence();
+        let mut gpu_logits = vec![on_gpu.forward(&mut seq, PROMPT).expect("prefill")];
+        for &t in &cpu_tokens {
+            gpu_logits.push(on_gpu.forward(&mut seq, &[t]).expect("decode"));
+        }
+        // Relative to the largest logit: f32 differs in summation order only; the others round
+        // weights or activations (f16, bf16, and q8_1 activations in candle's CUDA kernels vs
+        // ferry's int8 CPU kernels).
+        let tolerance = match case.label {
+            "hf f32" => 1e-3,
+            "hf f16" => 2e-2,
+            _ => 6e-2,
+        };
+        let diff = max_diff(&gpu_logits, &cpu_logits);
+        let scale = max_abs(&cpu_logits).max(1.0);
+        eprintln!(
+            "{}: max |gpu - cpu| = {diff} (largest logit {scale})",
+            case.label
+        );
+        assert!(
+            diff <= tolerance * scale,
+            "{}: logits differ by {diff} (scale {scale})",
+            case.label
+        );
+    }
+}
+
+/// The 1B-class model the GPU check script generates (an HF directory with a tokenizer).
+fn script_model() -> PathBuf {
+    let dir = std::env::var_os("FERRY_GPU_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!("set FERRY_GPU_TEST_MODEL to an HF model directory (scripts/gpu-check.sh does)")
+        });
+    assert!(
+        dir.join("config.json").is_file(),
+        "{}: no config.json",
+        dir.display()
+    );
+    dir
+}
+
+fn serving_config(dir: &Path, mode: OffloadMode, budget: MemoryBudget) -> ModelConfig {
+    ModelConfig {
+        name: "script-model".into(),
+        source: dir.to_string_lossy().into_owned(),
+        dtype: DtypeChoice::Auto,
+        max_context: Some(512),
+        max_batch: 1,
+        offload: OffloadConfig {
+            mode,
+            gpu_memory: budget,
+            prefetch: 2,
+            keep_alive: std::time::Duration::from_secs(30),
+        },
+    }
+}
+
+/// The driver's free bytes right now.
+fn driver_free(device: &Device) -> u64 {
+    device.synchronize().expect("synchronize");
+    ferry::gpu::memory_info(device).expect("memory info").free
+}
+
+#[test]
+fn the_script_model_decodes_alike_in_every_mode_within_the_driver_budget() {
+    let dir = script_model();
+    let device = gpu();
+    let dconf = device_config(&device);
+    let none_config = serving_config(&dir, OffloadMode::None, MemoryBudget::FractionOfFree(0.9));
+    let none_plan = plan_for(&none_config, &device);
+    let half = MemoryBudget::Bytes(budget_for(&none_plan, none_plan.layers.len() / 2, 2));
+    let mut reference: Option<Vec<u32>> = None;
+    for (mode, budget) in [
+        (OffloadMode::None, MemoryBudget::FractionOfFree(0.9)),
+        (OffloadMode::Auto, half),
+        (OffloadMode::Sequential, MemoryBudget::FractionOfFree(0.9)),
+        (OffloadMode::Model, MemoryBudget::FractionOfFree(0.9)),
+    ] {
+        let config = serving_config(&dir, mode, budget);
+        let plan = plan_for(&config, &device);
+        let before = driver_free(&device);
+        let loaded = load_for_serving_on(&config, &dconf, &device, &hub())
+            .unwrap_or_else(|e| panic!("{mode:?}: load: {e}"));
+        let prompt = loaded
+            .codec
+            .encode("The capital of France is", true)
+            .expect("encode");
+        let mut r = loaded.runner;
+        let mut seq = r.new_sequence();
+        let mut logits = r.forward(&mut seq, &prompt).expect("prefill");
+        let mut tokens = Vec::new();
+        let mut lowest = driver_free(&device);
+        let mut slot_bytes = Vec::new();
+        for _ in 0..NEW_TOKENS {
+            let next = argmax(&logits);
+            tokens.push(next);
+            logits = r.forward(&mut seq, &[next]).expect("decode");
+            lowest = lowest.min(driver_free(&device));
+            slot_bytes.push(r.accounting().slots);
+        }
+        let taken = before.saturating_sub(lowest);
+        eprintln!(
+            "{mode:?}: driver says ferry took {} MiB, plan allows {} MiB",
+            taken >> 20,
+            plan.device_bytes >> 20
+        );
+        assert!(
+            taken <= plan.device_bytes,
+            "{mode:?}: took {taken} bytes, plan {}",
+            plan.device_bytes
+        );
+        assert!(
+            slot_bytes.windows(2).all(|w| w[0] == w[1]),
+            "{mode:?}: slot ring changed: {slot_bytes:?}"
+        );
+        assert_eq!(r.accounting().check_within_plan(), Ok(()), "{mode:?}");
+        match &reference {
+            None => reference = Some(tokens),
+            Some(reference) => assert_eq!(&tokens, reference, "{mode:?}"),
+        }
+    }
+}
+
+#[test]
+fn streaming_allocates_nothing_per_step() {
+    let device = gpu();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let case = cases(dir.path()).remove(0);
+    let (mut r, _) = runner(
+        &case,
+        &model_config(&case, OffloadMode::Sequential, BIG, 2),
+        &device,
+    );
+    let mut seq = r.new_sequence();
+    let mut logits = r.forward(&mut seq, PROMPT).expect("prefill");
+    // Warm up, then watch the driver: the KV cache already holds MAX_CONTEXT (it doubles from
+    // the prompt and stops at the limit), the slots are fixed, activations come and go.
+    for _ in 0..4 {
+        logits = r.forward(&mut seq, &[argmax(&logits)]).expect("decode");
+    }
+    let slots = r.accounting().slots;
+    let steady = driver_free(&device);
+    let mut lowest = steady;
+    for _ in 0..16 {
+        logits = r.forward(&mut seq, &[argmax(&logits)]).expect("decode");
+        lowest = lowest.min(driver_free(&device));
+    }
+    assert_eq!(r.accounting().slots, slots, "slots were reallocated");
+    let grew = steady.saturating_sub(lowest);
+    let slot_size = slots / r.store().slots().max(1) as u64;
+    assert!(
+        grew < slot_size,
+        "device use grew by {grew} bytes over 16 steps (one slot is {slot_size})"
+    );
+}
+
+#[test]
+fn out_of_memory_fails_the_step_and_the_runner_goes_on() {
+    let device = gpu();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let case = cases(dir.path()).remove(0);
+    let (mut r, _) = runner(
+        &case,
+        &model_config(&case, OffloadMode::Sequential, BIG, 2),
+        &device,
+    );
+    let (reference, _) = greedy(&mut r, PROMPT);
+    // Fill the card in shrinking chunks until nothing more fits.
+    let mut filler: Vec<Tensor> = Vec::new();
+    let mut chunk: usize = 1 << 30;
+    while chunk >= 1 << 16 {
+        match Tensor::zeros(chunk, DType::U8, &device) {
+            Ok(t) => filler.push(t),
+            Err(_) => chunk /= 2,
+        }
+    }
+    device.synchronize().expect("synchronize");
+    let mut seq = r.new_sequence();
+    let err = r
+        .forward(&mut seq, PROMPT)
+        .expect_err("a full card cannot run a step");
+    assert!(matches!(err, EngineError::OutOfMemory(_)), "{err:?}");
+    drop(filler);
+    device.synchronize().expect("synchronize");
+    let (tokens, _) = greedy(&mut r, PROMPT);
+    assert_eq!(
+        tokens, reference,
+        "the runner works again once memory is back"
+    );
+}
