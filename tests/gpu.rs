@@ -416,8 +416,9 @@ fn streaming_allocates_nothing_per_step() {
     );
     let mut seq = r.new_sequence();
     let mut logits = r.forward(&mut seq, PROMPT).expect("prefill");
-    // Warm up, then watch the driver: the KV cache already holds MAX_CONTEXT (it doubles from
-    // the prompt and stops at the limit), the slots are fixed, activations come and go.
+    // Warm up, then watch the driver: the prompt already allocated the KV cache at its
+    // MAX_CONTEXT limit (it grows in chunks larger than that), the slots are fixed, and only
+    // activations come and go.
     for _ in 0..4 {
         logits = r.forward(&mut seq, &[argmax(&logits)]).expect("decode");
     }

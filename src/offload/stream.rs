@@ -125,26 +125,29 @@ impl Streamer {
     /// copy.
     pub fn prefetch(&mut self) -> Result<()> {
         let limit = self.head + self.lookahead;
-        let mut commands = Vec::new();
-        while self.issued <= limit {
-            let ticket = self.issued;
-            commands.push(Command {
-                ticket,
-                slot: (ticket % self.slots as u64) as usize,
-                position: (ticket % self.order.len() as u64) as usize,
-            });
-            self.issued += 1;
-        }
-        if commands.is_empty() {
-            return Ok(());
-        }
+        let command = |ticket: u64| Command {
+            ticket,
+            slot: (ticket % self.slots as u64) as usize,
+            position: (ticket % self.order.len() as u64) as usize,
+        };
         match &mut self.copies {
             Copies::Thread(t) => {
-                t.issue(&commands);
-                Ok(())
+                let commands: Vec<Command> = (self.issued..=limit).map(command).collect();
+                if !commands.is_empty() {
+                    t.issue(&commands);
+                    self.issued = limit + 1;
+                }
             }
-            Copies::Gpu(g) => commands.iter().try_for_each(|&c| g.issue(c, self.head)),
+            Copies::Gpu(g) => {
+                // One at a time: a ticket whose copies could not be queued is issued again by
+                // the next call instead of leaving a slot that never loads.
+                while self.issued <= limit {
+                    g.issue(command(self.issued), self.head)?;
+                    self.issued += 1;
+                }
+            }
         }
+        Ok(())
     }
 
     /// The weights of streamed layer `index`. On the CPU this waits for its copy to land; on

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Builds ferry with the CUDA backend on a machine without a GPU (the pip CUDA 13.0 toolchain from
+# scripts/cuda-toolchain.sh), plus the GPU test binary, and packs both for a GPU machine:
+#
+#   scripts/build-cuda.sh                  # -> target/cuda/release/ferry, dist/ferry-cuda.tar.xz
+#   CUDA_COMPUTE_CAP=89 scripts/build-cuda.sh   # another card (89: RTX 4090/L4, 86: RTX 3090/A10,
+#                                               # 80: A100; default 90: H100/H200)
+#   scripts/build-cuda.sh --no-tests       # the server binary only
+#
+# The CUDA build uses its own target folder (target/cuda; FERRY_CUDA_TARGET_DIR overrides), so
+# it never replaces the CPU build in target/. A cold build takes about 20 minutes on 2 cores
+# (candle's CUDA kernels dominate); later builds reuse it.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+tests=1
+pack=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-tests) tests=0 ;;
+    --no-pack) pack=0 ;;
+    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) echo "build-cuda: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+eval "$(scripts/cuda-toolchain.sh)"
+export CARGO_TARGET_DIR="${FERRY_CUDA_TARGET_DIR:-$root/target/cuda}"
+echo "build-cuda: compute capability $CUDA_COMPUTE_CAP, target folder $CARGO_TARGET_DIR" >&2
+
+cargo build --release --locked --features cuda --bin ferry
+binary="$CARGO_TARGET_DIR/release/ferry"
+
+test_binary=""
+if [[ "$tests" == 1 ]]; then
+  # The test binary's path is printed by cargo as JSON; pick the `gpu` test's executable.
+  test_binary="$(cargo test --release --locked --features cuda --test gpu --no-run \
+      --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "gpu" and m.get("executable"):
+        print(m["executable"])')"
+  if [[ -z "$test_binary" ]]; then
+    echo "build-cuda: the gpu test binary was not built (run: cargo test --release --features cuda --test gpu --no-run)" >&2
+    exit 1
+  fi
+fi
+
+if [[ "$pack" == 1 ]]; then
+  stage="$root/dist/ferry-cuda"
+  rm -rf "$stage"
+  mkdir -p "$stage"
+  cp "$binary" "$stage/ferry"
+  [[ -n "$test_binary" ]] && cp "$test_binary" "$stage/ferry-gpu-tests"
+  # Line tables are not needed on the GPU machine; symbols stay for backtraces.
+  strip --strip-debug "$stage"/* 2>/dev/null || true
+  tar -C "$root/dist" -cf - ferry-cuda | xz -T0 -6 >"$root/dist/ferry-cuda.tar.xz"
+  size=$(stat -c %s "$root/dist/ferry-cuda.tar.xz")
+  echo "build-cuda: dist/ferry-cuda.tar.xz is $((size >> 20)) MiB ($(ls "$stage" | tr '\n' ' '))" >&2
+  if (( size > 60 << 20 )); then
+    echo "build-cuda: warning: over 60 MiB; the device tool carries at most 64 MiB per call" >&2
+  fi
+fi
+echo "$binary"
