@@ -29,9 +29,33 @@ packages=(
   nvidia-curand==10.4.0.35
   nvidia-cublas==13.0.2.14
 )
-stamp="$home/.installed-$(printf '%s\n' "${packages[@]}" | sha256sum | cut -c1-16)"
+# Bump when the layout this script builds changes, so cached installs are redone.
+layout=2
+stamp="$home/.installed-$(printf '%s\n' "${packages[@]}" "layout $layout" | sha256sum | cut -c1-16)"
 
 say() { echo "cuda-toolchain: $*" >&2; }
+
+# A stub libcuda.so.1 for linking only: the pip wheels have no driver library (the real one
+# comes with the NVIDIA driver on the GPU machine). It defines every driver API function that
+# cuda.h declares (versioned names such as cuStreamDestroy_v2 as the header maps them, and the
+# plain names), as empty functions; at run time the dynamic linker binds them in the real
+# libcuda.so.1 instead.
+build_stub() {
+  local root="$1" dir="$2"
+  mkdir -p "$dir"
+  {
+    cc -E -P -I"$root/include" "$root/include/cuda.h"
+    grep -hoE 'CUDAAPI[[:space:]]+cu[A-Z][A-Za-z0-9_]*' "$root/include/cuda.h" | sed 's/CUDAAPI[[:space:]]*//;s/$/ (/'
+  } | grep -oE '\bcu[A-Z][A-Za-z0-9_]*[[:space:]]*\(' | sed 's/[[:space:]]*($//' | sort -u \
+    | sed 's/.*/void &(void) {}/' >"$dir/stub.c"
+  if [[ ! -s "$dir/stub.c" ]]; then
+    say "error: found no driver functions in $root/include/cuda.h"
+    exit 1
+  fi
+  cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$dir/libcuda.so.1" "$dir/stub.c"
+  ln -sfn libcuda.so.1 "$dir/libcuda.so"
+  say "stub libcuda.so.1 with $(wc -l <"$dir/stub.c") driver functions in $dir"
+}
 
 if [[ ! -f "$stamp" ]]; then
   if ! command -v "$python" >/dev/null 2>&1; then
@@ -42,7 +66,7 @@ if [[ ! -f "$stamp" ]]; then
   rm -rf "$home"
   mkdir -p "$home"
   "$python" -m pip install --quiet --disable-pip-version-check --no-deps \
-    --target "$home/site" "${packages[@]}" >&2
+    --root-user-action=ignore --target "$home/site" "${packages[@]}" >&2
   # The wheels install under site/nvidia/cu13 (CUDA 13 layout); older layouts used one folder per
   # package. Find the folder holding bin/nvcc and make it CUDA_ROOT.
   nvcc_path="$(find "$home/site" -path '*/bin/nvcc' -type f | head -n1)"
@@ -70,13 +94,7 @@ if [[ ! -f "$stamp" ]]; then
     unversioned="${base%%.so.*}.so"
     [[ -e "$root/lib/$unversioned" ]] || ln -sfn "$lib" "$root/lib/$unversioned"
   done
-  # A stub libcuda.so.1 (the driver API) for linking only: every symbol resolves at run time
-  # against the real driver. cudarc loads the driver dynamically, so the stub only has to exist.
-  stub_dir="$home/stubs"
-  mkdir -p "$stub_dir"
-  echo 'void ferry_cuda_link_stub(void) {}' >"$stub_dir/stub.c"
-  cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$stub_dir/libcuda.so.1" "$stub_dir/stub.c"
-  ln -sfn libcuda.so.1 "$stub_dir/libcuda.so"
+  build_stub "$root" "$home/stubs"
   version="$("$root/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
   if [[ "$version" != 13.0 ]]; then
     say "error: nvcc reports release '$version', expected 13.0 (cudarc rejects newer nvcc)"
