@@ -404,16 +404,18 @@ fn the_script_model_decodes_alike_in_every_mode_within_the_driver_budget() {
     }
 }
 
+/// The Q8_0 test model with every layer streamed through 3 slots.
+fn sequential_q8(dir: &Path, device: &Device) -> ModelRunner {
+    let case = cases(dir).remove(0);
+    let config = model_config(&case, OffloadMode::Sequential, BIG, 2);
+    runner(&case, &config, device).0
+}
+
 #[test]
 fn streaming_allocates_nothing_per_step() {
     let device = gpu();
     let dir = tempfile::tempdir().expect("tempdir");
-    let case = cases(dir.path()).remove(0);
-    let (mut r, _) = runner(
-        &case,
-        &model_config(&case, OffloadMode::Sequential, BIG, 2),
-        &device,
-    );
+    let mut r = sequential_q8(dir.path(), &device);
     let mut seq = r.new_sequence();
     let mut logits = r.forward(&mut seq, PROMPT).expect("prefill");
     // Warm up, then watch the driver: the prompt already allocated the KV cache at its
@@ -442,12 +444,7 @@ fn streaming_allocates_nothing_per_step() {
 fn out_of_memory_fails_the_step_and_the_runner_goes_on() {
     let device = gpu();
     let dir = tempfile::tempdir().expect("tempdir");
-    let case = cases(dir.path()).remove(0);
-    let (mut r, _) = runner(
-        &case,
-        &model_config(&case, OffloadMode::Sequential, BIG, 2),
-        &device,
-    );
+    let mut r = sequential_q8(dir.path(), &device);
     let (reference, _) = greedy(&mut r, PROMPT);
     // Fill the card in shrinking chunks until nothing more fits.
     let mut filler: Vec<Tensor> = Vec::new();

@@ -8,7 +8,7 @@ use candle_core::{DType, Device};
 
 use super::{GpuError, MemoryInfo, Result};
 use crate::model::weights::LayerWeights;
-use crate::offload::host::HostLayer;
+use crate::offload::host::{HostLayer, Result as OffloadResult};
 
 /// No CUDA devices in this build.
 pub fn device_count() -> usize {
@@ -124,7 +124,7 @@ impl GpuSlot {
     }
 
     /// The weights of `layer` as this slot's tensors.
-    pub fn views(&self, _layer: &HostLayer) -> Result<LayerWeights> {
+    pub fn views(&self, _layer: &HostLayer) -> OffloadResult<LayerWeights> {
         match self.never {}
     }
 

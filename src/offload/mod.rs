@@ -13,7 +13,8 @@
 //! The running side (the CPU device and CUDA devices, one API):
 //!
 //! - [`host`]: [`HostStore`], one slab per offloaded layer, filled once from the mapped file.
-//! - [`slot`] and [`qview`]: a device slot's buffers and the weight views into it.
+//! - [`slot`] and [`qview`]: a CPU slot's buffers and the weight views into it; [`assemble`]:
+//!   a layer's `LayerWeights` from any slot (CPU or CUDA), by the layer's tensor table.
 //! - [`stream`]: [`Streamer`], the slot ring and its tickets, with two copy backends:
 //!   [`stream_thread`] (a copy thread, the CPU device) and [`stream_gpu`] (a CUDA copy stream and
 //!   events; the CUDA primitives themselves live in [`crate::gpu`]).
@@ -27,6 +28,7 @@
 //! Planning reports failures through [`PlanError`], the running engine through [`OffloadError`].
 
 pub mod accounting;
+pub mod assemble;
 pub mod buffer;
 pub mod error;
 pub mod host;

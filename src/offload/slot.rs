@@ -11,10 +11,11 @@ use std::sync::Arc;
 use candle_core::quantized::{QStorage, QTensor};
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
 
+use super::assemble::{dense_region_view, layer_weights, SlotTensors};
 use super::error::OffloadError;
-use super::host::{HostLayer, Part, Result, TensorEntry, TensorKind};
+use super::host::{HostLayer, Result, TensorEntry, TensorKind};
 use super::qview::{BlockArena, SlotBlocks};
-use crate::model::weights::{LayerWeights, Linear};
+use crate::model::weights::LayerWeights;
 
 /// The buffers of one slot.
 #[derive(Debug)]
@@ -62,58 +63,27 @@ impl SlotBuffers {
 
     /// The weights of `layer` as views into this slot (call after [`SlotBuffers::fill`]).
     pub fn views(&self, layer: &HostLayer) -> Result<LayerWeights> {
-        let find = |part: Part| layer.entries.iter().find(|e| e.part == part);
-        let need = |part: Part| {
-            find(part).ok_or_else(|| {
-                OffloadError::Weights(format!("layer {} has no {part:?} tensor", layer.index))
-            })
-        };
-        let linear = |w: Part, b: Option<Part>| -> Result<Linear> {
-            let bias = match b.and_then(find) {
-                Some(entry) => Some(self.dense_view(entry)?),
-                None => None,
-            };
-            let entry = need(w)?;
-            Ok(match entry.kind {
-                TensorKind::Blocks(dtype) => {
-                    let view =
-                        SlotBlocks::new(self.blocks.clone(), entry.offset, entry.len, dtype)?;
-                    let q = QTensor::new(QStorage::Cpu(Box::new(view)), entry.shape.clone())?;
-                    // The same kernel choice as resident layers, so every mode rounds alike.
-                    Linear::quantized(Arc::new(q), bias)?
-                }
-                TensorKind::Dense(_) => Linear::Dense {
-                    weight: self.dense_view(entry)?,
-                    bias,
-                },
-            })
-        };
-        Ok(LayerWeights {
-            attn_norm: self.dense_view(need(Part::AttnNorm)?)?,
-            q: linear(Part::Q, Some(Part::QBias))?,
-            k: linear(Part::K, Some(Part::KBias))?,
-            v: linear(Part::V, Some(Part::VBias))?,
-            o: linear(Part::O, None)?,
-            ffn_norm: self.dense_view(need(Part::FfnNorm)?)?,
-            gate: linear(Part::Gate, None)?,
-            up: linear(Part::Up, None)?,
-            down: linear(Part::Down, None)?,
-        })
+        layer_weights(layer, self)
+    }
+}
+
+impl SlotTensors for SlotBuffers {
+    fn dense(&self, entry: &TensorEntry) -> Result<Tensor> {
+        dense_region_view(&self.dense, self.dense_dtype, entry)
     }
 
-    /// A dense tensor of the slot, by its entry (no copy: a narrowed, reshaped view).
-    fn dense_view(&self, entry: &TensorEntry) -> Result<Tensor> {
-        if !matches!(entry.kind, TensorKind::Dense(dt) if dt == self.dense_dtype) {
+    fn blocks(&self, entry: &TensorEntry) -> Result<Arc<QTensor>> {
+        let TensorKind::Blocks(dtype) = entry.kind else {
             return Err(OffloadError::Weights(format!(
-                "`{}` is not a dense {:?} tensor",
-                entry.name, self.dense_dtype
+                "`{}` is not quantized",
+                entry.name
             )));
-        }
-        let size = self.dense_dtype.size_in_bytes();
-        Ok(self
-            .dense
-            .narrow(0, entry.offset / size, entry.len / size)?
-            .reshape(entry.shape.as_slice())?)
+        };
+        let view = SlotBlocks::new(self.blocks.clone(), entry.offset, entry.len, dtype)?;
+        Ok(Arc::new(QTensor::new(
+            QStorage::Cpu(Box::new(view)),
+            entry.shape.clone(),
+        )?))
     }
 }
 

@@ -20,8 +20,11 @@ use candle_core::{CudaDevice, DType, Device, Storage, Tensor};
 
 use super::{cuda_device, CopyLink};
 use crate::gpu::{GpuError, Result};
-use crate::model::weights::{LayerWeights, Linear};
-use crate::offload::host::{HostLayer, Part, TensorEntry, TensorKind};
+use crate::model::weights::LayerWeights;
+use crate::offload::assemble::{dense_region_view, layer_weights, SlotTensors};
+use crate::offload::host::{HostLayer, TensorEntry, TensorKind};
+use crate::offload::host::{Part, Result as OffloadResult};
+use crate::offload::OffloadError;
 
 /// A persistent quantized matrix buffer of the slot.
 struct SlotMatrix {
@@ -152,61 +155,25 @@ impl GpuSlot {
 
     /// The weights of `layer` as the tensors of this slot (valid once its fill has landed, which
     /// the compute stream learns from the link's *loaded* event).
-    pub fn views(&self, layer: &HostLayer) -> Result<LayerWeights> {
-        let find_part = |part: Part| layer.entries.iter().find(|e| e.part == part);
-        let need = |part: Part| {
-            find_part(part).ok_or_else(|| {
-                GpuError::Layout(format!("layer {} has no {part:?} tensor", layer.index))
-            })
-        };
-        let linear = |w: Part, b: Option<Part>| -> Result<Linear> {
-            let bias = match b.and_then(find_part) {
-                Some(entry) => Some(self.dense_view(entry)?),
-                None => None,
-            };
-            let entry = need(w)?;
-            Ok(match entry.kind {
-                TensorKind::Blocks(_) => {
-                    let m = find(&self.matrices, entry).ok_or_else(|| unfit(layer, entry))?;
-                    Linear::quantized(m.tensor.clone(), bias)
-                        .map_err(|e| GpuError::Layout(e.to_string()))?
-                }
-                TensorKind::Dense(_) => Linear::Dense {
-                    weight: self.dense_view(entry)?,
-                    bias,
-                },
-            })
-        };
-        Ok(LayerWeights {
-            attn_norm: self.dense_view(need(Part::AttnNorm)?)?,
-            q: linear(Part::Q, Some(Part::QBias))?,
-            k: linear(Part::K, Some(Part::KBias))?,
-            v: linear(Part::V, Some(Part::VBias))?,
-            o: linear(Part::O, None)?,
-            ffn_norm: self.dense_view(need(Part::FfnNorm)?)?,
-            gate: linear(Part::Gate, None)?,
-            up: linear(Part::Up, None)?,
-            down: linear(Part::Down, None)?,
-        })
+    pub fn views(&self, layer: &HostLayer) -> OffloadResult<LayerWeights> {
+        layer_weights(layer, self)
     }
 
     /// The CUDA device the slot lives on.
     pub fn device(&self) -> Device {
         Device::Cuda(self.device.clone())
     }
+}
 
-    fn dense_view(&self, entry: &TensorEntry) -> Result<Tensor> {
-        if !matches!(entry.kind, TensorKind::Dense(dt) if dt == self.dense_dtype) {
-            return Err(GpuError::Layout(format!(
-                "`{}` is not a dense {:?} tensor",
-                entry.name, self.dense_dtype
-            )));
-        }
-        let size = self.dense_dtype.size_in_bytes();
-        Ok(self
-            .dense
-            .narrow(0, entry.offset / size, entry.len / size)?
-            .reshape(entry.shape.as_slice())?)
+impl SlotTensors for GpuSlot {
+    fn dense(&self, entry: &TensorEntry) -> OffloadResult<Tensor> {
+        dense_region_view(&self.dense, self.dense_dtype, entry)
+    }
+
+    fn blocks(&self, entry: &TensorEntry) -> OffloadResult<Arc<QTensor>> {
+        find(&self.matrices, entry)
+            .map(|m| m.tensor.clone())
+            .ok_or_else(|| OffloadError::Gpu(unfit_entry(entry)))
     }
 }
 
@@ -220,9 +187,13 @@ fn find<'a>(matrices: &'a [SlotMatrix], entry: &TensorEntry) -> Option<&'a SlotM
 }
 
 fn unfit(layer: &HostLayer, entry: &TensorEntry) -> GpuError {
+    GpuError::Layout(format!("layer {}: {}", layer.index, unfit_entry(entry)))
+}
+
+fn unfit_entry(entry: &TensorEntry) -> GpuError {
     GpuError::Layout(format!(
-        "`{}` of layer {} ({:?}, shape {:?}) has no buffer in this slot",
-        entry.name, layer.index, entry.kind, entry.shape
+        "`{}` ({:?}, shape {:?}) has no buffer in this slot",
+        entry.name, entry.kind, entry.shape
     ))
 }
 

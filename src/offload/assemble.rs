@@ -1,0 +1,77 @@
+//! Assembling one decoder layer's [`LayerWeights`] from a slot, by the layer's tensor table.
+//!
+//! A slot (CPU [`super::slot::SlotBuffers`] or CUDA [`crate::gpu::GpuSlot`]) only knows how to
+//! show one tensor of its region as a device tensor ([`SlotTensors`]); which tensor fills which
+//! field, which biases are optional and which matrices stay quantized is decided here, once for
+//! every device, so streamed layers round exactly like resident ones.
+
+use std::sync::Arc;
+
+use candle_core::quantized::QTensor;
+use candle_core::Tensor;
+
+use super::error::OffloadError;
+use super::host::{HostLayer, Part, Result, TensorEntry, TensorKind};
+use crate::model::weights::{LayerWeights, Linear};
+
+/// A slot's view of the tensors it holds.
+pub trait SlotTensors {
+    /// A dense tensor of the slot (no copy).
+    fn dense(&self, entry: &TensorEntry) -> Result<Tensor>;
+    /// A block-quantized matrix of the slot (no copy of the weight bytes).
+    fn blocks(&self, entry: &TensorEntry) -> Result<Arc<QTensor>>;
+}
+
+/// The weights of `layer` as the tensors of `slot` (call once the slot holds the layer).
+pub fn layer_weights(layer: &HostLayer, slot: &dyn SlotTensors) -> Result<LayerWeights> {
+    let find = |part: Part| layer.entries.iter().find(|e| e.part == part);
+    let need = |part: Part| {
+        find(part).ok_or_else(|| {
+            OffloadError::Weights(format!("layer {} has no {part:?} tensor", layer.index))
+        })
+    };
+    let linear = |w: Part, b: Option<Part>| -> Result<Linear> {
+        let bias = match b.and_then(find) {
+            Some(entry) => Some(slot.dense(entry)?),
+            None => None,
+        };
+        let entry = need(w)?;
+        Ok(match entry.kind {
+            // The same kernel choice as resident layers, so every mode rounds alike.
+            TensorKind::Blocks(_) => Linear::quantized(slot.blocks(entry)?, bias)?,
+            TensorKind::Dense(_) => Linear::Dense {
+                weight: slot.dense(entry)?,
+                bias,
+            },
+        })
+    };
+    Ok(LayerWeights {
+        attn_norm: slot.dense(need(Part::AttnNorm)?)?,
+        q: linear(Part::Q, Some(Part::QBias))?,
+        k: linear(Part::K, Some(Part::KBias))?,
+        v: linear(Part::V, Some(Part::VBias))?,
+        o: linear(Part::O, None)?,
+        ffn_norm: slot.dense(need(Part::FfnNorm)?)?,
+        gate: linear(Part::Gate, None)?,
+        up: linear(Part::Up, None)?,
+        down: linear(Part::Down, None)?,
+    })
+}
+
+/// `entry` as a `[shape]` view of a 1-D dense region tensor of `dtype` (narrow + reshape).
+pub fn dense_region_view(
+    region: &Tensor,
+    dtype: candle_core::DType,
+    entry: &TensorEntry,
+) -> Result<Tensor> {
+    if !matches!(entry.kind, TensorKind::Dense(dt) if dt == dtype) {
+        return Err(OffloadError::Weights(format!(
+            "`{}` is not a dense {dtype:?} tensor",
+            entry.name
+        )));
+    }
+    let size = dtype.size_in_bytes();
+    Ok(region
+        .narrow(0, entry.offset / size, entry.len / size)?
+        .reshape(entry.shape.as_slice())?)
+}
