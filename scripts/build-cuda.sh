@@ -6,6 +6,7 @@
 #   CUDA_COMPUTE_CAP=89 scripts/build-cuda.sh   # another card (89: RTX 4090/L4, 86: RTX 3090/A10,
 #                                               # 80: A100; default 90: H100/H200)
 #   scripts/build-cuda.sh --no-tests       # the server binary only
+#   scripts/build-cuda.sh --with-curand    # also pack libcurand.so.10 (+43 MiB; see below)
 #
 # The CUDA build uses its own target folder (target/cuda; FERRY_CUDA_TARGET_DIR overrides), so
 # it never replaces the CPU build in target/. A cold build takes about 20 minutes on 2 cores
@@ -16,11 +17,13 @@ cd "$root"
 
 tests=1
 pack=1
+curand=0
 for arg in "$@"; do
   case "$arg" in
     --no-tests) tests=0 ;;
     --no-pack) pack=0 ;;
-    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --with-curand) curand=1 ;;
+    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "build-cuda: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -57,9 +60,18 @@ if [[ "$pack" == 1 ]]; then
   [[ -n "$test_binary" ]] && cp "$test_binary" "$stage/ferry-gpu-tests"
   # Line tables are not needed on the GPU machine; symbols stay for backtraces.
   strip --strip-debug "$stage"/* 2>/dev/null || true
+  # cuRAND: candle links it (and creates a generator when it opens a device). The lent H200's
+  # image has nvidia-curand beside torch, but PyTorch's own CUDA 13 wheels do not pull it in, so
+  # a machine whose CUDA comes from torch alone lacks it: --with-curand packs the toolchain's
+  # copy (43 MiB; the device tool carries 64 MiB in all) into ferry-cuda/lib, which
+  # gpu-check.sh puts first on LD_LIBRARY_PATH. cuBLAS and cudart come from the machine.
+  if [[ "$curand" == 1 ]]; then
+    mkdir -p "$stage/lib"
+    cp -L "$CUDA_ROOT/lib/libcurand.so.10" "$stage/lib/"
+  fi
   tar -C "$root/dist" -cf - ferry-cuda | xz -T0 -6 >"$root/dist/ferry-cuda.tar.xz"
   size=$(stat -c %s "$root/dist/ferry-cuda.tar.xz")
-  echo "build-cuda: dist/ferry-cuda.tar.xz is $((size >> 20)) MiB ($(ls "$stage" | tr '\n' ' '))" >&2
+  echo "build-cuda: dist/ferry-cuda.tar.xz is $((size >> 20)) MiB ($(cd "$stage" && find . -type f | sort | tr '\n' ' '))" >&2
   if (( size > 60 << 20 )); then
     echo "build-cuda: warning: over 60 MiB; the device tool carries at most 64 MiB per call" >&2
   fi
