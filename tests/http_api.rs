@@ -214,14 +214,14 @@ async fn models_list_and_aliases() {
     assert_eq!(v["object"], "list");
     let data = v["data"].as_array().unwrap();
     let ids: Vec<&str> = data.iter().map(|m| m["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, [READY, BROKEN, SLOW, "gpt-4o-mini"]);
+    assert_eq!(ids, [READY, BROKEN, SLOW, OUT_OF_MEMORY, "gpt-4o-mini"]);
     for m in data {
         assert_eq!(m["object"], "model");
         assert_eq!(m["owned_by"], "ferry");
         assert_eq!(m["created"], CREATED);
         assert_eq!(m["max_model_len"], MAX_CONTEXT);
     }
-    assert_eq!(data[3]["root"], READY);
+    assert_eq!(data[4]["root"], READY);
 
     let reply = post(
         &app,

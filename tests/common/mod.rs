@@ -5,7 +5,8 @@
 //!
 //! Models: `test-model` (ready), `loading-model` (stays loading; only in
 //! [`TestBackend::with_loading`]), `broken-model` (one token then a failure), `slow-model` (a
-//! token every 10 ms until the receiver is dropped, which sets [`TestBackend::cancelled`]).
+//! token every 10 ms until the receiver is dropped, which sets [`TestBackend::cancelled`]),
+//! `oom-model` (its first step runs out of device memory, as a CUDA out-of-memory error does).
 
 #![allow(dead_code)]
 
@@ -31,6 +32,7 @@ pub const READY: &str = "test-model";
 pub const LOADING: &str = "loading-model";
 pub const BROKEN: &str = "broken-model";
 pub const SLOW: &str = "slow-model";
+pub const OUT_OF_MEMORY: &str = "oom-model";
 pub const MAX_CONTEXT: usize = 64;
 pub const BOS: u32 = 256;
 /// Token ids of the continuation start here.
@@ -68,6 +70,7 @@ impl TestBackend {
                 card(READY, ModelStatus::Ready),
                 card(BROKEN, ModelStatus::Ready),
                 card(SLOW, ModelStatus::Ready),
+                card(OUT_OF_MEMORY, ModelStatus::Ready),
             ],
             submitted: Mutex::new(Vec::new()),
             cancelled: Arc::new(AtomicBool::new(false)),
@@ -223,6 +226,12 @@ impl Backend for TestBackend {
                     send(GenerationEvent::Token(output(0, params.logprobs))).await;
                     send(GenerationEvent::Failed(EngineError::Internal(
                         "the test model broke".into(),
+                    )))
+                    .await;
+                }
+                OUT_OF_MEMORY => {
+                    send(GenerationEvent::Failed(EngineError::OutOfMemory(
+                        "CUDA_ERROR_OUT_OF_MEMORY".into(),
                     )))
                     .await;
                 }

@@ -129,6 +129,26 @@ async fn mid_stream_failure_sends_error_then_done() {
 }
 
 #[tokio::test]
+async fn out_of_device_memory_is_a_503_and_the_server_goes_on() {
+    let app = test_app(&TestBackend::new());
+    let body = json!({"model": OUT_OF_MEMORY, "prompt": "x", "max_tokens": 4});
+    let reply = post(&app, "/v1/completions", body).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    let err = reply.json();
+    assert_eq!(err["error"]["code"], "out_of_memory");
+    assert!(err["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("out of memory"));
+    assert!(reply.headers.contains_key(header::RETRY_AFTER));
+
+    let body = json!({"model": READY, "prompt": "x", "max_tokens": 2});
+    let reply = post(&app, "/v1/completions", body).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json()["choices"][0]["text"], "Hello,");
+}
+
+#[tokio::test]
 async fn dropping_the_stream_cancels_the_request() {
     let backend = TestBackend::new();
     let app = test_app(&backend);
