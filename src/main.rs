@@ -160,6 +160,7 @@ fn serve(config: Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
         });
         tracing::info!(
             device = describe(&device),
+            cuda_build = ferry::gpu::BUILT_WITH_CUDA,
             models = ?names,
             "listening on http://{address} (OpenAI API under /v1; /health turns 200 when loaded)"
         );
