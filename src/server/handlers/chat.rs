@@ -2,11 +2,10 @@
 //! SSE stream of `chat.completion.chunk`s (the first carrying the assistant role).
 
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use serde_json::{Map, Value};
 
-use super::{collect, Collected};
+use super::{respond, Collected, ResponseFormatter};
 use crate::engine::{FinishReason, TokenOutput, Usage};
 use crate::server::error::ApiError;
 use crate::server::extract::JsonObject;
@@ -16,7 +15,7 @@ use crate::server::openai::chat::{
     ChatLogprobs, ChatRequest, ChatResponseMessage, ChatTokenLogprob,
 };
 use crate::server::openai::common::{new_id, unix_now};
-use crate::server::sse::{self, to_data, ChunkFormatter};
+use crate::server::sse::{to_data, ChunkFormatter};
 use crate::server::validate::{self, ValidRequest};
 use crate::server::AppState;
 
@@ -32,13 +31,7 @@ pub async fn chat_completions(
 async fn run(state: AppState, body: Map<String, Value>) -> Result<Response, ApiError> {
     let req = ChatRequest::from_json(body)?;
     let valid = validate::chat(&state.backend, &state.options, req).await?;
-    let rx = state.backend.submit(valid.generation_request())?;
-    let formatter = Formatter::new(&valid);
-    if valid.stream() {
-        return Ok(sse::response(rx, formatter, state.options.sse_keep_alive));
-    }
-    let done = collect(rx).await?;
-    Ok(Json(formatter.full(&done)).into_response())
+    respond(&state, &valid, Formatter::new(&valid)).await
 }
 
 /// Builds the response or the chunks of one chat completion.
@@ -58,32 +51,6 @@ impl Formatter {
             model: valid.served_name().to_owned(),
             include_usage: valid.include_usage(),
             logprobs: valid.params().logprobs.is_some(),
-        }
-    }
-
-    fn full(&self, done: &Collected) -> ChatCompletionResponse {
-        let logprobs = self.logprobs.then(|| ChatLogprobs {
-            content: done
-                .tokens
-                .iter()
-                .filter_map(ChatTokenLogprob::from_output)
-                .collect(),
-        });
-        ChatCompletionResponse {
-            id: self.id.clone(),
-            object: "chat.completion",
-            created: self.created,
-            model: self.model.clone(),
-            choices: vec![ChatChoice {
-                index: 0,
-                message: ChatResponseMessage {
-                    role: "assistant",
-                    content: done.text(),
-                },
-                logprobs,
-                finish_reason: Some(done.reason),
-            }],
-            usage: done.usage,
         }
     }
 
@@ -110,6 +77,36 @@ impl Formatter {
     /// Usage field of a non-final chunk: `null` with include_usage, absent otherwise.
     fn chunk_usage(&self) -> Option<Option<Usage>> {
         self.include_usage.then_some(None)
+    }
+}
+
+impl ResponseFormatter for Formatter {
+    type Full = ChatCompletionResponse;
+
+    fn full(&self, done: &Collected) -> ChatCompletionResponse {
+        let logprobs = self.logprobs.then(|| ChatLogprobs {
+            content: done
+                .tokens
+                .iter()
+                .filter_map(ChatTokenLogprob::from_output)
+                .collect(),
+        });
+        ChatCompletionResponse {
+            id: self.id.clone(),
+            object: "chat.completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices: vec![ChatChoice {
+                index: 0,
+                message: ChatResponseMessage {
+                    role: "assistant",
+                    content: done.text(),
+                },
+                logprobs,
+                finish_reason: Some(done.reason),
+            }],
+            usage: done.usage,
+        }
     }
 }
 

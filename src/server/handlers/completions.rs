@@ -2,11 +2,10 @@
 //! of `text_completion` chunks.
 
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use serde_json::{Map, Value};
 
-use super::{collect, Collected};
+use super::{respond, Collected, ResponseFormatter};
 use crate::engine::{FinishReason, TokenOutput, Usage};
 use crate::server::error::ApiError;
 use crate::server::extract::JsonObject;
@@ -15,7 +14,7 @@ use crate::server::openai::common::{new_id, unix_now};
 use crate::server::openai::completions::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
 };
-use crate::server::sse::{self, to_data, ChunkFormatter};
+use crate::server::sse::{to_data, ChunkFormatter};
 use crate::server::validate::{self, ValidRequest};
 use crate::server::AppState;
 
@@ -28,13 +27,7 @@ pub async fn completions(State(state): State<AppState>, JsonObject(body): JsonOb
 async fn run(state: AppState, body: Map<String, Value>) -> Result<Response, ApiError> {
     let req = CompletionRequest::from_json(body)?;
     let valid = validate::completion(&state.backend, &state.options, req).await?;
-    let rx = state.backend.submit(valid.generation_request())?;
-    let formatter = Formatter::new(&valid);
-    if valid.stream() {
-        return Ok(sse::response(rx, formatter, state.options.sse_keep_alive));
-    }
-    let done = collect(rx).await?;
-    Ok(Json(formatter.full(&done)).into_response())
+    respond(&state, &valid, Formatter::new(&valid)).await
 }
 
 /// Builds responses and chunks; tracks the character offset for `text_offset`.
@@ -78,6 +71,10 @@ impl Formatter {
     fn chunk_usage(&self) -> Option<Option<Usage>> {
         self.include_usage.then_some(None)
     }
+}
+
+impl ResponseFormatter for Formatter {
+    type Full = CompletionResponse;
 
     fn full(&self, done: &Collected) -> CompletionResponse {
         let logprobs = self.logprobs.then(|| {

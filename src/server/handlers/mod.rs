@@ -8,10 +8,39 @@ pub mod models;
 pub mod tokenize;
 
 use axum::http::{Method, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
+use super::sse::{self, ChunkFormatter};
+use super::validate::ValidRequest;
+use super::AppState;
 use crate::engine::{EngineError, FinishReason, GenerationEvent, TokenOutput, Usage};
+
+/// An endpoint's formatter: the chunks of a streamed answer, and the whole non-streamed one.
+pub trait ResponseFormatter: ChunkFormatter {
+    /// The non-streamed response body.
+    type Full: Serialize;
+    /// The whole response for a finished generation.
+    fn full(&self, done: &Collected) -> Self::Full;
+}
+
+/// Submits `valid` to the backend and answers with SSE chunks (`stream: true`) or, once the
+/// generation finished, the whole response.
+pub async fn respond<F: ResponseFormatter>(
+    state: &AppState,
+    valid: &ValidRequest,
+    formatter: F,
+) -> Result<Response, ApiError> {
+    let rx = state.backend.submit(valid.generation_request())?;
+    if valid.stream() {
+        return Ok(sse::response(rx, formatter, state.options.sse_keep_alive));
+    }
+    let done = collect(rx).await?;
+    Ok(Json(formatter.full(&done)).into_response())
+}
 
 /// A finished non-streamed generation.
 #[derive(Debug, Clone, PartialEq)]
