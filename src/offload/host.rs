@@ -184,6 +184,27 @@ struct Pending<'a> {
     source: Source<'a>,
 }
 
+impl<'a> Pending<'a> {
+    /// A tensor not yet placed (`place` sets its offset and length).
+    fn new(
+        name: String,
+        part: Part,
+        kind: TensorKind,
+        shape: Vec<usize>,
+        source: Source<'a>,
+    ) -> Self {
+        let entry = TensorEntry {
+            name,
+            part,
+            kind,
+            shape,
+            offset: 0,
+            len: 0,
+        };
+        Self { entry, source }
+    }
+}
+
 /// The bytes a pending tensor is made of.
 enum Source<'a> {
     /// Copied as is (raw GGUF blocks, or dense bytes already in the compute dtype).
@@ -238,17 +259,7 @@ impl HostStore {
                         .to_dtype(compute)?;
                     (TensorKind::Dense(compute), Source::Converted(t))
                 };
-                pending.push(Pending {
-                    entry: TensorEntry {
-                        name,
-                        part,
-                        kind,
-                        shape,
-                        offset: 0,
-                        len: 0,
-                    },
-                    source,
-                });
+                pending.push(Pending::new(name, part, kind, shape, source));
             }
             out.push(place(index, pending, memory)?);
         }
@@ -290,17 +301,13 @@ impl HostStore {
                 } else {
                     Source::Converted(files.load(&name, &Device::Cpu)?.to_dtype(dtype)?)
                 };
-                pending.push(Pending {
-                    entry: TensorEntry {
-                        name,
-                        part,
-                        kind: TensorKind::Dense(dtype),
-                        shape,
-                        offset: 0,
-                        len: 0,
-                    },
+                pending.push(Pending::new(
+                    name,
+                    part,
+                    TensorKind::Dense(dtype),
+                    shape,
                     source,
-                });
+                ));
             }
             out.push(place(index, pending, memory)?);
         }
