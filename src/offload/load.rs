@@ -15,8 +15,7 @@ use super::store::WeightStore;
 use super::stream::StreamConfig;
 use crate::model::llama::{Model, ModelParts};
 use crate::model::loader::gguf::GgufWeights;
-use crate::model::loader::safetensors::HfWeights;
-use crate::model::loader::{LoadOptions, LoadProgress};
+use crate::model::loader::{open_hf, read_prefix, LoadOptions, LoadProgress};
 use crate::model::source::ModelFiles;
 use crate::model::spec::ModelSpec;
 use crate::model::weights::LayerWeights;
@@ -105,72 +104,44 @@ fn read_model(
     split: &dyn Fn(&ModelSpec) -> Result<usize>,
     progress: &mut dyn FnMut(LoadProgress),
 ) -> Result<ReadModel> {
+    let memory = HostMemory::for_device(&options.device);
     let (parts, resident, host, tied) = match files {
         ModelFiles::Gguf { path } => {
             let mut reader = GgufWeights::open(path, options)?.with_progress(progress);
-            let resident_count = split(reader.spec())?;
-            let offloaded: Vec<usize> = (resident_count..reader.spec().n_layers).collect();
-            let fixed = reader.fixed()?;
-            let resident = (0..resident_count)
-                .map(|i| reader.layer(i))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            let host = if offloaded.is_empty() {
-                None
-            } else {
-                let dense = options.dtype.dense();
-                Some(HostStore::from_gguf(
-                    path,
-                    reader.content(),
-                    &offloaded,
-                    dense,
-                    &HostMemory::for_device(&options.device),
-                )?)
-            };
+            let (count, offloaded) = split_layers(reader.spec(), split)?;
+            let (parts, resident) = read_prefix(&mut reader, count, &options.device)?;
+            let host = (!offloaded.is_empty())
+                .then(|| {
+                    HostStore::from_gguf(
+                        path,
+                        reader.content(),
+                        &offloaded,
+                        options.dtype.dense(),
+                        &memory,
+                    )
+                })
+                .transpose()?;
             let tied = !reader.content().tensor_infos.contains_key("output.weight");
-            let parts = ModelParts {
-                spec: reader.spec().clone(),
-                fixed,
-                rope_freq_factors: reader.rope_freq_factors()?,
-                device: options.device.clone(),
-                dtype: reader.dtype(),
-            };
             (parts, resident, host, tied)
         }
         ModelFiles::HfDir {
             config, weights, ..
         } => {
-            let json = std::fs::read_to_string(config).map_err(|source| OffloadError::Io {
-                path: config.clone(),
-                source,
-            })?;
-            let spec = ModelSpec::from_hf_config(&json)?;
-            let mut reader = HfWeights::open(spec, weights, options)?.with_progress(progress);
-            let resident_count = split(reader.spec())?;
-            let offloaded: Vec<usize> = (resident_count..reader.spec().n_layers).collect();
-            let fixed = reader.fixed()?;
-            let resident = (0..resident_count)
-                .map(|i| reader.layer(i))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            let host = if offloaded.is_empty() {
-                None
-            } else {
-                Some(HostStore::from_safetensors(
-                    weights,
-                    reader.spec(),
-                    &offloaded,
-                    reader.dtype(),
-                    &HostMemory::for_device(&options.device),
-                )?)
-            };
-            let tied = reader.spec().tie_word_embeddings;
-            let parts = ModelParts {
-                spec: reader.spec().clone(),
-                fixed,
-                rope_freq_factors: None,
-                device: options.device.clone(),
-                dtype: reader.dtype(),
-            };
-            (parts, resident, host, tied)
+            let mut reader = open_hf(config, weights, options)?.with_progress(progress);
+            let (count, offloaded) = split_layers(reader.spec(), split)?;
+            let (parts, resident) = read_prefix(&mut reader, count, &options.device)?;
+            let host = (!offloaded.is_empty())
+                .then(|| {
+                    HostStore::from_safetensors(
+                        weights,
+                        reader.spec(),
+                        &offloaded,
+                        reader.dtype(),
+                        &memory,
+                    )
+                })
+                .transpose()?;
+            (parts, resident, host, reader.spec().tie_word_embeddings)
         }
     };
     let fixed_bytes = parts.fixed.size_in_bytes(tied) as u64;
@@ -180,6 +151,15 @@ fn read_model(
         host,
         fixed_bytes,
     })
+}
+
+/// How many layers `split` keeps resident, and the offloaded rest.
+fn split_layers(
+    spec: &ModelSpec,
+    split: &dyn Fn(&ModelSpec) -> Result<usize>,
+) -> Result<(usize, Vec<usize>)> {
+    let count = split(spec)?;
+    Ok((count, (count..spec.n_layers).collect()))
 }
 
 fn build_store(

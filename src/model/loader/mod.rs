@@ -3,11 +3,15 @@
 //! - [`gguf`]: a GGUF file, kept quantized (candle `QMatMul`) or dequantized to a dense dtype.
 //! - [`safetensors`]: a Hugging Face directory (config.json + mmaped safetensors shards).
 //!
-//! Both expose the same reader shape (`spec`, `fixed()`, `layer(i)`), so a caller can load one
-//! layer at a time (the offload engine) or everything at once ([`load_model`]).
+//! Both implement [`WeightReader`] (`spec`, `fixed()`, `layer(i)`), and [`read_prefix`] reads
+//! the fixed parts plus a prefix of layers through it: every layer for [`load_model`], the
+//! resident ones for the offload engine.
 
 pub mod gguf;
+pub mod reader;
 pub mod safetensors;
+
+pub use reader::{open_hf, read_prefix, WeightReader};
 
 use candle_core::{DType, Device};
 
@@ -81,46 +85,17 @@ pub fn load_model(
     options: &LoadOptions,
     progress: &mut dyn FnMut(LoadProgress),
 ) -> Result<LoadedModel> {
-    match files {
+    let mut reader: Box<dyn WeightReader + '_> = match files {
         ModelFiles::Gguf { path } => {
-            let mut reader = gguf::GgufWeights::open(path, options)?.with_progress(progress);
-            let fixed = reader.fixed()?;
-            let layers = (0..reader.spec().n_layers)
-                .map(|i| reader.layer(i))
-                .collect::<Result<Vec<_>>>()?;
-            let parts = ModelParts {
-                spec: reader.spec().clone(),
-                fixed,
-                rope_freq_factors: reader.rope_freq_factors()?,
-                device: options.device.clone(),
-                dtype: reader.dtype(),
-            };
-            finish(parts, layers)
+            Box::new(gguf::GgufWeights::open(path, options)?.with_progress(progress))
         }
         ModelFiles::HfDir {
             config, weights, ..
-        } => {
-            let config_json = std::fs::read_to_string(config).map_err(|source| ModelError::Io {
-                path: config.clone(),
-                source,
-            })?;
-            let spec = ModelSpec::from_hf_config(&config_json)?;
-            let mut reader =
-                safetensors::HfWeights::open(spec, weights, options)?.with_progress(progress);
-            let fixed = reader.fixed()?;
-            let layers = (0..reader.spec().n_layers)
-                .map(|i| reader.layer(i))
-                .collect::<Result<Vec<_>>>()?;
-            let parts = ModelParts {
-                spec: reader.spec().clone(),
-                fixed,
-                rope_freq_factors: None,
-                device: options.device.clone(),
-                dtype: reader.dtype(),
-            };
-            finish(parts, layers)
-        }
-    }
+        } => Box::new(open_hf(config, weights, options)?.with_progress(progress)),
+    };
+    let n_layers = reader.spec().n_layers;
+    let (parts, layers) = read_prefix(reader.as_mut(), n_layers, &options.device)?;
+    finish(parts, layers)
 }
 
 fn finish(parts: ModelParts, layers: Vec<LayerWeights>) -> Result<LoadedModel> {
