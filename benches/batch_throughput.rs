@@ -15,7 +15,7 @@ use ferry::config::{
 };
 use ferry::engine::{
     Backend, EngineHandle, EngineOptions, GenerationEvent, GenerationParams, GenerationRequest,
-    PromptInput, TextCodec,
+    TextCodec,
 };
 use ferry::model::source::HubOptions;
 use ferry::runtime::load::load_for_serving_on;
@@ -60,10 +60,12 @@ fn engine(options: &Options, mode: OffloadMode, link: Option<u64>) -> Result<Eng
             prefetch: 2,
             keep_alive: std::time::Duration::from_secs(60),
         },
+        ..ModelConfig::default()
     };
     let device = DeviceConfig {
         kind: DeviceChoice::Cpu,
         link_bandwidth: link,
+        ..DeviceConfig::default()
     };
     let hub = HubOptions::from_env(|_| None);
     let loaded =
@@ -99,7 +101,7 @@ fn aggregate_rate(engine: &EngineHandle, n: usize, tokens: usize) -> Result<f64,
             engine
                 .submit(GenerationRequest {
                     model: "bench".to_string(),
-                    prompt: PromptInput::Tokens(prompt.clone()),
+                    prompt: prompt.clone(),
                     params,
                 })
                 .map_err(|e| e.to_string())?,

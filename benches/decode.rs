@@ -79,6 +79,7 @@ fn main() -> Result<(), String> {
             prefetch: 0,
             keep_alive: std::time::Duration::from_secs(0),
         },
+        ..ModelConfig::default()
     };
     let hub = HubOptions::from_env(|key| std::env::var(key).ok());
     let loaded =

@@ -69,6 +69,7 @@ fn config(options: &Options, mode: OffloadMode, prefetch: usize) -> ModelConfig 
             prefetch,
             keep_alive: Duration::from_secs(1),
         },
+        ..ModelConfig::default()
     }
 }
 
@@ -76,6 +77,7 @@ fn device(link_bandwidth: Option<u64>) -> DeviceConfig {
     DeviceConfig {
         kind: DeviceChoice::Cpu,
         link_bandwidth,
+        ..DeviceConfig::default()
     }
 }
 

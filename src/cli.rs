@@ -1,10 +1,13 @@
-//! The command line (clap): `ferry serve`, `ferry plan`, `ferry generate`. Flags are turned into
+//! The command line (clap): `ferry serve`, `ferry plan`, `ferry generate`, `ferry config`. The
+//! setting flags are generated from [`SETTINGS`] (one flag per setting) and become
 //! [`Overrides`] for configuration resolution; nothing here does I/O.
 
+use std::marker::PhantomData;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Arg, ArgAction, ArgMatches, Args, FromArgMatches, Parser, Subcommand};
 
+use crate::config::settings::{Scope, Setting, SETTINGS};
 use crate::config::Overrides;
 
 /// ferry: serve large language models on small GPUs (OpenAI-compatible API).
@@ -21,79 +24,161 @@ pub struct Cli {
 pub enum Command {
     /// Serve the configured models over HTTP.
     Serve(ServeArgs),
-    /// Show how the model's weights would be placed, without loading them.
+    /// Show how the models' weights would be placed on the device, without loading them.
     Plan(PlanArgs),
     /// Generate text for one prompt and print it to stdout (logs go to stderr).
     Generate(GenerateArgs),
+    /// Print the effective configuration and where each value came from (default, file, env,
+    /// flag).
+    Config(ConfigArgs),
 }
 
-/// Model, device and offload flags shared by every subcommand. Each overrides the config file
-/// and the matching `FERRY_*` environment variable.
+/// Which settings a subcommand takes as flags.
+pub trait FlagSet: Clone + std::fmt::Debug + Send + Sync + 'static {
+    /// Whether `setting` is a flag of this subcommand.
+    fn takes(setting: &Setting) -> bool;
+}
+
+/// Every setting (`serve`, `config`).
+#[derive(Debug, Clone, Default)]
+pub struct AllSettings;
+impl FlagSet for AllSettings {
+    fn takes(_: &Setting) -> bool {
+        true
+    }
+}
+
+/// Device and model settings, not the HTTP server's (`plan`, `generate`).
+#[derive(Debug, Clone, Default)]
+pub struct ModelSettings;
+impl FlagSet for ModelSettings {
+    fn takes(setting: &Setting) -> bool {
+        setting.scope() != Scope::Server
+    }
+}
+
+/// The setting flags given on the command line, one per entry of [`SETTINGS`] that `S` takes.
+/// Each overrides the config file and the matching `FERRY_*` variable.
+#[derive(Debug, Clone, Default)]
+pub struct SettingFlags<S> {
+    /// The flags given, as overrides.
+    pub overrides: Overrides,
+    set: PhantomData<S>,
+}
+
+impl<S: FlagSet> SettingFlags<S> {
+    fn settings() -> impl Iterator<Item = &'static Setting> {
+        SETTINGS.iter().filter(|s| S::takes(s))
+    }
+
+    /// The value given for the setting named `name`, if any.
+    pub fn value(&self, name: &str) -> Option<&str> {
+        crate::config::settings::find(name).and_then(|s| self.overrides.get(s))
+    }
+}
+
+fn flag_of(setting: &'static Setting) -> Arg {
+    let default = match (setting.default_note, setting.default) {
+        ("", Some(text)) => text.to_string(),
+        ("", None) => "none".to_string(),
+        (note, _) => note.to_string(),
+    };
+    let mut arg = Arg::new(setting.name)
+        .long(setting.name)
+        .value_name(setting.value_name)
+        .action(ArgAction::Set)
+        .value_parser(clap::value_parser!(String))
+        .help(format!(
+            "{} [env: {}] [config: {}] [default: {default}]",
+            setting.help,
+            setting.env(),
+            setting.doc_key()
+        ))
+        .help_heading(match setting.scope() {
+            Scope::Server => "Server settings",
+            Scope::Device => "Device settings",
+            Scope::Model => "Model settings (with several [[models]], a flag applies to each)",
+        });
+    if let Some(short) = setting.short {
+        arg = arg.short(short);
+    }
+    arg
+}
+
+impl<S: FlagSet> Args for SettingFlags<S> {
+    fn augment_args(command: clap::Command) -> clap::Command {
+        Self::settings().fold(command, |command, setting| command.arg(flag_of(setting)))
+    }
+
+    fn augment_args_for_update(command: clap::Command) -> clap::Command {
+        Self::augment_args(command)
+    }
+}
+
+impl<S: FlagSet> FromArgMatches for SettingFlags<S> {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut flags = Self {
+            overrides: Overrides::default(),
+            set: PhantomData,
+        };
+        flags.update_from_arg_matches(matches)?;
+        Ok(flags)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        for setting in Self::settings() {
+            if let Some(value) = matches.get_one::<String>(setting.name) {
+                self.overrides.insert(setting, value.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `--config FILE`, shared by every subcommand.
 #[derive(Debug, Clone, Default, Args)]
-pub struct ModelArgs {
-    /// TOML config file (see config/default.toml).
+pub struct ConfigFile {
+    /// TOML config file (see config/default.toml). Relative model sources in it are relative to
+    /// its folder.
     #[arg(long, short = 'c', value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Model source: a .gguf file, an HF directory or a hub id org/name[@revision]. Replaces the
-    /// models of the config file with this one.
-    #[arg(long, short = 'm', value_name = "SOURCE")]
-    pub model: Option<String>,
-    /// The id clients send as "model" (default: derived from --model).
-    #[arg(long, value_name = "NAME")]
-    pub served_name: Option<String>,
-    /// Dense weight dtype: auto, f32, f16 or bf16 (auto keeps GGUF quantized).
-    #[arg(long, value_name = "DTYPE")]
-    pub dtype: Option<String>,
-    /// Compute device: auto, cpu or cuda:N.
-    #[arg(long, value_name = "DEVICE")]
-    pub device: Option<String>,
-    /// Sequences decoded together.
-    #[arg(long, value_name = "N")]
-    pub max_batch: Option<String>,
-    /// Context window to serve (at most the model's own).
-    #[arg(long, value_name = "TOKENS")]
-    pub max_context: Option<String>,
-    /// Offload mode: none, auto, sequential or model.
-    #[arg(long, value_name = "MODE")]
-    pub offload: Option<String>,
-    /// Device memory budget: bytes ("6GiB") or a share of free memory ("90%").
-    #[arg(long, value_name = "SIZE")]
-    pub gpu_memory: Option<String>,
-    /// Layers in flight ahead of compute.
-    #[arg(long, value_name = "N")]
-    pub prefetch: Option<String>,
-    /// CPU device: throttle weight copies to this rate, e.g. "8GB/s".
-    #[arg(long, value_name = "RATE")]
-    pub link_bandwidth: Option<String>,
 }
 
 /// `ferry serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Model and device flags.
+    /// The config file.
     #[command(flatten)]
-    pub model: ModelArgs,
-    /// Bind address (default 127.0.0.1).
-    #[arg(long, value_name = "ADDR")]
-    pub host: Option<String>,
-    /// TCP port (default 8080).
-    #[arg(long, short = 'p', value_name = "PORT")]
-    pub port: Option<String>,
-    /// Requests allowed to wait for a batch slot.
-    #[arg(long, value_name = "N")]
-    pub max_queue: Option<String>,
-    /// Require `Authorization: Bearer KEY` on every request.
-    #[arg(long, value_name = "KEY")]
-    pub api_key: Option<String>,
+    pub file: ConfigFile,
+    /// Setting flags.
+    #[command(flatten)]
+    pub settings: SettingFlags<AllSettings>,
 }
 
 /// `ferry plan`.
 #[derive(Debug, Clone, Args)]
 pub struct PlanArgs {
-    /// Model and device flags.
+    /// The config file.
     #[command(flatten)]
-    pub model: ModelArgs,
-    /// Print JSON instead of a table.
+    pub file: ConfigFile,
+    /// Setting flags.
+    #[command(flatten)]
+    pub settings: SettingFlags<ModelSettings>,
+    /// Print one JSON document instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ferry config`.
+#[derive(Debug, Clone, Args)]
+pub struct ConfigArgs {
+    /// The config file.
+    #[command(flatten)]
+    pub file: ConfigFile,
+    /// Setting flags.
+    #[command(flatten)]
+    pub settings: SettingFlags<AllSettings>,
+    /// Print one JSON document instead of TOML-ish text.
     #[arg(long)]
     pub json: bool,
 }
@@ -101,9 +186,12 @@ pub struct PlanArgs {
 /// `ferry generate`.
 #[derive(Debug, Clone, Args)]
 pub struct GenerateArgs {
-    /// Model and device flags.
+    /// The config file.
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub file: ConfigFile,
+    /// Setting flags.
+    #[command(flatten)]
+    pub settings: SettingFlags<ModelSettings>,
     /// The prompt text.
     #[arg(long, value_name = "TEXT")]
     pub prompt: String,
@@ -130,100 +218,6 @@ pub struct GenerateArgs {
     pub ignore_eos: bool,
 }
 
-fn tagged(flag: &str, value: &Option<String>) -> Option<(String, String)> {
-    value.clone().map(|v| (format!("--{flag}"), v))
-}
-
-impl ModelArgs {
-    /// The flags as configuration overrides.
-    pub fn overrides(&self) -> Overrides {
-        Overrides {
-            model: tagged("model", &self.model),
-            served_name: tagged("served-name", &self.served_name),
-            dtype: tagged("dtype", &self.dtype),
-            device: tagged("device", &self.device),
-            max_batch: tagged("max-batch", &self.max_batch),
-            max_context: tagged("max-context", &self.max_context),
-            offload: tagged("offload", &self.offload),
-            gpu_memory: tagged("gpu-memory", &self.gpu_memory),
-            prefetch: tagged("prefetch", &self.prefetch),
-            link_bandwidth: tagged("link-bandwidth", &self.link_bandwidth),
-            ..Overrides::default()
-        }
-    }
-}
-
-impl ServeArgs {
-    /// The flags as configuration overrides.
-    pub fn overrides(&self) -> Overrides {
-        Overrides {
-            host: tagged("host", &self.host),
-            port: tagged("port", &self.port),
-            max_queue: tagged("max-queue", &self.max_queue),
-            api_key: tagged("api-key", &self.api_key),
-            ..self.model.overrides()
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn serve_flags_become_tagged_overrides() {
-        let cli = Cli::try_parse_from([
-            "ferry",
-            "serve",
-            "--model",
-            "m.gguf",
-            "--port",
-            "9000",
-            "--offload",
-            "sequential",
-            "--gpu-memory",
-            "2GiB",
-            "--max-batch",
-            "4",
-        ])
-        .expect("parses");
-        let Command::Serve(args) = cli.command else {
-            panic!("expected serve");
-        };
-        let over = args.overrides();
-        assert_eq!(over.port, Some(("--port".into(), "9000".into())));
-        assert_eq!(over.model, Some(("--model".into(), "m.gguf".into())));
-        assert_eq!(
-            over.offload,
-            Some(("--offload".into(), "sequential".into()))
-        );
-        assert_eq!(
-            over.gpu_memory,
-            Some(("--gpu-memory".into(), "2GiB".into()))
-        );
-        assert_eq!(over.max_batch, Some(("--max-batch".into(), "4".into())));
-    }
-
-    #[test]
-    fn plan_and_generate_take_the_model_flags() {
-        let plan =
-            Cli::try_parse_from(["ferry", "plan", "--device", "cpu", "--json"]).expect("plan");
-        assert!(matches!(
-            plan.command,
-            Command::Plan(PlanArgs { json: true, .. })
-        ));
-        let generate = Cli::try_parse_from([
-            "ferry", "generate", "--prompt", "hi", "--dtype", "f32", "--seed", "7",
-        ])
-        .expect("generate");
-        let Command::Generate(args) = generate.command else {
-            panic!("expected generate");
-        };
-        assert_eq!(args.model.dtype.as_deref(), Some("f32"));
-        assert_eq!(args.seed, Some(7));
-        assert!(
-            Cli::try_parse_from(["ferry", "generate"]).is_err(),
-            "--prompt is required"
-        );
-    }
-}
+#[path = "cli_tests.rs"]
+mod tests;

@@ -1,8 +1,7 @@
 //! The `ferry` binary: parses the command line, resolves the configuration, sets up logging and
-//! dispatches to `serve`, `plan` or `generate`. The only place `anyhow` is used.
+//! dispatches to `serve`, `plan`, `generate` or `config`. The only place `anyhow` is used.
 
 use std::io::{IsTerminal, Write};
-use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,24 +10,17 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use ferry::cli::{Cli, Command, GenerateArgs, ModelArgs, ServeArgs};
-use ferry::config::raw::RawConfig;
-use ferry::config::{Config, Overrides};
+use ferry::cli::{Cli, Command, ConfigFile, GenerateArgs};
+use ferry::config::{Config, Overrides, Resolved};
 use ferry::engine::traits::TextCodec;
-use ferry::engine::worker::{EngineHandle, EngineOptions};
+use ferry::engine::worker::EngineHandle;
 use ferry::engine::{
-    Backend, ChatMessage, EngineError, GenerationEvent, GenerationParams, GenerationRequest,
-    PromptInput, SamplingParams,
+    Backend, ChatMessage, GenerationEvent, GenerationParams, GenerationRequest, SamplingParams,
 };
-use ferry::metrics::Metrics;
 use ferry::model::source::HubOptions;
-use ferry::offload::render::{render_json, render_text};
-use ferry::runtime::device::{describe, free_bytes, select_device};
-use ferry::runtime::load::{load_for_serving_on, load_for_serving_shared};
-use ferry::runtime::planning::plan_model;
-use ferry::runtime::swap::swap_manager_for;
-use ferry::runtime::telemetry::Telemetry;
-use ferry::server::{self, ServerOptions};
+use ferry::runtime::device::{free_bytes, select_device};
+use ferry::runtime::device_plan::DevicePlan;
+use ferry::runtime::load::load_for_serving_on;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -36,10 +28,24 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", error_text(&err));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each said once: a cause whose text its parent already contains
+/// (thiserror messages that embed their source) is not repeated.
+fn error_text(err: &anyhow::Error) -> String {
+    let mut text = err.to_string();
+    for cause in err.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
 }
 
 /// Logs to stderr; `RUST_LOG` overrides the default `info` level.
@@ -54,197 +60,89 @@ fn init_tracing() {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Serve(args) => {
-            let config = load_config(&args.model, args.overrides())?;
-            serve(config, &args)
-        }
+        Command::Serve(args) => serve(load_config(&args.file, &args.settings.overrides)?),
         Command::Plan(args) => {
-            let config = load_config(&args.model, args.model.overrides())?;
+            let config = load_config(&args.file, &args.settings.overrides)?;
             ferry_plan(&config, args.json)
         }
         Command::Generate(args) => {
-            let config = load_config(&args.model, args.model.overrides())?;
+            let config = load_config(&args.file, &args.settings.overrides)?;
             generate(config, &args)
         }
+        Command::Config(args) => {
+            let resolved =
+                ferry::config::load(args.file.config.as_deref(), &args.settings.overrides)?;
+            ferry_config(&resolved, args.json)
+        }
     }
 }
 
-/// Defaults < config file < FERRY_* environment < flags.
-fn load_config(args: &ModelArgs, flags: Overrides) -> anyhow::Result<Config> {
-    let raw = match &args.config {
-        Some(path) => read_config_file(path)?,
-        None => RawConfig::default(),
+/// Defaults < config file < FERRY_* environment < flags; applies the process-wide settings.
+fn load_config(file: &ConfigFile, flags: &Overrides) -> anyhow::Result<Config> {
+    let resolved = ferry::config::load(file.config.as_deref(), flags)?;
+    ferry::model::weights::set_cpu_qmatmul(resolved.config.device.cpu_qmatmul);
+    Ok(resolved.config)
+}
+
+/// `ferry config`: the effective configuration with the origin of every value.
+fn ferry_config(resolved: &Resolved, json: bool) -> anyhow::Result<ExitCode> {
+    let text = if json {
+        format!("{:#}\n", ferry::config::show::render_json(resolved))
+    } else {
+        ferry::config::show::render_text(resolved)
     };
-    let env = Overrides::from_env(|key| std::env::var(key).ok());
-    Ok(Config::resolve(&raw, &env, &flags)?)
+    write_stdout(&text)?;
+    Ok(ExitCode::SUCCESS)
 }
 
-fn read_config_file(path: &Path) -> anyhow::Result<RawConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
-    RawConfig::from_toml(&text).with_context(|| format!("invalid config file {}", path.display()))
-}
+/// Exit code of a server that stopped with requests cut short (the shutdown deadline or a
+/// second signal ended them with an error).
+const EXIT_REQUESTS_CUT_SHORT: u8 = 3;
 
-fn serve(config: Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
-    let device = select_device(config.device.kind)?;
-    let hub = HubOptions::from_env(|key| std::env::var(key).ok());
-    let names: Vec<String> = config.models.iter().map(|m| m.name.clone()).collect();
-    let metrics = Metrics::new();
-    let engine = EngineHandle::with_options(
-        names.clone(),
-        EngineOptions {
-            max_queue: config.server.max_queue,
-            // The engine takes one batch size for every model: the smallest configured one,
-            // so no model runs more sequences (and KV caches) than it was sized for.
-            max_batch: config
-                .models
-                .iter()
-                .map(|m| m.max_batch)
-                .min()
-                .unwrap_or(ferry::engine::worker::DEFAULT_MAX_BATCH),
-            metrics: metrics.clone(),
-            ..EngineOptions::default()
-        },
-    );
-
-    // Mode `model`: one residency manager shared by every swapped model.
-    let swap = swap_manager_for(&config, &device, &hub)?;
-    if let Some(swap) = &swap {
-        engine.set_residency(swap.clone());
-    }
-    let telemetry = Telemetry::new(metrics, swap.clone());
-
-    // Each model loads on its own engine thread; the server answers /health 503 meanwhile.
-    let (load_results, mut load_results_rx) = tokio::sync::mpsc::unbounded_channel();
-    for model in config.models.clone() {
-        let device = device.clone();
-        let device_config = config.device.clone();
-        let hub = hub.clone();
-        let results = load_results.clone();
-        let name = model.name.clone();
-        let swap = swap.clone();
-        let telemetry = Arc::clone(&telemetry);
-        engine.load(&name, move || {
-            let outcome =
-                load_for_serving_shared(&model, &device_config, &device, &hub, swap.as_ref());
-            if let Ok(loaded) = &outcome {
-                telemetry.add_model(&model.name, Arc::clone(loaded.runner.store().accounting()));
-            }
-            let reply = outcome.as_ref().map(|_| ()).map_err(|e| e.to_string());
-            let _ = results.send((model.name.clone(), reply));
-            let loaded = outcome.map_err(|e| EngineError::Internal(e.to_string()))?;
-            Ok((loaded.runner, loaded.codec as Arc<dyn TextCodec>))
-        })?;
-    }
-    drop(load_results);
-
-    let mut options = ServerOptions::default().with_body_limit(config.server.body_limit);
-    if let Some(key) = &config.server.api_key {
-        options = options.with_api_key(key.clone());
-    }
-    let router = server::app(Arc::new(engine), options);
-
-    let grace = config.server.shutdown_timeout;
+/// Serves until SIGINT/SIGTERM (a second one stops at once); the exit code says whether
+/// requests were cut short.
+fn serve(config: Config) -> anyhow::Result<ExitCode> {
+    ferry::server::limits::tune_allocator();
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let outcome = runtime.block_on(async move {
-        let address = format!("{}:{}", config.server.host, config.server.port);
-        let listener = tokio::net::TcpListener::bind(&address)
-            .await
-            .with_context(|| format!("cannot listen on {address}"))?;
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(std::time::Duration::from_millis(500));
-            loop {
-                every.tick().await;
-                telemetry.publish();
-            }
-        });
-        tracing::info!(
-            device = describe(&device),
-            cuda_build = ferry::gpu::BUILT_WITH_CUDA,
-            models = ?names,
-            "listening on http://{address} (OpenAI API under /v1; /health turns 200 when loaded)"
-        );
-
-        let (fatal_tx, fatal_rx) = tokio::sync::oneshot::channel::<String>();
-        let total = names.len();
-        tokio::spawn(async move {
-            let mut failed = Vec::new();
-            while let Some((name, result)) = load_results_rx.recv().await {
-                match result {
-                    Ok(()) => tracing::info!(model = %name, "ready to serve"),
-                    Err(err) => {
-                        tracing::error!(model = %name, "failed to load: {err}");
-                        failed.push(err);
-                    }
-                }
-            }
-            if failed.len() == total {
-                let _ = fatal_tx.send(failed.join("; "));
-            }
-        });
-
-        let fatal = Arc::new(std::sync::Mutex::new(None::<String>));
-        let fatal_slot = Arc::clone(&fatal);
-        // Fires once a signal asked to stop: from then on in-flight requests get `grace`.
-        let stopping = Arc::new(tokio::sync::Notify::new());
-        let stop_requested = Arc::clone(&stopping);
-        let shutdown = async move {
-            tokio::select! {
-                _ = shutdown_signal() => {
-                    tracing::info!(
-                        "shutting down: no new connections; finishing in-flight requests (up to {grace:?})"
-                    );
-                    stop_requested.notify_one();
-                }
-                Ok(reason) = fatal_rx => {
-                    if let Ok(mut slot) = fatal_slot.lock() {
-                        *slot = Some(reason);
-                    }
-                }
-            }
-        };
-        let serving = server::serve(listener, router, shutdown);
-        let deadline = async {
-            stopping.notified().await;
-            tokio::time::sleep(grace).await;
-        };
-        tokio::select! {
-            served = serving => served?,
-            () = deadline => tracing::warn!(
-                "shutdown timeout ({grace:?}) reached: dropping the requests still in flight"
-            ),
-        }
-        let failure = fatal.lock().ok().and_then(|mut slot| slot.take());
-        match failure {
-            Some(reason) => bail!("no model could be loaded: {reason}"),
-            None => Ok(ExitCode::SUCCESS),
-        }
+        let listener = ferry::runtime::serve::bind(&config.server).await?;
+        let (trigger, signal) = ferry::server::shutdown_channel();
+        tokio::spawn(forward_stop_signals(trigger));
+        ferry::runtime::serve::serve(config, listener, signal).await
     });
-    // Connections still open after the grace period are dropped with the runtime; do not wait
+    // Connections still open after the deadline are dropped with the runtime; do not wait
     // for stray blocking work (tokenisation) either. Engine threads end with the process.
     runtime.shutdown_timeout(std::time::Duration::from_millis(500));
-    outcome
+    let report = outcome?;
+    if report.cut_short > 0 {
+        return Ok(ExitCode::from(EXIT_REQUESTS_CUT_SHORT));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Turns every SIGINT (Ctrl-C) and SIGTERM into a stop request.
+async fn forward_stop_signals(trigger: ferry::server::ShutdownTrigger) {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut terminate), Ok(mut interrupt)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::warn!("cannot listen for SIGTERM/SIGINT; stop the server with SIGKILL");
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = interrupt.recv() => {}
             }
-            Err(_) => std::future::pending::<()>().await,
+            trigger.stop();
         }
-    };
+    }
     #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = terminate => {},
+    while tokio::signal::ctrl_c().await.is_ok() {
+        trigger.stop();
     }
 }
 
@@ -252,22 +150,12 @@ fn ferry_plan(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
     let device = select_device(config.device.kind)?;
     let hub = HubOptions::from_env(|key| std::env::var(key).ok());
     let free = free_bytes(&device)?;
-    let mut out = String::new();
-    for model in &config.models {
-        let plan = plan_model(model, &config.device, &device, &hub, free)?;
-        if json {
-            out.push_str(&render_json(&plan));
-        } else {
-            out.push_str(&format!(
-                "model {} ({}) on {}\n{}",
-                model.name,
-                model.source,
-                describe(&device),
-                render_text(&plan)
-            ));
-        }
-        out.push('\n');
-    }
+    let plan = DevicePlan::new(config, &device, &hub, free)?;
+    let out = if json {
+        format!("{:#}\n", plan.to_json())
+    } else {
+        plan.render_text()
+    };
     write_stdout(&out)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -307,15 +195,14 @@ fn generate(config: Config, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
             role: "user".to_string(),
             content: args.prompt.clone(),
         }];
-        let text = engine.render_chat(&model.name, &messages, true)?;
-        engine.tokenize(&model.name, &text, false)?
+        engine.encode_chat(&model.name, &messages, true, false)?
     } else {
         engine.tokenize(&model.name, &args.prompt, true)?
     };
     let n_prompt = prompt_tokens.len();
     let request = GenerationRequest {
         model: model.name.clone(),
-        prompt: PromptInput::Tokens(prompt_tokens),
+        prompt: prompt_tokens,
         params: GenerationParams {
             max_tokens: args.max_tokens,
             sampling: SamplingParams {

@@ -10,8 +10,13 @@
 //! | `ferry_generated_tokens_total` | counter | engine: tokens sampled (= `completion_tokens`, EOS included) |
 //! | `ferry_requests_running` | gauge | engine: sequences being generated |
 //! | `ferry_requests_waiting` | gauge | engine: accepted requests not started yet |
+//! | `ferry_model_prompt_tokens_total{model}` | counter | engine: the same, per served model |
+//! | `ferry_model_generated_tokens_total{model}` | counter | engine: the same, per served model |
 //! | `ferry_time_to_first_token_seconds` | histogram | engine: from acceptance to the first sampled token |
 //! | `ferry_inter_token_latency_seconds` | histogram | engine: between two sampled tokens of a sequence |
+//! | `ferry_request_queue_seconds` | histogram | engine: from acceptance to joining the running batch |
+//! | `ferry_request_duration_seconds{model}` | histogram | engine: end to end, acceptance to the last token, finished requests |
+//! | `ferry_kv_cache_usage_ratio` | gauge | engine: KV entries of running sequences / (max_batch x max_context), all models |
 //! | `ferry_device_memory_bytes{kind}` | gauge | offload engine (`kind` = weights, slots, kv, workspace) |
 //! | `ferry_device_memory_budget_bytes` | gauge | offload engine |
 //! | `ferry_offload_bytes_copied_total` | counter | offload engine: bytes copied host -> device |
@@ -19,13 +24,34 @@
 //! | `ferry_model_swaps_total` | counter | residency manager (mode `model`) |
 //! | `ferry_model_resident{model}` | gauge | engine (1 once loaded); the residency manager later |
 //!
-//! The device-memory, offload and swap metrics have setters here but nothing calls them until
-//! the offload engine is wired in: until then they read 0, which is the truth for a process
-//! that streams nothing, not an estimate.
+//! Every series exists from the start: the per-model ones from [`Metrics::register_model`]
+//! (the engine calls it for each configured model before any is loaded), the device-memory
+//! kinds at 0 until the offload engine publishes them (`runtime::telemetry`).
+//!
+//! The Gateway API Inference Extension's Endpoint Picker (and KEDA or HPA rules written for
+//! vLLM) read vLLM's names, so three gauges are also exported under them, without the prefix
+//! and with the same values (the picker's Model Server Protocol; `:` is legal in Prometheus
+//! names and prometheus-client writes names as given):
+//!
+//! | alias | same value as | meaning the picker expects |
+//! |---|---|---|
+//! | `vllm:num_requests_waiting` | `ferry_requests_waiting` | requests queued, not yet running |
+//! | `vllm:num_requests_running` | `ferry_requests_running` | requests in the running batch |
+//! | `vllm:kv_cache_usage_perc` | `ferry_kv_cache_usage_ratio` | a fraction in [0, 1] despite the name (1 = full) |
+//!
+//! They are process-wide totals with no labels: the picker takes the first series of a family,
+//! so one series per pod is what it can use.
+//!
+//! Per-request bookkeeping and the request log line live in [`tracker`].
 
+mod tracker;
+
+pub use tracker::{RequestContext, RequestEnd, RequestTracker, TrackedRequest};
+
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use prometheus_client::encoding::{prometheus_text, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
@@ -47,6 +73,20 @@ const ITL_BUCKETS: [f64; 13] = [
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
+/// Upper bounds (seconds) of the end-to-end request latency buckets.
+const E2E_BUCKETS: [f64; 15] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+];
+
+/// Upper bounds (seconds) of the queue-time buckets.
+const QUEUE_BUCKETS: [f64; 14] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+fn e2e_histogram() -> Histogram {
+    Histogram::new(E2E_BUCKETS)
+}
+
 /// Where device memory goes (the `kind` label of `ferry_device_memory_bytes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MemoryKind {
@@ -54,7 +94,7 @@ pub enum MemoryKind {
     Weights,
     /// The slot ring streamed layers are copied into.
     Slots,
-    /// Key/value caches.
+    /// Key/value caches: the largest one sequence has reached (a peak, not the sum in use).
     Kv,
     /// Activations and scratch buffers.
     Workspace,
@@ -100,8 +140,17 @@ struct Inner {
     generated_tokens: Counter,
     running: Gauge,
     waiting: Gauge,
+    model_prompt_tokens: Family<ModelLabels, Counter>,
+    model_generated_tokens: Family<ModelLabels, Counter>,
     ttft: Histogram,
     itl: Histogram,
+    queue_time: Histogram,
+    request_duration: Family<ModelLabels, Histogram, fn() -> Histogram>,
+    kv_usage: Gauge<f64, AtomicU64>,
+    /// KV entries held and KV capacity per model (tokens); a plain mutex, set once per step.
+    kv_by_model: Mutex<BTreeMap<String, (u64, u64)>>,
+    /// vLLM-named aliases of three gauges, outside the `ferry_` prefix.
+    aliases: Registry,
     device_memory: Family<KindLabels, Gauge>,
     device_budget: Gauge,
     offload_bytes: Counter,
@@ -146,8 +195,16 @@ impl Metrics {
         let generated_tokens = Counter::default();
         let running = Gauge::default();
         let waiting = Gauge::default();
+        let model_prompt_tokens = Family::<ModelLabels, Counter>::default();
+        let model_generated_tokens = Family::<ModelLabels, Counter>::default();
         let ttft = Histogram::new(TTFT_BUCKETS);
         let itl = Histogram::new(ITL_BUCKETS);
+        let queue_time = Histogram::new(QUEUE_BUCKETS);
+        let request_duration =
+            Family::<ModelLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                e2e_histogram,
+            );
+        let kv_usage = Gauge::<f64, AtomicU64>::default();
         let device_memory = Family::<KindLabels, Gauge>::default();
         for kind in MemoryKind::ALL {
             // Created up front so every kind is exported (at 0) before anything reports.
@@ -188,6 +245,16 @@ impl Metrics {
             waiting.clone(),
         );
         r.register(
+            "model_prompt_tokens",
+            "Prompt tokens prefilled, by served model",
+            model_prompt_tokens.clone(),
+        );
+        r.register(
+            "model_generated_tokens",
+            "Tokens generated (sampled), by served model",
+            model_generated_tokens.clone(),
+        );
+        r.register(
             "time_to_first_token_seconds",
             "Time from accepting a request to its first generated token",
             ttft.clone(),
@@ -198,8 +265,23 @@ impl Metrics {
             itl.clone(),
         );
         r.register(
+            "request_queue_seconds",
+            "Time from accepting a request to its joining the running batch",
+            queue_time.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "End-to-end time of finished requests, from acceptance to the last token, by served model",
+            request_duration.clone(),
+        );
+        r.register(
+            "kv_cache_usage_ratio",
+            "KV cache entries held by running requests over the capacity max_batch x max_context (0 to 1)",
+            kv_usage.clone(),
+        );
+        r.register(
             "device_memory_bytes",
-            "Compute-device memory in use, by kind",
+            "Compute-device memory by kind: weights, slots and workspace as allocated; kv the largest KV cache one sequence has reached",
             device_memory.clone(),
         );
         r.register(
@@ -227,6 +309,22 @@ impl Metrics {
             "1 while the model's weights are on the compute device",
             resident.clone(),
         );
+        let mut aliases = Registry::default();
+        aliases.register(
+            "vllm:num_requests_waiting",
+            "Alias of ferry_requests_waiting (vLLM's name, read by the Gateway API Inference Extension)",
+            waiting.clone(),
+        );
+        aliases.register(
+            "vllm:num_requests_running",
+            "Alias of ferry_requests_running (vLLM's name)",
+            running.clone(),
+        );
+        aliases.register(
+            "vllm:kv_cache_usage_perc",
+            "Alias of ferry_kv_cache_usage_ratio (vLLM's name; a fraction, 1 means full)",
+            kv_usage.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -235,8 +333,15 @@ impl Metrics {
                 generated_tokens,
                 running,
                 waiting,
+                model_prompt_tokens,
+                model_generated_tokens,
                 ttft,
                 itl,
+                queue_time,
+                request_duration,
+                kv_usage,
+                kv_by_model: Mutex::new(BTreeMap::new()),
+                aliases,
                 device_memory,
                 device_budget,
                 offload_bytes,
@@ -247,14 +352,29 @@ impl Metrics {
         }
     }
 
-    /// Everything in the Prometheus text format (see [`CONTENT_TYPE`]).
+    /// Everything in the Prometheus text format (see [`CONTENT_TYPE`]): the `ferry_` metrics,
+    /// then the vLLM-named aliases (the 0.0.4 text format has no end marker, so the two pages
+    /// concatenate into one).
     pub fn render(&self) -> String {
         let mut out = String::new();
-        // Writing into a String cannot fail; an encoder error would leave a partial page.
-        if let Err(e) = prometheus_text::encode(&mut out, &self.inner.registry) {
-            tracing::error!("cannot encode metrics: {e}");
+        for registry in [&self.inner.registry, &self.inner.aliases] {
+            // Writing into a String cannot fail; an encoder error would leave a partial page.
+            if let Err(e) = prometheus_text::encode(&mut out, registry) {
+                tracing::error!("cannot encode metrics: {e}");
+            }
         }
         out
+    }
+
+    /// Creates `model`'s series at zero, so they are on the page before its first request.
+    pub fn register_model(&self, model: &str) {
+        let labels = ModelLabels {
+            model: model.to_owned(),
+        };
+        let inner = &self.inner;
+        drop(inner.model_prompt_tokens.get_or_create(&labels));
+        drop(inner.model_generated_tokens.get_or_create(&labels));
+        drop(inner.request_duration.get_or_create(&labels));
     }
 
     // ---- HTTP layer ----
@@ -314,6 +434,81 @@ impl Metrics {
         self.inner.generated_tokens.inc_by(n as u64);
     }
 
+    /// Adds prefilled prompt tokens of `model` (to its series and to the total).
+    pub fn add_model_prompt_tokens(&self, model: &str, n: usize) {
+        self.add_prompt_tokens(n);
+        self.inner
+            .model_prompt_tokens
+            .get_or_create(&ModelLabels {
+                model: model.to_owned(),
+            })
+            .inc_by(n as u64);
+    }
+
+    /// Adds generated tokens of `model` (to its series and to the total).
+    pub fn add_model_generated_tokens(&self, model: &str, n: usize) {
+        self.add_generated_tokens(n);
+        self.inner
+            .model_generated_tokens
+            .get_or_create(&ModelLabels {
+                model: model.to_owned(),
+            })
+            .inc_by(n as u64);
+    }
+
+    /// `ferry_model_generated_tokens_total{model}`.
+    pub fn model_generated_tokens(&self, model: &str) -> u64 {
+        self.inner
+            .model_generated_tokens
+            .get_or_create(&ModelLabels {
+                model: model.to_owned(),
+            })
+            .get()
+    }
+
+    /// Records the time a request waited before joining the running batch.
+    pub fn observe_queue_time(&self, waited: Duration) {
+        self.inner.queue_time.observe(waited.as_secs_f64());
+    }
+
+    /// Records the end-to-end time of a finished request for `model`.
+    pub fn observe_request_duration(&self, model: &str, elapsed: Duration) {
+        self.inner
+            .request_duration
+            .get_or_create(&ModelLabels {
+                model: model.to_owned(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Sets `model`'s KV entries held by running sequences and its capacity (both in tokens);
+    /// `ferry_kv_cache_usage_ratio` becomes the sum of entries over the sum of capacities.
+    pub fn set_kv_usage(&self, model: &str, used_tokens: usize, capacity_tokens: usize) {
+        let mut by_model = self
+            .inner
+            .kv_by_model
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        by_model.insert(
+            model.to_owned(),
+            (used_tokens as u64, capacity_tokens as u64),
+        );
+        let (used, capacity) = by_model
+            .values()
+            .fold((0u64, 0u64), |(u, c), &(mu, mc)| (u + mu, c + mc));
+        let ratio = if capacity == 0 {
+            0.0
+        } else {
+            (used as f64 / capacity as f64).min(1.0)
+        };
+        self.inner.kv_usage.set(ratio);
+    }
+
+    /// `ferry_kv_cache_usage_ratio`.
+    pub fn kv_usage(&self) -> f64 {
+        self.inner.kv_usage.get()
+    }
+
     /// Records a time to first token.
     pub fn observe_time_to_first_token(&self, elapsed: Duration) {
         self.inner.ttft.observe(elapsed.as_secs_f64());
@@ -344,7 +539,7 @@ impl Metrics {
         self.inner.waiting.get()
     }
 
-    // ---- offload engine and residency (not called yet: these stay 0 until it is wired) ----
+    // ---- offload engine and residency (published by runtime::telemetry) ----
 
     /// Sets the device bytes used for `kind`.
     pub fn set_device_memory(&self, kind: MemoryKind, bytes: u64) {
@@ -386,55 +581,6 @@ impl Metrics {
                 model: model.to_owned(),
             })
             .set(i64::from(resident));
-    }
-}
-
-/// Per-request latency bookkeeping on the engine thread: feeds the token counters and the
-/// two latency histograms. A detached tracker ([`RequestTracker::detached`]) records nothing.
-#[derive(Debug)]
-pub struct RequestTracker {
-    metrics: Option<Metrics>,
-    accepted: Instant,
-    last_token: Option<Instant>,
-}
-
-impl RequestTracker {
-    /// Tracks a request accepted at `accepted`.
-    pub fn new(metrics: &Metrics, accepted: Instant) -> Self {
-        Self {
-            metrics: Some(metrics.clone()),
-            accepted,
-            last_token: None,
-        }
-    }
-
-    /// A tracker that records nothing (unit tests, one-off generation).
-    pub fn detached() -> Self {
-        Self {
-            metrics: None,
-            accepted: Instant::now(),
-            last_token: None,
-        }
-    }
-
-    /// The prompt (`n` tokens) went through the model.
-    pub fn prefilled(&mut self, n: usize) {
-        if let Some(m) = &self.metrics {
-            m.add_prompt_tokens(n);
-        }
-    }
-
-    /// One token was sampled.
-    pub fn token(&mut self) {
-        let now = Instant::now();
-        if let Some(m) = &self.metrics {
-            m.add_generated_tokens(1);
-            match self.last_token {
-                None => m.observe_time_to_first_token(now - self.accepted),
-                Some(last) => m.observe_inter_token_latency(now - last),
-            }
-        }
-        self.last_token = Some(now);
     }
 }
 

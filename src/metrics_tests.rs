@@ -1,5 +1,8 @@
 //! Tests for [`Metrics`] and [`RequestTracker`]: names, labels, rendering and exact counts.
 
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
 use super::*;
 
 /// The value of the sample line `name` (labels included, exactly as rendered).
@@ -46,9 +49,18 @@ fn renders_every_metric_with_the_prefix() {
     assert_eq!(r("ferry_offload_wait_seconds_total"), Some(0.25));
     assert_eq!(r(r#"ferry_model_resident{model="smollm2"}"#), Some(1.0));
     assert!(text.contains("# TYPE ferry_time_to_first_token_seconds histogram"));
-    assert!(text
-        .lines()
-        .all(|l| l.is_empty() || l.starts_with('#') || l.starts_with("ferry_")));
+    assert!(text.lines().all(|l| l.is_empty()
+        || l.starts_with('#')
+        || l.starts_with("ferry_")
+        || l.starts_with("vllm:")));
+    for alias in [
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+    ] {
+        assert_eq!(r(alias), Some(0.0), "{alias} in\n{text}");
+        assert!(text.contains(&format!("# TYPE {alias} gauge")), "{alias}");
+    }
 }
 
 #[test]
@@ -57,13 +69,26 @@ fn tracker_counts_tokens_and_latencies() {
     m.request_queued();
     m.request_started();
     assert_eq!((m.waiting(), m.running()), (0, 1));
-    let mut t = RequestTracker::new(&m, Instant::now());
+    let mut t = RequestTracker::new(
+        &m,
+        TrackedRequest {
+            model: "m1".into(),
+            accepted: Instant::now(),
+            prompt_tokens: 7,
+            context: None,
+        },
+    );
+    t.admitted();
     t.prefilled(7);
     for _ in 0..3 {
         t.token();
     }
+    t.end(RequestEnd::Finished { reason: "length" });
+    t.end(RequestEnd::Cancelled);
     m.request_ended();
     assert_eq!((m.prompt_tokens(), m.generated_tokens()), (7, 3));
+    assert_eq!(m.model_generated_tokens("m1"), 3);
+    assert_eq!(m.model_generated_tokens("other"), 0);
     assert_eq!(m.running(), 0);
     let text = m.render();
     assert_eq!(
@@ -74,10 +99,142 @@ fn tracker_counts_tokens_and_latencies() {
         sample(&text, "ferry_inter_token_latency_seconds_count"),
         Some(2.0)
     );
+    assert_eq!(
+        sample(&text, r#"ferry_model_prompt_tokens_total{model="m1"}"#),
+        Some(7.0)
+    );
+    assert_eq!(
+        sample(&text, "ferry_request_queue_seconds_count"),
+        Some(1.0)
+    );
+    // One end-to-end sample: the second end() of the same request changes nothing.
+    assert_eq!(
+        sample(&text, r#"ferry_request_duration_seconds_count{model="m1"}"#),
+        Some(1.0)
+    );
     let mut detached = RequestTracker::detached();
     detached.prefilled(5);
     detached.token();
     assert_eq!(m.generated_tokens(), 3);
     assert_eq!(m.clone(), m);
     assert_ne!(Metrics::new(), m);
+}
+
+#[test]
+fn registered_models_are_on_the_page_before_any_request() {
+    let m = Metrics::new();
+    m.register_model("a");
+    let text = m.render();
+    for name in [
+        r#"ferry_model_prompt_tokens_total{model="a"}"#,
+        r#"ferry_model_generated_tokens_total{model="a"}"#,
+        r#"ferry_request_duration_seconds_count{model="a"}"#,
+        r#"ferry_request_duration_seconds_sum{model="a"}"#,
+    ] {
+        assert_eq!(sample(&text, name), Some(0.0), "{name} in\n{text}");
+    }
+}
+
+#[test]
+fn kv_usage_sums_entries_over_capacities_of_every_model() {
+    let m = Metrics::new();
+    assert_eq!(m.kv_usage(), 0.0);
+    m.set_kv_usage("a", 50, 100);
+    assert_eq!(m.kv_usage(), 0.5);
+    m.set_kv_usage("b", 0, 300);
+    assert_eq!(m.kv_usage(), 0.125);
+    m.set_kv_usage("a", 0, 100);
+    assert_eq!(m.kv_usage(), 0.0);
+    m.set_kv_usage("a", 900, 100);
+    assert_eq!(m.kv_usage(), 1.0, "never above 1");
+    let text = m.render();
+    assert_eq!(sample(&text, "ferry_kv_cache_usage_ratio"), Some(1.0));
+    assert_eq!(sample(&text, "vllm:kv_cache_usage_perc"), Some(1.0));
+}
+
+/// Log output captured in memory.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_request_line_names_the_request_and_its_numbers() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let m = Metrics::new();
+    tracing::subscriber::with_default(subscriber, || {
+        let context = RequestContext::new("req-42");
+        let mut t = RequestTracker::new(
+            &m,
+            TrackedRequest {
+                model: "m1".into(),
+                accepted: Instant::now(),
+                prompt_tokens: 5,
+                context: Some(context.clone()),
+            },
+        );
+        assert!(context.reached_engine());
+        t.admitted();
+        t.prefilled(5);
+        t.token();
+        t.token();
+        t.end(RequestEnd::Finished { reason: "stop" });
+        let failed = RequestTracker::new(
+            &m,
+            TrackedRequest {
+                model: "m1".into(),
+                accepted: Instant::now(),
+                prompt_tokens: 3,
+                context: None,
+            },
+        );
+        failed.end(RequestEnd::Failed {
+            error: "out of memory",
+        });
+    });
+    let text = String::from_utf8(captured.0.lock().expect("log").clone()).expect("utf-8");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].contains(" INFO "), "{text}");
+    for field in [
+        "request finished",
+        "request_id=req-42",
+        "model=m1",
+        "prompt_tokens=5",
+        "completion_tokens=2",
+        "status=finished",
+        "finish_reason=stop",
+        "queue_ms=",
+        "ttft_ms=",
+        "e2e_ms=",
+        "tok_s=",
+    ] {
+        assert!(lines[0].contains(field), "{field} not in {}", lines[0]);
+    }
+    assert!(!lines[0].contains("error="), "{}", lines[0]);
+    assert!(lines[1].contains(" WARN "), "{text}");
+    for field in [
+        "request_id=-",
+        "status=failed",
+        "completion_tokens=0",
+        "error=out of memory",
+    ] {
+        assert!(lines[1].contains(field), "{field} not in {}", lines[1]);
+    }
 }

@@ -11,7 +11,7 @@
 //!   on the same runner succeeds.
 
 #[allow(dead_code)]
-#[path = "arch_crosscheck/tiny.rs"]
+#[path = "suite/tiny.rs"]
 mod tiny;
 
 use std::path::{Path, PathBuf};
@@ -23,6 +23,7 @@ use ferry::config::{
 };
 use ferry::engine::traits::{LanguageModel, TextCodec};
 use ferry::engine::EngineError;
+use ferry::model::checkpoint::Checkpoint;
 use ferry::model::loader::LoadOptions;
 use ferry::model::source::{HubOptions, ModelFiles};
 use ferry::offload::plan::Plan;
@@ -54,6 +55,7 @@ fn device_config(device: &Device) -> DeviceConfig {
             DeviceChoice::Cpu
         },
         link_bandwidth: None,
+        ..DeviceConfig::default()
     }
 }
 
@@ -133,6 +135,7 @@ fn model_config(
             prefetch,
             keep_alive: std::time::Duration::from_secs(1),
         },
+        ..ModelConfig::default()
     }
 }
 
@@ -164,7 +167,8 @@ fn runner(case: &Case, config: &ModelConfig, device: &Device) -> (ModelRunner, P
         prefetch: config.offload.prefetch,
         link_bandwidth: None,
     };
-    let placed = load_placed(&case.files, &options, &plan, stream, &mut |_| {})
+    let checkpoint = Checkpoint::open(&case.files).expect("checkpoint");
+    let placed = load_placed(&checkpoint, &options, &plan, stream, &mut |_| {})
         .unwrap_or_else(|e| panic!("{} {:?}: load: {e}", case.label, config.offload.mode));
     (
         ModelRunner::new(placed.model, placed.store, Some(MAX_CONTEXT)),
@@ -335,6 +339,7 @@ fn serving_config(dir: &Path, mode: OffloadMode, budget: MemoryBudget) -> ModelC
             prefetch: 2,
             keep_alive: std::time::Duration::from_secs(30),
         },
+        ..ModelConfig::default()
     }
 }
 

@@ -87,8 +87,8 @@ def plan(binary, config_path, log_path=None, timeout=120):
     if proc.returncode != 0:
         raise RuntimeError(f"ferry plan failed (exit {proc.returncode}): "
                            f"{_last_lines(proc.stderr or proc.stdout)}")
-    value, _ = json.JSONDecoder().raw_decode(proc.stdout.lstrip())
-    return value
+    # One document for every configured model: {"device", "models": [{"name", "plan"}], ...}.
+    return json.loads(proc.stdout)["models"][0]["plan"]
 
 
 def budget_for_resident(none_plan, k, prefetch):

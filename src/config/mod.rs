@@ -1,19 +1,30 @@
-//! Configuration in two phases, as ripgrep does it:
+//! Configuration in two phases, as ripgrep does it, driven by one table of settings:
 //!
-//! 1. [`raw`]: serde types that mirror the TOML file; parsing does no I/O and checks only syntax.
-//! 2. [`resolve`]: merges built-in defaults, the file, `FERRY_*` environment variables and flags
-//!    (in rising precedence) into a validated [`Config`]. Values that need the machine (free device
-//!    memory for `gpu_memory = "90%"`) stay symbolic here and are resolved by the device layer.
-//!
-//! [`units`] parses the human-friendly sizes, durations and bandwidths the file and flags accept.
+//! - [`settings`]: [`settings::SETTINGS`], the one definition of every setting (flag, `FERRY_*`
+//!   variable, config key, default, doc, and the field it fills). Flags, variables, file keys,
+//!   `ferry config` and the README's table all come from it.
+//! - [`raw`]: phase one, the TOML file as text by key, checked against the table (no I/O).
+//! - [`resolve`]: phase two, built-in defaults < file < `FERRY_*` environment < flags into a
+//!   validated [`Config`], with the origin of every value. Values that need the machine (free
+//!   device memory for `gpu_memory = "90%"`) stay symbolic and are resolved by the device layer.
+//! - [`types`]: the resolved structs; [`values`]: their value types and how each is parsed and
+//!   shown; [`units`]: sizes, durations and bandwidths.
+//! - [`load`]: the I/O edge (file, process environment, warnings about unknown `FERRY_*`
+//!   variables); [`show`]: `ferry config`'s listing; [`env`]: the unknown-variable check.
 
+pub mod env;
 pub mod error;
+pub mod load;
 pub mod raw;
 pub mod resolve;
+pub mod settings;
+pub mod show;
+pub mod types;
 pub mod units;
+pub mod values;
 
 pub use error::ConfigError;
-pub use resolve::{
-    Config, DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig,
-    OffloadMode, Overrides, ServerConfig,
-};
+pub use load::load;
+pub use resolve::{Origin, Origins, Overrides, Resolved};
+pub use types::{Config, DeviceConfig, ModelConfig, OffloadConfig, ServerConfig};
+pub use values::{CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode};

@@ -22,6 +22,11 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
             ))
         }
     };
+    if multiplier == 1.0 && number.fract() != 0.0 {
+        return Err(format!(
+            "`{text}` is not a whole number of bytes (a share of free memory is written like `90%`)"
+        ));
+    }
     let bytes = number * multiplier;
     if bytes > u64::MAX as f64 {
         return Err(format!("`{text}` is too large"));
@@ -114,7 +119,7 @@ mod tests {
 
     #[test]
     fn sizes_reject_garbage() {
-        for text in ["", "GiB", "-5GB", "5 parsecs", "1e3"] {
+        for text in ["", "GiB", "-5GB", "5 parsecs", "1e3", "0.9", "1.5B"] {
             assert!(parse_bytes(text).is_err(), "{text} should be rejected");
         }
     }

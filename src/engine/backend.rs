@@ -58,9 +58,28 @@ pub trait Backend: Send + Sync + 'static {
     /// The context window of a ready model.
     fn max_context(&self, model: &str) -> EngineResult<usize>;
 
-    /// Text to token ids, adding BOS etc. when `add_special_tokens`.
+    /// Text to token ids. With `add_special_tokens`, BOS etc. are added and special-token text
+    /// (`<|im_start|>`) becomes its control token; without, nothing is added and such text
+    /// stays text.
     fn tokenize(&self, model: &str, text: &str, add_special_tokens: bool)
         -> EngineResult<Vec<u32>>;
+
+    /// `messages` rendered with the model's chat template and tokenised: the template's own
+    /// markup becomes control tokens, special-token text inside the messages stays text unless
+    /// `parse_special_in_content`.
+    fn encode_chat(
+        &self,
+        model: &str,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        parse_special_in_content: bool,
+    ) -> EngineResult<Vec<u32>>;
+
+    /// Fails with `Overloaded` when [`submit`](Self::submit) would refuse a request for
+    /// `model` right now, so the server can refuse it before tokenising. Default: never.
+    fn check_capacity(&self, _model: &str) -> EngineResult<()> {
+        Ok(())
+    }
 
     /// Token ids to text (special tokens kept).
     fn detokenize(&self, model: &str, tokens: &[u32]) -> EngineResult<String>;

@@ -27,7 +27,7 @@ pub enum EngineError {
         param: Option<String>,
     },
     /// The prompt plus the requested completion does not fit the model's context.
-    #[error("This model's maximum context length is {max_context} tokens. However, you requested {requested} tokens ({prompt_tokens} in the messages, {max_tokens} in the completion). Please reduce the length of the messages or completion.")]
+    #[error("This model's maximum context length is {max_context} tokens. However, you requested {requested} tokens ({prompt_tokens} in the prompt, {max_tokens} in the completion). Please reduce the length of the prompt or completion.")]
     ContextLengthExceeded {
         /// The model's context window.
         max_context: usize,

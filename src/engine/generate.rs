@@ -1,10 +1,16 @@
 //! One request's generation on the engine thread: prefill, sampling, logprobs, incremental
 //! detokenisation and stop strings, streaming [`GenerationEvent`]s as it goes.
 //!
-//! [`Generation`] is the per-sequence state machine the batching scheduler drives one step at a
-//! time (it never calls the model itself: the caller feeds [`Generation::input`] through the
-//! model, possibly batched with other sequences, and hands the logits back). [`generate`] runs
-//! one request alone to completion with it.
+//! [`Generation`] is the per-sequence state machine the serving loop drives one step at a time.
+//! It never calls the model itself: the loop feeds [`Generation::input`] through the model,
+//! batched with the other running sequences, and hands the logits back to
+//! [`Generation::advance`], which samples, emits and decides when the request ends.
+//!
+//! The EOS token (unless `ignore_eos`) ends a generation with reason `Stop`; it counts in
+//! `completion_tokens` but gets no `Token` event (its text is empty). A token that completes a
+//! stop string does get an event, carrying the text before the stop. Events go out with
+//! `blocking_send`, so drive a generation from a plain thread, never from inside a tokio
+//! runtime; once the receiver is dropped, the generation ends without a final event.
 
 use tokio::sync::mpsc;
 
@@ -14,12 +20,12 @@ use super::{
     detokenize::IncrementalDecoder,
     logprobs::LogSoftmax,
     request::{
-        FinishReason, GenerationEvent, GenerationParams, GenerationRequest, PromptInput,
-        TokenLogprob, TokenOutput, Usage,
+        FinishReason, GenerationEvent, GenerationParams, GenerationRequest, TokenLogprob,
+        TokenOutput, Usage,
     },
     sampling::Sampler,
     stop::StopMatcher,
-    traits::{LanguageModel, TextCodec},
+    traits::TextCodec,
     EngineError, EngineResult,
 };
 
@@ -123,7 +129,7 @@ impl Generation {
         events: mpsc::Sender<GenerationEvent>,
         tracker: RequestTracker,
     ) -> Started {
-        let PromptInput::Tokens(prompt) = &request.prompt;
+        let prompt = &request.prompt;
         let params = &request.params;
         if let Err(e) = validate_prompt(prompt, params, max_context, vocab_size) {
             let _ = events.blocking_send(GenerationEvent::Failed(e.clone()));
@@ -288,52 +294,6 @@ impl Generation {
             return self.finish(reason, tail).map(Some);
         }
         Ok(None)
-    }
-}
-
-/// Runs `request` alone against `model` and sends its events on `events`: zero or more
-/// `Token`s, then one `Finished` or `Failed`. Uses `blocking_send`, so call it from a plain
-/// thread, never from inside a tokio runtime. Returns early, without a final event, once the
-/// receiver is dropped.
-///
-/// The EOS token (unless `ignore_eos`) ends the generation with reason `Stop`; it counts in
-/// `completion_tokens` but gets no `Token` event (its text is empty). A token that completes a
-/// stop string does get an event, carrying the text before the stop.
-///
-/// `tracker` is told about the prefill and every sampled token (metrics).
-pub fn generate<M: LanguageModel>(
-    model: &mut M,
-    codec: &dyn TextCodec,
-    request: &GenerationRequest,
-    events: &mpsc::Sender<GenerationEvent>,
-    tracker: RequestTracker,
-) -> Outcome {
-    let started = Generation::start(
-        request,
-        model.max_context(),
-        model.vocab_size(),
-        events.clone(),
-        tracker,
-    );
-    let mut g = match started {
-        Started::Running(g) => g,
-        Started::Ended(outcome) => return outcome,
-    };
-    let mut seq = model.new_sequence();
-    loop {
-        if g.is_cancelled() {
-            return Outcome::Cancelled;
-        }
-        let input = g.input(usize::MAX).to_vec();
-        let logits = match model.forward(&mut seq, &input) {
-            Ok(logits) => logits,
-            Err(e) => return g.fail(e),
-        };
-        if g.fed(input.len()) {
-            if let Progress::Done(outcome) = g.advance(logits, codec) {
-                return outcome;
-            }
-        }
     }
 }
 

@@ -1,16 +1,26 @@
-//! Tests for [`generate`] and [`Generation`] with a scripted model and a real byte-level BPE
-//! tokenizer.
+//! Tests for [`Generation`]: usage, EOS, stop strings, logprobs, validation, cancellation and
+//! seeded sampling. Each request runs through the engine's serving loop, as on a model's engine
+//! thread, with a scripted model and a real byte-level BPE tokenizer.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc as std_mpsc;
+use std::time::Instant;
 
 use super::*;
 use crate::engine::{
+    queue::Job,
     request::SamplingParams,
+    scheduler::StepLimits,
+    serve_loop::{serve_requests, LoopContext},
     test_support::{ScriptModel, TestCodec, EOS},
+    worker::{DEFAULT_MAX_BATCH, DEFAULT_MAX_STEP_TOKENS, DEFAULT_PREFILL_CHUNK},
 };
+use crate::metrics::Metrics;
 
 fn request(prompt: Vec<u32>, params: GenerationParams) -> GenerationRequest {
     GenerationRequest {
         model: "m".into(),
-        prompt: PromptInput::Tokens(prompt),
+        prompt,
         params,
     }
 }
@@ -26,30 +36,62 @@ fn greedy(max_tokens: usize) -> GenerationParams {
     }
 }
 
-/// Runs a script model producing `text` then `after`; returns outcome, events, model.
-fn run_script(
-    text: &str,
-    after: u32,
-    params: GenerationParams,
-) -> (Outcome, Vec<GenerationEvent>, ScriptModel) {
-    let codec = TestCodec::new();
-    let script = codec.encode(text, false).unwrap();
-    let mut model = ScriptModel::new(script, after, codec.vocab_size());
+/// Serves `request` through the serving loop on this thread until it has ended, its events
+/// going to `events`.
+fn serve(
+    model: &mut ScriptModel,
+    request: GenerationRequest,
+    events: mpsc::Sender<GenerationEvent>,
+) {
+    let (jobs, receiver) = std_mpsc::channel();
+    let job = Job {
+        request,
+        events,
+        accepted: Instant::now(),
+        context: None,
+    };
+    jobs.send(job).expect("the receiver is alive");
+    drop(jobs);
+    let pending = AtomicUsize::new(1);
+    let metrics = Metrics::new();
+    let context = LoopContext {
+        name: "m",
+        jobs: &receiver,
+        pending: &pending,
+        metrics: &metrics,
+        limits: StepLimits {
+            max_batch: DEFAULT_MAX_BATCH,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            max_step_tokens: DEFAULT_MAX_STEP_TOKENS,
+        },
+    };
+    serve_requests(model, &TestCodec::new(), &context);
+    assert_eq!(pending.load(Ordering::SeqCst), 0, "the request has ended");
+}
+
+/// Serves `request` to `model` and returns every event it sent.
+fn events_of(model: &mut ScriptModel, request: GenerationRequest) -> Vec<GenerationEvent> {
     let (tx, mut rx) = mpsc::channel(4096);
-    let prompt = codec.encode("he said:", false).unwrap();
-    let outcome = generate(
-        &mut model,
-        &codec,
-        &request(prompt, params),
-        &tx,
-        RequestTracker::detached(),
-    );
-    drop(tx);
+    serve(model, request, tx);
     let mut events = Vec::new();
     while let Some(e) = rx.blocking_recv() {
         events.push(e);
     }
-    (outcome, events, model)
+    events
+}
+
+/// Runs a script model producing `text` then `after`; returns the events and the model.
+fn run_script(
+    text: &str,
+    after: u32,
+    params: GenerationParams,
+) -> (Vec<GenerationEvent>, ScriptModel) {
+    let codec = TestCodec::new();
+    let script = codec.encode(text, false).unwrap();
+    let mut model = ScriptModel::new(script, after, codec.vocab_size());
+    let prompt = codec.encode("he said:", false).unwrap();
+    let events = events_of(&mut model, request(prompt, params));
+    (events, model)
 }
 
 /// Concatenated token texts plus trailing text, and the final event.
@@ -71,12 +113,20 @@ fn tokens(events: &[GenerationEvent]) -> usize {
         .count()
 }
 
+/// The reason and usage of the final `Finished` event.
+fn finished(events: &[GenerationEvent]) -> (FinishReason, Usage) {
+    match events.last() {
+        Some(GenerationEvent::Finished { reason, usage, .. }) => (*reason, *usage),
+        other => panic!("the last event is not Finished: {other:?}"),
+    }
+}
+
 #[test]
 fn runs_to_max_tokens_with_usage() {
     let codec = TestCodec::new();
     let n = codec.encode("he wo café 😀", false).unwrap().len();
     let p = codec.encode("he said:", false).unwrap().len();
-    let (outcome, events, model) = run_script("he wo café 😀", EOS, greedy(n));
+    let (events, model) = run_script("he wo café 😀", EOS, greedy(n));
     assert_eq!(text_of(&events), "he wo café 😀");
     assert_eq!(tokens(&events), n);
     let usage = Usage {
@@ -84,23 +134,19 @@ fn runs_to_max_tokens_with_usage() {
         completion_tokens: n,
         total_tokens: p + n,
     };
-    assert_eq!(outcome, Outcome::Finished(FinishReason::Length, usage));
-    assert!(
-        matches!(events.last(), Some(GenerationEvent::Finished { reason: FinishReason::Length, usage: u, .. }) if *u == usage)
-    );
-    assert_eq!(model.forward_calls, n);
+    assert_eq!(finished(&events), (FinishReason::Length, usage));
+    assert_eq!(model.sequence_steps, n);
 }
 
 #[test]
 fn eos_stops_and_counts_but_is_not_emitted() {
-    let (outcome, events, _) = run_script("he wo", EOS, greedy(50));
+    let (events, _) = run_script("he wo", EOS, greedy(50));
     assert_eq!(text_of(&events), "he wo");
     // "he", " wo", then EOS.
     assert_eq!(tokens(&events), 2);
-    match outcome {
-        Outcome::Finished(FinishReason::Stop, usage) => assert_eq!(usage.completion_tokens, 3),
-        other => panic!("unexpected {other:?}"),
-    }
+    let (reason, usage) = finished(&events);
+    assert_eq!(reason, FinishReason::Stop);
+    assert_eq!(usage.completion_tokens, 3);
 }
 
 #[test]
@@ -109,12 +155,9 @@ fn ignore_eos_runs_to_length() {
         ignore_eos: true,
         ..greedy(6)
     };
-    let (outcome, events, _) = run_script("he wo", EOS, params);
+    let (events, _) = run_script("he wo", EOS, params);
     assert_eq!(tokens(&events), 6);
-    assert!(matches!(
-        outcome,
-        Outcome::Finished(FinishReason::Length, _)
-    ));
+    assert_eq!(finished(&events).0, FinishReason::Length);
 }
 
 #[test]
@@ -123,13 +166,12 @@ fn stop_string_across_tokens_is_not_emitted() {
         stop: vec!["STOP".into(), "never".into()],
         ..greedy(100)
     };
-    let (outcome, events, _) = run_script("he wo STOP more text", EOS, params);
+    let (events, _) = run_script("he wo STOP more text", EOS, params);
     assert_eq!(text_of(&events), "he wo ");
     // "he", " wo", " ", "S", "T", "O", "P": the token completing the stop is counted.
-    match outcome {
-        Outcome::Finished(FinishReason::Stop, usage) => assert_eq!(usage.completion_tokens, 7),
-        other => panic!("unexpected {other:?}"),
-    }
+    let (reason, usage) = finished(&events);
+    assert_eq!(reason, FinishReason::Stop);
+    assert_eq!(usage.completion_tokens, 7);
     assert_eq!(tokens(&events), 7);
 }
 
@@ -139,7 +181,7 @@ fn held_back_text_is_released_at_length() {
         stop: vec!["wonder".into()],
         ..greedy(2)
     };
-    let (_, events, _) = run_script("he wo", EOS, params);
+    let (events, _) = run_script("he wo", EOS, params);
     assert_eq!(text_of(&events), "he wo");
     assert!(
         matches!(events.last(), Some(GenerationEvent::Finished { trailing_text, .. }) if trailing_text == "wo")
@@ -152,7 +194,7 @@ fn logprobs_report_the_chosen_token_and_alternatives() {
         logprobs: Some(3),
         ..greedy(3)
     };
-    let (_, events, _) = run_script("he wo", EOS, params);
+    let (events, _) = run_script("he wo", EOS, params);
     let GenerationEvent::Token(first) = &events[0] else {
         panic!("expected a token, got {:?}", events[0]);
     };
@@ -164,7 +206,7 @@ fn logprobs_report_the_chosen_token_and_alternatives() {
     assert_eq!(first.top_logprobs.len(), 3);
     assert_eq!(first.top_logprobs[0], *chosen);
     assert!(first.top_logprobs[1].logprob < -29.0);
-    let (_, events, _) = run_script("he", EOS, greedy(1));
+    let (events, _) = run_script("he", EOS, greedy(1));
     assert!(
         matches!(&events[0], GenerationEvent::Token(t) if t.logprob.is_none() && t.top_logprobs.is_empty())
     );
@@ -175,45 +217,25 @@ fn context_overflow_fails_cleanly_without_running_the_model() {
     let codec = TestCodec::new();
     let mut model = ScriptModel::new(vec![1], EOS, codec.vocab_size());
     model.max_context = 10;
-    let (tx, mut rx) = mpsc::channel(8);
-    let outcome = generate(
-        &mut model,
-        &codec,
-        &request(vec![1; 6], greedy(5)),
-        &tx,
-        RequestTracker::detached(),
-    );
     let err = EngineError::ContextLengthExceeded {
         max_context: 10,
         requested: 11,
         prompt_tokens: 6,
         max_tokens: 5,
     };
-    assert_eq!(outcome, Outcome::Failed(err.clone()));
-    assert_eq!(rx.blocking_recv(), Some(GenerationEvent::Failed(err)));
-    assert_eq!(model.forward_calls, 0);
-    let out = generate(
-        &mut model,
-        &codec,
-        &request(vec![], greedy(1)),
-        &tx,
-        RequestTracker::detached(),
-    );
-    assert!(matches!(
-        out,
-        Outcome::Failed(EngineError::InvalidRequest { .. })
-    ));
-    let out = generate(
-        &mut model,
-        &codec,
-        &request(vec![9999], greedy(1)),
-        &tx,
-        RequestTracker::detached(),
-    );
-    assert!(matches!(
-        out,
-        Outcome::Failed(EngineError::InvalidRequest { .. })
-    ));
+    let events = events_of(&mut model, request(vec![1; 6], greedy(5)));
+    assert_eq!(events, vec![GenerationEvent::Failed(err)]);
+    for prompt in [vec![], vec![9999]] {
+        let events = events_of(&mut model, request(prompt, greedy(1)));
+        assert!(
+            matches!(
+                events.as_slice(),
+                [GenerationEvent::Failed(EngineError::InvalidRequest { .. })]
+            ),
+            "{events:?}"
+        );
+    }
+    assert_eq!(model.sequence_steps, 0);
 }
 
 #[test]
@@ -223,15 +245,8 @@ fn dropping_the_receiver_cancels_at_once() {
     let (tx, mut rx) = mpsc::channel(1);
     let worker = std::thread::spawn(move || {
         let mut model = model;
-        let codec = TestCodec::new();
-        let out = generate(
-            &mut model,
-            &codec,
-            &request(vec![1], greedy(1000)),
-            &tx,
-            RequestTracker::detached(),
-        );
-        (out, model.forward_calls)
+        serve(&mut model, request(vec![1], greedy(1000)), tx);
+        model.sequence_steps
     });
     for _ in 0..3 {
         assert!(matches!(
@@ -240,9 +255,8 @@ fn dropping_the_receiver_cancels_at_once() {
         ));
     }
     drop(rx);
-    let (outcome, calls) = worker.join().unwrap();
-    assert_eq!(outcome, Outcome::Cancelled);
-    assert!(calls <= 6, "model ran {calls} steps after cancellation");
+    let steps = worker.join().unwrap();
+    assert!(steps <= 6, "model ran {steps} steps after cancellation");
 }
 
 #[test]
@@ -260,20 +274,13 @@ fn seeded_sampling_is_reproducible_end_to_end() {
     let run = || {
         // A flat model: every token equally likely, so only the RNG decides.
         let mut model = ScriptModel::new(vec![], u32::MAX, codec.vocab_size());
-        let (tx, mut rx) = mpsc::channel(64);
-        generate(
-            &mut model,
-            &codec,
-            &request(vec![1], params.clone()),
-            &tx,
-            RequestTracker::detached(),
-        );
-        drop(tx);
-        let mut ids = Vec::new();
-        while let Some(GenerationEvent::Token(t)) = rx.blocking_recv() {
-            ids.push(t.token_id);
-        }
-        ids
+        events_of(&mut model, request(vec![1], params.clone()))
+            .into_iter()
+            .filter_map(|e| match e {
+                GenerationEvent::Token(t) => Some(t.token_id),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
     };
     let a = run();
     assert_eq!(a.len(), 16);

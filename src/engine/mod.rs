@@ -31,7 +31,7 @@ pub mod worker;
 pub use backend::{Backend, ModelCard, ModelStatus, Residency};
 pub use error::{EngineError, EngineResult};
 pub use request::{
-    ChatMessage, FinishReason, GenerationEvent, GenerationParams, GenerationRequest, PromptInput,
+    ChatMessage, FinishReason, GenerationEvent, GenerationParams, GenerationRequest,
     SamplingParams, TokenLogprob, TokenOutput, Usage,
 };
 pub use traits::{LanguageModel, TextCodec};

@@ -5,6 +5,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 use super::request::{GenerationEvent, GenerationRequest};
+use crate::metrics::RequestContext;
 
 /// One queued generation: the request and where its events go.
 pub struct Job {
@@ -14,4 +15,6 @@ pub struct Job {
     pub events: mpsc::Sender<GenerationEvent>,
     /// When `submit` accepted it (the start of its time to first token).
     pub accepted: Instant,
+    /// The HTTP request it came from (its id, for the request's log line), if any.
+    pub context: Option<RequestContext>,
 }

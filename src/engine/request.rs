@@ -3,22 +3,8 @@
 
 use serde::Serialize;
 
-/// One chat message after validation: role and flattened text content.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ChatMessage {
-    /// "system", "user", "assistant" or "tool".
-    pub role: String,
-    /// The message text (content parts already joined).
-    pub content: String,
-}
-
-/// What to feed the model. The server tokenises text prompts (to check the context length before
-/// a stream starts) and hands the engine token ids.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PromptInput {
-    /// Token ids, ready to prefill.
-    Tokens(Vec<u32>),
-}
+/// The chat message type lives with the chat template that renders it.
+pub use crate::model::tokenizer::ChatMessage;
 
 /// How to pick each next token. Defaults match OpenAI's: temperature 1, nucleus off.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,8 +75,9 @@ impl Default for GenerationParams {
 pub struct GenerationRequest {
     /// The served model id (as in `GET /v1/models`).
     pub model: String,
-    /// Prompt tokens.
-    pub prompt: PromptInput,
+    /// Prompt token ids, ready to prefill. The server tokenises text prompts itself, so a
+    /// prompt that does not fit the context is refused before any stream starts.
+    pub prompt: Vec<u32>,
     /// Sampling, limits and stop conditions.
     pub params: GenerationParams,
 }

@@ -6,9 +6,11 @@
 //! tokens), runs that one batched forward step, and [`Scheduler::retire`]s the sequences that
 //! finished. New requests therefore join, and finished ones leave, at step boundaries.
 //!
-//! Prompts are prefilled in chunks: every decoding sequence feeds its one token each step, and
-//! prefilling sequences share a budget of `prefill_chunk` prompt tokens per step (oldest
-//! first), so a long prompt never stalls the running decodes for more than one chunk.
+//! Every step has a token budget, [`StepLimits::max_step_tokens`]: every decoding sequence
+//! feeds its one token first (decodes are never starved by prefill), then prefilling sequences
+//! (oldest first) take prompt chunks of at most [`StepLimits::prefill_chunk`] tokens each from
+//! what the budget leaves. A step therefore never computes more than `max_step_tokens` tokens,
+//! which bounds the gap between a stream's tokens however long the prompts beside it are.
 //!
 //! No threads, channels or models here: the entries only need to say whether their client is
 //! gone and how much prompt they have left ([`Schedulable`]), so it is unit-tested directly.
@@ -43,24 +45,45 @@ pub struct Slot {
     pub budget: usize,
 }
 
+/// How much one step may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepLimits {
+    /// Most sequences running together.
+    pub max_batch: usize,
+    /// Most prompt tokens one sequence feeds in a step.
+    pub prefill_chunk: usize,
+    /// Most tokens in a step, decodes and prompt chunks together.
+    pub max_step_tokens: usize,
+}
+
+impl StepLimits {
+    /// The limits made usable: each at least 1, and `max_step_tokens` at least `max_batch` so
+    /// a step always has room for every decode plus one prompt token.
+    pub fn sanitized(self) -> Self {
+        let max_batch = self.max_batch.max(1);
+        Self {
+            max_batch,
+            prefill_chunk: self.prefill_chunk.max(1),
+            max_step_tokens: self.max_step_tokens.max(max_batch),
+        }
+    }
+}
+
 /// The waiting queue and running set of one model.
 #[derive(Debug)]
 pub struct Scheduler<T> {
     waiting: VecDeque<T>,
     running: Vec<T>,
-    max_batch: usize,
-    prefill_chunk: usize,
+    limits: StepLimits,
 }
 
 impl<T: Schedulable> Scheduler<T> {
-    /// At most `max_batch` sequences run together; prefills share `prefill_chunk` tokens per
-    /// step. Both are raised to at least 1.
-    pub fn new(max_batch: usize, prefill_chunk: usize) -> Self {
+    /// A scheduler within `limits` (made usable with [`StepLimits::sanitized`]).
+    pub fn new(limits: StepLimits) -> Self {
         Self {
             waiting: VecDeque::new(),
             running: Vec::new(),
-            max_batch: max_batch.max(1),
-            prefill_chunk: prefill_chunk.max(1),
+            limits: limits.sanitized(),
         }
     }
 
@@ -96,7 +119,7 @@ impl<T: Schedulable> Scheduler<T> {
                 .partition(Schedulable::is_cancelled);
         self.waiting = waiting;
         let mut started = 0;
-        while self.running.len() < self.max_batch {
+        while self.running.len() < self.limits.max_batch {
             let Some(entry) = self.waiting.pop_front() else {
                 break;
             };
@@ -111,16 +134,22 @@ impl<T: Schedulable> Scheduler<T> {
     }
 
     /// The sequences of the next step, in running order: every decoding one with budget 1, and
-    /// prefilling ones (oldest first) while the step's prefill budget lasts.
+    /// prefilling ones (oldest first) with up to `prefill_chunk` tokens each while the step's
+    /// budget lasts. The budgets add up to at most `max_step_tokens`.
     pub fn plan(&self) -> Vec<Slot> {
-        let mut budget = self.prefill_chunk;
+        let decoding = self
+            .running
+            .iter()
+            .filter(|e| e.prefill_remaining() == 0)
+            .count();
+        let mut budget = self.limits.max_step_tokens.saturating_sub(decoding);
         let mut slots = Vec::with_capacity(self.running.len());
         for (index, entry) in self.running.iter().enumerate() {
             match entry.prefill_remaining() {
                 0 => slots.push(Slot { index, budget: 1 }),
                 _ if budget == 0 => {}
                 remaining => {
-                    let take = remaining.min(budget);
+                    let take = remaining.min(self.limits.prefill_chunk).min(budget);
                     budget -= take;
                     slots.push(Slot {
                         index,
@@ -185,13 +214,21 @@ mod tests {
         }
     }
 
+    fn limits(max_batch: usize, prefill_chunk: usize, max_step_tokens: usize) -> StepLimits {
+        StepLimits {
+            max_batch,
+            prefill_chunk,
+            max_step_tokens,
+        }
+    }
+
     fn ids(s: &mut Scheduler<Req>) -> Vec<u32> {
         s.running_mut().iter().map(|r| r.id).collect()
     }
 
     #[test]
     fn admits_in_arrival_order_up_to_max_batch() {
-        let mut s = Scheduler::new(2, 8);
+        let mut s = Scheduler::new(limits(2, 8, 8));
         for id in 0..5 {
             s.push(req(id, 0));
         }
@@ -210,7 +247,7 @@ mod tests {
 
     #[test]
     fn cancelled_requests_leave_at_the_step_boundary() {
-        let mut s = Scheduler::new(2, 8);
+        let mut s = Scheduler::new(limits(2, 8, 8));
         for id in 0..4 {
             s.push(req(id, 0));
         }
@@ -236,30 +273,64 @@ mod tests {
     }
 
     #[test]
-    fn prefills_share_the_chunk_budget_and_decodes_always_run() {
-        let mut s = Scheduler::new(4, 10);
+    fn prefills_share_the_step_budget_and_decodes_always_run() {
+        // Budget 12: two decodes first, then 10 prompt tokens, at most 8 per sequence.
+        let mut s = Scheduler::new(limits(4, 8, 12));
         s.push(req(0, 0));
         s.push(req(1, 25));
         s.push(req(2, 4));
         s.push(req(3, 0));
         s.admit();
         let slot = |index, budget| Slot { index, budget };
-        assert_eq!(s.plan(), [slot(0, 1), slot(1, 10), slot(3, 1)]);
+        assert_eq!(s.plan(), [slot(0, 1), slot(1, 8), slot(2, 2), slot(3, 1)]);
         s.running_mut()[1].prefill = 6;
         assert_eq!(s.plan(), [slot(0, 1), slot(1, 6), slot(2, 4), slot(3, 1)]);
-        let mut tiny = Scheduler::new(2, 0);
+        let mut tiny = Scheduler::new(limits(2, 0, 0));
         tiny.push(req(0, 3));
         tiny.admit();
+        assert_eq!(tiny.plan(), [slot(0, 1)], "zero limits still make progress");
+    }
+
+    #[test]
+    fn no_step_exceeds_the_token_budget_however_long_the_prompts() {
+        let mut s = Scheduler::new(limits(4, 512, 16));
+        s.push(req(0, 0));
+        s.push(req(1, 4000));
+        s.push(req(2, 0));
+        s.push(req(3, 9000));
+        s.admit();
+        for _ in 0..50 {
+            let plan = s.plan();
+            let tokens: usize = plan.iter().map(|slot| slot.budget).sum();
+            assert!(tokens <= 16, "{plan:?}");
+            // Both decodes are in every step.
+            assert!(plan.iter().any(|slot| slot.index == 0 && slot.budget == 1));
+            assert!(plan.iter().any(|slot| slot.index == 2 && slot.budget == 1));
+            for slot in plan {
+                let entry = &mut s.running_mut()[slot.index];
+                entry.prefill = entry.prefill.saturating_sub(slot.budget);
+            }
+        }
         assert_eq!(
-            tiny.plan(),
-            [slot(0, 1)],
-            "a zero chunk still makes progress"
+            s.running_mut()[1].prefill,
+            4000 - 50 * 14,
+            "the oldest prefill takes what the decodes leave"
+        );
+        assert_eq!(
+            StepLimits {
+                max_batch: 8,
+                prefill_chunk: 4,
+                max_step_tokens: 2
+            }
+            .sanitized()
+            .max_step_tokens,
+            8
         );
     }
 
     #[test]
     fn retire_keeps_the_order_of_the_rest() {
-        let mut s = Scheduler::new(5, 1);
+        let mut s = Scheduler::new(limits(5, 1, 5));
         for id in 0..5 {
             s.push(req(id, 0));
         }

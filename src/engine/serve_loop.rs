@@ -3,21 +3,26 @@
 //! Jobs arriving on the channel become [`Generation`]s (validated, with a fresh model sequence)
 //! and wait in the [`Scheduler`]. Each iteration is one step: drop cancelled requests, admit
 //! waiting ones into free slots (`max_batch`), run one [`LanguageModel::forward_batch`] over
-//! every scheduled sequence (a prompt chunk or one decode token each), sample each one's next
-//! token, and retire the finished. A client that goes away is therefore dropped within one step.
+//! every scheduled sequence (one decode token each, then prompt chunks within the step's token
+//! budget), sample each one's next token, and retire the finished. A client that goes away is
+//! therefore dropped within one step.
 //!
 //! The gauges and counters of [`Metrics`] are kept here: `waiting` and `running` move with the
-//! scheduler, the `pending` count (for `max_queue`) drops when a request leaves for good.
+//! scheduler, the `pending` count (for `max_queue`) drops when a request leaves for good, and
+//! each request's [`RequestTracker`] hears of its admission, of the tokens each step feeds
+//! through the model (its KV entries, for `ferry_kv_cache_usage_ratio`) and of its end, when it
+//! writes the request's log line.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
 
-use crate::metrics::{Metrics, RequestTracker};
+use crate::metrics::{Metrics, RequestEnd, RequestTracker, TrackedRequest};
 
 use super::generate::{Generation, Outcome, Progress, Started};
 use super::queue::Job;
-use super::scheduler::{Schedulable, Scheduler, Slot};
+use super::request::FinishReason;
+use super::scheduler::{Schedulable, Scheduler, Slot, StepLimits};
 use super::traits::{LanguageModel, TextCodec};
 use super::worker::panic_message;
 use super::EngineError;
@@ -32,16 +37,16 @@ pub(super) struct LoopContext<'a> {
     pub pending: &'a AtomicUsize,
     /// Where gauges, counters and latencies go.
     pub metrics: &'a Metrics,
-    /// Most sequences per step.
-    pub max_batch: usize,
-    /// Prompt tokens per step shared by prefilling sequences.
-    pub prefill_chunk: usize,
+    /// What one step may hold.
+    pub limits: StepLimits,
 }
 
 /// A request in the scheduler: its generation state and its model-side sequence.
 struct Active<S> {
     generation: Box<Generation>,
     seq: S,
+    /// The generation's tracker, shared with it (admission, tokens fed, the end).
+    tracker: RequestTracker,
 }
 
 impl<S> Schedulable for Active<S> {
@@ -60,7 +65,7 @@ pub(super) fn serve_requests<M: LanguageModel>(
     codec: &dyn TextCodec,
     ctx: &LoopContext<'_>,
 ) {
-    let mut scheduler = Scheduler::new(ctx.max_batch, ctx.prefill_chunk);
+    let mut scheduler = Scheduler::new(ctx.limits);
     let mut open = true;
     loop {
         if scheduler.is_idle() {
@@ -83,26 +88,39 @@ pub(super) fn serve_requests<M: LanguageModel>(
             }
         }
         let admission = scheduler.admit();
-        for _ in &admission.dropped_waiting {
+        for active in &admission.dropped_waiting {
+            end_request(&active.tracker, &Outcome::Cancelled);
             ctx.metrics.request_dequeued();
             ctx.pending.fetch_sub(1, Ordering::SeqCst);
         }
-        for _ in &admission.dropped_running {
-            tracing::debug!(model = ctx.name, "generation cancelled");
+        for active in &admission.dropped_running {
+            end_request(&active.tracker, &Outcome::Cancelled);
             ctx.metrics.request_ended();
             ctx.pending.fetch_sub(1, Ordering::SeqCst);
         }
-        for _ in 0..admission.started {
+        let running = scheduler.running_mut();
+        for active in &running[running.len() - admission.started..] {
+            active.tracker.admitted();
             ctx.metrics.request_started();
         }
-        if scheduler.running_len() == 0 {
-            continue;
+        if scheduler.running_len() > 0 {
+            let finished = step(model, codec, ctx.name, &mut scheduler);
+            for _ in scheduler.retire(&finished) {
+                ctx.metrics.request_ended();
+                ctx.pending.fetch_sub(1, Ordering::SeqCst);
+            }
         }
-        let finished = step(model, codec, ctx.name, &mut scheduler);
-        for _ in scheduler.retire(&finished) {
-            ctx.metrics.request_ended();
-            ctx.pending.fetch_sub(1, Ordering::SeqCst);
-        }
+        let kv_tokens = scheduler
+            .running_mut()
+            .iter()
+            .map(|a| a.tracker.kv_tokens())
+            .sum();
+        let kv_capacity = ctx
+            .limits
+            .max_batch
+            .max(1)
+            .saturating_mul(model.max_context());
+        ctx.metrics.set_kv_usage(ctx.name, kv_tokens, kv_capacity);
     }
 }
 
@@ -113,21 +131,30 @@ fn accept<M: LanguageModel>(
     scheduler: &mut Scheduler<Active<M::Sequence>>,
     job: Job,
 ) {
-    let tracker = RequestTracker::new(ctx.metrics, job.accepted);
+    let tracker = RequestTracker::new(
+        ctx.metrics,
+        TrackedRequest {
+            model: ctx.name.to_owned(),
+            accepted: job.accepted,
+            prompt_tokens: job.request.prompt.len(),
+            context: job.context,
+        },
+    );
     let started = Generation::start(
         &job.request,
         model.max_context(),
         model.vocab_size(),
         job.events,
-        tracker,
+        tracker.clone(),
     );
     match started {
         Started::Running(generation) => scheduler.push(Active {
             generation,
             seq: model.new_sequence(),
+            tracker,
         }),
         Started::Ended(outcome) => {
-            log_outcome(ctx.name, &outcome);
+            end_request(&tracker, &outcome);
             ctx.metrics.request_dequeued();
             ctx.pending.fetch_sub(1, Ordering::SeqCst);
         }
@@ -178,7 +205,9 @@ fn step<M: LanguageModel>(
     };
     let mut finished = Vec::new();
     for ((slot, row), input) in plan.iter().zip(logits).zip(&inputs) {
-        let generation = &mut running[slot.index].generation;
+        let active = &mut running[slot.index];
+        active.tracker.fed(input.len());
+        let generation = &mut active.generation;
         if !generation.fed(input.len()) {
             continue;
         }
@@ -190,7 +219,7 @@ fn step<M: LanguageModel>(
                 ))))
             });
         if let Progress::Done(outcome) = progress {
-            log_outcome(name, &outcome);
+            end_request(&active.tracker, &outcome);
             finished.push(slot.index);
         }
     }
@@ -199,19 +228,26 @@ fn step<M: LanguageModel>(
 
 /// Fails every sequence of the step with `err`; returns their running indices.
 fn fail_all<S>(name: &str, running: &[Active<S>], plan: &[Slot], err: EngineError) -> Vec<usize> {
+    tracing::debug!(model = name, error = %err, "step failed");
     for slot in plan {
-        let outcome = running[slot.index].generation.fail(err.clone());
-        log_outcome(name, &outcome);
+        let active = &running[slot.index];
+        end_request(&active.tracker, &active.generation.fail(err.clone()));
     }
     plan.iter().map(|slot| slot.index).collect()
 }
 
-fn log_outcome(name: &str, outcome: &Outcome) {
+/// Ends `tracker`'s request with `outcome` (which writes the request's log line).
+fn end_request(tracker: &RequestTracker, outcome: &Outcome) {
     match outcome {
-        Outcome::Failed(e) => tracing::warn!(model = name, error = %e, "generation failed"),
-        Outcome::Cancelled => tracing::debug!(model = name, "generation cancelled"),
-        Outcome::Finished(reason, usage) => {
-            tracing::debug!(model = name, ?reason, ?usage, "generation finished")
-        }
+        Outcome::Failed(e) => tracker.end(RequestEnd::Failed {
+            error: &e.to_string(),
+        }),
+        Outcome::Cancelled => tracker.end(RequestEnd::Cancelled),
+        Outcome::Finished(reason, _) => tracker.end(RequestEnd::Finished {
+            reason: match reason {
+                FinishReason::Stop => "stop",
+                FinishReason::Length => "length",
+            },
+        }),
     }
 }

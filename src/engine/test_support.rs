@@ -165,12 +165,12 @@ pub struct ScriptModel {
     pub vocab: usize,
     /// Context window.
     pub max_context: usize,
-    /// `forward` panics when fed this token id (to test panic isolation).
+    /// A step panics when fed this token id (to test panic isolation).
     pub poison: Option<u32>,
-    /// Sleep this long in every `forward` (to keep the engine busy in queue tests).
+    /// Sleep this long in every step (to keep the engine busy in queue tests).
     pub step_delay: std::time::Duration,
-    /// Calls to `forward` so far, across sequences.
-    pub forward_calls: usize,
+    /// Sequence steps so far, across sequences (a step of `n` sequences counts `n`).
+    pub sequence_steps: usize,
 }
 
 impl ScriptModel {
@@ -183,18 +183,33 @@ impl ScriptModel {
             max_context: 1024,
             poison: None,
             step_delay: std::time::Duration::ZERO,
-            forward_calls: 0,
+            sequence_steps: 0,
         }
     }
 }
 
-/// Sequence state of [`ScriptModel`]: how many tokens were fed and in how many calls.
+/// Sequence state of [`ScriptModel`]: how many tokens were fed and in how many steps.
 #[derive(Debug, Default)]
 pub struct ScriptSeq {
     /// Tokens fed so far.
     pub fed: Vec<u32>,
-    /// Forward calls on this sequence.
+    /// Steps of this sequence.
     pub steps: usize,
+}
+
+impl ScriptModel {
+    /// One sequence's part of a step: the logits favouring its next scripted token.
+    fn step(&mut self, seq: &mut ScriptSeq, tokens: &[u32]) -> Vec<f32> {
+        self.sequence_steps += 1;
+        seq.fed.extend_from_slice(tokens);
+        let next = self.script.get(seq.steps).copied().unwrap_or(self.after);
+        seq.steps += 1;
+        let mut logits = vec![0.0; self.vocab];
+        if let Some(l) = logits.get_mut(next as usize) {
+            *l = 30.0;
+        }
+        logits
+    }
 }
 
 impl LanguageModel for ScriptModel {
@@ -204,20 +219,21 @@ impl LanguageModel for ScriptModel {
         ScriptSeq::default()
     }
 
-    fn forward(&mut self, seq: &mut ScriptSeq, tokens: &[u32]) -> EngineResult<Vec<f32>> {
-        if let Some(p) = self.poison.filter(|p| tokens.contains(p)) {
+    fn forward_batch(
+        &mut self,
+        batch: &mut [(&mut ScriptSeq, &[u32])],
+    ) -> EngineResult<Vec<Vec<f32>>> {
+        let poisoned = self
+            .poison
+            .filter(|p| batch.iter().any(|(_, t)| t.contains(p)));
+        if let Some(p) = poisoned {
             panic!("scripted panic on token {p}");
         }
         std::thread::sleep(self.step_delay);
-        self.forward_calls += 1;
-        seq.fed.extend_from_slice(tokens);
-        let next = self.script.get(seq.steps).copied().unwrap_or(self.after);
-        seq.steps += 1;
-        let mut logits = vec![0.0; self.vocab];
-        if let Some(l) = logits.get_mut(next as usize) {
-            *l = 30.0;
-        }
-        Ok(logits)
+        Ok(batch
+            .iter_mut()
+            .map(|(seq, tokens)| self.step(seq, tokens))
+            .collect())
     }
 
     fn max_context(&self) -> usize {

@@ -2,7 +2,7 @@
 //! next-token logits, and a text codec (tokenizer + chat template). The model layer implements
 //! them with small adapters, so the engine never depends on a concrete architecture or tokenizer.
 
-use super::{request::ChatMessage, EngineResult};
+use super::{request::ChatMessage, EngineError, EngineResult};
 
 /// One loaded model instance that keeps its own KV state per sequence.
 ///
@@ -15,23 +15,27 @@ pub trait LanguageModel: Send {
     /// A fresh, empty sequence.
     fn new_sequence(&self) -> Self::Sequence;
 
-    /// Feeds `tokens` (the whole prompt for prefill, or one token per decode step) and returns
-    /// the logits of the last position, one `f32` per vocabulary entry.
-    fn forward(&mut self, seq: &mut Self::Sequence, tokens: &[u32]) -> EngineResult<Vec<f32>>;
-
-    /// One step for several sequences at once: each `(sequence, tokens)` pair as in
-    /// [`forward`](Self::forward), returning each one's last-position logits in order. A model
-    /// that can batch runs every layer once for all of them (one pass over the weights per
-    /// step, which is what makes offloaded serving pay off); the default runs them one by one.
-    /// On error, no sequence may have advanced past a consistent state the caller can drop.
+    /// One step for several sequences at once: each `(sequence, tokens)` pair feeds `tokens`
+    /// (a prompt chunk, or the one token of a decode step) to its sequence, and the result
+    /// holds each one's last-position logits (one `f32` per vocabulary entry), in order. The
+    /// model runs every layer once for all of them (one pass over the weights per step, which
+    /// is what makes offloaded serving pay off). On error, no sequence may have advanced past a
+    /// consistent state the caller can drop.
     fn forward_batch(
         &mut self,
         batch: &mut [(&mut Self::Sequence, &[u32])],
-    ) -> EngineResult<Vec<Vec<f32>>> {
-        batch
-            .iter_mut()
-            .map(|(seq, tokens)| self.forward(seq, tokens))
-            .collect()
+    ) -> EngineResult<Vec<Vec<f32>>>;
+
+    /// [`forward_batch`](Self::forward_batch) for one sequence: feeds `tokens` (a whole prompt,
+    /// or one decode token) and returns the logits of the last position.
+    fn forward(&mut self, seq: &mut Self::Sequence, tokens: &[u32]) -> EngineResult<Vec<f32>> {
+        let rows = self.forward_batch(&mut [(seq, tokens)])?;
+        let n = rows.len();
+        <[Vec<f32>; 1]>::try_from(rows)
+            .map(|[row]| row)
+            .map_err(|_| {
+                EngineError::Internal(format!("the model returned {n} rows for one sequence"))
+            })
     }
 
     /// The context window in tokens (prompt plus completion).
@@ -47,6 +51,26 @@ pub trait LanguageModel: Send {
 pub trait TextCodec: Send + Sync {
     /// Text to token ids, adding BOS etc. when `add_special_tokens`.
     fn encode(&self, text: &str, add_special_tokens: bool) -> EngineResult<Vec<u32>>;
+
+    /// Text to token ids with special-token text (`<|im_start|>`) kept as text. Default:
+    /// [`encode`](Self::encode), right for codecs without special tokens.
+    fn encode_literal(&self, text: &str, add_special_tokens: bool) -> EngineResult<Vec<u32>> {
+        self.encode(text, add_special_tokens)
+    }
+
+    /// `messages` through the chat template into token ids: the template's markup as control
+    /// tokens, special-token text in the messages as text unless `parse_special_in_content`.
+    /// Default: render, then [`encode`](Self::encode) without adding special tokens (right for
+    /// codecs without special tokens).
+    fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        _parse_special_in_content: bool,
+    ) -> EngineResult<Vec<u32>> {
+        let text = self.render_chat(messages, add_generation_prompt)?;
+        self.encode(&text, false)
+    }
 
     /// Token ids to text. Incomplete UTF-8 at the end decodes to U+FFFD (the incremental
     /// detokenizer relies on that to hold such bytes back).

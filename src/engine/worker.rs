@@ -26,13 +26,14 @@ use std::{
 
 use tokio::sync::mpsc;
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RequestContext};
 
 use super::{
     backend::{Backend, ModelCard, ModelStatus, Residency},
     generate::validate_prompt,
     queue::Job,
-    request::{ChatMessage, GenerationEvent, GenerationRequest, PromptInput},
+    request::{ChatMessage, GenerationEvent, GenerationRequest},
+    scheduler::StepLimits,
     serve_loop::{serve_requests, LoopContext},
     traits::{LanguageModel, TextCodec},
     EngineError, EngineResult,
@@ -45,8 +46,14 @@ const MAX_EVENT_BUFFER: usize = 1 << 20;
 /// Default [`EngineOptions::max_batch`].
 pub const DEFAULT_MAX_BATCH: usize = 8;
 
-/// Default [`EngineOptions::prefill_chunk`].
+/// Default [`EngineOptions::prefill_chunk`] (the setting `models[].prefill_chunk` has the same
+/// default; a test in `runtime::serve` keeps them equal).
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
+/// Default [`EngineOptions::max_step_tokens`] (as the setting `models[].max_step_tokens`): the
+/// step's token count bounds the gap between a stream's tokens while a long prompt is
+/// prefilled beside it.
+pub const DEFAULT_MAX_STEP_TOKENS: usize = 512;
 
 /// Engine-wide settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,9 +65,13 @@ pub struct EngineOptions {
     /// Most sequences one model generates together (one batched forward step serves them
     /// all). Default [`DEFAULT_MAX_BATCH`].
     pub max_batch: usize,
-    /// Prompt tokens per step shared by the sequences being prefilled, so a long prompt does
-    /// not stall running decodes. Default [`DEFAULT_PREFILL_CHUNK`].
+    /// Most prompt tokens one sequence feeds in a step (a long prompt is prefilled in chunks
+    /// of this size). Default [`DEFAULT_PREFILL_CHUNK`].
     pub prefill_chunk: usize,
+    /// Most tokens one step computes, decodes and prompt chunks together; decodes go first,
+    /// so a stream's gap between tokens is bounded by one step of this many tokens (raised to
+    /// at least `max_batch`). Default [`DEFAULT_MAX_STEP_TOKENS`].
+    pub max_step_tokens: usize,
     /// Where the engine reports queue depth, tokens and latencies. Default: a fresh registry
     /// (pass the server's to have them on `/metrics`).
     pub metrics: Metrics,
@@ -72,6 +83,7 @@ impl Default for EngineOptions {
             max_queue: usize::MAX,
             max_batch: DEFAULT_MAX_BATCH,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            max_step_tokens: DEFAULT_MAX_STEP_TOKENS,
             metrics: Metrics::new(),
         }
     }
@@ -148,6 +160,7 @@ impl EngineHandle {
                 continue;
             }
             let (jobs, receiver) = std_mpsc::channel();
+            options.metrics.register_model(&name);
             models.push(ModelSlot {
                 name,
                 created,
@@ -187,10 +200,12 @@ impl EngineHandle {
         let state = Arc::clone(&slot.state);
         let pending = Arc::clone(&slot.pending);
         let metrics = self.shared.options.metrics.clone();
-        let (max_batch, prefill_chunk) = (
-            self.shared.options.max_batch,
-            self.shared.options.prefill_chunk,
-        );
+        let options = &self.shared.options;
+        let limits = StepLimits {
+            max_batch: options.max_batch,
+            prefill_chunk: options.prefill_chunk,
+            max_step_tokens: options.max_step_tokens,
+        };
         let thread_name = format!("ferry-engine-{name}");
         let name = name.to_owned();
         std::thread::Builder::new()
@@ -201,8 +216,7 @@ impl EngineHandle {
                     jobs: &receiver,
                     pending: &pending,
                     metrics: &metrics,
-                    max_batch,
-                    prefill_chunk,
+                    limits,
                 };
                 engine_thread(&name, loader, &shared)
             })
@@ -248,6 +262,20 @@ impl EngineHandle {
             .iter()
             .find(|m| m.name == name)
             .ok_or_else(|| EngineError::ModelNotFound(name.to_owned()))
+    }
+
+    /// Requests a model may hold: `max_batch` running plus `max_queue` waiting.
+    fn capacity(&self) -> usize {
+        let options = &self.shared.options;
+        options.max_queue.saturating_add(options.max_batch.max(1))
+    }
+
+    fn overloaded(&self, slot: &ModelSlot) -> EngineError {
+        EngineError::Overloaded(format!(
+            "{} requests are already waiting for model `{}` (the limit `server.max_queue`); \
+             retry later",
+            self.shared.options.max_queue, slot.name
+        ))
     }
 
     /// The slot and its loaded parts, or why it cannot serve.
@@ -305,7 +333,34 @@ impl Backend for EngineHandle {
         text: &str,
         add_special_tokens: bool,
     ) -> EngineResult<Vec<u32>> {
-        self.ready(model)?.1.codec.encode(text, add_special_tokens)
+        let codec = self.ready(model)?.1.codec;
+        if add_special_tokens {
+            codec.encode(text, true)
+        } else {
+            codec.encode_literal(text, false)
+        }
+    }
+
+    fn encode_chat(
+        &self,
+        model: &str,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        parse_special_in_content: bool,
+    ) -> EngineResult<Vec<u32>> {
+        self.ready(model)?.1.codec.encode_chat(
+            messages,
+            add_generation_prompt,
+            parse_special_in_content,
+        )
+    }
+
+    fn check_capacity(&self, model: &str) -> EngineResult<()> {
+        let slot = self.slot(model)?;
+        if slot.pending.load(Ordering::SeqCst) >= self.capacity() {
+            return Err(self.overloaded(slot));
+        }
+        Ok(())
     }
 
     fn detokenize(&self, model: &str, tokens: &[u32]) -> EngineResult<String> {
@@ -336,21 +391,15 @@ impl Backend for EngineHandle {
 
     fn submit(&self, request: GenerationRequest) -> EngineResult<mpsc::Receiver<GenerationEvent>> {
         let (slot, loaded) = self.ready(&request.model)?;
-        let PromptInput::Tokens(prompt) = &request.prompt;
         validate_prompt(
-            prompt,
+            &request.prompt,
             &request.params,
             loaded.max_context,
             loaded.vocab_size,
         )?;
-        let max_queue = self.shared.options.max_queue;
-        let capacity = max_queue.saturating_add(self.shared.options.max_batch.max(1));
-        if slot.pending.fetch_add(1, Ordering::SeqCst) >= capacity {
+        if slot.pending.fetch_add(1, Ordering::SeqCst) >= self.capacity() {
             slot.pending.fetch_sub(1, Ordering::SeqCst);
-            return Err(EngineError::Overloaded(format!(
-                "{max_queue} requests are already queued for model `{}`",
-                slot.name
-            )));
+            return Err(self.overloaded(slot));
         }
         let buffer = request
             .params
@@ -364,6 +413,7 @@ impl Backend for EngineHandle {
             request,
             events,
             accepted: Instant::now(),
+            context: RequestContext::current(),
         };
         if slot.jobs.send(job).is_err() {
             slot.pending.fetch_sub(1, Ordering::SeqCst);
@@ -380,8 +430,7 @@ struct ThreadShared<'a> {
     jobs: &'a std_mpsc::Receiver<Job>,
     pending: &'a AtomicUsize,
     metrics: &'a Metrics,
-    max_batch: usize,
-    prefill_chunk: usize,
+    limits: StepLimits,
 }
 
 /// Body of a model's engine thread: load, publish the result, then serve jobs until every
@@ -416,8 +465,7 @@ where
         jobs: shared.jobs,
         pending: shared.pending,
         metrics: shared.metrics,
-        max_batch: shared.max_batch,
-        prefill_chunk: shared.prefill_chunk,
+        limits: shared.limits,
     };
     serve_requests(&mut model, codec.as_ref(), &context);
     tracing::debug!(model = name, "engine thread stopped");

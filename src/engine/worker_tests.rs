@@ -21,7 +21,7 @@ fn script(text: &str) -> ScriptModel {
 fn request(model: &str, prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
     GenerationRequest {
         model: model.into(),
-        prompt: PromptInput::Tokens(prompt),
+        prompt,
         params: GenerationParams {
             max_tokens,
             sampling: SamplingParams {
@@ -319,4 +319,149 @@ async fn metrics_count_exactly_the_usage_and_gauges_return_to_zero() {
     assert!(metrics
         .render()
         .contains("ferry_model_resident{model=\"a\"} 1"));
+}
+
+/// One batched step: `(sequence id, tokens fed)` per member.
+type Step = Vec<(usize, usize)>;
+
+/// [`ScriptModel`] that records every batched step.
+struct Recording {
+    inner: ScriptModel,
+    next_id: std::cell::Cell<usize>,
+    steps: Arc<Mutex<Vec<Step>>>,
+}
+
+impl LanguageModel for Recording {
+    type Sequence = (usize, crate::engine::test_support::ScriptSeq);
+
+    fn new_sequence(&self) -> Self::Sequence {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        (id, self.inner.new_sequence())
+    }
+
+    fn forward(&mut self, seq: &mut Self::Sequence, tokens: &[u32]) -> EngineResult<Vec<f32>> {
+        self.inner.forward(&mut seq.1, tokens)
+    }
+
+    fn forward_batch(
+        &mut self,
+        batch: &mut [(&mut Self::Sequence, &[u32])],
+    ) -> EngineResult<Vec<Vec<f32>>> {
+        let step = batch
+            .iter()
+            .map(|(seq, tokens)| (seq.0, tokens.len()))
+            .collect();
+        self.steps.lock().unwrap().push(step);
+        batch
+            .iter_mut()
+            .map(|(seq, tokens)| self.inner.forward(&mut seq.1, tokens))
+            .collect()
+    }
+
+    fn max_context(&self) -> usize {
+        self.inner.max_context()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+}
+
+#[tokio::test]
+async fn a_long_prompt_beside_a_stream_keeps_every_step_within_the_token_budget() {
+    const BUDGET: usize = 16;
+    let handle = EngineHandle::with_options(
+        ["a"],
+        EngineOptions {
+            max_batch: 4,
+            prefill_chunk: 64,
+            max_step_tokens: BUDGET,
+            ..EngineOptions::default()
+        },
+    );
+    let steps = Arc::new(Mutex::new(Vec::new()));
+    let mut inner = script("");
+    inner.after = b'a' as u32;
+    inner.max_context = 4096;
+    handle
+        .model_ready(
+            "a",
+            Recording {
+                inner,
+                next_id: std::cell::Cell::new(0),
+                steps: Arc::clone(&steps),
+            },
+            codec(),
+        )
+        .unwrap();
+    // The stream starts first and decodes (long enough to outlast the prefill beside it);
+    // then a 1000-token prompt arrives.
+    let mut stream = handle.submit(request("a", vec![1, 2], 3000)).unwrap();
+    assert!(matches!(
+        stream.recv().await,
+        Some(GenerationEvent::Token(_))
+    ));
+    let long = handle.submit(request("a", vec![3; 1000], 1)).unwrap();
+    let (_, finished) = collect(long).await;
+    assert!(matches!(finished, GenerationEvent::Finished { .. }));
+    assert!(
+        matches!(stream.try_recv(), Ok(GenerationEvent::Token(_))),
+        "the stream is still running"
+    );
+    drop(stream);
+
+    let steps = steps.lock().unwrap().clone();
+    // Every step computed at most BUDGET tokens, and the long prompt took many steps.
+    for step in &steps {
+        let tokens: usize = step.iter().map(|(_, n)| n).sum();
+        assert!(tokens <= BUDGET, "a step of {tokens} tokens: {step:?}");
+    }
+    // Sequence 0 is the stream, 1 the long prompt.
+    let prefill_steps: Vec<&Step> = steps
+        .iter()
+        .filter(|s| s.iter().any(|&(id, n)| id == 1 && n > 1))
+        .collect();
+    assert!(
+        prefill_steps.len() >= 1000 / BUDGET,
+        "{} prefill steps",
+        prefill_steps.len()
+    );
+    // The stream decoded in every one of them: its gap between two tokens was one step of at
+    // most BUDGET tokens, however long the prompt beside it.
+    for step in &prefill_steps {
+        assert!(
+            step.contains(&(0, 1)),
+            "a prefill step without the stream's decode: {step:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn check_capacity_refuses_before_submit_and_names_max_queue() {
+    let handle = EngineHandle::with_options(
+        ["a"],
+        EngineOptions {
+            max_queue: 0,
+            max_batch: 1,
+            ..EngineOptions::default()
+        },
+    );
+    let mut model = script("");
+    model.after = b'a' as u32;
+    model.step_delay = Duration::from_millis(20);
+    handle.model_ready("a", model, codec()).unwrap();
+    assert_eq!(handle.check_capacity("a"), Ok(()));
+    let mut long = handle.submit(request("a", vec![1], 500)).unwrap();
+    assert!(matches!(long.recv().await, Some(GenerationEvent::Token(_))));
+    match handle.check_capacity("a") {
+        Err(EngineError::Overloaded(message)) => {
+            assert!(message.contains("server.max_queue"), "{message}")
+        }
+        other => panic!("expected Overloaded, got {other:?}"),
+    }
+    assert_eq!(
+        handle.check_capacity("zz"),
+        Err(EngineError::ModelNotFound("zz".into()))
+    );
 }

@@ -68,11 +68,6 @@ impl KvCache {
         self.len == 0
     }
 
-    /// The most positions this cache will ever hold.
-    pub fn max_len(&self) -> usize {
-        self.max_len
-    }
-
     /// Number of layers.
     pub fn n_layers(&self) -> usize {
         self.layers.len()
@@ -115,15 +110,6 @@ impl KvCache {
     /// Forgets every position at or after `len` (keeps the buffers for reuse).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
-    }
-
-    /// Forgets everything and frees the buffers.
-    pub fn clear(&mut self) {
-        self.len = 0;
-        for layer in &mut self.layers {
-            layer.k = None;
-            layer.v = None;
-        }
     }
 }
 
@@ -276,8 +262,5 @@ mod tests {
         assert!(step(&mut cache, 1, 1.0).is_err());
         cache.truncate(4);
         assert_eq!(cache.len(), 4);
-        cache.clear();
-        assert!(cache.is_empty());
-        assert_eq!(cache.allocated_bytes(), 0);
     }
 }

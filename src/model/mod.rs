@@ -1,22 +1,35 @@
 //! Models: where they come from, their shape, tokenizer, weights and per-layer blocks.
 //!
 //! - [`source`]: a GGUF file, an HF directory or a hub id -> [`source::ModelFiles`].
+//! - [`header`]: weight-file headers parsed without reading tensors (ferry's GGUF reader, every
+//!   ggml type id; safetensors shards).
+//! - [`checkpoint`]: [`checkpoint::Checkpoint`], a model's files opened once per load: headers,
+//!   spec and tensor table, taken by the sizing, the tokenizer and the loader alike.
 //! - [`spec`]: [`spec::ModelSpec`], the architecture and dimensions (config.json or GGUF metadata).
+//! - [`tensors`]: the one table of tensor names (GGUF and Hugging Face) and
+//!   [`tensors::TensorTable`], every tensor a model uses, checked.
 //! - [`tokenizer`]: tokenizer.json or GGUF vocab -> [`tokenizer::TextTokenizer`], and chat templates.
 //! - [`weights`]: [`weights::LayerWeights`] and the fixed parts, dense or quantized.
 //! - [`loader`]: reads weights from GGUF or safetensors into those types.
 //! - [`cpu_qmatmul`]: a SIMD CPU matmul over raw GGUF Q4_0 / Q4_1 / Q8_0 blocks.
-//! - [`llama`]: the Llama-family blocks (Llama, Qwen2, Mistral) whose forward borrows its weights.
+//! - [`decoder`]: [`decoder::Model`], the per-layer forward loop every architecture shares, the
+//!   [`decoder::Block`] seam a family plugs into, and the [`decoder::LayerSource`] its weights
+//!   come through; attention and RoPE.
+//! - [`llama`]: the Llama family's block (Llama, Qwen2, Mistral).
 //! - [`kv_cache`]: the per-sequence key/value cache.
 
+pub mod checkpoint;
 pub mod cpu_qmatmul;
+pub mod decoder;
 pub mod error;
+pub mod header;
 pub mod hub;
 pub mod kv_cache;
 pub mod llama;
 pub mod loader;
 pub mod source;
 pub mod spec;
+pub mod tensors;
 pub mod tokenizer;
 pub mod weights;
 

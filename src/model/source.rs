@@ -34,16 +34,6 @@ pub enum ModelFiles {
     },
 }
 
-impl ModelFiles {
-    /// Every file that holds weights (for sizing and progress).
-    pub fn weight_files(&self) -> Vec<&Path> {
-        match self {
-            Self::Gguf { path } => vec![path.as_path()],
-            Self::HfDir { weights, .. } => weights.iter().map(PathBuf::as_path).collect(),
-        }
-    }
-}
-
 /// A parsed `source` value, before any file is looked at on the hub.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelSource {

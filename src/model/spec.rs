@@ -2,13 +2,17 @@
 //! Hugging Face `config.json` or from GGUF metadata (keys prefixed by `general.architecture`).
 //!
 //! The spec is everything the blocks need besides weights: head layout, RoPE parameters, context
-//! length, norm epsilon and the special token ids. It also knows the bytes a layer occupies so a
-//! planner can place layers before anything is loaded.
+//! length, norm epsilon and the special token ids. Together with the tensor table
+//! ([`super::tensors`]) it is all the planner needs to size a model before anything is loaded.
 
-use candle_core::quantized::gguf_file::{Content, Value};
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::Value;
 use serde::Deserialize;
 
 use super::error::{ModelError, Result};
+use super::header::GgufHeader;
+use super::tensors::{FixedPart, Format, Part};
 
 /// The model families these blocks implement. They share one decoder block and differ in
 /// biases, RoPE layout and attention window.
@@ -102,8 +106,8 @@ pub struct ModelSpec {
 impl ModelSpec {
     /// Reads the spec from GGUF metadata; keys are looked up under the `general.architecture`
     /// prefix (`llama.`, `qwen2.`, ...).
-    pub fn from_gguf(content: &Content) -> Result<Self> {
-        let md = GgufMeta(content);
+    pub fn from_gguf(header: &GgufHeader) -> Result<Self> {
+        let md = GgufMeta(&header.metadata);
         let arch_name = md.string("general.architecture")?;
         let architecture = Architecture::from_name(&arch_name)?;
         let key = |k: &str| format!("{arch_name}.{k}");
@@ -132,18 +136,24 @@ impl ModelSpec {
                 )));
             }
         }
+        let (embedding, head) = (
+            FixedPart::Embedding.name(Format::Gguf).unwrap_or_default(),
+            FixedPart::Head.name(Format::Gguf).unwrap_or_default(),
+        );
         let vocab_size = match md.opt_usize(&key("vocab_size"))? {
             Some(v) => v,
-            None => match content.metadata.get("tokenizer.ggml.tokens") {
+            None => match header.metadata.get("tokenizer.ggml.tokens") {
                 Some(Value::Array(tokens)) => tokens.len(),
-                _ => match content.tensor_infos.get("token_embd.weight") {
-                    Some(info) => info.shape.dims()[0],
-                    None => return Err(ModelError::MissingTensor("token_embd.weight".into())),
+                _ => match header.tensor(embedding) {
+                    Some(info) if !info.shape.is_empty() => info.shape[0],
+                    _ => return Err(ModelError::MissingTensor(embedding.into())),
                 },
             },
         };
-        let has_output = content.tensor_infos.contains_key("output.weight");
-        let attention_bias = content.tensor_infos.contains_key("blk.0.attn_q.bias");
+        let has_output = header.tensor(head).is_some();
+        let attention_bias = header
+            .tensor(&Format::Gguf.layer_tensor_name(0, Part::QBias))
+            .is_some();
         let spec = ModelSpec {
             architecture,
             hidden_size,
@@ -244,16 +254,6 @@ impl ModelSpec {
     /// Query/key/value heads per key/value head.
     pub fn gqa_group(&self) -> usize {
         self.n_heads / self.n_kv_heads
-    }
-
-    /// Parameters in one decoder layer (norms, attention and MLP, biases included).
-    pub fn params_per_layer(&self) -> usize {
-        let q = self.n_heads * self.head_dim;
-        let kv = self.n_kv_heads * self.head_dim;
-        let attn = self.hidden_size * (q + 2 * kv) + q * self.hidden_size;
-        let bias = if self.attention_bias { q + 2 * kv } else { 0 };
-        let mlp = 3 * self.hidden_size * self.intermediate_size;
-        attn + bias + mlp + 2 * self.hidden_size
     }
 
     fn validate(&self) -> Result<()> {
@@ -379,12 +379,11 @@ enum OneOrMany {
 }
 
 /// Typed access to GGUF metadata with errors that name the key.
-struct GgufMeta<'a>(&'a Content);
+struct GgufMeta<'a>(&'a HashMap<String, Value>);
 
 impl GgufMeta<'_> {
     fn get(&self, key: &str) -> Result<&Value> {
         self.0
-            .metadata
             .get(key)
             .ok_or_else(|| ModelError::Config(format!("GGUF metadata `{key}` is missing")))
     }
@@ -401,7 +400,7 @@ impl GgufMeta<'_> {
     }
 
     fn opt_string(&self, key: &str) -> Result<Option<String>> {
-        match self.0.metadata.get(key) {
+        match self.0.get(key) {
             None => Ok(None),
             Some(v) => v
                 .to_string()
@@ -418,7 +417,7 @@ impl GgufMeta<'_> {
     }
 
     fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
-        match self.0.metadata.get(key) {
+        match self.0.get(key) {
             None => Ok(None),
             Some(v) => as_u64(v)
                 .map(|v| Some(v as usize))
@@ -431,7 +430,7 @@ impl GgufMeta<'_> {
     }
 
     fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
-        match self.0.metadata.get(key) {
+        match self.0.get(key) {
             None => Ok(None),
             Some(v) => as_f64(v).map(Some).map_err(|e| Self::bad(key, e)),
         }

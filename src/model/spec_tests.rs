@@ -76,3 +76,30 @@ fn qwen2_gets_biases_and_no_window_unless_enabled() {
     assert!(spec.attention_bias);
     assert_eq!(spec.sliding_window, None);
 }
+
+#[test]
+fn qwen2_config_gives_the_planner_its_dims() {
+    // Moved from the planner's own config.json reader, which this spec replaced.
+    let json = r#"{"model_type":"qwen2","num_hidden_layers":24,"hidden_size":896,
+        "intermediate_size":4864,"num_attention_heads":14,"num_key_value_heads":2,
+        "vocab_size":151936,"max_position_embeddings":32768,"rms_norm_eps":1e-6}"#;
+    let spec = ModelSpec::from_hf_config(json).unwrap();
+    assert_eq!(spec.architecture.name(), "qwen2");
+    assert_eq!(
+        (
+            spec.n_layers,
+            spec.hidden_size,
+            spec.n_heads,
+            spec.n_kv_heads
+        ),
+        (24, 896, 14, 2)
+    );
+    assert_eq!(
+        (spec.head_dim, spec.vocab_size, spec.max_context),
+        (64, 151936, 32768)
+    );
+    let error = ModelSpec::from_hf_config(r#"{"model_type":"qwen2","hidden_size":896}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("missing field"), "{error}");
+}

@@ -5,6 +5,7 @@
 //! reference-counted handle, so cloning a [`LayerWeights`] is cheap and the offload engine can
 //! hand out slot-backed copies without moving data.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
@@ -12,6 +13,17 @@ use candle_core::{Module, Tensor};
 
 use super::cpu_qmatmul::{CpuQMatMul, Kernel};
 use super::error::Result;
+use crate::config::CpuQmatmul;
+
+/// Whether `device.cpu_qmatmul = "candle"` asked for candle's kernels on the CPU.
+static CANDLE_FORCED: AtomicBool = AtomicBool::new(false);
+
+/// Sets the process-wide choice of CPU kernels for quantized weights (`device.cpu_qmatmul`,
+/// `FERRY_CPU_QMATMUL`) that [`Linear::quantized`] reads. The binary sets it once, before any
+/// model loads; the default is [`CpuQmatmul::Auto`].
+pub fn set_cpu_qmatmul(choice: CpuQmatmul) {
+    CANDLE_FORCED.store(choice == CpuQmatmul::Candle, Ordering::Relaxed);
+}
 
 /// A linear projection `y = x W^T + b`, with `W` stored as `[out, in]`.
 #[derive(Debug, Clone)]
@@ -43,9 +55,10 @@ pub enum Linear {
 impl Linear {
     /// A quantized linear layer: ferry's CPU kernels ([`CpuQMatMul`]) where they apply (Q4_0,
     /// Q4_1 and Q8_0 on the CPU), else candle's `QMatMul` (every CUDA weight, other formats).
-    /// `FERRY_CPU_QMATMUL=candle` keeps candle's kernels on the CPU too, for comparisons.
+    /// `device.cpu_qmatmul = "candle"` ([`set_cpu_qmatmul`]) keeps candle's kernels on the CPU
+    /// too, for comparisons.
     pub fn quantized(weight: Arc<QTensor>, bias: Option<Tensor>) -> Result<Self> {
-        let candle_forced = std::env::var("FERRY_CPU_QMATMUL").is_ok_and(|v| v == "candle");
+        let candle_forced = CANDLE_FORCED.load(Ordering::Relaxed);
         if weight.device().is_cpu() && CpuQMatMul::supports(weight.dtype()) && !candle_forced {
             return Ok(Linear::CpuQuantized {
                 weight: CpuQMatMul::new(weight)?,

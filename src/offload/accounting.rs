@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::plan::Plan;
-use super::render::format_bytes;
+use super::units::format_bytes;
 
 /// Device bytes the plan allows, per kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

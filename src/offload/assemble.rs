@@ -30,8 +30,8 @@ pub fn layer_weights(layer: &HostLayer, slot: &dyn SlotTensors) -> Result<LayerW
             OffloadError::Weights(format!("layer {} has no {part:?} tensor", layer.index))
         })
     };
-    let linear = |w: Part, b: Option<Part>| -> Result<Linear> {
-        let bias = match b.and_then(find) {
+    let linear = |w: Part| -> Result<Linear> {
+        let bias = match w.bias().and_then(find) {
             Some(entry) => Some(slot.dense(entry)?),
             None => None,
         };
@@ -47,14 +47,14 @@ pub fn layer_weights(layer: &HostLayer, slot: &dyn SlotTensors) -> Result<LayerW
     };
     Ok(LayerWeights {
         attn_norm: slot.dense(need(Part::AttnNorm)?)?,
-        q: linear(Part::Q, Some(Part::QBias))?,
-        k: linear(Part::K, Some(Part::KBias))?,
-        v: linear(Part::V, Some(Part::VBias))?,
-        o: linear(Part::O, None)?,
+        q: linear(Part::Q)?,
+        k: linear(Part::K)?,
+        v: linear(Part::V)?,
+        o: linear(Part::O)?,
         ffn_norm: slot.dense(need(Part::FfnNorm)?)?,
-        gate: linear(Part::Gate, None)?,
-        up: linear(Part::Up, None)?,
-        down: linear(Part::Down, None)?,
+        gate: linear(Part::Gate)?,
+        up: linear(Part::Up)?,
+        down: linear(Part::Down)?,
     })
 }
 

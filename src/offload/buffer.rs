@@ -1,5 +1,7 @@
-//! [`AlignedBytes`]: a fixed-size, 8-byte-aligned byte buffer, the storage of host slabs and of
-//! the block region of CPU slots (GGML blocks need the alignment of their f16/f32 scales).
+//! [`AlignedBytes`]: a fixed-size byte buffer whose start is 8-byte aligned (page-aligned when
+//! pinned), the storage of host slabs and of the block region of CPU slots (GGML blocks need the
+//! alignment of their f16/f32 scales; the tensors inside are placed 256-byte aligned by
+//! [`super::layout`]).
 //!
 //! [`HostMemory`] says where host slabs live: ordinary heap memory when the compute device is
 //! the CPU, page-locked memory ([`crate::gpu::PinnedBytes`]) when it is a CUDA device, so that

@@ -1,4 +1,6 @@
-//! The offload layer's error type: sizing a model from its files and planning where it goes.
+//! The offload layer's error types: placing a model ([`PlanError`]) and running the offload
+//! engine ([`OffloadError`]). Sizing failures are model errors (the checkpoint's header, spec or
+//! tensor table), reported as [`crate::model::ModelError`] exactly as the loader reports them.
 
 use std::path::PathBuf;
 
@@ -7,46 +9,11 @@ use thiserror::Error;
 /// Result alias for the offload layer.
 pub type Result<T> = std::result::Result<T, PlanError>;
 
-/// Failures while sizing a model or placing it on the device and host tiers.
+/// Failures while placing a model on the device and host tiers.
 #[derive(Debug, Error)]
 pub enum PlanError {
-    /// A file could not be opened or read.
-    #[error("cannot read {path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// A GGUF file's header (metadata or tensor infos) could not be parsed.
-    #[error("cannot read the GGUF header of {path}: {message}")]
-    Gguf {
-        /// The file.
-        path: PathBuf,
-        /// What candle reported.
-        message: String,
-    },
-    /// A safetensors header is malformed.
-    #[error("bad safetensors header in {path}: {message}")]
-    Safetensors {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong with it.
-        message: String,
-    },
-    /// A `config.json` or GGUF metadata lacks a dimension the planner needs, or it is invalid.
-    #[error("model metadata: {0}")]
-    Metadata(String),
-    /// The decoder layers found in the files are not numbered 0..n without gaps.
-    #[error("decoder layer {missing} has no tensors (found layers up to {highest})")]
-    MissingLayer {
-        /// The first index with no tensor.
-        missing: usize,
-        /// The highest index that has tensors.
-        highest: usize,
-    },
     /// Mode `none`: the whole model does not fit in the budget.
-    #[error("the model needs {needed} on the device, budget {budget}: {advice}", needed = crate::offload::render::format_bytes(*.needed), budget = crate::offload::render::format_bytes(*.budget))]
+    #[error("the model needs {needed} on the device, budget {budget}: {advice}", needed = crate::offload::units::format_bytes(*.needed), budget = crate::offload::units::format_bytes(*.budget))]
     DoesNotFit {
         /// Device bytes a fully resident model needs.
         needed: u64,
@@ -56,7 +23,7 @@ pub enum PlanError {
         advice: String,
     },
     /// Mode `model`: the model cannot be made resident while active.
-    #[error("offload mode `model` cannot make the model resident: it needs {needed} on the device, budget {budget}: {advice}", needed = crate::offload::render::format_bytes(*.needed), budget = crate::offload::render::format_bytes(*.budget))]
+    #[error("offload mode `model` cannot make the model resident: it needs {needed} on the device, budget {budget}: {advice}", needed = crate::offload::units::format_bytes(*.needed), budget = crate::offload::units::format_bytes(*.budget))]
     CannotBeResident {
         /// Device bytes the resident model needs.
         needed: u64,
@@ -67,7 +34,7 @@ pub enum PlanError {
     },
     /// Modes `auto` and `sequential`: not even the fixed parts, KV cache, workspace, reserve and a
     /// slot ring for the streamed layers fit.
-    #[error("offload mode `{mode}` needs at least {needed} on the device (fixed parts, KV cache, workspace, reserve and {slots} slot(s) of {slot}), budget {budget}", needed = crate::offload::render::format_bytes(*.needed), budget = crate::offload::render::format_bytes(*.budget), slot = crate::offload::render::format_bytes(*.slot_bytes))]
+    #[error("offload mode `{mode}` needs at least {needed} on the device (fixed parts, KV cache, workspace, reserve and {slots} slot(s) of {slot}), budget {budget}", needed = crate::offload::units::format_bytes(*.needed), budget = crate::offload::units::format_bytes(*.budget), slot = crate::offload::units::format_bytes(*.slot_bytes))]
     RingDoesNotFit {
         /// `auto` or `sequential`.
         mode: &'static str,

@@ -13,10 +13,9 @@ use super::host::{HostStore, Result};
 use super::plan::{Home, Plan};
 use super::store::WeightStore;
 use super::stream::StreamConfig;
-use crate::model::llama::{Model, ModelParts};
-use crate::model::loader::gguf::GgufWeights;
-use crate::model::loader::{open_hf, read_prefix, LoadOptions, LoadProgress};
-use crate::model::source::ModelFiles;
+use crate::model::checkpoint::Checkpoint;
+use crate::model::decoder::{Model, ModelParts};
+use crate::model::loader::{read_prefix, LoadOptions, LoadProgress, WeightReader};
 use crate::model::spec::ModelSpec;
 use crate::model::weights::LayerWeights;
 use crate::model::ModelError;
@@ -32,10 +31,10 @@ pub struct PlacedModel {
     pub store: WeightStore,
 }
 
-/// Loads `files` onto `options.device` as `plan` places them, streaming with `stream`.
+/// Loads `checkpoint` onto `options.device` as `plan` places them, streaming with `stream`.
 /// `progress` is called after each tensor the loader reads (resident parts).
 pub fn load_placed(
-    files: &ModelFiles,
+    checkpoint: &Checkpoint,
     options: &LoadOptions,
     plan: &Plan,
     stream: StreamConfig,
@@ -48,7 +47,7 @@ pub fn load_placed(
         .count();
     let accounting = Arc::new(Accounting::new(plan));
     let split = |spec: &ModelSpec| check_layers(spec, plan).map(|()| resident_count);
-    let read = read_model(files, options, &split, progress)?;
+    let read = read_model(checkpoint, options, &split, progress)?;
     accounting.add_weights(read.fixed_bytes);
     let spec = read.parts.spec.clone();
     let model = Model::new(read.parts)?;
@@ -69,14 +68,14 @@ pub struct ParkedModel {
     pub fixed_bytes: u64,
 }
 
-/// Loads `files` for mode `model`: the fixed parts onto `options.device` through the model
+/// Loads `checkpoint` for mode `model`: the fixed parts onto `options.device` through the model
 /// loader, every decoder layer into a [`HostStore`] straight from the file.
 pub fn load_parked(
-    files: &ModelFiles,
+    checkpoint: &Checkpoint,
     options: &LoadOptions,
     progress: &mut dyn FnMut(LoadProgress),
 ) -> Result<ParkedModel> {
-    let read = read_model(files, options, &|_| Ok(0), progress)?;
+    let read = read_model(checkpoint, options, &|_| Ok(0), progress)?;
     let host = read
         .host
         .ok_or_else(|| OffloadError::Weights("the model has no decoder layers".into()))?;
@@ -99,51 +98,19 @@ struct ReadModel {
 
 /// Reads the fixed parts, layers `0..split(spec)` resident and the rest into host slabs.
 fn read_model(
-    files: &ModelFiles,
+    checkpoint: &Checkpoint,
     options: &LoadOptions,
     split: &dyn Fn(&ModelSpec) -> Result<usize>,
     progress: &mut dyn FnMut(LoadProgress),
 ) -> Result<ReadModel> {
     let memory = HostMemory::for_device(&options.device);
-    let (parts, resident, host, tied) = match files {
-        ModelFiles::Gguf { path } => {
-            let mut reader = GgufWeights::open(path, options)?.with_progress(progress);
-            let (count, offloaded) = split_layers(reader.spec(), split)?;
-            let (parts, resident) = read_prefix(&mut reader, count, &options.device)?;
-            let host = (!offloaded.is_empty())
-                .then(|| {
-                    HostStore::from_gguf(
-                        path,
-                        reader.content(),
-                        &offloaded,
-                        options.dtype.dense(),
-                        &memory,
-                    )
-                })
-                .transpose()?;
-            let tied = !reader.content().tensor_infos.contains_key("output.weight");
-            (parts, resident, host, tied)
-        }
-        ModelFiles::HfDir {
-            config, weights, ..
-        } => {
-            let mut reader = open_hf(config, weights, options)?.with_progress(progress);
-            let (count, offloaded) = split_layers(reader.spec(), split)?;
-            let (parts, resident) = read_prefix(&mut reader, count, &options.device)?;
-            let host = (!offloaded.is_empty())
-                .then(|| {
-                    HostStore::from_safetensors(
-                        weights,
-                        reader.spec(),
-                        &offloaded,
-                        reader.dtype(),
-                        &memory,
-                    )
-                })
-                .transpose()?;
-            (parts, resident, host, reader.spec().tie_word_embeddings)
-        }
-    };
+    let mut reader = WeightReader::new(checkpoint, options)?.with_progress(progress);
+    let (count, offloaded) = split_layers(reader.spec(), split)?;
+    let (parts, resident) = read_prefix(&mut reader, count)?;
+    let host = (!offloaded.is_empty())
+        .then(|| HostStore::fill(checkpoint, &reader.holding(), &offloaded, &memory))
+        .transpose()?;
+    let tied = checkpoint.tensors().head.is_none();
     let fixed_bytes = parts.fixed.size_in_bytes(tied) as u64;
     Ok(ReadModel {
         parts,

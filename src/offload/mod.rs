@@ -3,12 +3,15 @@
 //!
 //! The pure side, which needs no device:
 //!
-//! - [`sizing`]: bytes per decoder layer and of the fixed parts, read from a GGUF file's tensor
-//!   infos or from safetensors JSON headers, without loading any weights; KV-cache and activation
-//!   workspace estimates.
+//! - [`sizing`]: device bytes per decoder layer and of the fixed parts, from an open
+//!   [`crate::model::checkpoint::Checkpoint`] (its tensor table, held as the loader holds it),
+//!   without loading any weights; KV-cache and activation workspace estimates.
+//! - [`layout`]: where each tensor of an offloaded layer sits in its host slab (256-byte
+//!   aligned) and what a device slot must hold to receive any streamed layer ([`SlotLayout`]).
 //! - [`plan`]: the placement planner, a pure function from sizes, budget and mode to a [`Plan`]
 //!   (which layers stay on the device, the slot ring, bytes per tier, PCIe-bound decode estimate).
-//! - [`render`]: the human table and the JSON document that `ferry plan` prints.
+//! - [`render`]: the human table and the JSON document that `ferry plan` prints; [`units`]: byte
+//!   and bandwidth formatting shared by errors, logs and the renderer.
 //!
 //! The running side (the CPU device and CUDA devices, one API):
 //!
@@ -32,6 +35,7 @@ pub mod assemble;
 pub mod buffer;
 pub mod error;
 pub mod host;
+pub mod layout;
 pub mod load;
 pub mod plan;
 pub mod qview;
@@ -44,10 +48,12 @@ mod stream_gpu;
 mod stream_thread;
 pub mod swap;
 mod swap_copy;
+pub mod units;
 
 pub use accounting::{Accounting, AccountingSnapshot, PlannedBytes};
 pub use error::{OffloadError, PlanError, Result};
 pub use host::HostStore;
+pub use layout::{LayerLayout, SlotKind, SlotLayout, SlotMatrix};
 pub use load::{load_parked, load_placed, ParkedModel, PlacedModel};
 pub use plan::{plan, Home, LayerPlacement, Plan, PlanInput};
 pub use store::WeightStore;

@@ -9,8 +9,15 @@
 //! ```text
 //! fixed + sum(layers[..k]) + slots * slot_bytes + kv + workspace + reserve
 //! slots      = min(prefetch + 1, n - k)   (0 when nothing streams)
-//! slot_bytes = max(layers[k..])           (the largest streamed layer)
+//! slot_bytes = what one slot holds to receive any of layers[k..]
 //! ```
+//!
+//! With the layers' slab layouts ([`PlanInput::layer_layouts`]) a slot is sized as the device
+//! holds it ([`SlotLayout`]): on the CPU the largest block region plus the largest dense region;
+//! on CUDA the largest dense region plus one padded buffer per (part, type, shape) of quantized
+//! matrix across the streamed layers (more than the largest layer for a mixed-type GGUF). The
+//! plan carries that [`SlotLayout`] so the slots can allocate exactly it. Without layouts (plain
+//! byte tables) a slot is the largest streamed layer.
 //!
 //! Resident layers are always a prefix (layers `0..k`) and streamed ones the suffix, so the first
 //! layers of every forward pass compute while the copy engine fetches the later ones.
@@ -18,7 +25,8 @@
 use serde::Serialize;
 
 use super::error::{PlanError, Result};
-use super::render::format_bytes;
+use super::layout::{LayerLayout, SlotKind, SlotLayout};
+use super::units::format_bytes;
 use crate::config::{MemoryBudget, OffloadMode};
 
 /// Default device reserve on CUDA: the CUDA context, cuBLAS workspace and allocator slack that the
@@ -106,6 +114,11 @@ pub struct PlanInput {
     pub link_bandwidth: Option<u64>,
     /// Other dtypes worth suggesting when mode `none` or `model` does not fit; default none.
     pub dtype_alternatives: Vec<DtypeAlternative>,
+    /// Each layer's slab layout, in layer order (see [`super::sizing::ModelSizes::layouts`]);
+    /// empty: unknown, and a slot is sized as the largest streamed layer.
+    pub layer_layouts: Vec<LayerLayout>,
+    /// How the compute device holds a slot (sizes slots from `layer_layouts`).
+    pub slot_kind: SlotKind,
 }
 
 impl PlanInput {
@@ -125,6 +138,8 @@ impl PlanInput {
             reserve_bytes: 0,
             link_bandwidth: None,
             dtype_alternatives: Vec::new(),
+            layer_layouts: Vec::new(),
+            slot_kind: SlotKind::Cpu,
         }
     }
 
@@ -173,8 +188,12 @@ pub struct Plan {
     /// Device slots streamed layers rotate through: `min(prefetch + 1, streamed layers)`, 0 when
     /// nothing streams.
     pub slots: usize,
-    /// Bytes per slot: the largest streamed layer (0 when nothing streams).
+    /// Bytes per slot: what one slot holds to receive any streamed layer (0 when nothing
+    /// streams).
     pub slot_bytes: u64,
+    /// What each slot holds, when the input had layer layouts and something streams: the CUDA
+    /// slot allocates exactly this, the CPU slot its two regions.
+    pub slot_layout: Option<SlotLayout>,
     /// Device total: fixed + resident layers + slots + KV + workspace + reserve; never above
     /// `budget_bytes`.
     pub device_bytes: u64,
@@ -241,8 +260,9 @@ struct Costs<'a> {
     input: &'a PlanInput,
     /// `prefix[k]` = sum of `layers[..k]`.
     prefix: Vec<u64>,
-    /// `suffix_max[k]` = max of `layers[k..]` (0 for the empty suffix).
-    suffix_max: Vec<u64>,
+    /// `slot_from[k]` = bytes of one slot that holds any of layers `k..` (0 for the empty
+    /// suffix): their slot layout, or the largest of them without layouts.
+    slot_from: Vec<u64>,
 }
 
 impl<'a> Costs<'a> {
@@ -254,14 +274,22 @@ impl<'a> Costs<'a> {
             let last = prefix.last().copied().unwrap_or(0);
             prefix.push(last.saturating_add(bytes));
         }
-        let mut suffix_max = vec![0u64; layers.len() + 1];
-        for k in (0..layers.len()).rev() {
-            suffix_max[k] = suffix_max[k + 1].max(layers[k]);
+        let mut slot_from = vec![0u64; layers.len() + 1];
+        if input.layer_layouts.is_empty() {
+            for k in (0..layers.len()).rev() {
+                slot_from[k] = slot_from[k + 1].max(layers[k]);
+            }
+        } else {
+            let mut slot = SlotLayout::new(input.slot_kind);
+            for (k, layout) in input.layer_layouts.iter().enumerate().rev() {
+                slot.add(layout);
+                slot_from[k] = slot.total_bytes();
+            }
         }
         Costs {
             input,
             prefix,
-            suffix_max,
+            slot_from,
         }
     }
 
@@ -277,7 +305,7 @@ impl<'a> Costs<'a> {
         } else {
             (
                 (self.input.prefetch.saturating_add(1)).min(streamed),
-                self.suffix_max[k],
+                self.slot_from[k],
             )
         }
     }
@@ -326,6 +354,8 @@ impl<'a> Costs<'a> {
         } else {
             streamed
         };
+        let slot_layout = (slots > 0 && !input.layer_layouts.is_empty())
+            .then(|| SlotLayout::of(input.slot_kind, &input.layer_layouts[k..]));
         let estimate = match (input.link_bandwidth, streamed) {
             (Some(bandwidth), s) if s > 0 => Some(bandwidth as f64 / s as f64),
             _ => None,
@@ -341,6 +371,7 @@ impl<'a> Costs<'a> {
             reserve_bytes: input.reserve_bytes,
             slots,
             slot_bytes,
+            slot_layout,
             device_bytes: self.device(k),
             host_bytes,
             streamed_bytes_per_step: streamed,
@@ -363,6 +394,13 @@ impl<'a> Costs<'a> {
 ///
 /// Every successful plan has `device_bytes <= budget_bytes`.
 pub fn plan(input: &PlanInput) -> Result<Plan> {
+    if !input.layer_layouts.is_empty() && input.layer_layouts.len() != input.n_layers() {
+        return Err(PlanError::InvalidInput(format!(
+            "{} layer layouts for {} layers",
+            input.layer_layouts.len(),
+            input.n_layers()
+        )));
+    }
     let costs = Costs::new(input);
     let n = costs.n();
     match input.mode {
@@ -440,6 +478,7 @@ fn advice(input: &PlanInput) -> String {
             layer_bytes: alternative.layer_bytes.clone(),
             fixed_bytes: alternative.fixed_bytes,
             dtype_alternatives: Vec::new(),
+            layer_layouts: Vec::new(),
             ..input.clone()
         };
         let needed = Costs::new(&resident).device(resident.n_layers());

@@ -7,37 +7,9 @@ use std::fmt::Write as _;
 
 use serde_json::json;
 
+use super::layout::SlotLayout;
 use super::plan::{mode_name, Home, Plan};
-
-/// Formats a byte count with binary units and one decimal: `512 B`, `3.0 KiB`, `45.2 MiB`,
-/// `6.0 GiB`, `1.5 TiB`.
-pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
-}
-
-/// Formats a bandwidth in bytes/s with decimal units: `16 GB/s`, `12.5 GB/s`, `800 MB/s`.
-pub fn format_bandwidth(bytes_per_s: u64) -> String {
-    let (value, unit) = if bytes_per_s >= 1_000_000_000 {
-        (bytes_per_s as f64 / 1e9, "GB/s")
-    } else {
-        (bytes_per_s as f64 / 1e6, "MB/s")
-    };
-    if (value - value.round()).abs() < 1e-9 {
-        format!("{value:.0} {unit}")
-    } else {
-        format!("{value:.1} {unit}")
-    }
-}
+pub use super::units::{format_bandwidth, format_bytes};
 
 /// A run of consecutive layers with the same home.
 struct Run {
@@ -167,10 +139,12 @@ pub fn render_text(plan: &Plan) -> String {
 /// {"mode", "budget_bytes", "layers": [{"index", "home": "device"|"host", "bytes"}],
 ///  "device_bytes", "host_bytes", "kv_bytes", "slots", "slot_bytes",
 ///  "estimated_decode_tokens_per_s", "fixed_bytes", "workspace_bytes", "reserve_bytes",
-///  "streamed_bytes_per_step", "link_bandwidth"}
+///  "streamed_bytes_per_step", "link_bandwidth",
+///  "slot_layout": {"kind": "cpu"|"cuda", "dense_bytes", "blocks_bytes",
+///                  "matrices": [{"part", "type", "shape", "bytes", "allocated"}]}}
 /// ```
 ///
-/// `estimated_decode_tokens_per_s` and `link_bandwidth` are `null` when absent.
+/// `estimated_decode_tokens_per_s`, `link_bandwidth` and `slot_layout` are `null` when absent.
 pub fn plan_json(plan: &Plan) -> serde_json::Value {
     json!({
         "mode": mode_name(plan.mode),
@@ -187,6 +161,29 @@ pub fn plan_json(plan: &Plan) -> serde_json::Value {
         "reserve_bytes": plan.reserve_bytes,
         "streamed_bytes_per_step": plan.streamed_bytes_per_step,
         "link_bandwidth": plan.link_bandwidth,
+        "slot_layout": plan.slot_layout.as_ref().map(slot_layout_json),
+    })
+}
+
+fn slot_layout_json(slot: &SlotLayout) -> serde_json::Value {
+    let matrices: Vec<serde_json::Value> = slot
+        .matrices
+        .iter()
+        .map(|m| {
+            json!({
+                "part": format!("{:?}", m.part),
+                "type": format!("{:?}", m.dtype),
+                "shape": m.shape,
+                "bytes": m.bytes,
+                "allocated": m.allocated,
+            })
+        })
+        .collect();
+    json!({
+        "kind": slot.kind.as_str(),
+        "dense_bytes": slot.dense_bytes,
+        "blocks_bytes": slot.blocks_bytes,
+        "matrices": matrices,
     })
 }
 
@@ -210,25 +207,6 @@ mod tests {
         input.link_bandwidth = Some(16_000_000_000);
         // base 25 MiB + 2 slots x 10 MiB = 45 MiB; 3 more layers fit (75 MiB), 5 stream.
         plan(&input).expect("fits")
-    }
-
-    #[test]
-    fn formats_binary_sizes() {
-        let cases = [
-            (0, "0 B"),
-            (1023, "1023 B"),
-            (1024, "1.0 KiB"),
-            (1536, "1.5 KiB"),
-            (45 * MIB + MIB / 5, "45.2 MiB"),
-            (6 * 1024 * MIB, "6.0 GiB"),
-            (3 * 1024 * 1024 * MIB / 2, "1.5 TiB"),
-        ];
-        for (bytes, text) in cases {
-            assert_eq!(format_bytes(bytes), text, "{bytes}");
-        }
-        assert_eq!(format_bandwidth(16_000_000_000), "16 GB/s");
-        assert_eq!(format_bandwidth(12_500_000_000), "12.5 GB/s");
-        assert_eq!(format_bandwidth(800_000_000), "800 MB/s");
     }
 
     #[test]

@@ -1,12 +1,17 @@
-//! Tests for model sizing: the real SmolLM2 GGUF, safetensors headers written by candle, and the
-//! KV / workspace formulas.
+//! Tests for model sizing: the real SmolLM2 GGUF, a tiny Hugging Face checkpoint written by
+//! candle, malformed safetensors headers, and the KV / workspace formulas.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
 
 use super::*;
+use crate::model::checkpoint::Checkpoint;
+use crate::model::loader::{DTypeChoice, Holding, LoadOptions};
+use crate::model::source::ModelFiles;
+use crate::model::tensors::StoredType;
 
 fn test_model() -> PathBuf {
     let path = std::env::var_os("FERRY_TEST_MODEL")
@@ -22,21 +27,33 @@ fn test_model() -> PathBuf {
     path
 }
 
+fn holding(checkpoint: &Checkpoint, dtype: DTypeChoice) -> Holding {
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype,
+    };
+    Holding::new(checkpoint, &options).expect("holding")
+}
+
+fn sizes(checkpoint: &Checkpoint, dtype: DTypeChoice) -> ModelSizes {
+    ModelSizes::of(checkpoint, &holding(checkpoint, dtype), SlotKind::Cpu).expect("sizes")
+}
+
 #[test]
 fn sizes_the_real_gguf_from_its_header() {
     let path = test_model();
     let started = Instant::now();
-    let content = read_gguf_header(&path).expect("header");
-    let sizes = size_gguf_content(&content, None).expect("sizes");
-    let dims = dims_from_gguf(&content).expect("dims");
+    let checkpoint = Checkpoint::open(&ModelFiles::Gguf { path: path.clone() }).expect("opens");
+    let sizes = sizes(&checkpoint, DTypeChoice::Auto);
     let elapsed = started.elapsed();
     assert!(elapsed < Duration::from_secs(1), "took {elapsed:?}");
+    let header = checkpoint.gguf().expect("a GGUF header");
 
     assert_eq!(sizes.n_layers(), 30);
-    assert_eq!(sizes.tensor_count, content.tensor_infos.len());
+    assert_eq!(sizes.tensor_count, header.tensors.len());
     // SmolLM2 ties its head to the embeddings: no output.weight, the matrix counted once.
     assert!(sizes.tied_embeddings);
-    assert!(!content.tensor_infos.contains_key("output.weight"));
+    assert!(header.tensor("output.weight").is_none());
 
     // Every layer of this model has the same tensors, hence the same bytes.
     assert!(
@@ -46,14 +63,7 @@ fn sizes_the_real_gguf_from_its_header() {
 
     // Layers + fixed == every tensor's bytes, and those bytes fill the file's data section
     // up to alignment padding (an independent check of the per-tensor formula).
-    let mut extents: Vec<(u64, u64)> = content
-        .tensor_infos
-        .values()
-        .map(|info| {
-            let bytes = gguf_tensor_bytes(info.ggml_dtype, info.shape.elem_count());
-            (info.offset, bytes)
-        })
-        .collect();
+    let mut extents: Vec<(u64, u64)> = header.tensors.iter().map(|t| (t.offset, t.len)).collect();
     let all: u64 = extents.iter().map(|(_, bytes)| bytes).sum();
     assert_eq!(sizes.layer_total() + sizes.fixed, all);
     assert_eq!(sizes.total(), all);
@@ -64,7 +74,7 @@ fn sizes_the_real_gguf_from_its_header() {
             "tensors overlap: {pair:?}"
         );
     }
-    let data = std::fs::metadata(&path).expect("stat").len() - content.tensor_data_offset;
+    let data = std::fs::metadata(&path).expect("stat").len() - header.data_offset;
     let (last_offset, last_bytes) = extents.last().copied().expect("tensors");
     assert!(last_offset + last_bytes <= data);
     let padding = data - all;
@@ -74,173 +84,182 @@ fn sizes_the_real_gguf_from_its_header() {
     );
 
     // Dequantized to f32 every tensor takes 4 bytes per element.
-    let dense = size_gguf_content(&content, Some(DenseDtype::F32)).expect("dense sizes");
-    let elems: u64 = content
-        .tensor_infos
-        .values()
-        .map(|info| info.shape.elem_count() as u64)
-        .sum();
+    let dense = self::sizes(&checkpoint, DTypeChoice::F32);
+    let elems: u64 = header.tensors.iter().map(|t| t.elem_count()).sum();
     assert_eq!(dense.total(), 4 * elems);
     assert!(
         dense.layers[0] > 6 * sizes.layers[0],
         "Q4_1 is ~5 bits a weight"
     );
 
-    let expected = ModelDims {
-        architecture: "llama".into(),
-        n_layers: 30,
-        hidden_size: 576,
-        n_heads: 9,
-        n_kv_heads: 3,
-        head_dim: 64,
-        vocab_size: 49152,
-        context_length: Some(8192),
-    };
-    assert_eq!(dims, expected);
+    let spec = checkpoint.spec();
+    assert_eq!(spec.architecture.name(), "llama");
+    assert_eq!(
+        (
+            spec.n_layers,
+            spec.hidden_size,
+            spec.n_heads,
+            spec.n_kv_heads
+        ),
+        (30, 576, 9, 3)
+    );
+    assert_eq!((spec.head_dim, spec.vocab_size), (64, 49152));
+    assert_eq!(spec.max_context, 8192);
 
-    let summary = summarize(&ModelFiles::Gguf { path }, None).expect("summary");
-    assert_eq!(summary.sizes, sizes);
+    // The layouts hold the same tensors as the sizes count.
+    assert_eq!(sizes.layouts.len(), 30);
+    assert_eq!(sizes.layouts[7].weight_bytes(), sizes.layers[7]);
 }
 
 fn tensor(shape: &[usize], dtype: DType) -> Tensor {
-    Tensor::zeros(shape, dtype, &Device::Cpu).expect("zeros")
+    Tensor::ones(shape, dtype, &Device::Cpu).expect("ones")
+}
+
+/// A two-layer Llama of hidden 8 (2 heads of 4, 1 key/value head, MLP 16, vocab 16) in bf16,
+/// written as two shards; `lm_head` only when `untied`.
+fn write_tiny_hf(dir: &Path, untied: bool) -> ModelFiles {
+    let config = dir.join("config.json");
+    std::fs::write(
+        &config,
+        format!(
+            r#"{{"model_type":"llama","hidden_size":8,"intermediate_size":16,
+            "num_hidden_layers":2,"num_attention_heads":2,"num_key_value_heads":1,
+            "vocab_size":16,"max_position_embeddings":64,"rms_norm_eps":1e-5,
+            "tie_word_embeddings":{}}}"#,
+            !untied
+        ),
+    )
+    .expect("config");
+    let mut shards = [HashMap::new(), HashMap::new()];
+    shards[0].insert(
+        "model.embed_tokens.weight".to_string(),
+        tensor(&[16, 8], DType::BF16),
+    );
+    shards[1].insert("model.norm.weight".to_string(), tensor(&[8], DType::F32));
+    if untied {
+        shards[1].insert("lm_head.weight".to_string(), tensor(&[16, 8], DType::F16));
+    }
+    for (layer, shard) in shards.iter_mut().enumerate() {
+        let p = format!("model.layers.{layer}");
+        for (name, shape) in [
+            ("input_layernorm.weight", vec![8]),
+            ("post_attention_layernorm.weight", vec![8]),
+            ("self_attn.q_proj.weight", vec![8, 8]),
+            ("self_attn.k_proj.weight", vec![4, 8]),
+            ("self_attn.v_proj.weight", vec![4, 8]),
+            ("self_attn.o_proj.weight", vec![8, 8]),
+            ("mlp.gate_proj.weight", vec![16, 8]),
+            ("mlp.up_proj.weight", vec![16, 8]),
+            ("mlp.down_proj.weight", vec![8, 16]),
+        ] {
+            shard.insert(format!("{p}.{name}"), tensor(&shape, DType::BF16));
+        }
+    }
+    let weights: Vec<PathBuf> = shards
+        .iter()
+        .enumerate()
+        .map(|(i, tensors)| {
+            let path = dir.join(format!("model-{:05}-of-00002.safetensors", i + 1));
+            candle_core::safetensors::save(tensors, &path).expect("save");
+            path
+        })
+        .collect();
+    ModelFiles::HfDir {
+        dir: dir.to_path_buf(),
+        config,
+        tokenizer: dir.join("tokenizer.json"),
+        tokenizer_config: None,
+        generation_config: None,
+        weights,
+    }
 }
 
 #[test]
 fn sizes_safetensors_shards_from_their_headers() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let shard1 = dir.path().join("model-00001-of-00002.safetensors");
-    let shard2 = dir.path().join("model-00002-of-00002.safetensors");
-    let first = HashMap::from([
-        ("model.embed_tokens.weight", tensor(&[16, 8], DType::F32)), // 512 B
-        (
-            "model.layers.0.self_attn.q_proj.weight",
-            tensor(&[8, 8], DType::BF16),
-        ), // 128 B
-        (
-            "model.layers.0.input_layernorm.weight",
-            tensor(&[8], DType::F32),
-        ), // 32 B
-    ]);
-    let second = HashMap::from([
-        (
-            "model.layers.1.self_attn.q_proj.weight",
-            tensor(&[8, 8], DType::BF16),
-        ), // 128 B
-        (
-            "model.layers.1.input_layernorm.weight",
-            tensor(&[8], DType::F32),
-        ), // 32 B
-        ("model.layers.1.positions", tensor(&[4], DType::U32)), // 16 B, not a float
-        ("model.norm.weight", tensor(&[8], DType::F32)),        // 32 B
-        ("lm_head.weight", tensor(&[16, 8], DType::F16)),       // 256 B
-    ]);
-    candle_core::safetensors::save(&first, &shard1).expect("save");
-    candle_core::safetensors::save(&second, &shard2).expect("save");
-
-    let header = read_safetensors_header(&shard2).expect("header");
-    assert_eq!(header.len(), 5);
-    let head = &header["lm_head.weight"];
+    let files = write_tiny_hf(dir.path(), true);
+    let checkpoint = Checkpoint::open(&files).expect("opens");
+    let head = checkpoint.tensors().head.as_ref().expect("an untied head");
+    assert_eq!(head.shape, [16, 8]);
     assert_eq!(
-        (head.dtype.as_str(), head.shape.as_slice()),
-        ("F16", &[16, 8][..])
+        head.stored,
+        StoredType::Safetensors(safetensors::Dtype::F16)
     );
-    assert_eq!(head.data_offsets[1] - head.data_offsets[0], 256);
+    assert_eq!(head.stored_bytes(), 256);
+    assert_eq!(head.file, 1);
 
-    let shards = vec![shard1.clone(), shard2.clone()];
-    let sizes = size_safetensors(&shards, None).expect("sizes");
-    assert_eq!(sizes.layers, vec![160, 176]);
-    assert_eq!(sizes.fixed, 512 + 32 + 256);
-    assert!(!sizes.tied_embeddings);
-    assert_eq!(sizes.tensor_count, 8);
-
-    // Converted to bf16, floats take 2 bytes an element; the u32 tensor keeps its 16 bytes.
-    let bf16 = size_safetensors(&shards, Some(DenseDtype::BF16)).expect("sizes");
-    assert_eq!(bf16.layers, vec![144, 160]);
-    assert_eq!(bf16.fixed, (128 + 8 + 128) * 2);
+    // A layer: 2 norms of 8, q/o 8x8, k/v 4x8, gate/up 16x8, down 8x16 = 528 elements.
+    let layer_elems = 2 * 8 + 2 * 64 + 2 * 32 + 3 * 128;
+    // On the CPU with dtype auto, every tensor is f32.
+    let f32 = sizes(&checkpoint, DTypeChoice::Auto);
+    assert_eq!(f32.layers, vec![4 * layer_elems; 2]);
+    assert_eq!(f32.fixed, 4 * (128 + 8 + 128));
+    assert!(!f32.tied_embeddings);
+    assert_eq!(f32.tensor_count, 2 * 9 + 3);
+    // With f16, 2 bytes an element.
+    let f16 = sizes(&checkpoint, DTypeChoice::F16);
+    assert_eq!(f16.layers, vec![2 * layer_elems; 2]);
+    assert_eq!(f16.fixed, 2 * (128 + 8 + 128));
 
     // Without lm_head the embeddings are tied and counted once.
-    let tied = size_safetensors(&shards[..1], None).expect("sizes");
+    let tied_dir = tempfile::tempdir().expect("tempdir");
+    let tied = Checkpoint::open(&write_tiny_hf(tied_dir.path(), false)).expect("opens");
+    let tied = sizes(&tied, DTypeChoice::Auto);
     assert!(tied.tied_embeddings);
-    assert_eq!((tied.layers.clone(), tied.fixed), (vec![160], 512));
+    assert_eq!(tied.fixed, 4 * (128 + 8));
 
-    // A gap in the layer numbering is an error, not a silently short model.
-    let gap = dir.path().join("gap.safetensors");
-    let gapped = HashMap::from([
-        ("model.layers.0.w", tensor(&[2], DType::F32)),
-        ("model.layers.2.w", tensor(&[2], DType::F32)),
-    ]);
-    candle_core::safetensors::save(&gapped, &gap).expect("save");
-    let error = size_safetensors(&[gap], None).expect_err("gap").to_string();
-    assert!(error.contains("decoder layer 1 has no tensors"), "{error}");
+    // A missing layer tensor is the loader's error, not a silently short model.
+    let ModelFiles::HfDir { weights, .. } = &files else {
+        unreachable!("an HF directory");
+    };
+    let mut second = candle_core::safetensors::load(&weights[1], &Device::Cpu).expect("load");
+    second.remove("model.layers.1.mlp.up_proj.weight");
+    candle_core::safetensors::save(&second, &weights[1]).expect("save");
+    let error = Checkpoint::open(&files).expect_err("gap").to_string();
+    assert_eq!(error, "missing tensor `model.layers.1.mlp.up_proj.weight`");
+    // So is a layer the config does not have.
+    second.insert(
+        "model.layers.1.mlp.up_proj.weight".into(),
+        tensor(&[16, 8], DType::BF16),
+    );
+    second.insert(
+        "model.layers.2.input_layernorm.weight".into(),
+        tensor(&[8], DType::BF16),
+    );
+    candle_core::safetensors::save(&second, &weights[1]).expect("save");
+    let error = Checkpoint::open(&files).expect_err("extra").to_string();
+    assert!(
+        error.contains("belongs to layer 2, but the model has 2 layers"),
+        "{error}"
+    );
 }
 
 #[test]
 fn rejects_malformed_safetensors_headers() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cases: [(&str, Vec<u8>, &str); 4] = [
-        ("short", vec![1, 2, 3], "no header length"),
-        ("huge", u64::MAX.to_le_bytes().to_vec(), "implausibly large"),
+    let files = write_tiny_hf(dir.path(), true);
+    let ModelFiles::HfDir { weights, .. } = &files else {
+        unreachable!("an HF directory");
+    };
+    let reversed = br#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}}"#;
+    let cases: [(&str, Vec<u8>); 5] = [
+        ("short", vec![1, 2, 3]),
+        ("huge", u64::MAX.to_le_bytes().to_vec()),
+        ("truncated", [&100u64.to_le_bytes()[..], b"{}"].concat()),
+        ("not json", [&3u64.to_le_bytes()[..], b"abc"].concat()),
         (
-            "truncated",
-            [&100u64.to_le_bytes()[..], b"{}"].concat(),
-            "shorter than",
-        ),
-        (
-            "not json",
-            [&3u64.to_le_bytes()[..], b"abc"].concat(),
-            "not JSON",
+            "reversed",
+            [&(reversed.len() as u64).to_le_bytes()[..], reversed].concat(),
         ),
     ];
-    for (name, bytes, expect) in cases {
-        let path = dir.path().join(name);
-        std::fs::write(&path, bytes).expect("write");
-        let error = read_safetensors_header(&path).expect_err(name).to_string();
-        assert!(error.contains(expect), "{name}: {error}");
+    for (name, bytes) in cases {
+        std::fs::write(&weights[1], bytes).expect("write");
+        let error = Checkpoint::open(&files).expect_err(name).to_string();
+        assert!(
+            error.contains("model-00002-of-00002.safetensors is not a valid safetensors file"),
+            "{name}: {error}"
+        );
     }
-    let reversed = br#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}}"#;
-    let path = dir.path().join("reversed");
-    std::fs::write(
-        &path,
-        [&(reversed.len() as u64).to_le_bytes()[..], reversed].concat(),
-    )
-    .expect("write");
-    let error = read_safetensors_header(&path)
-        .expect_err("reversed")
-        .to_string();
-    assert!(error.contains("reversed data offsets"), "{error}");
-}
-
-#[test]
-fn reads_dims_from_config_json() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("config.json");
-    std::fs::write(
-        &path,
-        r#"{"model_type":"qwen2","num_hidden_layers":24,"hidden_size":896,
-            "num_attention_heads":14,"num_key_value_heads":2,"vocab_size":151936,
-            "max_position_embeddings":32768}"#,
-    )
-    .expect("write");
-    let dims = dims_from_config_json(&path).expect("dims");
-    assert_eq!(
-        dims,
-        ModelDims {
-            architecture: "qwen2".into(),
-            n_layers: 24,
-            hidden_size: 896,
-            n_heads: 14,
-            n_kv_heads: 2,
-            head_dim: 64,
-            vocab_size: 151936,
-            context_length: Some(32768),
-        }
-    );
-    std::fs::write(&path, r#"{"hidden_size":896}"#).expect("write");
-    let error = dims_from_config_json(&path)
-        .expect_err("incomplete")
-        .to_string();
-    assert!(error.contains("num_attention_heads"), "{error}");
 }
 
 #[test]
@@ -268,11 +287,6 @@ fn kv_and_workspace_formulas() {
         ..input
     };
     assert!(workspace_bytes(&wide) > workspace_bytes(&input));
-    assert_eq!(DenseDtype::from_choice(DtypeChoice::Auto), None);
-    assert_eq!(
-        DenseDtype::from_choice(DtypeChoice::BF16).map(DenseDtype::size_in_bytes),
-        Some(2)
-    );
 }
 
 #[test]
@@ -281,17 +295,18 @@ fn plans_the_real_model_end_to_end() {
     use crate::offload::plan::{plan, Home, PlanInput, DEFAULT_LINK_BANDWIDTH};
     use crate::offload::render::render_text;
 
-    let summary = summarize(&ModelFiles::Gguf { path: test_model() }, None).expect("summary");
-    let (sizes, dims) = (summary.sizes, summary.dims);
+    let checkpoint = Checkpoint::open(&ModelFiles::Gguf { path: test_model() }).expect("opens");
+    let sizes = sizes(&checkpoint, DTypeChoice::Auto);
+    let spec = checkpoint.spec();
     let mut input = PlanInput::new(OffloadMode::Auto, sizes.layers.clone(), sizes.fixed, 0);
     input.max_batch = 4;
     input.max_context = 2048;
     input.kv_bytes_per_token_per_layer =
-        kv_bytes_per_token_per_layer(dims.n_kv_heads, dims.head_dim, 2);
+        kv_bytes_per_token_per_layer(spec.n_kv_heads, spec.head_dim, 2);
     input.workspace_bytes = workspace_bytes(&WorkspaceInput {
-        hidden_size: dims.hidden_size,
-        vocab_size: dims.vocab_size,
-        n_heads: dims.n_heads,
+        hidden_size: spec.hidden_size,
+        vocab_size: spec.vocab_size,
+        n_heads: spec.n_heads,
         max_batch: 4,
         prefill_chunk: 256,
         max_context: 2048,
@@ -309,4 +324,16 @@ fn plans_the_real_model_end_to_end() {
     assert_eq!(plan.host_bytes, 10 * layer);
     let rate = plan.estimated_decode_tokens_per_s.expect("streams");
     assert!((rate - 16e9 / (10 * layer) as f64).abs() < 1e-6);
+
+    // With the layouts, a slot is what the CPU slot allocates: both regions of a layer with
+    // their 256-byte alignment. SmolLM2's tensors are all whole multiples of 256 bytes, so that
+    // is exactly a layer and the placement is the same.
+    input.layer_layouts = sizes.layouts.clone();
+    input.slot_kind = SlotKind::Cpu;
+    let exact = crate::offload::plan::plan(&input).expect("fits");
+    let slot = exact.slot_layout.as_ref().expect("a slot layout");
+    assert_eq!(exact.slot_bytes, sizes.layouts[29].slab_bytes());
+    assert_eq!(slot.total_bytes(), exact.slot_bytes);
+    assert_eq!(exact.slot_bytes, layer);
+    assert_eq!(exact.device_layers(), 20);
 }

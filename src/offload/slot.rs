@@ -27,7 +27,7 @@ pub struct SlotBuffers {
 
 impl SlotBuffers {
     /// Allocates a slot with `blocks_len` bytes of block region and `dense_len` bytes of dense
-    /// region in `dtype` on `device` (the CPU; CUDA slots are a later backend).
+    /// region in `dtype` on `device` (the CPU; the CUDA slot is its own type).
     pub fn new(blocks_len: usize, dense_len: usize, dtype: DType, device: &Device) -> Result<Self> {
         if !device.is_cpu() {
             return Err(OffloadError::Weights(

@@ -20,7 +20,7 @@ use super::accounting::Accounting;
 use super::error::OffloadError;
 use super::host::{HostStore, Result};
 use super::stream::{StreamConfig, Streamer};
-use crate::model::llama::LayerSource;
+use crate::model::decoder::LayerSource;
 use crate::model::weights::LayerWeights;
 
 /// Every decoder layer's weights: a resident prefix and, when some layers are offloaded, a

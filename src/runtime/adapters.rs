@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use crate::engine::traits::{LanguageModel, TextCodec};
 use crate::engine::{ChatMessage, EngineError, EngineResult};
+use crate::model::decoder::{Model, ResidentLayers, SeqInput};
 use crate::model::kv_cache::KvCache;
-use crate::model::llama::{LayerSource, Model, ResidentLayers, SeqInput};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::weights::LayerWeights;
 use crate::model::ModelError;
@@ -37,10 +37,12 @@ fn swap_error(err: OffloadError) -> EngineError {
     }
 }
 
-/// A model in mode `model`: its handle on the swap manager (kept alive by the runner).
+/// A model in mode `model`: its handle on the swap manager.
 struct Swapped {
-    manager: Arc<SwapManager>,
     client: SwapClient,
+    /// Held, never read: a manager made for this model alone lives (and runs its keep-alive
+    /// thread) as long as the runner.
+    _manager: Arc<SwapManager>,
 }
 
 /// A loaded model with its decoder layers (resident, streamed, or swapped as a whole), served
@@ -61,25 +63,9 @@ pub struct RunnerSequence {
 }
 
 impl RunnerSequence {
-    /// The KV cache.
-    pub fn cache(&self) -> &KvCache {
-        &self.cache
-    }
-
     /// Whether this sequence holds the model resident (mode `model`, after its first step).
     pub fn holds_lease(&self) -> bool {
         self.lease.is_some()
-    }
-}
-
-/// The layers of a lease as a [`LayerSource`].
-struct LeasedLayers<'a>(&'a [LayerWeights]);
-
-impl LayerSource for LeasedLayers<'_> {
-    fn layer(&mut self, index: usize) -> crate::model::Result<LayerWeights> {
-        self.0.get(index).cloned().ok_or_else(|| {
-            ModelError::MissingTensor(format!("layer {index} (of {})", self.0.len()))
-        })
     }
 }
 
@@ -112,27 +98,11 @@ impl ModelRunner {
             WeightStore::resident(Vec::new(), accounting),
             max_context,
         );
-        runner.swapped = Some(Swapped { manager, client });
+        runner.swapped = Some(Swapped {
+            client,
+            _manager: manager,
+        });
         runner
-    }
-
-    /// The swap manager, in mode `model`.
-    pub fn swap_manager(&self) -> Option<&Arc<SwapManager>> {
-        self.swapped.as_ref().map(|s| &s.manager)
-    }
-
-    /// Serves `model` with every layer resident and counters measured against `accounting`.
-    pub fn resident(
-        model: Model,
-        layers: ResidentLayers,
-        accounting: Arc<Accounting>,
-        max_context: Option<usize>,
-    ) -> Self {
-        Self::new(
-            model,
-            WeightStore::resident(layers.0, accounting),
-            max_context,
-        )
     }
 
     /// The weight store (resident prefix, slot ring).
@@ -188,28 +158,6 @@ impl LanguageModel for ModelRunner {
         }
     }
 
-    fn forward(&mut self, seq: &mut RunnerSequence, tokens: &[u32]) -> EngineResult<Vec<f32>> {
-        let logits = match &self.swapped {
-            None => self.model.forward(tokens, &mut seq.cache, &mut self.layers),
-            Some(swapped) => {
-                let lease = match seq.lease.take() {
-                    Some(lease) => lease,
-                    None => swapped.client.acquire().map_err(swap_error)?,
-                };
-                let lease = seq.lease.insert(lease);
-                self.model
-                    .forward(tokens, &mut seq.cache, &mut LeasedLayers(lease.layers()))
-            }
-        }
-        .map_err(|e| self.step_error(e))?;
-        self.layers
-            .accounting()
-            .observe_kv(seq.cache.allocated_bytes() as u64);
-        logits
-            .to_vec1::<f32>()
-            .map_err(|e| self.step_error(e.into()))
-    }
-
     fn forward_batch(
         &mut self,
         batch: &mut [(&mut RunnerSequence, &[u32])],
@@ -237,7 +185,7 @@ impl LanguageModel for ModelRunner {
             None => self.model.forward_batch(&mut inputs, &mut self.layers),
             Some(layers) => self
                 .model
-                .forward_batch(&mut inputs, &mut LeasedLayers(layers)),
+                .forward_batch(&mut inputs, &mut ResidentLayers(layers)),
         }
         .map_err(|e| self.step_error(e))?;
         drop(inputs);
@@ -279,6 +227,23 @@ impl TextCodec for TokenizerCodec {
             .map_err(internal)
     }
 
+    fn encode_literal(&self, text: &str, add_special_tokens: bool) -> EngineResult<Vec<u32>> {
+        self.tokenizer
+            .encode_literal(text, add_special_tokens)
+            .map_err(internal)
+    }
+
+    fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        parse_special_in_content: bool,
+    ) -> EngineResult<Vec<u32>> {
+        self.tokenizer
+            .encode_chat(messages, add_generation_prompt, parse_special_in_content)
+            .map_err(template_error)
+    }
+
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> EngineResult<String> {
         self.tokenizer
             .decode(ids, skip_special_tokens)
@@ -300,12 +265,17 @@ impl TextCodec for TokenizerCodec {
     ) -> EngineResult<String> {
         self.tokenizer
             .apply_chat_template(messages, add_generation_prompt)
-            .map_err(|err| match err {
-                ModelError::Template(message) => EngineError::InvalidRequest {
-                    message,
-                    param: Some("messages".to_string()),
-                },
-                other => internal(other),
-            })
+            .map_err(template_error)
+    }
+}
+
+/// A template's own error (`raise_exception`, no template) is the request's fault.
+fn template_error(err: ModelError) -> EngineError {
+    match err {
+        ModelError::Template(message) => EngineError::InvalidRequest {
+            message,
+            param: Some("messages".to_string()),
+        },
+        other => internal(other),
     }
 }

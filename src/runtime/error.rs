@@ -27,4 +27,30 @@ pub enum RuntimeError {
         /// What went wrong.
         source: crate::offload::OffloadError,
     },
+    /// The configured models cannot be placed on the device: one does not fit its budget, or
+    /// they do not fit together (the message names the model and says what to change).
+    #[error("{0}")]
+    Placement(String),
+    /// The configured address cannot be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Listen {
+        /// `host:port`.
+        address: String,
+        /// The bind error.
+        source: std::io::Error,
+    },
+    /// A model's engine thread could not be started.
+    #[error("model `{name}`: {source}")]
+    Engine {
+        /// The served model name.
+        name: String,
+        /// What went wrong.
+        source: crate::engine::EngineError,
+    },
+    /// Every configured model failed to load, so nothing can be served.
+    #[error("no model could be loaded: {0}")]
+    NoModelLoaded(String),
+    /// Serving on the listener failed.
+    #[error("serving failed: {0}")]
+    Serve(std::io::Error),
 }

@@ -1,20 +1,21 @@
-//! Brings one configured model up: source -> local files -> placement plan -> tokenizer + weights
-//! (resident on the device or offloaded to the host and streamed, as the plan says), reporting
-//! progress as a bar on a terminal and as log lines otherwise.
+//! Brings one configured model up: source -> local files -> checkpoint (every header parsed
+//! once) -> placement plan -> tokenizer + weights (resident on the device or offloaded to the
+//! host and streamed, as the plan says), reporting progress as a bar on a terminal and as log
+//! lines otherwise.
 
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::quantized::gguf_file;
 use candle_core::Device;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::adapters::{ModelRunner, TokenizerCodec};
 use super::device::free_bytes;
-use super::planning::plan_model;
+use super::planning::plan_checkpoint;
 use super::RuntimeError;
-use crate::config::{DeviceChoice, DeviceConfig, ModelConfig, OffloadMode};
+use crate::config::{DeviceConfig, ModelConfig, OffloadMode};
+use crate::model::checkpoint::Checkpoint;
 use crate::model::loader::{LoadOptions, LoadProgress};
 use crate::model::source::{self, HubOptions, ModelFiles, ModelSource};
 use crate::model::tokenizer::TextTokenizer;
@@ -37,11 +38,7 @@ pub fn load_for_serving(
     device: &Device,
     hub: &HubOptions,
 ) -> Result<LoadedForServing, RuntimeError> {
-    let device_config = DeviceConfig {
-        kind: DeviceChoice::Auto,
-        link_bandwidth: None,
-    };
-    load_for_serving_on(config, &device_config, device, hub)
+    load_for_serving_on(config, &DeviceConfig::default(), device, hub)
 }
 
 /// Loads `config`'s model onto `device`, placing it with the offload planner (`config.offload`:
@@ -76,11 +73,12 @@ pub fn load_for_serving_shared(
     tracing::info!(model = %config.name, source = %config.source, "resolving model source");
     let parsed = ModelSource::parse(&config.source).map_err(wrap)?;
     let files = source::resolve(&parsed, hub).map_err(wrap)?;
+    let checkpoint = Checkpoint::open(&files).map_err(wrap)?;
 
     // The tokenizer (tens of thousands of merges) builds on its own thread while the weights load.
     std::thread::scope(|scope| {
-        let tokenizer = scope.spawn(|| load_tokenizer(&files));
-        let runner = load_runner(config, device_config, device, hub, swap, &files)?;
+        let tokenizer = scope.spawn(|| load_tokenizer(&checkpoint));
+        let runner = load_runner(config, device_config, device, swap, &checkpoint)?;
         let tokenizer = tokenizer
             .join()
             .map_err(|_| {
@@ -102,16 +100,15 @@ fn load_runner(
     config: &ModelConfig,
     device_config: &DeviceConfig,
     device: &Device,
-    hub: &HubOptions,
     swap: Option<&Arc<SwapManager>>,
-    files: &ModelFiles,
+    checkpoint: &Checkpoint,
 ) -> Result<ModelRunner, RuntimeError> {
     let options = LoadOptions {
         device: device.clone(),
         dtype: config.dtype,
     };
     let free = free_bytes(device)?;
-    let plan = plan_model(config, device_config, device, hub, free)?;
+    let plan = plan_checkpoint(config, device_config, device, checkpoint, free)?;
     tracing::info!(
         model = %config.name,
         mode = mode_name(plan.mode),
@@ -130,17 +127,19 @@ fn load_runner(
             config,
             device_config,
             &options,
-            files,
+            checkpoint,
             &plan,
             swap,
             &mut progress,
         );
     }
-    let placed = load_placed(files, &options, &plan, stream, &mut |p| progress.update(&p))
-        .map_err(|e| RuntimeError::Offload {
-            name: config.name.clone(),
-            source: e,
-        })?;
+    let placed = load_placed(checkpoint, &options, &plan, stream, &mut |p| {
+        progress.update(&p)
+    })
+    .map_err(|e| RuntimeError::Offload {
+        name: config.name.clone(),
+        source: e,
+    })?;
     progress.finish();
     placed.store.accounting().log(&config.name);
     Ok(ModelRunner::new(
@@ -156,7 +155,7 @@ fn load_swapped(
     config: &ModelConfig,
     device_config: &DeviceConfig,
     options: &LoadOptions,
-    files: &ModelFiles,
+    checkpoint: &Checkpoint,
     plan: &Plan,
     swap: Option<&Arc<SwapManager>>,
     progress: &mut ProgressReporter,
@@ -165,7 +164,7 @@ fn load_swapped(
         name: config.name.clone(),
         source,
     };
-    let parked = load_parked(files, options, &mut |p| progress.update(&p)).map_err(wrap)?;
+    let parked = load_parked(checkpoint, options, &mut |p| progress.update(&p)).map_err(wrap)?;
     progress.finish();
     let accounting = Arc::new(Accounting::new(plan));
     accounting.add_weights(parked.fixed_bytes);
@@ -217,19 +216,15 @@ fn log_loaded(config: &ModelConfig, runner: &ModelRunner, started: Instant) {
     );
 }
 
-/// The tokenizer from the GGUF metadata or the HF tokenizer files.
-fn load_tokenizer(files: &ModelFiles) -> Result<TextTokenizer, ModelError> {
-    match files {
-        ModelFiles::Gguf { path } => {
-            let io = |source| ModelError::Io {
-                path: path.clone(),
-                source,
-            };
-            let file = std::fs::File::open(path).map_err(io)?;
-            // Buffered: the vocabulary and merges are hundreds of thousands of small fields.
-            let content = gguf_file::Content::read(&mut std::io::BufReader::new(file))
-                .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
-            TextTokenizer::from_gguf(&content)
+/// The tokenizer from the GGUF metadata (already parsed with the checkpoint) or the HF
+/// tokenizer files.
+fn load_tokenizer(checkpoint: &Checkpoint) -> Result<TextTokenizer, ModelError> {
+    match checkpoint.files() {
+        ModelFiles::Gguf { .. } => {
+            let metadata = checkpoint
+                .gguf_metadata()
+                .ok_or_else(|| ModelError::Source("the GGUF header is missing".into()))?;
+            TextTokenizer::from_gguf_metadata(metadata)
         }
         ModelFiles::HfDir {
             tokenizer,

@@ -6,13 +6,19 @@
 //! - [`load`]: source -> files -> weights + tokenizer, with a progress bar or log lines.
 //! - [`telemetry`]: publishes offload accounting and residency into the Prometheus metrics.
 //! - [`planning`]: `ferry plan`: file headers + budget -> placement plan, no weights read.
-//! - [`swap`]: the server's residency manager for mode `model`: budget and location probe.
+//! - [`swap`]: the server's residency manager for mode `model`: shared budget and location probe.
+//! - [`device_plan`]: every model's plan on the one device, as `ferry plan` prints it and
+//!   `serve` executes it.
+//! - [`serve`]: `ferry serve` as a library call: configuration + listener + shutdown signal ->
+//!   engine, loading threads, metrics publisher and HTTP server, until stopped.
 
 pub mod adapters;
 pub mod device;
+pub mod device_plan;
 pub mod error;
 pub mod load;
 pub mod planning;
+pub mod serve;
 pub mod swap;
 pub mod telemetry;
 

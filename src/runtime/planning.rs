@@ -1,23 +1,27 @@
 //! `ferry plan`: sizes a configured model from its file headers (no weights are read) and runs
-//! the pure placement planner against the device budget.
+//! the pure placement planner against the device budget. Loading plans the same way from the
+//! checkpoint it then loads ([`plan_checkpoint`]), so the plan `ferry plan` prints is the one
+//! `ferry serve` follows.
 
 use candle_core::Device;
 
 use super::RuntimeError;
 use crate::config::{DeviceConfig, ModelConfig};
+use crate::model::checkpoint::Checkpoint;
+use crate::model::loader::{Holding, LoadOptions};
 use crate::model::source::{self, HubOptions, ModelSource};
+use crate::model::ModelError;
+use crate::offload::layout::SlotKind;
 use crate::offload::plan::{
     plan, resolve_budget, Plan, PlanInput, DEFAULT_CPU_RESERVE_BYTES, DEFAULT_CUDA_RESERVE_BYTES,
     DEFAULT_LINK_BANDWIDTH,
 };
 use crate::offload::sizing::{
-    kv_bytes_per_token_per_layer, summarize, workspace_bytes, DenseDtype, WorkspaceInput,
+    kv_bytes_per_token_per_layer, workspace_bytes, ModelSizes, WorkspaceInput,
 };
 
-/// Tokens a prefill step processes at most (used for the workspace estimate).
-pub const PREFILL_CHUNK: usize = 512;
-
-/// The placement plan of `model` on `device`, whose free memory is `free_bytes`.
+/// The placement plan of `model` on `device`, whose free memory is `free_bytes`: resolves the
+/// source, opens the checkpoint and plans it ([`plan_checkpoint`]).
 pub fn plan_model(
     model: &ModelConfig,
     device_config: &DeviceConfig,
@@ -31,37 +35,53 @@ pub fn plan_model(
     };
     let parsed = ModelSource::parse(&model.source).map_err(wrap)?;
     let files = source::resolve(&parsed, hub).map_err(wrap)?;
-    let target = DenseDtype::from_choice(model.dtype);
-    let summary = summarize(&files, target)?;
-    let dims = &summary.dims;
-    let max_context = match (model.max_context, dims.context_length) {
-        (Some(cap), Some(native)) => cap.min(native),
-        (Some(cap), None) => cap,
-        (None, Some(native)) => native,
-        (None, None) => 4096,
+    let checkpoint = Checkpoint::open(&files).map_err(wrap)?;
+    plan_checkpoint(model, device_config, device, &checkpoint, free_bytes)
+}
+
+/// The placement plan of an open `checkpoint` configured as `model` on `device`.
+pub fn plan_checkpoint(
+    model: &ModelConfig,
+    device_config: &DeviceConfig,
+    device: &Device,
+    checkpoint: &Checkpoint,
+    free_bytes: u64,
+) -> Result<Plan, RuntimeError> {
+    let wrap = |source: ModelError| RuntimeError::Model {
+        name: model.name.clone(),
+        source,
     };
-    // Activations and the KV cache are f32 on the CPU; a dense dtype sets them on CUDA.
-    let activation_bytes = match (device, target) {
-        (Device::Cpu, _) | (_, None) => 4,
-        (_, Some(dtype)) => dtype.size_in_bytes(),
+    let options = LoadOptions {
+        device: device.clone(),
+        dtype: model.dtype,
     };
+    let holding = Holding::new(checkpoint, &options).map_err(wrap)?;
+    let slot_kind = SlotKind::for_device(device);
+    let sizes = ModelSizes::of(checkpoint, &holding, slot_kind).map_err(wrap)?;
+    let spec = checkpoint.spec();
+    let max_context = model
+        .max_context
+        .map_or(spec.max_context, |cap| cap.min(spec.max_context));
+    // The KV cache and activations use the compute dtype (f32 for quantized weights).
+    let activation_bytes = holding.compute().size_in_bytes() as u64;
     let mut input = PlanInput::new(
         model.offload.mode,
-        summary.sizes.layers.clone(),
-        summary.sizes.fixed,
+        sizes.layers.clone(),
+        sizes.fixed,
         resolve_budget(model.offload.gpu_memory, free_bytes)?,
     );
     input.max_batch = model.max_batch;
     input.max_context = max_context;
     input.kv_bytes_per_token_per_layer =
-        kv_bytes_per_token_per_layer(dims.n_kv_heads, dims.head_dim, activation_bytes);
+        kv_bytes_per_token_per_layer(spec.n_kv_heads, spec.head_dim, activation_bytes);
     input.prefetch = model.offload.prefetch;
     input.workspace_bytes = workspace_bytes(&WorkspaceInput {
-        hidden_size: dims.hidden_size,
-        vocab_size: dims.vocab_size,
-        n_heads: dims.n_heads,
+        hidden_size: spec.hidden_size,
+        vocab_size: spec.vocab_size,
+        n_heads: spec.n_heads,
         max_batch: model.max_batch,
-        prefill_chunk: PREFILL_CHUNK,
+        // The most tokens one engine step computes.
+        prefill_chunk: model.max_step_tokens,
         max_context,
     });
     input.reserve_bytes = match device {
@@ -73,6 +93,8 @@ pub fn plan_model(
             .link_bandwidth
             .unwrap_or(DEFAULT_LINK_BANDWIDTH),
     );
+    input.layer_layouts = sizes.layouts;
+    input.slot_kind = slot_kind;
     Ok(plan(&input)?)
 }
 

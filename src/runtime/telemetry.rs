@@ -1,12 +1,47 @@
 //! Feeds the offload engine's accounting and the swap manager's residency into the Prometheus
 //! metrics. Gauges are set to the current values; counters advance by what changed since the
-//! previous publish, so `/metrics` counters stay monotonic and exact.
+//! previous publish, so `/metrics` counters stay monotonic and exact. A model's numbers are
+//! published the moment it is added, so a scrape right after it turns ready sees them.
+//!
+//! While the server is busy, every [`THROUGHPUT_EVERY`] one publish also writes a throughput
+//! line (prompt and generation tokens per second over that window, requests running and
+//! waiting, KV cache usage), like vLLM's periodic stats line:
+//!
+//! ```text
+//! INFO ferry::runtime::telemetry: throughput prompt_tok_s=120.4 generation_tok_s=48.2 running=3 waiting=0 kv_cache_usage=0.012
+//! ```
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::metrics::{MemoryKind, Metrics};
 use crate::offload::{Accounting, Location, SwapManager};
+
+/// How often a busy server logs its throughput.
+pub const THROUGHPUT_EVERY: Duration = Duration::from_secs(10);
+
+/// Token totals at the start of the current throughput window.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    started: Instant,
+    prompt_tokens: u64,
+    generated_tokens: u64,
+}
+
+/// One throughput report: rates over a window and the queue at its end.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Throughput {
+    /// Prompt tokens prefilled per second.
+    pub prompt_tok_s: f64,
+    /// Tokens generated per second.
+    pub generation_tok_s: f64,
+    /// Requests running.
+    pub running: i64,
+    /// Requests waiting.
+    pub waiting: i64,
+    /// `ferry_kv_cache_usage_ratio`.
+    pub kv_cache_usage: f64,
+}
 
 /// Totals already published, so the next publish adds only the difference.
 #[derive(Debug, Default)]
@@ -16,10 +51,10 @@ struct Published {
     swaps: u64,
 }
 
-#[derive(Default)]
 struct Sources {
     models: Vec<(String, Arc<Accounting>)>,
     published: Published,
+    window: Window,
 }
 
 /// Publishes offload and residency numbers into `metrics`; share it with an `Arc`.
@@ -34,23 +69,86 @@ impl Telemetry {
     /// Publishes into `metrics`; `swap` is the residency manager of mode `model`, if any.
     pub fn new(metrics: Metrics, swap: Option<Arc<SwapManager>>) -> Arc<Self> {
         Arc::new(Self {
-            metrics,
             swap,
-            sources: Mutex::new(Sources::default()),
+            sources: Mutex::new(Sources {
+                models: Vec::new(),
+                published: Published::default(),
+                window: Window {
+                    started: Instant::now(),
+                    prompt_tokens: 0,
+                    generated_tokens: 0,
+                },
+            }),
+            metrics,
         })
     }
 
-    /// Adds a loaded model's accounting (called once per model when it is ready).
+    /// Adds a loaded model's accounting (called once per model when it is ready) and
+    /// publishes at once.
     pub fn add_model(&self, name: &str, accounting: Arc<Accounting>) {
         self.lock().models.push((name.to_string(), accounting));
+        self.publish();
+    }
+
+    /// The throughput since the window started, if the window is [`THROUGHPUT_EVERY`] old
+    /// (at `now`); starts a new window then. `None` while the window is younger, or when the
+    /// window saw no tokens and nothing runs or waits (an idle server stays quiet).
+    pub fn throughput(&self, now: Instant) -> Option<Throughput> {
+        let mut sources = self.lock();
+        let window = sources.window;
+        let elapsed = now.saturating_duration_since(window.started);
+        if elapsed < THROUGHPUT_EVERY {
+            return None;
+        }
+        let (prompt, generated) = (
+            self.metrics.prompt_tokens(),
+            self.metrics.generated_tokens(),
+        );
+        sources.window = Window {
+            started: now,
+            prompt_tokens: prompt,
+            generated_tokens: generated,
+        };
+        let report = Throughput {
+            prompt_tok_s: rate(prompt.saturating_sub(window.prompt_tokens), elapsed),
+            generation_tok_s: rate(generated.saturating_sub(window.generated_tokens), elapsed),
+            running: self.metrics.running(),
+            waiting: self.metrics.waiting(),
+            kv_cache_usage: self.metrics.kv_usage(),
+        };
+        let busy = prompt > window.prompt_tokens
+            || generated > window.generated_tokens
+            || report.running > 0
+            || report.waiting > 0;
+        busy.then_some(report)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Sources> {
         self.sources.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sets the memory gauges and advances the offload counters to the current totals.
+    /// Sets the memory gauges and advances the offload counters to the current totals; logs
+    /// the throughput line when one is due.
     pub fn publish(&self) {
+        self.publish_accounting();
+        self.log_throughput(Instant::now());
+    }
+
+    /// Logs the throughput line if one is due at `now` (see [`Telemetry::throughput`]).
+    pub fn log_throughput(&self, now: Instant) -> Option<Throughput> {
+        let t = self.throughput(now)?;
+        tracing::info!(
+            prompt_tok_s = t.prompt_tok_s,
+            generation_tok_s = t.generation_tok_s,
+            running = t.running,
+            waiting = t.waiting,
+            kv_cache_usage = (t.kv_cache_usage * 1000.0).round() / 1000.0,
+            "throughput"
+        );
+        Some(t)
+    }
+
+    fn publish_accounting(&self) {
         let mut sources = self.lock();
         let (mut weights, mut slots, mut kv, mut workspace, mut budget) = (0, 0, 0, 0, 0);
         let (mut copied, mut wait) = (0, Duration::ZERO);
@@ -94,6 +192,12 @@ impl Telemetry {
             None => self.metrics.set_device_memory_budget(budget),
         }
     }
+}
+
+/// `tokens` per second over `elapsed`, to one decimal.
+fn rate(tokens: u64, elapsed: Duration) -> f64 {
+    let per_second = tokens as f64 / elapsed.as_secs_f64().max(f64::EPSILON);
+    (per_second * 10.0).round() / 10.0
 }
 
 #[cfg(test)]
@@ -152,5 +256,123 @@ mod tests {
         );
         let waited = metric_value(&text, "ferry_offload_wait_seconds_total");
         assert!((waited - 0.005).abs() < 1e-9, "{waited}");
+    }
+
+    fn sequential_plan() -> crate::offload::Plan {
+        use crate::config::OffloadMode;
+        use crate::offload::{plan, PlanInput};
+        plan(&PlanInput::new(
+            OffloadMode::Sequential,
+            vec![100; 4],
+            50,
+            10_000,
+        ))
+        .expect("plans")
+    }
+
+    #[test]
+    fn a_model_is_on_the_page_as_soon_as_it_is_added() {
+        let plan = sequential_plan();
+        let metrics = Metrics::new();
+        let telemetry = Telemetry::new(metrics.clone(), None);
+        let accounting = Arc::new(Accounting::new(&plan));
+        accounting.add_weights(50);
+        accounting.add_slots(300);
+        // No publish() call: adding the model publishes.
+        telemetry.add_model("m", accounting);
+        let text = metrics.render();
+        assert_eq!(
+            metric_value(&text, "ferry_device_memory_bytes{kind=\"slots\"}"),
+            300.0
+        );
+        assert_eq!(
+            metric_value(&text, "ferry_device_memory_budget_bytes"),
+            plan.device_bytes as f64
+        );
+    }
+
+    #[test]
+    fn throughput_is_reported_per_window_and_only_while_busy() {
+        let metrics = Metrics::new();
+        let telemetry = Telemetry::new(metrics.clone(), None);
+        let start = Instant::now();
+        assert_eq!(telemetry.throughput(start + THROUGHPUT_EVERY / 2), None);
+        // A whole window with nothing to do: quiet, and the window restarts.
+        assert_eq!(telemetry.throughput(start + THROUGHPUT_EVERY * 2), None);
+        metrics.add_prompt_tokens(300);
+        metrics.add_generated_tokens(50);
+        metrics.request_queued();
+        metrics.request_started();
+        let report = telemetry
+            .throughput(start + THROUGHPUT_EVERY * 3)
+            .expect("a busy window is reported");
+        let seconds = THROUGHPUT_EVERY.as_secs_f64();
+        assert_eq!(
+            report.prompt_tok_s,
+            (300.0 / seconds * 10.0_f64).round() / 10.0
+        );
+        assert_eq!(
+            report.generation_tok_s,
+            (50.0 / seconds * 10.0_f64).round() / 10.0
+        );
+        assert_eq!((report.running, report.waiting), (1, 0));
+        // Still running, no new tokens: reported (busy), at zero rates.
+        let idle_rates = telemetry
+            .throughput(start + THROUGHPUT_EVERY * 4)
+            .expect("a running request keeps the line");
+        assert_eq!(
+            (idle_rates.prompt_tok_s, idle_rates.generation_tok_s),
+            (0.0, 0.0)
+        );
+        metrics.request_ended();
+        assert_eq!(telemetry.throughput(start + THROUGHPUT_EVERY * 5), None);
+    }
+
+    #[test]
+    fn the_throughput_line_is_logged() {
+        use std::io::Write;
+        #[derive(Clone, Default)]
+        struct Captured(Arc<Mutex<Vec<u8>>>);
+        impl Write for Captured {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("log buffer").extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let metrics = Metrics::new();
+        let telemetry = Telemetry::new(metrics.clone(), None);
+        metrics.add_generated_tokens(25);
+        let start = Instant::now();
+        tracing::subscriber::with_default(subscriber, || {
+            assert!(telemetry.log_throughput(start).is_none(), "not due yet");
+            telemetry
+                .log_throughput(start + THROUGHPUT_EVERY)
+                .expect("due and busy");
+        });
+        let text =
+            String::from_utf8(captured.0.lock().expect("log buffer").clone()).expect("utf-8");
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("throughput")).collect();
+        assert_eq!(lines.len(), 1, "{text}");
+        let line = lines[0];
+        assert!(line.contains(" INFO "), "{line}");
+        let rate = (25.0 / THROUGHPUT_EVERY.as_secs_f64() * 10.0_f64).round() / 10.0;
+        for field in [
+            format!("generation_tok_s={rate}"),
+            "prompt_tok_s=0".to_owned(),
+            "running=0".to_owned(),
+            "waiting=0".to_owned(),
+            "kv_cache_usage=0".to_owned(),
+        ] {
+            assert!(line.contains(&field), "{field} not in {line}");
+        }
     }
 }

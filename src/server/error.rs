@@ -16,12 +16,16 @@
 //! | 400 | `unknown_parameter` | a field OpenAI does not define either |
 //! | 400 | `context_length_exceeded` | prompt + max_tokens beyond the model's context |
 //! | 401 | `invalid_api_key` | missing or wrong bearer token |
+//! | 403 | `host_not_allowed` | the `Host` header is not in `server.allowed_hosts` |
 //! | 404 | `model_not_found` / `not_found` | unknown model / unknown route |
 //! | 405 | `method_not_allowed` | the route exists, the method does not |
-//! | 413 | `request_too_large` | the body is over `ServerOptions::body_limit` |
+//! | 408 | `request_timeout` | the body took longer than `server.body_read_timeout` |
+//! | 413 | `request_too_large` | the body is over `server.body_limit` |
 //! | 415 | `unsupported_media_type` | `Content-Type` missing or not JSON |
 //! | 500 | `internal_error` | a failure inside the engine or the server |
-//! | 503 | `model_not_ready` / `model_failed` / `overloaded` / `engine_unavailable` | retry later |
+//! | 503 | `model_not_ready` / `model_failed` / `overloaded` / `engine_unavailable` / `out_of_memory` | retry later |
+//! | 503 | `too_many_connections` | every connection under `server.max_connections` is busy |
+//! | 503 | `shutting_down` | the server stopped before the request finished |
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -132,7 +136,106 @@ impl ApiError {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "request_too_large",
-            format!("The request body is larger than this server's limit of {limit} bytes."),
+            format!(
+                "The request body is larger than this server's limit of {limit} bytes \
+                 (`server.body_limit`)."
+            ),
+        )
+    }
+
+    /// 408: the client took too long to send the body.
+    pub fn body_read_timeout(timeout: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "The request body was not received within {timeout:?} \
+                 (`server.body_read_timeout`)."
+            ),
+        )
+    }
+
+    /// 403: the `Host` header names a host this server does not answer to.
+    pub fn host_not_allowed(host: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "host_not_allowed",
+            format!(
+                "This server does not answer to the host `{host}`; add it to \
+                 `server.allowed_hosts` (a server without an API key on a loopback address \
+                 answers to localhost only)."
+            ),
+        )
+    }
+
+    /// 503 sent on a new connection when every connection is busy.
+    pub fn too_many_connections() -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_connections",
+            "Every connection this server accepts (`server.max_connections`) has a request in \
+             flight; retry later.",
+        );
+        e.retry_after_secs = Some(OVERLOADED_RETRY_AFTER_SECS);
+        e
+    }
+
+    /// 503 for a request the server ended because it is shutting down.
+    pub fn shutting_down() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "The server is shutting down and its grace period for requests in flight \
+             (`server.shutdown_timeout`) is over; retry on another replica or later.",
+        )
+    }
+
+    /// 400 `context_length_exceeded` with OpenAI's wording; `param` (`prompt` or `messages`)
+    /// says what the prompt was.
+    pub fn context_length_exceeded(
+        max_context: usize,
+        prompt_tokens: usize,
+        max_tokens: usize,
+        param: &str,
+    ) -> Self {
+        let what = if param == "messages" {
+            "the messages"
+        } else {
+            "the prompt"
+        };
+        let requested = prompt_tokens.saturating_add(max_tokens);
+        Self::bad_request(
+            "context_length_exceeded",
+            param,
+            format!(
+                "This model's maximum context length is {max_context} tokens. However, you \
+                 requested {requested} tokens ({prompt_tokens} in {what}, {max_tokens} in the \
+                 completion). Please reduce the length of {what} or completion."
+            ),
+        )
+    }
+
+    /// 400 `context_length_exceeded` for a prompt rejected by its length in characters before
+    /// tokenising.
+    pub fn prompt_too_long_to_tokenize(
+        chars: usize,
+        max_context: usize,
+        chars_per_token: usize,
+        param: &str,
+    ) -> Self {
+        let what = if param == "messages" {
+            "The messages are"
+        } else {
+            "The prompt is"
+        };
+        Self::bad_request(
+            "context_length_exceeded",
+            param,
+            format!(
+                "{what} {chars} characters long, which cannot fit this model's maximum context \
+                 length of {max_context} tokens (a token stands for at most {chars_per_token} \
+                 characters). Please reduce its length."
+            ),
         )
     }
 
@@ -259,7 +362,6 @@ impl From<EngineError> for ApiError {
             },
             EngineError::ContextLengthExceeded { .. } => {
                 Self::new(StatusCode::BAD_REQUEST, "context_length_exceeded", message)
-                    .with_param("messages")
             }
             EngineError::Unavailable => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,

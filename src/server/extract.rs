@@ -1,6 +1,7 @@
 //! [`JsonObject`]: the request-body extractor. It replaces axum's `Json` so that every body
 //! failure gets our error shape: a missing or non-JSON `Content-Type` is 415, a body over the
-//! limit 413, malformed JSON or a non-object body 400 (`invalid_json`).
+//! limit 413, a body not received within `body_read_timeout` 408, malformed JSON or a non-object
+//! body 400 (`invalid_json`).
 //!
 //! It yields the raw JSON object; the wire types ([`super::openai`]) read it field by field so
 //! that a wrong type or an unsupported field is reported with `param` naming it.
@@ -41,14 +42,18 @@ impl FromRequest<AppState> for JsonObject {
         if !content_type.is_some_and(is_json_content_type) {
             return Err(ApiError::unsupported_media_type());
         }
-        let limit = state.options.body_limit;
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::payload_too_large(limit)
-            } else {
-                ApiError::invalid_json(format!("Could not read the request body: {rejection}"))
-            }
-        })?;
+        let (limit, timeout) = (state.options.body_limit, state.options.body_read_timeout);
+        let read = tokio::time::timeout(timeout, Bytes::from_request(req, state));
+        let bytes = read
+            .await
+            .map_err(|_| ApiError::body_read_timeout(timeout))?
+            .map_err(|rejection| {
+                if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::payload_too_large(limit)
+                } else {
+                    ApiError::invalid_json(format!("Could not read the request body: {rejection}"))
+                }
+            })?;
         parse_object(&bytes).map(JsonObject)
     }
 }

@@ -5,8 +5,9 @@
 //! 1. `start()` chunks (chat's role chunk), 2. one call to `token()` per generated token,
 //! 3. `finish()` chunks (the finish_reason chunk, then the usage chunk), 4. `[DONE]`.
 //!
-//! A failure after the stream started (`GenerationEvent::Failed`, or the engine dropping the
-//! channel without finishing) becomes `data: {"error":{...}}` followed by `data: [DONE]`.
+//! A failure after the stream started (`GenerationEvent::Failed`, the engine dropping the
+//! channel without finishing, or the server's shutdown deadline) becomes
+//! `data: {"error":{...}}` followed by `data: [DONE]`.
 //! The stream owns the receiver: when the client goes away, axum drops the stream, the receiver
 //! drops with it, and the engine sees the request cancelled.
 
@@ -21,6 +22,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
+use super::shutdown::Lifecycle;
 use crate::engine::{EngineError, FinishReason, GenerationEvent, TokenOutput, Usage};
 
 /// The data of the last event of every stream.
@@ -54,11 +56,12 @@ struct State<F> {
     formatter: F,
     pending: VecDeque<String>,
     phase: Phase,
+    lifecycle: Lifecycle,
 }
 
 impl<F: ChunkFormatter> State<F> {
-    fn end_with_error(&mut self, err: EngineError) {
-        self.pending.push_back(ApiError::from(err).to_json());
+    fn end_with_error(&mut self, err: ApiError) {
+        self.pending.push_back(err.to_json());
         self.pending.push_back(DONE.to_owned());
         self.phase = Phase::Ended;
     }
@@ -75,7 +78,7 @@ impl<F: ChunkFormatter> State<F> {
                     self.pending.extend(self.formatter.start());
                     self.phase = Phase::Running;
                 }
-                Phase::Running => match self.rx.recv().await {
+                Phase::Running => match self.next_event().await {
                     Some(GenerationEvent::Token(out)) => {
                         self.pending.extend(self.formatter.token(&out));
                     }
@@ -89,24 +92,38 @@ impl<F: ChunkFormatter> State<F> {
                         self.pending.push_back(DONE.to_owned());
                         self.phase = Phase::Ended;
                     }
-                    Some(GenerationEvent::Failed(err)) => self.end_with_error(err),
-                    None => self.end_with_error(EngineError::Unavailable),
+                    Some(GenerationEvent::Failed(err)) => self.end_with_error(err.into()),
+                    None if self.lifecycle.phase() == super::shutdown::Phase::Deadline => {
+                        self.end_with_error(ApiError::shutting_down())
+                    }
+                    None => self.end_with_error(EngineError::Unavailable.into()),
                 },
             }
         }
     }
+
+    /// The next engine event; `None` when the channel closed or the shutdown deadline came.
+    async fn next_event(&mut self) -> Option<GenerationEvent> {
+        tokio::select! {
+            event = self.rx.recv() => event,
+            () = self.lifecycle.deadline() => None,
+        }
+    }
 }
 
-/// The event data strings of a stream, in order (the framing-free core, unit-testable).
+/// The event data strings of a stream, in order (the framing-free core, unit-testable). At
+/// `lifecycle`'s shutdown deadline the stream ends with an error event and `[DONE]`.
 pub fn data_stream<F: ChunkFormatter>(
     rx: mpsc::Receiver<GenerationEvent>,
     formatter: F,
+    lifecycle: Lifecycle,
 ) -> impl Stream<Item = String> + Send {
     let state = State {
         rx,
         formatter,
         pending: VecDeque::new(),
         phase: Phase::Start,
+        lifecycle,
     };
     futures::stream::unfold(state, |mut state| async move {
         let data = state.next_data().await?;
@@ -119,10 +136,11 @@ pub fn response<F: ChunkFormatter>(
     rx: mpsc::Receiver<GenerationEvent>,
     formatter: F,
     keep_alive: Duration,
+    lifecycle: Lifecycle,
 ) -> Response {
     use futures::StreamExt;
-    let events =
-        data_stream(rx, formatter).map(|data| Ok::<_, Infallible>(Event::default().data(data)));
+    let events = data_stream(rx, formatter, lifecycle)
+        .map(|data| Ok::<_, Infallible>(Event::default().data(data)));
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(keep_alive))
         .into_response()
@@ -162,9 +180,9 @@ mod tests {
         }
         if close {
             drop(tx);
-            data_stream(rx, Plain).collect().await
+            data_stream(rx, Plain, Lifecycle::new()).collect().await
         } else {
-            let out = data_stream(rx, Plain).collect().await;
+            let out = data_stream(rx, Plain, Lifecycle::new()).collect().await;
             drop(tx);
             out
         }
@@ -194,5 +212,25 @@ mod tests {
         let got = run(vec![token("a")], true).await;
         assert!(got[2].contains("engine_unavailable"), "{got:?}");
         assert_eq!(got[3], DONE);
+    }
+
+    #[tokio::test]
+    async fn the_shutdown_deadline_ends_a_stream_with_an_error_event() {
+        let (tx, rx) = mpsc::channel(16);
+        tx.send(token("a")).await.unwrap();
+        let lifecycle = Lifecycle::new();
+        let stream = data_stream(rx, Plain, lifecycle.clone());
+        tokio::pin!(stream);
+        assert_eq!(stream.next().await.as_deref(), Some("start"));
+        assert_eq!(stream.next().await.as_deref(), Some("a"));
+        // The engine is still generating (the sender is alive) when the deadline comes.
+        lifecycle.enter(crate::server::shutdown::Phase::Deadline);
+        let rest: Vec<String> = stream.collect().await;
+        assert_eq!(rest.len(), 2, "{rest:?}");
+        let error: serde_json::Value = serde_json::from_str(&rest[0]).unwrap();
+        assert_eq!(error["error"]["code"], "shutting_down");
+        assert_eq!(error["error"]["type"], "server_error");
+        assert_eq!(rest[1], DONE);
+        drop(tx);
     }
 }

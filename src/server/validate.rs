@@ -1,18 +1,20 @@
 //! Validation: wire request -> [`ValidRequest`], the only way to build one. It checks ranges
-//! (each failure a 400 naming its field), resolves the model (404 unknown, 503 loading), tokenises
-//! the prompt through the backend on the blocking pool, and checks that prompt + `max_tokens` fit
-//! the model's context (400 `context_length_exceeded`) before any response starts.
+//! (each failure a 400 naming its field), resolves the model (404 unknown, 503 loading or
+//! failed), runs the [`admission`](super::admission) checks before any work (the prompt's length
+//! in characters, the engine's capacity), tokenises the prompt on the bounded tokeniser pool,
+//! and checks that prompt + `max_tokens` fit the model's context (400
+//! `context_length_exceeded`) before any response starts.
 
 use std::sync::Arc;
 
+use super::admission::check_prompt_chars;
 use super::error::ApiError;
 use super::openai::chat::ChatRequest;
 use super::openai::common::SamplingWire;
 use super::openai::completions::{CompletionRequest, PromptWire};
-use super::ServerOptions;
+use super::{AppState, ServerOptions};
 use crate::engine::{
-    Backend, EngineError, GenerationParams, GenerationRequest, ModelStatus, PromptInput,
-    SamplingParams,
+    Backend, EngineError, GenerationParams, GenerationRequest, ModelStatus, SamplingParams,
 };
 
 /// Most top alternatives a request may ask for per token.
@@ -68,30 +70,36 @@ impl ValidRequest {
     pub fn generation_request(&self) -> GenerationRequest {
         GenerationRequest {
             model: self.model.clone(),
-            prompt: PromptInput::Tokens(self.prompt.clone()),
+            prompt: self.prompt.clone(),
             params: self.params.clone(),
         }
     }
 }
 
-/// Validates a `/v1/completions` request.
+/// Validates a `/v1/completions` request. `max_tokens` defaults to OpenAI's 16.
 pub async fn completion(
-    backend: &Arc<dyn Backend>,
-    options: &ServerOptions,
+    state: &AppState,
     req: CompletionRequest,
 ) -> Result<ValidRequest, ApiError> {
+    let options = &state.options;
     let sampling = sampling(&req.sampling)?;
-    let max_tokens = max_tokens(req.max_tokens, "max_tokens")?;
+    let max_tokens = max_tokens(req.max_tokens, "max_tokens", options)?;
     let logprobs = req
         .logprobs
         .map(|n| logprob_count(n, "logprobs"))
         .transpose()?;
-    let model = resolve_model(backend, options, &req.model)?;
+    let model = resolve_model(&state.backend, options, &req.model)?;
+    let max_context = state.backend.max_context(&model)?;
     let prompt = match req.prompt {
         PromptWire::Tokens(ids) => ids,
         PromptWire::Text(text) => {
-            let (b, m) = (Arc::clone(backend), model.clone());
-            blocking(move || b.tokenize(&m, &text, true)).await?
+            check_prompt_chars(text.chars().count(), max_context, "prompt")?;
+            state.backend.check_capacity(&model)?;
+            let (b, m) = (Arc::clone(&state.backend), model.clone());
+            state
+                .admission
+                .tokenize(move || b.tokenize(&m, &text, true))
+                .await?
         }
     };
     if prompt.is_empty() {
@@ -100,10 +108,10 @@ pub async fn completion(
             "The prompt must not be empty.",
         ));
     }
-    let max_context = backend.max_context(&model)?;
     let max_tokens = fit(
         prompt.len(),
-        Some(max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS)),
+        max_tokens,
+        DEFAULT_COMPLETION_MAX_TOKENS,
         max_context,
         "prompt",
     )?;
@@ -117,14 +125,12 @@ pub async fn completion(
     })
 }
 
-/// Validates a `/v1/chat/completions` request. `max_tokens` defaults to the rest of the context.
-pub async fn chat(
-    backend: &Arc<dyn Backend>,
-    options: &ServerOptions,
-    req: ChatRequest,
-) -> Result<ValidRequest, ApiError> {
+/// Validates a `/v1/chat/completions` request. `max_tokens` defaults to
+/// [`ServerOptions::default_max_tokens`], lowered to what the context leaves.
+pub async fn chat(state: &AppState, req: ChatRequest) -> Result<ValidRequest, ApiError> {
+    let options = &state.options;
     let sampling = sampling(&req.sampling)?;
-    let max_tokens = max_tokens(req.max_tokens, req.max_tokens_param)?;
+    let max_tokens = max_tokens(req.max_tokens, req.max_tokens_param, options)?;
     let top = req
         .top_logprobs
         .map(|n| logprob_count(n, "top_logprobs"))
@@ -136,15 +142,24 @@ pub async fn chat(
         ));
     }
     let logprobs = req.logprobs.then(|| top.unwrap_or(0));
-    let model = resolve_model(backend, options, &req.model)?;
-    let (b, m, messages) = (Arc::clone(backend), model.clone(), req.messages);
-    let prompt = blocking(move || {
-        let text = b.render_chat(&m, &messages, true)?;
-        b.tokenize(&m, &text, false)
-    })
-    .await?;
-    let max_context = backend.max_context(&model)?;
-    let max_tokens = fit(prompt.len(), max_tokens, max_context, "messages")?;
+    let model = resolve_model(&state.backend, options, &req.model)?;
+    let max_context = state.backend.max_context(&model)?;
+    let chars = req.messages.iter().map(|m| m.content.chars().count()).sum();
+    check_prompt_chars(chars, max_context, "messages")?;
+    state.backend.check_capacity(&model)?;
+    let (b, m, messages) = (Arc::clone(&state.backend), model.clone(), req.messages);
+    let parse_special = options.parse_special_in_content;
+    let prompt = state
+        .admission
+        .tokenize(move || b.encode_chat(&m, &messages, true, parse_special))
+        .await?;
+    let max_tokens = fit(
+        prompt.len(),
+        max_tokens,
+        options.default_max_tokens,
+        max_context,
+        "messages",
+    )?;
     Ok(ValidRequest {
         model,
         served_name: req.model,
@@ -178,18 +193,6 @@ pub fn resolve_model(
     }
 }
 
-/// Runs CPU work (tokenising, template rendering) on tokio's blocking pool.
-pub async fn blocking<T, F>(work: F) -> Result<T, ApiError>
-where
-    T: Send + 'static,
-    F: FnOnce() -> Result<T, EngineError> + Send + 'static,
-{
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| ApiError::internal(format!("a tokenizer task failed: {e}")))?
-        .map_err(ApiError::from)
-}
-
 fn params(
     max_tokens: usize,
     sampling: SamplingParams,
@@ -205,35 +208,53 @@ fn params(
     }
 }
 
-/// Checks the context: returns the final `max_tokens` (`None` = the rest of the context).
+/// Checks the context and returns the final `max_tokens`: `requested` must fit with the
+/// prompt; without one, `default` is lowered to what the context leaves (an error only when the
+/// prompt leaves nothing).
 fn fit(
     prompt_tokens: usize,
-    max_tokens: Option<usize>,
+    requested: Option<usize>,
+    default: usize,
     max_context: usize,
     param: &str,
 ) -> Result<usize, ApiError> {
-    let max_tokens = max_tokens.unwrap_or(max_context.saturating_sub(prompt_tokens));
-    let requested = prompt_tokens.saturating_add(max_tokens.max(1));
-    if max_tokens == 0 || requested > max_context {
-        let err = EngineError::ContextLengthExceeded {
+    let left = max_context.saturating_sub(prompt_tokens);
+    let max_tokens = requested.unwrap_or_else(|| default.min(left)).max(1);
+    if prompt_tokens.saturating_add(max_tokens) > max_context {
+        return Err(ApiError::context_length_exceeded(
             max_context,
-            requested,
             prompt_tokens,
-            max_tokens: max_tokens.max(1),
-        };
-        return Err(ApiError::from(err).with_param(param));
+            max_tokens,
+            param,
+        ));
     }
     Ok(max_tokens)
 }
 
-fn max_tokens(value: Option<i64>, param: &str) -> Result<Option<usize>, ApiError> {
-    match value {
-        None => Ok(None),
-        Some(n) if n >= 1 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
-        Some(n) => Err(ApiError::invalid_value(
+fn max_tokens(
+    value: Option<i64>,
+    param: &str,
+    options: &ServerOptions,
+) -> Result<Option<usize>, ApiError> {
+    let n = match value {
+        None => return Ok(None),
+        Some(n) if n >= 1 => usize::try_from(n).unwrap_or(usize::MAX),
+        Some(n) => {
+            return Err(ApiError::invalid_value(
+                param,
+                format!("`{param}` must be at least 1, got {n}."),
+            ))
+        }
+    };
+    match options.max_tokens_limit {
+        Some(limit) if n > limit => Err(ApiError::invalid_value(
             param,
-            format!("`{param}` must be at least 1, got {n}."),
+            format!(
+                "`{param}` = {n} is more than this server allows per request ({limit}, \
+                 `server.max_tokens_limit`)."
+            ),
         )),
+        _ => Ok(Some(n)),
     }
 }
 
@@ -400,17 +421,47 @@ mod tests {
 
     #[test]
     fn context_fit() {
-        assert_eq!(fit(10, Some(6), 16, "prompt").unwrap(), 6);
-        assert_eq!(fit(10, None, 16, "messages").unwrap(), 6);
-        let e = fit(10, Some(7), 16, "prompt").unwrap_err();
+        assert_eq!(fit(10, Some(6), 1024, 16, "prompt").unwrap(), 6);
+        assert_eq!(
+            fit(10, None, 1024, 16, "messages").unwrap(),
+            6,
+            "default lowered"
+        );
+        assert_eq!(fit(10, None, 3, 16, "messages").unwrap(), 3, "default kept");
+        let e = fit(10, Some(7), 1024, 16, "prompt").unwrap_err();
         assert_eq!(
             (e.param(), e.code()),
             (Some("prompt"), Some("context_length_exceeded"))
         );
-        assert!(fit(16, None, 16, "messages").is_err());
+        assert!(e.message().contains("in the prompt"), "{}", e.message());
+        let e = fit(16, None, 1024, 16, "messages").unwrap_err();
+        assert!(
+            e.message().contains("16 in the messages"),
+            "{}",
+            e.message()
+        );
         assert_eq!(logprob_count(20, "logprobs").unwrap(), 20);
         assert!(logprob_count(21, "logprobs").is_err());
         assert!(logprob_count(-1, "logprobs").is_err());
-        assert!(max_tokens(Some(0), "max_tokens").is_err());
+    }
+
+    #[test]
+    fn max_tokens_limits() {
+        let options = ServerOptions {
+            max_tokens_limit: Some(100),
+            ..ServerOptions::default()
+        };
+        assert!(max_tokens(Some(0), "max_tokens", &options).is_err());
+        assert_eq!(
+            max_tokens(Some(100), "max_tokens", &options).unwrap(),
+            Some(100)
+        );
+        let e = max_tokens(Some(101), "max_completion_tokens", &options).unwrap_err();
+        assert_eq!(
+            (e.param(), e.code()),
+            (Some("max_completion_tokens"), Some("invalid_value"))
+        );
+        assert!(e.message().contains("server.max_tokens_limit"));
+        assert_eq!(max_tokens(None, "max_tokens", &options).unwrap(), None);
     }
 }

@@ -1,40 +1,34 @@
-//! Loads a model's weights from GGUF or safetensors into [`LayerWeights`] and [`FixedWeights`].
+//! Loads a model's weights from an open [`Checkpoint`] (GGUF or safetensors) into
+//! [`LayerWeights`] and [`FixedWeights`].
 //!
-//! - [`gguf`]: a GGUF file, kept quantized (candle `QMatMul`) or dequantized to a dense dtype.
-//! - [`safetensors`]: a Hugging Face directory (config.json + mmaped safetensors shards).
+//! - [`holding`]: [`Holding`], how each tensor is held (GGUF blocks or dense, in which dtype);
+//!   the planner sizes models with the same rules.
+//! - [`reader`]: [`WeightReader`], one reader for both formats, and [`read_prefix`], which reads
+//!   the fixed parts plus a prefix of layers: every layer for [`load_model`], the resident ones
+//!   for the offload engine.
 //!
-//! Both implement [`WeightReader`] (`spec`, `fixed()`, `layer(i)`), and [`read_prefix`] reads
-//! the fixed parts plus a prefix of layers through it: every layer for [`load_model`], the
-//! resident ones for the offload engine.
+//! On the CPU, Q4_0 / Q4_1 / Q8_0 matrices go through ferry's own kernels, everything else (and
+//! every CUDA weight) through candle's `QMatMul` ([`crate::model::weights::Linear::quantized`]).
+//! Setting `FERRY_CPU_QMATMUL=candle` keeps candle's `QMatMul` on the CPU too (for A/B
+//! measurements and as an escape hatch).
 
-pub mod gguf;
+pub mod holding;
 pub mod reader;
-pub mod safetensors;
 
-pub use reader::{open_hf, read_prefix, WeightReader};
+pub use holding::{Holding, Role, TensorKind};
+pub use reader::{read_prefix, WeightReader};
 
 use candle_core::{DType, Device};
 
-use super::error::{ModelError, Result};
-use super::llama::{Model, ModelParts, ResidentLayers};
+use super::checkpoint::Checkpoint;
+use super::decoder::{Model, ModelParts, ResidentLayers};
+use super::error::Result;
 use super::source::ModelFiles;
 use super::spec::ModelSpec;
 use super::weights::LayerWeights;
 
-/// Which dtype dense weights and activations use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DTypeChoice {
-    /// GGUF stays quantized; safetensors become f32 on the CPU and keep the checkpoint's dtype
-    /// on CUDA.
-    #[default]
-    Auto,
-    /// Dense f32 (GGUF is dequantized).
-    F32,
-    /// Dense f16 (GGUF is dequantized).
-    F16,
-    /// Dense bf16 (GGUF is dequantized). Not available on the CPU, whose matmul lacks bf16.
-    BF16,
-}
+/// Which dtype dense weights and activations use: the configuration's choice type, read here.
+pub use crate::config::DtypeChoice as DTypeChoice;
 
 impl DTypeChoice {
     /// The explicit dense dtype, or `None` for [`DTypeChoice::Auto`].
@@ -79,22 +73,25 @@ pub struct LoadedModel {
     pub layers: ResidentLayers,
 }
 
-/// Loads every weight of `files` onto `options.device`, calling `progress` after each tensor.
+/// Opens `files` and loads every weight onto `options.device`, calling `progress` after each
+/// tensor.
 pub fn load_model(
     files: &ModelFiles,
     options: &LoadOptions,
     progress: &mut dyn FnMut(LoadProgress),
 ) -> Result<LoadedModel> {
-    let mut reader: Box<dyn WeightReader + '_> = match files {
-        ModelFiles::Gguf { path } => {
-            Box::new(gguf::GgufWeights::open(path, options)?.with_progress(progress))
-        }
-        ModelFiles::HfDir {
-            config, weights, ..
-        } => Box::new(open_hf(config, weights, options)?.with_progress(progress)),
-    };
+    load_checkpoint(&Checkpoint::open(files)?, options, progress)
+}
+
+/// Loads every weight of an open `checkpoint` onto `options.device`.
+pub fn load_checkpoint(
+    checkpoint: &Checkpoint,
+    options: &LoadOptions,
+    progress: &mut dyn FnMut(LoadProgress),
+) -> Result<LoadedModel> {
+    let mut reader = WeightReader::new(checkpoint, options)?.with_progress(progress);
     let n_layers = reader.spec().n_layers;
-    let (parts, layers) = read_prefix(reader.as_mut(), n_layers, &options.device)?;
+    let (parts, layers) = read_prefix(&mut reader, n_layers)?;
     finish(parts, layers)
 }
 
@@ -106,71 +103,4 @@ fn finish(parts: ModelParts, layers: Vec<LayerWeights>) -> Result<LoadedModel> {
         model,
         layers: ResidentLayers(layers),
     })
-}
-
-/// Refuses dtypes the device cannot multiply.
-pub(crate) fn check_dtype_on_device(dtype: DType, device: &Device) -> Result<()> {
-    if device.is_cpu() && dtype == DType::BF16 {
-        return Err(ModelError::Unsupported(
-            "bf16 on the CPU (candle's CPU matmul has no bf16); use dtype f32 or f16".into(),
-        ));
-    }
-    Ok(())
-}
-
-/// Fails with [`ModelError::BadShape`] unless `actual == expected`.
-pub(crate) fn check_shape(name: &str, actual: &[usize], expected: &[usize]) -> Result<()> {
-    if actual != expected {
-        return Err(ModelError::BadShape {
-            name: name.to_string(),
-            actual: actual.to_vec(),
-            expected: expected.to_vec(),
-        });
-    }
-    Ok(())
-}
-
-/// The expected `[out, in]` shapes of a layer's projections, in `LayerWeights` order.
-pub(crate) struct LayerShapes {
-    pub q: [usize; 2],
-    pub kv: [usize; 2],
-    pub o: [usize; 2],
-    pub up: [usize; 2],
-    pub down: [usize; 2],
-}
-
-impl LayerShapes {
-    pub(crate) fn of(spec: &ModelSpec) -> Self {
-        let h = spec.hidden_size;
-        let q = spec.n_heads * spec.head_dim;
-        let kv = spec.n_kv_heads * spec.head_dim;
-        let i = spec.intermediate_size;
-        Self {
-            q: [q, h],
-            kv: [kv, h],
-            o: [h, q],
-            up: [i, h],
-            down: [h, i],
-        }
-    }
-}
-
-/// Reports progress; shared by both readers.
-pub(crate) struct Progress<'a> {
-    pub done: u64,
-    pub total: u64,
-    pub sink: Option<&'a mut dyn FnMut(LoadProgress)>,
-}
-
-impl Progress<'_> {
-    pub(crate) fn advance(&mut self, bytes: u64, what: &str) {
-        self.done += bytes;
-        if let Some(sink) = self.sink.as_mut() {
-            sink(LoadProgress {
-                done_bytes: self.done,
-                total_bytes: self.total,
-                what: what.into(),
-            });
-        }
-    }
 }

@@ -1,39 +1,204 @@
-//! [`WeightReader`]: the reader shape the GGUF and safetensors loaders share, and
-//! [`read_prefix`], the one place that reads a model's fixed parts and a prefix of its decoder
-//! layers through it (every layer for [`super::load_model`], the resident ones for the offload
-//! engine).
+//! [`WeightReader`]: reads a [`Checkpoint`]'s tensors into model weights, a tensor group at a
+//! time, in either format: the tensor table says where each tensor is, [`Holding`] how it is held
+//! (GGUF blocks kept for candle's `QMatMul` or ferry's CPU kernels via [`Linear::quantized`], or
+//! dense in the compute dtype). [`read_prefix`] reads the fixed parts plus a prefix of layers:
+//! every layer for [`super::load_model`], the resident ones for the offload engine.
 
-use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use candle_core::{DType, Device};
+use candle_core::quantized::QTensor;
+use candle_core::{DType, Device, Tensor};
 
-use super::gguf::GgufWeights;
-use super::safetensors::HfWeights;
-use super::LoadOptions;
-use crate::model::error::{ModelError, Result};
-use crate::model::llama::ModelParts;
+use super::holding::{Holding, Role, TensorKind};
+use super::{LoadOptions, LoadProgress};
+use crate::model::checkpoint::Checkpoint;
+use crate::model::decoder::ModelParts;
+use crate::model::error::Result;
 use crate::model::spec::ModelSpec;
-use crate::model::weights::{FixedWeights, LayerWeights};
+use crate::model::tensors::{LayerTensors, Part, TensorRecord};
+use crate::model::weights::{Embedding, FixedWeights, LayerWeights, Linear};
 
-/// One checkpoint, read a tensor group at a time.
-pub trait WeightReader {
-    /// Shape and hyper-parameters.
-    fn spec(&self) -> &ModelSpec;
-    /// The activation dtype (f32 for quantized weights).
-    fn dtype(&self) -> DType;
-    /// Embedding, final norm and output head.
-    fn fixed(&mut self) -> Result<FixedWeights>;
-    /// Decoder layer `index`.
-    fn layer(&mut self, index: usize) -> Result<LayerWeights>;
-    /// Per-frequency RoPE divisors, if the checkpoint has them.
-    fn rope_freq_factors(&mut self) -> Result<Option<Vec<f32>>>;
+/// Reads weights from an open checkpoint onto one device.
+pub struct WeightReader<'a> {
+    checkpoint: &'a Checkpoint,
+    holding: Holding,
+    device: Device,
+    done: u64,
+    total: u64,
+    sink: Option<&'a mut dyn FnMut(LoadProgress)>,
 }
 
-/// Reads the fixed parts and decoder layers `0..layers` of `reader` for `device`.
+impl<'a> WeightReader<'a> {
+    /// A reader of `checkpoint` for `options` (fails on a dtype the device cannot use).
+    pub fn new(checkpoint: &'a Checkpoint, options: &LoadOptions) -> Result<Self> {
+        Ok(Self {
+            checkpoint,
+            holding: Holding::new(checkpoint, options)?,
+            device: options.device.clone(),
+            done: 0,
+            total: checkpoint
+                .tensors()
+                .records()
+                .map(|r| r.stored_bytes() as u64)
+                .sum(),
+            sink: None,
+        })
+    }
+
+    /// Reports progress to `sink` after each tensor read.
+    pub fn with_progress(mut self, sink: &'a mut dyn FnMut(LoadProgress)) -> Self {
+        self.sink = Some(sink);
+        self
+    }
+
+    /// Shape and hyper-parameters.
+    pub fn spec(&self) -> &ModelSpec {
+        self.checkpoint.spec()
+    }
+
+    /// How tensors are held (and the activation dtype: f32 for quantized weights).
+    pub fn holding(&self) -> Holding {
+        self.holding
+    }
+
+    /// Embedding, final norm and output head (tied to the embedding when the table has none).
+    pub fn fixed(&mut self) -> Result<FixedWeights> {
+        let table = self.checkpoint_ref().tensors();
+        let (embedding, tied_head) = match self.read(Role::Embedding, &table.embedding)? {
+            Held::Blocks(q) => (Embedding::Quantized(q.clone()), Linear::quantized(q, None)?),
+            Held::Dense(t) => {
+                let head = Linear::Dense {
+                    weight: t.clone(),
+                    bias: None,
+                };
+                (Embedding::Dense(t), head)
+            }
+        };
+        let final_norm = self.vector(&table.final_norm)?;
+        let lm_head = match &table.head {
+            Some(head) => self.linear(head, None)?,
+            None => tied_head,
+        };
+        Ok(FixedWeights {
+            embedding,
+            final_norm,
+            lm_head,
+        })
+    }
+
+    /// The weights of decoder layer `index`.
+    pub fn layer(&mut self, index: usize) -> Result<LayerWeights> {
+        let layer = self.checkpoint_ref().tensors().layer(index)?;
+        let format = self.checkpoint.format();
+        let mut linear = |part: Part| {
+            let weight = layer.need(part, format)?;
+            let bias = part.bias().and_then(|b| layer.get(b));
+            self.linear(weight, bias)
+        };
+        let (q, k, v, o) = (
+            linear(Part::Q)?,
+            linear(Part::K)?,
+            linear(Part::V)?,
+            linear(Part::O)?,
+        );
+        let (gate, up, down) = (linear(Part::Gate)?, linear(Part::Up)?, linear(Part::Down)?);
+        Ok(LayerWeights {
+            attn_norm: self.norm(layer, Part::AttnNorm)?,
+            q,
+            k,
+            v,
+            o,
+            ffn_norm: self.norm(layer, Part::FfnNorm)?,
+            gate,
+            up,
+            down,
+        })
+    }
+
+    /// Per-frequency RoPE divisors (`rope_freqs.weight`, written for Llama 3.1+), if present.
+    pub fn rope_freq_factors(&mut self) -> Result<Option<Vec<f32>>> {
+        let Some(record) = &self.checkpoint_ref().tensors().rope_freqs else {
+            return Ok(None);
+        };
+        let t = self
+            .checkpoint
+            .read_dense(record, DType::F32, &Device::Cpu)?;
+        self.advance(record);
+        Ok(Some(t.to_vec1::<f32>()?))
+    }
+
+    /// The checkpoint, with its own lifetime (not tied to a borrow of the reader).
+    fn checkpoint_ref(&self) -> &'a Checkpoint {
+        self.checkpoint
+    }
+
+    fn norm(&mut self, layer: &LayerTensors, part: Part) -> Result<Tensor> {
+        self.vector(layer.need(part, self.checkpoint.format())?)
+    }
+
+    fn vector(&mut self, record: &TensorRecord) -> Result<Tensor> {
+        match self.read(Role::Vector, record)? {
+            Held::Dense(t) => Ok(t),
+            Held::Blocks(q) => Ok(q
+                .dequantize(&self.device)?
+                .to_dtype(self.holding.compute())?),
+        }
+    }
+
+    fn linear(&mut self, weight: &TensorRecord, bias: Option<&TensorRecord>) -> Result<Linear> {
+        let bias = bias.map(|b| self.vector(b)).transpose()?;
+        Ok(match self.read(Role::Matrix, weight)? {
+            Held::Blocks(q) => Linear::quantized(q, bias)?,
+            Held::Dense(weight) => Linear::Dense { weight, bias },
+        })
+    }
+
+    /// Reads `record` as [`Holding`] says a tensor of `role` is held.
+    fn read(&mut self, role: Role, record: &TensorRecord) -> Result<Held> {
+        let held = match self.holding.kind(role, record)? {
+            TensorKind::Blocks(dtype) => {
+                let q = self.checkpoint.read_blocks(record, dtype, &self.device)?;
+                Held::Blocks(Arc::new(q))
+            }
+            TensorKind::Dense(dtype) => {
+                Held::Dense(self.checkpoint.read_dense(record, dtype, &self.device)?)
+            }
+        };
+        self.advance(record);
+        Ok(held)
+    }
+
+    fn advance(&mut self, record: &TensorRecord) {
+        self.done += record.stored_bytes() as u64;
+        if let Some(sink) = self.sink.as_mut() {
+            sink(LoadProgress {
+                done_bytes: self.done,
+                total_bytes: self.total,
+                what: record.name.clone(),
+            });
+        }
+    }
+}
+
+impl std::fmt::Debug for WeightReader<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeightReader")
+            .field("files", self.checkpoint.files())
+            .field("holding", &self.holding)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A tensor as read (quantized ones shared, as `Linear` and `Embedding` hold them).
+enum Held {
+    Blocks(Arc<QTensor>),
+    Dense(Tensor),
+}
+
+/// Reads the fixed parts and decoder layers `0..layers` of `reader`.
 pub fn read_prefix(
-    reader: &mut dyn WeightReader,
+    reader: &mut WeightReader<'_>,
     layers: usize,
-    device: &Device,
 ) -> Result<(ModelParts, Vec<LayerWeights>)> {
     let fixed = reader.fixed()?;
     let read = (0..layers)
@@ -43,66 +208,8 @@ pub fn read_prefix(
         spec: reader.spec().clone(),
         fixed,
         rope_freq_factors: reader.rope_freq_factors()?,
-        device: device.clone(),
-        dtype: reader.dtype(),
+        device: reader.device.clone(),
+        dtype: reader.holding.compute(),
     };
     Ok((parts, read))
-}
-
-/// Opens a Hugging Face directory's reader: its config.json, then its safetensors shards.
-pub fn open_hf<'a>(
-    config: &Path,
-    shards: &[PathBuf],
-    options: &LoadOptions,
-) -> Result<HfWeights<'a>> {
-    let json = std::fs::read_to_string(config).map_err(|source| ModelError::Io {
-        path: config.to_path_buf(),
-        source,
-    })?;
-    HfWeights::open(ModelSpec::from_hf_config(&json)?, shards, options)
-}
-
-impl WeightReader for GgufWeights<'_> {
-    fn spec(&self) -> &ModelSpec {
-        GgufWeights::spec(self)
-    }
-
-    fn dtype(&self) -> DType {
-        GgufWeights::dtype(self)
-    }
-
-    fn fixed(&mut self) -> Result<FixedWeights> {
-        GgufWeights::fixed(self)
-    }
-
-    fn layer(&mut self, index: usize) -> Result<LayerWeights> {
-        GgufWeights::layer(self, index)
-    }
-
-    fn rope_freq_factors(&mut self) -> Result<Option<Vec<f32>>> {
-        GgufWeights::rope_freq_factors(self)
-    }
-}
-
-impl WeightReader for HfWeights<'_> {
-    fn spec(&self) -> &ModelSpec {
-        HfWeights::spec(self)
-    }
-
-    fn dtype(&self) -> DType {
-        HfWeights::dtype(self)
-    }
-
-    fn fixed(&mut self) -> Result<FixedWeights> {
-        HfWeights::fixed(self)
-    }
-
-    fn layer(&mut self, index: usize) -> Result<LayerWeights> {
-        HfWeights::layer(self, index)
-    }
-
-    /// Hugging Face checkpoints carry RoPE scaling in config.json, never as a tensor.
-    fn rope_freq_factors(&mut self) -> Result<Option<Vec<f32>>> {
-        Ok(None)
-    }
 }

@@ -3,21 +3,31 @@
 //! transformers renders it with Jinja2.
 //!
 //! Like transformers' `apply_chat_template`: `trim_blocks` and `lstrip_blocks` on, a trailing
-//! newline of the template dropped, variables `messages`, `add_generation_prompt`, `bos_token`,
-//! `eos_token` (plus `unk_token`/`pad_token` when known), a `raise_exception(msg)` function that
-//! aborts rendering with `msg`, Python string/dict methods (`.strip()`, `.startswith()`,
-//! `.items()`, ...) through minijinja-contrib's pycompat callback, loop controls (`break`,
-//! `continue`) and a `tojson` filter that writes JSON as Python's `json.dumps` does
-//! (`ensure_ascii=False`, `", "`/`": "` separators, `indent`, `sort_keys`, `separators`).
+//! newline of the template dropped, variables `messages`, `tools` and `documents` (both none),
+//! `add_generation_prompt`, `bos_token`, `eos_token` (plus `unk_token`/`pad_token` when known),
+//! and the helpers transformers' `_compile_jinja_template` adds: `raise_exception(msg)` (aborts
+//! rendering with `msg`), `strftime_now(format)` (the local time through Python's `strftime`
+//! codes, from a [`TemplateClock`]), a `tojson` filter that writes JSON as Python's `json.dumps`
+//! does ([`super::template_json`]), loop controls (`break`, `continue`) and the
+//! `{% generation %}` block of its `AssistantTracker` extension (rendered as its body). Python
+//! string/dict methods (`.strip()`, `.startswith()`, `.items()`, ...) come from minijinja-contrib's
+//! pycompat callback.
 
-use std::fmt::Write as _;
-
-use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::Serialize;
 
-use crate::engine::ChatMessage;
+use super::template_json::tojson;
 use crate::model::error::{ModelError, Result};
+
+/// One chat message after validation: role and flattened text content (what the HTTP layer hands
+/// the engine, and what the template renders; the engine re-exports it).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatMessage {
+    /// "system", "user", "assistant" or "tool".
+    pub role: String,
+    /// The message text (content parts already joined).
+    pub content: String,
+}
 
 /// Name of the single template in the environment.
 const NAME: &str = "chat";
@@ -41,16 +51,45 @@ pub struct TemplateContext<'a> {
     pub pad_token: Option<&'a str>,
 }
 
+/// The variables transformers always passes besides the context (`tools=None, documents=None`),
+/// so `{% if tools is not none %}` reads as it does under Jinja2.
+#[derive(Serialize)]
+struct Rendered<'a> {
+    #[serde(flatten)]
+    ctx: &'a TemplateContext<'a>,
+    tools: Option<()>,
+    documents: Option<()>,
+}
+
+/// Where `strftime_now` reads the time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TemplateClock {
+    /// The machine's local time, as Python's `datetime.now()` (the default).
+    #[default]
+    Local,
+    /// A fixed moment, for reproducible renders (tests, fixtures).
+    Fixed(chrono::NaiveDateTime),
+}
+
+impl TemplateClock {
+    fn now(self) -> chrono::NaiveDateTime {
+        match self {
+            Self::Local => chrono::Local::now().naive_local(),
+            Self::Fixed(at) => at,
+        }
+    }
+}
+
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
-    source: String,
+    source_len: usize,
 }
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ChatTemplate")
-            .field("source_len", &self.source.len())
+            .field("source_len", &self.source_len)
             .finish()
     }
 }
@@ -69,26 +108,30 @@ impl std::fmt::Display for RaisedByTemplate {
 impl std::error::Error for RaisedByTemplate {}
 
 impl ChatTemplate {
-    /// Compiles `source`; a syntax error is a [`ModelError::Template`].
+    /// Compiles `source` with `strftime_now` on the local clock; a syntax error is a
+    /// [`ModelError::Template`].
     pub fn new(source: &str) -> Result<Self> {
+        Self::with_clock(source, TemplateClock::Local)
+    }
+
+    /// Compiles `source` with `strftime_now` reading `clock`.
+    pub fn with_clock(source: &str, clock: TemplateClock) -> Result<Self> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", move |format: String| {
+            strftime(clock.now(), &format)
+        });
         env.add_filter("tojson", tojson);
-        env.add_template_owned(NAME, source.to_string())
+        env.add_template_owned(NAME, without_generation_tags(source))
             .map_err(|e| ModelError::Template(format!("cannot compile: {}", describe(&e))))?;
         Ok(Self {
             env,
-            source: source.to_string(),
+            source_len: source.len(),
         })
-    }
-
-    /// The template's source text.
-    pub fn source(&self) -> &str {
-        &self.source
     }
 
     /// Renders the template. A `raise_exception(msg)` in the template gives
@@ -99,7 +142,11 @@ impl ChatTemplate {
             .get_template(NAME)
             .map_err(|e| ModelError::Template(describe(&e)))?;
         template
-            .render(Value::from_serialize(ctx))
+            .render(Value::from_serialize(Rendered {
+                ctx,
+                tools: None,
+                documents: None,
+            }))
             .map_err(|e| match raised_message(&e) {
                 Some(msg) => ModelError::Template(msg),
                 None => ModelError::Template(format!("cannot render: {}", describe(&e))),
@@ -110,6 +157,38 @@ impl ChatTemplate {
 /// `raise_exception(msg)`: stop rendering with `msg` as the error.
 fn raise_exception(msg: String) -> std::result::Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, msg.clone()).with_source(RaisedByTemplate(msg)))
+}
+
+/// `strftime_now(format)`: `at` written with Python's `strftime` codes (`%Y-%m-%d`, `%d %b %Y`).
+/// An unknown code is a template error rather than a panic.
+fn strftime(at: chrono::NaiveDateTime, format: &str) -> std::result::Result<String, Error> {
+    use chrono::format::{Item, StrftimeItems};
+    let items: Vec<Item<'_>> = StrftimeItems::new(format).collect();
+    if items.iter().any(|item| matches!(item, Item::Error)) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: unsupported format `{format}`"),
+        ));
+    }
+    Ok(at.format_with_items(items.into_iter()).to_string())
+}
+
+/// `{% generation %}`/`{% endgeneration %}` (transformers' `AssistantTracker`, which marks the
+/// assistant's tokens) become an always-true `if`, keeping their whitespace control.
+fn without_generation_tags(source: &str) -> String {
+    static TAG: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let tag = TAG.get_or_init(|| {
+        regex::Regex::new(r"\{%(-?)\s*(end)?generation\s*(-?)%\}").expect("static regex")
+    });
+    tag.replace_all(source, |c: &regex::Captures<'_>| {
+        let body = if c.get(2).is_some() {
+            "endif"
+        } else {
+            "if true"
+        };
+        format!("{{%{} {body} {}%}}", &c[1], &c[3])
+    })
+    .into_owned()
 }
 
 /// The message of a `raise_exception` somewhere in `err`'s source chain.
@@ -127,175 +206,6 @@ fn raised_message(err: &Error) -> Option<String> {
 /// One line for a minijinja error: kind, detail and template line.
 fn describe(err: &Error) -> String {
     err.to_string()
-}
-
-/// Python `json.dumps` options used by `tojson`.
-struct JsonStyle {
-    indent: Option<String>,
-    item_sep: String,
-    key_sep: String,
-    sort_keys: bool,
-    ensure_ascii: bool,
-}
-
-/// `tojson` as transformers defines it: `json.dumps(x, ensure_ascii=False, indent=indent,
-/// separators=separators, sort_keys=sort_keys)`.
-fn tojson(value: &Value, kwargs: Kwargs) -> std::result::Result<Value, Error> {
-    let indent: Option<Value> = kwargs.get("indent")?;
-    let separators: Option<Vec<String>> = kwargs.get("separators")?;
-    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
-    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
-    kwargs.assert_all_used()?;
-    let indent = match indent {
-        None => None,
-        Some(v) if v.is_none() => None,
-        Some(v) => match (v.as_usize(), v.as_str()) {
-            (Some(n), _) => Some(" ".repeat(n)),
-            (None, Some(s)) => Some(s.to_string()),
-            _ => {
-                return Err(Error::new(
-                    ErrorKind::InvalidOperation,
-                    "tojson: indent must be an integer or a string",
-                ))
-            }
-        },
-    };
-    let (item_sep, key_sep) = match separators.as_deref() {
-        Some([item, key]) => (item.clone(), key.clone()),
-        Some(_) => {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                "tojson: separators must be two strings",
-            ))
-        }
-        // Python's defaults: no spaces at line ends when indenting.
-        None if indent.is_some() => (",".into(), ": ".into()),
-        None => (", ".into(), ": ".into()),
-    };
-    let style = JsonStyle {
-        indent,
-        item_sep,
-        key_sep,
-        sort_keys: sort_keys.unwrap_or(false),
-        ensure_ascii: ensure_ascii.unwrap_or(false),
-    };
-    let mut out = String::new();
-    write_json(&mut out, value, &style, 0)?;
-    Ok(Value::from_safe_string(out))
-}
-
-fn newline(out: &mut String, style: &JsonStyle, depth: usize) {
-    if let Some(indent) = &style.indent {
-        out.push('\n');
-        for _ in 0..depth {
-            out.push_str(indent);
-        }
-    }
-}
-
-fn write_json(
-    out: &mut String,
-    value: &Value,
-    style: &JsonStyle,
-    depth: usize,
-) -> std::result::Result<(), Error> {
-    match value.kind() {
-        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
-        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
-        ValueKind::Number => write_number(out, value),
-        ValueKind::String => write_string(out, value.as_str().unwrap_or_default(), style),
-        ValueKind::Map => {
-            let mut keys: Vec<Value> = value.try_iter()?.collect();
-            if keys.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            if style.sort_keys {
-                keys.sort();
-            }
-            out.push('{');
-            for (i, key) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(&style.item_sep);
-                }
-                newline(out, style, depth + 1);
-                match key.as_str() {
-                    Some(s) => write_string(out, s, style),
-                    None => write_string(out, &key.to_string(), style),
-                }
-                out.push_str(&style.key_sep);
-                write_json(out, &value.get_item(key)?, style, depth + 1)?;
-            }
-            newline(out, style, depth);
-            out.push('}');
-        }
-        ValueKind::Seq | ValueKind::Iterable => {
-            let items: Vec<Value> = value.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
-                return Ok(());
-            }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(&style.item_sep);
-                }
-                newline(out, style, depth + 1);
-                write_json(out, item, style, depth + 1)?;
-            }
-            newline(out, style, depth);
-            out.push(']');
-        }
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!("tojson: cannot serialize a {} value", value.kind()),
-            ))
-        }
-    }
-    Ok(())
-}
-
-fn write_number(out: &mut String, value: &Value) {
-    if value.is_integer() {
-        out.push_str(&value.to_string());
-        return;
-    }
-    match f64::try_from(value.clone()) {
-        Ok(f) if f.is_nan() => out.push_str("NaN"),
-        Ok(f) if f.is_infinite() => out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" }),
-        // Debug prints the shortest round-trip form with a ".0" on whole numbers, like Python.
-        Ok(f) => {
-            let _ = write!(out, "{f:?}");
-        }
-        Err(_) => out.push_str(&value.to_string()),
-    }
-}
-
-fn write_string(out: &mut String, s: &str, style: &JsonStyle) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c if style.ensure_ascii && !c.is_ascii() => {
-                let mut units = [0u16; 2];
-                for unit in c.encode_utf16(&mut units) {
-                    let _ = write!(out, "\\u{unit:04x}");
-                }
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }
 
 #[cfg(test)]
@@ -352,6 +262,23 @@ mod tests {
             render(src, false).map_err(|e| e.to_string()).unwrap(),
             "{\"role\": \"user\", \"content\": \"Héllo \\\"you\\\"\\n\"}|{\"a\": {}, \"b\": [1, 2.5, null, true]}|[\n  1,\n  [\n    2\n  ]\n]"
         );
+    }
+
+    #[test]
+    fn generation_blocks_tools_and_documents_read_like_transformers() {
+        let src = "{%- generation -%} [{{ messages[0].role }}] {%- endgeneration %}|{{ tools is none }}|{{ documents is none }}|{{ tools is not none }}";
+        assert_eq!(
+            render(src, false).map_err(|e| e.to_string()).unwrap(),
+            "[system]|True|True|False"
+        );
+    }
+
+    #[test]
+    fn strftime_now_with_a_bad_format_is_a_template_error() {
+        match render("{{ strftime_now('%Q') }}", false) {
+            Err(ModelError::Template(msg)) => assert!(msg.contains("strftime_now"), "{msg}"),
+            other => panic!("expected a template error, got {other:?}"),
+        }
     }
 
     #[test]

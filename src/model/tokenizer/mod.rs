@@ -1,26 +1,36 @@
 //! Text <-> token ids for a model, and its chat template.
 //!
 //! [`TextTokenizer`] wraps a [`tokenizers::Tokenizer`] built either from a GGUF file's metadata
-//! ([`gguf`], byte-level BPE with a pre-tokenizer from [`pretokenizers`]) or from Hugging Face
-//! files ([`hf`]: tokenizer.json + tokenizer_config.json + generation_config.json), together with
+//! ([`gguf`]: byte-level BPE with a pre-tokenizer from [`pretokenizers`], or SentencePiece
+//! vocabularies, both tokenizing as llama.cpp does) or from Hugging Face files ([`hf`]:
+//! tokenizer.json + tokenizer_config.json + generation_config.json), together with
 //! what generation needs besides ids: BOS/EOS ids, whether BOS is added, and the chat template
 //! ([`chat_template`], rendered with minijinja like transformers does).
 //!
 //! Prompts rendered from a chat template already contain the special tokens the model wants;
 //! encode them with `add_special_tokens = false`, as transformers does.
 
+mod chat_encode;
 pub mod chat_template;
 mod gguf;
+mod gguf_bpe;
+mod gguf_meta;
+mod gguf_spm;
+mod gguf_vocab;
 mod hf;
 pub mod pretokenizers;
+mod template_json;
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::OnceLock;
 
-use candle_core::quantized::gguf_file::Content;
+use candle_core::quantized::gguf_file::{Content, Value};
 use tokenizers::Tokenizer;
 
-use crate::engine::ChatMessage;
 use crate::model::error::{ModelError, Result};
+use chat_encode::ChatEncoder;
+pub use chat_template::ChatMessage;
 use chat_template::{ChatTemplate, TemplateContext};
 
 /// Special tokens and BOS policy, whichever source they came from.
@@ -45,16 +55,31 @@ pub struct TextTokenizer {
     /// Tokens are spelled in GPT-2's byte alphabet (byte-level BPE).
     byte_level: bool,
     chat_template: Option<ChatTemplate>,
+    /// The template's source, for the aliased copy [`chat_encode`] compiles.
+    chat_template_source: Option<String>,
+    /// Built on first use: the literal tokenizer and the aliased template ([`chat_encode`]).
+    chat_encoder: OnceLock<std::result::Result<ChatEncoder, String>>,
 }
 
 impl TextTokenizer {
     /// Builds the tokenizer a GGUF file describes (`tokenizer.ggml.*` and
-    /// `tokenizer.chat_template`). Only byte-level BPE (`tokenizer.ggml.model = "gpt2"`) is
-    /// supported; other models are [`ModelError::Unsupported`], and so is an unknown
-    /// `tokenizer.ggml.pre`.
+    /// `tokenizer.chat_template`): byte-level BPE (`tokenizer.ggml.model = "gpt2"`) or
+    /// SentencePiece (`"llama"`); other models are [`ModelError::Unsupported`], and so is an
+    /// unknown `tokenizer.ggml.pre` of a byte-level vocabulary.
     pub fn from_gguf(content: &Content) -> Result<Self> {
-        let built = gguf::build(content)?;
-        Self::assemble(built.tokenizer, built.special, true, built.chat_template)
+        Self::from_gguf_metadata(&content.metadata)
+    }
+
+    /// [`TextTokenizer::from_gguf`] from the metadata alone (as ferry's own GGUF header reader,
+    /// [`crate::model::header::GgufHeader`], holds it).
+    pub fn from_gguf_metadata(metadata: &HashMap<String, Value>) -> Result<Self> {
+        let built = gguf::build(metadata)?;
+        Self::assemble(
+            built.tokenizer,
+            built.special,
+            built.byte_level,
+            built.chat_template,
+        )
     }
 
     /// Builds the tokenizer from Hugging Face files: `tokenizer.json`, plus optionally
@@ -81,7 +106,7 @@ impl TextTokenizer {
         byte_level: bool,
         chat_template: Option<String>,
     ) -> Result<Self> {
-        let chat_template = chat_template
+        let compiled = chat_template
             .as_deref()
             .map(ChatTemplate::new)
             .transpose()?;
@@ -89,13 +114,17 @@ impl TextTokenizer {
             tokenizer,
             special,
             byte_level,
-            chat_template,
+            chat_template: compiled,
+            chat_template_source: chat_template,
+            chat_encoder: OnceLock::new(),
         })
     }
 
     /// Replaces the chat template (e.g. from a `chat_template.jinja` file or the user's config).
     pub fn set_chat_template(&mut self, source: &str) -> Result<()> {
         self.chat_template = Some(ChatTemplate::new(source)?);
+        self.chat_template_source = Some(source.to_owned());
+        self.chat_encoder = OnceLock::new();
         Ok(())
     }
 
@@ -107,6 +136,56 @@ impl TextTokenizer {
             .encode(text, add_special_tokens)
             .map_err(|e| ModelError::Tokenizer(format!("encode: {e}")))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Token ids of `text` with special tokens written in it taken as plain text
+    /// (`<|im_start|>` is those characters, not the control token). `add_special_tokens` adds
+    /// BOS when the model wants it.
+    pub fn encode_literal(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        self.chat_encoder()?
+            .encode_literal(text, add_special_tokens)
+    }
+
+    /// The token ids of `messages` rendered with the chat template. The template's own markup
+    /// becomes control tokens; special tokens written inside message content are plain text
+    /// unless `parse_special_in_content` (see [`chat_encode`]).
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        parse_special_in_content: bool,
+    ) -> Result<Vec<u32>> {
+        if !parse_special_in_content {
+            let encoder = self.chat_encoder()?;
+            if let Some(template) = encoder.template() {
+                let alias = |text: &Option<String>| text.as_deref().map(|t| encoder.alias(t));
+                let (bos, eos) = (alias(&self.special.bos_text), alias(&self.special.eos_text));
+                let (unk, pad) = (alias(&self.special.unk_text), alias(&self.special.pad_text));
+                let rendered = template.render(&TemplateContext {
+                    messages,
+                    add_generation_prompt,
+                    bos_token: bos.as_deref().unwrap_or(""),
+                    eos_token: eos.as_deref().unwrap_or(""),
+                    unk_token: unk.as_deref(),
+                    pad_token: pad.as_deref(),
+                })?;
+                return encoder.encode_rendered(&rendered);
+            }
+        }
+        // Asked to parse them, or no template the guard can follow (or none at all, which
+        // apply_chat_template reports).
+        let text = self.apply_chat_template(messages, add_generation_prompt)?;
+        self.encode(&text, false)
+    }
+
+    fn chat_encoder(&self) -> Result<&ChatEncoder> {
+        self.chat_encoder
+            .get_or_init(|| {
+                let source = self.chat_template_source.as_deref();
+                ChatEncoder::new(&self.tokenizer, source).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| ModelError::Tokenizer(e.clone()))
     }
 
     /// Text of `ids`; `skip_special_tokens` leaves out special tokens (BOS, EOS, `<|im_end|>`).
@@ -186,11 +265,6 @@ impl TextTokenizer {
     /// Whether the model ships a chat template.
     pub fn has_chat_template(&self) -> bool {
         self.chat_template.is_some()
-    }
-
-    /// The chat template's source, if any.
-    pub fn chat_template_source(&self) -> Option<&str> {
-        self.chat_template.as_ref().map(ChatTemplate::source)
     }
 
     /// Renders `messages` with the model's chat template, like transformers'

@@ -3,7 +3,11 @@
 //!
 //! llama.cpp names the way a model's text is cut into words before BPE (the "pre" type); each one
 //! is the split regex of the model's original `tokenizer.json`. We rebuild the same pipeline the
-//! original `tokenizer.json` has, so ids match Hugging Face's tokenizer for that model.
+//! original `tokenizer.json` has (its regexes, run by fancy-regex), so ids match Hugging Face's
+//! tokenizer for that model and llama.cpp's (tests/suite/tokenizer_llamacpp.rs). Known
+//! difference: for `gpt-4o` and `tekken` llama.cpp approximates the case classes
+//! (`\p{Lu}`, `\p{Ll}`, ...) by ASCII, so a run of non-ASCII capitals (`ÀÇÇÉNTS`) is cut
+//! differently there; ferry keeps the model's own regex.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -16,29 +20,163 @@ use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
 
 use crate::model::error::{ModelError, Result};
 
-/// Llama 3's split (`llama-bpe` in llama.cpp): numbers in groups of up to three digits.
+/// Llama 3's split (llama.cpp's `LLAMA3` pre type, also DBRX, Smaug and GLM-4): numbers in
+/// groups of up to three digits.
 const LLAMA3_SPLIT: &str = concat!(
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}",
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 );
 
-/// Qwen2's split: every digit on its own.
+/// Qwen2's split (Qwen2, Qwen2.5, Qwen3): every digit on its own.
 const QWEN2_SPLIT: &str = concat!(
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}",
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 );
 
-/// The `tokenizer.ggml.pre` values this module understands, for error messages.
-pub const SUPPORTED_PRE: &[&str] = &[
-    "default",
-    "gpt-2",
-    "gpt2",
-    "smollm",
-    "qwen2",
-    "deepseek-r1-qwen",
-    "llama-bpe",
-    "llama3",
-    "llama-v3",
+/// Qwen3.5's split: Qwen2's with combining marks kept in words.
+const QWEN35_SPLIT: &str = concat!(
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}",
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
+
+/// o200k's split (`gpt-4o`: gpt-oss, Llama 4): words cut at lower-to-upper case changes, numbers
+/// in groups of up to three digits.
+const GPT4O_SPLIT: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
+
+/// Mistral's Tekken split (Mistral Nemo, Small 3): o200k's case rule, every digit on its own, no
+/// contractions.
+const TEKKEN_SPLIT: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*",
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
+
+/// GPT-2's word regex (what `ByteLevel` splits with when its regex is on).
+const GPT2_SPLIT: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+
+/// How a pre type cuts text into words before BPE.
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    /// GPT-2's regex.
+    Gpt2,
+    /// Every digit on its own, then GPT-2's regex (StarCoder, SmolLM).
+    DigitsThenGpt2,
+    /// llama.cpp's `default`: punctuation runs, GPT-2's regex, digit runs, then three-digit groups.
+    LlamaCppDefault,
+    /// One regex (the model's tokenizer.json `Split`).
+    Regex(&'static str),
+}
+
+/// A `tokenizer.ggml.pre` family: its names in llama.cpp, how it cuts words and its defaults.
+struct PreType {
+    names: &'static [&'static str],
+    cut: Cut,
+    defaults: PreDefaults,
+}
+
+const PLAIN: PreDefaults = PreDefaults {
+    add_bos: false,
+    ignore_merges: false,
+};
+const BOS_AND_WHOLE_WORDS: PreDefaults = PreDefaults {
+    add_bos: true,
+    ignore_merges: true,
+};
+
+/// The pre types ferry knows, as llama.cpp groups them (`llama_vocab::impl::load`).
+const PRE_TYPES: &[PreType] = &[
+    PreType {
+        names: &["default"],
+        cut: Cut::LlamaCppDefault,
+        defaults: PLAIN,
+    },
+    PreType {
+        names: &[
+            "gpt-2",
+            "gpt2",
+            "phi-2",
+            "mpt",
+            "olmo",
+            "jais",
+            "exaone4",
+            "gigachat",
+            "mellum",
+            "trillion",
+            "granite-docling",
+            "a.x-4.0",
+            "modern-bert",
+        ],
+        cut: Cut::Gpt2,
+        defaults: PLAIN,
+    },
+    PreType {
+        names: &[
+            "smollm",
+            "starcoder",
+            "refact",
+            "command-r",
+            "codeshell",
+            "exaone",
+            "minerva-7b",
+            "mellum2",
+        ],
+        cut: Cut::DigitsThenGpt2,
+        defaults: PLAIN,
+    },
+    PreType {
+        names: &[
+            "llama-bpe",
+            "llama3",
+            "llama-v3",
+            "falcon3",
+            "falcon-h1",
+            "pixtral",
+            "midm-2.0",
+            "lfm2",
+            "jina-v5-nano",
+        ],
+        cut: Cut::Regex(LLAMA3_SPLIT),
+        defaults: BOS_AND_WHOLE_WORDS,
+    },
+    PreType {
+        names: &["dbrx", "smaug-bpe", "glm4", "chatglm-bpe"],
+        cut: Cut::Regex(LLAMA3_SPLIT),
+        defaults: PLAIN,
+    },
+    PreType {
+        names: &[
+            "qwen2",
+            "deepseek-r1-qwen",
+            "kormo",
+            "f2llmv2",
+            "megrez",
+            "stablelm2",
+            "hunyuan",
+            "solar-open",
+        ],
+        cut: Cut::Regex(QWEN2_SPLIT),
+        defaults: PLAIN,
+    },
+    PreType {
+        names: &["qwen35"],
+        cut: Cut::Regex(QWEN35_SPLIT),
+        defaults: PLAIN,
+    },
+    PreType {
+        names: &["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"],
+        cut: Cut::Regex(GPT4O_SPLIT),
+        defaults: PLAIN,
+    },
+    PreType {
+        names: &["tekken"],
+        cut: Cut::Regex(TEKKEN_SPLIT),
+        defaults: BOS_AND_WHOLE_WORDS,
+    },
 ];
 
 /// What a pre type implies besides the pre-tokenizer itself (llama.cpp's per-type defaults).
@@ -51,33 +189,34 @@ pub struct PreDefaults {
 }
 
 /// The pre-tokenizer for the GGUF pre type `pre` (`None` when the file has no `tokenizer.ggml.pre`,
-/// treated as llama.cpp's "default": the GPT-2 regex).
+/// which llama.cpp reads as `default`). An unknown pre type is [`ModelError::Unsupported`],
+/// naming it and the known ones.
 pub fn for_gguf_pre(pre: Option<&str>) -> Result<(PreTokenizerWrapper, PreDefaults)> {
-    let plain = PreDefaults {
-        add_bos: false,
-        ignore_merges: false,
+    let name = pre.unwrap_or("default");
+    let Some(pre_type) = PRE_TYPES.iter().find(|t| t.names.contains(&name)) else {
+        let known: Vec<&str> = PRE_TYPES
+            .iter()
+            .flat_map(|t| t.names.iter().copied())
+            .collect();
+        return Err(ModelError::Unsupported(format!(
+            "GGUF tokenizer pre-tokenizer `tokenizer.ggml.pre = {name}` (supported: {})",
+            known.join(", ")
+        )));
     };
-    match pre.unwrap_or("default") {
-        // GPT-2: byte-level with its own regex.
-        "default" | "gpt-2" | "gpt2" => Ok((byte_level(true).into(), plain)),
-        // SmolLM's tokenizer.json: every digit on its own, then GPT-2's byte-level regex.
-        "smollm" => {
-            let seq = Sequence::new(vec![Digits::new(true).into(), byte_level(true).into()]);
-            Ok((seq.into(), plain))
+    let pre_tokenizer = match pre_type.cut {
+        Cut::Gpt2 => byte_level(true).into(),
+        Cut::DigitsThenGpt2 => {
+            Sequence::new(vec![Digits::new(true).into(), byte_level(true).into()]).into()
         }
-        "qwen2" | "deepseek-r1-qwen" => Ok((split_then_bytes(QWEN2_SPLIT)?, plain)),
-        "llama-bpe" | "llama3" | "llama-v3" => Ok((
-            split_then_bytes(LLAMA3_SPLIT)?,
-            PreDefaults {
-                add_bos: true,
-                ignore_merges: true,
-            },
-        )),
-        other => Err(ModelError::Unsupported(format!(
-            "GGUF tokenizer pre-tokenizer `tokenizer.ggml.pre = {other}` (supported: {})",
-            SUPPORTED_PRE.join(", ")
-        ))),
-    }
+        Cut::LlamaCppDefault => splits_then_bytes(&[
+            r"[\p{P}\$\+<=>\^~\|]+",
+            GPT2_SPLIT,
+            r"\p{N}+",
+            r"[0-9][0-9][0-9]",
+        ])?,
+        Cut::Regex(regex) => splits_then_bytes(&[regex])?,
+    };
+    Ok((pre_tokenizer, pre_type.defaults))
 }
 
 /// Byte-level mapping without leading space, with or without GPT-2's own word regex.
@@ -88,15 +227,21 @@ fn byte_level(use_regex: bool) -> ByteLevel {
         .use_regex(use_regex)
 }
 
-/// `Split(regex, isolated)` followed by byte-level mapping without its own regex.
-fn split_then_bytes(regex: &str) -> Result<PreTokenizerWrapper> {
-    let split = Split::new(
-        SplitPattern::Regex(regex.to_string()),
-        SplitDelimiterBehavior::Isolated,
-        false,
-    )
-    .map_err(|e| ModelError::Tokenizer(format!("bad split regex: {e}")))?;
-    Ok(Sequence::new(vec![split.into(), byte_level(false).into()]).into())
+/// `Split(regex, isolated)` for each regex in turn (each cuts the pieces of the one before, as
+/// llama.cpp applies its regex list), then byte-level mapping without its own regex.
+fn splits_then_bytes(regexes: &[&str]) -> Result<PreTokenizerWrapper> {
+    let mut steps: Vec<PreTokenizerWrapper> = Vec::new();
+    for regex in regexes {
+        let split = Split::new(
+            SplitPattern::Regex(regex.to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| ModelError::Tokenizer(format!("bad split regex `{regex}`: {e}")))?;
+        steps.push(split.into());
+    }
+    steps.push(byte_level(false).into());
+    Ok(Sequence::new(steps).into())
 }
 
 /// GPT-2's byte -> printable character table (bytes that print stand for themselves; the rest

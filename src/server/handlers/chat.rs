@@ -30,7 +30,7 @@ pub async fn chat_completions(
 
 async fn run(state: AppState, body: Map<String, Value>) -> Result<Response, ApiError> {
     let req = ChatRequest::from_json(body)?;
-    let valid = validate::chat(&state.backend, &state.options, req).await?;
+    let valid = validate::chat(&state, req).await?;
     respond(&state, &valid, Formatter::new(&valid)).await
 }
 

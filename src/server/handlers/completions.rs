@@ -26,7 +26,7 @@ pub async fn completions(State(state): State<AppState>, JsonObject(body): JsonOb
 
 async fn run(state: AppState, body: Map<String, Value>) -> Result<Response, ApiError> {
     let req = CompletionRequest::from_json(body)?;
-    let valid = validate::completion(&state.backend, &state.options, req).await?;
+    let valid = validate::completion(&state, req).await?;
     respond(&state, &valid, Formatter::new(&valid)).await
 }
 

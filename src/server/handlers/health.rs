@@ -1,5 +1,6 @@
-//! `GET /health`: 200 `{"status":"ok",...}` when every model has finished loading and at least
-//! one is ready; otherwise 503 with an OpenAI-shaped error body (`model_not_ready`).
+//! `GET /health`: 200 `{"status":"ok",...}` when every configured model is ready; otherwise 503
+//! with an OpenAI-shaped error body: `model_not_ready` while one is loading, `model_failed` when
+//! one failed to load (a replica that cannot serve its whole configuration is not healthy).
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -20,8 +21,11 @@ pub async fn health(State(state): State<AppState>) -> Response {
             loading.id
         ));
     }
-    if !cards.iter().any(|c| c.status == ModelStatus::Ready) {
-        return not_ready("No model is ready to serve.".to_owned());
+    if let Some(failed) = cards.iter().find(|c| c.status == ModelStatus::Failed) {
+        return ApiError::model_failed(&failed.id).into_response();
+    }
+    if cards.is_empty() {
+        return not_ready("No model is configured.".to_owned());
     }
     let models: Vec<_> = cards
         .iter()

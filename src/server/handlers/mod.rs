@@ -36,9 +36,18 @@ pub async fn respond<F: ResponseFormatter>(
 ) -> Result<Response, ApiError> {
     let rx = state.backend.submit(valid.generation_request())?;
     if valid.stream() {
-        return Ok(sse::response(rx, formatter, state.options.sse_keep_alive));
+        let keep_alive = state.options.sse_keep_alive;
+        return Ok(sse::response(
+            rx,
+            formatter,
+            keep_alive,
+            state.lifecycle.clone(),
+        ));
     }
-    let done = collect(rx).await?;
+    let done = tokio::select! {
+        done = collect(rx) => done?,
+        () = state.lifecycle.deadline() => return Err(ApiError::shutting_down()),
+    };
     Ok(Json(formatter.full(&done)).into_response())
 }
 

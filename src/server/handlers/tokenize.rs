@@ -1,16 +1,18 @@
-//! `POST /tokenize` and `POST /detokenize` (vLLM's extensions), run on the blocking pool.
+//! `POST /tokenize` and `POST /detokenize` (vLLM's extensions), run on the bounded tokeniser
+//! pool. `add_special_tokens: false` adds no BOS and keeps special-token text as text.
 
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::Json;
 
+use crate::server::admission::check_prompt_chars;
 use crate::server::error::ApiError;
 use crate::server::extract::JsonObject;
 use crate::server::openai::tokenize::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
-use crate::server::validate::{blocking, resolve_model};
+use crate::server::validate::resolve_model;
 use crate::server::AppState;
 
 /// `POST /tokenize`.
@@ -21,9 +23,12 @@ pub async fn tokenize(
     let req = TokenizeRequest::from_json(body)?;
     let model = resolve_model(&state.backend, &state.options, &req.model)?;
     let max_model_len = state.backend.max_context(&model)?;
+    check_prompt_chars(req.prompt.chars().count(), max_model_len, "prompt")?;
     let backend = Arc::clone(&state.backend);
-    let tokens =
-        blocking(move || backend.tokenize(&model, &req.prompt, req.add_special_tokens)).await?;
+    let tokens = state
+        .admission
+        .tokenize(move || backend.tokenize(&model, &req.prompt, req.add_special_tokens))
+        .await?;
     Ok(Json(TokenizeResponse {
         count: tokens.len(),
         tokens,
@@ -39,6 +44,9 @@ pub async fn detokenize(
     let req = DetokenizeRequest::from_json(body)?;
     let model = resolve_model(&state.backend, &state.options, &req.model)?;
     let backend = Arc::clone(&state.backend);
-    let prompt = blocking(move || backend.detokenize(&model, &req.tokens)).await?;
+    let prompt = state
+        .admission
+        .tokenize(move || backend.detokenize(&model, &req.tokens))
+        .await?;
     Ok(Json(DetokenizeResponse { prompt }))
 }

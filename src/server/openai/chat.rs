@@ -3,8 +3,9 @@
 //! (`object: "chat.completion.chunk"`).
 //!
 //! Accepted: `model`, `messages`, `max_tokens`, `max_completion_tokens`, `logprobs`,
-//! `top_logprobs`, the shared sampling fields ([`super::common::SAMPLING_FIELDS`]), `metadata`
-//! (ignored), `store` (false only), `logit_bias` (empty only). Messages: `role` (`system`, `user`,
+//! `top_logprobs`, the shared sampling fields ([`super::common::SAMPLING_FIELDS`], with the
+//! ignored ones of [`super::common::IGNORED_FIELDS`]), `metadata` (ignored), `store` (false
+//! only), `logit_bias` (empty only). Messages: `role` (`system`, `user`,
 //! `assistant`, `tool`, and `developer`, treated as `system`), `content` (a string, an array of
 //! `{"type":"text","text"}` parts, or null for an assistant), `tool_call_id` (ignored).
 //! Everything else is rejected with `param` naming it.
@@ -60,7 +61,6 @@ const UNSUPPORTED: &[&str] = &[
     "prediction",
     "reasoning_effort",
     "web_search_options",
-    "service_tier",
     "suffix",
     "echo",
     "best_of",

@@ -5,11 +5,23 @@
 use rand::distr::{Alphanumeric, SampleString};
 use serde_json::Value;
 
-use super::fields::Fields;
+use super::fields::{as_integer, Fields};
 use crate::server::error::ApiError;
 
 /// Most stop sequences a request may give (OpenAI allows 4; we allow more).
 pub const MAX_STOP_SEQUENCES: usize = 16;
+
+/// Fields accepted and ignored by every generation endpoint. The rule: a field OpenAI defines
+/// that only steers OpenAI's own service (caching, abuse monitoring, billing tier) and never
+/// changes what is generated is accepted and ignored; a field that would change the output and
+/// is not implemented is `unsupported_parameter`; a field nobody defines is
+/// `unknown_parameter`.
+pub const IGNORED_FIELDS: &[&str] = &[
+    "user",
+    "prompt_cache_key",
+    "safety_identifier",
+    "service_tier",
+];
 
 /// Fields every generation endpoint accepts (read by [`SamplingWire::read`]).
 pub const SAMPLING_FIELDS: &[&str] = &[
@@ -27,6 +39,9 @@ pub const SAMPLING_FIELDS: &[&str] = &[
     "stream_options",
     "n",
     "user",
+    "prompt_cache_key",
+    "safety_identifier",
+    "service_tier",
 ];
 
 /// Sampling, stop and streaming fields as sent, types checked, ranges not yet.
@@ -63,11 +78,13 @@ const INTEGER: &str = "an integer";
 const BOOLEAN: &str = "a boolean";
 
 impl SamplingWire {
-    /// Reads the [`SAMPLING_FIELDS`] out of a request object. `n` must be 1 and `user` is
-    /// accepted and ignored.
+    /// Reads the [`SAMPLING_FIELDS`] out of a request object. `n` must be 1; the
+    /// [`IGNORED_FIELDS`] must be strings and are ignored.
     pub fn read(f: &mut Fields) -> Result<Self, ApiError> {
         f.only("n", INTEGER, 1i64)?;
-        let _user: Option<String> = f.optional("user", "a string")?;
+        for field in IGNORED_FIELDS {
+            let _ignored: Option<String> = f.optional(field, "a string")?;
+        }
         let stream = f.optional("stream", BOOLEAN)?.unwrap_or(false);
         let include_usage = read_stream_options(f, stream)?;
         Ok(Self {
@@ -92,7 +109,7 @@ fn read_seed(f: &mut Fields) -> Result<Option<u64>, ApiError> {
         return Ok(None);
     };
     let seed = match &value {
-        Value::Number(n) => n.as_u64().or_else(|| n.as_i64().map(|i| i as u64)),
+        Value::Number(n) => n.as_u64().or_else(|| as_integer(&value).map(|i| i as u64)),
         _ => None,
     };
     seed.map(Some)
@@ -185,7 +202,8 @@ mod tests {
     fn reads_fields() {
         let s = read(
             json!({"temperature": 0, "stop": "x", "seed": -1, "stream": true,
-            "stream_options": {"include_usage": true}, "n": 1, "user": "u"}),
+            "stream_options": {"include_usage": true}, "n": 1.0, "user": "u",
+            "prompt_cache_key": "k", "safety_identifier": "s", "service_tier": "auto"}),
         )
         .unwrap();
         assert_eq!(s.temperature, Some(0.0));

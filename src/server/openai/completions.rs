@@ -2,15 +2,17 @@
 //! fields rejected) and the response / stream chunk (`object: "text_completion"` for both).
 //!
 //! Accepted: `model`, `prompt`, `max_tokens`, `logprobs`, the shared sampling fields
-//! ([`super::common::SAMPLING_FIELDS`]), `echo` (false only), `best_of` (1 only), `logit_bias`
-//! (empty only). Rejected as unsupported: `suffix` and any other field.
+//! ([`super::common::SAMPLING_FIELDS`], which include the ignored ones of
+//! [`super::common::IGNORED_FIELDS`]), `echo` (false only), `best_of` (1 only), `logit_bias`
+//! (empty only). Rejected as unsupported: `suffix`, `max_completion_tokens`,
+//! `response_format`; any other field is unknown.
 
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 use serde_json::Value;
 
 use super::common::{SamplingWire, SAMPLING_FIELDS};
-use super::fields::Fields;
+use super::fields::{as_integer, Fields};
 use crate::engine::{FinishReason, TokenOutput, Usage};
 use crate::server::error::ApiError;
 
@@ -112,7 +114,7 @@ fn read_prompt(value: Value) -> Result<PromptWire, ApiError> {
 fn token_ids(items: &[Value]) -> Result<PromptWire, ApiError> {
     let ids = items
         .iter()
-        .map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()))
+        .map(|v| as_integer(v).and_then(|id| u32::try_from(id).ok()))
         .collect::<Option<Vec<u32>>>();
     match ids {
         Some(ids) if !ids.is_empty() => Ok(PromptWire::Tokens(ids)),

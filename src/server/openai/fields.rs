@@ -2,7 +2,8 @@
 //! and every field left over is reported as unsupported or unknown instead of being ignored.
 //!
 //! A field whose value is `null` counts as absent everywhere (OpenAI's SDKs send `null` for
-//! "not given").
+//! "not given"). Where an integer is expected, an integral float (`2.0`, as JavaScript clients
+//! and some SDKs write numbers) is that integer; `2.5` stays a type error.
 
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -104,7 +105,8 @@ impl Fields {
     }
 }
 
-/// Converts a JSON value, naming `param` on a type error.
+/// Converts a JSON value, naming `param` on a type error. A value that only fails because it
+/// holds integral floats where integers are expected is converted with them as integers.
 pub fn convert<T: DeserializeOwned>(
     value: Value,
     param: &str,
@@ -112,8 +114,55 @@ pub fn convert<T: DeserializeOwned>(
 ) -> Result<T, ApiError> {
     match serde_json::from_value::<T>(value.clone()) {
         Ok(v) => Ok(v),
-        Err(_) => Err(ApiError::invalid_type(param, expected, &value)),
+        Err(_) => integral(&value)
+            .and_then(|ints| serde_json::from_value::<T>(ints).ok())
+            .ok_or_else(|| ApiError::invalid_type(param, expected, &value)),
     }
+}
+
+/// `value` with every integral float (in arrays and objects too) written as an integer; `None`
+/// when it holds none.
+pub fn integral(value: &Value) -> Option<Value> {
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64()?;
+            // Every integral f64 of magnitude below 2^63 fits an i64.
+            let fits = f.fract() == 0.0 && f.abs() < 2f64.powi(63);
+            fits.then(|| Value::from(f as i64))
+        }
+        Value::Array(items) => {
+            let converted: Vec<Option<Value>> = items.iter().map(integral).collect();
+            converted.iter().any(Option::is_some).then(|| {
+                Value::Array(
+                    converted
+                        .into_iter()
+                        .zip(items)
+                        .map(|(c, v)| c.unwrap_or_else(|| v.clone()))
+                        .collect(),
+                )
+            })
+        }
+        Value::Object(map) => {
+            let mut changed = false;
+            let out = map
+                .iter()
+                .map(|(k, v)| {
+                    let c = integral(v);
+                    changed |= c.is_some();
+                    (k.clone(), c.unwrap_or_else(|| v.clone()))
+                })
+                .collect();
+            changed.then_some(Value::Object(out))
+        }
+        _ => None,
+    }
+}
+
+/// An integer JSON value, or an integral float, as `i64`.
+pub fn as_integer(value: &Value) -> Option<i64> {
+    value
+        .as_i64()
+        .or_else(|| integral(value).and_then(|v| v.as_i64()))
 }
 
 #[cfg(test)]
@@ -138,6 +187,25 @@ mod tests {
         assert_eq!(err.code(), Some("missing_required_parameter"));
         let err = f.reject_others(&[], &["tools"]).unwrap_err();
         assert_eq!(err.code(), Some("unsupported_parameter"));
+    }
+
+    #[test]
+    fn integral_floats_are_integers() {
+        let mut f = fields(json!({"a": 2.0, "b": 2.5, "c": [1.0, 2], "d": -3.0, "e": 1e300}));
+        assert_eq!(f.optional::<i64>("a", "an integer").unwrap(), Some(2));
+        let err = f.optional::<i64>("b", "an integer").unwrap_err();
+        assert_eq!(err.code(), Some("invalid_type"));
+        assert_eq!(
+            f.optional::<Vec<u32>>("c", "ids").unwrap(),
+            Some(vec![1, 2])
+        );
+        assert_eq!(f.optional::<i64>("d", "an integer").unwrap(), Some(-3));
+        assert!(f.optional::<i64>("e", "an integer").is_err());
+        assert_eq!(as_integer(&json!(7.0)), Some(7));
+        assert_eq!(as_integer(&json!(7.5)), None);
+        // Floats stay floats where floats are expected.
+        let mut f = fields(json!({"t": 1.0}));
+        assert_eq!(f.optional::<f64>("t", "a number").unwrap(), Some(1.0));
     }
 
     #[test]

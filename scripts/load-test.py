@@ -1,0 +1,371 @@
+#!/usr/bin/env python3
+"""Loopback load test of `ferry serve`: a soak, an overload burst, a connection flood and a
+burst of oversized prompts, each bounded in time and size. Python standard library only.
+
+It starts its own server on 127.0.0.1 (a free port, a temporary config) from a built binary,
+waits for /health, runs the phases and prints one markdown table per phase (what
+docs/BENCHMARKS.md records), then stops the server with SIGTERM and reports its exit code.
+
+  scripts/load-test.py                       # the full run (about 3 minutes)
+  scripts/load-test.py --smoke               # every phase, small and short (about 30 s)
+  scripts/load-test.py --ferry target/release/ferry --model models/X.gguf
+
+Phases:
+  soak      N streaming chat clients for D seconds: requests, failures, tokens/s, the gap between
+            a stream's events (p50/p99/max), the server's RSS at start and end.
+  overload  B requests at once against max_queue Q: how many 503s, how fast they came back, and
+            whether each carried Retry-After.
+  flood     F idle TCP connections (more than max_connections), then /health on a new one: its
+            status and latency, and how many idle sockets the server closed to make room.
+  oversized 8 prompts of 10 MB at once: every one a 400, how long they took, RSS before/after.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL_NAME = "smollm2"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def pct(values, p):
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def post(port, path, body, timeout=300):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    data = json.dumps(body).encode()
+    conn.request("POST", path, data, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    payload = response.read()
+    conn.close()
+    return response.status, dict(response.getheaders()), payload
+
+
+def get(port, path, timeout=30):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn.request("GET", path)
+    response = conn.getresponse()
+    payload = response.read()
+    conn.close()
+    return response.status, payload
+
+
+class Server:
+    def __init__(self, args):
+        self.port = free_port()
+        self.config = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+        self.config.write(
+            f"""[server]
+host = "127.0.0.1"
+port = {self.port}
+max_queue = {args.max_queue}
+max_connections = {args.max_connections}
+shutdown_timeout = "5s"
+
+[[models]]
+name = "{MODEL_NAME}"
+source = "{os.path.abspath(args.model)}"
+max_context = 2048
+max_batch = {args.max_batch}
+
+[models.offload]
+mode = "none"
+"""
+        )
+        self.config.close()
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
+        self.process = subprocess.Popen(
+            [args.ferry, "serve", "--config", self.config.name, "--device", "cpu"],
+            stdout=self.log,
+            stderr=self.log,
+            env=env,
+        )
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                sys.exit(f"ferry exited early ({self.process.returncode}); log: {self.log.name}")
+            try:
+                if get(self.port, "/health", timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        sys.exit("ferry never became healthy")
+
+    def rss(self):
+        return rss_bytes(self.process.pid)
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        os.unlink(self.config.name)
+        return self.process.returncode
+
+
+def stream_chat(port, prompt, max_tokens):
+    """One streamed chat completion: (ok, events, gaps between events in seconds)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    body = json.dumps(
+        {
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0.7,
+            "stream": True,
+        }
+    ).encode()
+    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    if response.status != 200:
+        response.read()
+        conn.close()
+        return False, 0, []
+    gaps, events, last, done = [], 0, None, False
+    buffer = b""
+    while True:
+        chunk = response.read1(65536)
+        if not chunk:
+            break
+        buffer += chunk
+        while b"\n\n" in buffer:
+            event, buffer = buffer.split(b"\n\n", 1)
+            if not event.startswith(b"data: "):
+                continue
+            now = time.monotonic()
+            if last is not None:
+                gaps.append(now - last)
+            last = now
+            if event == b"data: [DONE]":
+                done = True
+            elif b'"error"' in event:
+                conn.close()
+                return False, events, gaps
+            else:
+                events += 1
+    conn.close()
+    return done, events, gaps
+
+
+def soak(server, clients, seconds):
+    stop_at = time.monotonic() + seconds
+    lock = threading.Lock()
+    totals = {"requests": 0, "failures": 0, "events": 0, "gaps": []}
+    prompts = [
+        "Write a haiku about the sea.",
+        "Explain what a ferry is in two sentences.",
+        "List three colours.",
+        "What is the capital of France?",
+    ]
+
+    def client(i):
+        n = 0
+        while time.monotonic() < stop_at:
+            try:
+                ok, events, gaps = stream_chat(server.port, prompts[(i + n) % len(prompts)], 32)
+            except OSError:
+                ok, events, gaps = False, 0, []
+            n += 1
+            with lock:
+                totals["requests"] += 1
+                totals["failures"] += 0 if ok else 1
+                totals["events"] += events
+                totals["gaps"].extend(gaps)
+
+    rss_start = server.rss()
+    started = time.monotonic()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - started
+    rss_end = server.rss()
+    gaps = [g * 1000 for g in totals["gaps"]]
+    print(f"\n### soak: {clients} streaming chat clients, {seconds} s\n")
+    print("| requests | failures | chunks/s | gap p50 ms | gap p99 ms | gap max ms | RSS start MiB | RSS end MiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(
+        f"| {totals['requests']} | {totals['failures']} | {totals['events'] / elapsed:.1f} "
+        f"| {pct(gaps, 50):.1f} | {pct(gaps, 99):.1f} | {max(gaps, default=float('nan')):.1f} "
+        f"| {rss_start / 2**20:.0f} | {rss_end / 2**20:.0f} |"
+    )
+    return totals["failures"] == 0
+
+
+def overload(server, burst):
+    results = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(burst)
+
+    def one():
+        barrier.wait()
+        started = time.monotonic()
+        try:
+            status, headers, _ = post(
+                server.port,
+                "/v1/completions",
+                {"model": MODEL_NAME, "prompt": "Once upon a time", "max_tokens": 16},
+            )
+            retry = any(k.lower() == "retry-after" for k in headers)
+        except OSError:
+            status, retry = 0, False
+        with lock:
+            results.append((status, time.monotonic() - started, retry))
+
+    threads = [threading.Thread(target=one) for _ in range(burst)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ok = [r for r in results if r[0] == 200]
+    shed = [r for r in results if r[0] == 503]
+    other = len(results) - len(ok) - len(shed)
+    shed_ms = [r[1] * 1000 for r in shed]
+    print(f"\n### overload: {burst} requests at once\n")
+    print("| 200 | 503 | other | 503 p50 ms | 503 max ms | 503 with Retry-After |")
+    print("|---|---|---|---|---|---|")
+    print(
+        f"| {len(ok)} | {len(shed)} | {other} | {pct(shed_ms, 50):.1f} "
+        f"| {max(shed_ms, default=float('nan')):.1f} | {sum(1 for r in shed if r[2])} |"
+    )
+    return other == 0 and len(shed) > 0
+
+
+def flood(server, connections):
+    sockets = []
+    opened_at = time.monotonic()
+    for _ in range(connections):
+        try:
+            sockets.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        except OSError:
+            break
+    opened = time.monotonic() - opened_at
+    started = time.monotonic()
+    try:
+        status, _ = get(server.port, "/health", timeout=10)
+    except OSError:
+        status = 0
+    health_ms = (time.monotonic() - started) * 1000
+    closed = 0
+    for s in sockets:
+        s.setblocking(False)
+        try:
+            if s.recv(1) == b"":
+                closed += 1
+        except BlockingIOError:
+            pass
+        except OSError:
+            closed += 1
+        s.close()
+    print(f"\n### flood: {connections} idle connections\n")
+    print("| opened | open s | /health | /health ms | idle closed by the server |")
+    print("|---|---|---|---|---|")
+    print(f"| {len(sockets)} | {opened:.2f} | {status} | {health_ms:.1f} | {closed} |")
+    return status == 200
+
+
+def oversized(server, count, megabytes):
+    prompt = "a" * (megabytes * 1024 * 1024)
+    time.sleep(0.5)
+    before = server.rss()
+    statuses = []
+    lock = threading.Lock()
+
+    def one():
+        try:
+            status, _, _ = post(server.port, "/v1/completions", {"model": MODEL_NAME, "prompt": prompt})
+        except OSError:
+            status = 0
+        with lock:
+            statuses.append(status)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=one) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.monotonic() - started
+    time.sleep(0.5)
+    after = server.rss()
+    print(f"\n### oversized: {count} prompts of {megabytes} MB at once\n")
+    print("| 400 | other | all answered in s | RSS before MiB | RSS after MiB | after / before |")
+    print("|---|---|---|---|---|---|")
+    print(
+        f"| {statuses.count(400)} | {len(statuses) - statuses.count(400)} | {took:.2f} "
+        f"| {before / 2**20:.0f} | {after / 2**20:.0f} | {after / before:.3f} |"
+    )
+    return statuses.count(400) == count and after / before <= 1.1
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ferry", default=os.path.join(ROOT, "target/release/ferry"))
+    parser.add_argument("--model", default=os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    parser.add_argument("--smoke", action="store_true", help="every phase, small and short")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--seconds", type=int, default=120)
+    parser.add_argument("--burst", type=int, default=64)
+    parser.add_argument("--max-queue", type=int, default=4)
+    parser.add_argument("--max-batch", type=int, default=4)
+    parser.add_argument("--max-connections", type=int, default=256)
+    parser.add_argument("--flood", type=int, default=0, help="idle connections (default 4 x max-connections)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.clients, args.seconds, args.burst = 4, 10, 32
+        args.max_connections = min(args.max_connections, 64)
+    flood_size = args.flood or 4 * args.max_connections
+    if not os.path.isfile(args.ferry):
+        sys.exit(f"{args.ferry} is missing: cargo build --release (or pass --ferry)")
+    server = Server(args)
+    print(f"ferry on 127.0.0.1:{server.port}, pid {server.process.pid}, log {server.log.name}")
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    passed = {}
+    try:
+        passed["soak"] = soak(server, args.clients, args.seconds)
+        passed["overload"] = overload(server, args.burst)
+        passed["flood"] = flood(server, flood_size)
+        passed["oversized"] = oversized(server, 8, 10)
+    finally:
+        code = server.stop()
+    print(f"\nserver exit code after SIGTERM: {code}")
+    print("phases: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in passed.items()))
+    sys.exit(0 if all(passed.values()) and code == 0 else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,561 @@
+//! The one definition of every setting: [`SETTINGS`]. Each entry names its flag (`--gpu-memory`,
+//! from which the variable `FERRY_GPU_MEMORY` is derived), its key in the config file
+//! (`models[].offload.gpu_memory`), its default, its doc line and the field of the resolved
+//! config it fills (with the [`Codec`] that parses and shows it). The CLI's flags, the
+//! environment lookup, the file's accepted keys, the resolver, `ferry config` and the README's
+//! table are all driven by this list; adding a setting is adding one entry here and one field to
+//! the struct in [`super::types`].
+
+use super::types::{DeviceConfig, ModelConfig, ServerConfig};
+use super::values::{
+    Bandwidth, Budget, Codec, Device, Dtype, Kernels, Mode, Names, Number, OptionalPositive,
+    Positive, Secret, Shown, Size, Switch, Text, Time,
+};
+
+/// The table a setting lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// `[server]`.
+    Server,
+    /// `[device]`.
+    Device,
+    /// Every `[[models]]` entry. A flag or variable applies to every model.
+    Model,
+}
+
+impl Scope {
+    /// The key prefix in the config file: `server.`, `device.` or `models[].`.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Scope::Server => "server.",
+            Scope::Device => "device.",
+            Scope::Model => "models[].",
+        }
+    }
+}
+
+/// How a setting reads and writes its field of one resolved section.
+pub struct Accessors<T> {
+    /// Parses the text and stores the value.
+    pub apply: fn(&mut T, &str) -> Result<(), String>,
+    /// The stored value, for `ferry config`.
+    pub show: fn(&T) -> Shown,
+}
+
+/// The field a setting fills, in the section its scope names.
+pub enum Field {
+    /// A field of [`ServerConfig`].
+    Server(Accessors<ServerConfig>),
+    /// A field of [`DeviceConfig`].
+    Device(Accessors<DeviceConfig>),
+    /// A field of [`ModelConfig`].
+    Model(Accessors<ModelConfig>),
+}
+
+/// A resolved section a setting can fill.
+pub trait Section: Sized {
+    /// The setting's accessors for this section, if it belongs to it.
+    fn accessors(field: &Field) -> Option<&Accessors<Self>>;
+}
+
+impl Section for ServerConfig {
+    fn accessors(field: &Field) -> Option<&Accessors<Self>> {
+        match field {
+            Field::Server(accessors) => Some(accessors),
+            _ => None,
+        }
+    }
+}
+
+impl Section for DeviceConfig {
+    fn accessors(field: &Field) -> Option<&Accessors<Self>> {
+        match field {
+            Field::Device(accessors) => Some(accessors),
+            _ => None,
+        }
+    }
+}
+
+impl Section for ModelConfig {
+    fn accessors(field: &Field) -> Option<&Accessors<Self>> {
+        match field {
+            Field::Model(accessors) => Some(accessors),
+            _ => None,
+        }
+    }
+}
+
+/// One setting.
+pub struct Setting {
+    /// The flag without dashes (`gpu-memory`); the variable is `FERRY_` + it in upper snake case.
+    pub name: &'static str,
+    /// A one-letter flag, if any.
+    pub short: Option<char>,
+    /// The key inside its table (`offload.gpu_memory`).
+    pub key: &'static str,
+    /// The placeholder in `--help` (`SIZE`).
+    pub value_name: &'static str,
+    /// The built-in default as text (parsed like any other value); `None` = unset.
+    pub default: Option<&'static str>,
+    /// How the README states the default when the text alone would mislead ("" = the text).
+    pub default_note: &'static str,
+    /// A valid value other than the default (used by the tests that walk every setting).
+    pub example: &'static str,
+    /// One line of documentation.
+    pub help: &'static str,
+    /// The field it fills.
+    pub field: Field,
+}
+
+/// `--model` / `FERRY_MODEL` / `models[].source`: with a flag or variable, it replaces the
+/// configured models with this one (keeping the first entry's other settings).
+pub const SOURCE: &str = "model";
+/// `--served-name` / `FERRY_SERVED_NAME` / `models[].name`: with a flag or variable, it names the
+/// one served model (an error when several are configured and `--model` is not given).
+pub const NAME: &str = "served-name";
+
+/// The model served when neither the config nor `--model` names one: the file
+/// `scripts/fetch-model.sh` fetches, relative to the working directory.
+pub const DEFAULT_MODEL_SOURCE: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The id of the default model.
+pub const DEFAULT_MODEL_NAME: &str = "smollm2";
+
+macro_rules! field {
+    ($section:ident, $codec:ty, $($path:ident).+) => {
+        Field::$section(Accessors {
+            apply: |config, text| {
+                config.$($path).+ = <$codec as Codec>::parse(text)?;
+                Ok(())
+            },
+            show: |config| <$codec as Codec>::show(&config.$($path).+),
+        })
+    };
+}
+
+/// Every setting, in the order `--help`, `ferry config` and the README list them.
+pub static SETTINGS: &[Setting] = &[
+    Setting {
+        name: "host",
+        short: None,
+        key: "host",
+        value_name: "ADDR",
+        default: Some("127.0.0.1"),
+        default_note: "",
+        example: "0.0.0.0",
+        help: "Bind address (loopback unless asked; 0.0.0.0 is every interface).",
+        field: field!(Server, Text, host),
+    },
+    Setting {
+        name: "port",
+        short: Some('p'),
+        key: "port",
+        value_name: "PORT",
+        default: Some("8080"),
+        default_note: "",
+        example: "9123",
+        help: "TCP port.",
+        field: field!(Server, Number<u16>, port),
+    },
+    Setting {
+        name: "api-key",
+        short: None,
+        key: "api_key",
+        value_name: "KEY",
+        default: None,
+        default_note: "none",
+        example: "secret-key",
+        help: "Require `Authorization: Bearer KEY` on every request but GET /health (and GET /metrics unless metrics_auth).",
+        field: field!(Server, Secret, api_key),
+    },
+    Setting {
+        name: "max-queue",
+        short: None,
+        key: "max_queue",
+        value_name: "N",
+        default: Some("64"),
+        default_note: "",
+        example: "7",
+        help: "Requests allowed to wait for a batch slot (beyond it: 503).",
+        field: field!(Server, Number<usize>, max_queue),
+    },
+    Setting {
+        name: "body-limit",
+        short: None,
+        key: "body_limit",
+        value_name: "SIZE",
+        default: Some("16MiB"),
+        default_note: "",
+        example: "1MiB",
+        help: "Largest accepted request body (beyond it: 413).",
+        field: field!(Server, Size, body_limit),
+    },
+    Setting {
+        name: "shutdown-timeout",
+        short: None,
+        key: "shutdown_timeout",
+        value_name: "DURATION",
+        default: Some("30s"),
+        default_note: "",
+        example: "5s",
+        help: "Grace period for in-flight requests on SIGINT/SIGTERM; then streams end with an error event, other requests with 503, and the exit code is 3.",
+        field: field!(Server, Time, shutdown_timeout),
+    },
+    Setting {
+        name: "max-connections",
+        short: None,
+        key: "max_connections",
+        value_name: "N",
+        default: Some("2048"),
+        default_note: "",
+        example: "100",
+        help: "Most open connections (lowered to what the open-files limit allows). At the cap the longest-idle connection is closed; when all are busy, new ones get 503.",
+        field: field!(Server, Positive, max_connections),
+    },
+    Setting {
+        name: "header-read-timeout",
+        short: None,
+        key: "header_read_timeout",
+        value_name: "DURATION",
+        default: Some("10s"),
+        default_note: "",
+        example: "3s",
+        help: "Longest time from a request head's first byte to its end (then the connection is closed).",
+        field: field!(Server, Time, header_read_timeout),
+    },
+    Setting {
+        name: "idle-timeout",
+        short: None,
+        key: "idle_timeout",
+        value_name: "DURATION",
+        default: Some("60s"),
+        default_note: "",
+        example: "5s",
+        help: "How long a connection may stay open without a request in flight.",
+        field: field!(Server, Time, idle_timeout),
+    },
+    Setting {
+        name: "body-read-timeout",
+        short: None,
+        key: "body_read_timeout",
+        value_name: "DURATION",
+        default: Some("60s"),
+        default_note: "",
+        example: "20s",
+        help: "Longest time a client may take to send a request body (beyond it: 408).",
+        field: field!(Server, Time, body_read_timeout),
+    },
+    Setting {
+        name: "default-max-tokens",
+        short: None,
+        key: "default_max_tokens",
+        value_name: "TOKENS",
+        default: Some("1024"),
+        default_note: "",
+        example: "256",
+        help: "Chat completions' max_tokens when the request gives none (lowered to what the context leaves); completions keep OpenAI's 16.",
+        field: field!(Server, Positive, default_max_tokens),
+    },
+    Setting {
+        name: "max-tokens-limit",
+        short: None,
+        key: "max_tokens_limit",
+        value_name: "TOKENS",
+        default: None,
+        default_note: "none (the context)",
+        example: "4096",
+        help: "Largest max_tokens a request may ask for (beyond it: 400).",
+        field: field!(Server, OptionalPositive, max_tokens_limit),
+    },
+    Setting {
+        name: "metrics-auth",
+        short: None,
+        key: "metrics_auth",
+        value_name: "BOOL",
+        default: Some("false"),
+        default_note: "",
+        example: "true",
+        help: "Require the API key on GET /metrics too (/health never needs it).",
+        field: field!(Server, Switch, metrics_auth),
+    },
+    Setting {
+        name: "allowed-hosts",
+        short: None,
+        key: "allowed_hosts",
+        value_name: "NAMES",
+        default: None,
+        default_note: "localhost names for a key-less server on a loopback address, else any",
+        example: "ferry.example,localhost",
+        help: "Comma-separated Host names requests may carry (others: 403); * allows any.",
+        field: field!(Server, Names, allowed_hosts),
+    },
+    Setting {
+        name: "parse-special-in-content",
+        short: None,
+        key: "parse_special_in_content",
+        value_name: "BOOL",
+        default: Some("false"),
+        default_note: "",
+        example: "true",
+        help: "Parse special tokens written inside chat messages (<|im_start|>) as control tokens; off, message content is text and cannot open turns.",
+        field: field!(Server, Switch, parse_special_in_content),
+    },
+    Setting {
+        name: "device",
+        short: None,
+        key: "kind",
+        value_name: "DEVICE",
+        default: Some("auto"),
+        default_note: "",
+        example: "cpu",
+        help: "Compute device: auto, cpu or cuda:N.",
+        field: field!(Device, Device, kind),
+    },
+    Setting {
+        name: "link-bandwidth",
+        short: None,
+        key: "link_bandwidth",
+        value_name: "RATE",
+        default: None,
+        default_note: "unthrottled",
+        example: "8GB/s",
+        help: "CPU device: throttle weight copies to this rate, e.g. 16GB/s (emulates PCIe).",
+        field: field!(Device, Bandwidth, link_bandwidth),
+    },
+    Setting {
+        name: "cpu-qmatmul",
+        short: None,
+        key: "cpu_qmatmul",
+        value_name: "KERNELS",
+        default: Some("auto"),
+        default_note: "",
+        example: "candle",
+        help: "Quantized matmul on the CPU: auto (ferry's kernels where they apply) or candle.",
+        field: field!(Device, Kernels, cpu_qmatmul),
+    },
+    Setting {
+        name: SOURCE,
+        short: Some('m'),
+        key: "source",
+        value_name: "SOURCE",
+        default: Some(DEFAULT_MODEL_SOURCE),
+        default_note: "",
+        example: "org/name@v1",
+        help: "Model source: a .gguf file, an HF directory or a hub id org/name[@revision]. As a flag or variable it replaces the configured models with this one.",
+        field: field!(Model, Text, source),
+    },
+    Setting {
+        name: NAME,
+        short: None,
+        key: "name",
+        value_name: "NAME",
+        default: Some(DEFAULT_MODEL_NAME),
+        default_note: "derived from the source (`smollm2` for the built-in model)",
+        example: "example-name",
+        help: "The id clients send as \"model\".",
+        field: field!(Model, Text, name),
+    },
+    Setting {
+        name: "dtype",
+        short: None,
+        key: "dtype",
+        value_name: "DTYPE",
+        default: Some("auto"),
+        default_note: "",
+        example: "f16",
+        help: "Dense weight dtype: auto (GGUF stays quantized), f32, f16 or bf16.",
+        field: field!(Model, Dtype, dtype),
+    },
+    Setting {
+        name: "max-context",
+        short: None,
+        key: "max_context",
+        value_name: "TOKENS",
+        default: None,
+        default_note: "the model's",
+        example: "1024",
+        help: "Context window to serve (at most the model's own).",
+        field: field!(Model, OptionalPositive, max_context),
+    },
+    Setting {
+        name: "max-batch",
+        short: None,
+        key: "max_batch",
+        value_name: "N",
+        default: Some("8"),
+        default_note: "",
+        example: "3",
+        help: "Sequences decoded together.",
+        field: field!(Model, Positive, max_batch),
+    },
+    Setting {
+        name: "prefill-chunk",
+        short: None,
+        key: "prefill_chunk",
+        value_name: "TOKENS",
+        default: Some("512"),
+        default_note: "",
+        example: "128",
+        help: "Most prompt tokens one sequence prefills per engine step.",
+        field: field!(Model, Positive, prefill_chunk),
+    },
+    Setting {
+        name: "max-step-tokens",
+        short: None,
+        key: "max_step_tokens",
+        value_name: "TOKENS",
+        default: Some("512"),
+        default_note: "",
+        example: "256",
+        help: "Most tokens one engine step computes: decodes first, then prompt chunks, so a stream's gap between tokens stays one step however long the prompts beside it.",
+        field: field!(Model, Positive, max_step_tokens),
+    },
+    Setting {
+        name: "offload",
+        short: None,
+        key: "offload.mode",
+        value_name: "MODE",
+        default: Some("auto"),
+        default_note: "",
+        example: "sequential",
+        help: "Offload mode: none, auto, sequential or model.",
+        field: field!(Model, Mode, offload.mode),
+    },
+    Setting {
+        name: "gpu-memory",
+        short: None,
+        key: "offload.gpu_memory",
+        value_name: "SIZE",
+        default: Some("90%"),
+        default_note: "",
+        example: "6GiB",
+        help: "Device memory budget: bytes (6GiB) or a share of free memory (90%).",
+        field: field!(Model, Budget, offload.gpu_memory),
+    },
+    Setting {
+        name: "prefetch",
+        short: None,
+        key: "offload.prefetch",
+        value_name: "N",
+        default: Some("2"),
+        default_note: "",
+        example: "5",
+        help: "Layers in flight ahead of compute.",
+        field: field!(Model, Number<usize>, offload.prefetch),
+    },
+    Setting {
+        name: "keep-alive",
+        short: None,
+        key: "offload.keep_alive",
+        value_name: "DURATION",
+        default: Some("5m"),
+        default_note: "",
+        example: "90s",
+        help: "Mode model: idle time before the model leaves the device.",
+        field: field!(Model, Time, offload.keep_alive),
+    },
+];
+
+impl Setting {
+    /// The table it lives in.
+    pub fn scope(&self) -> Scope {
+        match self.field {
+            Field::Server(_) => Scope::Server,
+            Field::Device(_) => Scope::Device,
+            Field::Model(_) => Scope::Model,
+        }
+    }
+
+    /// `--name`.
+    pub fn flag(&self) -> String {
+        format!("--{}", self.name)
+    }
+
+    /// `FERRY_NAME`.
+    pub fn env(&self) -> String {
+        format!("FERRY_{}", self.name.to_ascii_uppercase().replace('-', "_"))
+    }
+
+    /// The key as the docs write it: `server.port`, `models[].offload.mode`.
+    pub fn doc_key(&self) -> String {
+        format!("{}{}", self.scope().prefix(), self.key)
+    }
+
+    /// The key of one value: `server.port`, or `models[2].offload.mode` for model `2`.
+    pub fn key_at(&self, model: usize) -> String {
+        match self.scope() {
+            Scope::Model => format!("models[{model}].{}", self.key),
+            _ => self.doc_key(),
+        }
+    }
+
+    /// Parses `text` into this setting's field of `section`.
+    pub fn apply<T: Section>(&self, section: &mut T, text: &str) -> Result<(), String> {
+        match T::accessors(&self.field) {
+            Some(accessors) => (accessors.apply)(section, text),
+            None => Err(format!("`{}` is not a setting of this table", self.key)),
+        }
+    }
+
+    /// This setting's value in `section` (`Unset` if it is not one of its fields).
+    pub fn show<T: Section>(&self, section: &T) -> Shown {
+        T::accessors(&self.field).map_or(Shown::Unset, |a| (a.show)(section))
+    }
+
+    /// Applies the built-in default (nothing when it is unset).
+    pub(super) fn apply_default<T: Section>(&self, section: &mut T) {
+        if let Some(text) = self.default {
+            // The defaults are constants a unit test parses, so this cannot fail in practice.
+            let applied = self.apply(section, text);
+            debug_assert!(applied.is_ok(), "default of {}: {applied:?}", self.name);
+        }
+    }
+}
+
+/// The setting with this flag name (`gpu-memory`).
+pub fn find(name: &str) -> Option<&'static Setting> {
+    SETTINGS.iter().find(|s| s.name == name)
+}
+
+/// The settings of one scope, in table order.
+pub fn in_scope(scope: Scope) -> impl Iterator<Item = &'static Setting> {
+    SETTINGS.iter().filter(move |s| s.scope() == scope)
+}
+
+/// The closest of `candidates` to `unknown`, if it is close enough to be a likely typo.
+pub fn closest<'a>(
+    unknown: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    let unknown = unknown.to_ascii_lowercase();
+    candidates
+        .into_iter()
+        .map(|c| (strsim::jaro_winkler(&unknown, &c.to_ascii_lowercase()), c))
+        .filter(|(score, _)| *score >= 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, c)| c)
+}
+
+/// The README's configuration table (tested against README.md).
+pub fn markdown_table() -> String {
+    let mut out = String::from("| flag | environment | config key | default | meaning |\n");
+    out.push_str("|---|---|---|---|---|\n");
+    for s in SETTINGS {
+        let default = match (s.default_note, s.default) {
+            ("", Some(text)) => format!("`{text}`"),
+            ("", None) => "none".to_string(),
+            (note, _) => note.to_string(),
+        };
+        out.push_str(&format!(
+            "| `{}` | `{}` | `{}` | {default} | {} |\n",
+            s.flag(),
+            s.env(),
+            s.doc_key(),
+            s.help.replace('|', "\\|")
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "settings_tests.rs"]
+mod tests;

@@ -1,0 +1,203 @@
+//! The resolved configuration: plain structs the rest of ferry reads. Each field is one setting
+//! of [`super::settings::SETTINGS`], which holds its flag, variable, key, default and doc; the
+//! `Default` impls are those built-in defaults.
+
+use std::time::Duration;
+
+use super::settings::{in_scope, Scope, Section};
+use super::values::{CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode};
+
+/// A fully resolved configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// HTTP settings.
+    pub server: ServerConfig,
+    /// Compute device.
+    pub device: DeviceConfig,
+    /// Served models (at least one).
+    pub models: Vec<ModelConfig>,
+}
+
+/// Resolved `[server]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// Bind address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// Bearer token required on every request, if set.
+    pub api_key: Option<String>,
+    /// Requests allowed to wait.
+    pub max_queue: usize,
+    /// Largest request body in bytes.
+    pub body_limit: usize,
+    /// Grace period for in-flight requests at shutdown.
+    pub shutdown_timeout: Duration,
+    /// Most open connections.
+    pub max_connections: usize,
+    /// Longest time from a request head's first byte to its end.
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay open without a request in flight.
+    pub idle_timeout: Duration,
+    /// Longest time a client may take to send a request body.
+    pub body_read_timeout: Duration,
+    /// Chat completions' `max_tokens` when the client gives none.
+    pub default_max_tokens: usize,
+    /// Largest `max_tokens` a request may ask for; unset = the context is the limit.
+    pub max_tokens_limit: Option<usize>,
+    /// Whether `GET /metrics` requires the API key.
+    pub metrics_auth: bool,
+    /// `Host` names requests may carry; empty = the default rule (localhost names for a
+    /// key-less server on a loopback address, any host otherwise).
+    pub allowed_hosts: Vec<String>,
+    /// Whether special tokens written inside chat messages are parsed as control tokens.
+    pub parse_special_in_content: bool,
+}
+
+/// Resolved `[device]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceConfig {
+    /// Compute device.
+    pub kind: DeviceChoice,
+    /// CPU device: copy-thread throttle in bytes/s (emulates a PCIe link); unset = unthrottled.
+    pub link_bandwidth: Option<u64>,
+    /// Kernels for quantized weights on the CPU.
+    pub cpu_qmatmul: CpuQmatmul,
+}
+
+/// Resolved `[models.offload]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OffloadConfig {
+    /// Placement mode.
+    pub mode: OffloadMode,
+    /// Device budget.
+    pub gpu_memory: MemoryBudget,
+    /// Layers in flight ahead of compute.
+    pub prefetch: usize,
+    /// Mode "model": idle time before leaving the device.
+    pub keep_alive: Duration,
+}
+
+/// Resolved `[[models]]` entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// The id clients send as `model`.
+    pub name: String,
+    /// GGUF file, HF directory or hub id.
+    pub source: String,
+    /// Dense dtype.
+    pub dtype: DtypeChoice,
+    /// Context window cap; unset = the model's own.
+    pub max_context: Option<usize>,
+    /// Sequences decoded together.
+    pub max_batch: usize,
+    /// Most prompt tokens one sequence feeds per engine step.
+    pub prefill_chunk: usize,
+    /// Most tokens one engine step computes, decodes and prompt chunks together.
+    pub max_step_tokens: usize,
+    /// Placement.
+    pub offload: OffloadConfig,
+}
+
+impl ServerConfig {
+    /// Placeholder values, each overwritten by a setting's default.
+    pub(super) fn blank() -> Self {
+        Self {
+            host: String::new(),
+            port: 0,
+            api_key: None,
+            max_queue: 0,
+            body_limit: 0,
+            shutdown_timeout: Duration::ZERO,
+            max_connections: 0,
+            header_read_timeout: Duration::ZERO,
+            idle_timeout: Duration::ZERO,
+            body_read_timeout: Duration::ZERO,
+            default_max_tokens: 0,
+            max_tokens_limit: None,
+            metrics_auth: false,
+            allowed_hosts: Vec::new(),
+            parse_special_in_content: false,
+        }
+    }
+}
+
+impl DeviceConfig {
+    /// Placeholder values, each overwritten by a setting's default.
+    pub(super) fn blank() -> Self {
+        Self {
+            kind: DeviceChoice::Auto,
+            link_bandwidth: None,
+            cpu_qmatmul: CpuQmatmul::Auto,
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Placeholder values, each overwritten by a setting's default.
+    pub(super) fn blank() -> Self {
+        Self {
+            name: String::new(),
+            source: String::new(),
+            dtype: DtypeChoice::Auto,
+            max_context: None,
+            max_batch: 0,
+            prefill_chunk: 0,
+            max_step_tokens: 0,
+            offload: OffloadConfig {
+                mode: OffloadMode::Auto,
+                gpu_memory: MemoryBudget::FractionOfFree(1.0),
+                prefetch: 0,
+                keep_alive: Duration::ZERO,
+            },
+        }
+    }
+}
+
+/// `section` with the built-in default of every setting of `scope` applied.
+fn with_defaults<T: Section>(mut section: T, scope: Scope) -> T {
+    for setting in in_scope(scope) {
+        setting.apply_default(&mut section);
+    }
+    section
+}
+
+/// The built-in defaults (the `default` texts of the settings table).
+impl Default for ServerConfig {
+    fn default() -> Self {
+        with_defaults(Self::blank(), Scope::Server)
+    }
+}
+
+/// The built-in defaults (the `default` texts of the settings table).
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        with_defaults(Self::blank(), Scope::Device)
+    }
+}
+
+/// The built-in default model (`models/SmolLM2-135M-Instruct.Q4_1.gguf`, relative to the working
+/// directory, served as `smollm2`) with every per-model default.
+impl Default for ModelConfig {
+    fn default() -> Self {
+        with_defaults(Self::blank(), Scope::Model)
+    }
+}
+
+/// The per-model offload defaults.
+impl Default for OffloadConfig {
+    fn default() -> Self {
+        ModelConfig::default().offload
+    }
+}
+
+/// Every built-in default: one server, the default device, the built-in default model.
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            server: ServerConfig::default(),
+            device: DeviceConfig::default(),
+            models: vec![ModelConfig::default()],
+        }
+    }
+}

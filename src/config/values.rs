@@ -1,0 +1,499 @@
+//! The value types a setting can hold, and one [`Codec`] per kind of value: how its text (from the
+//! file, a `FERRY_*` variable or a flag, all alike) is parsed and how `ferry config` shows it.
+//! Parsing is strict: text that cannot be meant (`"0.9"` as a size, `"tpu"` as a device) is an
+//! error whose message says what is accepted.
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use super::units::{parse_bandwidth, parse_bytes, parse_duration, parse_percent};
+
+/// Which compute device to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// CUDA device 0 when built with CUDA and one is present, else the CPU.
+    Auto,
+    /// The CPU.
+    Cpu,
+    /// CUDA device N.
+    Cuda(usize),
+}
+
+/// Dense weight dtype. A config type the model loader reads (`model::loader::DTypeChoice`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DtypeChoice {
+    /// GGUF stays quantized; safetensors become f32 on the CPU and keep the checkpoint's dtype
+    /// on CUDA.
+    #[default]
+    Auto,
+    /// Dense f32 (GGUF is dequantized).
+    F32,
+    /// Dense f16 (GGUF is dequantized).
+    F16,
+    /// Dense bf16 (GGUF is dequantized). Not available on the CPU, whose matmul lacks bf16.
+    BF16,
+}
+
+/// Which kernels multiply quantized weights on the CPU. A config type the model reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuQmatmul {
+    /// ferry's own kernels where they support the block type, candle's `QMatMul` elsewhere.
+    #[default]
+    Auto,
+    /// candle's `QMatMul` for every type (for comparisons).
+    Candle,
+}
+
+/// Where weights live (DESIGN.md 4.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffloadMode {
+    /// Everything resident on the compute device.
+    None,
+    /// Layers in order until the budget, the rest streamed.
+    Auto,
+    /// Every decoder layer streamed through a small slot ring.
+    Sequential,
+    /// The whole model moves between host and device on demand.
+    Model,
+}
+
+/// The device memory budget.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MemoryBudget {
+    /// A fixed number of bytes.
+    Bytes(u64),
+    /// A share (0, 1] of the device's free memory at start.
+    FractionOfFree(f64),
+}
+
+/// A resolved value as `ferry config` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Shown {
+    /// A string (quoted in TOML).
+    Text(String),
+    /// An integer.
+    Number(u64),
+    /// A boolean.
+    Bool(bool),
+    /// Not set.
+    Unset,
+    /// Set, but secret: never printed.
+    Hidden,
+}
+
+impl Shown {
+    /// The TOML spelling of the value (`None` when unset).
+    pub fn toml(&self) -> Option<String> {
+        match self {
+            Shown::Text(text) => Some(toml::Value::String(text.clone()).to_string()),
+            Shown::Number(n) => Some(n.to_string()),
+            Shown::Bool(b) => Some(b.to_string()),
+            Shown::Unset => None,
+            Shown::Hidden => Some("\"(hidden)\"".to_string()),
+        }
+    }
+
+    /// The JSON value.
+    pub fn json(&self) -> serde_json::Value {
+        match self {
+            Shown::Text(text) => serde_json::Value::String(text.clone()),
+            Shown::Number(n) => serde_json::Value::from(*n),
+            Shown::Bool(b) => serde_json::Value::Bool(*b),
+            Shown::Unset => serde_json::Value::Null,
+            Shown::Hidden => serde_json::Value::String("(hidden)".to_string()),
+        }
+    }
+}
+
+/// How one kind of value is parsed from text and shown.
+pub trait Codec {
+    /// The resolved type.
+    type Value;
+    /// Parses the text of a file value, variable or flag.
+    fn parse(text: &str) -> Result<Self::Value, String>;
+    /// The value for `ferry config`.
+    fn show(value: &Self::Value) -> Shown;
+}
+
+/// Free text, kept as written.
+pub struct Text;
+impl Codec for Text {
+    type Value = String;
+    fn parse(text: &str) -> Result<String, String> {
+        if text.trim().is_empty() {
+            return Err("must not be empty".to_string());
+        }
+        Ok(text.to_string())
+    }
+    fn show(value: &String) -> Shown {
+        Shown::Text(value.clone())
+    }
+}
+
+/// Optional free text; the empty string means unset.
+pub struct OptionalText;
+impl Codec for OptionalText {
+    type Value = Option<String>;
+    fn parse(text: &str) -> Result<Option<String>, String> {
+        Ok(Some(text.to_string()).filter(|t| !t.is_empty()))
+    }
+    fn show(value: &Option<String>) -> Shown {
+        value.clone().map_or(Shown::Unset, Shown::Text)
+    }
+}
+
+/// A secret (the API key): optional text that `ferry config` never prints.
+pub struct Secret;
+impl Codec for Secret {
+    type Value = Option<String>;
+    fn parse(text: &str) -> Result<Option<String>, String> {
+        OptionalText::parse(text)
+    }
+    fn show(value: &Option<String>) -> Shown {
+        if value.is_some() {
+            Shown::Hidden
+        } else {
+            Shown::Unset
+        }
+    }
+}
+
+/// A whole number (`u16`, `usize`, ...), zero allowed.
+pub struct Number<T>(PhantomData<T>);
+impl<T: std::str::FromStr + Copy + TryInto<u64>> Codec for Number<T> {
+    type Value = T;
+    fn parse(text: &str) -> Result<T, String> {
+        text.trim()
+            .parse()
+            .map_err(|_| format!("`{text}` is not a valid number"))
+    }
+    fn show(value: &T) -> Shown {
+        Shown::Number((*value).try_into().unwrap_or(u64::MAX))
+    }
+}
+
+/// `true` or `false` (also `1`/`0`, `yes`/`no`, `on`/`off`).
+pub struct Switch;
+impl Codec for Switch {
+    type Value = bool;
+    fn parse(text: &str) -> Result<bool, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Ok(true),
+            "false" | "0" | "no" | "off" => Ok(false),
+            _ => Err(format!("`{text}` is not true or false")),
+        }
+    }
+    fn show(value: &bool) -> Shown {
+        Shown::Bool(*value)
+    }
+}
+
+/// A comma-separated list of names (spaces around them dropped); empty = none.
+pub struct Names;
+impl Codec for Names {
+    type Value = Vec<String>;
+    fn parse(text: &str) -> Result<Vec<String>, String> {
+        let names: Vec<String> = text
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_string)
+            .collect();
+        if let Some(bad) = names.iter().find(|n| n.contains(char::is_whitespace)) {
+            return Err(format!("`{bad}` is not a name (a list is comma-separated)"));
+        }
+        Ok(names)
+    }
+    fn show(value: &Vec<String>) -> Shown {
+        if value.is_empty() {
+            Shown::Unset
+        } else {
+            Shown::Text(value.join(","))
+        }
+    }
+}
+
+/// A count of at least 1.
+pub struct Positive;
+impl Codec for Positive {
+    type Value = usize;
+    fn parse(text: &str) -> Result<usize, String> {
+        let value: usize = text
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{text}` is not a valid number"))?;
+        if value == 0 {
+            return Err("must be at least 1".to_string());
+        }
+        Ok(value)
+    }
+    fn show(value: &usize) -> Shown {
+        Shown::Number(*value as u64)
+    }
+}
+
+/// An optional count of at least 1 (unset by default).
+pub struct OptionalPositive;
+impl Codec for OptionalPositive {
+    type Value = Option<usize>;
+    fn parse(text: &str) -> Result<Option<usize>, String> {
+        Positive::parse(text).map(Some)
+    }
+    fn show(value: &Option<usize>) -> Shown {
+        value.map_or(Shown::Unset, |v| Shown::Number(v as u64))
+    }
+}
+
+/// A positive byte size (`16MiB`, `1048576`).
+pub struct Size;
+impl Codec for Size {
+    type Value = usize;
+    fn parse(text: &str) -> Result<usize, String> {
+        let bytes = parse_bytes(text)?;
+        if bytes == 0 {
+            return Err("must be positive".to_string());
+        }
+        usize::try_from(bytes).map_err(|_| format!("`{text}` is too large"))
+    }
+    fn show(value: &usize) -> Shown {
+        Shown::Text(exact_size(*value as u64))
+    }
+}
+
+/// A duration (`30s`, `5m`).
+pub struct Time;
+impl Codec for Time {
+    type Value = Duration;
+    fn parse(text: &str) -> Result<Duration, String> {
+        parse_duration(text)
+    }
+    fn show(value: &Duration) -> Shown {
+        Shown::Text(exact_duration(*value))
+    }
+}
+
+/// An optional link bandwidth (`16GB/s`), unset by default.
+pub struct Bandwidth;
+impl Codec for Bandwidth {
+    type Value = Option<u64>;
+    fn parse(text: &str) -> Result<Option<u64>, String> {
+        parse_bandwidth(text).map(Some)
+    }
+    fn show(value: &Option<u64>) -> Shown {
+        value.map_or(Shown::Unset, |v| {
+            Shown::Text(format!("{}/s", exact_size(v)))
+        })
+    }
+}
+
+/// A device budget: a size or a share of free memory.
+pub struct Budget;
+impl Codec for Budget {
+    type Value = MemoryBudget;
+    fn parse(text: &str) -> Result<MemoryBudget, String> {
+        if text.trim().ends_with('%') {
+            parse_percent(text).map(MemoryBudget::FractionOfFree)
+        } else {
+            parse_bytes(text).map(MemoryBudget::Bytes)
+        }
+    }
+    fn show(value: &MemoryBudget) -> Shown {
+        Shown::Text(match value {
+            MemoryBudget::Bytes(bytes) => exact_size(*bytes),
+            MemoryBudget::FractionOfFree(fraction) => {
+                let percent = format!("{:.4}", fraction * 100.0);
+                format!("{}%", percent.trim_end_matches('0').trim_end_matches('.'))
+            }
+        })
+    }
+}
+
+/// `auto`, `cpu`, `cuda` or `cuda:N`.
+pub struct Device;
+impl Codec for Device {
+    type Value = DeviceChoice;
+    fn parse(text: &str) -> Result<DeviceChoice, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(DeviceChoice::Auto),
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" | "gpu" => Ok(DeviceChoice::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceChoice::Cuda)
+                .ok_or_else(|| format!("`{text}` is not a device (use auto, cpu or cuda:N)")),
+        }
+    }
+    fn show(value: &DeviceChoice) -> Shown {
+        Shown::Text(match value {
+            DeviceChoice::Auto => "auto".to_string(),
+            DeviceChoice::Cpu => "cpu".to_string(),
+            DeviceChoice::Cuda(n) => format!("cuda:{n}"),
+        })
+    }
+}
+
+/// `auto`, `f32`, `f16` or `bf16`.
+pub struct Dtype;
+impl Codec for Dtype {
+    type Value = DtypeChoice;
+    fn parse(text: &str) -> Result<DtypeChoice, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(DtypeChoice::Auto),
+            "f32" | "float32" => Ok(DtypeChoice::F32),
+            "f16" | "float16" | "half" => Ok(DtypeChoice::F16),
+            "bf16" | "bfloat16" => Ok(DtypeChoice::BF16),
+            _ => Err(format!(
+                "`{text}` is not a dtype (use auto, f32, f16 or bf16)"
+            )),
+        }
+    }
+    fn show(value: &DtypeChoice) -> Shown {
+        Shown::Text(
+            match value {
+                DtypeChoice::Auto => "auto",
+                DtypeChoice::F32 => "f32",
+                DtypeChoice::F16 => "f16",
+                DtypeChoice::BF16 => "bf16",
+            }
+            .to_string(),
+        )
+    }
+}
+
+/// `none`, `auto`, `sequential` or `model`.
+pub struct Mode;
+impl Codec for Mode {
+    type Value = OffloadMode;
+    fn parse(text: &str) -> Result<OffloadMode, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "none" => Ok(OffloadMode::None),
+            "auto" => Ok(OffloadMode::Auto),
+            "sequential" => Ok(OffloadMode::Sequential),
+            "model" => Ok(OffloadMode::Model),
+            _ => Err(format!(
+                "`{text}` is not an offload mode (use none, auto, sequential or model)"
+            )),
+        }
+    }
+    fn show(value: &OffloadMode) -> Shown {
+        Shown::Text(
+            match value {
+                OffloadMode::None => "none",
+                OffloadMode::Auto => "auto",
+                OffloadMode::Sequential => "sequential",
+                OffloadMode::Model => "model",
+            }
+            .to_string(),
+        )
+    }
+}
+
+/// `auto` or `candle`.
+pub struct Kernels;
+impl Codec for Kernels {
+    type Value = CpuQmatmul;
+    fn parse(text: &str) -> Result<CpuQmatmul, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(CpuQmatmul::Auto),
+            "candle" => Ok(CpuQmatmul::Candle),
+            _ => Err(format!(
+                "`{text}` is not a CPU kernel choice (use auto or candle)"
+            )),
+        }
+    }
+    fn show(value: &CpuQmatmul) -> Shown {
+        Shown::Text(
+            match value {
+                CpuQmatmul::Auto => "auto",
+                CpuQmatmul::Candle => "candle",
+            }
+            .to_string(),
+        )
+    }
+}
+
+/// The shortest exact spelling of a byte count: `16MiB`, `6GB`, `1000`.
+fn exact_size(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 6] = [
+        (1 << 40, "TiB"),
+        (1 << 30, "GiB"),
+        (1 << 20, "MiB"),
+        (1_000_000_000_000, "TB"),
+        (1_000_000_000, "GB"),
+        (1_000_000, "MB"),
+    ];
+    UNITS
+        .iter()
+        .find(|(unit, _)| bytes >= *unit && bytes % unit == 0)
+        .map_or_else(
+            || bytes.to_string(),
+            |(unit, name)| format!("{}{name}", bytes / unit),
+        )
+}
+
+/// The shortest exact spelling of a duration: `5m`, `30s`, `250ms`.
+fn exact_duration(duration: Duration) -> String {
+    let millis = duration.as_millis();
+    if millis == 0 || millis % 1000 != 0 {
+        return format!("{millis}ms");
+    }
+    let seconds = millis / 1000;
+    if seconds % 3600 == 0 {
+        format!("{}h", seconds / 3600)
+    } else if seconds % 60 == 0 {
+        format!("{}m", seconds / 60)
+    } else {
+        format!("{seconds}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shown_values_parse_back_to_the_same_value() {
+        for text in ["16MiB", "6GB", "1000", "1KiB"] {
+            let size = Size::parse(text).expect("size");
+            let Shown::Text(shown) = Size::show(&size) else {
+                panic!("text");
+            };
+            assert_eq!(Size::parse(&shown), Ok(size), "{text} -> {shown}");
+        }
+        for text in ["5m", "30s", "250ms", "1h", "90s"] {
+            let time = Time::parse(text).expect("duration");
+            let Shown::Text(shown) = Time::show(&time) else {
+                panic!("text");
+            };
+            assert_eq!(Time::parse(&shown), Ok(time), "{text} -> {shown}");
+        }
+        for text in ["90%", "12.5%", "6GiB"] {
+            let budget = Budget::parse(text).expect("budget");
+            assert_eq!(Budget::show(&budget), Shown::Text(text.to_string()));
+        }
+        assert_eq!(
+            Bandwidth::show(&Bandwidth::parse("16GB/s").expect("rate")),
+            Shown::Text("16GB/s".into())
+        );
+    }
+
+    #[test]
+    fn values_that_cannot_be_meant_are_errors() {
+        let err = Budget::parse("0.9").expect_err("0.9 bytes");
+        assert!(err.contains("90%"), "{err}");
+        assert!(Size::parse("0").is_err());
+        assert!(Positive::parse("0").is_err());
+        assert!(Text::parse("  ").is_err());
+        assert!(Kernels::parse("fast").is_err());
+        assert_eq!(Number::<u16>::parse("70000").ok(), None);
+    }
+
+    #[test]
+    fn secrets_are_never_shown() {
+        let key = Secret::parse("sk-123").expect("key");
+        assert_eq!(Secret::show(&key), Shown::Hidden);
+        assert_eq!(Secret::show(&None), Shown::Unset);
+        assert!(!Shown::Hidden.toml().unwrap_or_default().contains("sk-"));
+    }
+}

@@ -1,0 +1,211 @@
+//! [`Checkpoint`]: a model's weight files opened once per load. Each file is memory-mapped and its
+//! header parsed once ([`super::header`]); from that come the [`ModelSpec`] (GGUF metadata or
+//! config.json) and the [`TensorTable`] (every tensor the model uses, checked). `ferry plan`'s
+//! sizing, the tokenizer (GGUF vocabularies), the loader and the host slabs all take this one
+//! value, so none of them parses a header again and none can accept what another refuses.
+//!
+//! Tensor bytes are slices of the maps; [`Checkpoint::read_blocks`] and
+//! [`Checkpoint::read_dense`] turn a record into a candle tensor on a device. Drop the checkpoint
+//! once the model is loaded: the maps would otherwise keep the file's pages counted as resident.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::Value;
+use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+use candle_core::safetensors::Load;
+use candle_core::{DType, Device, Tensor};
+use memmap2::Mmap;
+
+use super::error::{ModelError, Result};
+use super::header::{map_file, GgufHeader, Shards};
+use super::source::ModelFiles;
+use super::spec::ModelSpec;
+use super::tensors::{Format, StoredType, TensorRecord, TensorTable};
+
+/// The parsed headers of one model's files.
+#[derive(Debug)]
+enum Headers {
+    /// One GGUF file.
+    Gguf { map: Mmap, header: GgufHeader },
+    /// Hugging Face safetensors shards.
+    Safetensors(Shards),
+}
+
+/// A model's files, their headers, spec and tensor table, read once.
+#[derive(Debug)]
+pub struct Checkpoint {
+    files: ModelFiles,
+    headers: Headers,
+    spec: ModelSpec,
+    tensors: TensorTable,
+}
+
+impl Checkpoint {
+    /// Maps the weight files of `files`, parses their headers, the spec and the tensor table.
+    pub fn open(files: &ModelFiles) -> Result<Self> {
+        let (headers, spec) = match files {
+            ModelFiles::Gguf { path } => {
+                let map = map_file(path)?;
+                let header = GgufHeader::parse(&map).map_err(|e| {
+                    ModelError::Source(format!("{} is not a GGUF file: {e}", path.display()))
+                })?;
+                let spec = ModelSpec::from_gguf(&header)?;
+                (Headers::Gguf { map, header }, spec)
+            }
+            ModelFiles::HfDir {
+                config, weights, ..
+            } => {
+                let json = std::fs::read_to_string(config).map_err(|source| ModelError::Io {
+                    path: config.clone(),
+                    source,
+                })?;
+                let spec = ModelSpec::from_hf_config(&json)?;
+                (Headers::Safetensors(Shards::open(weights)?), spec)
+            }
+        };
+        let tensors = match &headers {
+            Headers::Gguf { header, .. } => {
+                let lookup = |name: &str| {
+                    let info = header.tensor(name)?;
+                    Some(TensorRecord {
+                        name: info.name.clone(),
+                        shape: info.shape.clone(),
+                        stored: StoredType::Gguf(info.ty),
+                        file: 0,
+                        range: header.data_range(info),
+                    })
+                };
+                let names = header.tensors.iter().map(|t| t.name.as_str());
+                TensorTable::build(Format::Gguf, &spec, &lookup, names)?
+            }
+            Headers::Safetensors(shards) => {
+                let lookup = |name: &str| {
+                    let t = shards.tensor(name)?;
+                    Some(TensorRecord {
+                        name: name.to_string(),
+                        shape: t.info.shape.clone(),
+                        stored: StoredType::Safetensors(t.info.dtype),
+                        file: t.shard,
+                        range: shards.data_range(&t),
+                    })
+                };
+                TensorTable::build(Format::Safetensors, &spec, &lookup, shards.names())?
+            }
+        };
+        Ok(Self {
+            files: files.clone(),
+            headers,
+            spec,
+            tensors,
+        })
+    }
+
+    /// The files this checkpoint was read from.
+    pub fn files(&self) -> &ModelFiles {
+        &self.files
+    }
+
+    /// Shape and hyper-parameters.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// Every tensor the model uses.
+    pub fn tensors(&self) -> &TensorTable {
+        &self.tensors
+    }
+
+    /// The file format.
+    pub fn format(&self) -> Format {
+        self.tensors.format
+    }
+
+    /// The GGUF header (metadata and every tensor info), for a GGUF checkpoint.
+    pub fn gguf(&self) -> Option<&GgufHeader> {
+        match &self.headers {
+            Headers::Gguf { header, .. } => Some(header),
+            Headers::Safetensors(_) => None,
+        }
+    }
+
+    /// GGUF metadata (the tokenizer's vocabulary lives there), for a GGUF checkpoint.
+    pub fn gguf_metadata(&self) -> Option<&HashMap<String, Value>> {
+        self.gguf().map(|h| &h.metadata)
+    }
+
+    /// The stored bytes of `record`.
+    pub fn bytes(&self, record: &TensorRecord) -> Result<&[u8]> {
+        let file: &[u8] = match &self.headers {
+            Headers::Gguf { map, .. } => map,
+            Headers::Safetensors(shards) => shards.bytes(record.file),
+        };
+        file.get(record.range.clone()).ok_or_else(|| {
+            ModelError::Source(format!("`{}` lies past the end of its file", record.name))
+        })
+    }
+
+    /// `record`'s GGUF blocks as a quantized tensor of candle type `dtype` on `device` (the
+    /// bytes are copied once, into the tensor's own storage).
+    pub fn read_blocks(
+        &self,
+        record: &TensorRecord,
+        dtype: GgmlDType,
+        device: &Device,
+    ) -> Result<QTensor> {
+        let storage = QStorage::from_data(Cow::Borrowed(self.bytes(record)?), device, dtype)
+            .map_err(|e| self.read_error(record, e))?;
+        Ok(QTensor::new(storage, record.shape.as_slice())?)
+    }
+
+    /// `record` as a dense tensor of `dtype` on `device`: GGUF tensors are dequantized (on the
+    /// device), safetensors converted from their stored dtype.
+    pub fn read_dense(
+        &self,
+        record: &TensorRecord,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let tensor = match record.stored {
+            StoredType::Gguf(ty) => {
+                let candle = ty.to_candle().ok_or_else(|| unsupported_type(record, ty))?;
+                self.read_blocks(record, candle, device)?
+                    .dequantize(device)
+                    .map_err(|e| self.read_error(record, e))?
+            }
+            StoredType::Safetensors(st) => {
+                let view = safetensors::tensor::TensorView::new(
+                    st,
+                    record.shape.clone(),
+                    self.bytes(record)?,
+                )
+                .map_err(|e| ModelError::Source(format!("`{}`: {e}", record.name)))?;
+                view.load(device).map_err(|e| self.read_error(record, e))?
+            }
+        };
+        Ok(tensor.to_dtype(dtype)?)
+    }
+
+    fn read_error(&self, record: &TensorRecord, e: candle_core::Error) -> ModelError {
+        let path = match &self.files {
+            ModelFiles::Gguf { path } => path.as_path(),
+            ModelFiles::HfDir { weights, .. } => weights
+                .get(record.file)
+                .map_or(std::path::Path::new("?"), |p| p.as_path()),
+        };
+        ModelError::Source(format!(
+            "{}: reading `{}`: {e}",
+            path.display(),
+            record.name
+        ))
+    }
+}
+
+/// The error for a GGUF tensor of a type ferry cannot compute (yet).
+pub fn unsupported_type(record: &TensorRecord, ty: super::header::GgufType) -> ModelError {
+    ModelError::Unsupported(format!(
+        "tensor `{}` is stored as {ty}, a GGUF type ferry cannot compute yet \
+         (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K..Q8_K)",
+        record.name
+    ))
+}

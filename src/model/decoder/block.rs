@@ -1,0 +1,80 @@
+//! The seam between the shared decoder loop and an architecture. A [`Block`] is what one
+//! decoder layer computes (its norms, attention variant, MLP or mixture of experts) from that
+//! layer's borrowed [`LayerWeights`] and the rows of every sequence of the step; [`for_layer`]
+//! picks each layer's block from the spec. A new family is a new `Block` type and one arm of
+//! [`for_layer`]; the loop, the layer sources and the offload engine stay as they are.
+//!
+//! Also here: the helpers every block uses ([`rms_norm`], [`projections`]).
+
+use std::fmt;
+use std::sync::Arc;
+
+use candle_core::Tensor;
+
+use super::attention::Step;
+use crate::model::error::Result;
+use crate::model::kv_cache::LayerKv;
+use crate::model::llama::LlamaBlock;
+use crate::model::spec::{Architecture, ModelSpec};
+use crate::model::weights::{LayerWeights, Linear};
+
+/// One decoder layer of a family, run on the rows of a whole step.
+///
+/// A block holds only hyper-parameters: its weights are borrowed per call, so the same block
+/// runs resident layers and layers streamed into a device slot alike.
+pub trait Block: fmt::Debug + Send + Sync {
+    /// Runs the layer on `x` (`[1, rows, hidden]`: the new tokens of every sequence of the
+    /// step, concatenated in `seqs` order) and returns its output (same shape). Row-wise work
+    /// (norms, projections, MLP) should see every row in one call, which is one pass over the
+    /// weights per step; attention runs per sequence on its own rows against its own cache
+    /// (`attention::attend_each`), writing this layer's keys and values there.
+    fn forward(
+        &self,
+        x: &Tensor,
+        weights: &LayerWeights,
+        seqs: &mut [BatchRows<'_, '_>],
+    ) -> Result<Tensor>;
+}
+
+/// One sequence's rows in a step: where they are in the batch and what its attention needs.
+pub struct BatchRows<'a, 'b> {
+    /// First row of the sequence in the batch.
+    pub offset: usize,
+    /// Number of rows (new tokens).
+    pub len: usize,
+    /// This layer's key/value cache of the sequence.
+    pub kv: &'b mut LayerKv,
+    /// Position and mask of the sequence.
+    pub step: &'b Step<'a>,
+}
+
+impl BatchRows<'_, '_> {
+    /// This sequence's rows of a batched activation `t` (`[1, rows, ..]`).
+    pub fn rows(&self, t: &Tensor) -> Result<Tensor> {
+        Ok(t.narrow(1, self.offset, self.len)?)
+    }
+}
+
+/// The block of decoder layer `index` of a model with `spec`.
+pub fn for_layer(spec: &ModelSpec, index: usize) -> Arc<dyn Block> {
+    // Every layer of the families so far is alike; per-layer variants (sliding-window and
+    // global layers, dense and MoE layers) choose by `index` here.
+    let _ = index;
+    match spec.architecture {
+        Architecture::Llama | Architecture::Qwen2 | Architecture::Mistral => {
+            Arc::new(LlamaBlock::new(spec))
+        }
+    }
+}
+
+/// `N` projections of the same input ([`Linear::forward_many`]).
+pub fn projections<const N: usize>(linears: &[&Linear; N], h: &Tensor) -> Result<[Tensor; N]> {
+    Linear::forward_many(linears, h)?
+        .try_into()
+        .map_err(|_| candle_core::Error::Msg("projection count".into()).into())
+}
+
+/// RMSNorm over the last dimension with a learned scale.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+    Ok(candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps)?)
+}

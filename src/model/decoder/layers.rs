@@ -1,0 +1,33 @@
+//! Where a step's decoder layers come from: the [`LayerSource`] seam the forward loop pulls
+//! each layer's weights through, and [`ResidentLayers`], the source for layers already in
+//! memory (owned, as the loader returns them, or borrowed, as a swap lease holds them). The
+//! offload engine's `WeightStore` is the other source (a resident prefix plus streamed slots).
+
+use crate::model::error::{ModelError, Result};
+use crate::model::weights::LayerWeights;
+
+/// Hands out the weights of decoder layer `index` for one forward pass.
+pub trait LayerSource {
+    /// The weights of layer `index` (called once per layer per step, in order).
+    fn layer(&mut self, index: usize) -> Result<LayerWeights>;
+    /// Called when layer `index` has been computed and its weights may be reused.
+    fn release(&mut self, index: usize) -> Result<()> {
+        let _ = index;
+        Ok(())
+    }
+}
+
+/// Every layer already on the compute device: `ResidentLayers(Vec<LayerWeights>)` owns them,
+/// `ResidentLayers(&[LayerWeights])` borrows them (a swap lease's resident copy, without
+/// cloning the list every step).
+#[derive(Debug, Clone)]
+pub struct ResidentLayers<L = Vec<LayerWeights>>(pub L);
+
+impl<L: AsRef<[LayerWeights]>> LayerSource for ResidentLayers<L> {
+    fn layer(&mut self, index: usize) -> Result<LayerWeights> {
+        let layers = self.0.as_ref();
+        layers.get(index).cloned().ok_or_else(|| {
+            ModelError::MissingTensor(format!("layer {index} (of {})", layers.len()))
+        })
+    }
+}

@@ -1,0 +1,239 @@
+//! The decoder every architecture shares, written one layer at a time.
+//!
+//! [`Model`] owns only what every step needs whatever the placement: the spec, the fixed
+//! weights (embedding, final norm, head), the RoPE tables and one [`Block`] per layer (what
+//! the layer computes, chosen by family in [`block::for_layer`]). Decoder weights come from a
+//! [`LayerSource`] one layer at a time, so resident layers ([`ResidentLayers`]) and layers
+//! streamed or swapped by the offload engine go through the same loop and the model never
+//! knows where its weights live.
+//!
+//! There is one forward path, [`Model::forward_batch`]: a step runs the new tokens of several
+//! sequences ([`SeqInput`]), each against its own cache; [`Model::forward`] is a batch of one.
+
+pub mod attention;
+pub mod block;
+pub mod layers;
+pub mod rope;
+
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+
+pub use self::block::Block;
+pub use self::layers::{LayerSource, ResidentLayers};
+
+use self::attention::Step;
+use self::block::{rms_norm, BatchRows};
+use self::rope::Rope;
+use super::error::{ModelError, Result};
+use super::kv_cache::{KvCache, KvShape};
+use super::spec::ModelSpec;
+use super::weights::FixedWeights;
+
+/// One sequence of a step ([`Model::forward_batch`]): its new tokens and its cache.
+pub struct SeqInput<'a> {
+    /// Tokens to run at positions `cache.len()..` (a prompt chunk or one decode token).
+    pub tokens: &'a [u32],
+    /// The sequence's key/value cache.
+    pub cache: &'a mut KvCache,
+}
+
+/// Everything [`Model::new`] needs.
+#[derive(Debug, Clone)]
+pub struct ModelParts {
+    /// Shape and hyper-parameters.
+    pub spec: ModelSpec,
+    /// Embedding, final norm and output head.
+    pub fixed: FixedWeights,
+    /// Per-frequency RoPE divisors (GGUF `rope_freqs.weight`), if the checkpoint has them.
+    pub rope_freq_factors: Option<Vec<f32>>,
+    /// The compute device.
+    pub device: Device,
+    /// Activation dtype (f32 for quantized weights).
+    pub dtype: DType,
+}
+
+/// A decoder model without its decoder layers' weights.
+#[derive(Debug, Clone)]
+pub struct Model {
+    spec: ModelSpec,
+    fixed: FixedWeights,
+    blocks: Vec<Arc<dyn Block>>,
+    rope: Rope,
+    device: Device,
+    dtype: DType,
+}
+
+impl Model {
+    /// Builds the model, its layers' blocks and its RoPE tables.
+    pub fn new(parts: ModelParts) -> Result<Self> {
+        let rope = Rope::new(
+            &parts.spec,
+            parts.rope_freq_factors.as_deref(),
+            parts.dtype,
+            &parts.device,
+        )?;
+        let blocks = (0..parts.spec.n_layers)
+            .map(|i| block::for_layer(&parts.spec, i))
+            .collect();
+        Ok(Self {
+            blocks,
+            spec: parts.spec,
+            fixed: parts.fixed,
+            rope,
+            device: parts.device,
+            dtype: parts.dtype,
+        })
+    }
+
+    /// The model's spec.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// Embedding, final norm and head.
+    pub fn fixed(&self) -> &FixedWeights {
+        &self.fixed
+    }
+
+    /// The compute device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The activation dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// An empty key/value cache that can hold the model's whole context.
+    pub fn new_cache(&self) -> KvCache {
+        self.new_cache_with_limit(self.spec.max_context)
+    }
+
+    /// An empty key/value cache limited to `max_len` positions (capped at the model's context).
+    pub fn new_cache_with_limit(&self, max_len: usize) -> KvCache {
+        let shape = KvShape {
+            n_kv_heads: self.spec.n_kv_heads,
+            head_dim: self.spec.head_dim,
+        };
+        let max_len = max_len.min(self.spec.max_context);
+        KvCache::new(self.spec.n_layers, shape, max_len, self.dtype, &self.device)
+    }
+
+    /// One sequence's step: runs `tokens` at positions `cache.len()..` and returns the last
+    /// position's logits as f32 `[vocab]`. The same path as [`Model::forward_batch`], for a
+    /// batch of one. On error the cache keeps its previous length.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        layers: &mut dyn LayerSource,
+    ) -> Result<Tensor> {
+        let logits = self.forward_batch(&mut [SeqInput { tokens, cache }], layers)?;
+        Ok(logits.squeeze(0)?)
+    }
+
+    /// Runs one step for several sequences and returns each one's last-position logits as f32
+    /// `[n_seqs, vocab]`, in input order. Every decoder layer is fetched from `layers` once and
+    /// serves the whole batch: its block sees every row together (rows concatenated) and runs
+    /// attention per sequence against its own cache, so each sequence gets the logits it would
+    /// get alone. On error no cache is advanced.
+    pub fn forward_batch(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        layers: &mut dyn LayerSource,
+    ) -> Result<Tensor> {
+        if batch.is_empty() || batch.iter().any(|s| s.tokens.is_empty()) {
+            return Err(ModelError::EmptyInput);
+        }
+        let mut ids = Vec::new();
+        let mut steps = Vec::with_capacity(batch.len());
+        let mut offsets = Vec::with_capacity(batch.len());
+        for s in batch.iter() {
+            self.check(s)?;
+            let pos = s.cache.len();
+            let seq = s.tokens.len();
+            offsets.push(ids.len());
+            ids.extend_from_slice(s.tokens);
+            steps.push(Step {
+                pos,
+                rope: &self.rope,
+                mask: attention::causal_mask(seq, pos, self.spec.sliding_window, &self.device)?,
+            });
+        }
+        let total = ids.len();
+        let ids = Tensor::from_vec(ids, (1, total), &self.device)?;
+        let mut x = self.fixed.embedding.forward(&ids)?.to_dtype(self.dtype)?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let w = layers.layer(i)?;
+            let mut rows = Vec::with_capacity(batch.len());
+            for ((s, step), &offset) in batch.iter_mut().zip(&steps).zip(&offsets) {
+                let len = s.tokens.len();
+                let n_cached = s.cache.n_layers();
+                let kv = s.cache.layer_mut(i).ok_or(ModelError::CacheMismatch {
+                    cache: n_cached,
+                    model: self.spec.n_layers,
+                })?;
+                rows.push(BatchRows {
+                    offset,
+                    len,
+                    kv,
+                    step,
+                });
+            }
+            x = self.on_pool(|| block.forward(&x, &w, &mut rows))?;
+            drop(w);
+            layers.release(i)?;
+        }
+        for s in batch.iter_mut() {
+            s.cache.commit(s.tokens.len())?;
+        }
+
+        let last: Vec<u32> = batch
+            .iter()
+            .zip(&offsets)
+            .map(|(s, &offset)| (offset + s.tokens.len() - 1) as u32)
+            .collect();
+        let last = Tensor::from_vec(last, batch.len(), &self.device)?;
+        let last = x.squeeze(0)?.index_select(&last, 0)?.unsqueeze(0)?;
+        let last = rms_norm(&last, &self.fixed.final_norm, self.spec.rms_norm_eps as f32)?;
+        let logits = self.fixed.lm_head.forward(&last)?;
+        Ok(logits.squeeze(0)?.to_dtype(DType::F32)?)
+    }
+
+    /// Refuses a sequence this model cannot run: a cache of another model, a token past the
+    /// vocabulary, or more tokens than the cache has room for.
+    fn check(&self, s: &SeqInput<'_>) -> Result<()> {
+        if s.cache.n_layers() != self.spec.n_layers {
+            return Err(ModelError::CacheMismatch {
+                cache: s.cache.n_layers(),
+                model: self.spec.n_layers,
+            });
+        }
+        if let Some(&token) = s
+            .tokens
+            .iter()
+            .find(|&&t| t as usize >= self.spec.vocab_size)
+        {
+            return Err(ModelError::TokenOutOfRange {
+                token,
+                vocab_size: self.spec.vocab_size,
+            });
+        }
+        s.cache.check_room(s.tokens.len())
+    }
+
+    /// Runs `f` (one decoder layer) on a thread of rayon's pool when computing on the CPU.
+    ///
+    /// The CPU matmuls split their rows over the pool; called from a thread outside it, each
+    /// of them would hand its work over and sleep until woken (two thread switches per matmul).
+    /// Moving the whole layer onto a pool thread pays that once per layer instead.
+    fn on_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        if self.device.is_cpu() {
+            rayon::scope(|_| f())
+        } else {
+            f()
+        }
+    }
+}

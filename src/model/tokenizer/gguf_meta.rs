@@ -1,0 +1,108 @@
+//! Typed reads of GGUF metadata for the tokenizer builders: a missing key is `None`, a present key
+//! of the wrong type is a [`ModelError::Config`] naming the key.
+
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::Value;
+
+use crate::model::error::{ModelError, Result};
+
+/// Typed access to GGUF metadata; a present key with the wrong type is a config error.
+pub(super) struct Meta<'a>(pub &'a HashMap<String, Value>);
+
+impl<'a> Meta<'a> {
+    fn bad(key: &str, what: &str) -> ModelError {
+        ModelError::Config(format!("GGUF metadata `{key}` is not {what}"))
+    }
+
+    pub fn str(&self, key: &str) -> Result<Option<&'a str>> {
+        match self.0.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.as_str())),
+            Some(_) => Err(Self::bad(key, "a string")),
+        }
+    }
+
+    pub fn bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.0.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => int_of(v)
+                .map(|i| Some(i != 0))
+                .ok_or_else(|| Self::bad(key, "a boolean")),
+        }
+    }
+
+    pub fn u32(&self, key: &str) -> Result<Option<u32>> {
+        match self.0.get(key) {
+            None => Ok(None),
+            Some(v) => int_of(v)
+                .and_then(|i| u32::try_from(i).ok())
+                .map(Some)
+                .ok_or_else(|| Self::bad(key, "a token id")),
+        }
+    }
+
+    pub fn strings(&self, key: &str) -> Result<Option<Vec<&'a str>>> {
+        match self.0.get(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| match v {
+                    Value::String(s) => Ok(s.as_str()),
+                    _ => Err(Self::bad(key, "an array of strings")),
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(_) => Err(Self::bad(key, "an array of strings")),
+        }
+    }
+
+    pub fn ints(&self, key: &str) -> Result<Option<Vec<i64>>> {
+        match self.0.get(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| int_of(v).ok_or_else(|| Self::bad(key, "an array of integers")))
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(_) => Err(Self::bad(key, "an array of integers")),
+        }
+    }
+}
+
+impl Meta<'_> {
+    /// An array of numbers as f32 (llama.cpp reads `tokenizer.ggml.scores` as f32 or i32).
+    pub fn floats(&self, key: &str) -> Result<Option<Vec<f32>>> {
+        match self.0.get(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| match v {
+                    Value::F32(x) => Ok(*x),
+                    Value::F64(x) => Ok(*x as f32),
+                    other => int_of(other)
+                        .map(|i| i as f32)
+                        .ok_or_else(|| Self::bad(key, "an array of numbers")),
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(_) => Err(Self::bad(key, "an array of numbers")),
+        }
+    }
+}
+
+/// Any GGUF integer as i64 (`None` for non-integers and u64 beyond i64).
+fn int_of(v: &Value) -> Option<i64> {
+    match v {
+        Value::U8(x) => Some(i64::from(*x)),
+        Value::I8(x) => Some(i64::from(*x)),
+        Value::U16(x) => Some(i64::from(*x)),
+        Value::I16(x) => Some(i64::from(*x)),
+        Value::U32(x) => Some(i64::from(*x)),
+        Value::I32(x) => Some(i64::from(*x)),
+        Value::U64(x) => i64::try_from(*x).ok(),
+        Value::I64(x) => Some(*x),
+        _ => None,
+    }
+}

@@ -1,0 +1,239 @@
+//! How every configured model shares the one compute device: what `ferry plan` prints and what
+//! `serve` executes (it calls [`DevicePlan::new`] before loading anything and loads each model
+//! with [`ModelPlan::config`], so both see the same numbers and refuse alike).
+//!
+//! Rules (README's "Several models on one device"):
+//! - The device's free memory is measured once; every `gpu_memory = "90%"` is a share of it.
+//! - Each non-`model` entry is planned against its own `gpu_memory`; every mode-`model` entry
+//!   against the shared budget of the first of them ([`super::swap`]).
+//! - Together they must fit: the entries' device bytes (each plan's, without its reserve), the
+//!   mode-`model` pool's (at most its budget) and one reserve may not exceed the free memory.
+
+use std::sync::Arc;
+
+use candle_core::Device;
+use serde_json::{json, Value};
+
+use super::device::{describe, free_bytes};
+use super::planning::plan_model;
+use super::swap::{pool_plan, swap_manager, PoolPlan};
+use super::RuntimeError;
+use crate::config::{Config, MemoryBudget, ModelConfig, OffloadMode};
+use crate::model::source::HubOptions;
+use crate::offload::plan::{resolve_budget, Plan};
+use crate::offload::render::{format_bytes, plan_json, render_text};
+use crate::offload::SwapManager;
+
+/// What `serve` needs before it loads anything: the plan `ferry plan` shows, and the swap
+/// manager of the mode-`model` pool (if any).
+pub struct Serving {
+    /// Every model's plan; load each with its [`ModelPlan::config`].
+    pub plan: DevicePlan,
+    /// The shared residency manager of the mode-`model` entries.
+    pub swap: Option<Arc<SwapManager>>,
+}
+
+/// Measures the device's free memory once, plans every model ([`DevicePlan::new`], refusing
+/// what `ferry plan` refuses) and makes the mode-`model` swap manager.
+pub fn prepare_serving(
+    config: &Config,
+    device: &Device,
+    hub: &HubOptions,
+) -> Result<Serving, RuntimeError> {
+    let free = free_bytes(device)?;
+    let plan = DevicePlan::new(config, device, hub, free)?;
+    let swap = plan
+        .pool
+        .as_ref()
+        .map(|pool| swap_manager(pool, &config.device))
+        .transpose()?;
+    Ok(Serving { plan, swap })
+}
+
+/// One model's part of the device plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelPlan {
+    /// The model's configuration with its budget resolved to bytes (what `serve` loads with).
+    pub config: ModelConfig,
+    /// Its placement.
+    pub plan: Plan,
+}
+
+/// Every model's placement on one device, and whether they fit together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DevicePlan {
+    /// The device, e.g. `cpu` or `cuda:0`.
+    pub device: String,
+    /// Its free memory when measured.
+    pub free_bytes: u64,
+    /// The models, in config order.
+    pub models: Vec<ModelPlan>,
+    /// The mode-`model` pool, if any entry uses mode `model`.
+    pub pool: Option<PoolPlan>,
+    /// The most the models hold on the device at once (at most `free_bytes`).
+    pub device_bytes: u64,
+}
+
+impl DevicePlan {
+    /// Plans `config`'s models on `device` with `free_bytes` free. Fails when a model does not
+    /// fit its budget, the mode-`model` pool does not fit, or the models do not fit together.
+    pub fn new(
+        config: &Config,
+        device: &Device,
+        hub: &HubOptions,
+        free_bytes: u64,
+    ) -> Result<Self, RuntimeError> {
+        let shared = config
+            .models
+            .iter()
+            .find(|m| m.offload.mode == OffloadMode::Model)
+            .map(|m| resolve_budget(m.offload.gpu_memory, free_bytes))
+            .transpose()?;
+        let mut models = Vec::with_capacity(config.models.len());
+        for model in &config.models {
+            let budget = match (model.offload.mode, shared) {
+                (OffloadMode::Model, Some(shared)) => shared,
+                _ => resolve_budget(model.offload.gpu_memory, free_bytes)?,
+            };
+            let mut pinned = model.clone();
+            pinned.offload.gpu_memory = MemoryBudget::Bytes(budget);
+            let plan = plan_model(&pinned, &config.device, device, hub, free_bytes).map_err(
+                |e| match e {
+                    RuntimeError::Plan(e) => {
+                        RuntimeError::Placement(format!("model `{}`: {e}", model.name))
+                    }
+                    other => other,
+                },
+            )?;
+            models.push(ModelPlan {
+                config: pinned,
+                plan,
+            });
+        }
+        let named: Vec<(&str, &Plan)> = models
+            .iter()
+            .map(|m| (m.config.name.as_str(), &m.plan))
+            .collect();
+        let pool = pool_plan(&named)?;
+
+        let mut reserve = pool.as_ref().map_or(0, |p| p.reserve_bytes);
+        let mut held = pool
+            .as_ref()
+            .map_or(0, |p| p.device_bytes.saturating_sub(p.reserve_bytes));
+        for model in models.iter().filter(|m| m.plan.mode != OffloadMode::Model) {
+            reserve = reserve.max(model.plan.reserve_bytes);
+            held = held.saturating_add(
+                model
+                    .plan
+                    .device_bytes
+                    .saturating_sub(model.plan.reserve_bytes),
+            );
+        }
+        let device_bytes = held.saturating_add(reserve);
+        let plan = Self {
+            device: describe(device),
+            free_bytes,
+            models,
+            pool,
+            device_bytes,
+        };
+        if device_bytes > free_bytes {
+            return Err(RuntimeError::Placement(plan.overflow_message()));
+        }
+        Ok(plan)
+    }
+
+    fn overflow_message(&self) -> String {
+        let mut parts: Vec<String> = self
+            .models
+            .iter()
+            .filter(|m| m.plan.mode != OffloadMode::Model)
+            .map(|m| format!("`{}` {}", m.config.name, format_bytes(m.plan.device_bytes)))
+            .collect();
+        if let Some(pool) = &self.pool {
+            parts.push(format!(
+                "the mode `model` pool of {} {}",
+                pool.models.join(", "),
+                format_bytes(pool.device_bytes)
+            ));
+        }
+        format!(
+            "the models need {} on {} together ({}), but it has {} free: give each model a share of the device with `gpu_memory` (e.g. \"45%\" each for two), or stream more with offload auto/sequential",
+            format_bytes(self.device_bytes),
+            self.device,
+            parts.join(", "),
+            format_bytes(self.free_bytes)
+        )
+    }
+
+    /// The human listing: every model's plan, the mode-`model` pool and the total.
+    pub fn render_text(&self) -> String {
+        let mut out = format!(
+            "device {} with {} free\n",
+            self.device,
+            format_bytes(self.free_bytes)
+        );
+        for model in &self.models {
+            let shared = if model.plan.mode == OffloadMode::Model {
+                " (budget shared by the mode `model` entries)"
+            } else {
+                ""
+            };
+            out.push_str(&format!(
+                "\nmodel {} ({}){shared}\n{}",
+                model.config.name,
+                model.config.source,
+                render_text(&model.plan)
+            ));
+        }
+        if let Some(pool) = &self.pool {
+            out.push_str(&format!(
+                "\nmode `model` pool ({}): budget {} = {} always on the device (fixed parts, KV caches, workspace, reserve) + {} for the resident models' layers\n",
+                pool.models.join(", "),
+                format_bytes(pool.budget_bytes),
+                format_bytes(pool.always_bytes),
+                format_bytes(pool.layer_budget_bytes),
+            ));
+        }
+        out.push_str(&format!(
+            "\ntogether on {}: {} of {} free\n",
+            self.device,
+            format_bytes(self.device_bytes),
+            format_bytes(self.free_bytes)
+        ));
+        out
+    }
+
+    /// One JSON document: `{"device", "free_bytes", "device_bytes", "models": [{"name",
+    /// "source", "plan"}], "pool": null | {"models", "budget_bytes", "always_bytes",
+    /// "layer_budget_bytes", "device_bytes"}}`.
+    pub fn to_json(&self) -> Value {
+        let models: Vec<Value> = self
+            .models
+            .iter()
+            .map(|m| {
+                json!({
+                    "name": m.config.name,
+                    "source": m.config.source,
+                    "plan": plan_json(&m.plan),
+                })
+            })
+            .collect();
+        let pool = self.pool.as_ref().map(|p| {
+            json!({
+                "models": p.models,
+                "budget_bytes": p.budget_bytes,
+                "always_bytes": p.always_bytes,
+                "layer_budget_bytes": p.layer_budget_bytes,
+                "device_bytes": p.device_bytes,
+            })
+        });
+        json!({
+            "device": self.device,
+            "free_bytes": self.free_bytes,
+            "device_bytes": self.device_bytes,
+            "models": models,
+            "pool": pool,
+        })
+    }
+}

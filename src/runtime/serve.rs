@@ -1,0 +1,270 @@
+//! `ferry serve` as a library call: a resolved configuration, a bound listener and a shutdown
+//! signal in, a report of how the server stopped out. So the whole lifecycle (loading, serving,
+//! draining, the shutdown deadline) runs in-process in tests; `main` only parses, sets up
+//! logging, turns OS signals into stop requests and maps the result to an exit code.
+//!
+//! Layering: `runtime` and `server` are both at the top. `server` knows only the engine's
+//! `Backend` trait; this module builds the real engine from the configuration (device, mode
+//! `model`'s residency manager, one loading thread per model, the metrics publisher) and hands
+//! it to [`crate::server::run`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use super::device::{describe, select_device};
+use super::device_plan::prepare_serving;
+use super::load::load_for_serving_shared;
+use super::telemetry::Telemetry;
+use super::RuntimeError;
+use crate::config::{Config, ServerConfig};
+use crate::engine::traits::TextCodec;
+use crate::engine::worker::{
+    EngineHandle, EngineOptions, DEFAULT_MAX_BATCH, DEFAULT_MAX_STEP_TOKENS, DEFAULT_PREFILL_CHUNK,
+};
+use crate::engine::{Backend, EngineError};
+use crate::metrics::Metrics;
+use crate::model::source::HubOptions;
+use crate::server::options::default_allowed_hosts;
+use crate::server::{self, ServeReport, ServerOptions, ShutdownSignal};
+
+/// How often offload accounting and residency are published into the metrics.
+const TELEMETRY_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Binds the configured address.
+pub async fn bind(server: &ServerConfig) -> Result<TcpListener, RuntimeError> {
+    let address = format!("{}:{}", server.host, server.port);
+    TcpListener::bind(&address)
+        .await
+        .map_err(|source| RuntimeError::Listen { address, source })
+}
+
+/// The HTTP layer's options for `config`.
+pub fn server_options(config: &Config) -> ServerOptions {
+    let server = &config.server;
+    ServerOptions {
+        body_limit: server.body_limit,
+        body_read_timeout: server.body_read_timeout,
+        header_read_timeout: server.header_read_timeout,
+        idle_timeout: server.idle_timeout,
+        max_connections: server.max_connections,
+        shutdown_timeout: server.shutdown_timeout,
+        api_key: server.api_key.clone(),
+        metrics_auth: server.metrics_auth,
+        allowed_hosts: default_allowed_hosts(
+            &server.host,
+            server.api_key.is_some(),
+            &server.allowed_hosts,
+        ),
+        default_max_tokens: server.default_max_tokens,
+        max_tokens_limit: server.max_tokens_limit,
+        parse_special_in_content: server.parse_special_in_content,
+        ..ServerOptions::default()
+    }
+}
+
+/// The engine's options for `config`, reporting into `metrics`.
+pub fn engine_options(config: &Config, metrics: Metrics) -> EngineOptions {
+    EngineOptions {
+        max_queue: config.server.max_queue,
+        // The engine takes one batch size for every model: the smallest configured one, so no
+        // model runs more sequences (and KV caches) than it was sized for.
+        max_batch: config
+            .models
+            .iter()
+            .map(|m| m.max_batch)
+            .min()
+            .unwrap_or(DEFAULT_MAX_BATCH),
+        // Likewise one prefill chunk and one step budget: the smallest configured ones.
+        prefill_chunk: config
+            .models
+            .iter()
+            .map(|m| m.prefill_chunk)
+            .min()
+            .unwrap_or(DEFAULT_PREFILL_CHUNK),
+        max_step_tokens: config
+            .models
+            .iter()
+            .map(|m| m.max_step_tokens)
+            .min()
+            .unwrap_or(DEFAULT_MAX_STEP_TOKENS),
+        metrics,
+    }
+}
+
+/// Serves `config`'s models on `listener` until `shutdown` stops the server (see
+/// [`crate::server::listen`] for the stop sequence). Models load in the background while
+/// `/health` answers 503. Fails when no configured model could be loaded, or when the device
+/// or the residency manager cannot be set up.
+pub async fn serve(
+    config: Config,
+    listener: TcpListener,
+    shutdown: ShutdownSignal,
+) -> Result<ServeReport, RuntimeError> {
+    let device = select_device(config.device.kind)?;
+    let hub = HubOptions::from_env(|key| std::env::var(key).ok());
+    // The plan `ferry plan` prints, measured once before anything loads: a model that does not
+    // fit (alone, in the mode `model` pool, or next to the others) fails here, said once. Each
+    // model then loads with its budget pinned to the planned bytes, so serve executes that plan.
+    let serving = prepare_serving(&config, &device, &hub)?;
+    let swap = serving.swap;
+    let names: Vec<String> = config.models.iter().map(|m| m.name.clone()).collect();
+    let metrics = Metrics::new();
+    let engine =
+        EngineHandle::with_options(names.clone(), engine_options(&config, metrics.clone()));
+
+    // Mode `model`: one residency manager shared by every swapped model.
+    if let Some(swap) = &swap {
+        engine.set_residency(swap.clone());
+    }
+    let telemetry = Telemetry::new(metrics, swap.clone());
+
+    // Each model loads on its own engine thread; the server answers /health 503 meanwhile.
+    let (load_results, mut load_results_rx) = tokio::sync::mpsc::unbounded_channel();
+    for model in serving.plan.models.into_iter().map(|m| m.config) {
+        let device = device.clone();
+        let device_config = config.device.clone();
+        let hub = hub.clone();
+        let results = load_results.clone();
+        let swap = swap.clone();
+        let telemetry = Arc::clone(&telemetry);
+        let name = model.name.clone();
+        engine
+            .load(&name, move || {
+                let outcome =
+                    load_for_serving_shared(&model, &device_config, &device, &hub, swap.as_ref());
+                if let Ok(loaded) = &outcome {
+                    telemetry
+                        .add_model(&model.name, Arc::clone(loaded.runner.store().accounting()));
+                }
+                let reply = outcome.as_ref().map(|_| ()).map_err(|e| e.to_string());
+                let _ = results.send((model.name.clone(), reply));
+                let loaded = outcome.map_err(|e| EngineError::Internal(e.to_string()))?;
+                Ok((loaded.runner, loaded.codec as Arc<dyn TextCodec>))
+            })
+            .map_err(|source| RuntimeError::Engine { name, source })?;
+    }
+    drop(load_results);
+
+    let publisher = tokio::spawn(async move {
+        let mut every = tokio::time::interval(TELEMETRY_INTERVAL);
+        loop {
+            every.tick().await;
+            telemetry.publish();
+        }
+    });
+    let address = listener
+        .local_addr()
+        .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+    tracing::info!(
+        device = describe(&device),
+        cuda_build = crate::gpu::BUILT_WITH_CUDA,
+        models = ?names,
+        "listening on http://{address} (OpenAI API under /v1; /health turns 200 when loaded)"
+    );
+
+    let total = names.len();
+    let all_failed = async move {
+        let mut failed = Vec::new();
+        while let Some((name, result)) = load_results_rx.recv().await {
+            match result {
+                Ok(()) => tracing::info!(model = %name, "ready to serve"),
+                // The engine thread logs the failure; it is not repeated here.
+                Err(err) => failed.push(err),
+            }
+        }
+        if failed.len() == total {
+            failed.join("; ")
+        } else {
+            std::future::pending().await
+        }
+    };
+    let options = server_options(&config);
+    let backend = Arc::new(engine) as Arc<dyn Backend>;
+    let outcome = tokio::select! {
+        served = server::run(backend, options, listener, shutdown) => {
+            served.map_err(RuntimeError::Serve)
+        }
+        // Nothing can be served: stop (every request so far got 503, none is in flight).
+        reason = all_failed => Err(RuntimeError::NoModelLoaded(reason)),
+    };
+    publisher.abort();
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DeviceConfig, ModelConfig};
+
+    fn config() -> Config {
+        Config {
+            server: ServerConfig::default(),
+            device: DeviceConfig::default(),
+            models: vec![ModelConfig::default()],
+        }
+    }
+
+    #[test]
+    fn the_settings_defaults_are_the_library_defaults() {
+        let engine = engine_options(&config(), Metrics::new());
+        let library = EngineOptions::default();
+        assert_eq!(
+            (
+                engine.max_batch,
+                engine.prefill_chunk,
+                engine.max_step_tokens
+            ),
+            (
+                library.max_batch,
+                library.prefill_chunk,
+                library.max_step_tokens
+            )
+        );
+        let server = server_options(&config());
+        let library = ServerOptions::default();
+        assert_eq!(
+            (
+                server.body_limit,
+                server.body_read_timeout,
+                server.header_read_timeout,
+                server.idle_timeout,
+                server.max_connections,
+                server.shutdown_timeout,
+                server.default_max_tokens,
+                server.max_tokens_limit,
+                server.metrics_auth,
+                server.parse_special_in_content,
+            ),
+            (
+                library.body_limit,
+                library.body_read_timeout,
+                library.header_read_timeout,
+                library.idle_timeout,
+                library.max_connections,
+                library.shutdown_timeout,
+                library.default_max_tokens,
+                library.max_tokens_limit,
+                library.metrics_auth,
+                library.parse_special_in_content,
+            )
+        );
+        // A key-less server on the default loopback address answers to localhost names.
+        assert!(server.allowed_hosts.iter().any(|h| h == "localhost"));
+    }
+
+    #[test]
+    fn settings_reach_the_options() {
+        let mut config = config();
+        config.server.allowed_hosts = vec!["ferry.example".into()];
+        config.server.metrics_auth = true;
+        config.server.max_tokens_limit = Some(9);
+        config.models[0].max_step_tokens = 77;
+        let server = server_options(&config);
+        assert_eq!(server.allowed_hosts, ["ferry.example"]);
+        assert!(server.metrics_auth);
+        assert_eq!(server.max_tokens_limit, Some(9));
+        assert_eq!(engine_options(&config, Metrics::new()).max_step_tokens, 77);
+    }
+}

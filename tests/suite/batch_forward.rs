@@ -1,0 +1,106 @@
+//! `Model::forward_batch` on the real default model: several sequences at different positions
+//! (prefill, chunked prefill, decode) in one step give the logits each gets alone, and every
+//! layer's weights are fetched once per step whatever the batch size.
+
+use crate::real_model;
+
+use candle_core::Device;
+use ferry::model::decoder::{LayerSource, ResidentLayers, SeqInput};
+use ferry::model::loader::{load_model, DTypeChoice, LoadOptions};
+use ferry::model::source::ModelFiles;
+use ferry::model::weights::LayerWeights;
+use ferry::model::ModelError;
+
+/// Resident layers that count how often each is asked for.
+struct Counting {
+    inner: ResidentLayers,
+    fetched: usize,
+}
+
+impl LayerSource for Counting {
+    fn layer(&mut self, index: usize) -> Result<LayerWeights, ModelError> {
+        self.fetched += 1;
+        self.inner.layer(index)
+    }
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+        .0
+}
+
+#[test]
+fn a_batched_step_equals_each_sequence_alone() {
+    let files = ModelFiles::Gguf {
+        path: real_model::model_path(),
+    };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DTypeChoice::Auto,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).expect("loads");
+    let model = loaded.model;
+    let n_layers = model.spec().n_layers;
+    let mut layers = Counting {
+        inner: loaded.layers,
+        fetched: 0,
+    };
+    // Per sequence, the tokens of each step: A and B prefill then decode, C prefills in two
+    // chunks then decodes.
+    let a: [&[u32]; 3] = [&[1, 504, 3458, 282, 4649], &[314], &[2701]];
+    let b: [&[u32]; 3] = [&[1, 9148, 28], &[30], &[1123]];
+    let c: [&[u32]; 3] = [&[1, 2, 3, 4], &[40, 50, 60], &[70]];
+    let seqs = [a, b, c];
+
+    let mut solo = Vec::new();
+    for steps in &seqs {
+        let mut cache = model.new_cache();
+        let logits: Vec<Vec<f32>> = steps
+            .iter()
+            .map(|tokens| {
+                let l = model
+                    .forward(tokens, &mut cache, &mut layers)
+                    .expect("solo");
+                l.to_vec1().expect("f32")
+            })
+            .collect();
+        solo.push(logits);
+    }
+
+    let mut caches: Vec<_> = seqs.iter().map(|_| model.new_cache()).collect();
+    for step in 0..3 {
+        let before = layers.fetched;
+        let mut batch: Vec<SeqInput> = seqs
+            .iter()
+            .zip(caches.iter_mut())
+            .map(|(steps, cache)| SeqInput {
+                tokens: steps[step],
+                cache,
+            })
+            .collect();
+        let logits = model
+            .forward_batch(&mut batch, &mut layers)
+            .expect("batched");
+        assert_eq!(
+            layers.fetched - before,
+            n_layers,
+            "one fetch per layer per step"
+        );
+        let rows: Vec<Vec<f32>> = logits.to_vec2().expect("rows");
+        assert_eq!(rows.len(), 3);
+        for (s, row) in rows.iter().enumerate() {
+            let alone = &solo[s][step];
+            let diff = row
+                .iter()
+                .zip(alone)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(diff < 1e-3, "sequence {s} step {step}: max diff {diff}");
+            assert_eq!(argmax(row), argmax(alone), "sequence {s} step {step}");
+        }
+    }
+    let lens: Vec<usize> = caches.iter().map(|c| c.len()).collect();
+    assert_eq!(lens, [7, 5, 8]);
+}

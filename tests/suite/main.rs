@@ -1,0 +1,29 @@
+//! ferry's integration tests, one binary with a module per subject (one link instead of one per
+//! file). Run one subject with `cargo test --test suite http_api::`.
+//!
+//! Shared helpers: [`common`] (the deterministic HTTP test backend, no model), [`real_model`]
+//! (the default SmolLM2 GGUF through the real loader and engine) and [`tiny`] (seeded tiny random
+//! checkpoints). The GPU checks are a separate binary (tests/gpu.rs, `--features cuda`).
+
+mod common;
+mod real_model;
+mod tiny;
+
+mod arch_crosscheck;
+mod batch_forward;
+mod chat_templates;
+mod cli;
+mod hf_model_serving;
+mod http_api;
+mod lifecycle;
+mod model_real;
+mod observability;
+mod offload_model_mode;
+mod offload_modes;
+mod plan_agreement;
+mod plan_serve;
+mod real_model_http;
+mod role_injection;
+mod serving;
+mod tokenizer;
+mod tokenizer_llamacpp;

@@ -1,0 +1,270 @@
+//! The offload engine on the real SmolLM2 GGUF, on the CPU device: every mode and prefetch depth
+//! decodes the same greedy tokens as mode `none`, for the quantized model and for the model
+//! dequantized to f32; the device accounting stays within the plan; the slot ring has at most
+//! `prefetch + 1` slots; `none` over budget fails with advice; the host store holds the offloaded
+//! bytes and barely more.
+
+use crate::real_model;
+use real_model::model_path;
+
+use candle_core::Device;
+use ferry::config::{
+    DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
+};
+use ferry::engine::traits::{LanguageModel, TextCodec};
+use ferry::model::checkpoint::Checkpoint;
+use ferry::model::loader::{Holding, LoadOptions};
+use ferry::model::source::{HubOptions, ModelFiles};
+use ferry::offload::buffer::HostMemory;
+use ferry::offload::plan::Plan;
+use ferry::offload::sizing::ModelSizes;
+use ferry::offload::{HostStore, SlotKind};
+use ferry::runtime::adapters::ModelRunner;
+use ferry::runtime::load::load_for_serving_on;
+use ferry::runtime::planning::plan_model;
+
+const PROMPT: &str = "The capital of France is";
+const NEW_TOKENS: usize = 12;
+
+fn config(
+    dtype: DtypeChoice,
+    mode: OffloadMode,
+    budget: MemoryBudget,
+    prefetch: usize,
+) -> ModelConfig {
+    ModelConfig {
+        name: "smollm2".into(),
+        source: model_path().to_string_lossy().into_owned(),
+        dtype,
+        max_context: Some(256),
+        max_batch: 1,
+        offload: OffloadConfig {
+            mode,
+            gpu_memory: budget,
+            prefetch,
+            keep_alive: std::time::Duration::from_secs(1),
+        },
+        ..ModelConfig::default()
+    }
+}
+
+fn device_config() -> DeviceConfig {
+    DeviceConfig {
+        kind: DeviceChoice::Cpu,
+        link_bandwidth: None,
+        ..DeviceConfig::default()
+    }
+}
+
+fn hub() -> HubOptions {
+    HubOptions::from_env(|_| None)
+}
+
+/// Plenty: every mode fits.
+const BIG: MemoryBudget = MemoryBudget::Bytes(64 << 30);
+
+fn plan_for(config: &ModelConfig) -> Plan {
+    plan_model(config, &device_config(), &Device::Cpu, &hub(), 64 << 30).expect("plan")
+}
+
+/// Greedy decode of `NEW_TOKENS` after `PROMPT`.
+fn greedy(runner: &mut ModelRunner, prompt: &[u32]) -> Vec<u32> {
+    let mut seq = runner.new_sequence();
+    let mut logits = runner.forward(&mut seq, prompt).expect("prefill");
+    let mut out = Vec::new();
+    for _ in 0..NEW_TOKENS {
+        let next = logits
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i as u32)
+            .expect("non-empty logits");
+        out.push(next);
+        logits = runner.forward(&mut seq, &[next]).expect("decode");
+    }
+    out
+}
+
+/// The budget with which mode `auto` keeps exactly `k` layers resident (given `prefetch`).
+fn budget_for(none: &Plan, k: usize, prefetch: usize) -> u64 {
+    let layers: Vec<u64> = none.layers.iter().map(|l| l.bytes).collect();
+    let base = none.device_bytes - layers.iter().sum::<u64>();
+    let streamed = layers.len() - k;
+    let slot = layers[k..].iter().copied().max().unwrap_or(0);
+    let slots = (prefetch + 1).min(streamed) as u64;
+    base + layers[..k].iter().sum::<u64>() + slots * slot
+}
+
+/// Loads `config`, decodes, and checks the accounting and ring against its plan.
+fn run(config: &ModelConfig, prompt: &[u32]) -> (Vec<u32>, usize, usize) {
+    let plan = plan_for(config);
+    let loaded = load_for_serving_on(config, &device_config(), &Device::Cpu, &hub())
+        .unwrap_or_else(|e| panic!("load {:?}: {e}", config.offload));
+    let mut runner = loaded.runner;
+    let tokens = greedy(&mut runner, prompt);
+    let store = runner.store();
+    let (resident, slots) = (store.resident_layers(), store.slots());
+    let acc = runner.accounting();
+    let what = format!("{:?} {:?}", config.dtype, config.offload);
+    assert_eq!(acc.check_within_plan(), Ok(()), "{what}: {acc:?}");
+    assert!(acc.device_bytes() <= plan.device_bytes, "{what}");
+    assert_eq!(resident, plan.device_layers(), "{what}");
+    assert_eq!(slots, plan.slots, "{what}");
+    assert!(
+        slots <= config.offload.prefetch + 1,
+        "{what}: {slots} slots"
+    );
+    assert!(acc.max_slots_busy <= slots as u64, "{what}: {acc:?}");
+    if plan.host_layers() > 0 {
+        // Every streamed layer is copied once per forward pass (prefill + decode steps).
+        let passes = NEW_TOKENS as u64 + 1;
+        assert!(
+            acc.copies >= passes * plan.host_layers() as u64,
+            "{what}: {} copies",
+            acc.copies
+        );
+        assert!(
+            acc.bytes_copied >= passes * plan.streamed_bytes_per_step,
+            "{what}"
+        );
+    } else {
+        assert_eq!(acc.copies, 0, "{what}");
+    }
+    (tokens, resident, slots)
+}
+
+fn check_modes(
+    dtype: DtypeChoice,
+    auto_cases: &[(Resident, usize)],
+    sequential_prefetch: &[usize],
+) {
+    let none_config = config(dtype, OffloadMode::None, BIG, 0);
+    let none_plan = plan_for(&none_config);
+    let n = none_plan.layers.len();
+    let loaded = load_for_serving_on(&none_config, &device_config(), &Device::Cpu, &hub())
+        .expect("mode none loads");
+    let prompt = loaded.codec.encode(PROMPT, true).expect("encode");
+    let mut runner = loaded.runner;
+    let reference = greedy(&mut runner, &prompt);
+    assert_eq!(runner.store().resident_layers(), n);
+    assert_eq!(runner.accounting().check_within_plan(), Ok(()));
+    drop(runner);
+
+    // (layers resident, prefetch): most, half and some layers resident (a few, half, most
+    // offloaded), then sequential.
+    for &(k, prefetch) in auto_cases {
+        let k = k.resolve(n);
+        let budget = MemoryBudget::Bytes(budget_for(&none_plan, k, prefetch));
+        let cfg = config(dtype, OffloadMode::Auto, budget, prefetch);
+        let (tokens, resident, _) = run(&cfg, &prompt);
+        assert_eq!(resident, k, "auto prefetch {prefetch}");
+        assert_eq!(
+            tokens, reference,
+            "auto with {k} resident, prefetch {prefetch}"
+        );
+    }
+    for &prefetch in sequential_prefetch {
+        let cfg = config(dtype, OffloadMode::Sequential, BIG, prefetch);
+        let (tokens, resident, slots) = run(&cfg, &prompt);
+        assert_eq!(resident, 0);
+        assert_eq!(slots, prefetch + 1);
+        assert_eq!(tokens, reference, "sequential, prefetch {prefetch}");
+    }
+}
+
+/// How many layers `auto` keeps resident in a case.
+#[derive(Debug, Clone, Copy)]
+enum Resident {
+    /// All but five.
+    Most,
+    /// Half.
+    Half,
+    /// Three.
+    Some,
+}
+
+impl Resident {
+    fn resolve(self, n: usize) -> usize {
+        match self {
+            Resident::Most => n - 5,
+            Resident::Half => n / 2,
+            Resident::Some => 3,
+        }
+    }
+}
+
+#[test]
+fn quantized_modes_decode_like_none() {
+    let mut cases = Vec::new();
+    for prefetch in [0, 1, 2] {
+        for resident in [Resident::Most, Resident::Half, Resident::Some] {
+            cases.push((resident, prefetch));
+        }
+    }
+    check_modes(DtypeChoice::Auto, &cases, &[0, 1, 2]);
+}
+
+#[test]
+fn dequantized_f32_modes_decode_like_none() {
+    // Dense loads are slower (the whole model is dequantized): one budget per prefetch depth.
+    let cases = [
+        (Resident::Most, 0),
+        (Resident::Half, 1),
+        (Resident::Some, 2),
+    ];
+    check_modes(DtypeChoice::F32, &cases, &[0, 1, 2]);
+}
+
+#[test]
+fn none_over_budget_fails_with_advice() {
+    let cfg = config(
+        DtypeChoice::Auto,
+        OffloadMode::None,
+        MemoryBudget::Bytes(100 << 20),
+        1,
+    );
+    let err = match load_for_serving_on(&cfg, &device_config(), &Device::Cpu, &hub()) {
+        Ok(_) => panic!("a 100 MiB budget cannot hold the whole model"),
+        Err(err) => err.to_string(),
+    };
+    assert!(err.contains("needs"), "{err}");
+    assert!(err.contains("budget 100.0 MiB"), "{err}");
+    assert!(
+        err.contains("--offload auto") || err.contains("--offload sequential"),
+        "{err}"
+    );
+}
+
+#[test]
+fn auto_with_room_for_everything_streams_nothing() {
+    let cfg = config(DtypeChoice::Auto, OffloadMode::Auto, BIG, 2);
+    let plan = plan_for(&cfg);
+    assert_eq!(plan.host_layers(), 0);
+    assert_eq!(plan.slots, 0);
+}
+
+#[test]
+fn host_store_holds_the_offloaded_bytes_within_two_percent() {
+    let checkpoint = Checkpoint::open(&ModelFiles::Gguf { path: model_path() }).expect("opens");
+    for dtype in [DtypeChoice::Auto, DtypeChoice::F32] {
+        let options = LoadOptions {
+            device: Device::Cpu,
+            dtype,
+        };
+        let holding = Holding::new(&checkpoint, &options).expect("holding");
+        let sizes = ModelSizes::of(&checkpoint, &holding, SlotKind::Cpu).expect("sizes");
+        // Offload all but the first two layers.
+        let layers: Vec<usize> = (2..sizes.n_layers()).collect();
+        let store =
+            HostStore::fill(&checkpoint, &holding, &layers, &HostMemory::Heap).expect("host store");
+        let expected: u64 = sizes.layers[2..].iter().sum();
+        assert_eq!(store.weight_bytes(), expected, "{dtype:?}");
+        let allocated = store.allocated_bytes();
+        assert!(allocated >= expected, "{dtype:?}");
+        assert!(
+            (allocated as f64) <= expected as f64 * 1.02,
+            "{dtype:?}: {allocated} host bytes for {expected} offloaded bytes"
+        );
+        assert_eq!(store.layers().len(), layers.len());
+    }
+}
