@@ -285,7 +285,7 @@ impl EngineHandle {
         match &*state {
             SlotState::Ready(loaded) => Ok((slot, loaded.clone())),
             SlotState::Loading => Err(EngineError::NotReady(name.to_owned())),
-            SlotState::Failed(reason) => Err(EngineError::Internal(format!(
+            SlotState::Failed(reason) => Err(EngineError::LoadFailed(format!(
                 "the model `{name}` failed to load: {reason}"
             ))),
         }
@@ -440,12 +440,18 @@ where
     M: LanguageModel,
     F: FnOnce() -> EngineResult<(M, Arc<dyn TextCodec>)>,
 {
-    let loaded = catch_unwind(AssertUnwindSafe(loader))
-        .unwrap_or_else(|panic| Err(EngineError::Internal(panic_message(&*panic))));
+    let loaded = catch_unwind(AssertUnwindSafe(loader)).unwrap_or_else(|panic| {
+        Err(EngineError::LoadFailed(format!(
+            "the loader panicked: {}",
+            panic_message(&*panic)
+        )))
+    });
     let (mut model, codec) = match loaded {
         Ok(parts) => parts,
         Err(e) => {
-            tracing::error!(model = name, error = %e, "model failed to load");
+            // Whoever started the load reports it (runtime::serve logs it or stops with it), so
+            // a start-up failure is printed once.
+            tracing::debug!(model = name, error = %e, "model failed to load");
             *shared.state.write().unwrap_or_else(PoisonError::into_inner) =
                 SlotState::Failed(e.to_string());
             return;

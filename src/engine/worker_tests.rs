@@ -221,11 +221,11 @@ async fn failed_loads_are_reported() {
     wait_until(&handle, "panic", ModelStatus::Failed);
     assert!(matches!(
         handle.submit(request("err", vec![1], 1)),
-        Err(EngineError::Internal(m)) if m.contains("no such file")
+        Err(EngineError::LoadFailed(m)) if m.contains("no such file")
     ));
     assert!(matches!(
         handle.tokenize("panic", "x", false),
-        Err(EngineError::Internal(m)) if m.contains("loader blew up")
+        Err(EngineError::LoadFailed(m)) if m.contains("loader blew up")
     ));
     assert!(handle
         .models()

@@ -140,7 +140,7 @@ pub async fn serve(
                 }
                 let reply = outcome.as_ref().map(|_| ()).map_err(|e| e.to_string());
                 let _ = results.send((model.name.clone(), reply));
-                let loaded = outcome.map_err(|e| EngineError::Internal(e.to_string()))?;
+                let loaded = outcome.map_err(|e| EngineError::LoadFailed(e.to_string()))?;
                 Ok((loaded.runner, loaded.codec as Arc<dyn TextCodec>))
             })
             .map_err(|source| RuntimeError::Engine { name, source })?;
@@ -166,11 +166,22 @@ pub async fn serve(
 
     let total = names.len();
     let all_failed = async move {
+        // Failures wait until one model is ready: if none ever is, they are the start-up error
+        // (printed once, by the caller); once one serves, each is logged as it comes.
         let mut failed = Vec::new();
+        let mut serving = false;
         while let Some((name, result)) = load_results_rx.recv().await {
             match result {
-                Ok(()) => tracing::info!(model = %name, "ready to serve"),
-                // The engine thread logs the failure; it is not repeated here.
+                Ok(()) => {
+                    tracing::info!(model = %name, "ready to serve");
+                    if !serving {
+                        serving = true;
+                        for err in &failed {
+                            tracing::error!("{err}");
+                        }
+                    }
+                }
+                Err(err) if serving => tracing::error!("{err}"),
                 Err(err) => failed.push(err),
             }
         }
