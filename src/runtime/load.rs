@@ -74,11 +74,58 @@ pub fn load_for_serving_shared(
     let parsed = ModelSource::parse(&config.source).map_err(wrap)?;
     let files = source::resolve(&parsed, hub).map_err(wrap)?;
     let checkpoint = Checkpoint::open(&files).map_err(wrap)?;
+    let free = free_bytes(device)?;
+    let plan = plan_checkpoint(config, device_config, device, &checkpoint, free)?;
+    load_planned_since(
+        config,
+        device_config,
+        device,
+        &checkpoint,
+        &plan,
+        swap,
+        started,
+    )
+}
 
+/// Loads a model `serve` has already opened and planned (`runtime::device_plan`): the same
+/// checkpoint (no second header parse) and exactly the plan `ferry plan` shows.
+pub fn load_planned(
+    config: &ModelConfig,
+    device_config: &DeviceConfig,
+    device: &Device,
+    checkpoint: &Checkpoint,
+    plan: &Plan,
+    swap: Option<&Arc<SwapManager>>,
+) -> Result<LoadedForServing, RuntimeError> {
+    let started = Instant::now();
+    load_planned_since(
+        config,
+        device_config,
+        device,
+        checkpoint,
+        plan,
+        swap,
+        started,
+    )
+}
+
+fn load_planned_since(
+    config: &ModelConfig,
+    device_config: &DeviceConfig,
+    device: &Device,
+    checkpoint: &Checkpoint,
+    plan: &Plan,
+    swap: Option<&Arc<SwapManager>>,
+    started: Instant,
+) -> Result<LoadedForServing, RuntimeError> {
+    let wrap = |source: ModelError| RuntimeError::Model {
+        name: config.name.clone(),
+        source,
+    };
     // The tokenizer (tens of thousands of merges) builds on its own thread while the weights load.
     std::thread::scope(|scope| {
-        let tokenizer = scope.spawn(|| load_tokenizer(&checkpoint));
-        let runner = load_runner(config, device_config, device, swap, &checkpoint)?;
+        let tokenizer = scope.spawn(|| load_tokenizer(checkpoint));
+        let runner = load_runner(config, device_config, device, swap, checkpoint, plan)?;
         let tokenizer = tokenizer
             .join()
             .map_err(|_| {
@@ -95,20 +142,19 @@ pub fn load_for_serving_shared(
     })
 }
 
-/// Plans the placement and loads the weights: resident, streamed or parked for swapping.
+/// Loads the weights as `plan` places them: resident, streamed or parked for swapping.
 fn load_runner(
     config: &ModelConfig,
     device_config: &DeviceConfig,
     device: &Device,
     swap: Option<&Arc<SwapManager>>,
     checkpoint: &Checkpoint,
+    plan: &Plan,
 ) -> Result<ModelRunner, RuntimeError> {
     let options = LoadOptions {
         device: device.clone(),
         dtype: config.dtype,
     };
-    let free = free_bytes(device)?;
-    let plan = plan_checkpoint(config, device_config, device, checkpoint, free)?;
     tracing::info!(
         model = %config.name,
         mode = mode_name(plan.mode),
@@ -128,12 +174,12 @@ fn load_runner(
             device_config,
             &options,
             checkpoint,
-            &plan,
+            plan,
             swap,
             &mut progress,
         );
     }
-    let placed = load_placed(checkpoint, &options, &plan, stream, &mut |p| {
+    let placed = load_placed(checkpoint, &options, plan, stream, &mut |p| {
         progress.update(&p)
     })
     .map_err(|e| RuntimeError::Offload {

@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 
 use super::device::{describe, select_device};
 use super::device_plan::prepare_serving;
-use super::load::load_for_serving_shared;
+use super::load::load_planned;
 use super::telemetry::Telemetry;
 use super::RuntimeError;
 use crate::config::{Config, ServerConfig};
@@ -122,18 +122,25 @@ pub async fn serve(
 
     // Each model loads on its own engine thread; the server answers /health 503 meanwhile.
     let (load_results, mut load_results_rx) = tokio::sync::mpsc::unbounded_channel();
-    for model in serving.plan.models.into_iter().map(|m| m.config) {
+    for (planned, checkpoint) in serving.plan.models.into_iter().zip(serving.checkpoints) {
+        let model = planned.config;
+        let plan = planned.plan;
         let device = device.clone();
         let device_config = config.device.clone();
-        let hub = hub.clone();
         let results = load_results.clone();
         let swap = swap.clone();
         let telemetry = Arc::clone(&telemetry);
         let name = model.name.clone();
         engine
             .load(&name, move || {
-                let outcome =
-                    load_for_serving_shared(&model, &device_config, &device, &hub, swap.as_ref());
+                let outcome = load_planned(
+                    &model,
+                    &device_config,
+                    &device,
+                    &checkpoint,
+                    &plan,
+                    swap.as_ref(),
+                );
                 if let Ok(loaded) = &outcome {
                     telemetry
                         .add_model(&model.name, Arc::clone(loaded.runner.store().accounting()));
