@@ -12,7 +12,8 @@ use candle_core::Device;
 
 use super::host::{HostStore, Result};
 use super::slot::SlotBuffers;
-use crate::gpu::{CopyLink, GpuSlot};
+use super::slot_gpu::GpuSlot;
+use crate::gpu::CopyLink;
 use crate::model::weights::LayerWeights;
 
 /// Copies every slab of `host` into new device buffers and returns the layers viewing them.
