@@ -15,6 +15,7 @@ mod chat_templates;
 mod cli;
 mod hf_model_serving;
 mod http_api;
+mod layering;
 mod lifecycle;
 mod model_real;
 mod observability;
