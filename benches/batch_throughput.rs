@@ -4,12 +4,14 @@
 //! layer serves the whole batch, so the aggregate at 8 should approach 8x the single-request
 //! rate. Prints a markdown table with the ratios.
 //!
-//! Usage: cargo bench --bench batch_throughput -- [--model PATH] [--tokens N] [--link RATE_BYTES_PER_S]
+//! Usage: cargo bench --bench batch_throughput -- [OPTIONS] (`-- --help` lists them).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::Device;
+use clap::Parser;
+use ferry::config::settings::DEFAULT_MODEL_SOURCE;
 use ferry::config::{
     DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
 };
@@ -20,30 +22,21 @@ use ferry::engine::{
 use ferry::model::source::HubOptions;
 use ferry::runtime::load::load_for_serving_on;
 
+/// `cargo bench --bench batch_throughput -- [OPTIONS]`.
+#[derive(Parser)]
 struct Options {
+    /// The GGUF or HF model to run.
+    #[arg(long, default_value = DEFAULT_MODEL_SOURCE)]
     model: String,
+    /// Tokens generated per request.
+    #[arg(long, default_value_t = 32)]
     tokens: usize,
+    /// The emulated link's bandwidth in the streamed case, bytes/s.
+    #[arg(long, default_value_t = 400_000_000)]
     link: u64,
-}
-
-fn parse_args() -> Result<Options, String> {
-    let mut options = Options {
-        model: "models/SmolLM2-135M-Instruct.Q4_1.gguf".to_string(),
-        tokens: 32,
-        link: 400_000_000,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--model" => options.model = value()?,
-            "--tokens" => options.tokens = value()?.parse().map_err(|_| "bad --tokens")?,
-            "--link" => options.link = value()?.parse().map_err(|_| "bad --link")?,
-            "--bench" => {}
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    Ok(options)
+    /// Passed by `cargo bench`.
+    #[arg(long = "bench", hide = true)]
+    _bench: bool,
 }
 
 /// An engine serving the model in `mode` with batches of up to 8.
@@ -124,7 +117,7 @@ fn aggregate_rate(engine: &EngineHandle, n: usize, tokens: usize) -> Result<f64,
 }
 
 fn main() -> Result<(), String> {
-    let options = parse_args()?;
+    let options = Options::parse();
     let cases = [
         ("resident (none)", OffloadMode::None, None),
         (

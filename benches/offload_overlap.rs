@@ -6,54 +6,39 @@
 //! `(t_compute + t_copy - t_step) / min(t_compute, t_copy)` (1.0: the copy is fully hidden,
 //! 0.0: none of it is), and the achieved copy bandwidth as a fraction of the configured one.
 //!
-//! Usage: cargo bench --bench offload_overlap -- [--model PATH] [--steps N] [--dtype auto|f32]
+//! Usage: cargo bench --bench offload_overlap -- [OPTIONS] (`-- --help` lists them).
 
 use std::time::{Duration, Instant};
 
 use candle_core::Device;
+use clap::Parser;
+use ferry::config::settings::DEFAULT_MODEL_SOURCE;
+use ferry::config::values::{Codec, Dtype};
 use ferry::config::{
     DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
 };
 use ferry::engine::traits::{LanguageModel, TextCodec};
 use ferry::model::source::HubOptions;
-use ferry::offload::render::{format_bandwidth, format_bytes};
+use ferry::offload::units::{format_bandwidth, format_bytes};
 use ferry::runtime::adapters::ModelRunner;
 use ferry::runtime::load::load_for_serving_on;
 use ferry::runtime::planning::plan_model;
 
+/// `cargo bench --bench offload_overlap -- [OPTIONS]`.
+#[derive(Parser)]
 struct Options {
+    /// The GGUF or HF model to run.
+    #[arg(long, default_value = DEFAULT_MODEL_SOURCE)]
     model: String,
+    /// Compute dtype (as the `dtype` setting).
+    #[arg(long, default_value = "auto", value_parser = Dtype::parse)]
     dtype: DtypeChoice,
+    /// Decode steps timed per case.
+    #[arg(long, default_value_t = 16)]
     steps: usize,
-}
-
-fn parse_args() -> Result<Options, String> {
-    let mut options = Options {
-        model: "models/SmolLM2-135M-Instruct.Q4_1.gguf".to_string(),
-        dtype: DtypeChoice::Auto,
-        steps: 16,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--model" => options.model = value()?,
-            "--steps" => {
-                let text = value()?;
-                options.steps = text.parse().map_err(|_| format!("bad --steps {text}"))?;
-            }
-            "--dtype" => {
-                options.dtype = match value()?.as_str() {
-                    "f32" => DtypeChoice::F32,
-                    "auto" => DtypeChoice::Auto,
-                    other => return Err(format!("unsupported --dtype {other}")),
-                }
-            }
-            "--bench" => {}
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    Ok(options)
+    /// Passed by `cargo bench`.
+    #[arg(long = "bench", hide = true)]
+    _bench: bool,
 }
 
 fn config(options: &Options, mode: OffloadMode, prefetch: usize) -> ModelConfig {
@@ -120,7 +105,7 @@ fn decode_step_time(
 }
 
 fn main() -> Result<(), String> {
-    let options = parse_args()?;
+    let options = Options::parse();
     let hub = HubOptions::from_env(|_| None);
     let prompt_text = "The capital of France is";
 

@@ -234,7 +234,7 @@ async fn failed_loads_are_reported() {
 }
 
 #[tokio::test]
-async fn max_queue_refuses_extra_requests_and_cancellation_frees_the_slot() {
+async fn max_queue_refuses_extra_requests_and_cancellation_frees_its_place() {
     let handle = EngineHandle::with_options(
         ["a"],
         EngineOptions {

@@ -277,7 +277,12 @@ fn keep_alive_moves_an_idle_model_out_without_traffic() {
     runtime.block_on(async {
         assert_eq!(complete(&router, "a").await.expect("answer"), expected("a"));
         assert_eq!(manager.stats().swaps_in, 1);
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // The keep-alive thread runs on the OS clock: wait (bounded) for it, no longer.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while manager.location("a") != Some(Location::Host) {
+            assert!(std::time::Instant::now() < deadline, "never moved out");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         assert_eq!(locations(&router).await, loc(&[("a", "host")]));
         let stats = manager.stats();
         assert_eq!(
