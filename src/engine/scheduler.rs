@@ -282,13 +282,23 @@ mod tests {
         s.push(req(3, 0));
         s.admit();
         let share = |index, budget| StepShare { index, budget };
-        assert_eq!(s.plan(), [share(0, 1), share(1, 8), share(2, 2), share(3, 1)]);
+        assert_eq!(
+            s.plan(),
+            [share(0, 1), share(1, 8), share(2, 2), share(3, 1)]
+        );
         s.running_mut()[1].prefill = 6;
-        assert_eq!(s.plan(), [share(0, 1), share(1, 6), share(2, 4), share(3, 1)]);
+        assert_eq!(
+            s.plan(),
+            [share(0, 1), share(1, 6), share(2, 4), share(3, 1)]
+        );
         let mut tiny = Scheduler::new(limits(2, 0, 0));
         tiny.push(req(0, 3));
         tiny.admit();
-        assert_eq!(tiny.plan(), [share(0, 1)], "zero limits still make progress");
+        assert_eq!(
+            tiny.plan(),
+            [share(0, 1)],
+            "zero limits still make progress"
+        );
     }
 
     #[test]
@@ -304,8 +314,12 @@ mod tests {
             let tokens: usize = plan.iter().map(|share| share.budget).sum();
             assert!(tokens <= 16, "{plan:?}");
             // Both decodes are in every step.
-            assert!(plan.iter().any(|share| share.index == 0 && share.budget == 1));
-            assert!(plan.iter().any(|share| share.index == 2 && share.budget == 1));
+            assert!(plan
+                .iter()
+                .any(|share| share.index == 0 && share.budget == 1));
+            assert!(plan
+                .iter()
+                .any(|share| share.index == 2 && share.budget == 1));
             for share in plan {
                 let entry = &mut s.running_mut()[share.index];
                 entry.prefill = entry.prefill.saturating_sub(share.budget);

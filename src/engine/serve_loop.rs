@@ -22,7 +22,7 @@ use crate::metrics::{Metrics, RequestEnd, RequestTracker, TrackedRequest};
 use super::generate::{Generation, Outcome, Progress, Started};
 use super::queue::Job;
 use super::request::FinishReason;
-use super::scheduler::{Schedulable, Scheduler, StepShare, StepLimits};
+use super::scheduler::{Schedulable, Scheduler, StepLimits, StepShare};
 use super::traits::{LanguageModel, TextCodec};
 use super::worker::panic_message;
 use super::EngineError;
@@ -227,7 +227,12 @@ fn step<M: LanguageModel>(
 }
 
 /// Fails every sequence of the step with `err`; returns their running indices.
-fn fail_all<S>(name: &str, running: &[Active<S>], plan: &[StepShare], err: EngineError) -> Vec<usize> {
+fn fail_all<S>(
+    name: &str,
+    running: &[Active<S>],
+    plan: &[StepShare],
+    err: EngineError,
+) -> Vec<usize> {
     tracing::debug!(model = name, error = %err, "step failed");
     for share in plan {
         let active = &running[share.index];

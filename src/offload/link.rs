@@ -15,4 +15,3 @@ pub(super) fn throttle(bandwidth: Option<u64>, bytes: u64, started: Instant) {
         }
     }
 }
-
