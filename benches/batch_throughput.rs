@@ -6,14 +6,16 @@
 //!
 //! Usage: cargo bench --bench batch_throughput -- [OPTIONS] (`-- --help` lists them).
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::Device;
 use clap::Parser;
-use ferry::config::settings::DEFAULT_MODEL_SOURCE;
+use common::ModelArgs;
 use ferry::config::{
-    DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
+    DeviceChoice, DeviceConfig, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
 };
 use ferry::engine::{
     Backend, EngineHandle, EngineOptions, GenerationEvent, GenerationParams, GenerationRequest,
@@ -25,26 +27,22 @@ use ferry::runtime::load::load_for_serving_on;
 /// `cargo bench --bench batch_throughput -- [OPTIONS]`.
 #[derive(Parser)]
 struct Options {
-    /// The GGUF or HF model to run.
-    #[arg(long, default_value = DEFAULT_MODEL_SOURCE)]
-    model: String,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Tokens generated per request.
     #[arg(long, default_value_t = 32)]
     tokens: usize,
     /// The emulated link's bandwidth in the streamed case, bytes/s.
     #[arg(long, default_value_t = 400_000_000)]
     link: u64,
-    /// Passed by `cargo bench`.
-    #[arg(long = "bench", hide = true)]
-    _bench: bool,
 }
 
 /// An engine serving the model in `mode` with batches of up to 8.
 fn engine(options: &Options, mode: OffloadMode, link: Option<u64>) -> Result<EngineHandle, String> {
     let config = ModelConfig {
         name: "bench".to_string(),
-        source: options.model.clone(),
-        dtype: DtypeChoice::Auto,
+        source: options.model.source.clone(),
+        dtype: options.model.dtype,
         max_context: Some(512),
         max_batch: 8,
         offload: OffloadConfig {

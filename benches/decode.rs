@@ -5,12 +5,14 @@
 //! Usage: cargo bench --bench decode -- [OPTIONS] (`-- --help` lists them).
 //! Threads: candle's CPU kernels use RAYON_NUM_THREADS (set it to compare at a fixed count).
 
+mod common;
+
 use std::time::Instant;
 
 use clap::Parser;
-use ferry::config::settings::DEFAULT_MODEL_SOURCE;
-use ferry::config::values::{Codec, Dtype};
-use ferry::config::{DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode};
+use common::ModelArgs;
+use ferry::config::{MemoryBudget, ModelConfig, OffloadConfig, OffloadMode};
+use ferry::engine::sampling::argmax;
 use ferry::engine::traits::{LanguageModel, TextCodec};
 use ferry::model::source::HubOptions;
 use ferry::runtime::load::load_for_serving;
@@ -18,12 +20,8 @@ use ferry::runtime::load::load_for_serving;
 /// `cargo bench --bench decode -- [OPTIONS]`.
 #[derive(Parser)]
 struct Options {
-    /// The GGUF or HF model to run.
-    #[arg(long, default_value = DEFAULT_MODEL_SOURCE)]
-    model: String,
-    /// Compute dtype (as the `dtype` setting).
-    #[arg(long, default_value = "auto", value_parser = Dtype::parse)]
-    dtype: DtypeChoice,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Prompt length in tokens.
     #[arg(long, default_value_t = 128)]
     prompt_tokens: usize,
@@ -33,27 +31,14 @@ struct Options {
     /// Runs (one JSON line each).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// Passed by `cargo bench`.
-    #[arg(long = "bench", hide = true)]
-    _bench: bool,
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, value) in logits.iter().enumerate() {
-        if *value > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 fn main() -> Result<(), String> {
     let options = Options::parse();
     let config = ModelConfig {
         name: "bench".to_string(),
-        source: options.model.clone(),
-        dtype: options.dtype,
+        source: options.model.source.clone(),
+        dtype: options.model.dtype,
         max_context: None,
         max_batch: 1,
         offload: OffloadConfig {

@@ -8,15 +8,17 @@
 //!
 //! Usage: cargo bench --bench offload_overlap -- [OPTIONS] (`-- --help` lists them).
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use candle_core::Device;
 use clap::Parser;
-use ferry::config::settings::DEFAULT_MODEL_SOURCE;
-use ferry::config::values::{Codec, Dtype};
+use common::ModelArgs;
 use ferry::config::{
-    DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
+    DeviceChoice, DeviceConfig, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
 };
+use ferry::engine::sampling::argmax;
 use ferry::engine::traits::{LanguageModel, TextCodec};
 use ferry::model::source::HubOptions;
 use ferry::offload::units::{format_bandwidth, format_bytes};
@@ -27,25 +29,18 @@ use ferry::runtime::planning::plan_model;
 /// `cargo bench --bench offload_overlap -- [OPTIONS]`.
 #[derive(Parser)]
 struct Options {
-    /// The GGUF or HF model to run.
-    #[arg(long, default_value = DEFAULT_MODEL_SOURCE)]
-    model: String,
-    /// Compute dtype (as the `dtype` setting).
-    #[arg(long, default_value = "auto", value_parser = Dtype::parse)]
-    dtype: DtypeChoice,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Decode steps timed per case.
     #[arg(long, default_value_t = 16)]
     steps: usize,
-    /// Passed by `cargo bench`.
-    #[arg(long = "bench", hide = true)]
-    _bench: bool,
 }
 
 fn config(options: &Options, mode: OffloadMode, prefetch: usize) -> ModelConfig {
     ModelConfig {
         name: "bench".into(),
-        source: options.model.clone(),
-        dtype: options.dtype,
+        source: options.model.source.clone(),
+        dtype: options.model.dtype,
         max_context: Some(512),
         max_batch: 1,
         offload: OffloadConfig {
@@ -64,14 +59,6 @@ fn device(link_bandwidth: Option<u64>) -> DeviceConfig {
         link_bandwidth,
         ..DeviceConfig::default()
     }
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    logits
-        .iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map_or(0, |(i, _)| i as u32)
 }
 
 /// Mean wall time of one decode step over `steps` steps (after a prefill and two warm-up steps).
@@ -127,7 +114,7 @@ fn main() -> Result<(), String> {
     let bandwidth = (layer_bytes as f64 / t_layer) as u64;
     println!(
         "model {} ({} layers, {} per layer); resident decode step {:.2} ms, {:.3} ms per layer; link bandwidth set to {}\n",
-        options.model,
+        options.model.source,
         n_layers,
         format_bytes(layer_bytes),
         t_resident.as_secs_f64() * 1e3,

@@ -44,6 +44,8 @@
 //!
 //! Per-request bookkeeping and the request log line live in [`tracker`].
 
+#[cfg(test)]
+pub(crate) mod log_capture;
 mod tracker;
 
 pub use tracker::{RequestContext, RequestEnd, RequestTracker, TrackedRequest};

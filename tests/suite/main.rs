@@ -6,6 +6,7 @@
 //! checkpoints). The GPU checks are a separate binary (tests/gpu.rs, `--features cuda`).
 
 mod common;
+mod fixtures;
 mod real_model;
 mod tiny;
 
