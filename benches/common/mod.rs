@@ -10,7 +10,7 @@ use ferry::config::DtypeChoice;
 #[derive(Args)]
 pub struct ModelArgs {
     /// The GGUF file or HF directory to run.
-    #[arg(long = "model", default_value = DEFAULT_MODEL_SOURCE)]
+    #[arg(long = "model", value_name = "PATH", default_value = DEFAULT_MODEL_SOURCE)]
     pub source: String,
     /// Compute dtype, as the `dtype` setting takes it (auto, f32, f16, bf16).
     #[arg(long, default_value = "auto", value_parser = Dtype::parse)]
