@@ -37,6 +37,7 @@ pub mod buffer;
 pub mod error;
 pub mod host;
 pub mod layout;
+mod link;
 pub mod load;
 pub mod plan;
 pub mod qview;

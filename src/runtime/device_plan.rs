@@ -22,7 +22,8 @@ use crate::config::{Config, MemoryBudget, ModelConfig, OffloadMode};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::source::HubOptions;
 use crate::offload::plan::{resolve_budget, Plan};
-use crate::offload::render::{format_bytes, plan_json, render_text};
+use crate::offload::render::{plan_json, render_text};
+use crate::offload::units::format_bytes;
 use crate::offload::SwapManager;
 
 /// What `serve` needs before it loads anything: the plan `ferry plan` shows, the checkpoints it
