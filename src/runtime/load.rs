@@ -12,12 +12,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::adapters::{ModelRunner, TokenizerCodec};
 use super::device::free_bytes;
-use super::planning::plan_checkpoint;
+use super::planning::{open_checkpoint, plan_checkpoint};
 use super::RuntimeError;
 use crate::config::{DeviceConfig, ModelConfig, OffloadMode};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::loader::{LoadOptions, LoadProgress};
-use crate::model::source::{self, HubOptions, ModelFiles, ModelSource};
+use crate::model::source::{HubOptions, ModelFiles};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::ModelError;
 use crate::offload::plan::{mode_name, Plan};
@@ -65,26 +65,11 @@ pub fn load_for_serving_shared(
     hub: &HubOptions,
     swap: Option<&Arc<SwapManager>>,
 ) -> Result<LoadedForServing, RuntimeError> {
-    let wrap = |source: ModelError| RuntimeError::Model {
-        name: config.name.clone(),
-        source,
-    };
-    let started = Instant::now();
     tracing::info!(model = %config.name, source = %config.source, "resolving model source");
-    let parsed = ModelSource::parse(&config.source).map_err(wrap)?;
-    let files = source::resolve(&parsed, hub).map_err(wrap)?;
-    let checkpoint = Checkpoint::open(&files).map_err(wrap)?;
+    let checkpoint = open_checkpoint(config, hub)?;
     let free = free_bytes(device)?;
     let plan = plan_checkpoint(config, device_config, device, &checkpoint, free)?;
-    load_planned_since(
-        config,
-        device_config,
-        device,
-        &checkpoint,
-        &plan,
-        swap,
-        started,
-    )
+    load_planned(config, device_config, device, &checkpoint, &plan, swap)
 }
 
 /// Loads a model `serve` has already opened and planned (`runtime::device_plan`): the same
@@ -98,26 +83,6 @@ pub fn load_planned(
     swap: Option<&Arc<SwapManager>>,
 ) -> Result<LoadedForServing, RuntimeError> {
     let started = Instant::now();
-    load_planned_since(
-        config,
-        device_config,
-        device,
-        checkpoint,
-        plan,
-        swap,
-        started,
-    )
-}
-
-fn load_planned_since(
-    config: &ModelConfig,
-    device_config: &DeviceConfig,
-    device: &Device,
-    checkpoint: &Checkpoint,
-    plan: &Plan,
-    swap: Option<&Arc<SwapManager>>,
-    started: Instant,
-) -> Result<LoadedForServing, RuntimeError> {
     let wrap = |source: ModelError| RuntimeError::Model {
         name: config.name.clone(),
         source,
