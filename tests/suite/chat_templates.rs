@@ -34,6 +34,7 @@ fn messages(case: &Json) -> Vec<ChatMessage> {
         .map(|m| ChatMessage {
             role: m["role"].as_str().unwrap().into(),
             content: m["content"].as_str().unwrap().into(),
+            name: None,
         })
         .collect()
 }

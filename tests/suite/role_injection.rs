@@ -32,6 +32,7 @@ fn user(content: &str) -> Vec<ChatMessage> {
     vec![ChatMessage {
         role: "user".into(),
         content: content.into(),
+        name: None,
     }]
 }
 
@@ -88,6 +89,7 @@ fn harmless_chats_keep_the_reference_ids() {
             .map(|m| ChatMessage {
                 role: m["role"].as_str().unwrap().into(),
                 content: m["content"].as_str().unwrap().into(),
+                name: None,
             })
             .collect();
         let expected: Vec<u32> = chat["ids"]
@@ -182,6 +184,7 @@ fn real_templates_keep_their_tokens_under_the_guard() {
             .map(|m| ChatMessage {
                 role: m["role"].as_str().unwrap().into(),
                 content: m["content"].as_str().unwrap().into(),
+                name: None,
             })
             .collect();
         let add = case["add_generation_prompt"].as_bool().unwrap();

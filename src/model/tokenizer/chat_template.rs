@@ -27,6 +27,10 @@ pub struct ChatMessage {
     pub role: String,
     /// The message text (content parts already joined).
     pub content: String,
+    /// The participant's name (`messages[].name`), for templates that render it; absent from
+    /// the template's view when not given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// Name of the single template in the environment.
@@ -217,10 +221,12 @@ mod tests {
             ChatMessage {
                 role: "system".into(),
                 content: "  Be brief.  ".into(),
+                name: None,
             },
             ChatMessage {
                 role: "user".into(),
                 content: "Héllo \"you\"\n".into(),
+                name: None,
             },
         ]
     }
