@@ -401,3 +401,7 @@ fn end_request(tracker: &RequestTracker, outcome: &Outcome) {
         }),
     }
 }
+
+#[cfg(test)]
+#[path = "serve_loop_tests.rs"]
+mod tests;

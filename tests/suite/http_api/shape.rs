@@ -197,8 +197,8 @@ async fn streamed_choices_carry_their_index() {
     )
     .await;
     assert_eq!(reply.status, StatusCode::OK);
-    let chunks = chunks(&reply);
-    let (last, with_choices) = chunks.split_last().unwrap();
+    let events = chunks(&reply);
+    let (last, with_choices) = events.split_last().unwrap();
     let prompt = backend.last().prompt.len();
     assert_eq!(last["choices"], json!([]));
     assert_eq!(
@@ -233,16 +233,16 @@ async fn streamed_choices_carry_their_index() {
         json!({"model": READY, "prompt": "Once", "n": 3, "max_tokens": 3, "stream": true}),
     )
     .await;
-    let chunks = chunks(&reply);
+    let events = chunks(&reply);
     for index in 0..3 {
-        let text: String = chunks
+        let text: String = events
             .iter()
             .filter(|c| c["choices"][0]["index"] == index)
             .filter_map(|c| c["choices"][0]["text"].as_str())
             .collect();
         assert_eq!(text, "Hello, world", "choice {index}");
     }
-    assert!(chunks.iter().all(|c| c.get("usage").is_none()));
+    assert!(events.iter().all(|c| c.get("usage").is_none()));
 }
 
 #[tokio::test]
