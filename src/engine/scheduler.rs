@@ -380,7 +380,11 @@ mod tests {
         assert_eq!(s.running_len(), 3);
         let mut narrow = Scheduler::new(limits(2, 8, 8));
         narrow.push(Wide(5));
-        assert_eq!(narrow.admit().started, 1, "wider than the batch: runs alone");
+        assert_eq!(
+            narrow.admit().started,
+            1,
+            "wider than the batch: runs alone"
+        );
     }
 
     #[test]

@@ -308,8 +308,8 @@ fn split_off<M: LanguageModel>(
     logits: &[f32],
     done: &mut StepDone<M::Sequence>,
 ) {
-    let copied = catch_unwind(AssertUnwindSafe(|| model.fork_sequence(prefilled)))
-        .unwrap_or_else(|panic| {
+    let copied =
+        catch_unwind(AssertUnwindSafe(|| model.fork_sequence(prefilled))).unwrap_or_else(|panic| {
             Err(EngineError::Internal(format!(
                 "copying a sequence panicked: {}",
                 panic_message(&*panic)

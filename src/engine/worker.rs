@@ -422,7 +422,12 @@ impl Backend for EngineHandle {
                 param: Some("n".into()),
             });
         }
-        if slot.pending.fetch_add(n, Ordering::SeqCst).saturating_add(n) > self.capacity() {
+        if slot
+            .pending
+            .fetch_add(n, Ordering::SeqCst)
+            .saturating_add(n)
+            > self.capacity()
+        {
             slot.pending.fetch_sub(n, Ordering::SeqCst);
             return Err(self.overloaded(slot));
         }

@@ -277,7 +277,12 @@ mod tests {
         let mut fork = cache.fork().unwrap();
         assert_eq!((fork.len(), fork.capacity()), (3, cache.capacity()));
         let value_at = |k: &Tensor, pos: usize| -> f32 {
-            k.narrow(2, pos, 1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()[0]
+            k.narrow(2, pos, 1)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()[0]
         };
         let (forked, _) = step(&mut fork, 1, 5.0).unwrap();
         let (original, _) = step(&mut cache, 1, 9.0).unwrap();

@@ -247,9 +247,13 @@ mod tests {
         }
         if close {
             drop(tx);
-            data_stream(vec![rx], Plain, Lifecycle::new()).collect().await
+            data_stream(vec![rx], Plain, Lifecycle::new())
+                .collect()
+                .await
         } else {
-            let out = data_stream(vec![rx], Plain, Lifecycle::new()).collect().await;
+            let out = data_stream(vec![rx], Plain, Lifecycle::new())
+                .collect()
+                .await;
             drop(tx);
             out
         }

@@ -375,8 +375,10 @@ mod tests {
             got,
             [("system", "be nice"), ("user", "a\nb"), ("assistant", "")]
         );
-        let r = req(json!({"model": "m", "response_format": {"type": "text"}, "messages": [
-            {"role": "user", "content": "hi", "name": "bob"}]}))
+        let r = req(
+            json!({"model": "m", "response_format": {"type": "text"}, "messages": [
+            {"role": "user", "content": "hi", "name": "bob"}]}),
+        )
         .unwrap();
         assert_eq!(r.messages[0].name.as_deref(), Some("bob"));
         assert_eq!(r.messages[0].content, "hi");

@@ -79,7 +79,10 @@ pub(super) fn preflight(origin: &str) -> Request<Body> {
         .uri(CHAT)
         .header(header::ORIGIN, origin)
         .header(header::ACCESS_CONTROL_REQUEST_METHOD, "POST")
-        .header(header::ACCESS_CONTROL_REQUEST_HEADERS, "authorization,content-type")
+        .header(
+            header::ACCESS_CONTROL_REQUEST_HEADERS,
+            "authorization,content-type",
+        )
         .body(Body::empty())
         .unwrap()
 }

@@ -144,7 +144,11 @@ async fn n_choices_count_the_prompt_once() {
     assert_eq!(submitted.len(), 3);
     let prompt = submitted[0].prompt.len();
     let seeds: Vec<Option<u64>> = submitted.iter().map(|r| r.params.sampling.seed).collect();
-    assert_eq!(seeds, [Some(7), Some(8), Some(9)], "each choice its own seed");
+    assert_eq!(
+        seeds,
+        [Some(7), Some(8), Some(9)],
+        "each choice its own seed"
+    );
     assert_eq!(
         v["usage"],
         json!({"prompt_tokens": prompt, "completion_tokens": 3 * 8,
