@@ -2,10 +2,11 @@
 //! `data: {json}\n\n` events ending with `data: [DONE]`. What each chunk contains is the
 //! endpoint's business ([`ChunkFormatter`]); the order and the failure handling live here:
 //!
-//! 1. `start()` chunks (chat's role chunks), 2. one call to `token()` per generated token of any
-//! choice, as the choices produce them, 3. `finish()` chunks for each choice as it ends (its
-//! finish_reason chunk), 4. once every choice ended, `usage()` chunks (the usage chunk, the
-//! prompt counted once), 5. `[DONE]`.
+//! 1. `start()` chunks (chat's role chunks),
+//! 2. one call to `token()` per generated token of any choice, as the choices produce them,
+//! 3. `finish()` chunks for each choice as it ends (its finish_reason chunk),
+//! 4. once every choice ended, `usage()` chunks (the usage chunk, the prompt counted once),
+//! 5. `[DONE]`.
 //!
 //! A failure after the stream started (`GenerationEvent::Failed`, the engine dropping a
 //! channel without finishing, or the server's shutdown deadline) becomes
@@ -141,7 +142,7 @@ impl<F: ChunkFormatter> State<F> {
                         self.end_with_error(err.into())
                     }
                     // A channel that closes after its choice finished is the normal end.
-                    Some((index, None)) if self.finished[index as usize] => {}
+                    Some((index, None)) if self.finished.get(index as usize) == Some(&true) => {}
                     Some((_, None)) | None => self.end_with_error(self.cut_short()),
                 },
             }

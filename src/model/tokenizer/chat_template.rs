@@ -280,6 +280,25 @@ mod tests {
     }
 
     #[test]
+    fn a_message_name_is_there_for_templates_that_use_it() {
+        let mut m = msgs();
+        m[1].name = Some("alice".into());
+        let src = "{% for m in messages %}{{ m.role }}{% if m.name is defined %}({{ m.name }}){% endif %};{% endfor %}";
+        let out = ChatTemplate::new(src)
+            .unwrap()
+            .render(&TemplateContext {
+                messages: &m,
+                add_generation_prompt: false,
+                bos_token: "",
+                eos_token: "",
+                unk_token: None,
+                pad_token: None,
+            })
+            .unwrap();
+        assert_eq!(out, "system;user(alice);", "absent names stay undefined");
+    }
+
+    #[test]
     fn strftime_now_with_a_bad_format_is_a_template_error() {
         match render("{{ strftime_now('%Q') }}", false) {
             Err(ModelError::Template(msg)) => assert!(msg.contains("strftime_now"), "{msg}"),
