@@ -300,6 +300,17 @@ pub static SETTINGS: &[Setting] = &[
         field: field!(Server, Switch, parse_special_in_content),
     },
     Setting {
+        name: "cors-origins",
+        short: None,
+        key: "cors_origins",
+        value_name: "ORIGINS",
+        default: None,
+        default_note: "none (CORS off)",
+        example: "https://app.example,http://localhost:3000",
+        help: "Comma-separated browser origins allowed to call the API cross-origin (CORS, preflights answered); * allows any.",
+        field: field!(Server, Names, cors_origins),
+    },
+    Setting {
         name: "device",
         short: None,
         key: "kind",

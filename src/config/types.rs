@@ -52,6 +52,8 @@ pub struct ServerConfig {
     pub allowed_hosts: Vec<String>,
     /// Whether special tokens written inside chat messages are parsed as control tokens.
     pub parse_special_in_content: bool,
+    /// Browser origins allowed cross-origin (CORS); empty = CORS off, `*` = any origin.
+    pub cors_origins: Vec<String>,
 }
 
 /// Resolved `[device]`.
@@ -118,6 +120,7 @@ impl ServerConfig {
             metrics_auth: false,
             allowed_hosts: Vec::new(),
             parse_special_in_content: false,
+            cors_origins: Vec::new(),
         }
     }
 }

@@ -95,4 +95,17 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Queues a request. Events arrive on the returned receiver; dropping it cancels the request.
     fn submit(&self, request: GenerationRequest) -> EngineResult<mpsc::Receiver<GenerationEvent>>;
+
+    /// Queues `n` (at least 1) choices of one request: one receiver per choice, in index order,
+    /// choice `i` sampling as [`GenerationRequest::for_choice`]`(i)`. Default: `n` independent
+    /// submissions; the engine prefills the prompt once and copies its KV to the other choices.
+    fn submit_choices(
+        &self,
+        request: GenerationRequest,
+        n: usize,
+    ) -> EngineResult<Vec<mpsc::Receiver<GenerationEvent>>> {
+        (0..n.max(1))
+            .map(|i| self.submit(request.for_choice(i)))
+            .collect()
+    }
 }

@@ -55,7 +55,7 @@ impl From<EngineError> for Abort {
 }
 
 /// Checks that a prompt can be served by a model with `max_context` tokens of context and
-/// `vocab_size` token ids.
+/// `vocab_size` token ids (the prompt's ids and `logit_bias`'s).
 pub fn validate_prompt(
     prompt: &[u32],
     params: &GenerationParams,
@@ -72,6 +72,16 @@ pub fn validate_prompt(
         return Err(EngineError::InvalidRequest {
             message: format!("token id {bad} is out of range (vocabulary size {vocab_size})"),
             param: Some("prompt".into()),
+        });
+    }
+    let mut bias_ids = params.sampling.logit_bias.iter().map(|&(id, _)| id);
+    if let Some(bad) = bias_ids.find(|&t| t as usize >= vocab_size) {
+        return Err(EngineError::InvalidRequest {
+            message: format!(
+                "`logit_bias` names token id {bad}, which is out of range (vocabulary size \
+                 {vocab_size})"
+            ),
+            param: Some("logit_bias".into()),
         });
     }
     let requested = prompt.len().saturating_add(params.max_tokens);
@@ -190,6 +200,18 @@ impl Generation {
             self.tracker.prefilled(self.prompt.len());
         }
         true
+    }
+
+    /// The sequence starts from a copy of another's KV cache that already holds this prompt
+    /// (another choice of the same request): the prompt counts as fed. Its tokens were counted
+    /// once, by the sequence that computed them.
+    pub fn skip_prefill(&mut self) {
+        self.fed = self.prompt.len();
+    }
+
+    /// Prompt tokens.
+    pub fn prompt_len(&self) -> usize {
+        self.prompt.len()
     }
 
     /// Samples the next token from `logits` and emits it.

@@ -47,6 +47,7 @@ fn serve(
     let job = Job {
         request,
         events,
+        forks: Vec::new(),
         accepted: Instant::now(),
         context: None,
     };

@@ -25,6 +25,9 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// vLLM/HF repetition penalty (> 0, 1 disables it), applied to prompt and generated tokens.
     pub repetition_penalty: f32,
+    /// OpenAI `logit_bias`: `(token id, bias)` pairs added to the logits before every draw
+    /// (ids below the vocabulary size, biases in [-100, 100]; both checked before the engine).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -38,6 +41,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -80,6 +84,17 @@ pub struct GenerationRequest {
     pub prompt: Vec<u32>,
     /// Sampling, limits and stop conditions.
     pub params: GenerationParams,
+}
+
+impl GenerationRequest {
+    /// The request for choice `index` of `n`: the same, but a given seed moves by `index` so
+    /// seeded choices differ from one another and stay reproducible (choice 0 keeps the seed).
+    pub fn for_choice(&self, index: usize) -> GenerationRequest {
+        let mut request = self.clone();
+        let seed = &mut request.params.sampling.seed;
+        *seed = seed.map(|s| s.wrapping_add(index as u64));
+        request
+    }
 }
 
 /// The log probability of one token, with its text.

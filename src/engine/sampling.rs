@@ -1,5 +1,6 @@
-//! Next-token selection for one sequence: penalties, then greedy argmax (temperature 0) or
-//! temperature -> top-k -> top-p -> min-p -> a draw from a per-request seeded RNG.
+//! Next-token selection for one sequence: `logit_bias`, penalties, then greedy argmax
+//! (temperature 0) or temperature -> top-k -> top-p -> min-p -> a draw from a per-request seeded
+//! RNG.
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -13,6 +14,7 @@ pub struct Sampler {
     top_k: usize,
     top_p: f32,
     min_p: f32,
+    logit_bias: Vec<(u32, f32)>,
     penalties: Penalties,
     rng: StdRng,
 }
@@ -30,6 +32,7 @@ impl Sampler {
             top_k: params.top_k,
             top_p: params.top_p,
             min_p: params.min_p,
+            logit_bias: params.logit_bias.clone(),
             penalties: Penalties::new(params, prompt),
             rng,
         }
@@ -41,6 +44,11 @@ impl Sampler {
         for l in logits.iter_mut() {
             if l.is_nan() {
                 *l = f32::NEG_INFINITY;
+            }
+        }
+        for &(id, bias) in &self.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
             }
         }
         if self.penalties.is_active() {
@@ -248,6 +256,24 @@ mod tests {
             ..params(0.0, 0)
         };
         assert_eq!(run(&p, &logits, 3), vec![0, 1, 0]);
+    }
+
+    #[test]
+    fn logit_bias_moves_and_bans_tokens() {
+        let logits = [2.0, 1.0, 0.0];
+        // +5 on id 2 makes it the argmax; -100 on id 0 bans it even when sampling hot.
+        let p = SamplingParams {
+            logit_bias: vec![(2, 5.0)],
+            ..params(0.0, 0)
+        };
+        assert_eq!(run(&p, &logits, 3), vec![2, 2, 2]);
+        let p = SamplingParams {
+            logit_bias: vec![(0, -100.0), (7, 100.0)],
+            ..params(1.0, 3)
+        };
+        let out = run(&p, &logits, 500);
+        assert!(!out.contains(&0), "a -100 bias bans the token");
+        assert!(out.contains(&1) && out.contains(&2));
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! Continuous batching as plain state: a waiting queue and a running set for one model.
 //!
 //! The engine thread calls, once per step: [`Scheduler::admit`] (drop cancelled requests, move
-//! waiting ones into free places in the batch, oldest first, up to `max_batch`), then
+//! waiting ones into free places in the batch, oldest first, up to `max_batch` places; an entry may
+//! hold several, [`Schedulable::places`]), then
 //! [`Scheduler::plan`] (which running sequences take part in this step and with how many
-//! tokens), runs that one batched forward step, and [`Scheduler::retire`]s the sequences that
-//! finished. New requests therefore join, and finished ones leave, at step boundaries.
+//! tokens), runs that one batched forward step, [`Scheduler::retire`]s the sequences that
+//! finished and [`Scheduler::adopt`]s the ones the step split off an entry (the other choices
+//! of a request, which held their places in it). New requests therefore join, and finished ones leave, at step boundaries.
 //!
 //! Every step has a token budget, [`StepLimits::max_step_tokens`]: every decoding sequence
 //! feeds its one token first (decodes are never starved by prefill), then prefilling sequences
@@ -23,6 +25,11 @@ pub trait Schedulable {
     fn is_cancelled(&self) -> bool;
     /// Prompt tokens not yet through the model (0 once decoding).
     fn prefill_remaining(&self) -> usize;
+    /// Places in the batch it takes (more than 1 for a request whose other choices wait to be split
+    /// off it). Default 1.
+    fn places(&self) -> usize {
+        1
+    }
 }
 
 /// What one [`Scheduler::admit`] did.
@@ -102,6 +109,11 @@ impl<T: Schedulable> Scheduler<T> {
         self.running.len()
     }
 
+    /// Places in the batch taken (sequences, plus the choices they hold for later).
+    fn places_taken(&self) -> usize {
+        self.running.iter().map(Schedulable::places).sum()
+    }
+
     /// Nothing waits and nothing runs.
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()
@@ -119,11 +131,15 @@ impl<T: Schedulable> Scheduler<T> {
                 .partition(Schedulable::is_cancelled);
         self.waiting = waiting;
         let mut started = 0;
-        while self.running.len() < self.limits.max_batch {
-            let Some(entry) = self.waiting.pop_front() else {
+        let mut taken = self.places_taken();
+        while let Some(front) = self.waiting.front() {
+            // An entry wider than the whole batch still runs alone rather than never.
+            let need = front.places().min(self.limits.max_batch);
+            if taken + need > self.limits.max_batch {
                 break;
-            };
-            self.running.push(entry);
+            }
+            taken += front.places();
+            self.running.extend(self.waiting.pop_front());
             started += 1;
         }
         Admission {
@@ -164,6 +180,12 @@ impl<T: Schedulable> Scheduler<T> {
     /// The running sequences, in admission order (indices as in [`StepShare::index`]).
     pub fn running_mut(&mut self) -> &mut [T] {
         &mut self.running
+    }
+
+    /// Adds sequences split off a running entry (their places were that entry's), after the
+    /// others.
+    pub fn adopt(&mut self, entries: impl IntoIterator<Item = T>) {
+        self.running.extend(entries);
     }
 
     /// Removes the running sequences at `indices` (any order, duplicates ignored) and returns
@@ -339,6 +361,43 @@ mod tests {
             .sanitized()
             .max_step_tokens,
             8
+        );
+    }
+
+    #[test]
+    fn wide_entries_wait_for_all_their_places() {
+        #[derive(Debug)]
+        struct Wide(usize);
+        impl Schedulable for Wide {
+            fn is_cancelled(&self) -> bool {
+                false
+            }
+            fn prefill_remaining(&self) -> usize {
+                0
+            }
+            fn places(&self) -> usize {
+                self.0
+            }
+        }
+        let mut s = Scheduler::new(limits(4, 8, 8));
+        s.push(Wide(1));
+        s.push(Wide(3));
+        s.push(Wide(2));
+        assert_eq!(s.admit().started, 2, "1 + 3 places fill the batch");
+        assert_eq!(s.admit().started, 0, "the 2-place entry waits");
+        // The 3-place entry splits into three sequences of one place: still full.
+        s.running_mut()[1].0 = 1;
+        s.adopt([Wide(1), Wide(1)]);
+        assert_eq!(s.admit().started, 0);
+        s.retire(&[0, 2]);
+        assert_eq!(s.admit().started, 1);
+        assert_eq!(s.running_len(), 3);
+        let mut narrow = Scheduler::new(limits(2, 8, 8));
+        narrow.push(Wide(5));
+        assert_eq!(
+            narrow.admit().started,
+            1,
+            "wider than the batch: runs alone"
         );
     }
 

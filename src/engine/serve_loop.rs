@@ -7,6 +7,12 @@
 //! prompt chunks within the step's token budget), sample each one's next token, and retire the
 //! finished. A client that goes away is therefore dropped within one step.
 //!
+//! A request with `n` > 1 choices enters as one entry holding `n` places: the first choice's
+//! sequence prefills the prompt, and in the step that completes it the other choices split off
+//! with copies of its KV cache ([`LanguageModel::fork_sequence`]), each sampling its first token
+//! from the same logits. A model that cannot copy sequences gets fresh ones, which prefill the
+//! prompt themselves. Every choice is a request of its own for the gauges and `pending`.
+//!
 //! The gauges and counters of [`Metrics`] are kept here: `waiting` and `running` move with the
 //! scheduler, the `pending` count (for `max_queue`) drops when a request leaves for good, and
 //! each request's [`RequestTracker`] hears of its admission, of the tokens each step feeds
@@ -47,6 +53,32 @@ struct Active<S> {
     seq: S,
     /// The generation's tracker, shared with it (admission, tokens fed, the end).
     tracker: RequestTracker,
+    /// The request's other choices, waiting for this one's prompt to be prefilled.
+    forks: Vec<Fork>,
+}
+
+/// A choice that starts once its request's first choice has prefilled the prompt.
+struct Fork {
+    generation: Box<Generation>,
+    tracker: RequestTracker,
+}
+
+impl<S> Active<S> {
+    /// Every request it stands for: its own tracker, then its forks'.
+    fn trackers(&self) -> impl Iterator<Item = &RequestTracker> {
+        std::iter::once(&self.tracker).chain(self.forks.iter().map(|f| &f.tracker))
+    }
+
+    /// Ends the forks that never split off with `outcome` (the failure is sent to them too).
+    fn end_forks(&mut self, outcome: &Outcome) {
+        for fork in self.forks.drain(..) {
+            let outcome = match outcome {
+                Outcome::Failed(err) => fork.generation.fail(err.clone()),
+                other => other.clone(),
+            };
+            end_request(&fork.tracker, &outcome);
+        }
+    }
 }
 
 impl<S> Schedulable for Active<S> {
@@ -56,6 +88,10 @@ impl<S> Schedulable for Active<S> {
 
     fn prefill_remaining(&self) -> usize {
         self.generation.prefill_remaining()
+    }
+
+    fn places(&self) -> usize {
+        1 + self.forks.len()
     }
 }
 
@@ -88,27 +124,40 @@ pub(super) fn serve_requests<M: LanguageModel>(
             }
         }
         let admission = scheduler.admit();
-        for active in &admission.dropped_waiting {
+        for mut active in admission.dropped_waiting {
+            let places = active.places();
             end_request(&active.tracker, &Outcome::Cancelled);
-            ctx.metrics.request_dequeued();
-            ctx.pending.fetch_sub(1, Ordering::SeqCst);
+            active.end_forks(&Outcome::Cancelled);
+            for _ in 0..places {
+                ctx.metrics.request_dequeued();
+            }
+            ctx.pending.fetch_sub(places, Ordering::SeqCst);
         }
-        for active in &admission.dropped_running {
+        for mut active in admission.dropped_running {
+            let places = active.places();
             end_request(&active.tracker, &Outcome::Cancelled);
-            ctx.metrics.request_ended();
-            ctx.pending.fetch_sub(1, Ordering::SeqCst);
+            active.end_forks(&Outcome::Cancelled);
+            for _ in 0..places {
+                ctx.metrics.request_ended();
+            }
+            ctx.pending.fetch_sub(places, Ordering::SeqCst);
         }
         let running = scheduler.running_mut();
         for active in &running[running.len() - admission.started..] {
-            active.tracker.admitted();
-            ctx.metrics.request_started();
+            for tracker in active.trackers() {
+                tracker.admitted();
+                ctx.metrics.request_started();
+            }
         }
         if scheduler.running_len() > 0 {
-            let finished = step(model, codec, ctx.name, &mut scheduler);
-            for _ in scheduler.retire(&finished) {
+            let done = step(model, codec, ctx.name, &mut scheduler);
+            let retired = scheduler.retire(&done.finished);
+            let ended = retired.len() + done.forks_ended;
+            for _ in 0..ended {
                 ctx.metrics.request_ended();
-                ctx.pending.fetch_sub(1, Ordering::SeqCst);
             }
+            ctx.pending.fetch_sub(ended, Ordering::SeqCst);
+            scheduler.adopt(done.split_off);
         }
         let kv_tokens = scheduler
             .running_mut()
@@ -124,51 +173,74 @@ pub(super) fn serve_requests<M: LanguageModel>(
     }
 }
 
-/// Turns a job into a waiting sequence, or ends it at once (invalid, cancelled, nothing to do).
+/// Turns a job into a waiting sequence (with its other choices as forks), or ends it at once
+/// (invalid, cancelled, nothing to do).
 fn accept<M: LanguageModel>(
     model: &M,
     ctx: &LoopContext<'_>,
     scheduler: &mut Scheduler<Active<M::Sequence>>,
     job: Job,
 ) {
-    let tracker = RequestTracker::new(
-        ctx.metrics,
-        TrackedRequest {
-            model: ctx.name.to_owned(),
-            accepted: job.accepted,
-            prompt_tokens: job.request.prompt.len(),
-            context: job.context,
-        },
-    );
-    let started = Generation::start(
-        &job.request,
-        model.max_context(),
-        model.vocab_size(),
-        job.events,
-        tracker.clone(),
-    );
-    match started {
-        Started::Running(generation) => scheduler.push(Active {
-            generation,
-            seq: model.new_sequence(),
-            tracker,
-        }),
-        Started::Ended(outcome) => {
-            end_request(&tracker, &outcome);
-            ctx.metrics.request_dequeued();
-            ctx.pending.fetch_sub(1, Ordering::SeqCst);
+    let channels = std::iter::once(job.events).chain(job.forks);
+    let mut started = Vec::new();
+    for (index, events) in channels.enumerate() {
+        let tracker = RequestTracker::new(
+            ctx.metrics,
+            TrackedRequest {
+                model: ctx.name.to_owned(),
+                accepted: job.accepted,
+                prompt_tokens: job.request.prompt.len(),
+                context: job.context.clone(),
+            },
+        );
+        let outcome = Generation::start(
+            &job.request.for_choice(index),
+            model.max_context(),
+            model.vocab_size(),
+            events,
+            tracker.clone(),
+        );
+        match outcome {
+            Started::Running(generation) => started.push(Fork {
+                generation,
+                tracker,
+            }),
+            Started::Ended(outcome) => {
+                end_request(&tracker, &outcome);
+                ctx.metrics.request_dequeued();
+                ctx.pending.fetch_sub(1, Ordering::SeqCst);
+            }
         }
+    }
+    let mut choices = started.into_iter();
+    if let Some(first) = choices.next() {
+        scheduler.push(Active {
+            generation: first.generation,
+            seq: model.new_sequence(),
+            tracker: first.tracker,
+            forks: choices.collect(),
+        });
     }
 }
 
-/// One batched forward step over the scheduled sequences; returns the running indices of the
-/// sequences that ended.
+/// What one step did besides sampling.
+struct StepDone<S> {
+    /// Running indices of the sequences that ended.
+    finished: Vec<usize>,
+    /// Choices split off their first choice this step, to join the running set.
+    split_off: Vec<Active<S>>,
+    /// Choices split off this step that ended at once (their first token ended them).
+    forks_ended: usize,
+}
+
+/// One batched forward step over the scheduled sequences: samples each one whose prompt is
+/// complete, and splits off the other choices of a request whose prompt it completed.
 fn step<M: LanguageModel>(
     model: &mut M,
     codec: &dyn TextCodec,
     name: &str,
     scheduler: &mut Scheduler<Active<M::Sequence>>,
-) -> Vec<usize> {
+) -> StepDone<M::Sequence> {
     let plan = scheduler.plan();
     let running = scheduler.running_mut();
     let inputs: Vec<Vec<u32>> = plan
@@ -203,42 +275,115 @@ fn step<M: LanguageModel>(
             return fail_all(name, running, &plan, err);
         }
     };
-    let mut finished = Vec::new();
+    let mut done = StepDone {
+        finished: Vec::new(),
+        split_off: Vec::new(),
+        forks_ended: 0,
+    };
     for ((share, row), input) in plan.iter().zip(logits).zip(&inputs) {
         let active = &mut running[share.index];
         active.tracker.fed(input.len());
-        let generation = &mut active.generation;
-        if !generation.fed(input.len()) {
+        if !active.generation.fed(input.len()) {
             continue;
         }
-        let progress = catch_unwind(AssertUnwindSafe(|| generation.advance(row, codec)))
-            .unwrap_or_else(|panic| {
-                let message = panic_message(&*panic);
-                Progress::Done(generation.fail(EngineError::Internal(format!(
-                    "sampling panicked: {message}"
-                ))))
-            });
-        if let Progress::Done(outcome) = progress {
+        for fork in std::mem::take(&mut active.forks) {
+            split_off(&*model, codec, &active.seq, fork, &row, &mut done);
+        }
+        if let Some(outcome) = sample(&mut active.generation, row, codec) {
             end_request(&active.tracker, &outcome);
-            finished.push(share.index);
+            done.finished.push(share.index);
         }
     }
-    finished
+    done
 }
 
-/// Fails every sequence of the step with `err`; returns their running indices.
+/// Starts `fork` from a copy of `prefilled` (the sequence of its request's first choice, whose
+/// prompt just completed) and samples its first token from the same `logits`; without a copy,
+/// it starts from a fresh sequence and prefills the prompt itself.
+fn split_off<M: LanguageModel>(
+    model: &M,
+    codec: &dyn TextCodec,
+    prefilled: &M::Sequence,
+    mut fork: Fork,
+    logits: &[f32],
+    done: &mut StepDone<M::Sequence>,
+) {
+    let copied =
+        catch_unwind(AssertUnwindSafe(|| model.fork_sequence(prefilled))).unwrap_or_else(|panic| {
+            Err(EngineError::Internal(format!(
+                "copying a sequence panicked: {}",
+                panic_message(&*panic)
+            )))
+        });
+    let outcome = match copied {
+        Ok(None) => None,
+        Ok(Some(seq)) => {
+            fork.generation.skip_prefill();
+            fork.tracker.fed(fork.generation.prompt_len());
+            match sample(&mut fork.generation, logits.to_vec(), codec) {
+                None => {
+                    done.split_off.push(Active {
+                        generation: fork.generation,
+                        seq,
+                        tracker: fork.tracker,
+                        forks: Vec::new(),
+                    });
+                    return;
+                }
+                ended => ended,
+            }
+        }
+        Err(err) => Some(fork.generation.fail(err)),
+    };
+    match outcome {
+        Some(outcome) => {
+            end_request(&fork.tracker, &outcome);
+            done.forks_ended += 1;
+        }
+        None => done.split_off.push(Active {
+            generation: fork.generation,
+            seq: model.new_sequence(),
+            tracker: fork.tracker,
+            forks: Vec::new(),
+        }),
+    }
+}
+
+/// Samples `generation`'s next token from `logits`; the outcome if that ended it.
+fn sample(generation: &mut Generation, logits: Vec<f32>, codec: &dyn TextCodec) -> Option<Outcome> {
+    let progress = catch_unwind(AssertUnwindSafe(|| generation.advance(logits, codec)))
+        .unwrap_or_else(|panic| {
+            let message = panic_message(&*panic);
+            Progress::Done(generation.fail(EngineError::Internal(format!(
+                "sampling panicked: {message}"
+            ))))
+        });
+    match progress {
+        Progress::Continue => None,
+        Progress::Done(outcome) => Some(outcome),
+    }
+}
+
+/// Fails every sequence of the step with `err`, the choices still waiting on them too.
 fn fail_all<S>(
     name: &str,
-    running: &[Active<S>],
+    running: &mut [Active<S>],
     plan: &[StepShare],
     err: EngineError,
-) -> Vec<usize> {
+) -> StepDone<S> {
     tracing::debug!(model = name, error = %err, "step failed");
+    let mut forks_ended = 0;
     for share in plan {
-        let active = &running[share.index];
+        let active = &mut running[share.index];
         end_request(&active.tracker, &active.generation.fail(err.clone()));
+        forks_ended += active.forks.len();
+        active.end_forks(&Outcome::Failed(err.clone()));
     }
-    plan.iter().map(|share| share.index).collect()
+    StepDone {
+        finished: plan.iter().map(|share| share.index).collect(),
+        split_off: Vec::new(),
+        forks_ended,
+    }
 }
 
 /// Ends `tracker`'s request with `outcome` (which writes the request's log line).
@@ -256,3 +401,7 @@ fn end_request(tracker: &RequestTracker, outcome: &Outcome) {
         }),
     }
 }
+
+#[cfg(test)]
+#[path = "serve_loop_tests.rs"]
+mod tests;

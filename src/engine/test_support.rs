@@ -171,6 +171,10 @@ pub struct ScriptModel {
     pub step_delay: std::time::Duration,
     /// Sequence steps so far, across sequences (a step of `n` sequences counts `n`).
     pub sequence_steps: usize,
+    /// Tokens fed so far, across sequences.
+    pub tokens_fed: usize,
+    /// Whether [`LanguageModel::fork_sequence`] copies sequences (else it declines).
+    pub forks: bool,
 }
 
 impl ScriptModel {
@@ -184,12 +188,14 @@ impl ScriptModel {
             poison: None,
             step_delay: std::time::Duration::ZERO,
             sequence_steps: 0,
+            tokens_fed: 0,
+            forks: true,
         }
     }
 }
 
 /// Sequence state of [`ScriptModel`]: how many tokens were fed and in how many steps.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct ScriptSeq {
     /// Tokens fed so far.
     pub fed: Vec<u32>,
@@ -201,6 +207,7 @@ impl ScriptModel {
     /// One sequence's part of a step: the logits favouring its next scripted token.
     fn step(&mut self, seq: &mut ScriptSeq, tokens: &[u32]) -> Vec<f32> {
         self.sequence_steps += 1;
+        self.tokens_fed += tokens.len();
         seq.fed.extend_from_slice(tokens);
         let next = self.script.get(seq.steps).copied().unwrap_or(self.after);
         seq.steps += 1;
@@ -234,6 +241,10 @@ impl LanguageModel for ScriptModel {
             .iter_mut()
             .map(|(seq, tokens)| self.step(seq, tokens))
             .collect())
+    }
+
+    fn fork_sequence(&self, seq: &ScriptSeq) -> EngineResult<Option<ScriptSeq>> {
+        Ok(self.forks.then(|| seq.clone()))
     }
 
     fn max_context(&self) -> usize {

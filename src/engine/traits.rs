@@ -38,6 +38,14 @@ pub trait LanguageModel: Send {
             })
     }
 
+    /// A new sequence holding a copy of `seq`'s state (its KV cache and position), so that the
+    /// other choices of a request (`n` > 1) start after its prompt instead of prefilling it
+    /// again. Default `Ok(None)`: the model cannot copy sequences, and each choice prefills its
+    /// own.
+    fn fork_sequence(&self, _seq: &Self::Sequence) -> EngineResult<Option<Self::Sequence>> {
+        Ok(None)
+    }
+
     /// The context window in tokens (prompt plus completion).
     fn max_context(&self) -> usize;
 

@@ -390,6 +390,20 @@ impl Backend for EngineHandle {
     }
 
     fn submit(&self, request: GenerationRequest) -> EngineResult<mpsc::Receiver<GenerationEvent>> {
+        let mut receivers = self.submit_choices(request, 1)?;
+        receivers
+            .pop()
+            .ok_or_else(|| EngineError::Internal("no receiver for one choice".into()))
+    }
+
+    /// One job for all `n` choices: the serving loop prefills the prompt once and starts the
+    /// other choices from copies of its KV cache. The choices run side by side, so `n` may not
+    /// exceed `max_batch`; each counts as a request for `max_queue` and the gauges.
+    fn submit_choices(
+        &self,
+        request: GenerationRequest,
+        n: usize,
+    ) -> EngineResult<Vec<mpsc::Receiver<GenerationEvent>>> {
         let (entry, loaded) = self.ready(&request.model)?;
         validate_prompt(
             &request.prompt,
@@ -397,8 +411,24 @@ impl Backend for EngineHandle {
             loaded.max_context,
             loaded.vocab_size,
         )?;
-        if entry.pending.fetch_add(1, Ordering::SeqCst) >= self.capacity() {
-            entry.pending.fetch_sub(1, Ordering::SeqCst);
+        let n = n.max(1);
+        let max_batch = self.shared.options.max_batch.max(1);
+        if n > max_batch {
+            return Err(EngineError::InvalidRequest {
+                message: format!(
+                    "`n` = {n} is more than this server generates side by side for one request \
+                     ({max_batch}, the model's `max_batch`)"
+                ),
+                param: Some("n".into()),
+            });
+        }
+        if entry
+            .pending
+            .fetch_add(n, Ordering::SeqCst)
+            .saturating_add(n)
+            > self.capacity()
+        {
+            entry.pending.fetch_sub(n, Ordering::SeqCst);
             return Err(self.overloaded(entry));
         }
         let buffer = request
@@ -406,21 +436,28 @@ impl Backend for EngineHandle {
             .max_tokens
             .saturating_add(2)
             .min(MAX_EVENT_BUFFER);
-        let (events, receiver) = mpsc::channel(buffer);
+        let (mut senders, receivers): (Vec<_>, Vec<_>) =
+            (0..n).map(|_| mpsc::channel(buffer)).unzip();
         let metrics = &self.shared.options.metrics;
-        metrics.request_queued();
+        for _ in 0..n {
+            metrics.request_queued();
+        }
+        let events = senders.remove(0);
         let job = Job {
             request,
             events,
+            forks: senders,
             accepted: Instant::now(),
             context: RequestContext::current(),
         };
         if entry.jobs.send(job).is_err() {
-            entry.pending.fetch_sub(1, Ordering::SeqCst);
-            metrics.request_dequeued();
+            entry.pending.fetch_sub(n, Ordering::SeqCst);
+            for _ in 0..n {
+                metrics.request_dequeued();
+            }
             return Err(EngineError::Unavailable);
         }
-        Ok(receiver)
+        Ok(receivers)
     }
 }
 

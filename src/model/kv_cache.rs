@@ -107,6 +107,22 @@ impl KvCache {
         Ok(())
     }
 
+    /// An independent copy holding the same positions (its own buffers, so writes to either
+    /// never show in the other): how a request's other choices start after its prompt. (The
+    /// derived `Clone` shares the buffers.)
+    pub fn fork(&self) -> Result<Self> {
+        let layers = self
+            .layers
+            .iter()
+            .map(LayerKv::fork)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            layers,
+            len: self.len,
+            max_len: self.max_len,
+        })
+    }
+
     /// Forgets every position at or after `len` (keeps the buffers for reuse).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
@@ -146,6 +162,19 @@ impl LayerKv {
         kb.slice_set(&k.to_dtype(self.dtype)?.contiguous()?, 2, pos)?;
         vb.slice_set(&v.to_dtype(self.dtype)?.contiguous()?, 2, pos)?;
         Ok((kb.narrow(2, 0, end)?, vb.narrow(2, 0, end)?))
+    }
+
+    /// A copy with its own buffers.
+    fn fork(&self) -> Result<Self> {
+        let copy = |t: &Option<Tensor>| t.as_ref().map(Tensor::copy).transpose();
+        Ok(Self {
+            k: copy(&self.k)?,
+            v: copy(&self.v)?,
+            shape: self.shape,
+            dtype: self.dtype,
+            device: self.device.clone(),
+            max_len: self.max_len,
+        })
     }
 
     fn capacity(&self) -> usize {
@@ -235,6 +264,31 @@ mod tests {
             .unwrap();
         assert_eq!(old[0], 3.0);
         assert_eq!(cache.len(), 306);
+    }
+
+    #[test]
+    fn a_fork_keeps_the_history_and_writes_apart() {
+        let shape = KvShape {
+            n_kv_heads: 2,
+            head_dim: 4,
+        };
+        let mut cache = KvCache::new(2, shape, 100, DType::F32, &Device::Cpu);
+        step(&mut cache, 3, 1.0).unwrap();
+        let mut fork = cache.fork().unwrap();
+        assert_eq!((fork.len(), fork.capacity()), (3, cache.capacity()));
+        let value_at = |k: &Tensor, pos: usize| -> f32 {
+            k.narrow(2, pos, 1)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()[0]
+        };
+        let (forked, _) = step(&mut fork, 1, 5.0).unwrap();
+        let (original, _) = step(&mut cache, 1, 9.0).unwrap();
+        assert_eq!(value_at(&forked, 0), 1.0, "the prompt's keys are copied");
+        assert_eq!(value_at(&forked, 3), 5.0);
+        assert_eq!(value_at(&original, 3), 9.0, "the fork's write is its own");
     }
 
     #[test]

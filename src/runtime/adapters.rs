@@ -199,6 +199,12 @@ impl LanguageModel for ModelRunner {
             .map_err(|e| self.step_error(e.into()))
     }
 
+    /// Copies the KV cache (device to device); the copy takes its own lease in mode `model`.
+    fn fork_sequence(&self, seq: &RunnerSequence) -> EngineResult<Option<RunnerSequence>> {
+        let cache = seq.cache.fork().map_err(|e| self.step_error(e))?;
+        Ok(Some(RunnerSequence { cache, lease: None }))
+    }
+
     fn max_context(&self) -> usize {
         self.max_context
     }

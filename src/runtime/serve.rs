@@ -60,6 +60,7 @@ pub fn server_options(config: &Config) -> ServerOptions {
         default_max_tokens: server.default_max_tokens,
         max_tokens_limit: server.max_tokens_limit,
         parse_special_in_content: server.parse_special_in_content,
+        cors_origins: server.cors_origins.clone(),
         ..ServerOptions::default()
     }
 }

@@ -7,12 +7,14 @@
 //! |---|---|
 //! | `POST /v1/completions` | [`handlers::completions`] |
 //! | `POST /v1/chat/completions` | [`handlers::chat`] |
-//! | `GET /v1/models` | [`handlers::models`] |
+//! | `GET /v1/models`, `GET /v1/models/{id}` | [`handlers::models`] |
 //! | `POST /tokenize`, `POST /detokenize` | [`handlers::tokenize`] (vLLM's extensions) |
 //! | `GET /health` | [`handlers::health`] (never behind the API key or the `Host` check) |
 //! | `GET /metrics` | [`metrics::render`] (Prometheus text; behind the key only with `metrics_auth`) |
 //!
-//! Every response carries an `x-request-id` ([`request_id`]: the client's, or a new one).
+//! Every response carries an `x-request-id` ([`request_id`]: the client's, or a new one). With
+//! `server.cors_origins` set, [`cors`] answers browsers' preflights and marks responses for
+//! the allowed origins.
 //!
 //! A request flows: [`listen`] (connection limits and timeouts) -> [`auth`] (`Host` allow-list,
 //! API key, before routing) -> [`extract::JsonObject`] (content type, size, JSON syntax, body
@@ -29,6 +31,7 @@
 pub mod admission;
 pub mod auth;
 mod connections;
+pub mod cors;
 pub mod error;
 pub mod extract;
 pub mod handlers;
@@ -105,10 +108,11 @@ pub fn app_with_lifecycle(
             state.clone(),
             metrics::count_requests,
         ));
-    Router::new()
+    let guarded = Router::new()
         .route("/health", get(handlers::health::health))
         .route("/metrics", get(metrics::render))
         .route("/v1/models", get(handlers::models::list_models))
+        .route("/v1/models/{*id}", get(handlers::models::retrieve_model))
         .route("/tokenize", post(handlers::tokenize::tokenize))
         .route("/detokenize", post(handlers::tokenize::detokenize))
         .merge(generation)
@@ -119,7 +123,13 @@ pub fn app_with_lifecycle(
             state.clone(),
             admission::release_after_large_bodies,
         ))
-        .layer(middleware::from_fn_with_state(state.clone(), auth::guard))
+        .layer(middleware::from_fn_with_state(state.clone(), auth::guard));
+    // Preflights are answered before the `Host` and key checks (browsers send no key).
+    let guarded = match cors::layer(&state.options.cors_origins) {
+        Some(cors) => guarded.layer(cors),
+        None => guarded,
+    };
+    guarded
         // Per-request lines at DEBUG: a 503 while loading or overloaded is an answer, not a fault.
         .layer(
             TraceLayer::new_for_http()

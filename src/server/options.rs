@@ -86,6 +86,9 @@ pub struct ServerOptions {
     /// Most tokenisations running at once (each on the blocking pool); more wait. Default:
     /// the number of CPUs.
     pub tokenize_concurrency: usize,
+    /// Browser origins allowed to call the API cross-origin ([`super::cors`]); `*` allows any.
+    /// Default: empty, CORS off (no CORS headers, preflights get 405).
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServerOptions {
@@ -106,6 +109,7 @@ impl Default for ServerOptions {
             max_tokens_limit: None,
             parse_special_in_content: false,
             tokenize_concurrency: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -128,6 +132,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("max_tokens_limit", &self.max_tokens_limit)
             .field("parse_special_in_content", &self.parse_special_in_content)
             .field("tokenize_concurrency", &self.tokenize_concurrency)
+            .field("cors_origins", &self.cors_origins)
             .finish()
     }
 }

@@ -1,15 +1,18 @@
-//! Server-sent events: turns the engine's event receiver into `data: {json}\n\n` events ending
-//! with `data: [DONE]`. What each chunk contains is the endpoint's business ([`ChunkFormatter`]);
-//! the order and the failure handling live here:
+//! Server-sent events: turns the engine's event receivers (one per choice) into
+//! `data: {json}\n\n` events ending with `data: [DONE]`. What each chunk contains is the
+//! endpoint's business ([`ChunkFormatter`]); the order and the failure handling live here:
 //!
-//! 1. `start()` chunks (chat's role chunk), 2. one call to `token()` per generated token,
-//! 3. `finish()` chunks (the finish_reason chunk, then the usage chunk), 4. `[DONE]`.
+//! 1. `start()` chunks (chat's role chunks),
+//! 2. one call to `token()` per generated token of any choice, as the choices produce them,
+//! 3. `finish()` chunks for each choice as it ends (its finish_reason chunk),
+//! 4. once every choice ended, `usage()` chunks (the usage chunk, the prompt counted once),
+//! 5. `[DONE]`.
 //!
-//! A failure after the stream started (`GenerationEvent::Failed`, the engine dropping the
+//! A failure after the stream started (`GenerationEvent::Failed`, the engine dropping a
 //! channel without finishing, or the server's shutdown deadline) becomes
 //! `data: {"error":{...}}` followed by `data: [DONE]`.
-//! The stream owns the receiver: when the client goes away, axum drops the stream, the receiver
-//! drops with it, and the engine sees the request cancelled.
+//! The stream owns the receivers: when the client goes away, axum drops the stream, the
+//! receivers drop with it, and the engine sees every choice cancelled.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -17,11 +20,13 @@ use std::time::Duration;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::Stream;
+use futures::stream::{BoxStream, SelectAll};
+use futures::{Stream, StreamExt};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
+use super::openai::common::choices_usage;
 use super::shutdown::Lifecycle;
 use crate::engine::{EngineError, FinishReason, GenerationEvent, TokenOutput, Usage};
 
@@ -32,10 +37,12 @@ pub const DONE: &str = "[DONE]";
 pub trait ChunkFormatter: Send + 'static {
     /// Chunks before the first token.
     fn start(&mut self) -> Vec<String>;
-    /// Chunks for one generated token (none when it adds nothing visible).
-    fn token(&mut self, out: &TokenOutput) -> Vec<String>;
-    /// The final chunks: the one with `finish_reason`, then usage if asked for.
-    fn finish(&mut self, reason: FinishReason, usage: Usage, trailing_text: &str) -> Vec<String>;
+    /// Chunks for one generated token of choice `index` (none when it adds nothing visible).
+    fn token(&mut self, index: u32, out: &TokenOutput) -> Vec<String>;
+    /// The chunks that end choice `index`: the one with its `finish_reason`.
+    fn finish(&mut self, index: u32, reason: FinishReason, trailing_text: &str) -> Vec<String>;
+    /// The chunks after every choice ended (the usage chunk, if asked for).
+    fn usage(&mut self, usage: Usage) -> Vec<String>;
 }
 
 /// Serialises a chunk; a failure (not expected for our types) becomes an error chunk.
@@ -51,8 +58,27 @@ enum Phase {
     Ended,
 }
 
+/// One choice's next event, or `None` once its channel closed.
+type Tagged = (u32, Option<GenerationEvent>);
+
+/// Choice `index`'s events, then one `(index, None)` when its channel closes.
+fn tagged(index: u32, rx: mpsc::Receiver<GenerationEvent>) -> BoxStream<'static, Tagged> {
+    futures::stream::unfold(Some(rx), move |rx| async move {
+        let mut rx = rx?;
+        match rx.recv().await {
+            Some(event) => Some(((index, Some(event)), Some(rx))),
+            None => Some(((index, None), None)),
+        }
+    })
+    .boxed()
+}
+
 struct State<F> {
-    rx: mpsc::Receiver<GenerationEvent>,
+    events: SelectAll<BoxStream<'static, Tagged>>,
+    /// Per choice: whether it ended.
+    finished: Vec<bool>,
+    /// The usage of every choice that ended.
+    usages: Vec<Usage>,
     formatter: F,
     pending: VecDeque<String>,
     phase: Phase,
@@ -64,6 +90,15 @@ impl<F: ChunkFormatter> State<F> {
         self.pending.push_back(err.to_json());
         self.pending.push_back(DONE.to_owned());
         self.phase = Phase::Ended;
+    }
+
+    /// The error for a stream that stopped before every choice finished.
+    fn cut_short(&self) -> ApiError {
+        if self.lifecycle.phase() == super::shutdown::Phase::Deadline {
+            ApiError::shutting_down()
+        } else {
+            EngineError::Unavailable.into()
+        }
     }
 
     /// Advances until there is something to send; `None` when the stream is over.
@@ -79,47 +114,70 @@ impl<F: ChunkFormatter> State<F> {
                     self.phase = Phase::Running;
                 }
                 Phase::Running => match self.next_event().await {
-                    Some(GenerationEvent::Token(out)) => {
-                        self.pending.extend(self.formatter.token(&out));
+                    Some((index, Some(GenerationEvent::Token(out)))) => {
+                        self.pending.extend(self.formatter.token(index, &out));
                     }
-                    Some(GenerationEvent::Finished {
-                        reason,
-                        usage,
-                        trailing_text,
-                    }) => {
-                        let chunks = self.formatter.finish(reason, usage, &trailing_text);
+                    Some((
+                        index,
+                        Some(GenerationEvent::Finished {
+                            reason,
+                            usage,
+                            trailing_text,
+                        }),
+                    )) => {
+                        let chunks = self.formatter.finish(index, reason, &trailing_text);
                         self.pending.extend(chunks);
-                        self.pending.push_back(DONE.to_owned());
-                        self.phase = Phase::Ended;
+                        self.usages.push(usage);
+                        if let Some(done) = self.finished.get_mut(index as usize) {
+                            *done = true;
+                        }
+                        if self.finished.iter().all(|&done| done) {
+                            let usage = choices_usage(&self.usages);
+                            self.pending.extend(self.formatter.usage(usage));
+                            self.pending.push_back(DONE.to_owned());
+                            self.phase = Phase::Ended;
+                        }
                     }
-                    Some(GenerationEvent::Failed(err)) => self.end_with_error(err.into()),
-                    None if self.lifecycle.phase() == super::shutdown::Phase::Deadline => {
-                        self.end_with_error(ApiError::shutting_down())
+                    Some((_, Some(GenerationEvent::Failed(err)))) => {
+                        self.end_with_error(err.into())
                     }
-                    None => self.end_with_error(EngineError::Unavailable.into()),
+                    // A channel that closes after its choice finished is the normal end.
+                    Some((index, None)) if self.finished.get(index as usize) == Some(&true) => {}
+                    Some((_, None)) | None => self.end_with_error(self.cut_short()),
                 },
             }
         }
     }
 
-    /// The next engine event; `None` when the channel closed or the shutdown deadline came.
-    async fn next_event(&mut self) -> Option<GenerationEvent> {
+    /// The next event of any choice; `None` when every channel closed or the shutdown
+    /// deadline came.
+    async fn next_event(&mut self) -> Option<Tagged> {
         tokio::select! {
-            event = self.rx.recv() => event,
+            event = self.events.next() => event,
             () = self.lifecycle.deadline() => None,
         }
     }
 }
 
-/// The event data strings of a stream, in order (the framing-free core, unit-testable). At
-/// `lifecycle`'s shutdown deadline the stream ends with an error event and `[DONE]`.
+/// The event data strings of a stream, in order (the framing-free core, unit-testable): one
+/// receiver per choice, in index order. At `lifecycle`'s shutdown deadline the stream ends
+/// with an error event and `[DONE]`.
 pub fn data_stream<F: ChunkFormatter>(
-    rx: mpsc::Receiver<GenerationEvent>,
+    receivers: Vec<mpsc::Receiver<GenerationEvent>>,
     formatter: F,
     lifecycle: Lifecycle,
 ) -> impl Stream<Item = String> + Send {
+    let finished = vec![false; receivers.len()];
+    let events = futures::stream::select_all(
+        receivers
+            .into_iter()
+            .enumerate()
+            .map(|(index, rx)| tagged(index as u32, rx)),
+    );
     let state = State {
-        rx,
+        events,
+        finished,
+        usages: Vec::new(),
         formatter,
         pending: VecDeque::new(),
         phase: Phase::Start,
@@ -133,13 +191,12 @@ pub fn data_stream<F: ChunkFormatter>(
 
 /// The SSE response for a generation; comments keep idle connections alive every `keep_alive`.
 pub fn response<F: ChunkFormatter>(
-    rx: mpsc::Receiver<GenerationEvent>,
+    receivers: Vec<mpsc::Receiver<GenerationEvent>>,
     formatter: F,
     keep_alive: Duration,
     lifecycle: Lifecycle,
 ) -> Response {
-    use futures::StreamExt;
-    let events = data_stream(rx, formatter, lifecycle)
+    let events = data_stream(receivers, formatter, lifecycle)
         .map(|data| Ok::<_, Infallible>(Event::default().data(data)));
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(keep_alive))
@@ -149,18 +206,29 @@ pub fn response<F: ChunkFormatter>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures::StreamExt;
 
     struct Plain;
     impl ChunkFormatter for Plain {
         fn start(&mut self) -> Vec<String> {
             vec!["start".into()]
         }
-        fn token(&mut self, out: &TokenOutput) -> Vec<String> {
-            vec![out.text.clone()]
+        fn token(&mut self, index: u32, out: &TokenOutput) -> Vec<String> {
+            match index {
+                0 => vec![out.text.clone()],
+                i => vec![format!("{i}:{}", out.text)],
+            }
         }
-        fn finish(&mut self, reason: FinishReason, _: Usage, trailing: &str) -> Vec<String> {
-            vec![format!("{reason:?}{trailing}")]
+        fn finish(&mut self, index: u32, reason: FinishReason, trailing: &str) -> Vec<String> {
+            match index {
+                0 => vec![format!("{reason:?}{trailing}")],
+                i => vec![format!("{i}:{reason:?}{trailing}")],
+            }
+        }
+        fn usage(&mut self, usage: Usage) -> Vec<String> {
+            (usage.total_tokens > 0)
+                .then(|| format!("usage {}+{}", usage.prompt_tokens, usage.completion_tokens))
+                .into_iter()
+                .collect()
         }
     }
 
@@ -180,9 +248,13 @@ mod tests {
         }
         if close {
             drop(tx);
-            data_stream(rx, Plain, Lifecycle::new()).collect().await
+            data_stream(vec![rx], Plain, Lifecycle::new())
+                .collect()
+                .await
         } else {
-            let out = data_stream(rx, Plain, Lifecycle::new()).collect().await;
+            let out = data_stream(vec![rx], Plain, Lifecycle::new())
+                .collect()
+                .await;
             drop(tx);
             out
         }
@@ -197,6 +269,36 @@ mod tests {
         };
         let got = run(vec![token("a"), token("b"), finished], false).await;
         assert_eq!(got, ["start", "a", "b", "Length!", DONE]);
+    }
+
+    #[tokio::test]
+    async fn choices_interleave_and_usage_comes_after_the_last() {
+        let finished = |completion_tokens| GenerationEvent::Finished {
+            reason: FinishReason::Stop,
+            usage: Usage {
+                prompt_tokens: 5,
+                completion_tokens,
+                total_tokens: 5 + completion_tokens,
+            },
+            trailing_text: String::new(),
+        };
+        let (tx0, rx0) = mpsc::channel(16);
+        let (tx1, rx1) = mpsc::channel(16);
+        tx1.send(token("x")).await.unwrap();
+        tx1.send(finished(1)).await.unwrap();
+        drop(tx1);
+        let stream = data_stream(vec![rx0, rx1], Plain, Lifecycle::new());
+        tokio::pin!(stream);
+        assert_eq!(stream.next().await.as_deref(), Some("start"));
+        assert_eq!(stream.next().await.as_deref(), Some("1:x"));
+        assert_eq!(stream.next().await.as_deref(), Some("1:Stop"));
+        // Choice 0 is still running: nothing more until it sends.
+        tx0.send(token("a")).await.unwrap();
+        tx0.send(token("b")).await.unwrap();
+        tx0.send(finished(2)).await.unwrap();
+        let rest: Vec<String> = stream.collect().await;
+        assert_eq!(rest, ["a", "b", "Stop", "usage 5+3", DONE]);
+        drop(tx0);
     }
 
     #[tokio::test]
@@ -219,7 +321,7 @@ mod tests {
         let (tx, rx) = mpsc::channel(16);
         tx.send(token("a")).await.unwrap();
         let lifecycle = Lifecycle::new();
-        let stream = data_stream(rx, Plain, lifecycle.clone());
+        let stream = data_stream(vec![rx], Plain, lifecycle.clone());
         tokio::pin!(stream);
         assert_eq!(stream.next().await.as_deref(), Some("start"));
         assert_eq!(stream.next().await.as_deref(), Some("a"));

@@ -23,6 +23,13 @@ pub const MAX_LOGPROBS: i64 = 20;
 /// Completions' `max_tokens` when the client gives none (OpenAI's default).
 pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 16;
 
+/// Most choices (`n`) a request may ask for here; the engine may allow fewer (its `max_batch`,
+/// since the choices of one request run side by side).
+pub const MAX_CHOICES: i64 = 128;
+
+/// The range of one `logit_bias` value (OpenAI's).
+pub const LOGIT_BIAS_LIMIT: f64 = 100.0;
+
 /// A request that passed validation: the model exists and is ready, the prompt is tokenised
 /// and fits the context with its `max_tokens`. Only this module can build one.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +38,7 @@ pub struct ValidRequest {
     served_name: String,
     prompt: Vec<u32>,
     params: GenerationParams,
+    n: usize,
     stream: bool,
     include_usage: bool,
 }
@@ -54,6 +62,11 @@ impl ValidRequest {
     /// Generation parameters, `max_tokens` final.
     pub fn params(&self) -> &GenerationParams {
         &self.params
+    }
+
+    /// How many choices to generate (`n`, at least 1).
+    pub fn n(&self) -> usize {
+        self.n
     }
 
     /// Whether to answer with an SSE stream.
@@ -83,6 +96,7 @@ pub async fn completion(
 ) -> Result<ValidRequest, ApiError> {
     let options = &state.options;
     let sampling = sampling(&req.sampling)?;
+    let n = choices(req.sampling.n)?;
     let max_tokens = max_tokens(req.max_tokens, "max_tokens", options)?;
     let logprobs = req
         .logprobs
@@ -120,6 +134,7 @@ pub async fn completion(
         served_name: req.model,
         prompt,
         params: params(max_tokens, sampling, &req.sampling, logprobs),
+        n,
         stream: req.sampling.stream,
         include_usage: req.sampling.include_usage,
     })
@@ -130,6 +145,7 @@ pub async fn completion(
 pub async fn chat(state: &AppState, req: ChatRequest) -> Result<ValidRequest, ApiError> {
     let options = &state.options;
     let sampling = sampling(&req.sampling)?;
+    let n = choices(req.sampling.n)?;
     let max_tokens = max_tokens(req.max_tokens, req.max_tokens_param, options)?;
     let top = req
         .top_logprobs
@@ -165,6 +181,7 @@ pub async fn chat(state: &AppState, req: ChatRequest) -> Result<ValidRequest, Ap
         served_name: req.model,
         prompt,
         params: params(max_tokens, sampling, &req.sampling, logprobs),
+        n,
         stream: req.sampling.stream,
         include_usage: req.sampling.include_usage,
     })
@@ -258,6 +275,42 @@ fn max_tokens(
     }
 }
 
+fn choices(n: Option<i64>) -> Result<usize, ApiError> {
+    match n {
+        None => Ok(1),
+        Some(n) if (1..=MAX_CHOICES).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ApiError::invalid_value(
+            "n",
+            format!("`n` must be between 1 and {MAX_CHOICES}, got {n}."),
+        )),
+    }
+}
+
+/// `logit_bias` keys must be token ids and values within ±[`LOGIT_BIAS_LIMIT`]; whether an id
+/// is in the model's vocabulary the engine checks when the request is submitted.
+fn logit_bias(wire: &[(String, f64)]) -> Result<Vec<(u32, f32)>, ApiError> {
+    wire.iter()
+        .map(|(key, bias)| {
+            let id = key.trim().parse::<u32>().map_err(|_| {
+                ApiError::invalid_value(
+                    "logit_bias",
+                    format!("`logit_bias` keys must be token ids (integers), got `{key}`."),
+                )
+            })?;
+            if !(bias.is_finite() && bias.abs() <= LOGIT_BIAS_LIMIT) {
+                return Err(ApiError::invalid_value(
+                    "logit_bias",
+                    format!(
+                        "`logit_bias` values must be between -{LOGIT_BIAS_LIMIT} and \
+                         {LOGIT_BIAS_LIMIT}, got {bias} for token {id}."
+                    ),
+                ));
+            }
+            Ok((id, *bias as f32))
+        })
+        .collect()
+}
+
 fn logprob_count(n: i64, param: &str) -> Result<usize, ApiError> {
     usize::try_from(n)
         .ok()
@@ -345,6 +398,7 @@ fn sampling(w: &SamplingWire) -> Result<SamplingParams, ApiError> {
             "greater than 0",
             d.repetition_penalty,
         )?,
+        logit_bias: logit_bias(&w.logit_bias)?,
     })
 }
 
@@ -416,6 +470,26 @@ mod tests {
         for (wire, param) in bad {
             let e = sampling(&wire).unwrap_err();
             assert_eq!((e.param(), e.code()), (Some(param), Some("invalid_value")));
+        }
+    }
+
+    #[test]
+    fn choices_and_logit_bias() {
+        assert_eq!(choices(None).unwrap(), 1);
+        assert_eq!(choices(Some(3)).unwrap(), 3);
+        for bad in [0, -1, MAX_CHOICES + 1] {
+            let e = choices(Some(bad)).unwrap_err();
+            assert_eq!((e.param(), e.code()), (Some("n"), Some("invalid_value")));
+        }
+        let ok = logit_bias(&[("17".into(), -100.0), ("3".into(), 100.0)]).unwrap();
+        assert_eq!(ok, [(17, -100.0), (3, 100.0)]);
+        for bad in [("x", 1.0), ("-1", 1.0), ("5", 100.5), ("5", -101.0)] {
+            let e = logit_bias(&[(bad.0.into(), bad.1)]).unwrap_err();
+            assert_eq!(
+                (e.param(), e.code()),
+                (Some("logit_bias"), Some("invalid_value")),
+                "{bad:?}"
+            );
         }
     }
 

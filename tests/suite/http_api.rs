@@ -8,6 +8,7 @@ mod connections;
 mod guards;
 mod metrics;
 mod openai_client;
+mod shape;
 mod streaming;
 
 use std::sync::atomic::Ordering;
@@ -161,7 +162,8 @@ async fn chat_response_has_every_field() {
     assert_eq!(choice["index"], 0);
     assert_eq!(
         choice["message"],
-        json!({"role": "assistant", "content": "Hello, world! How are you?"})
+        json!({"role": "assistant", "content": "Hello, world! How are you?", "refusal": null}),
+        "`refusal` is required (and null) in OpenAI's schema"
     );
     assert_eq!(choice["finish_reason"], "stop");
     let content = choice["logprobs"]["content"].as_array().unwrap();
@@ -177,10 +179,12 @@ async fn chat_response_has_every_field() {
         ChatMessage {
             role: "system".into(),
             content: "Be brief".into(),
+            name: None,
         },
         ChatMessage {
             role: "user".into(),
             content: "Hi".into(),
+            name: None,
         },
     ];
     let prompt = bytes_prompt(&render(&messages), false);

@@ -24,6 +24,7 @@ mod offload_model_mode;
 mod offload_modes;
 mod plan_agreement;
 mod plan_serve;
+mod real_model_api;
 mod real_model_http;
 mod role_injection;
 mod serving;

@@ -29,6 +29,7 @@ fn user(content: &str) -> Vec<ChatMessage> {
     vec![ChatMessage {
         role: "user".into(),
         content: content.into(),
+        name: None,
     }]
 }
 

@@ -167,6 +167,7 @@ impl ChatEncoder {
                 .map(|(role, content)| ChatMessage {
                     role: (*role).to_owned(),
                     content: (*content).to_owned(),
+                    name: None,
                 })
                 .collect();
             let ctx = TemplateContext {

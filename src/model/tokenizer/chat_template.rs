@@ -27,6 +27,10 @@ pub struct ChatMessage {
     pub role: String,
     /// The message text (content parts already joined).
     pub content: String,
+    /// The participant's name (`messages[].name`), for templates that render it; absent from
+    /// the template's view when not given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// Name of the single template in the environment.
@@ -217,10 +221,12 @@ mod tests {
             ChatMessage {
                 role: "system".into(),
                 content: "  Be brief.  ".into(),
+                name: None,
             },
             ChatMessage {
                 role: "user".into(),
                 content: "Héllo \"you\"\n".into(),
+                name: None,
             },
         ]
     }
@@ -271,6 +277,25 @@ mod tests {
             render(src, false).map_err(|e| e.to_string()).unwrap(),
             "[system]|True|True|False"
         );
+    }
+
+    #[test]
+    fn a_message_name_is_there_for_templates_that_use_it() {
+        let mut m = msgs();
+        m[1].name = Some("alice".into());
+        let src = "{% for m in messages %}{{ m.role }}{% if m.name is defined %}({{ m.name }}){% endif %};{% endfor %}";
+        let out = ChatTemplate::new(src)
+            .unwrap()
+            .render(&TemplateContext {
+                messages: &m,
+                add_generation_prompt: false,
+                bos_token: "",
+                eos_token: "",
+                unk_token: None,
+                pad_token: None,
+            })
+            .unwrap();
+        assert_eq!(out, "system;user(alice);", "absent names stay undefined");
     }
 
     #[test]

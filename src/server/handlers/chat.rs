@@ -1,11 +1,12 @@
 //! `POST /v1/chat/completions`: validate, submit, then answer with one `chat.completion` or an
-//! SSE stream of `chat.completion.chunk`s (the first carrying the assistant role).
+//! SSE stream of `chat.completion.chunk`s (first one role chunk per choice; every chunk names
+//! its choice by `index`).
 
 use axum::extract::State;
 use axum::response::Response;
 use serde_json::{Map, Value};
 
-use super::{respond, Collected, ResponseFormatter};
+use super::{respond, usage_of, Collected, ResponseFormatter};
 use crate::engine::{FinishReason, TokenOutput, Usage};
 use crate::server::error::ApiError;
 use crate::server::extract::JsonObject;
@@ -41,6 +42,8 @@ struct Formatter {
     model: String,
     include_usage: bool,
     logprobs: bool,
+    /// How many choices (`n`).
+    choices: u32,
 }
 
 impl Formatter {
@@ -51,6 +54,7 @@ impl Formatter {
             model: valid.served_name().to_owned(),
             include_usage: valid.include_usage(),
             logprobs: valid.params().logprobs.is_some(),
+            choices: u32::try_from(valid.n()).unwrap_or(u32::MAX),
         }
     }
 
@@ -65,9 +69,14 @@ impl Formatter {
         })
     }
 
-    fn choice(&self, delta: ChatDelta, logprobs: Option<ChatLogprobs>) -> ChatChunkChoice {
+    fn choice(
+        &self,
+        index: u32,
+        delta: ChatDelta,
+        logprobs: Option<ChatLogprobs>,
+    ) -> ChatChunkChoice {
         ChatChunkChoice {
-            index: 0,
+            index,
             delta,
             logprobs,
             finish_reason: None,
@@ -83,43 +92,53 @@ impl Formatter {
 impl ResponseFormatter for Formatter {
     type Full = ChatCompletionResponse;
 
-    fn full(&self, done: &Collected) -> ChatCompletionResponse {
-        let logprobs = self.logprobs.then(|| ChatLogprobs {
-            content: done
-                .tokens
-                .iter()
-                .filter_map(ChatTokenLogprob::from_output)
-                .collect(),
-        });
+    fn full(&self, done: &[Collected]) -> ChatCompletionResponse {
+        let choices = done
+            .iter()
+            .enumerate()
+            .map(|(index, choice)| ChatChoice {
+                index: index as u32,
+                message: ChatResponseMessage {
+                    role: "assistant",
+                    content: choice.text(),
+                    refusal: None,
+                },
+                logprobs: self.logprobs.then(|| ChatLogprobs {
+                    content: choice
+                        .tokens
+                        .iter()
+                        .filter_map(ChatTokenLogprob::from_output)
+                        .collect(),
+                }),
+                finish_reason: Some(choice.reason),
+            })
+            .collect();
         ChatCompletionResponse {
             id: self.id.clone(),
             object: "chat.completion",
             created: self.created,
             model: self.model.clone(),
-            choices: vec![ChatChoice {
-                index: 0,
-                message: ChatResponseMessage {
-                    role: "assistant",
-                    content: done.text(),
-                },
-                logprobs,
-                finish_reason: Some(done.reason),
-            }],
-            usage: done.usage,
+            choices,
+            usage: usage_of(done),
         }
     }
 }
 
 impl ChunkFormatter for Formatter {
+    /// One role chunk per choice.
     fn start(&mut self) -> Vec<String> {
-        let delta = ChatDelta {
-            role: Some("assistant"),
-            content: Some(String::new()),
-        };
-        vec![self.chunk(vec![self.choice(delta, None)], self.chunk_usage())]
+        (0..self.choices)
+            .map(|index| {
+                let delta = ChatDelta {
+                    role: Some("assistant"),
+                    content: Some(String::new()),
+                };
+                self.chunk(vec![self.choice(index, delta, None)], self.chunk_usage())
+            })
+            .collect()
     }
 
-    fn token(&mut self, out: &TokenOutput) -> Vec<String> {
+    fn token(&mut self, index: u32, out: &TokenOutput) -> Vec<String> {
         if out.text.is_empty() && !self.logprobs {
             return Vec::new();
         }
@@ -130,20 +149,26 @@ impl ChunkFormatter for Formatter {
             role: None,
             content: Some(out.text.clone()),
         };
-        vec![self.chunk(vec![self.choice(delta, logprobs)], self.chunk_usage())]
+        vec![self.chunk(
+            vec![self.choice(index, delta, logprobs)],
+            self.chunk_usage(),
+        )]
     }
 
-    fn finish(&mut self, reason: FinishReason, usage: Usage, trailing_text: &str) -> Vec<String> {
+    fn finish(&mut self, index: u32, reason: FinishReason, trailing_text: &str) -> Vec<String> {
         let delta = ChatDelta {
             role: None,
             content: (!trailing_text.is_empty()).then(|| trailing_text.to_owned()),
         };
-        let mut last = self.choice(delta, None);
+        let mut last = self.choice(index, delta, None);
         last.finish_reason = Some(reason);
-        let mut chunks = vec![self.chunk(vec![last], self.chunk_usage())];
-        if self.include_usage {
-            chunks.push(self.chunk(Vec::new(), Some(Some(usage))));
-        }
-        chunks
+        vec![self.chunk(vec![last], self.chunk_usage())]
+    }
+
+    fn usage(&mut self, usage: Usage) -> Vec<String> {
+        self.include_usage
+            .then(|| self.chunk(Vec::new(), Some(Some(usage))))
+            .into_iter()
+            .collect()
     }
 }

@@ -1,11 +1,11 @@
-//! `POST /v1/completions`: validate, submit, then answer with one JSON response or an SSE stream
-//! of `text_completion` chunks.
+//! `POST /v1/completions`: validate, submit (`n` choices), then answer with one JSON response
+//! or an SSE stream of `text_completion` chunks (each carrying its choice's `index`).
 
 use axum::extract::State;
 use axum::response::Response;
 use serde_json::{Map, Value};
 
-use super::{respond, Collected, ResponseFormatter};
+use super::{respond, usage_of, Collected, ResponseFormatter};
 use crate::engine::{FinishReason, TokenOutput, Usage};
 use crate::server::error::ApiError;
 use crate::server::extract::JsonObject;
@@ -30,14 +30,15 @@ async fn run(state: AppState, body: Map<String, Value>) -> Result<Response, ApiE
     respond(&state, &valid, Formatter::new(&valid)).await
 }
 
-/// Builds responses and chunks; tracks the character offset for `text_offset`.
+/// Builds responses and chunks; tracks each choice's character offset for `text_offset`.
 struct Formatter {
     id: String,
     created: u64,
     model: String,
     include_usage: bool,
     logprobs: bool,
-    offset: usize,
+    /// Per choice: characters streamed so far.
+    offsets: Vec<usize>,
 }
 
 impl Formatter {
@@ -48,7 +49,7 @@ impl Formatter {
             model: valid.served_name().to_owned(),
             include_usage: valid.include_usage(),
             logprobs: valid.params().logprobs.is_some(),
-            offset: 0,
+            offsets: vec![0; valid.n()],
         }
     }
 
@@ -76,23 +77,26 @@ impl Formatter {
 impl ResponseFormatter for Formatter {
     type Full = CompletionResponse;
 
-    fn full(&self, done: &Collected) -> CompletionResponse {
-        let logprobs = self.logprobs.then(|| {
-            let mut lp = CompletionLogprobs::default();
-            let mut offset = 0;
-            for out in &done.tokens {
-                lp.push(out, offset);
-                offset += out.text.chars().count();
-            }
-            lp
-        });
-        let choice = CompletionChoice {
-            index: 0,
-            text: done.text(),
-            logprobs,
-            finish_reason: Some(done.reason),
-        };
-        self.response(vec![choice], Some(Some(done.usage)))
+    fn full(&self, done: &[Collected]) -> CompletionResponse {
+        let choices = done
+            .iter()
+            .enumerate()
+            .map(|(index, choice)| CompletionChoice {
+                index: index as u32,
+                text: choice.text(),
+                logprobs: self.logprobs.then(|| {
+                    let mut lp = CompletionLogprobs::default();
+                    let mut offset = 0;
+                    for out in &choice.tokens {
+                        lp.push(out, offset);
+                        offset += out.text.chars().count();
+                    }
+                    lp
+                }),
+                finish_reason: Some(choice.reason),
+            })
+            .collect();
+        self.response(choices, Some(Some(usage_of(done))))
     }
 }
 
@@ -101,18 +105,21 @@ impl ChunkFormatter for Formatter {
         Vec::new()
     }
 
-    fn token(&mut self, out: &TokenOutput) -> Vec<String> {
+    fn token(&mut self, index: u32, out: &TokenOutput) -> Vec<String> {
         if out.text.is_empty() && !self.logprobs {
             return Vec::new();
         }
+        let Some(offset) = self.offsets.get_mut(index as usize) else {
+            return Vec::new();
+        };
         let logprobs = self.logprobs.then(|| {
             let mut lp = CompletionLogprobs::default();
-            lp.push(out, self.offset);
+            lp.push(out, *offset);
             lp
         });
-        self.offset += out.text.chars().count();
+        *offset += out.text.chars().count();
         let choice = CompletionChoice {
-            index: 0,
+            index,
             text: out.text.clone(),
             logprobs,
             finish_reason: None,
@@ -120,17 +127,20 @@ impl ChunkFormatter for Formatter {
         vec![to_data(&self.response(vec![choice], self.chunk_usage()))]
     }
 
-    fn finish(&mut self, reason: FinishReason, usage: Usage, trailing_text: &str) -> Vec<String> {
+    fn finish(&mut self, index: u32, reason: FinishReason, trailing_text: &str) -> Vec<String> {
         let choice = CompletionChoice {
-            index: 0,
+            index,
             text: trailing_text.to_owned(),
             logprobs: None,
             finish_reason: Some(reason),
         };
-        let mut chunks = vec![to_data(&self.response(vec![choice], self.chunk_usage()))];
-        if self.include_usage {
-            chunks.push(to_data(&self.response(Vec::new(), Some(Some(usage)))));
-        }
-        chunks
+        vec![to_data(&self.response(vec![choice], self.chunk_usage()))]
+    }
+
+    fn usage(&mut self, usage: Usage) -> Vec<String> {
+        self.include_usage
+            .then(|| to_data(&self.response(Vec::new(), Some(Some(usage)))))
+            .into_iter()
+            .collect()
     }
 }

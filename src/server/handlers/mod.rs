@@ -1,5 +1,5 @@
 //! Request handlers, one file per endpoint family, plus what they share: submitting a validated
-//! request to the backend and collecting a non-streamed generation.
+//! request (its `n` choices) to the backend and collecting a non-streamed generation.
 
 pub mod chat;
 pub mod completions;
@@ -14,6 +14,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
+use super::openai::common::choices_usage;
 use super::sse::{self, ChunkFormatter};
 use super::validate::ValidRequest;
 use super::AppState;
@@ -23,32 +24,42 @@ use crate::engine::{EngineError, FinishReason, GenerationEvent, TokenOutput, Usa
 pub trait ResponseFormatter: ChunkFormatter {
     /// The non-streamed response body.
     type Full: Serialize;
-    /// The whole response for a finished generation.
-    fn full(&self, done: &Collected) -> Self::Full;
+    /// The whole response for finished choices (`done[i]` is choice `i`); the usage counts the
+    /// prompt once ([`choices_usage`]).
+    fn full(&self, done: &[Collected]) -> Self::Full;
 }
 
-/// Submits `valid` to the backend and answers with SSE chunks (`stream: true`) or, once the
-/// generation finished, the whole response.
+/// Submits `valid`'s `n` choices to the backend and answers with SSE chunks (`stream: true`)
+/// or, once every choice finished, the whole response.
 pub async fn respond<F: ResponseFormatter>(
     state: &AppState,
     valid: &ValidRequest,
     formatter: F,
 ) -> Result<Response, ApiError> {
-    let rx = state.backend.submit(valid.generation_request())?;
+    let receivers = state
+        .backend
+        .submit_choices(valid.generation_request(), valid.n())?;
     if valid.stream() {
         let keep_alive = state.options.sse_keep_alive;
         return Ok(sse::response(
-            rx,
+            receivers,
             formatter,
             keep_alive,
             state.lifecycle.clone(),
         ));
     }
+    let choices = futures::future::try_join_all(receivers.into_iter().map(collect));
     let done = tokio::select! {
-        done = collect(rx) => done?,
+        done = choices => done?,
         () = state.lifecycle.deadline() => return Err(ApiError::shutting_down()),
     };
     Ok(Json(formatter.full(&done)).into_response())
+}
+
+/// The usage of finished choices: the prompt once, every choice's completion.
+pub fn usage_of(done: &[Collected]) -> Usage {
+    let usages: Vec<Usage> = done.iter().map(|c| c.usage).collect();
+    choices_usage(&usages)
 }
 
 /// A finished non-streamed generation.

@@ -1,13 +1,36 @@
-//! `GET /v1/models`: every configured model (loaded or not) and every alias.
+//! `GET /v1/models`: every configured model (loaded or not) and every alias;
+//! `GET /v1/models/{id}`: one of them (404 `model_not_found` for an unknown id).
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::Json;
 
+use crate::engine::{EngineError, ModelCard};
+use crate::server::error::ApiError;
 use crate::server::openai::tokenize::{ModelList, ModelObject};
 use crate::server::AppState;
 
-/// The handler.
+/// The list handler.
 pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: model_objects(&state),
+    })
+}
+
+/// The handler of one model: the same object the list holds for `id` (a model or an alias).
+pub async fn retrieve_model(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelObject>, ApiError> {
+    model_objects(&state)
+        .into_iter()
+        .find(|m| m.id == id)
+        .map(Json)
+        .ok_or_else(|| EngineError::ModelNotFound(id).into())
+}
+
+/// Every model, then every alias whose target is configured.
+fn model_objects(state: &AppState) -> Vec<ModelObject> {
     let cards = state.backend.models();
     let mut data: Vec<ModelObject> = cards.iter().map(data_for).collect();
     for (alias, target) in &state.options.served_name_aliases {
@@ -19,13 +42,10 @@ pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
             });
         }
     }
-    Json(ModelList {
-        object: "list",
-        data,
-    })
+    data
 }
 
-fn data_for(card: &crate::engine::ModelCard) -> ModelObject {
+fn data_for(card: &ModelCard) -> ModelObject {
     ModelObject {
         id: card.id.clone(),
         object: "model",

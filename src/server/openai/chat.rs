@@ -3,18 +3,21 @@
 //! (`object: "chat.completion.chunk"`).
 //!
 //! Accepted: `model`, `messages`, `max_tokens`, `max_completion_tokens`, `logprobs`,
-//! `top_logprobs`, the shared sampling fields ([`super::common::SAMPLING_FIELDS`], with the
-//! ignored ones of [`super::common::IGNORED_FIELDS`]), `metadata` (ignored), `store` (false
-//! only), `logit_bias` (empty only). Messages: `role` (`system`, `user`,
-//! `assistant`, `tool`, and `developer`, treated as `system`), `content` (a string, an array of
-//! `{"type":"text","text"}` parts, or null for an assistant), `tool_call_id` (ignored).
-//! Everything else is rejected with `param` naming it.
+//! `top_logprobs`, the shared sampling fields ([`super::common::SAMPLING_FIELDS`]: `n` and
+//! `logit_bias` among them, with the ignored ones of [`super::common::IGNORED_FIELDS`]),
+//! `metadata` (ignored), `store` (false only), `response_format` (`{"type": "text"}` only).
+//! Messages: `role` (`system`, `user`, `assistant`, `tool`, and `developer`, treated as
+//! `system`), `content` (a string, an array of `{"type":"text","text"}` parts, or null for an
+//! assistant), `name` (passed to the chat template, which may render it), `tool_call_id`
+//! (ignored). Everything else is rejected with `param` naming it.
+//!
+//! The response's message carries `refusal: null` and every choice its `logprobs` (null unless
+//! asked): the fields OpenAI's schema marks required even when empty.
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::common::{SamplingWire, SAMPLING_FIELDS};
-use super::completions::reject_logit_bias;
 use super::fields::Fields;
 use crate::engine::{ChatMessage, FinishReason, TokenLogprob, TokenOutput, Usage};
 use crate::server::error::ApiError;
@@ -45,9 +48,9 @@ const OWN_FIELDS: &[&str] = &[
     "max_completion_tokens",
     "logprobs",
     "top_logprobs",
-    "logit_bias",
     "store",
     "metadata",
+    "response_format",
 ];
 const UNSUPPORTED: &[&str] = &[
     "tools",
@@ -55,7 +58,6 @@ const UNSUPPORTED: &[&str] = &[
     "functions",
     "function_call",
     "parallel_tool_calls",
-    "response_format",
     "audio",
     "modalities",
     "prediction",
@@ -73,7 +75,7 @@ impl ChatRequest {
         let known: Vec<&str> = OWN_FIELDS.iter().chain(SAMPLING_FIELDS).copied().collect();
         f.reject_others(&known, UNSUPPORTED)?;
         f.only("store", "a boolean", false)?;
-        reject_logit_bias(&mut f)?;
+        read_response_format(&mut f)?;
         let _metadata: Option<Map<String, Value>> = f.optional("metadata", "an object")?;
         let model = f.required("model", "a string")?;
         let messages = match f.take_raw("messages") {
@@ -104,6 +106,31 @@ impl ChatRequest {
     }
 }
 
+/// `response_format`: `{"type": "text"}` (plain text, the default) is accepted; the JSON modes
+/// are not implemented (a 400 naming `response_format`), and any other type is invalid.
+fn read_response_format(f: &mut Fields) -> Result<(), ApiError> {
+    let param = f.param("response_format");
+    let Some(value) = f.take_raw("response_format") else {
+        return Ok(());
+    };
+    let mut format = Fields::from_value(value, &param)?;
+    let kind: String = format.required("type", "a string")?;
+    match kind.as_str() {
+        "text" => format.reject_others(&["type"], &[]),
+        "json_object" | "json_schema" => Err(ApiError::unsupported_value(
+            &param,
+            format!(
+                "`response_format` of type `{kind}` is not supported by this server; only \
+                 `text` is."
+            ),
+        )),
+        other => Err(ApiError::invalid_value(
+            &format.param("type"),
+            format!("Unknown `response_format` type `{other}`; expected text, json_object or json_schema."),
+        )),
+    }
+}
+
 fn read_messages(value: Value) -> Result<Vec<ChatMessage>, ApiError> {
     let items = match value {
         Value::Array(items) => items,
@@ -125,8 +152,8 @@ fn read_messages(value: Value) -> Result<Vec<ChatMessage>, ApiError> {
 fn read_message(item: Value, param: &str) -> Result<ChatMessage, ApiError> {
     let mut f = Fields::from_value(item, param)?;
     f.reject_others(
-        &["role", "content", "tool_call_id"],
-        &["name", "tool_calls", "function_call", "audio", "refusal"],
+        &["role", "content", "name", "tool_call_id"],
+        &["tool_calls", "function_call", "audio", "refusal"],
     )?;
     let role: String = f.required("role", "a string")?;
     let role = match role.as_str() {
@@ -144,6 +171,7 @@ fn read_message(item: Value, param: &str) -> Result<ChatMessage, ApiError> {
         }
     };
     let _tool_call_id: Option<String> = f.optional("tool_call_id", "a string")?;
+    let name: Option<String> = f.optional("name", "a string")?;
     let content_param = f.param("content");
     let content = match f.take_raw("content") {
         None if role == "assistant" => String::new(),
@@ -161,6 +189,7 @@ fn read_message(item: Value, param: &str) -> Result<ChatMessage, ApiError> {
     Ok(ChatMessage {
         role: role.to_owned(),
         content,
+        name,
     })
 }
 
@@ -193,16 +222,16 @@ pub struct ChatCompletionResponse {
     pub created: u64,
     /// The model name as the client sent it.
     pub model: String,
-    /// One choice.
+    /// One choice per `n`, in index order.
     pub choices: Vec<ChatChoice>,
     /// Token counts.
     pub usage: Usage,
 }
 
-/// The one choice of a chat completion.
+/// One choice of a chat completion.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatChoice {
-    /// Always 0.
+    /// Its place among the `n` choices.
     pub index: u32,
     /// The assistant's message.
     pub message: ChatResponseMessage,
@@ -212,13 +241,15 @@ pub struct ChatChoice {
     pub finish_reason: Option<FinishReason>,
 }
 
-/// `{"role":"assistant","content":...}`.
+/// `{"role":"assistant","content":...,"refusal":null}`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatResponseMessage {
     /// Always `"assistant"`.
     pub role: &'static str,
     /// The generated text.
     pub content: String,
+    /// Always `null` (this server never refuses in words); required by OpenAI's schema.
+    pub refusal: Option<String>,
 }
 
 /// One `chat.completion.chunk` event.
@@ -232,7 +263,7 @@ pub struct ChatCompletionChunk {
     pub created: u64,
     /// The model name as the client sent it.
     pub model: String,
-    /// One choice, or none in the final usage chunk.
+    /// One choice (any of the `n`), or none in the final usage chunk.
     pub choices: Vec<ChatChunkChoice>,
     /// `null` except in the final usage chunk when `stream_options.include_usage`; absent
     /// otherwise.
@@ -243,13 +274,13 @@ pub struct ChatCompletionChunk {
 /// A chunk's choice.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatChunkChoice {
-    /// Always 0.
+    /// Which of the `n` choices this chunk continues.
     pub index: u32,
     /// What this chunk adds.
     pub delta: ChatDelta,
     /// This chunk's token logprobs when asked for.
     pub logprobs: Option<ChatLogprobs>,
-    /// Non-null in exactly one chunk, the last one with a choice.
+    /// Non-null in exactly one chunk per choice, its last.
     pub finish_reason: Option<FinishReason>,
 }
 
@@ -344,6 +375,13 @@ mod tests {
             got,
             [("system", "be nice"), ("user", "a\nb"), ("assistant", "")]
         );
+        let r = req(
+            json!({"model": "m", "response_format": {"type": "text"}, "messages": [
+            {"role": "user", "content": "hi", "name": "bob"}]}),
+        )
+        .unwrap();
+        assert_eq!(r.messages[0].name.as_deref(), Some("bob"));
+        assert_eq!(r.messages[0].content, "hi");
     }
 
     #[test]
@@ -360,9 +398,24 @@ mod tests {
                 "unsupported_value",
             ),
             (
-                json!({"model": "m", "messages": [{"role": "user", "content": "x", "name": "bob"}]}),
+                json!({"model": "m", "messages": [{"role": "user", "content": "x", "name": 7}]}),
                 "messages[0].name",
-                "unsupported_parameter",
+                "invalid_type",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}),
+                "response_format",
+                "unsupported_value",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}),
+                "response_format.type",
+                "invalid_value",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": "text"}),
+                "response_format",
+                "invalid_type",
             ),
             (
                 json!({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}),

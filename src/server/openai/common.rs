@@ -6,6 +6,7 @@ use rand::distr::{Alphanumeric, SampleString};
 use serde_json::Value;
 
 use super::fields::{as_integer, Fields};
+use crate::engine::Usage;
 use crate::server::error::ApiError;
 
 /// Most stop sequences a request may give (OpenAI allows 4; we allow more).
@@ -38,6 +39,7 @@ pub const SAMPLING_FIELDS: &[&str] = &[
     "stream",
     "stream_options",
     "n",
+    "logit_bias",
     "user",
     "prompt_cache_key",
     "safety_identifier",
@@ -71,6 +73,10 @@ pub struct SamplingWire {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
+    /// `n`: how many choices to generate.
+    pub n: Option<i64>,
+    /// `logit_bias` as sent: token id text -> bias (keys and ranges checked by validation).
+    pub logit_bias: Vec<(String, f64)>,
 }
 
 const NUMBER: &str = "a number";
@@ -78,10 +84,9 @@ const INTEGER: &str = "an integer";
 const BOOLEAN: &str = "a boolean";
 
 impl SamplingWire {
-    /// Reads the [`SAMPLING_FIELDS`] out of a request object. `n` must be 1; the
-    /// [`IGNORED_FIELDS`] must be strings and are ignored.
+    /// Reads the [`SAMPLING_FIELDS`] out of a request object. The [`IGNORED_FIELDS`] must be
+    /// strings and are ignored.
     pub fn read(f: &mut Fields) -> Result<Self, ApiError> {
-        f.only("n", INTEGER, 1i64)?;
         for field in IGNORED_FIELDS {
             let _ignored: Option<String> = f.optional(field, "a string")?;
         }
@@ -100,8 +105,30 @@ impl SamplingWire {
             ignore_eos: f.optional("ignore_eos", BOOLEAN)?.unwrap_or(false),
             stream,
             include_usage,
+            n: f.optional("n", INTEGER)?,
+            logit_bias: read_logit_bias(f)?,
         })
     }
+}
+
+/// `logit_bias`: an object of numbers (keys are checked as token ids by validation).
+fn read_logit_bias(f: &mut Fields) -> Result<Vec<(String, f64)>, ApiError> {
+    let param = f.param("logit_bias");
+    let map = match f.take_raw("logit_bias") {
+        None => return Ok(Vec::new()),
+        Some(Value::Object(map)) => map,
+        Some(other) => return Err(ApiError::invalid_type(&param, "an object", &other)),
+    };
+    map.into_iter()
+        .map(|(key, value)| match value.as_f64() {
+            Some(bias) => Ok((key, bias)),
+            None => Err(ApiError::invalid_type(
+                &format!("{param}.{key}"),
+                NUMBER,
+                &value,
+            )),
+        })
+        .collect()
 }
 
 fn read_seed(f: &mut Fields) -> Result<Option<u64>, ApiError> {
@@ -172,6 +199,18 @@ fn read_stream_options(f: &mut Fields, stream: bool) -> Result<bool, ApiError> {
     Ok(options.optional("include_usage", BOOLEAN)?.unwrap_or(false))
 }
 
+/// The usage of the choices of one request (`n` of them, one prompt): the prompt counted once,
+/// as OpenAI counts it, and the completions of every choice.
+pub fn choices_usage(usages: &[Usage]) -> Usage {
+    let prompt_tokens = usages.first().map_or(0, |u| u.prompt_tokens);
+    let completion_tokens = usages.iter().map(|u| u.completion_tokens).sum();
+    Usage {
+        prompt_tokens,
+        completion_tokens,
+        total_tokens: prompt_tokens + completion_tokens,
+    }
+}
+
 /// A fresh response id: `prefix` followed by 24 random alphanumerics (`cmpl-`, `chatcmpl-`).
 pub fn new_id(prefix: &str) -> String {
     format!(
@@ -220,8 +259,18 @@ mod tests {
         assert_eq!(e.param(), Some("stream_options"));
         let e = read(json!({"stream": true, "stream_options": {"x": 1}})).unwrap_err();
         assert_eq!(e.param(), Some("stream_options.x"));
-        let e = read(json!({"n": 3})).unwrap_err();
-        assert_eq!(e.code(), Some("unsupported_value"));
+        let e = read(json!({"n": "3"})).unwrap_err();
+        assert_eq!((e.param(), e.code()), (Some("n"), Some("invalid_type")));
+        let e = read(json!({"logit_bias": [1]})).unwrap_err();
+        assert_eq!(e.param(), Some("logit_bias"));
+        let e = read(json!({"logit_bias": {"5": "up"}})).unwrap_err();
+        assert_eq!(e.param(), Some("logit_bias.5"));
+        let s = read(json!({"logit_bias": {"5": 2, "x": -1.5}, "n": 2})).unwrap();
+        assert_eq!(s.n, Some(2));
+        assert_eq!(
+            s.logit_bias,
+            [("5".to_owned(), 2.0), ("x".to_owned(), -1.5)]
+        );
     }
 
     #[test]

@@ -3,9 +3,9 @@
 //!
 //! Accepted: `model`, `prompt`, `max_tokens`, `logprobs`, the shared sampling fields
 //! ([`super::common::SAMPLING_FIELDS`], which include the ignored ones of
-//! [`super::common::IGNORED_FIELDS`]), `echo` (false only), `best_of` (1 only), `logit_bias`
-//! (empty only). Rejected as unsupported: `suffix`, `max_completion_tokens`,
-//! `response_format`; any other field is unknown.
+//! [`super::common::IGNORED_FIELDS`], and `n` and `logit_bias`), `echo` (false only), `best_of`
+//! (1 only). Rejected as unsupported: `suffix`, `max_completion_tokens`, `response_format`; any
+//! other field is unknown.
 
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
@@ -47,7 +47,6 @@ const OWN_FIELDS: &[&str] = &[
     "logprobs",
     "echo",
     "best_of",
-    "logit_bias",
 ];
 const UNSUPPORTED: &[&str] = &["suffix", "max_completion_tokens", "response_format"];
 
@@ -59,7 +58,6 @@ impl CompletionRequest {
         f.reject_others(&known, UNSUPPORTED)?;
         f.only("echo", "a boolean", false)?;
         f.only("best_of", "an integer", 1i64)?;
-        reject_logit_bias(&mut f)?;
         let model = f.required("model", "a string")?;
         let prompt = match f.take_raw("prompt") {
             Some(value) => read_prompt(value)?,
@@ -72,17 +70,6 @@ impl CompletionRequest {
             logprobs: f.optional("logprobs", "an integer")?,
             sampling: SamplingWire::read(&mut f)?,
         })
-    }
-}
-
-/// `logit_bias` is accepted only when empty.
-pub fn reject_logit_bias(f: &mut Fields) -> Result<(), ApiError> {
-    let param = f.param("logit_bias");
-    match f.take_raw("logit_bias") {
-        None => Ok(()),
-        Some(Value::Object(m)) if m.is_empty() => Ok(()),
-        Some(Value::Object(_)) => Err(ApiError::unsupported_parameter(&param)),
-        Some(other) => Err(ApiError::invalid_type(&param, "an object", &other)),
     }
 }
 
@@ -141,7 +128,7 @@ pub struct CompletionResponse {
     pub created: u64,
     /// The model name as the client sent it.
     pub model: String,
-    /// One choice (or none in the final usage chunk).
+    /// One choice per `n` (in chunks: one of them, or none in the final usage chunk).
     pub choices: Vec<CompletionChoice>,
     /// Token counts: always in a full response; in chunks `null`, except the final usage chunk,
     /// when `stream_options.include_usage`; absent otherwise.
@@ -152,7 +139,7 @@ pub struct CompletionResponse {
 /// One completion choice.
 #[derive(Debug, Clone, Serialize)]
 pub struct CompletionChoice {
-    /// Always 0 (`n` is 1).
+    /// Its place among the `n` choices.
     pub index: u32,
     /// Generated text (the whole text, or this chunk's part).
     pub text: String,
@@ -249,7 +236,7 @@ mod tests {
         );
         let e = req(json!({"model": "m", "prompt": "x", "echo": true})).unwrap_err();
         assert_eq!(e.param(), Some("echo"));
-        let e = req(json!({"model": "m", "prompt": "x", "logit_bias": {"1": 2}})).unwrap_err();
+        let e = req(json!({"model": "m", "prompt": "x", "logit_bias": [1, 2]})).unwrap_err();
         assert_eq!(e.param(), Some("logit_bias"));
         assert!(req(json!({"model": "m", "prompt": "x", "logit_bias": {}, "echo": false})).is_ok());
     }

@@ -72,6 +72,21 @@ fn raw_case(name: &'static str, request: Request<Body>, status: u16, code: &'sta
     }
 }
 
+/// A browser's CORS preflight for a chat completion from `origin`.
+pub(super) fn preflight(origin: &str) -> Request<Body> {
+    Request::builder()
+        .method(Method::OPTIONS)
+        .uri(CHAT)
+        .header(header::ORIGIN, origin)
+        .header(header::ACCESS_CONTROL_REQUEST_METHOD, "POST")
+        .header(
+            header::ACCESS_CONTROL_REQUEST_HEADERS,
+            "authorization,content-type",
+        )
+        .body(Body::empty())
+        .unwrap()
+}
+
 #[rustfmt::skip]
 fn cases() -> Vec<Case> {
     let json = "application/json";
@@ -96,12 +111,21 @@ fn cases() -> Vec<Case> {
         json_case("logprobs 21", CMPL, cmpl(json!({"logprobs": 21})), 400, Some("logprobs"), "invalid_value"),
         json_case("top_logprobs 21", CHAT, chat(json!({"logprobs": true, "top_logprobs": 21})), 400, Some("top_logprobs"), "invalid_value"),
         json_case("top_logprobs alone", CHAT, chat(json!({"top_logprobs": 2})), 400, Some("top_logprobs"), "invalid_value"),
-        json_case("n 2", CHAT, chat(json!({"n": 2})), 400, Some("n"), "unsupported_value"),
+        json_case("n 0", CHAT, chat(json!({"n": 0})), 400, Some("n"), "invalid_value"),
+        json_case("n 129", CMPL, cmpl(json!({"n": 129})), 400, Some("n"), "invalid_value"),
+        json_case("n string", CMPL, cmpl(json!({"n": "2"})), 400, Some("n"), "invalid_type"),
         json_case("echo true", CMPL, cmpl(json!({"echo": true})), 400, Some("echo"), "unsupported_value"),
         json_case("batched prompts", CMPL, cmpl(json!({"prompt": ["a", "b"]})), 400, Some("prompt"), "unsupported_value"),
         json_case("tools", CHAT, chat(json!({"tools": tool})), 400, Some("tools"), "unsupported_parameter"),
-        json_case("response_format", CHAT, chat(json!({"response_format": {"type": "json_object"}})), 400, Some("response_format"), "unsupported_parameter"),
-        json_case("logit_bias", CHAT, chat(json!({"logit_bias": {"50256": -100}})), 400, Some("logit_bias"), "unsupported_parameter"),
+        json_case("response_format json_object", CHAT, chat(json!({"response_format": {"type": "json_object"}})), 400, Some("response_format"), "unsupported_value"),
+        json_case("response_format json_schema", CHAT, chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}})), 400, Some("response_format"), "unsupported_value"),
+        json_case("response_format yaml", CHAT, chat(json!({"response_format": {"type": "yaml"}})), 400, Some("response_format.type"), "invalid_value"),
+        json_case("response_format on completions", CMPL, cmpl(json!({"response_format": {"type": "text"}})), 400, Some("response_format"), "unsupported_parameter"),
+        json_case("logit_bias key not a token id", CHAT, chat(json!({"logit_bias": {"hello": -100}})), 400, Some("logit_bias"), "invalid_value"),
+        json_case("logit_bias value 101", CMPL, cmpl(json!({"logit_bias": {"5": 101}})), 400, Some("logit_bias"), "invalid_value"),
+        json_case("logit_bias value string", CHAT, chat(json!({"logit_bias": {"5": "up"}})), 400, Some("logit_bias.5"), "invalid_type"),
+        json_case("logit_bias array", CMPL, cmpl(json!({"logit_bias": [5]})), 400, Some("logit_bias"), "invalid_type"),
+        json_case("name number", CHAT, chat(json!({"messages": [{"role": "user", "content": "x", "name": 5}]})), 400, Some("messages[0].name"), "invalid_type"),
         json_case("suffix", CMPL, cmpl(json!({"suffix": "!"})), 400, Some("suffix"), "unsupported_parameter"),
         json_case("unknown field", CHAT, chat(json!({"frobnicate": 1})), 400, Some("frobnicate"), "unknown_parameter"),
         json_case("unknown stream option", CHAT, chat(json!({"stream": true, "stream_options": {"x": true}})), 400, Some("stream_options.x"), "unknown_parameter"),
@@ -120,6 +144,8 @@ fn cases() -> Vec<Case> {
         json_case("content number", CHAT, chat(json!({"messages": [{"role": "user", "content": 5}]})), 400, Some("messages[0].content"), "invalid_type"),
         json_case("stop non-string", CMPL, cmpl(json!({"stop": ["a", 1]})), 400, Some("stop[1]"), "invalid_type"),
         json_case("tokenize unknown model", "/tokenize", json!({"model": "nope", "prompt": "x"}), 404, Some("model"), "model_not_found"),
+        Case { param: Some("model"), ..raw_case("retrieve unknown model", raw(Method::GET, "/v1/models/gpt-9", None, Body::empty()), 404, "model_not_found") },
+        raw_case("CORS preflight while CORS is off", preflight("https://app.example"), 405, "method_not_allowed"),
     ]
 }
 
