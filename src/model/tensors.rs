@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use super::error::{ModelError, Result};
 use super::header::GgufType;
-use super::spec::ModelSpec;
+use super::spec::{Architecture, ModelSpec};
 
 /// The two weight-file formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,9 +30,9 @@ impl Format {
         }
     }
 
-    /// The full name of `part` in layer `index`.
-    pub fn layer_tensor_name(self, index: usize, part: Part) -> String {
-        format!("{}{index}.{}", self.layer_prefix(), part.suffix(self))
+    /// The full name of `part` in layer `index` of a model of family `arch`.
+    pub fn layer_tensor_name(self, arch: Architecture, index: usize, part: Part) -> String {
+        format!("{}{index}.{}", self.layer_prefix(), part.suffix(self, arch))
     }
 
     /// The decoder layer a tensor name belongs to, if any.
@@ -42,7 +42,8 @@ impl Format {
     }
 }
 
-/// Which field of [`super::weights::LayerWeights`] a tensor fills.
+/// Which weight of a decoder layer a tensor is ([`super::weights::LayerWeights`] holds them by
+/// part).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Part {
     /// RMSNorm before attention.
@@ -77,10 +78,23 @@ pub enum Part {
     Down,
     /// SwiGLU down bias.
     DownBias,
+    /// Per-head RMSNorm of the queries, `[head_dim]` (Qwen3, Gemma 3).
+    QNorm,
+    /// Per-head RMSNorm of the keys, `[head_dim]` (Qwen3, Gemma 3).
+    KNorm,
+    /// RMSNorm of the attention output before the residual add (Gemma 2/3).
+    PostAttnNorm,
+    /// RMSNorm of the MLP output before the residual add (Gemma 2/3).
+    PostFfnNorm,
+    /// Fused query/key/value projection, rows `[q | k | v]` (Phi-3).
+    Qkv,
+    /// Fused gate/up projection, rows `[gate | up]` (Phi-3).
+    GateUp,
 }
 
-/// Every layer part with its GGUF and Hugging Face name suffix (after `<prefix>N.`).
-const LAYER_NAMES: [(Part, &str, &str); 16] = [
+/// Every layer part with its GGUF and Hugging Face name suffix (after `<prefix>N.`), as the
+/// Llama family names them; [`NAME_OVERRIDES`] has the families that name a part otherwise.
+const LAYER_NAMES: [(Part, &str, &str); 22] = [
     (Part::AttnNorm, "attn_norm.weight", "input_layernorm.weight"),
     (Part::Q, "attn_q.weight", "self_attn.q_proj.weight"),
     (Part::QBias, "attn_q.bias", "self_attn.q_proj.bias"),
@@ -101,22 +115,65 @@ const LAYER_NAMES: [(Part, &str, &str); 16] = [
     (Part::UpBias, "ffn_up.bias", "mlp.up_proj.bias"),
     (Part::Down, "ffn_down.weight", "mlp.down_proj.weight"),
     (Part::DownBias, "ffn_down.bias", "mlp.down_proj.bias"),
+    (Part::QNorm, "attn_q_norm.weight", "self_attn.q_norm.weight"),
+    (Part::KNorm, "attn_k_norm.weight", "self_attn.k_norm.weight"),
+    (
+        Part::PostAttnNorm,
+        "post_attention_norm.weight",
+        "post_attention_layernorm.weight",
+    ),
+    (
+        Part::PostFfnNorm,
+        "post_ffw_norm.weight",
+        "post_feedforward_layernorm.weight",
+    ),
+    (Part::Qkv, "attn_qkv.weight", "self_attn.qkv_proj.weight"),
+    (Part::GateUp, "ffn_up.weight", "mlp.gate_up_proj.weight"),
 ];
 
+/// Names that differ by family: `(families, part, format, suffix)`. Gemma's Hugging Face
+/// checkpoints call the MLP pre-norm `pre_feedforward_layernorm`, since their
+/// `post_attention_layernorm` is the norm of the attention output ([`Part::PostAttnNorm`]).
+/// (Names shared by two parts, such as llama.cpp's `ffn_up` for both [`Part::Up`] and Phi-3's
+/// fused [`Part::GateUp`], belong to families that never have both.)
+const NAME_OVERRIDES: [(&[Architecture], Part, Format, &str); 1] = [(
+    &[Architecture::Gemma2, Architecture::Gemma3],
+    Part::FfnNorm,
+    Format::Safetensors,
+    "pre_feedforward_layernorm.weight",
+)];
+
+/// Whether a family's layer has a part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presence {
+    /// Every layer must have it.
+    Required,
+    /// Used when the file has it.
+    Optional,
+    /// Not part of this family (never looked up).
+    Absent,
+}
+
 impl Part {
-    /// Every part, in `LayerWeights` order (each bias after its weight).
-    pub const ALL: [Part; 16] = {
-        let mut all = [Part::AttnNorm; 16];
+    /// Every part, in table order (each bias after its weight).
+    pub const ALL: [Part; 22] = {
+        let mut all = [Part::AttnNorm; 22];
         let mut i = 0;
-        while i < 16 {
+        while i < 22 {
             all[i] = LAYER_NAMES[i].0;
             i += 1;
         }
         all
     };
 
-    /// The name suffix in `format`.
-    pub fn suffix(self, format: Format) -> &'static str {
+    /// The name suffix in `format` for a model of family `arch`.
+    pub fn suffix(self, format: Format, arch: Architecture) -> &'static str {
+        if let Some((_, _, _, name)) = NAME_OVERRIDES
+            .iter()
+            .find(|(archs, p, f, _)| *p == self && *f == format && archs.contains(&arch))
+        {
+            return name;
+        }
         let (_, gguf, hf) = LAYER_NAMES[self as usize];
         match format {
             Format::Gguf => gguf,
@@ -128,11 +185,19 @@ impl Part {
     pub fn is_matrix(self) -> bool {
         matches!(
             self,
-            Part::Q | Part::K | Part::V | Part::O | Part::Gate | Part::Up | Part::Down
+            Part::Q
+                | Part::K
+                | Part::V
+                | Part::O
+                | Part::Gate
+                | Part::Up
+                | Part::Down
+                | Part::Qkv
+                | Part::GateUp
         )
     }
 
-    /// The bias of a projection matrix.
+    /// The bias of a projection matrix (`None` for the fused ones, which have none).
     pub fn bias(self) -> Option<Part> {
         Some(match self {
             Part::Q => Part::QBias,
@@ -146,6 +211,20 @@ impl Part {
         })
     }
 
+    /// Whether this part is the bias of a projection matrix.
+    pub fn is_bias(self) -> bool {
+        matches!(
+            self,
+            Part::QBias
+                | Part::KBias
+                | Part::VBias
+                | Part::OBias
+                | Part::GateBias
+                | Part::UpBias
+                | Part::DownBias
+        )
+    }
+
     /// The `[out, in]` (matrices) or `[len]` (norms, biases) shape `spec` expects.
     pub fn expected_shape(self, spec: &ModelSpec) -> Vec<usize> {
         let h = spec.hidden_size;
@@ -153,7 +232,12 @@ impl Part {
         let kv = spec.n_kv_heads * spec.head_dim;
         let i = spec.intermediate_size;
         match self {
-            Part::AttnNorm | Part::FfnNorm | Part::OBias | Part::DownBias => vec![h],
+            Part::AttnNorm
+            | Part::FfnNorm
+            | Part::OBias
+            | Part::DownBias
+            | Part::PostAttnNorm
+            | Part::PostFfnNorm => vec![h],
             Part::Q => vec![q, h],
             Part::K | Part::V => vec![kv, h],
             Part::QBias => vec![q],
@@ -162,16 +246,38 @@ impl Part {
             Part::Gate | Part::Up => vec![i, h],
             Part::GateBias | Part::UpBias => vec![i],
             Part::Down => vec![h, i],
+            Part::QNorm | Part::KNorm => vec![spec.head_dim],
+            Part::Qkv => vec![q + 2 * kv, h],
+            Part::GateUp => vec![2 * i, h],
         }
     }
 
-    /// Whether a layer must have this part: norms and matrices always, the q/k/v biases when
-    /// the spec says the attention has biases; other biases are used when present.
-    fn required(self, spec: &ModelSpec) -> bool {
+    /// Whether a layer of `spec`'s family has this part: norms and matrices of the family
+    /// always, the q/k/v biases when the spec says the attention has biases; other biases are
+    /// used when present.
+    pub fn presence(self, spec: &ModelSpec) -> Presence {
+        use Architecture as A;
+        let arch = spec.architecture;
+        let fused = arch == A::Phi3;
+        let required = |yes: bool| {
+            if yes {
+                Presence::Required
+            } else {
+                Presence::Absent
+            }
+        };
         match self {
-            Part::QBias | Part::KBias | Part::VBias => spec.attention_bias,
-            Part::OBias | Part::GateBias | Part::UpBias | Part::DownBias => false,
-            _ => true,
+            Part::Q | Part::K | Part::V | Part::Gate | Part::Up => required(!fused),
+            Part::Qkv | Part::GateUp => required(fused),
+            Part::QBias | Part::KBias | Part::VBias if fused => Presence::Absent,
+            Part::GateBias | Part::UpBias if fused => Presence::Absent,
+            Part::QBias | Part::KBias | Part::VBias if spec.attention_bias => Presence::Required,
+            Part::QNorm | Part::KNorm => required(spec.qk_norm),
+            Part::PostAttnNorm | Part::PostFfnNorm => {
+                required(matches!(arch, A::Gemma2 | A::Gemma3))
+            }
+            _ if self.is_bias() => Presence::Optional,
+            _ => Presence::Required,
         }
     }
 }
@@ -254,6 +360,8 @@ impl TensorRecord {
 pub struct LayerTensors {
     /// Decoder layer index.
     pub index: usize,
+    /// The model's family (decides the names).
+    pub architecture: Architecture,
     /// `(part, tensor)` pairs.
     pub tensors: Vec<(Part, TensorRecord)>,
 }
@@ -269,8 +377,9 @@ impl LayerTensors {
 
     /// The tensor of `part`, or [`ModelError::MissingTensor`].
     pub fn need(&self, part: Part, format: Format) -> Result<&TensorRecord> {
-        self.get(part)
-            .ok_or_else(|| ModelError::MissingTensor(format.layer_tensor_name(self.index, part)))
+        self.get(part).ok_or_else(|| {
+            ModelError::MissingTensor(format.layer_tensor_name(self.architecture, self.index, part))
+        })
     }
 }
 
@@ -377,15 +486,24 @@ fn layer(
     lookup: &dyn Fn(&str) -> Option<TensorRecord>,
 ) -> Result<LayerTensors> {
     let mut tensors = Vec::new();
+    let arch = spec.architecture;
     for part in Part::ALL {
-        let name = format.layer_tensor_name(index, part);
+        let presence = part.presence(spec);
+        if presence == Presence::Absent {
+            continue;
+        }
+        let name = format.layer_tensor_name(arch, index, part);
         match lookup(&name) {
             Some(record) => tensors.push((part, check_shape(record, &part.expected_shape(spec))?)),
-            None if part.required(spec) => return Err(ModelError::MissingTensor(name)),
+            None if presence == Presence::Required => return Err(ModelError::MissingTensor(name)),
             None => {}
         }
     }
-    Ok(LayerTensors { index, tensors })
+    Ok(LayerTensors {
+        index,
+        architecture: arch,
+        tensors,
+    })
 }
 
 /// `record` if its shape is `expected`, else [`ModelError::BadShape`].
@@ -409,27 +527,48 @@ mod tests {
         for (i, part) in Part::ALL.into_iter().enumerate() {
             assert_eq!(part as usize, i, "{part:?} is out of table order");
         }
-        for format in [Format::Gguf, Format::Safetensors] {
-            let mut names: Vec<&str> = Part::ALL.iter().map(|p| p.suffix(format)).collect();
-            names.sort();
-            names.dedup();
-            assert_eq!(names.len(), Part::ALL.len(), "{format:?}");
-            let name = format.layer_tensor_name(12, Part::Down);
-            assert_eq!(format.layer_of(&name), Some(12), "{name}");
+        for arch in Architecture::ALL {
+            let spec = crate::model::spec::tests::tiny_spec(arch);
+            for format in [Format::Gguf, Format::Safetensors] {
+                let mut names: Vec<&str> = Part::ALL
+                    .iter()
+                    .filter(|p| p.presence(&spec) != Presence::Absent)
+                    .map(|p| p.suffix(format, arch))
+                    .collect();
+                let n = names.len();
+                names.sort();
+                names.dedup();
+                assert_eq!(names.len(), n, "{arch:?} {format:?}: {names:?}");
+                let name = format.layer_tensor_name(arch, 12, Part::Down);
+                assert_eq!(format.layer_of(&name), Some(12), "{name}");
+            }
         }
         assert_eq!(
-            Format::Gguf.layer_tensor_name(3, Part::QBias),
+            Format::Gguf.layer_tensor_name(Architecture::Llama, 3, Part::QBias),
             "blk.3.attn_q.bias"
         );
         assert_eq!(
-            Format::Safetensors.layer_tensor_name(0, Part::FfnNorm),
+            Format::Safetensors.layer_tensor_name(Architecture::Llama, 0, Part::FfnNorm),
             "model.layers.0.post_attention_layernorm.weight"
         );
         assert_eq!(Format::Gguf.layer_of("output.weight"), None);
         assert_eq!(Format::Safetensors.layer_of("model.layers.x.w"), None);
-        // Every projection has a bias part, and only projections do.
+        assert_eq!(
+            Format::Safetensors.layer_tensor_name(Architecture::Gemma3, 0, Part::FfnNorm),
+            "model.layers.0.pre_feedforward_layernorm.weight"
+        );
+        // Every unfused projection has a bias part, and only projections do.
         for part in Part::ALL {
-            assert_eq!(part.bias().is_some(), part.is_matrix(), "{part:?}");
+            let fused = matches!(part, Part::Qkv | Part::GateUp);
+            assert_eq!(
+                part.bias().is_some(),
+                part.is_matrix() && !fused,
+                "{part:?}"
+            );
+            assert_eq!(
+                part.is_bias(),
+                Part::ALL.iter().any(|w| w.bias() == Some(part))
+            );
         }
     }
 }

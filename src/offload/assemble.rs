@@ -30,8 +30,8 @@ pub fn layer_weights(layer: &HostLayer, slot: &dyn SlotTensors) -> Result<LayerW
             OffloadError::Weights(format!("layer {} has no {part:?} tensor", layer.index))
         })
     };
-    let linear = |w: Part| -> Result<Linear> {
-        let bias = match w.bias().and_then(find) {
+    let linear = |w: Part, bias: Option<Part>| -> Result<Linear> {
+        let bias = match bias.and_then(find) {
             Some(entry) => Some(slot.dense(entry)?),
             None => None,
         };
@@ -45,17 +45,9 @@ pub fn layer_weights(layer: &HostLayer, slot: &dyn SlotTensors) -> Result<LayerW
             },
         })
     };
-    Ok(LayerWeights {
-        attn_norm: slot.dense(need(Part::AttnNorm)?)?,
-        q: linear(Part::Q)?,
-        k: linear(Part::K)?,
-        v: linear(Part::V)?,
-        o: linear(Part::O)?,
-        ffn_norm: slot.dense(need(Part::FfnNorm)?)?,
-        gate: linear(Part::Gate)?,
-        up: linear(Part::Up)?,
-        down: linear(Part::Down)?,
-    })
+    let parts: Vec<Part> = layer.entries.iter().map(|e| e.part).collect();
+    // Which part fills what is the model's one definition (`LayerWeights::assemble`).
+    LayerWeights::assemble(&parts, linear, |part| slot.dense(need(part)?))
 }
 
 /// `entry` as a `[shape]` view of a 1-D dense region tensor of `dtype` (narrow + reshape).
