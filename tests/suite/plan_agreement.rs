@@ -214,6 +214,7 @@ fn wide_tiny() -> Tiny {
         kv_heads: 2,
         head_dim: 64,
         vocab: 256,
+        ..Tiny::llama()
     }
 }
 
