@@ -26,7 +26,7 @@ pub struct Tiny {
     pub vocab: usize,
     pub rope_theta: f32,
     /// Family metadata added to written GGUFs (without the `<arch>.` prefix, except for
-    /// `general.` keys).
+    /// `general.` and `tokenizer.` keys).
     pub gguf_meta: Vec<(&'static str, gguf_file::Value)>,
 }
 
@@ -233,6 +233,51 @@ impl Tiny {
         w
     }
 
+    /// Adds a small SentencePiece vocabulary of `vocab` tokens (`<unk>`, `<s>`, `</s>`, then
+    /// letters and letter pairs) to the GGUF metadata, so the file loads for serving.
+    pub fn add_spm_vocab(&mut self) {
+        let letters: Vec<char> = ('a'..='z').collect();
+        let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
+        let mut pairs = letters
+            .iter()
+            .flat_map(|a| letters.iter().map(move |b| format!("{a}{b}")));
+        while tokens.len() < self.vocab {
+            let i = tokens.len() - 3;
+            tokens.push(match i {
+                i if i < 26 => letters[i].to_string(),
+                i if i < 52 => format!("\u{2581}{}", letters[i - 26]),
+                _ => pairs.next().unwrap(),
+            });
+        }
+        let types = (0..self.vocab).map(|i| match i {
+            0 => 2,
+            1 | 2 => 3,
+            _ => 1,
+        });
+        let strings = tokens.into_iter().map(gguf_file::Value::String).collect();
+        self.gguf_meta.extend([
+            (
+                "tokenizer.ggml.model",
+                gguf_file::Value::String("llama".into()),
+            ),
+            ("tokenizer.ggml.tokens", gguf_file::Value::Array(strings)),
+            (
+                "tokenizer.ggml.scores",
+                gguf_file::Value::Array(
+                    (0..self.vocab)
+                        .map(|i| gguf_file::Value::F32(-(i as f32)))
+                        .collect(),
+                ),
+            ),
+            (
+                "tokenizer.ggml.token_type",
+                gguf_file::Value::Array(types.map(gguf_file::Value::I32).collect()),
+            ),
+            ("tokenizer.ggml.bos_token_id", gguf_file::Value::U32(1)),
+            ("tokenizer.ggml.eos_token_id", gguf_file::Value::U32(2)),
+        ]);
+    }
+
     /// Writes config.json and `shards` safetensors files into `dir`.
     pub fn write_hf(
         &self,
@@ -357,14 +402,13 @@ impl Tiny {
             ),
         ];
         let mut meta = meta;
-        meta.extend(
-            self.gguf_meta
-                .iter()
-                .map(|(k, v)| match k.strip_prefix("general.") {
-                    Some(_) => (k.to_string(), v.clone()),
-                    None => (format!("{arch}.{k}"), v.clone()),
-                }),
-        );
+        meta.extend(self.gguf_meta.iter().map(|(k, v)| {
+            if k.starts_with("general.") || k.starts_with("tokenizer.") {
+                (k.to_string(), v.clone())
+            } else {
+                (format!("{arch}.{k}"), v.clone())
+            }
+        }));
         let meta_refs: Vec<(&str, &gguf_file::Value)> =
             meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let tensor_refs: Vec<(&str, &QTensor)> =
@@ -407,6 +451,27 @@ impl Tiny {
         };
         Some((format!("blk.{layer}.{gguf}"), heads))
     }
+}
+
+/// Writes a tiny servable GGUF of family `arch` (`qwen3`, `gemma3`, `phi3`) with matrices of
+/// `dtype` and a SentencePiece vocabulary; Gemma 3's layers 0 and 2 get a 3-token window.
+pub fn family_gguf(path: &Path, arch: &str, dtype: GgmlDType) {
+    let mut tiny = Tiny::llama();
+    tiny.add_spm_vocab();
+    let weights = match arch {
+        "qwen3" => tiny.qwen3_weights(true),
+        "gemma3" => {
+            tiny.rope_theta = 1_000_000.0;
+            tiny.gguf_meta.extend([
+                ("attention.sliding_window", gguf_file::Value::U32(3)),
+                ("attention.sliding_window_pattern", gguf_file::Value::U32(2)),
+            ]);
+            tiny.gemma_weights(true)
+        }
+        "phi3" => tiny.phi3_weights(),
+        other => panic!("no tiny {other}"),
+    };
+    tiny.write_gguf(path, arch, &weights, dtype, false);
 }
 
 /// Seeded normal draws (Box-Muller over two uniforms in (0, 1]).
