@@ -170,6 +170,12 @@ pub struct ModelSpec {
     pub rope_local_theta: Option<f32>,
     /// Linear RoPE scaling (positions divided by the factor) of the global layers.
     pub rope_linear_factor: Option<f32>,
+    /// Per-frequency RoPE divisors from the config (Phi-3's `longrope` / `su` scaling: the
+    /// long factors when the context exceeds the original one, else the short ones). GGUFs
+    /// carry them as a tensor instead (`rope_factors_long.weight`).
+    pub rope_freq_factors: Option<Vec<f32>>,
+    /// The cos/sin tables are multiplied by this (longrope's attention factor).
+    pub rope_attn_factor: Option<f32>,
     /// Per-head RMSNorms of queries and keys before RoPE (Qwen3, Gemma 3).
     pub qk_norm: bool,
     /// The MLP's activation.
@@ -218,7 +224,8 @@ impl ModelSpec {
             }
         }
         let rope_linear_factor = match md.opt_string(&key("rope.scaling.type"))?.as_deref() {
-            None | Some("none") => None,
+            // Phi-3's longrope factors are tensors; the type key says nothing more.
+            None | Some("none") | Some("longrope") | Some("su") => None,
             Some("linear") => md
                 .opt_f64(&key("rope.scaling.factor"))?
                 .filter(|f| *f != 1.0)
@@ -288,6 +295,11 @@ impl ModelSpec {
                     .unwrap_or(10_000.0) as f32,
             ),
             rope_linear_factor,
+            rope_freq_factors: None,
+            rope_attn_factor: md
+                .opt_f64(&key("rope.scaling.attn_factor"))?
+                .filter(|f| *f != 1.0)
+                .map(|f| f as f32),
             qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
             activation: if gemma {
                 Activation::GeluTanh
@@ -348,9 +360,14 @@ impl ModelSpec {
                 "hidden_size / heads",
             )?,
         };
-        let (rope_scaling, rope_linear_factor) = match &raw.rope_scaling {
-            None => (None, None),
-            Some(s) => parse_rope_scaling(s)?,
+        let rope = match &raw.rope_scaling {
+            None => RopeScalings::default(),
+            Some(s) => parse_rope_scaling(
+                s,
+                raw.max_position_embeddings,
+                raw.original_max_position_embeddings,
+                head_dim,
+            )?,
         };
         let sliding_window = match architecture {
             Architecture::Qwen2 | Architecture::Qwen3
@@ -377,7 +394,7 @@ impl ModelSpec {
             max_context: raw.max_position_embeddings,
             rms_norm_eps: raw.rms_norm_eps,
             rope_theta: raw.rope_theta.unwrap_or(10_000.0) as f32,
-            rope_scaling,
+            rope_scaling: rope.llama3,
             rope_interleaved: false,
             // transformers' Gemma configs tie by default.
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(gemma),
@@ -387,7 +404,9 @@ impl ModelSpec {
             sliding_window_pattern,
             rope_local_theta: (architecture == Architecture::Gemma3)
                 .then(|| raw.rope_local_base_freq.unwrap_or(10_000.0) as f32),
-            rope_linear_factor,
+            rope_linear_factor: rope.linear,
+            rope_freq_factors: rope.freq_factors,
+            rope_attn_factor: rope.attn_factor,
             qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
             activation,
             norm_offset: if gemma { 1.0 } else { 0.0 },
@@ -506,18 +525,33 @@ fn window_pattern_of(types: &[String]) -> Result<Option<usize>> {
     Ok(Some(n))
 }
 
-type RopeScalings = (Option<Llama3RopeScaling>, Option<f32>);
+/// What a config's `rope_scaling` sets.
+#[derive(Debug, Default)]
+struct RopeScalings {
+    llama3: Option<Llama3RopeScaling>,
+    linear: Option<f32>,
+    freq_factors: Option<Vec<f32>>,
+    attn_factor: Option<f32>,
+}
 
-fn parse_rope_scaling(raw: &RawRopeScaling) -> Result<RopeScalings> {
+fn parse_rope_scaling(
+    raw: &RawRopeScaling,
+    max_positions: usize,
+    original: Option<usize>,
+    head_dim: usize,
+) -> Result<RopeScalings> {
     let kind = raw
         .rope_type
         .as_deref()
         .or(raw.kind.as_deref())
         .unwrap_or("default");
     match kind {
-        "default" => Ok((None, None)),
+        "default" => Ok(RopeScalings::default()),
         "linear" => match raw.factor {
-            Some(f) if f > 0.0 => Ok((None, (f != 1.0).then_some(f))),
+            Some(f) if f > 0.0 => Ok(RopeScalings {
+                linear: (f != 1.0).then_some(f),
+                ..RopeScalings::default()
+            }),
             _ => Err(ModelError::Config(
                 "linear rope_scaling needs a positive factor".into(),
             )),
@@ -539,7 +573,45 @@ fn parse_rope_scaling(raw: &RawRopeScaling) -> Result<RopeScalings> {
                     "bad llama3 rope_scaling {scaling:?}"
                 )));
             }
-            Ok((Some(scaling), None))
+            Ok(RopeScalings {
+                llama3: Some(scaling),
+                ..RopeScalings::default()
+            })
+        }
+        "longrope" | "su" => {
+            // transformers' longrope: divisors per frequency, the long ones past the original
+            // context (chosen once here, for the model's whole window, as llama.cpp does at
+            // full context), and cos/sin scaled by sqrt(1 + ln(s) / ln(original)).
+            let original = original
+                .or(raw.original_max_position_embeddings)
+                .ok_or_else(|| {
+                    ModelError::Config("longrope needs original_max_position_embeddings".into())
+                })?;
+            let factors = if max_positions > original {
+                &raw.long_factor
+            } else {
+                &raw.short_factor
+            };
+            let factors = factors
+                .clone()
+                .filter(|f| f.len() == head_dim / 2)
+                .ok_or_else(|| {
+                    ModelError::Config(format!(
+                        "longrope needs short_factor and long_factor of {} values",
+                        head_dim / 2
+                    ))
+                })?;
+            let scale = max_positions as f32 / original as f32;
+            let attn_factor = match raw.attention_factor {
+                Some(a) => a,
+                None if scale <= 1.0 => 1.0,
+                None => (1.0 + scale.ln() / (original as f32).ln()).sqrt(),
+            };
+            Ok(RopeScalings {
+                freq_factors: Some(factors),
+                attn_factor: (attn_factor != 1.0).then_some(attn_factor),
+                ..RopeScalings::default()
+            })
         }
         other => Err(ModelError::Unsupported(format!(
             "rope_scaling type `{other}`"
@@ -561,6 +633,7 @@ struct HfConfig {
     head_dim: Option<usize>,
     vocab_size: usize,
     max_position_embeddings: usize,
+    original_max_position_embeddings: Option<usize>,
     rms_norm_eps: f64,
     rope_theta: Option<f64>,
     rope_scaling: Option<RawRopeScaling>,
@@ -590,6 +663,9 @@ struct RawRopeScaling {
     low_freq_factor: Option<f32>,
     high_freq_factor: Option<f32>,
     original_max_position_embeddings: Option<usize>,
+    short_factor: Option<Vec<f32>>,
+    long_factor: Option<Vec<f32>>,
+    attention_factor: Option<f32>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -180,3 +180,34 @@ fn qwen3_and_phi3_configs() {
     assert_eq!(phi3.activation, Activation::Silu);
     assert!(!phi3.qk_norm && phi3.embed_scale.is_none());
 }
+
+#[test]
+fn phi3_longrope_picks_the_long_factors_past_the_original_context() {
+    let json = SMOL_LIKE
+        .replace("\"model_type\": \"llama\"", "\"model_type\": \"phi3\"")
+        .replace(
+            "\"tie_word_embeddings\": true,",
+            &format!(
+                "\"original_max_position_embeddings\": 4096, \"rope_scaling\": {{\"type\": \"su\",
+                 \"short_factor\": {:?}, \"long_factor\": {:?}}},",
+                vec![1.0f32; 32],
+                vec![2.0f32; 32]
+            ),
+        );
+    let spec = ModelSpec::from_hf_config(&json).unwrap();
+    assert_eq!(spec.rope_freq_factors, Some(vec![2.0; 32]));
+    let expected = (1.0f32 + 2f32.ln() / 4096f32.ln()).sqrt();
+    assert!((spec.rope_attn_factor.unwrap() - expected).abs() < 1e-6);
+    let short = json.replace(
+        "\"max_position_embeddings\": 8192",
+        "\"max_position_embeddings\": 4096",
+    );
+    let spec = ModelSpec::from_hf_config(&short).unwrap();
+    assert_eq!(spec.rope_freq_factors, Some(vec![1.0; 32]));
+    assert_eq!(spec.rope_attn_factor, None);
+    let wrong = json.replace(&format!("{:?}", vec![2.0f32; 32]), "[2.0]");
+    assert!(matches!(
+        ModelSpec::from_hf_config(&wrong),
+        Err(ModelError::Config(_))
+    ));
+}

@@ -319,6 +319,9 @@ impl FixedPart {
     }
 }
 
+/// The GGUF tensor of Phi-3's long-context RoPE divisors.
+const PHI3_LONG_FACTORS: &str = "rope_factors_long.weight";
+
 /// How a tensor is stored in its file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoredType {
@@ -450,7 +453,16 @@ impl TensorTable {
             embedding: need(FixedPart::Embedding)?,
             final_norm: need(FixedPart::FinalNorm)?,
             head,
-            rope_freqs: fixed(FixedPart::RopeFreqs)?,
+            rope_freqs: match fixed(FixedPart::RopeFreqs)? {
+                // llama.cpp's Phi-3 longrope divisors; the long ones, as ferry runs the
+                // model's whole window (see `ModelSpec::rope_freq_factors`).
+                None if spec.architecture == Architecture::Phi3 && format == Format::Gguf => {
+                    lookup(PHI3_LONG_FACTORS)
+                        .map(|r| check_shape(r, &FixedPart::RopeFreqs.expected_shape(spec)))
+                        .transpose()?
+                }
+                other => other,
+            },
             layers,
         })
     }

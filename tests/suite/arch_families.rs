@@ -225,3 +225,54 @@ fn phi3_fused_projections_match_candle_from_hf_and_gguf() {
     let quantized = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
     assert_all_close(&quantized, &theirs, 1e-3, "quantized phi3");
 }
+
+/// Phi-3's longrope: the config's long factors and attention factor (HF) and llama.cpp's
+/// `rope_factors_long` tensor and `rope.scaling.attn_factor` (GGUF) give the same logits, and
+/// they are not the unscaled model's. (candle's phi3 multiplies the frequencies by the factors
+/// where transformers divides, and scales no attention, so it is no oracle for this part.)
+#[test]
+fn phi3_longrope_from_config_and_gguf_agree() {
+    let mut tiny = Tiny::llama();
+    let dir = tempfile::tempdir().unwrap();
+    let mut weights = tiny.phi3_weights();
+    let half = tiny.head_dim / 2;
+    let long: Vec<f32> = (0..half).map(|i| 1.0 + 1.5 * i as f32).collect();
+    let short = vec![1.0f32; half];
+    let list = |v: &[f32]| {
+        let items: Vec<String> = v.iter().map(|x| format!("{x:.1}")).collect();
+        items.join(", ")
+    };
+    // A 64-token window over an original 16: the long factors, attention factor
+    // sqrt(1 + ln 4 / ln 16).
+    let json = tiny.phi3_config().replace(
+        r#""rope_scaling": null"#,
+        &format!(
+            r#""original_max_position_embeddings": 16, "rope_scaling": {{"type": "longrope",
+            "short_factor": [{}], "long_factor": [{}]}}"#,
+            list(&short),
+            list(&long)
+        ),
+    );
+    let files = tiny.write_hf(dir.path(), &json, &weights, 1);
+    let hf = ours(&files, DTypeChoice::F32);
+
+    let attn = (1.0f32 + 4f32.ln() / 16f32.ln()).sqrt();
+    tiny.gguf_meta = vec![("rope.scaling.attn_factor", Value::F32(attn))];
+    weights.insert(
+        "rope_factors_long.weight".into(),
+        Tensor::new(long.as_slice(), &Device::Cpu).unwrap(),
+    );
+    let path = dir.path().join("phi3-longrope.gguf");
+    tiny.write_gguf(&path, "phi3", &weights, GgmlDType::F32, false);
+    let gguf = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
+    assert_all_close(&gguf, &hf, 1e-4, "phi3 longrope gguf vs hf");
+
+    let plain_dir = tempfile::tempdir().unwrap();
+    weights.remove("rope_factors_long.weight");
+    let plain = ours(
+        &tiny.write_hf(plain_dir.path(), &tiny.phi3_config(), &weights, 1),
+        DTypeChoice::F32,
+    );
+    let d = tiny::max_abs_diff(&plain[0], &hf[0]);
+    assert!(d > 1e-3, "longrope changed nothing ({d})");
+}

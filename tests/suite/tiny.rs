@@ -423,6 +423,7 @@ impl Tiny {
             "model.embed_tokens.weight" => return Some(("token_embd.weight".into(), None)),
             "model.norm.weight" => return Some(("output_norm.weight".into(), None)),
             "lm_head.weight" => return Some(("output.weight".into(), None)),
+            "rope_factors_long.weight" => return Some((hf.into(), None)),
             _ => {}
         }
         let rest = hf.strip_prefix("model.layers.")?;

@@ -36,7 +36,8 @@ impl Rope {
         if let Some(factor) = spec.rope_linear_factor {
             freqs.iter_mut().for_each(|f| *f /= factor);
         }
-        if let Some(factors) = freq_factors {
+        // Divisors from the config (longrope) or from the file (`rope_freqs`, GGUF longrope).
+        if let Some(factors) = spec.rope_freq_factors.as_deref().or(freq_factors) {
             if factors.len() != freqs.len() {
                 return Err(ModelError::BadShape {
                     name: "rope_freqs.weight".into(),
@@ -72,9 +73,14 @@ impl Rope {
             angles.extend(freqs.iter().map(|f| p * f));
         }
         let angles = Tensor::from_vec(angles, (positions, half), device)?;
+        let (mut cos, mut sin) = (angles.cos()?, angles.sin()?);
+        if let Some(a) = spec.rope_attn_factor {
+            cos = (cos * a as f64)?;
+            sin = (sin * a as f64)?;
+        }
         Ok(Self {
-            cos: angles.cos()?.to_dtype(dtype)?,
-            sin: angles.sin()?.to_dtype(dtype)?,
+            cos: cos.to_dtype(dtype)?,
+            sin: sin.to_dtype(dtype)?,
             interleaved: spec.rope_interleaved,
         })
     }
