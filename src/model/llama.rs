@@ -1,4 +1,4 @@
-//! The Llama family's decoder layer (Llama, Qwen2, Mistral): pre-norm, `x + attn(rms(x))`,
+//! The Llama family's decoder layer (Llama, Qwen2, Mistral, Mixtral): pre-norm, `x + attn(rms(x))`,
 //! then `x + mlp(rms(x))`, with grouped-query attention under RoPE (q/k/v biases when the
 //! checkpoint has them, Mistral's sliding window through the step's mask) and a SwiGLU MLP.
 //!
@@ -12,7 +12,8 @@ use candle_core::Tensor;
 use super::decoder::attention::{self, AttentionDims};
 use super::decoder::block::{projections, rms_norm, BatchRows, Block};
 use super::error::Result;
-use super::spec::ModelSpec;
+use super::moe;
+use super::spec::{ModelSpec, MoeSpec};
 use super::tensors::Part;
 use super::weights::LayerWeights;
 
@@ -21,6 +22,7 @@ use super::weights::LayerWeights;
 pub struct LlamaBlock {
     dims: AttentionDims,
     eps: f32,
+    moe: Option<MoeSpec>,
 }
 
 impl LlamaBlock {
@@ -29,6 +31,7 @@ impl LlamaBlock {
         Self {
             dims: AttentionDims::of(spec, index),
             eps: spec.rms_norm_eps as f32,
+            moe: spec.moe,
         }
     }
 }
@@ -48,7 +51,11 @@ impl Block for LlamaBlock {
         let y = attention::attend_each(&q, &k, &v, seqs, self.dims)?;
         let x = (x + w.linear(Part::O)?.forward(&y)?)?;
         let h = rms_norm(&x, w.vector(Part::FfnNorm)?, self.eps)?;
-        Ok((&x + swiglu(&h, w)?)?)
+        let m = match self.moe {
+            None => swiglu(&h, w)?,
+            Some(moe) => moe::forward(&h, w, moe)?,
+        };
+        Ok((&x + m)?)
     }
 }
 

@@ -16,7 +16,8 @@
 //!   [`decoder::Block`] seam a family plugs into, and the [`decoder::LayerSource`] its weights
 //!   come through; attention and RoPE.
 //! - [`llama`]: the Llama family's block (Llama, Qwen2, Mistral); [`qwen3`], [`gemma`]
-//!   (Gemma 2 and 3) and [`phi3`]: the other families' blocks.
+//!   (Gemma 2 and 3) and [`phi3`]: the other families' blocks; [`moe`]: the routed-experts
+//!   MLP of Qwen3-MoE (in [`qwen3`]'s block) and Mixtral (in [`llama`]'s).
 //! - [`kv_cache`]: the per-sequence key/value cache.
 
 pub mod checkpoint;
@@ -29,6 +30,7 @@ pub mod hub;
 pub mod kv_cache;
 pub mod llama;
 pub mod loader;
+pub mod moe;
 pub mod phi3;
 pub mod qwen3;
 pub mod source;

@@ -11,7 +11,8 @@ use super::decoder::attention::{self, AttentionDims};
 use super::decoder::block::{head_norm, projections, rms_norm, BatchRows, Block};
 use super::error::Result;
 use super::llama::swiglu;
-use super::spec::ModelSpec;
+use super::moe;
+use super::spec::{ModelSpec, MoeSpec};
 use super::tensors::Part;
 use super::weights::LayerWeights;
 
@@ -20,6 +21,7 @@ use super::weights::LayerWeights;
 pub struct Qwen3Block {
     dims: AttentionDims,
     eps: f32,
+    moe: Option<MoeSpec>,
 }
 
 impl Qwen3Block {
@@ -28,6 +30,7 @@ impl Qwen3Block {
         Self {
             dims: AttentionDims::of(spec, index),
             eps: spec.rms_norm_eps as f32,
+            moe: spec.moe,
         }
     }
 }
@@ -49,6 +52,10 @@ impl Block for Qwen3Block {
         let y = attention::attend_each(&q, &k, &v, seqs, self.dims)?;
         let x = (x + w.linear(Part::O)?.forward(&y)?)?;
         let h = rms_norm(&x, w.vector(Part::FfnNorm)?, self.eps)?;
-        Ok((&x + swiglu(&h, w)?)?)
+        let m = match self.moe {
+            None => swiglu(&h, w)?,
+            Some(moe) => moe::forward(&h, w, moe)?,
+        };
+        Ok((&x + m)?)
     }
 }

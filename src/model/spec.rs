@@ -34,11 +34,17 @@ pub enum Architecture {
     Gemma3,
     /// Phi-3: fused q/k/v and gate/up projections.
     Phi3,
+    /// Qwen3-MoE: Qwen3's attention, routed SwiGLU experts (top-k softmax routing), no shared
+    /// expert.
+    Qwen3Moe,
+    /// Mixtral: Llama/Mistral attention, routed SwiGLU experts (top-k of a softmax,
+    /// renormalised). GGUFs call it `llama` and carry `expert_count`.
+    Mixtral,
 }
 
 impl Architecture {
     /// Every family.
-    pub const ALL: [Architecture; 7] = [
+    pub const ALL: [Architecture; 9] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Mistral,
@@ -46,6 +52,8 @@ impl Architecture {
         Architecture::Gemma2,
         Architecture::Gemma3,
         Architecture::Phi3,
+        Architecture::Qwen3Moe,
+        Architecture::Mixtral,
     ];
 
     /// The lowercase name used by HF `model_type` and GGUF `general.architecture`.
@@ -58,6 +66,8 @@ impl Architecture {
             Architecture::Gemma2 => "gemma2",
             Architecture::Gemma3 => "gemma3",
             Architecture::Phi3 => "phi3",
+            Architecture::Qwen3Moe => "qwen3moe",
+            Architecture::Mixtral => "mixtral",
         }
     }
 
@@ -65,6 +75,8 @@ impl Architecture {
         let name = match name {
             // Gemma 3's text-only checkpoints (1B) say `gemma3_text`.
             "gemma3_text" => "gemma3",
+            // transformers' name; llama.cpp's is `qwen3moe`.
+            "qwen3_moe" => "qwen3moe",
             other => other,
         };
         Self::ALL
@@ -92,6 +104,35 @@ impl Architecture {
             Architecture::Gemma3 => Some(6),
             _ => None,
         }
+    }
+}
+
+/// The routed experts of a mixture-of-experts model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeSpec {
+    /// Experts per layer.
+    pub n_experts: usize,
+    /// Experts each token is routed to (top-k).
+    pub n_used: usize,
+    /// Width of one expert's SwiGLU.
+    pub expert_ff: usize,
+    /// Renormalise the top-k routing weights to sum to 1 (Mixtral always; Qwen3-MoE's
+    /// `norm_topk_prob`).
+    pub norm_topk: bool,
+}
+
+impl MoeSpec {
+    fn checked(self) -> Result<Self> {
+        if self.n_experts == 0 || self.n_used == 0 || self.n_used > self.n_experts {
+            return Err(ModelError::Config(format!(
+                "{} experts with {} used per token",
+                self.n_experts, self.n_used
+            )));
+        }
+        if self.expert_ff == 0 {
+            return Err(ModelError::Config("expert width must be positive".into()));
+        }
+        Ok(self)
     }
 }
 
@@ -178,6 +219,8 @@ pub struct ModelSpec {
     pub rope_attn_factor: Option<f32>,
     /// Per-head RMSNorms of queries and keys before RoPE (Qwen3, Gemma 3).
     pub qk_norm: bool,
+    /// Routed experts instead of one MLP (Qwen3-MoE, Mixtral).
+    pub moe: Option<MoeSpec>,
     /// The MLP's activation.
     pub activation: Activation,
     /// Added to every RMSNorm weight before it scales: Gemma's Hugging Face checkpoints store
@@ -204,8 +247,31 @@ impl ModelSpec {
     pub fn from_gguf(header: &GgufHeader) -> Result<Self> {
         let md = GgufMeta(&header.metadata);
         let arch_name = md.string("general.architecture")?;
-        let architecture = Architecture::from_name(&arch_name)?;
         let key = |k: &str| format!("{arch_name}.{k}");
+        let n_experts = md.opt_usize(&key("expert_count"))?.unwrap_or(0);
+        let architecture = match Architecture::from_name(&arch_name)? {
+            // llama.cpp writes Mixtral as `llama` with experts.
+            Architecture::Llama if n_experts > 0 => Architecture::Mixtral,
+            other => other,
+        };
+        let moe = match n_experts {
+            0 => None,
+            n => Some(
+                MoeSpec {
+                    n_experts: n,
+                    n_used: md.usize(&key("expert_used_count"))?,
+                    expert_ff: match md.opt_usize(&key("expert_feed_forward_length"))? {
+                        Some(ff) => ff,
+                        None => md.usize(&key("feed_forward_length"))?,
+                    },
+                    // llama.cpp: Mixtral always, Qwen3-MoE by `expert_weights_norm` (its
+                    // converter writes true for norm_topk_prob models; default true).
+                    norm_topk: architecture == Architecture::Mixtral
+                        || md.opt_bool(&key("expert_weights_norm"))?.unwrap_or(true),
+                }
+                .checked()?,
+            ),
+        };
 
         let hidden_size = md.usize(&key("embedding_length"))?;
         let n_heads = md.usize(&key("attention.head_count"))?;
@@ -300,7 +366,11 @@ impl ModelSpec {
                 .opt_f64(&key("rope.scaling.attn_factor"))?
                 .filter(|f| *f != 1.0)
                 .map(|f| f as f32),
-            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
+            qk_norm: matches!(
+                architecture,
+                Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+            ),
+            moe,
             activation: if gemma {
                 Activation::GeluTanh
             } else {
@@ -407,7 +477,11 @@ impl ModelSpec {
             rope_linear_factor: rope.linear,
             rope_freq_factors: rope.freq_factors,
             rope_attn_factor: rope.attn_factor,
-            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
+            qk_norm: matches!(
+                architecture,
+                Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+            ),
+            moe: hf_moe(&raw, architecture)?,
             activation,
             norm_offset: if gemma { 1.0 } else { 0.0 },
             embed_scale: gemma.then(|| (raw.hidden_size as f32).sqrt()),
@@ -496,6 +570,33 @@ fn div_exact(a: usize, b: usize, what: &str) -> Result<usize> {
         )));
     }
     Ok(a / b)
+}
+
+/// The experts of a Qwen3-MoE or Mixtral config.
+fn hf_moe(raw: &HfConfig, architecture: Architecture) -> Result<Option<MoeSpec>> {
+    let moe = match architecture {
+        Architecture::Qwen3Moe => {
+            if raw.decoder_sparse_step.unwrap_or(1) != 1 || !raw.mlp_only_layers.is_empty() {
+                return Err(ModelError::Unsupported(
+                    "Qwen3-MoE with dense layers (decoder_sparse_step, mlp_only_layers)".into(),
+                ));
+            }
+            MoeSpec {
+                n_experts: raw.num_experts.unwrap_or(0),
+                n_used: raw.num_experts_per_tok.unwrap_or(0),
+                expert_ff: raw.moe_intermediate_size.unwrap_or(0),
+                norm_topk: raw.norm_topk_prob.unwrap_or(false),
+            }
+        }
+        Architecture::Mixtral => MoeSpec {
+            n_experts: raw.num_local_experts.unwrap_or(0),
+            n_used: raw.num_experts_per_tok.unwrap_or(0),
+            expert_ff: raw.intermediate_size,
+            norm_topk: true,
+        },
+        _ => return Ok(None),
+    };
+    moe.checked().map(Some)
 }
 
 /// The sliding-window pattern of a `layer_types` list (`sliding_attention` / `full_attention`):
@@ -648,6 +749,14 @@ struct HfConfig {
     layer_types: Option<Vec<String>>,
     rope_local_base_freq: Option<f64>,
     query_pre_attn_scalar: Option<f64>,
+    num_experts: Option<usize>,
+    num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    #[serde(default)]
+    mlp_only_layers: Vec<usize>,
     attn_logit_softcapping: Option<f64>,
     final_logit_softcapping: Option<f64>,
     bos_token_id: Option<u32>,
@@ -711,6 +820,13 @@ impl GgufMeta<'_> {
         as_u64(self.get(key)?)
             .map(|v| v as usize)
             .map_err(|e| Self::bad(key, e))
+    }
+
+    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.0.get(key) {
+            None => Ok(None),
+            Some(v) => v.to_bool().map(Some).map_err(|e| Self::bad(key, e)),
+        }
     }
 
     fn opt_usize(&self, key: &str) -> Result<Option<usize>> {

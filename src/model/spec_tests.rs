@@ -108,9 +108,13 @@ fn qwen2_config_gives_the_planner_its_dims() {
 pub(crate) fn tiny_spec(arch: Architecture) -> ModelSpec {
     let name = match arch {
         Architecture::Gemma3 => "gemma3_text",
+        Architecture::Qwen3Moe => "qwen3_moe",
         other => other.name(),
     };
+    let moe = "\"num_experts\": 8, \"num_local_experts\": 8, \"num_experts_per_tok\": 2,
+        \"moe_intermediate_size\": 64, \"norm_topk_prob\": true, \"hidden_act\"";
     let json = SMOL_LIKE
+        .replace("\"hidden_act\"", moe)
         .replace(
             "\"model_type\": \"llama\"",
             &format!("\"model_type\": \"{name}\""),
@@ -208,6 +212,27 @@ fn phi3_longrope_picks_the_long_factors_past_the_original_context() {
     let wrong = json.replace(&format!("{:?}", vec![2.0f32; 32]), "[2.0]");
     assert!(matches!(
         ModelSpec::from_hf_config(&wrong),
+        Err(ModelError::Config(_))
+    ));
+}
+
+#[test]
+fn moe_configs_give_their_experts() {
+    let qwen = tiny_spec(Architecture::Qwen3Moe);
+    let moe = qwen.moe.unwrap();
+    assert_eq!((moe.n_experts, moe.n_used, moe.expert_ff), (8, 2, 64));
+    assert!(moe.norm_topk && qwen.qk_norm);
+    let mixtral = tiny_spec(Architecture::Mixtral);
+    assert_eq!(mixtral.moe.unwrap().expert_ff, mixtral.intermediate_size);
+    assert!(tiny_spec(Architecture::Llama).moe.is_none());
+    let bad = SMOL_LIKE
+        .replace("\"model_type\": \"llama\"", "\"model_type\": \"mixtral\"")
+        .replace(
+            "\"hidden_act\"",
+            "\"num_local_experts\": 2, \"num_experts_per_tok\": 3, \"hidden_act\"",
+        );
+    assert!(matches!(
+        ModelSpec::from_hf_config(&bad),
         Err(ModelError::Config(_))
     ));
 }

@@ -90,11 +90,19 @@ pub enum Part {
     Qkv,
     /// Fused gate/up projection, rows `[gate | up]` (Phi-3).
     GateUp,
+    /// MoE router, `[n_experts, hidden]` (Qwen3-MoE, Mixtral).
+    Router,
+    /// One expert's SwiGLU gate, `[expert_ff, hidden]`; a layer has one per expert.
+    ExpGate,
+    /// One expert's SwiGLU up projection, `[expert_ff, hidden]`.
+    ExpUp,
+    /// One expert's SwiGLU down projection, `[hidden, expert_ff]`.
+    ExpDown,
 }
 
 /// Every layer part with its GGUF and Hugging Face name suffix (after `<prefix>N.`), as the
 /// Llama family names them; [`NAME_OVERRIDES`] has the families that name a part otherwise.
-const LAYER_NAMES: [(Part, &str, &str); 22] = [
+const LAYER_NAMES: [(Part, &str, &str); 26] = [
     (Part::AttnNorm, "attn_norm.weight", "input_layernorm.weight"),
     (Part::Q, "attn_q.weight", "self_attn.q_proj.weight"),
     (Part::QBias, "attn_q.bias", "self_attn.q_proj.bias"),
@@ -129,6 +137,24 @@ const LAYER_NAMES: [(Part, &str, &str); 22] = [
     ),
     (Part::Qkv, "attn_qkv.weight", "self_attn.qkv_proj.weight"),
     (Part::GateUp, "ffn_up.weight", "mlp.gate_up_proj.weight"),
+    (Part::Router, "ffn_gate_inp.weight", "mlp.gate.weight"),
+    // GGUF stacks every expert of a layer in one tensor (`[n_experts, out, in]`); Hugging
+    // Face names each (`{}` is the expert index).
+    (
+        Part::ExpGate,
+        "ffn_gate_exps.weight",
+        "mlp.experts.{}.gate_proj.weight",
+    ),
+    (
+        Part::ExpUp,
+        "ffn_up_exps.weight",
+        "mlp.experts.{}.up_proj.weight",
+    ),
+    (
+        Part::ExpDown,
+        "ffn_down_exps.weight",
+        "mlp.experts.{}.down_proj.weight",
+    ),
 ];
 
 /// Names that differ by family: `(families, part, format, suffix)`. Gemma's Hugging Face
@@ -136,12 +162,38 @@ const LAYER_NAMES: [(Part, &str, &str); 22] = [
 /// `post_attention_layernorm` is the norm of the attention output ([`Part::PostAttnNorm`]).
 /// (Names shared by two parts, such as llama.cpp's `ffn_up` for both [`Part::Up`] and Phi-3's
 /// fused [`Part::GateUp`], belong to families that never have both.)
-const NAME_OVERRIDES: [(&[Architecture], Part, Format, &str); 1] = [(
-    &[Architecture::Gemma2, Architecture::Gemma3],
-    Part::FfnNorm,
-    Format::Safetensors,
-    "pre_feedforward_layernorm.weight",
-)];
+const NAME_OVERRIDES: [(&[Architecture], Part, Format, &str); 5] = [
+    (
+        &[Architecture::Gemma2, Architecture::Gemma3],
+        Part::FfnNorm,
+        Format::Safetensors,
+        "pre_feedforward_layernorm.weight",
+    ),
+    (
+        &[Architecture::Mixtral],
+        Part::Router,
+        Format::Safetensors,
+        "block_sparse_moe.gate.weight",
+    ),
+    (
+        &[Architecture::Mixtral],
+        Part::ExpGate,
+        Format::Safetensors,
+        "block_sparse_moe.experts.{}.w1.weight",
+    ),
+    (
+        &[Architecture::Mixtral],
+        Part::ExpUp,
+        Format::Safetensors,
+        "block_sparse_moe.experts.{}.w3.weight",
+    ),
+    (
+        &[Architecture::Mixtral],
+        Part::ExpDown,
+        Format::Safetensors,
+        "block_sparse_moe.experts.{}.w2.weight",
+    ),
+];
 
 /// Whether a family's layer has a part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,10 +208,10 @@ pub enum Presence {
 
 impl Part {
     /// Every part, in table order (each bias after its weight).
-    pub const ALL: [Part; 22] = {
-        let mut all = [Part::AttnNorm; 22];
+    pub const ALL: [Part; 26] = {
+        let mut all = [Part::AttnNorm; 26];
         let mut i = 0;
-        while i < 22 {
+        while i < 26 {
             all[i] = LAYER_NAMES[i].0;
             i += 1;
         }
@@ -194,7 +246,16 @@ impl Part {
                 | Part::Down
                 | Part::Qkv
                 | Part::GateUp
+                | Part::Router
+                | Part::ExpGate
+                | Part::ExpUp
+                | Part::ExpDown
         )
+    }
+
+    /// Whether a layer has one of this part per expert.
+    pub fn is_expert(self) -> bool {
+        matches!(self, Part::ExpGate | Part::ExpUp | Part::ExpDown)
     }
 
     /// The bias of a projection matrix (`None` for the fused ones, which have none).
@@ -249,6 +310,9 @@ impl Part {
             Part::QNorm | Part::KNorm => vec![spec.head_dim],
             Part::Qkv => vec![q + 2 * kv, h],
             Part::GateUp => vec![2 * i, h],
+            Part::Router => vec![spec.moe.map_or(0, |m| m.n_experts), h],
+            Part::ExpGate | Part::ExpUp => vec![spec.moe.map_or(0, |m| m.expert_ff), h],
+            Part::ExpDown => vec![h, spec.moe.map_or(0, |m| m.expert_ff)],
         }
     }
 
@@ -259,6 +323,7 @@ impl Part {
         use Architecture as A;
         let arch = spec.architecture;
         let fused = arch == A::Phi3;
+        let moe = spec.moe.is_some();
         let required = |yes: bool| {
             if yes {
                 Presence::Required
@@ -267,10 +332,14 @@ impl Part {
             }
         };
         match self {
-            Part::Q | Part::K | Part::V | Part::Gate | Part::Up => required(!fused),
+            Part::Q | Part::K | Part::V => required(!fused),
+            Part::Gate | Part::Up => required(!fused && !moe),
+            Part::Down => required(!moe),
+            Part::Router | Part::ExpGate | Part::ExpUp | Part::ExpDown => required(moe),
             Part::Qkv | Part::GateUp => required(fused),
             Part::QBias | Part::KBias | Part::VBias if fused => Presence::Absent,
-            Part::GateBias | Part::UpBias if fused => Presence::Absent,
+            Part::GateBias | Part::UpBias if fused || moe => Presence::Absent,
+            Part::DownBias if moe => Presence::Absent,
             Part::QBias | Part::KBias | Part::VBias if spec.attention_bias => Presence::Required,
             Part::QNorm | Part::KNorm => required(spec.qk_norm),
             Part::PostAttnNorm | Part::PostFfnNorm => {
@@ -504,6 +573,9 @@ fn layer(
         if presence == Presence::Absent {
             continue;
         }
+        if part.is_expert() {
+            continue;
+        }
         let name = format.layer_tensor_name(arch, index, part);
         match lookup(&name) {
             Some(record) => tensors.push((part, check_shape(record, &part.expected_shape(spec))?)),
@@ -511,11 +583,74 @@ fn layer(
             None => {}
         }
     }
+    if let Some(moe) = spec.moe {
+        tensors.extend(experts(format, spec, index, moe.n_experts, lookup)?);
+    }
     Ok(LayerTensors {
         index,
         architecture: arch,
         tensors,
     })
+}
+
+/// The experts of layer `index`, expert by expert (gate, up, down of expert 0, then of
+/// expert 1, ...): each expert's three matrices are one unit the offload engine can place.
+/// A GGUF stacks each kind in one `[n_experts, out, in]` tensor, kept as one tensor in the
+/// file: each expert's record is its slice of the stacked bytes (whole rows of blocks).
+fn experts(
+    format: Format,
+    spec: &ModelSpec,
+    index: usize,
+    n_experts: usize,
+    lookup: &dyn Fn(&str) -> Option<TensorRecord>,
+) -> Result<Vec<(Part, TensorRecord)>> {
+    let kinds = [Part::ExpGate, Part::ExpUp, Part::ExpDown];
+    let arch = spec.architecture;
+    let per_kind: Vec<Vec<TensorRecord>> = match format {
+        Format::Gguf => kinds
+            .iter()
+            .map(|&part| {
+                let name = format.layer_tensor_name(arch, index, part);
+                let stacked = lookup(&name).ok_or_else(|| ModelError::MissingTensor(name))?;
+                let mut shape = vec![n_experts];
+                shape.extend(part.expected_shape(spec));
+                let stacked = check_shape(stacked, &shape)?;
+                let len = stacked.range.len() / n_experts;
+                Ok((0..n_experts)
+                    .map(|e| TensorRecord {
+                        name: format!("{}[{e}]", stacked.name),
+                        shape: shape[1..].to_vec(),
+                        stored: stacked.stored,
+                        file: stacked.file,
+                        range: stacked.range.start + e * len..stacked.range.start + (e + 1) * len,
+                    })
+                    .collect())
+            })
+            .collect::<Result<_>>()?,
+        Format::Safetensors => kinds
+            .iter()
+            .map(|&part| {
+                (0..n_experts)
+                    .map(|e| {
+                        let name = format
+                            .layer_tensor_name(arch, index, part)
+                            .replace("{}", &e.to_string());
+                        let record =
+                            lookup(&name).ok_or_else(|| ModelError::MissingTensor(name))?;
+                        check_shape(record, &part.expected_shape(spec))
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<_>>()?,
+    };
+    Ok((0..n_experts)
+        .flat_map(|e| {
+            kinds
+                .iter()
+                .zip(&per_kind)
+                .map(move |(&p, r)| (p, r[e].clone()))
+        })
+        .collect())
 }
 
 /// `record` if its shape is `expected`, else [`ModelError::BadShape`].
@@ -569,12 +704,13 @@ mod tests {
             Format::Safetensors.layer_tensor_name(Architecture::Gemma3, 0, Part::FfnNorm),
             "model.layers.0.pre_feedforward_layernorm.weight"
         );
-        // Every unfused projection has a bias part, and only projections do.
+        // Every unfused dense projection has a bias part, and only projections do.
         for part in Part::ALL {
-            let fused = matches!(part, Part::Qkv | Part::GateUp);
+            let no_bias =
+                matches!(part, Part::Qkv | Part::GateUp | Part::Router) || part.is_expert();
             assert_eq!(
                 part.bias().is_some(),
-                part.is_matrix() && !fused,
+                part.is_matrix() && !no_bias,
                 "{part:?}"
             );
             assert_eq!(

@@ -213,25 +213,43 @@ pub struct LayerWeights {
 }
 
 impl LayerWeights {
-    /// The weights of a layer that has `parts` (in table order): every matrix through
-    /// `linear(part, its bias if the layer has one)`, every other non-bias part through
-    /// `vector`. The loader and the offload engine's slots both assemble layers here, so a
-    /// streamed layer holds exactly what a resident one does.
+    /// The weights of a layer that has `parts` (in table order; expert parts once per
+    /// expert): every matrix through `linear(its position, its bias's position if the layer
+    /// has one)`, every other non-bias part through `vector(its position)`. The loader and the
+    /// offload engine's slots both assemble layers here, so a streamed layer holds exactly what
+    /// a resident one does.
     pub fn assemble<E>(
         parts: &[Part],
-        mut linear: impl FnMut(Part, Option<Part>) -> std::result::Result<Linear, E>,
-        mut vector: impl FnMut(Part) -> std::result::Result<Tensor, E>,
+        mut linear: impl FnMut(usize, Option<usize>) -> std::result::Result<Linear, E>,
+        mut vector: impl FnMut(usize) -> std::result::Result<Tensor, E>,
     ) -> std::result::Result<Self, E> {
         let mut out = Vec::with_capacity(parts.len());
-        for &part in parts {
+        for (i, &part) in parts.iter().enumerate() {
             if part.is_matrix() {
-                let bias = part.bias().filter(|b| parts.contains(b));
-                out.push((part, LayerTensor::Linear(linear(part, bias)?)));
+                let bias = part.bias().and_then(|b| parts.iter().position(|p| *p == b));
+                out.push((part, LayerTensor::Linear(linear(i, bias)?)));
             } else if !part.is_bias() {
-                out.push((part, LayerTensor::Vector(vector(part)?)));
+                out.push((part, LayerTensor::Vector(vector(i)?)));
             }
         }
         Ok(Self { parts: out })
+    }
+
+    /// The experts' `[gate, up, down]`, in expert order (empty for a dense layer).
+    pub fn experts(&self) -> Vec<[&Linear; 3]> {
+        let linears: Vec<&Linear> = self
+            .parts
+            .iter()
+            .filter(|(p, _)| p.is_expert())
+            .filter_map(|(_, t)| match t {
+                LayerTensor::Linear(l) => Some(l),
+                LayerTensor::Vector(_) => None,
+            })
+            .collect();
+        linears
+            .chunks_exact(3)
+            .map(|c| [c[0], c[1], c[2]])
+            .collect()
     }
 
     fn get(&self, part: Part) -> Option<&LayerTensor> {

@@ -63,10 +63,11 @@ impl BatchRows<'_, '_> {
 /// Gemma's sliding-window and global layers, are chosen by `index`).
 pub fn for_layer(spec: &ModelSpec, index: usize) -> Arc<dyn Block> {
     match spec.architecture {
-        Architecture::Llama | Architecture::Qwen2 | Architecture::Mistral => {
-            Arc::new(LlamaBlock::new(spec, index))
-        }
-        Architecture::Qwen3 => Arc::new(Qwen3Block::new(spec, index)),
+        Architecture::Llama
+        | Architecture::Qwen2
+        | Architecture::Mistral
+        | Architecture::Mixtral => Arc::new(LlamaBlock::new(spec, index)),
+        Architecture::Qwen3 | Architecture::Qwen3Moe => Arc::new(Qwen3Block::new(spec, index)),
         Architecture::Gemma2 | Architecture::Gemma3 => Arc::new(GemmaBlock::new(spec, index)),
         Architecture::Phi3 => Arc::new(Phi3Block::new(spec, index)),
     }

@@ -89,17 +89,13 @@ impl<'a> WeightReader<'a> {
     /// The weights of decoder layer `index`.
     pub fn layer(&mut self, index: usize) -> Result<LayerWeights> {
         let layer = self.checkpoint_ref().tensors().layer(index)?;
-        let format = self.checkpoint.format();
         let parts: Vec<Part> = layer.tensors.iter().map(|(p, _)| *p).collect();
+        let record = |i: usize| &layer.tensors[i].1;
         let this = std::cell::RefCell::new(self);
         LayerWeights::assemble(
             &parts,
-            |part, bias| {
-                let weight = layer.need(part, format)?;
-                let bias = bias.and_then(|b| layer.get(b));
-                this.borrow_mut().linear(weight, bias)
-            },
-            |part| this.borrow_mut().vector(layer.need(part, format)?),
+            |weight, bias| this.borrow_mut().linear(record(weight), bias.map(record)),
+            |i| this.borrow_mut().vector(record(i)),
         )
     }
 
