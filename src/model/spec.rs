@@ -348,7 +348,10 @@ impl ModelSpec {
             rope_theta: md.opt_f64(&key("rope.freq_base"))?.unwrap_or(10_000.0) as f32,
             rope_scaling: None,
             // llama.cpp: LLAMA_ROPE_TYPE_NORM for llama-style archs, NEOX for the others.
-            rope_interleaved: matches!(architecture, Architecture::Llama | Architecture::Mistral),
+            rope_interleaved: matches!(
+                architecture,
+                Architecture::Llama | Architecture::Mistral | Architecture::Mixtral
+            ),
             tie_word_embeddings: !has_output,
             attention_bias,
             sliding_window: md.opt_usize(&key("attention.sliding_window"))?,

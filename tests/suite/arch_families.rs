@@ -11,7 +11,9 @@ use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::{gemma2, gemma3, phi3, quantized_phi3, quantized_qwen3, qwen3};
+use candle_transformers::models::{
+    gemma2, gemma3, mixtral, phi3, quantized_phi3, quantized_qwen3, qwen3, qwen3_moe,
+};
 use ferry::model::loader::DTypeChoice;
 use ferry::model::source::ModelFiles;
 use tiny::{ours, Tiny, PROMPT, STEPS};
@@ -275,4 +277,65 @@ fn phi3_longrope_from_config_and_gguf_agree() {
     );
     let d = tiny::max_abs_diff(&plain[0], &hf[0]);
     assert!(d > 1e-3, "longrope changed nothing ({d})");
+}
+
+#[test]
+fn qwen3_moe_matches_candle_from_hf_and_gguf() {
+    let mut tiny = Tiny::llama();
+    tiny.gguf_meta = vec![("general.dtype", Value::U32(0))];
+    tiny.gguf_meta.extend(tiny::moe_meta(4, 32));
+    let dir = tempfile::tempdir().unwrap();
+    let mut weights = tiny.qwen3_weights(true);
+    tiny.add_experts(&mut weights, 4, 32, false);
+    let json = tiny.qwen3_moe_config(4, 32);
+    let files = tiny.write_hf(dir.path(), &json, &weights, 2);
+    let cfg: qwen3_moe::Config = serde_json::from_str(&json).unwrap();
+    let mut model = qwen3_moe::ModelForCausalLM::new(&cfg, vb(&weights)).unwrap();
+    let theirs = reference(|ids, pos| model.forward(ids, pos));
+    let hf = ours(&files, DTypeChoice::F32);
+    assert_all_close(&hf, &theirs, 1e-4, "qwen3-moe");
+
+    // Stacked experts in a GGUF, each expert its own slice: the same logits.
+    let path = dir.path().join("qwen3moe-f32.gguf");
+    tiny.write_gguf(&path, "qwen3moe", &weights, GgmlDType::F32, false);
+    let gguf = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
+    assert_all_close(&gguf, &hf, 1e-4, "qwen3-moe gguf vs hf");
+
+    // Quantized, against the same file dequantized (candle's quantized_qwen3_moe runs its
+    // experts on CUDA only).
+    let path = dir.path().join("qwen3moe-q8.gguf");
+    tiny.write_gguf(&path, "qwen3moe", &weights, GgmlDType::Q8_0, false);
+    let files = ModelFiles::Gguf { path };
+    let quantized = ours(&files, DTypeChoice::Auto);
+    let dequantized = ours(&files, DTypeChoice::F32);
+    for (q, d) in quantized.iter().zip(&dequantized) {
+        let scale = d.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = tiny::max_abs_diff(q, d);
+        println!("quantized qwen3-moe vs dequantized: {diff:e} (max |logit| {scale})");
+        assert!(diff > 0.0 && diff < 0.05 * scale, "{diff} vs {scale}");
+    }
+}
+
+#[test]
+fn mixtral_matches_candle_and_its_llama_gguf() {
+    let mut tiny = Tiny::llama();
+    tiny.gguf_meta.extend(tiny::moe_meta(4, tiny.inter));
+    let dir = tempfile::tempdir().unwrap();
+    let mut weights = tiny.random_weights(false, true);
+    tiny.add_experts(&mut weights, 4, tiny.inter, true);
+    let json = tiny.mixtral_config(4);
+    let files = tiny.write_hf(dir.path(), &json, &weights, 1);
+    let cfg: mixtral::Config = serde_json::from_str(&json).unwrap();
+    let mut model = mixtral::Model::new(&cfg, vb(&weights)).unwrap();
+    let theirs = reference(|ids, pos| model.forward(ids, pos));
+    let hf = ours(&files, DTypeChoice::F32);
+    assert_all_close(&hf, &theirs, 1e-4, "mixtral");
+
+    // llama.cpp writes Mixtral as `llama` with `expert_count` and stacked experts (q/k rows
+    // permuted for its interleaved rope). (candle's quantized_llama reads the older
+    // one-tensor-per-expert layout, so the GGUF is checked against the HF checkpoint.)
+    let path = dir.path().join("mixtral-f32.gguf");
+    tiny.write_gguf(&path, "llama", &weights, GgmlDType::F32, true);
+    let gguf = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
+    assert_all_close(&gguf, &hf, 1e-4, "mixtral gguf vs hf");
 }

@@ -255,13 +255,14 @@ fn dequantized_f32_modes_decode_like_none() {
 
 /// The same check on tiny random models of the other families (3 layers, quantized and
 /// dequantized): Qwen3's q/k norms, Gemma 3's extra norms and alternating window, Phi-3's fused
-/// projections all reach their blocks through streamed slots as through resident layers.
+/// projections and Qwen3-MoE's experts (each its own slice of the stacked GGUF tensors) all
+/// reach their blocks through streamed slots as through resident layers.
 #[test]
 fn tiny_families_decode_like_none_in_every_mode() {
     let dir = tempfile::tempdir().unwrap();
     // (With 3 equal layers, k resident and prefetch p fit exactly when k + p + 1 < 3.)
     let cases = [(Resident::Exactly(1), 0), (Resident::Exactly(0), 1)];
-    for arch in ["qwen3", "gemma3", "phi3"] {
+    for arch in ["qwen3", "gemma3", "phi3", "qwen3moe"] {
         let path = dir.path().join(format!("{arch}.gguf"));
         crate::tiny::family_gguf(&path, arch, candle_core::quantized::GgmlDType::Q8_0);
         let source = path.to_string_lossy().into_owned();

@@ -97,6 +97,66 @@ impl Tiny {
         )
     }
 
+    /// Qwen3-MoE with `experts` experts of width `expert_ff`, two used per token.
+    pub fn qwen3_moe_config(&self, experts: usize, expert_ff: usize) -> String {
+        self.qwen3_config(false).replace(
+            r#""model_type": "qwen3""#,
+            &format!(
+                r#""model_type": "qwen3_moe", "decoder_sparse_step": 1, "num_experts": {experts},
+                "num_experts_per_tok": 2, "moe_intermediate_size": {expert_ff},
+                "norm_topk_prob": true, "mlp_only_layers": []"#
+            ),
+        )
+    }
+
+    /// Mixtral with `experts` experts (of the MLP's width), two used per token.
+    pub fn mixtral_config(&self, experts: usize) -> String {
+        format!(
+            r#"{{"model_type": "mixtral", {}, "hidden_act": "silu", "sliding_window": 4096,
+            "num_local_experts": {experts}, "num_experts_per_tok": 2, "use_flash_attn": false,
+            "tie_word_embeddings": false}}"#,
+            self.common_json()
+        )
+    }
+
+    /// Replaces each layer's MLP of `w` by a router and `experts` random experts of width
+    /// `ff`, under Qwen3-MoE's names (`mlp.experts.E.gate_proj`) or, with `mixtral`, Mixtral's
+    /// (`block_sparse_moe.experts.E.w1`).
+    pub fn add_experts(
+        &self,
+        w: &mut HashMap<String, Tensor>,
+        experts: usize,
+        ff: usize,
+        mixtral: bool,
+    ) {
+        let mut g = Gauss::seeded(0xe4e4);
+        let h = self.hidden;
+        for i in 0..self.layers {
+            let p = format!("model.layers.{i}");
+            for n in ["gate_proj", "up_proj", "down_proj"] {
+                w.remove(&format!("{p}.mlp.{n}.weight"));
+            }
+            let (block, names) = if mixtral {
+                ("block_sparse_moe", ["w1", "w3", "w2"])
+            } else {
+                ("mlp", ["gate_proj", "up_proj", "down_proj"])
+            };
+            // A wide router, so that the top two differ between tokens.
+            w.insert(
+                format!("{p}.{block}.gate.weight"),
+                g.randn(&[experts, h], 0.5),
+            );
+            for e in 0..experts {
+                let [gate, up, down] = names;
+                let mut put =
+                    |n: &str, t| w.insert(format!("{p}.{block}.experts.{e}.{n}.weight"), t);
+                put(gate, g.randn(&[ff, h], 0.1));
+                put(up, g.randn(&[ff, h], 0.1));
+                put(down, g.randn(&[h, ff], 0.1));
+            }
+        }
+    }
+
     /// Phi-3: fused projections, no rope scaling.
     pub fn phi3_config(&self) -> String {
         format!(
@@ -349,7 +409,24 @@ impl Tiny {
     ) {
         let mut tensors: Vec<(String, QTensor)> = Vec::new();
         let gemma = arch.starts_with("gemma");
+        // GGUF stacks a layer's experts: `blk.N.ffn_{gate,up,down}_exps.weight`.
+        let mut stacks: std::collections::BTreeMap<String, Vec<(usize, Tensor)>> =
+            Default::default();
         for (name, t) in weights {
+            if let Some((stacked, e)) = expert_gguf_name(name) {
+                stacks.entry(stacked).or_default().push((e, t.clone()));
+            }
+        }
+        for (name, mut experts) in stacks {
+            experts.sort_by_key(|(e, _)| *e);
+            let parts: Vec<Tensor> = experts.into_iter().map(|(_, t)| t).collect();
+            let t = Tensor::stack(&parts, 0).unwrap();
+            tensors.push((name.clone(), QTensor::quantize(&t, types(&name)).unwrap()));
+        }
+        for (name, t) in weights {
+            if expert_gguf_name(name).is_some() {
+                continue;
+            }
             let Some((gguf_name, heads)) = self.gguf_name(name, gemma) else {
                 panic!("no GGUF name for {name}");
             };
@@ -436,6 +513,7 @@ impl Tiny {
             "self_attn.k_norm.weight" => ("attn_k_norm.weight", None),
             "self_attn.qkv_proj.weight" => ("attn_qkv.weight", None),
             "mlp.gate_up_proj.weight" => ("ffn_up.weight", None),
+            "mlp.gate.weight" | "block_sparse_moe.gate.weight" => ("ffn_gate_inp.weight", None),
             "input_layernorm.weight" => ("attn_norm.weight", None),
             "post_attention_layernorm.weight" => ("ffn_norm.weight", None),
             "self_attn.q_proj.weight" => ("attn_q.weight", Some(self.heads)),
@@ -454,6 +532,26 @@ impl Tiny {
     }
 }
 
+/// The stacked GGUF tensor an HF expert weight goes into, and its expert index.
+fn expert_gguf_name(hf: &str) -> Option<(String, usize)> {
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let rest = rest
+        .strip_prefix("mlp.experts.")
+        .or_else(|| rest.strip_prefix("block_sparse_moe.experts."))?;
+    let (e, kind) = rest.split_once('.')?;
+    let kind = match kind {
+        "gate_proj.weight" | "w1.weight" => "gate",
+        "up_proj.weight" | "w3.weight" => "up",
+        "down_proj.weight" | "w2.weight" => "down",
+        _ => return None,
+    };
+    Some((
+        format!("blk.{layer}.ffn_{kind}_exps.weight"),
+        e.parse().ok()?,
+    ))
+}
+
 /// Writes a tiny servable GGUF of family `arch` (`qwen3`, `gemma3`, `phi3`) with matrices of
 /// `dtype` and a SentencePiece vocabulary; Gemma 3's layers 0 and 2 get a 3-token window.
 pub fn family_gguf(path: &Path, arch: &str, dtype: GgmlDType) {
@@ -470,9 +568,27 @@ pub fn family_gguf(path: &Path, arch: &str, dtype: GgmlDType) {
             tiny.gemma_weights(true)
         }
         "phi3" => tiny.phi3_weights(),
+        "qwen3moe" => {
+            tiny.gguf_meta.extend(moe_meta(4, 32));
+            let mut w = tiny.qwen3_weights(true);
+            tiny.add_experts(&mut w, 4, 32, false);
+            w
+        }
         other => panic!("no tiny {other}"),
     };
     tiny.write_gguf(path, arch, &weights, dtype, false);
+}
+
+/// GGUF metadata of `experts` experts of width `ff`, two used per token.
+pub fn moe_meta(experts: usize, ff: usize) -> [(&'static str, gguf_file::Value); 3] {
+    [
+        ("expert_count", gguf_file::Value::U32(experts as u32)),
+        ("expert_used_count", gguf_file::Value::U32(2)),
+        (
+            "expert_feed_forward_length",
+            gguf_file::Value::U32(ff as u32),
+        ),
+    ]
 }
 
 /// Seeded normal draws (Box-Muller over two uniforms in (0, 1]).
