@@ -1,4 +1,4 @@
-//! The Llama family's decoder layer (Llama, Qwen2, Mistral): pre-norm, `x + attn(rms(x))`,
+//! The Llama family's decoder layer (Llama, Qwen2, Mistral, Mixtral): pre-norm, `x + attn(rms(x))`,
 //! then `x + mlp(rms(x))`, with grouped-query attention under RoPE (q/k/v biases when the
 //! checkpoint has them, Mistral's sliding window through the step's mask) and a SwiGLU MLP.
 //!
@@ -12,26 +12,26 @@ use candle_core::Tensor;
 use super::decoder::attention::{self, AttentionDims};
 use super::decoder::block::{projections, rms_norm, BatchRows, Block};
 use super::error::Result;
-use super::spec::ModelSpec;
-use super::weights::{LayerWeights, Linear};
+use super::moe;
+use super::spec::{ModelSpec, MoeSpec};
+use super::tensors::Part;
+use super::weights::LayerWeights;
 
 /// The decoder layer of the Llama family (every layer alike).
 #[derive(Debug, Clone, Copy)]
 pub struct LlamaBlock {
     dims: AttentionDims,
     eps: f32,
+    moe: Option<MoeSpec>,
 }
 
 impl LlamaBlock {
-    /// A block with `spec`'s head layout and norm epsilon.
-    pub fn new(spec: &ModelSpec) -> Self {
+    /// Layer `index` of a model with `spec`'s head layout and norm epsilon.
+    pub fn new(spec: &ModelSpec, index: usize) -> Self {
         Self {
-            dims: AttentionDims {
-                n_heads: spec.n_heads,
-                n_kv_heads: spec.n_kv_heads,
-                head_dim: spec.head_dim,
-            },
+            dims: AttentionDims::of(spec, index),
             eps: spec.rms_norm_eps as f32,
+            moe: spec.moe,
         }
     }
 }
@@ -43,17 +43,26 @@ impl Block for LlamaBlock {
         w: &LayerWeights,
         seqs: &mut [BatchRows<'_, '_>],
     ) -> Result<Tensor> {
-        let h = rms_norm(x, &w.attn_norm, self.eps)?;
-        let [q, k, v] = projections(&[&w.q, &w.k, &w.v], &h)?;
+        let h = rms_norm(x, w.vector(Part::AttnNorm)?, self.eps)?;
+        let [q, k, v] = projections(
+            &[w.linear(Part::Q)?, w.linear(Part::K)?, w.linear(Part::V)?],
+            &h,
+        )?;
         let y = attention::attend_each(&q, &k, &v, seqs, self.dims)?;
-        let x = (x + w.o.forward(&y)?)?;
-        let h = rms_norm(&x, &w.ffn_norm, self.eps)?;
-        Ok((&x + swiglu(&h, &w.gate, &w.up, &w.down)?)?)
+        let x = (x + w.linear(Part::O)?.forward(&y)?)?;
+        let h = rms_norm(&x, w.vector(Part::FfnNorm)?, self.eps)?;
+        let m = match self.moe {
+            None => swiglu(&h, w)?,
+            Some(moe) => moe::forward(&h, w, moe)?,
+        };
+        Ok((&x + m)?)
     }
 }
 
-/// The SwiGLU MLP `down(silu(gate(h)) * up(h))`; gate and up share one pass over `h`.
-pub fn swiglu(h: &Tensor, gate: &Linear, up: &Linear, down: &Linear) -> Result<Tensor> {
-    let [g, u] = projections(&[gate, up], h)?;
-    down.forward(&(candle_nn::ops::silu(&g)? * u)?)
+/// The SwiGLU MLP `down(silu(gate(h)) * up(h))` of layer `w`; gate and up share one pass over
+/// `h`.
+pub fn swiglu(h: &Tensor, w: &LayerWeights) -> Result<Tensor> {
+    let [g, u] = projections(&[w.linear(Part::Gate)?, w.linear(Part::Up)?], h)?;
+    w.linear(Part::Down)?
+        .forward(&(candle_nn::ops::silu(&g)? * u)?)
 }

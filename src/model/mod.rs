@@ -15,18 +15,24 @@
 //! - [`decoder`]: [`decoder::Model`], the per-layer forward loop every architecture shares, the
 //!   [`decoder::Block`] seam a family plugs into, and the [`decoder::LayerSource`] its weights
 //!   come through; attention and RoPE.
-//! - [`llama`]: the Llama family's block (Llama, Qwen2, Mistral).
+//! - [`llama`]: the Llama family's block (Llama, Qwen2, Mistral); [`qwen3`], [`gemma`]
+//!   (Gemma 2 and 3) and [`phi3`]: the other families' blocks; [`moe`]: the routed-experts
+//!   MLP of Qwen3-MoE (in [`qwen3`]'s block) and Mixtral (in [`llama`]'s).
 //! - [`kv_cache`]: the per-sequence key/value cache.
 
 pub mod checkpoint;
 pub mod cpu_qmatmul;
 pub mod decoder;
 pub mod error;
+pub mod gemma;
 pub mod header;
 pub mod hub;
 pub mod kv_cache;
 pub mod llama;
 pub mod loader;
+pub mod moe;
+pub mod phi3;
+pub mod qwen3;
 pub mod source;
 pub mod spec;
 pub mod tensors;

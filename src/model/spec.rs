@@ -14,8 +14,8 @@ use super::error::{ModelError, Result};
 use super::header::GgufHeader;
 use super::tensors::{FixedPart, Format, Part};
 
-/// The model families these blocks implement. They share one decoder block and differ in
-/// biases, RoPE layout and attention window.
+/// The model families ferry implements. The Llama family (Llama, Qwen2, Mistral) shares one
+/// block; Qwen3, Gemma 2/3 and Phi-3 have blocks of their own (`super::decoder::block`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     /// Llama 1/2/3, SmolLM, TinyLlama and other `LlamaForCausalLM` checkpoints.
@@ -24,26 +24,133 @@ pub enum Architecture {
     Qwen2,
     /// Mistral: Llama blocks with an optional sliding attention window.
     Mistral,
+    /// Qwen3 (dense): per-head q/k RMSNorms, no q/k/v biases.
+    Qwen3,
+    /// Gemma 2: GeGLU, pre- and post-norms, attention and final logit soft-capping,
+    /// sliding-window and global layers alternating.
+    Gemma2,
+    /// Gemma 3: Gemma 2's layout with per-head q/k norms instead of attention soft-capping,
+    /// five sliding-window layers (their own RoPE base) to each global one.
+    Gemma3,
+    /// Phi-3: fused q/k/v and gate/up projections.
+    Phi3,
+    /// Qwen3-MoE: Qwen3's attention, routed SwiGLU experts (top-k softmax routing), no shared
+    /// expert.
+    Qwen3Moe,
+    /// Mixtral: Llama/Mistral attention, routed SwiGLU experts (top-k of a softmax,
+    /// renormalised). GGUFs call it `llama` and carry `expert_count`.
+    Mixtral,
 }
 
 impl Architecture {
+    /// Every family.
+    pub const ALL: [Architecture; 9] = [
+        Architecture::Llama,
+        Architecture::Qwen2,
+        Architecture::Mistral,
+        Architecture::Qwen3,
+        Architecture::Gemma2,
+        Architecture::Gemma3,
+        Architecture::Phi3,
+        Architecture::Qwen3Moe,
+        Architecture::Mixtral,
+    ];
+
     /// The lowercase name used by HF `model_type` and GGUF `general.architecture`.
     pub fn name(self) -> &'static str {
         match self {
             Architecture::Llama => "llama",
             Architecture::Qwen2 => "qwen2",
             Architecture::Mistral => "mistral",
+            Architecture::Qwen3 => "qwen3",
+            Architecture::Gemma2 => "gemma2",
+            Architecture::Gemma3 => "gemma3",
+            Architecture::Phi3 => "phi3",
+            Architecture::Qwen3Moe => "qwen3moe",
+            Architecture::Mixtral => "mixtral",
         }
     }
 
     fn from_name(name: &str) -> Result<Self> {
+        let name = match name {
+            // Gemma 3's text-only checkpoints (1B) say `gemma3_text`.
+            "gemma3_text" => "gemma3",
+            // transformers' name; llama.cpp's is `qwen3moe`.
+            "qwen3_moe" => "qwen3moe",
+            other => other,
+        };
+        Self::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|a| a.name()).collect();
+                ModelError::Unsupported(format!(
+                    "architecture `{name}` (supported: {})",
+                    names.join(", ")
+                ))
+            })
+    }
+
+    /// Gemma 2 and 3.
+    pub fn is_gemma(self) -> bool {
+        matches!(self, Architecture::Gemma2 | Architecture::Gemma3)
+    }
+
+    /// Every 'pattern'-th layer is global, the others use the sliding window (Gemma 2: 2,
+    /// Gemma 3: 6); `None`: the window, if any, applies to every layer.
+    fn default_window_pattern(self) -> Option<usize> {
+        match self {
+            Architecture::Gemma2 => Some(2),
+            Architecture::Gemma3 => Some(6),
+            _ => None,
+        }
+    }
+}
+
+/// The routed experts of a mixture-of-experts model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeSpec {
+    /// Experts per layer.
+    pub n_experts: usize,
+    /// Experts each token is routed to (top-k).
+    pub n_used: usize,
+    /// Width of one expert's SwiGLU.
+    pub expert_ff: usize,
+    /// Renormalise the top-k routing weights to sum to 1 (Mixtral always; Qwen3-MoE's
+    /// `norm_topk_prob`).
+    pub norm_topk: bool,
+}
+
+impl MoeSpec {
+    fn checked(self) -> Result<Self> {
+        if self.n_experts == 0 || self.n_used == 0 || self.n_used > self.n_experts {
+            return Err(ModelError::Config(format!(
+                "{} experts with {} used per token",
+                self.n_experts, self.n_used
+            )));
+        }
+        if self.expert_ff == 0 {
+            return Err(ModelError::Config("expert width must be positive".into()));
+        }
+        Ok(self)
+    }
+}
+
+/// The MLP's activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (SwiGLU MLPs).
+    Silu,
+    /// GELU, tanh approximation (Gemma's GeGLU, `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+impl Activation {
+    fn from_name(name: &str) -> Result<Self> {
         match name {
-            "llama" => Ok(Architecture::Llama),
-            "qwen2" => Ok(Architecture::Qwen2),
-            "mistral" => Ok(Architecture::Mistral),
-            other => Err(ModelError::Unsupported(format!(
-                "architecture `{other}` (supported: llama, qwen2, mistral)"
-            ))),
+            "silu" | "swish" => Ok(Activation::Silu),
+            "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast" => Ok(Activation::GeluTanh),
+            other => Err(ModelError::Unsupported(format!("hidden_act `{other}`"))),
         }
     }
 }
@@ -97,6 +204,37 @@ pub struct ModelSpec {
     pub attention_bias: bool,
     /// Attention window in tokens (Mistral); `None` means full causal attention.
     pub sliding_window: Option<usize>,
+    /// Every `n`-th layer (`(i + 1) % n == 0`) attends globally and the others within
+    /// `sliding_window` (Gemma 2/3); `None`: `sliding_window` applies to every layer.
+    pub sliding_window_pattern: Option<usize>,
+    /// RoPE base of the sliding-window layers when it differs from `rope_theta` (Gemma 3).
+    pub rope_local_theta: Option<f32>,
+    /// Linear RoPE scaling (positions divided by the factor) of the global layers.
+    pub rope_linear_factor: Option<f32>,
+    /// Per-frequency RoPE divisors from the config (Phi-3's `longrope` / `su` scaling: the
+    /// long factors when the context exceeds the original one, else the short ones). GGUFs
+    /// carry them as a tensor instead (`rope_factors_long.weight`).
+    pub rope_freq_factors: Option<Vec<f32>>,
+    /// The cos/sin tables are multiplied by this (longrope's attention factor).
+    pub rope_attn_factor: Option<f32>,
+    /// Per-head RMSNorms of queries and keys before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// Routed experts instead of one MLP (Qwen3-MoE, Mixtral).
+    pub moe: Option<MoeSpec>,
+    /// The MLP's activation.
+    pub activation: Activation,
+    /// Added to every RMSNorm weight before it scales: Gemma's Hugging Face checkpoints store
+    /// `w` for a scale of `1 + w` (1.0); its GGUFs store `1 + w` already (0.0).
+    pub norm_offset: f32,
+    /// The embedding output is multiplied by this (Gemma: `sqrt(hidden_size)`).
+    pub embed_scale: Option<f32>,
+    /// Attention scores are scaled by `1 / sqrt(query_pre_attn_scalar)` (Gemma); `None`:
+    /// `1 / sqrt(head_dim)`.
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Attention scores are soft-capped to `cap * tanh(s / cap)` (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// Output logits are soft-capped the same way (Gemma 2).
+    pub final_softcap: Option<f32>,
     /// Beginning-of-sequence token, if the model declares one.
     pub bos_token_id: Option<u32>,
     /// End-of-sequence tokens (may be several, e.g. Llama 3 instruct).
@@ -109,8 +247,31 @@ impl ModelSpec {
     pub fn from_gguf(header: &GgufHeader) -> Result<Self> {
         let md = GgufMeta(&header.metadata);
         let arch_name = md.string("general.architecture")?;
-        let architecture = Architecture::from_name(&arch_name)?;
         let key = |k: &str| format!("{arch_name}.{k}");
+        let n_experts = md.opt_usize(&key("expert_count"))?.unwrap_or(0);
+        let architecture = match Architecture::from_name(&arch_name)? {
+            // llama.cpp writes Mixtral as `llama` with experts.
+            Architecture::Llama if n_experts > 0 => Architecture::Mixtral,
+            other => other,
+        };
+        let moe = match n_experts {
+            0 => None,
+            n => Some(
+                MoeSpec {
+                    n_experts: n,
+                    n_used: md.usize(&key("expert_used_count"))?,
+                    expert_ff: match md.opt_usize(&key("expert_feed_forward_length"))? {
+                        Some(ff) => ff,
+                        None => md.usize(&key("feed_forward_length"))?,
+                    },
+                    // llama.cpp: Mixtral always, Qwen3-MoE by `expert_weights_norm` (its
+                    // converter writes true for norm_topk_prob models; default true).
+                    norm_topk: architecture == Architecture::Mixtral
+                        || md.opt_bool(&key("expert_weights_norm"))?.unwrap_or(true),
+                }
+                .checked()?,
+            ),
+        };
 
         let hidden_size = md.usize(&key("embedding_length"))?;
         let n_heads = md.usize(&key("attention.head_count"))?;
@@ -128,14 +289,19 @@ impl ModelSpec {
                 )));
             }
         }
-        match md.opt_string(&key("rope.scaling.type"))?.as_deref() {
-            None | Some("none") => {}
+        let rope_linear_factor = match md.opt_string(&key("rope.scaling.type"))?.as_deref() {
+            // Phi-3's longrope factors are tensors; the type key says nothing more.
+            None | Some("none") | Some("longrope") | Some("su") => None,
+            Some("linear") => md
+                .opt_f64(&key("rope.scaling.factor"))?
+                .filter(|f| *f != 1.0)
+                .map(|f| f as f32),
             Some(other) => {
                 return Err(ModelError::Unsupported(format!(
                     "GGUF rope scaling `{other}`"
                 )));
             }
-        }
+        };
         let (embedding, head) = (
             FixedPart::Embedding.name(Format::Gguf).unwrap_or_default(),
             FixedPart::Head.name(Format::Gguf).unwrap_or_default(),
@@ -152,13 +318,27 @@ impl ModelSpec {
         };
         let has_output = header.tensor(head).is_some();
         let attention_bias = header
-            .tensor(&Format::Gguf.layer_tensor_name(0, Part::QBias))
+            .tensor(&Format::Gguf.layer_tensor_name(architecture, 0, Part::QBias))
             .is_some();
+        let n_layers = md.usize(&key("block_count"))?;
+        let gemma = architecture.is_gemma();
+        // llama.cpp scales Gemma's queries by 1/sqrt(head_dim), except in the 27B models
+        // (46 layers for Gemma 2, 62 for Gemma 3), whose query_pre_attn_scalar is
+        // hidden / heads.
+        let query_pre_attn_scalar = gemma.then(|| match (architecture, n_layers) {
+            (Architecture::Gemma2, 46) | (Architecture::Gemma3, 62) => {
+                (hidden_size / n_heads) as f64
+            }
+            _ => head_dim as f64,
+        });
+        let softcap = |k: &str| -> Result<Option<f32>> {
+            Ok(md.opt_f64(&key(k))?.filter(|c| *c > 0.0).map(|c| c as f32))
+        };
         let spec = ModelSpec {
             architecture,
             hidden_size,
             intermediate_size: md.usize(&key("feed_forward_length"))?,
-            n_layers: md.usize(&key("block_count"))?,
+            n_layers,
             n_heads,
             n_kv_heads,
             head_dim,
@@ -167,11 +347,44 @@ impl ModelSpec {
             rms_norm_eps: md.f64(&key("attention.layer_norm_rms_epsilon"))?,
             rope_theta: md.opt_f64(&key("rope.freq_base"))?.unwrap_or(10_000.0) as f32,
             rope_scaling: None,
-            // llama.cpp: LLAMA_ROPE_TYPE_NORM for llama-style archs, NEOX for qwen2.
-            rope_interleaved: architecture != Architecture::Qwen2,
+            // llama.cpp: LLAMA_ROPE_TYPE_NORM for llama-style archs, NEOX for the others.
+            rope_interleaved: matches!(
+                architecture,
+                Architecture::Llama | Architecture::Mistral | Architecture::Mixtral
+            ),
             tie_word_embeddings: !has_output,
             attention_bias,
             sliding_window: md.opt_usize(&key("attention.sliding_window"))?,
+            sliding_window_pattern: match md.opt_usize(&key("attention.sliding_window_pattern"))? {
+                Some(n) => Some(n),
+                None => architecture.default_window_pattern(),
+            },
+            rope_local_theta: (architecture == Architecture::Gemma3).then_some(
+                md.opt_f64(&key("rope.local_freq_base"))?
+                    .unwrap_or(10_000.0) as f32,
+            ),
+            rope_linear_factor,
+            rope_freq_factors: None,
+            rope_attn_factor: md
+                .opt_f64(&key("rope.scaling.attn_factor"))?
+                .filter(|f| *f != 1.0)
+                .map(|f| f as f32),
+            qk_norm: matches!(
+                architecture,
+                Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+            ),
+            moe,
+            activation: if gemma {
+                Activation::GeluTanh
+            } else {
+                Activation::Silu
+            },
+            // The converter stores Gemma's norms as 1 + w.
+            norm_offset: 0.0,
+            embed_scale: gemma.then(|| (hidden_size as f32).sqrt()),
+            query_pre_attn_scalar,
+            attn_softcap: softcap("attn_logit_softcapping")?,
+            final_softcap: softcap("final_logit_softcapping")?,
             bos_token_id: md
                 .opt_usize("tokenizer.ggml.bos_token_id")?
                 .map(|v| v as u32),
@@ -196,14 +409,20 @@ impl ModelSpec {
             }
         };
         let architecture = Architecture::from_name(&model_type)?;
-        if let Some(act) = raw
-            .hidden_act
+        let gemma = architecture.is_gemma();
+        let activation = match raw
+            .hidden_activation
             .as_deref()
-            .or(raw.hidden_activation.as_deref())
+            .or(raw.hidden_act.as_deref())
         {
-            if act != "silu" && act != "swish" {
-                return Err(ModelError::Unsupported(format!("hidden_act `{act}`")));
-            }
+            Some(act) => Activation::from_name(act)?,
+            None if gemma => Activation::GeluTanh,
+            None => Activation::Silu,
+        };
+        if raw.partial_rotary_factor.is_some_and(|f| f != 1.0) {
+            return Err(ModelError::Unsupported(
+                "partial rotary embedding (partial_rotary_factor)".into(),
+            ));
         }
         let n_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
         let head_dim = match raw.head_dim {
@@ -214,13 +433,27 @@ impl ModelSpec {
                 "hidden_size / heads",
             )?,
         };
-        let rope_scaling = match &raw.rope_scaling {
-            None => None,
-            Some(s) => parse_rope_scaling(s)?,
+        let rope = match &raw.rope_scaling {
+            None => RopeScalings::default(),
+            Some(s) => parse_rope_scaling(
+                s,
+                raw.max_position_embeddings,
+                raw.original_max_position_embeddings,
+                head_dim,
+            )?,
         };
         let sliding_window = match architecture {
-            Architecture::Qwen2 if !raw.use_sliding_window.unwrap_or(false) => None,
+            Architecture::Qwen2 | Architecture::Qwen3
+                if !raw.use_sliding_window.unwrap_or(false) =>
+            {
+                None
+            }
             _ => raw.sliding_window,
+        };
+        let sliding_window_pattern = match (&raw.layer_types, raw.sliding_window_pattern) {
+            (Some(types), _) => window_pattern_of(types)?,
+            (None, Some(n)) => Some(n),
+            (None, None) => architecture.default_window_pattern(),
         };
         let spec = ModelSpec {
             architecture,
@@ -234,12 +467,34 @@ impl ModelSpec {
             max_context: raw.max_position_embeddings,
             rms_norm_eps: raw.rms_norm_eps,
             rope_theta: raw.rope_theta.unwrap_or(10_000.0) as f32,
-            rope_scaling,
+            rope_scaling: rope.llama3,
             rope_interleaved: false,
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            // transformers' Gemma configs tie by default.
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(gemma),
             attention_bias: architecture == Architecture::Qwen2
                 || raw.attention_bias.unwrap_or(false),
             sliding_window,
+            sliding_window_pattern,
+            rope_local_theta: (architecture == Architecture::Gemma3)
+                .then(|| raw.rope_local_base_freq.unwrap_or(10_000.0) as f32),
+            rope_linear_factor: rope.linear,
+            rope_freq_factors: rope.freq_factors,
+            rope_attn_factor: rope.attn_factor,
+            qk_norm: matches!(
+                architecture,
+                Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+            ),
+            moe: hf_moe(&raw, architecture)?,
+            activation,
+            norm_offset: if gemma { 1.0 } else { 0.0 },
+            embed_scale: gemma.then(|| (raw.hidden_size as f32).sqrt()),
+            query_pre_attn_scalar: if gemma {
+                Some(raw.query_pre_attn_scalar.unwrap_or(head_dim as f64))
+            } else {
+                None
+            },
+            attn_softcap: raw.attn_logit_softcapping.map(|c| c as f32),
+            final_softcap: raw.final_logit_softcapping.map(|c| c as f32),
             bos_token_id: raw.bos_token_id,
             eos_token_ids: match raw.eos_token_id {
                 None => Vec::new(),
@@ -284,10 +539,30 @@ impl ModelSpec {
                 self.head_dim
             )));
         }
-        if self.sliding_window == Some(0) {
-            return Err(ModelError::Config("sliding_window must be positive".into()));
+        if self.sliding_window == Some(0) || self.sliding_window_pattern == Some(0) {
+            return Err(ModelError::Config(
+                "sliding_window and its pattern must be positive".into(),
+            ));
+        }
+        if self.attn_softcap.is_some_and(|c| c <= 0.0)
+            || self.final_softcap.is_some_and(|c| c <= 0.0)
+        {
+            return Err(ModelError::Config("soft-caps must be positive".into()));
         }
         Ok(())
+    }
+
+    /// The attention window of decoder layer `index` (`None`: global attention).
+    pub fn layer_window(&self, index: usize) -> Option<usize> {
+        match self.sliding_window_pattern {
+            Some(n) if (index + 1) % n == 0 => None,
+            _ => self.sliding_window,
+        }
+    }
+
+    /// Whether decoder layer `index` attends within a sliding window.
+    pub fn is_sliding_layer(&self, index: usize) -> bool {
+        self.layer_window(index).is_some()
     }
 }
 
@@ -300,14 +575,91 @@ fn div_exact(a: usize, b: usize, what: &str) -> Result<usize> {
     Ok(a / b)
 }
 
-fn parse_rope_scaling(raw: &RawRopeScaling) -> Result<Option<Llama3RopeScaling>> {
+/// The experts of a Qwen3-MoE or Mixtral config.
+fn hf_moe(raw: &HfConfig, architecture: Architecture) -> Result<Option<MoeSpec>> {
+    let moe = match architecture {
+        Architecture::Qwen3Moe => {
+            if raw.decoder_sparse_step.unwrap_or(1) != 1 || !raw.mlp_only_layers.is_empty() {
+                return Err(ModelError::Unsupported(
+                    "Qwen3-MoE with dense layers (decoder_sparse_step, mlp_only_layers)".into(),
+                ));
+            }
+            MoeSpec {
+                n_experts: raw.num_experts.unwrap_or(0),
+                n_used: raw.num_experts_per_tok.unwrap_or(0),
+                expert_ff: raw.moe_intermediate_size.unwrap_or(0),
+                norm_topk: raw.norm_topk_prob.unwrap_or(false),
+            }
+        }
+        Architecture::Mixtral => MoeSpec {
+            n_experts: raw.num_local_experts.unwrap_or(0),
+            n_used: raw.num_experts_per_tok.unwrap_or(0),
+            expert_ff: raw.intermediate_size,
+            norm_topk: true,
+        },
+        _ => return Ok(None),
+    };
+    moe.checked().map(Some)
+}
+
+/// The sliding-window pattern of a `layer_types` list (`sliding_attention` / `full_attention`):
+/// every `n`-th layer global, as [`ModelSpec::sliding_window_pattern`] says.
+fn window_pattern_of(types: &[String]) -> Result<Option<usize>> {
+    let sliding: Vec<bool> = types
+        .iter()
+        .map(|t| match t.as_str() {
+            "sliding_attention" => Ok(true),
+            "full_attention" => Ok(false),
+            other => Err(ModelError::Unsupported(format!("layer type `{other}`"))),
+        })
+        .collect::<Result<_>>()?;
+    let Some(first_global) = sliding.iter().position(|s| !s) else {
+        return Ok(None);
+    };
+    let n = first_global + 1;
+    if sliding
+        .iter()
+        .enumerate()
+        .any(|(i, &s)| s == ((i + 1) % n == 0))
+    {
+        return Err(ModelError::Unsupported(
+            "layer_types that are not every n-th layer global".into(),
+        ));
+    }
+    Ok(Some(n))
+}
+
+/// What a config's `rope_scaling` sets.
+#[derive(Debug, Default)]
+struct RopeScalings {
+    llama3: Option<Llama3RopeScaling>,
+    linear: Option<f32>,
+    freq_factors: Option<Vec<f32>>,
+    attn_factor: Option<f32>,
+}
+
+fn parse_rope_scaling(
+    raw: &RawRopeScaling,
+    max_positions: usize,
+    original: Option<usize>,
+    head_dim: usize,
+) -> Result<RopeScalings> {
     let kind = raw
         .rope_type
         .as_deref()
         .or(raw.kind.as_deref())
         .unwrap_or("default");
     match kind {
-        "default" => Ok(None),
+        "default" => Ok(RopeScalings::default()),
+        "linear" => match raw.factor {
+            Some(f) if f > 0.0 => Ok(RopeScalings {
+                linear: (f != 1.0).then_some(f),
+                ..RopeScalings::default()
+            }),
+            _ => Err(ModelError::Config(
+                "linear rope_scaling needs a positive factor".into(),
+            )),
+        },
         "llama3" => {
             let need = |v: Option<f32>, name: &str| {
                 v.ok_or_else(|| ModelError::Config(format!("rope_scaling.{name} is missing")))
@@ -325,7 +677,45 @@ fn parse_rope_scaling(raw: &RawRopeScaling) -> Result<Option<Llama3RopeScaling>>
                     "bad llama3 rope_scaling {scaling:?}"
                 )));
             }
-            Ok(Some(scaling))
+            Ok(RopeScalings {
+                llama3: Some(scaling),
+                ..RopeScalings::default()
+            })
+        }
+        "longrope" | "su" => {
+            // transformers' longrope: divisors per frequency, the long ones past the original
+            // context (chosen once here, for the model's whole window, as llama.cpp does at
+            // full context), and cos/sin scaled by sqrt(1 + ln(s) / ln(original)).
+            let original = original
+                .or(raw.original_max_position_embeddings)
+                .ok_or_else(|| {
+                    ModelError::Config("longrope needs original_max_position_embeddings".into())
+                })?;
+            let factors = if max_positions > original {
+                &raw.long_factor
+            } else {
+                &raw.short_factor
+            };
+            let factors = factors
+                .clone()
+                .filter(|f| f.len() == head_dim / 2)
+                .ok_or_else(|| {
+                    ModelError::Config(format!(
+                        "longrope needs short_factor and long_factor of {} values",
+                        head_dim / 2
+                    ))
+                })?;
+            let scale = max_positions as f32 / original as f32;
+            let attn_factor = match raw.attention_factor {
+                Some(a) => a,
+                None if scale <= 1.0 => 1.0,
+                None => (1.0 + scale.ln() / (original as f32).ln()).sqrt(),
+            };
+            Ok(RopeScalings {
+                freq_factors: Some(factors),
+                attn_factor: (attn_factor != 1.0).then_some(attn_factor),
+                ..RopeScalings::default()
+            })
         }
         other => Err(ModelError::Unsupported(format!(
             "rope_scaling type `{other}`"
@@ -347,6 +737,7 @@ struct HfConfig {
     head_dim: Option<usize>,
     vocab_size: usize,
     max_position_embeddings: usize,
+    original_max_position_embeddings: Option<usize>,
     rms_norm_eps: f64,
     rope_theta: Option<f64>,
     rope_scaling: Option<RawRopeScaling>,
@@ -356,6 +747,21 @@ struct HfConfig {
     use_sliding_window: Option<bool>,
     hidden_act: Option<String>,
     hidden_activation: Option<String>,
+    partial_rotary_factor: Option<f64>,
+    sliding_window_pattern: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    rope_local_base_freq: Option<f64>,
+    query_pre_attn_scalar: Option<f64>,
+    num_experts: Option<usize>,
+    num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    #[serde(default)]
+    mlp_only_layers: Vec<usize>,
+    attn_logit_softcapping: Option<f64>,
+    final_logit_softcapping: Option<f64>,
     bos_token_id: Option<u32>,
     eos_token_id: Option<OneOrMany>,
 }
@@ -369,6 +775,9 @@ struct RawRopeScaling {
     low_freq_factor: Option<f32>,
     high_freq_factor: Option<f32>,
     original_max_position_embeddings: Option<usize>,
+    short_factor: Option<Vec<f32>>,
+    long_factor: Option<Vec<f32>>,
+    attention_factor: Option<f32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -414,6 +823,13 @@ impl GgufMeta<'_> {
         as_u64(self.get(key)?)
             .map(|v| v as usize)
             .map_err(|e| Self::bad(key, e))
+    }
+
+    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.0.get(key) {
+            None => Ok(None),
+            Some(v) => v.to_bool().map(Some).map_err(|e| Self::bad(key, e)),
+        }
     }
 
     fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
@@ -462,4 +878,4 @@ fn as_f64(v: &Value) -> candle_core::Result<f64> {
 
 #[cfg(test)]
 #[path = "spec_tests.rs"]
-mod tests;
+pub(crate) mod tests;

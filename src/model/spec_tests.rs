@@ -103,3 +103,136 @@ fn qwen2_config_gives_the_planner_its_dims() {
         .to_string();
     assert!(error.contains("missing field"), "{error}");
 }
+
+/// A small valid spec of family `arch` (from a config.json of that family).
+pub(crate) fn tiny_spec(arch: Architecture) -> ModelSpec {
+    let name = match arch {
+        Architecture::Gemma3 => "gemma3_text",
+        Architecture::Qwen3Moe => "qwen3_moe",
+        other => other.name(),
+    };
+    let moe = "\"num_experts\": 8, \"num_local_experts\": 8, \"num_experts_per_tok\": 2,
+        \"moe_intermediate_size\": 64, \"norm_topk_prob\": true, \"hidden_act\"";
+    let json = SMOL_LIKE
+        .replace("\"hidden_act\"", moe)
+        .replace(
+            "\"model_type\": \"llama\"",
+            &format!("\"model_type\": \"{name}\""),
+        )
+        .replace(
+            "\"silu\"",
+            if arch.is_gemma() {
+                "\"gelu_pytorch_tanh\""
+            } else {
+                "\"silu\""
+            },
+        );
+    let spec = ModelSpec::from_hf_config(&json).unwrap();
+    assert_eq!(spec.architecture, arch);
+    spec
+}
+
+#[test]
+fn gemma3_config_alternates_windows_and_rope_bases() {
+    let json = SMOL_LIKE
+        .replace("\"model_type\": \"llama\"", "\"model_type\": \"gemma3_text\"")
+        .replace("\"silu\"", "\"gelu_pytorch_tanh\"")
+        .replace(
+            "\"tie_word_embeddings\": true,",
+            "\"sliding_window\": 512, \"sliding_window_pattern\": 6, \"query_pre_attn_scalar\": 256,
+             \"rope_local_base_freq\": 10000.0,
+             \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 8.0},",
+        );
+    let spec = ModelSpec::from_hf_config(&json).unwrap();
+    assert_eq!(spec.architecture, Architecture::Gemma3);
+    assert!(spec.qk_norm && spec.tie_word_embeddings);
+    assert_eq!(spec.activation, Activation::GeluTanh);
+    assert_eq!(spec.norm_offset, 1.0);
+    assert_eq!(spec.embed_scale, Some(24.0));
+    assert_eq!(spec.query_pre_attn_scalar, Some(256.0));
+    assert_eq!(spec.rope_local_theta, Some(10_000.0));
+    assert_eq!(spec.rope_linear_factor, Some(8.0));
+    let windows: Vec<Option<usize>> = (0..7).map(|i| spec.layer_window(i)).collect();
+    let w = Some(512);
+    assert_eq!(windows, [w, w, w, w, w, None, w]);
+
+    // The same layout given as `layer_types` (newer configs), and one that is not a pattern.
+    let types = |t: &[&str]| {
+        let list: Vec<String> = t.iter().map(|s| format!("\"{s}\"")).collect();
+        json.replace(
+            "\"sliding_window_pattern\": 6,",
+            &format!("\"layer_types\": [{}],", list.join(",")),
+        )
+    };
+    let (s, f) = ("sliding_attention", "full_attention");
+    let spec = ModelSpec::from_hf_config(&types(&[s, s, f, s, s, f])).unwrap();
+    assert_eq!(spec.sliding_window_pattern, Some(3));
+    assert!(matches!(
+        ModelSpec::from_hf_config(&types(&[s, f, f])),
+        Err(ModelError::Unsupported(_))
+    ));
+}
+
+#[test]
+fn qwen3_and_phi3_configs() {
+    let qwen3 = tiny_spec(Architecture::Qwen3);
+    assert!(qwen3.qk_norm && !qwen3.attention_bias && qwen3.norm_offset == 0.0);
+    let gemma2 = tiny_spec(Architecture::Gemma2);
+    assert!(!gemma2.qk_norm);
+    assert_eq!(gemma2.sliding_window_pattern, Some(2));
+    let phi3 = tiny_spec(Architecture::Phi3);
+    assert_eq!(phi3.activation, Activation::Silu);
+    assert!(!phi3.qk_norm && phi3.embed_scale.is_none());
+}
+
+#[test]
+fn phi3_longrope_picks_the_long_factors_past_the_original_context() {
+    let json = SMOL_LIKE
+        .replace("\"model_type\": \"llama\"", "\"model_type\": \"phi3\"")
+        .replace(
+            "\"tie_word_embeddings\": true,",
+            &format!(
+                "\"original_max_position_embeddings\": 4096, \"rope_scaling\": {{\"type\": \"su\",
+                 \"short_factor\": {:?}, \"long_factor\": {:?}}},",
+                vec![1.0f32; 32],
+                vec![2.0f32; 32]
+            ),
+        );
+    let spec = ModelSpec::from_hf_config(&json).unwrap();
+    assert_eq!(spec.rope_freq_factors, Some(vec![2.0; 32]));
+    let expected = (1.0f32 + 2f32.ln() / 4096f32.ln()).sqrt();
+    assert!((spec.rope_attn_factor.unwrap() - expected).abs() < 1e-6);
+    let short = json.replace(
+        "\"max_position_embeddings\": 8192",
+        "\"max_position_embeddings\": 4096",
+    );
+    let spec = ModelSpec::from_hf_config(&short).unwrap();
+    assert_eq!(spec.rope_freq_factors, Some(vec![1.0; 32]));
+    assert_eq!(spec.rope_attn_factor, None);
+    let wrong = json.replace(&format!("{:?}", vec![2.0f32; 32]), "[2.0]");
+    assert!(matches!(
+        ModelSpec::from_hf_config(&wrong),
+        Err(ModelError::Config(_))
+    ));
+}
+
+#[test]
+fn moe_configs_give_their_experts() {
+    let qwen = tiny_spec(Architecture::Qwen3Moe);
+    let moe = qwen.moe.unwrap();
+    assert_eq!((moe.n_experts, moe.n_used, moe.expert_ff), (8, 2, 64));
+    assert!(moe.norm_topk && qwen.qk_norm);
+    let mixtral = tiny_spec(Architecture::Mixtral);
+    assert_eq!(mixtral.moe.unwrap().expert_ff, mixtral.intermediate_size);
+    assert!(tiny_spec(Architecture::Llama).moe.is_none());
+    let bad = SMOL_LIKE
+        .replace("\"model_type\": \"llama\"", "\"model_type\": \"mixtral\"")
+        .replace(
+            "\"hidden_act\"",
+            "\"num_local_experts\": 2, \"num_experts_per_tok\": 3, \"hidden_act\"",
+        );
+    assert!(matches!(
+        ModelSpec::from_hf_config(&bad),
+        Err(ModelError::Config(_))
+    ));
+}

@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use super::error::{ModelError, Result};
 use super::header::GgufType;
-use super::spec::ModelSpec;
+use super::spec::{Architecture, ModelSpec};
 
 /// The two weight-file formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,9 +30,9 @@ impl Format {
         }
     }
 
-    /// The full name of `part` in layer `index`.
-    pub fn layer_tensor_name(self, index: usize, part: Part) -> String {
-        format!("{}{index}.{}", self.layer_prefix(), part.suffix(self))
+    /// The full name of `part` in layer `index` of a model of family `arch`.
+    pub fn layer_tensor_name(self, arch: Architecture, index: usize, part: Part) -> String {
+        format!("{}{index}.{}", self.layer_prefix(), part.suffix(self, arch))
     }
 
     /// The decoder layer a tensor name belongs to, if any.
@@ -42,7 +42,8 @@ impl Format {
     }
 }
 
-/// Which field of [`super::weights::LayerWeights`] a tensor fills.
+/// Which weight of a decoder layer a tensor is ([`super::weights::LayerWeights`] holds them by
+/// part).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Part {
     /// RMSNorm before attention.
@@ -77,10 +78,31 @@ pub enum Part {
     Down,
     /// SwiGLU down bias.
     DownBias,
+    /// Per-head RMSNorm of the queries, `[head_dim]` (Qwen3, Gemma 3).
+    QNorm,
+    /// Per-head RMSNorm of the keys, `[head_dim]` (Qwen3, Gemma 3).
+    KNorm,
+    /// RMSNorm of the attention output before the residual add (Gemma 2/3).
+    PostAttnNorm,
+    /// RMSNorm of the MLP output before the residual add (Gemma 2/3).
+    PostFfnNorm,
+    /// Fused query/key/value projection, rows `[q | k | v]` (Phi-3).
+    Qkv,
+    /// Fused gate/up projection, rows `[gate | up]` (Phi-3).
+    GateUp,
+    /// MoE router, `[n_experts, hidden]` (Qwen3-MoE, Mixtral).
+    Router,
+    /// One expert's SwiGLU gate, `[expert_ff, hidden]`; a layer has one per expert.
+    ExpGate,
+    /// One expert's SwiGLU up projection, `[expert_ff, hidden]`.
+    ExpUp,
+    /// One expert's SwiGLU down projection, `[hidden, expert_ff]`.
+    ExpDown,
 }
 
-/// Every layer part with its GGUF and Hugging Face name suffix (after `<prefix>N.`).
-const LAYER_NAMES: [(Part, &str, &str); 16] = [
+/// Every layer part with its GGUF and Hugging Face name suffix (after `<prefix>N.`), as the
+/// Llama family names them; [`NAME_OVERRIDES`] has the families that name a part otherwise.
+const LAYER_NAMES: [(Part, &str, &str); 26] = [
     (Part::AttnNorm, "attn_norm.weight", "input_layernorm.weight"),
     (Part::Q, "attn_q.weight", "self_attn.q_proj.weight"),
     (Part::QBias, "attn_q.bias", "self_attn.q_proj.bias"),
@@ -101,22 +123,109 @@ const LAYER_NAMES: [(Part, &str, &str); 16] = [
     (Part::UpBias, "ffn_up.bias", "mlp.up_proj.bias"),
     (Part::Down, "ffn_down.weight", "mlp.down_proj.weight"),
     (Part::DownBias, "ffn_down.bias", "mlp.down_proj.bias"),
+    (Part::QNorm, "attn_q_norm.weight", "self_attn.q_norm.weight"),
+    (Part::KNorm, "attn_k_norm.weight", "self_attn.k_norm.weight"),
+    (
+        Part::PostAttnNorm,
+        "post_attention_norm.weight",
+        "post_attention_layernorm.weight",
+    ),
+    (
+        Part::PostFfnNorm,
+        "post_ffw_norm.weight",
+        "post_feedforward_layernorm.weight",
+    ),
+    (Part::Qkv, "attn_qkv.weight", "self_attn.qkv_proj.weight"),
+    (Part::GateUp, "ffn_up.weight", "mlp.gate_up_proj.weight"),
+    (Part::Router, "ffn_gate_inp.weight", "mlp.gate.weight"),
+    // GGUF stacks every expert of a layer in one tensor (`[n_experts, out, in]`); Hugging
+    // Face names each (`{}` is the expert index).
+    (
+        Part::ExpGate,
+        "ffn_gate_exps.weight",
+        "mlp.experts.{}.gate_proj.weight",
+    ),
+    (
+        Part::ExpUp,
+        "ffn_up_exps.weight",
+        "mlp.experts.{}.up_proj.weight",
+    ),
+    (
+        Part::ExpDown,
+        "ffn_down_exps.weight",
+        "mlp.experts.{}.down_proj.weight",
+    ),
 ];
 
+/// Names that differ by family: `(families, part, format, suffix)`. Gemma's Hugging Face
+/// checkpoints call the MLP pre-norm `pre_feedforward_layernorm`, since their
+/// `post_attention_layernorm` is the norm of the attention output ([`Part::PostAttnNorm`]).
+/// (Names shared by two parts, such as llama.cpp's `ffn_up` for both [`Part::Up`] and Phi-3's
+/// fused [`Part::GateUp`], belong to families that never have both.)
+const NAME_OVERRIDES: [(&[Architecture], Part, Format, &str); 5] = [
+    (
+        &[Architecture::Gemma2, Architecture::Gemma3],
+        Part::FfnNorm,
+        Format::Safetensors,
+        "pre_feedforward_layernorm.weight",
+    ),
+    (
+        &[Architecture::Mixtral],
+        Part::Router,
+        Format::Safetensors,
+        "block_sparse_moe.gate.weight",
+    ),
+    (
+        &[Architecture::Mixtral],
+        Part::ExpGate,
+        Format::Safetensors,
+        "block_sparse_moe.experts.{}.w1.weight",
+    ),
+    (
+        &[Architecture::Mixtral],
+        Part::ExpUp,
+        Format::Safetensors,
+        "block_sparse_moe.experts.{}.w3.weight",
+    ),
+    (
+        &[Architecture::Mixtral],
+        Part::ExpDown,
+        Format::Safetensors,
+        "block_sparse_moe.experts.{}.w2.weight",
+    ),
+];
+
+/// Whether a family's layer has a part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presence {
+    /// Every layer must have it.
+    Required,
+    /// Used when the file has it.
+    Optional,
+    /// Not part of this family (never looked up).
+    Absent,
+}
+
 impl Part {
-    /// Every part, in `LayerWeights` order (each bias after its weight).
-    pub const ALL: [Part; 16] = {
-        let mut all = [Part::AttnNorm; 16];
+    /// Every part, in table order (each bias after its weight).
+    pub const ALL: [Part; 26] = {
+        let mut all = [Part::AttnNorm; 26];
         let mut i = 0;
-        while i < 16 {
+        while i < 26 {
             all[i] = LAYER_NAMES[i].0;
             i += 1;
         }
         all
     };
 
-    /// The name suffix in `format`.
-    pub fn suffix(self, format: Format) -> &'static str {
+    /// The name suffix in `format` for a model of family `arch`.
+    pub fn suffix(self, format: Format, arch: Architecture) -> &'static str {
+        if let Some((_, _, _, name)) = NAME_OVERRIDES
+            .iter()
+            .find(|(archs, p, f, _)| *p == self && *f == format && archs.contains(&arch))
+        {
+            return name;
+        }
         let (_, gguf, hf) = LAYER_NAMES[self as usize];
         match format {
             Format::Gguf => gguf,
@@ -128,11 +237,28 @@ impl Part {
     pub fn is_matrix(self) -> bool {
         matches!(
             self,
-            Part::Q | Part::K | Part::V | Part::O | Part::Gate | Part::Up | Part::Down
+            Part::Q
+                | Part::K
+                | Part::V
+                | Part::O
+                | Part::Gate
+                | Part::Up
+                | Part::Down
+                | Part::Qkv
+                | Part::GateUp
+                | Part::Router
+                | Part::ExpGate
+                | Part::ExpUp
+                | Part::ExpDown
         )
     }
 
-    /// The bias of a projection matrix.
+    /// Whether a layer has one of this part per expert.
+    pub fn is_expert(self) -> bool {
+        matches!(self, Part::ExpGate | Part::ExpUp | Part::ExpDown)
+    }
+
+    /// The bias of a projection matrix (`None` for the fused ones, which have none).
     pub fn bias(self) -> Option<Part> {
         Some(match self {
             Part::Q => Part::QBias,
@@ -146,6 +272,20 @@ impl Part {
         })
     }
 
+    /// Whether this part is the bias of a projection matrix.
+    pub fn is_bias(self) -> bool {
+        matches!(
+            self,
+            Part::QBias
+                | Part::KBias
+                | Part::VBias
+                | Part::OBias
+                | Part::GateBias
+                | Part::UpBias
+                | Part::DownBias
+        )
+    }
+
     /// The `[out, in]` (matrices) or `[len]` (norms, biases) shape `spec` expects.
     pub fn expected_shape(self, spec: &ModelSpec) -> Vec<usize> {
         let h = spec.hidden_size;
@@ -153,7 +293,12 @@ impl Part {
         let kv = spec.n_kv_heads * spec.head_dim;
         let i = spec.intermediate_size;
         match self {
-            Part::AttnNorm | Part::FfnNorm | Part::OBias | Part::DownBias => vec![h],
+            Part::AttnNorm
+            | Part::FfnNorm
+            | Part::OBias
+            | Part::DownBias
+            | Part::PostAttnNorm
+            | Part::PostFfnNorm => vec![h],
             Part::Q => vec![q, h],
             Part::K | Part::V => vec![kv, h],
             Part::QBias => vec![q],
@@ -162,16 +307,46 @@ impl Part {
             Part::Gate | Part::Up => vec![i, h],
             Part::GateBias | Part::UpBias => vec![i],
             Part::Down => vec![h, i],
+            Part::QNorm | Part::KNorm => vec![spec.head_dim],
+            Part::Qkv => vec![q + 2 * kv, h],
+            Part::GateUp => vec![2 * i, h],
+            Part::Router => vec![spec.moe.map_or(0, |m| m.n_experts), h],
+            Part::ExpGate | Part::ExpUp => vec![spec.moe.map_or(0, |m| m.expert_ff), h],
+            Part::ExpDown => vec![h, spec.moe.map_or(0, |m| m.expert_ff)],
         }
     }
 
-    /// Whether a layer must have this part: norms and matrices always, the q/k/v biases when
-    /// the spec says the attention has biases; other biases are used when present.
-    fn required(self, spec: &ModelSpec) -> bool {
+    /// Whether a layer of `spec`'s family has this part: norms and matrices of the family
+    /// always, the q/k/v biases when the spec says the attention has biases; other biases are
+    /// used when present.
+    pub fn presence(self, spec: &ModelSpec) -> Presence {
+        use Architecture as A;
+        let arch = spec.architecture;
+        let fused = arch == A::Phi3;
+        let moe = spec.moe.is_some();
+        let required = |yes: bool| {
+            if yes {
+                Presence::Required
+            } else {
+                Presence::Absent
+            }
+        };
         match self {
-            Part::QBias | Part::KBias | Part::VBias => spec.attention_bias,
-            Part::OBias | Part::GateBias | Part::UpBias | Part::DownBias => false,
-            _ => true,
+            Part::Q | Part::K | Part::V => required(!fused),
+            Part::Gate | Part::Up => required(!fused && !moe),
+            Part::Down => required(!moe),
+            Part::Router | Part::ExpGate | Part::ExpUp | Part::ExpDown => required(moe),
+            Part::Qkv | Part::GateUp => required(fused),
+            Part::QBias | Part::KBias | Part::VBias if fused => Presence::Absent,
+            Part::GateBias | Part::UpBias if fused || moe => Presence::Absent,
+            Part::DownBias if moe => Presence::Absent,
+            Part::QBias | Part::KBias | Part::VBias if spec.attention_bias => Presence::Required,
+            Part::QNorm | Part::KNorm => required(spec.qk_norm),
+            Part::PostAttnNorm | Part::PostFfnNorm => {
+                required(matches!(arch, A::Gemma2 | A::Gemma3))
+            }
+            _ if self.is_bias() => Presence::Optional,
+            _ => Presence::Required,
         }
     }
 }
@@ -212,6 +387,9 @@ impl FixedPart {
         }
     }
 }
+
+/// The GGUF tensor of Phi-3's long-context RoPE divisors.
+const PHI3_LONG_FACTORS: &str = "rope_factors_long.weight";
 
 /// How a tensor is stored in its file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,6 +432,8 @@ impl TensorRecord {
 pub struct LayerTensors {
     /// Decoder layer index.
     pub index: usize,
+    /// The model's family (decides the names).
+    pub architecture: Architecture,
     /// `(part, tensor)` pairs.
     pub tensors: Vec<(Part, TensorRecord)>,
 }
@@ -269,8 +449,9 @@ impl LayerTensors {
 
     /// The tensor of `part`, or [`ModelError::MissingTensor`].
     pub fn need(&self, part: Part, format: Format) -> Result<&TensorRecord> {
-        self.get(part)
-            .ok_or_else(|| ModelError::MissingTensor(format.layer_tensor_name(self.index, part)))
+        self.get(part).ok_or_else(|| {
+            ModelError::MissingTensor(format.layer_tensor_name(self.architecture, self.index, part))
+        })
     }
 }
 
@@ -341,7 +522,16 @@ impl TensorTable {
             embedding: need(FixedPart::Embedding)?,
             final_norm: need(FixedPart::FinalNorm)?,
             head,
-            rope_freqs: fixed(FixedPart::RopeFreqs)?,
+            rope_freqs: match fixed(FixedPart::RopeFreqs)? {
+                // llama.cpp's Phi-3 longrope divisors; the long ones, as ferry runs the
+                // model's whole window (see `ModelSpec::rope_freq_factors`).
+                None if spec.architecture == Architecture::Phi3 && format == Format::Gguf => {
+                    lookup(PHI3_LONG_FACTORS)
+                        .map(|r| check_shape(r, &FixedPart::RopeFreqs.expected_shape(spec)))
+                        .transpose()?
+                }
+                other => other,
+            },
             layers,
         })
     }
@@ -377,15 +567,90 @@ fn layer(
     lookup: &dyn Fn(&str) -> Option<TensorRecord>,
 ) -> Result<LayerTensors> {
     let mut tensors = Vec::new();
+    let arch = spec.architecture;
     for part in Part::ALL {
-        let name = format.layer_tensor_name(index, part);
+        let presence = part.presence(spec);
+        if presence == Presence::Absent {
+            continue;
+        }
+        if part.is_expert() {
+            continue;
+        }
+        let name = format.layer_tensor_name(arch, index, part);
         match lookup(&name) {
             Some(record) => tensors.push((part, check_shape(record, &part.expected_shape(spec))?)),
-            None if part.required(spec) => return Err(ModelError::MissingTensor(name)),
+            None if presence == Presence::Required => return Err(ModelError::MissingTensor(name)),
             None => {}
         }
     }
-    Ok(LayerTensors { index, tensors })
+    if let Some(moe) = spec.moe {
+        tensors.extend(experts(format, spec, index, moe.n_experts, lookup)?);
+    }
+    Ok(LayerTensors {
+        index,
+        architecture: arch,
+        tensors,
+    })
+}
+
+/// The experts of layer `index`, expert by expert (gate, up, down of expert 0, then of
+/// expert 1, ...): each expert's three matrices are one unit the offload engine can place.
+/// A GGUF stacks each kind in one `[n_experts, out, in]` tensor, kept as one tensor in the
+/// file: each expert's record is its slice of the stacked bytes (whole rows of blocks).
+fn experts(
+    format: Format,
+    spec: &ModelSpec,
+    index: usize,
+    n_experts: usize,
+    lookup: &dyn Fn(&str) -> Option<TensorRecord>,
+) -> Result<Vec<(Part, TensorRecord)>> {
+    let kinds = [Part::ExpGate, Part::ExpUp, Part::ExpDown];
+    let arch = spec.architecture;
+    let per_kind: Vec<Vec<TensorRecord>> = match format {
+        Format::Gguf => kinds
+            .iter()
+            .map(|&part| {
+                let name = format.layer_tensor_name(arch, index, part);
+                let stacked = lookup(&name).ok_or_else(|| ModelError::MissingTensor(name))?;
+                let mut shape = vec![n_experts];
+                shape.extend(part.expected_shape(spec));
+                let stacked = check_shape(stacked, &shape)?;
+                let len = stacked.range.len() / n_experts;
+                Ok((0..n_experts)
+                    .map(|e| TensorRecord {
+                        name: format!("{}[{e}]", stacked.name),
+                        shape: shape[1..].to_vec(),
+                        stored: stacked.stored,
+                        file: stacked.file,
+                        range: stacked.range.start + e * len..stacked.range.start + (e + 1) * len,
+                    })
+                    .collect())
+            })
+            .collect::<Result<_>>()?,
+        Format::Safetensors => kinds
+            .iter()
+            .map(|&part| {
+                (0..n_experts)
+                    .map(|e| {
+                        let name = format
+                            .layer_tensor_name(arch, index, part)
+                            .replace("{}", &e.to_string());
+                        let record =
+                            lookup(&name).ok_or_else(|| ModelError::MissingTensor(name))?;
+                        check_shape(record, &part.expected_shape(spec))
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<_>>()?,
+    };
+    Ok((0..n_experts)
+        .flat_map(|e| {
+            kinds
+                .iter()
+                .zip(&per_kind)
+                .map(move |(&p, r)| (p, r[e].clone()))
+        })
+        .collect())
 }
 
 /// `record` if its shape is `expected`, else [`ModelError::BadShape`].
@@ -409,27 +674,49 @@ mod tests {
         for (i, part) in Part::ALL.into_iter().enumerate() {
             assert_eq!(part as usize, i, "{part:?} is out of table order");
         }
-        for format in [Format::Gguf, Format::Safetensors] {
-            let mut names: Vec<&str> = Part::ALL.iter().map(|p| p.suffix(format)).collect();
-            names.sort();
-            names.dedup();
-            assert_eq!(names.len(), Part::ALL.len(), "{format:?}");
-            let name = format.layer_tensor_name(12, Part::Down);
-            assert_eq!(format.layer_of(&name), Some(12), "{name}");
+        for arch in Architecture::ALL {
+            let spec = crate::model::spec::tests::tiny_spec(arch);
+            for format in [Format::Gguf, Format::Safetensors] {
+                let mut names: Vec<&str> = Part::ALL
+                    .iter()
+                    .filter(|p| p.presence(&spec) != Presence::Absent)
+                    .map(|p| p.suffix(format, arch))
+                    .collect();
+                let n = names.len();
+                names.sort();
+                names.dedup();
+                assert_eq!(names.len(), n, "{arch:?} {format:?}: {names:?}");
+                let name = format.layer_tensor_name(arch, 12, Part::Down);
+                assert_eq!(format.layer_of(&name), Some(12), "{name}");
+            }
         }
         assert_eq!(
-            Format::Gguf.layer_tensor_name(3, Part::QBias),
+            Format::Gguf.layer_tensor_name(Architecture::Llama, 3, Part::QBias),
             "blk.3.attn_q.bias"
         );
         assert_eq!(
-            Format::Safetensors.layer_tensor_name(0, Part::FfnNorm),
+            Format::Safetensors.layer_tensor_name(Architecture::Llama, 0, Part::FfnNorm),
             "model.layers.0.post_attention_layernorm.weight"
         );
         assert_eq!(Format::Gguf.layer_of("output.weight"), None);
         assert_eq!(Format::Safetensors.layer_of("model.layers.x.w"), None);
-        // Every projection has a bias part, and only projections do.
+        assert_eq!(
+            Format::Safetensors.layer_tensor_name(Architecture::Gemma3, 0, Part::FfnNorm),
+            "model.layers.0.pre_feedforward_layernorm.weight"
+        );
+        // Every unfused dense projection has a bias part, and only projections do.
         for part in Part::ALL {
-            assert_eq!(part.bias().is_some(), part.is_matrix(), "{part:?}");
+            let no_bias =
+                matches!(part, Part::Qkv | Part::GateUp | Part::Router) || part.is_expert();
+            assert_eq!(
+                part.bias().is_some(),
+                part.is_matrix() && !no_bias,
+                "{part:?}"
+            );
+            assert_eq!(
+                part.is_bias(),
+                Part::ALL.iter().any(|w| w.bias() == Some(part))
+            );
         }
     }
 }

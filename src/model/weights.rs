@@ -1,5 +1,5 @@
-//! Weight containers for the Llama family: [`Linear`] (dense or GGUF-quantized),
-//! [`LayerWeights`] (one decoder layer) and [`FixedWeights`] (embedding, final norm, head).
+//! Weight containers: [`Linear`] (dense or GGUF-quantized), [`LayerWeights`] (one decoder
+//! layer, by [`Part`]) and [`FixedWeights`] (embedding, final norm, head).
 //!
 //! These types only hold tensors; they never decide where the tensors live. Every field is a
 //! reference-counted handle, so cloning a [`LayerWeights`] is cheap and the offload engine can
@@ -12,7 +12,8 @@ use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Module, Tensor};
 
 use super::cpu_qmatmul::{CpuQMatMul, Kernel};
-use super::error::Result;
+use super::error::{ModelError, Result};
+use super::tensors::Part;
 use crate::config::CpuQmatmul;
 
 /// Whether `device.cpu_qmatmul = "candle"` asked for candle's kernels on the CPU.
@@ -193,39 +194,99 @@ impl Embedding {
     }
 }
 
-/// The weights of one decoder layer (names follow the HF checkpoint: `input_layernorm` is
-/// `attn_norm`, `post_attention_layernorm` is `ffn_norm`).
+/// One tensor of a decoder layer: a projection (with its bias folded in) or a vector (a norm
+/// weight).
+#[derive(Debug, Clone)]
+pub enum LayerTensor {
+    /// A projection matrix and its bias, if any.
+    Linear(Linear),
+    /// A norm weight, dense in the compute dtype.
+    Vector(Tensor),
+}
+
+/// The weights of one decoder layer, by [`Part`]: whatever the family's layer has (the tensor
+/// table decides which parts that is). A block asks for the parts it uses
+/// ([`LayerWeights::linear`], [`LayerWeights::vector`]).
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
-    /// RMSNorm weight before attention, `[hidden]`.
-    pub attn_norm: Tensor,
-    /// Query projection, `[n_heads * head_dim, hidden]`.
-    pub q: Linear,
-    /// Key projection, `[n_kv_heads * head_dim, hidden]`.
-    pub k: Linear,
-    /// Value projection, `[n_kv_heads * head_dim, hidden]`.
-    pub v: Linear,
-    /// Attention output projection, `[hidden, n_heads * head_dim]`.
-    pub o: Linear,
-    /// RMSNorm weight before the MLP, `[hidden]`.
-    pub ffn_norm: Tensor,
-    /// SwiGLU gate, `[intermediate, hidden]`.
-    pub gate: Linear,
-    /// SwiGLU up projection, `[intermediate, hidden]`.
-    pub up: Linear,
-    /// SwiGLU down projection, `[hidden, intermediate]`.
-    pub down: Linear,
+    parts: Vec<(Part, LayerTensor)>,
 }
 
 impl LayerWeights {
+    /// The weights of a layer that has `parts` (in table order; expert parts once per
+    /// expert): every matrix through `linear(its position, its bias's position if the layer
+    /// has one)`, every other non-bias part through `vector(its position)`. The loader and the
+    /// offload engine's slots both assemble layers here, so a streamed layer holds exactly what
+    /// a resident one does.
+    pub fn assemble<E>(
+        parts: &[Part],
+        mut linear: impl FnMut(usize, Option<usize>) -> std::result::Result<Linear, E>,
+        mut vector: impl FnMut(usize) -> std::result::Result<Tensor, E>,
+    ) -> std::result::Result<Self, E> {
+        let mut out = Vec::with_capacity(parts.len());
+        for (i, &part) in parts.iter().enumerate() {
+            if part.is_matrix() {
+                let bias = part.bias().and_then(|b| parts.iter().position(|p| *p == b));
+                out.push((part, LayerTensor::Linear(linear(i, bias)?)));
+            } else if !part.is_bias() {
+                out.push((part, LayerTensor::Vector(vector(i)?)));
+            }
+        }
+        Ok(Self { parts: out })
+    }
+
+    /// The experts' `[gate, up, down]`, in expert order (empty for a dense layer).
+    pub fn experts(&self) -> Vec<[&Linear; 3]> {
+        let linears: Vec<&Linear> = self
+            .parts
+            .iter()
+            .filter(|(p, _)| p.is_expert())
+            .filter_map(|(_, t)| match t {
+                LayerTensor::Linear(l) => Some(l),
+                LayerTensor::Vector(_) => None,
+            })
+            .collect();
+        linears
+            .chunks_exact(3)
+            .map(|c| [c[0], c[1], c[2]])
+            .collect()
+    }
+
+    fn get(&self, part: Part) -> Option<&LayerTensor> {
+        self.parts.iter().find(|(p, _)| *p == part).map(|(_, t)| t)
+    }
+
+    /// The projection `part`, or [`ModelError::MissingTensor`].
+    pub fn linear(&self, part: Part) -> Result<&Linear> {
+        match self.get(part) {
+            Some(LayerTensor::Linear(l)) => Ok(l),
+            _ => Err(ModelError::MissingTensor(format!("layer part {part:?}"))),
+        }
+    }
+
+    /// The vector `part` (a norm weight), if the layer has it.
+    pub fn opt_vector(&self, part: Part) -> Option<&Tensor> {
+        match self.get(part) {
+            Some(LayerTensor::Vector(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The vector `part`, or [`ModelError::MissingTensor`].
+    pub fn vector(&self, part: Part) -> Result<&Tensor> {
+        self.opt_vector(part)
+            .ok_or_else(|| ModelError::MissingTensor(format!("layer part {part:?}")))
+    }
+
     /// Bytes held by this layer's tensors.
     pub fn size_in_bytes(&self) -> usize {
-        let linears = [
-            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
-        ];
-        linears.iter().map(|l| l.size_in_bytes()).sum::<usize>()
-            + tensor_bytes(&self.attn_norm)
-            + tensor_bytes(&self.ffn_norm)
+        self.parts
+            .iter()
+            .map(|(_, t)| match t {
+                LayerTensor::Linear(l) => l.size_in_bytes(),
+                LayerTensor::Vector(v) => tensor_bytes(v),
+            })
+            .sum()
     }
 }
 

@@ -24,18 +24,13 @@ pub trait SlotTensors {
 
 /// The weights of `layer` as the tensors of `slot` (call once the slot holds the layer).
 pub fn layer_weights(layer: &HostLayer, slot: &dyn SlotTensors) -> Result<LayerWeights> {
-    let find = |part: Part| layer.entries.iter().find(|e| e.part == part);
-    let need = |part: Part| {
-        find(part).ok_or_else(|| {
-            OffloadError::Weights(format!("layer {} has no {part:?} tensor", layer.index))
-        })
-    };
-    let linear = |w: Part| -> Result<Linear> {
-        let bias = match w.bias().and_then(find) {
+    let entry = |i: usize| &layer.entries[i];
+    let linear = |w: usize, bias: Option<usize>| -> Result<Linear> {
+        let bias = match bias.map(entry) {
             Some(entry) => Some(slot.dense(entry)?),
             None => None,
         };
-        let entry = need(w)?;
+        let entry = entry(w);
         Ok(match entry.kind {
             // The same kernel choice as resident layers, so every mode rounds alike.
             TensorKind::Blocks(_) => Linear::quantized(slot.blocks(entry)?, bias)?,
@@ -45,17 +40,10 @@ pub fn layer_weights(layer: &HostLayer, slot: &dyn SlotTensors) -> Result<LayerW
             },
         })
     };
-    Ok(LayerWeights {
-        attn_norm: slot.dense(need(Part::AttnNorm)?)?,
-        q: linear(Part::Q)?,
-        k: linear(Part::K)?,
-        v: linear(Part::V)?,
-        o: linear(Part::O)?,
-        ffn_norm: slot.dense(need(Part::FfnNorm)?)?,
-        gate: linear(Part::Gate)?,
-        up: linear(Part::Up)?,
-        down: linear(Part::Down)?,
-    })
+    let parts: Vec<Part> = layer.entries.iter().map(|e| e.part).collect();
+    // Which part fills what is the model's one definition (`LayerWeights::assemble`); the
+    // entries are the layer's tensor table in order (experts once each).
+    LayerWeights::assemble(&parts, linear, |i| slot.dense(entry(i)))
 }
 
 /// `entry` as a `[shape]` view of a 1-D dense region tensor of `dtype` (narrow + reshape).

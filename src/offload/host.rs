@@ -94,10 +94,8 @@ impl HostStore {
             let tensors = checkpoint.tensors().layer(index)?;
             let mut slab = AlignedBytes::zeroed_in(layout.blocks_len + layout.dense_len, memory)?;
             let bytes = slab.as_bytes_mut();
-            for entry in &layout.entries {
-                let record = tensors
-                    .get(entry.part)
-                    .ok_or_else(|| OffloadError::Weights(format!("missing `{}`", entry.name)))?;
+            // The layout's entries are the table's tensors in order (experts once each).
+            for (entry, (_, record)) in layout.entries.iter().zip(&tensors.tensors) {
                 let start = match entry.kind {
                     TensorKind::Blocks(_) => entry.offset,
                     TensorKind::Dense(_) => layout.blocks_len + entry.offset,

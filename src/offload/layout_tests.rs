@@ -340,7 +340,11 @@ fn dense_views_are_256_byte_aligned() {
                     &Device::Cpu,
                 )
                 .expect("norm");
-            let diff = (views.ffn_norm.to_dtype(DType::F32).expect("f32")
+            let diff = (views
+                .vector(Part::FfnNorm)
+                .expect("norm")
+                .to_dtype(DType::F32)
+                .expect("f32")
                 - expected.to_dtype(DType::F32).expect("f32"))
             .expect("diff")
             .abs()

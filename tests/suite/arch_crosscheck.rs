@@ -19,7 +19,9 @@ use ferry::model::ModelError;
 use tiny::{max_abs_diff, ours, Tiny, PROMPT, STEPS};
 
 /// Runs candle's model through the same prefill + decode schedule.
-fn reference(mut step: impl FnMut(&Tensor, usize) -> candle_core::Result<Tensor>) -> Vec<Vec<f32>> {
+pub fn reference(
+    mut step: impl FnMut(&Tensor, usize) -> candle_core::Result<Tensor>,
+) -> Vec<Vec<f32>> {
     let dev = Device::Cpu;
     let mut run = |ids: &[u32], pos: usize| -> Vec<f32> {
         let ids = Tensor::new(ids, &dev).unwrap().unsqueeze(0).unwrap();
@@ -37,7 +39,7 @@ fn reference(mut step: impl FnMut(&Tensor, usize) -> candle_core::Result<Tensor>
     out
 }
 
-fn assert_all_close(ours: &[Vec<f32>], theirs: &[Vec<f32>], tol: f32, what: &str) {
+pub fn assert_all_close(ours: &[Vec<f32>], theirs: &[Vec<f32>], tol: f32, what: &str) {
     assert_eq!(ours.len(), theirs.len());
     for (i, (a, b)) in ours.iter().zip(theirs).enumerate() {
         let d = max_abs_diff(a, b);

@@ -11,6 +11,7 @@ mod real_model;
 mod tiny;
 
 mod arch_crosscheck;
+mod arch_families;
 mod batch_forward;
 mod chat_templates;
 mod cli;

@@ -228,6 +228,7 @@ fn cpu_projections_use_ferry_kernels_and_match_candle() {
     use candle_core::Module;
     use ferry::model::cpu_qmatmul::Kernel;
     use ferry::model::decoder::LayerSource;
+    use ferry::model::tensors::Part;
     use ferry::model::weights::Linear;
 
     let files = ModelFiles::Gguf { path: model_path() };
@@ -239,10 +240,10 @@ fn cpu_projections_use_ferry_kernels_and_match_candle() {
     let layer = loaded.layers.layer(7).unwrap();
     let head = loaded.model.fixed().lm_head.clone();
     let linears = [
-        ("q", &layer.q),
-        ("k", &layer.k),
-        ("down", &layer.down),
-        ("gate", &layer.gate),
+        ("q", layer.linear(Part::Q).unwrap()),
+        ("k", layer.linear(Part::K).unwrap()),
+        ("down", layer.linear(Part::Down).unwrap()),
+        ("gate", layer.linear(Part::Gate).unwrap()),
         ("head", &head),
     ];
     for (name, linear) in linears {

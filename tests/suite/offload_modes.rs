@@ -32,7 +32,22 @@ fn config(
     budget: MemoryBudget,
     prefetch: usize,
 ) -> ModelConfig {
+    let source = model_path().to_string_lossy().into_owned();
+    config_from(source, 256, dtype, mode, budget, prefetch)
+}
+
+/// [`real_model::offloaded`] for the model at `source`.
+fn config_from(
+    source: String,
+    max_context: usize,
+    dtype: DtypeChoice,
+    mode: OffloadMode,
+    budget: MemoryBudget,
+    prefetch: usize,
+) -> ModelConfig {
     let mut config = real_model::offloaded(dtype, mode);
+    config.source = source;
+    config.max_context = Some(max_context);
     config.offload.gpu_memory = budget;
     config.offload.prefetch = prefetch;
     config
@@ -128,12 +143,42 @@ fn check_modes(
     auto_cases: &[(Resident, usize)],
     sequential_prefetch: &[usize],
 ) {
-    let none_config = config(dtype, OffloadMode::None, BIG, 0);
+    let source = model_path().to_string_lossy().into_owned();
+    check_modes_of(
+        &source,
+        256,
+        None,
+        0,
+        dtype,
+        auto_cases,
+        sequential_prefetch,
+    );
+}
+
+/// Every mode of `auto_cases` and `sequential_prefetch` decodes what mode `none` decodes, for
+/// the model at `source` and `prompt` (default: [`PROMPT`] through the model's tokenizer).
+/// `slack` bytes are added to each `auto` budget (room for a tiny model's slot padding).
+fn check_modes_of(
+    source: &str,
+    max_context: usize,
+    prompt: Option<&[u32]>,
+    slack: u64,
+    dtype: DtypeChoice,
+    auto_cases: &[(Resident, usize)],
+    sequential_prefetch: &[usize],
+) {
+    let config = |mode, budget, prefetch| {
+        config_from(source.into(), max_context, dtype, mode, budget, prefetch)
+    };
+    let none_config = config(OffloadMode::None, BIG, 0);
     let none_plan = plan_for(&none_config);
     let n = none_plan.layers.len();
     let loaded = load_for_serving_on(&none_config, &device_config(), &Device::Cpu, &hub())
         .expect("mode none loads");
-    let prompt = loaded.codec.encode(PROMPT, true).expect("encode");
+    let prompt = match prompt {
+        Some(ids) => ids.to_vec(),
+        None => loaded.codec.encode(PROMPT, true).expect("encode"),
+    };
     let mut runner = loaded.runner;
     let reference = greedy(&mut runner, &prompt);
     assert_eq!(runner.store().resident_layers(), n);
@@ -144,8 +189,8 @@ fn check_modes(
     // offloaded), then sequential.
     for &(k, prefetch) in auto_cases {
         let k = k.resolve(n);
-        let budget = MemoryBudget::Bytes(budget_for(&none_plan, k, prefetch));
-        let cfg = config(dtype, OffloadMode::Auto, budget, prefetch);
+        let budget = MemoryBudget::Bytes(budget_for(&none_plan, k, prefetch) + slack);
+        let cfg = config(OffloadMode::Auto, budget, prefetch);
         let (tokens, resident, _) = run(&cfg, &prompt);
         assert_eq!(resident, k, "auto prefetch {prefetch}");
         assert_eq!(
@@ -154,7 +199,7 @@ fn check_modes(
         );
     }
     for &prefetch in sequential_prefetch {
-        let cfg = config(dtype, OffloadMode::Sequential, BIG, prefetch);
+        let cfg = config(OffloadMode::Sequential, BIG, prefetch);
         let (tokens, resident, slots) = run(&cfg, &prompt);
         assert_eq!(resident, 0);
         assert_eq!(slots, prefetch + 1);
@@ -171,6 +216,8 @@ enum Resident {
     Half,
     /// Three.
     Some,
+    /// Exactly this many.
+    Exactly(usize),
 }
 
 impl Resident {
@@ -179,6 +226,7 @@ impl Resident {
             Resident::Most => n - 5,
             Resident::Half => n / 2,
             Resident::Some => 3,
+            Resident::Exactly(k) => k,
         }
     }
 }
@@ -203,6 +251,38 @@ fn dequantized_f32_modes_decode_like_none() {
         (Resident::Some, 2),
     ];
     check_modes(DtypeChoice::F32, &cases, &[0, 1, 2]);
+}
+
+/// The same check on tiny random models of the other families (3 layers, quantized and
+/// dequantized): Qwen3's q/k norms, Gemma 3's extra norms and alternating window, Phi-3's fused
+/// projections and Qwen3-MoE's experts (each its own slice of the stacked GGUF tensors) all
+/// reach their blocks through streamed slots as through resident layers.
+#[test]
+fn tiny_families_decode_like_none_in_every_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    // (With 3 equal layers, k resident and prefetch p fit exactly when k + p + 1 < 3.)
+    let cases = [(Resident::Exactly(1), 0), (Resident::Exactly(0), 1)];
+    for arch in ["qwen3", "gemma3", "phi3", "qwen3moe"] {
+        let path = dir.path().join(format!("{arch}.gguf"));
+        crate::tiny::family_gguf(&path, arch, candle_core::quantized::GgmlDType::Q8_0);
+        let source = path.to_string_lossy().into_owned();
+        let prompt = Some(crate::tiny::PROMPT);
+        for dtype in [DtypeChoice::Auto, DtypeChoice::F32] {
+            println!("{arch} {dtype:?}");
+            // A quarter layer of slack: slot padding fits, another layer does not.
+            let layer = plan_for(&config_from(
+                source.clone(),
+                64,
+                dtype,
+                OffloadMode::None,
+                BIG,
+                0,
+            ))
+            .layers[0]
+                .bytes;
+            check_modes_of(&source, 64, prompt, layer / 4, dtype, &cases, &[0, 1]);
+        }
+    }
 }
 
 #[test]

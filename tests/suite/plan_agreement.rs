@@ -214,6 +214,7 @@ fn wide_tiny() -> Tiny {
         kv_heads: 2,
         head_dim: 64,
         vocab: 256,
+        ..Tiny::llama()
     }
 }
 
@@ -304,15 +305,30 @@ fn plan_and_loader_refuse_the_same_files() {
     assert!(agree("iq4_nl f32", &files, DtypeChoice::F32, true).is_some());
 
     let phi = dir.path().join("phi.gguf");
-    tiny.write_gguf(&phi, "phi3", &weights, GgmlDType::F32, false);
+    tiny.write_gguf(&phi, "phi2", &weights, GgmlDType::F32, false);
     let refused = agree(
-        "phi3",
+        "phi2",
         &ModelFiles::Gguf { path: phi },
         DtypeChoice::Auto,
         true,
     )
     .expect("refused");
-    assert!(refused.contains("architecture `phi3`"), "{refused}");
+    assert!(refused.contains("architecture `phi2`"), "{refused}");
+    // A supported family whose file lacks that family's tensors (Phi-3 without its fused
+    // projections) is refused by both, naming the first missing one.
+    let phi3 = dir.path().join("phi3.gguf");
+    tiny.write_gguf(&phi3, "phi3", &weights, GgmlDType::F32, false);
+    let refused = agree(
+        "phi3",
+        &ModelFiles::Gguf { path: phi3 },
+        DtypeChoice::Auto,
+        true,
+    )
+    .expect("refused");
+    assert!(
+        refused.contains("missing tensor `blk.0.attn_qkv.weight`"),
+        "{refused}"
+    );
 
     let missing_dir = dir.path().join("missing");
     std::fs::create_dir_all(&missing_dir).unwrap();

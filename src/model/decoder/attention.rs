@@ -1,4 +1,5 @@
-//! Causal self-attention with grouped-query heads, RoPE and the in-place key/value cache.
+//! Causal self-attention with grouped-query heads, RoPE and the in-place key/value cache;
+//! per layer a score scale, an optional soft-cap and global or sliding-window attention.
 //!
 //! Query heads are grouped by the key/value head they share (`[kv_heads, group * seq, dim]`),
 //! so keys and values are never repeated in memory: one batched matmul per key/value head
@@ -10,8 +11,9 @@ use super::block::BatchRows;
 use super::rope::Rope;
 use crate::model::error::Result;
 use crate::model::kv_cache::LayerKv;
+use crate::model::spec::ModelSpec;
 
-/// Head layout of the attention block.
+/// Head layout and scoring of one layer's attention.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionDims {
     /// Query heads.
@@ -20,6 +22,27 @@ pub struct AttentionDims {
     pub n_kv_heads: usize,
     /// Width of one head.
     pub head_dim: usize,
+    /// Scores are `q . k * scale` (`1 / sqrt(head_dim)` unless the family says otherwise).
+    pub scale: f64,
+    /// Scores are soft-capped to `cap * tanh(s / cap)` before the mask (Gemma 2).
+    pub softcap: Option<f32>,
+    /// The layer uses the step's sliding-window rope and mask ([`Step::local_mask`]).
+    pub sliding: bool,
+}
+
+impl AttentionDims {
+    /// The attention of decoder layer `index` of a model with `spec`.
+    pub fn of(spec: &ModelSpec, index: usize) -> Self {
+        let scalar = spec.query_pre_attn_scalar.unwrap_or(spec.head_dim as f64);
+        Self {
+            n_heads: spec.n_heads,
+            n_kv_heads: spec.n_kv_heads,
+            head_dim: spec.head_dim,
+            scale: 1.0 / scalar.sqrt(),
+            softcap: spec.attn_softcap,
+            sliding: spec.sliding_window_pattern.is_some() && spec.is_sliding_layer(index),
+        }
+    }
 }
 
 /// What one forward step shares across layers.
@@ -31,6 +54,11 @@ pub struct Step<'a> {
     pub rope: &'a Rope,
     /// Additive f32 mask `[seq, pos + seq]` (0 or -inf), `None` when every key is visible.
     pub mask: Option<Tensor>,
+    /// The sliding-window layers' rotary tables, when they differ from `rope` (Gemma 3).
+    pub local_rope: Option<&'a Rope>,
+    /// The sliding-window layers' mask, for families whose layers alternate between a window
+    /// and global attention (Gemma 2/3); `mask` is then the global layers' mask.
+    pub local_mask: Option<Tensor>,
 }
 
 /// [`attend`] for every sequence of a step, each on its own rows of the batched projections
@@ -69,25 +97,36 @@ pub fn attend(
         n_heads,
         n_kv_heads,
         head_dim,
+        scale,
+        softcap,
+        ..
     } = dims;
     let heads = |t: &Tensor, n: usize| -> Result<Tensor> {
         Ok(t.reshape((b, seq, n, head_dim))?
             .transpose(1, 2)?
             .contiguous()?)
     };
+    let (rope, mask) = if dims.sliding {
+        (step.local_rope.unwrap_or(step.rope), &step.local_mask)
+    } else {
+        (step.rope, &step.mask)
+    };
     let q = heads(q, n_heads)?;
     let k = heads(k, n_kv_heads)?;
     let v = heads(v, n_kv_heads)?;
-    let q = step.rope.apply(&q, step.pos)?;
-    let k = step.rope.apply(&k, step.pos)?;
+    let q = rope.apply(&q, step.pos)?;
+    let k = rope.apply(&k, step.pos)?;
     let (k, v) = kv.write(step.pos, &k, &v)?;
     let kv_len = k.dim(2)?;
 
     let group = n_heads / n_kv_heads;
     let q = q.reshape((b, n_kv_heads, group * seq, head_dim))?;
-    let scale = 1.0 / (head_dim as f64).sqrt();
     let scores = (q.matmul(&k.t()?)?.to_dtype(DType::F32)? * scale)?;
-    let scores = match &step.mask {
+    let scores = match softcap {
+        None => scores,
+        Some(cap) => ((scores / cap as f64)?.tanh()? * cap as f64)?,
+    };
+    let scores = match mask {
         None => scores,
         Some(mask) => scores
             .reshape((b, n_kv_heads, group, seq, kv_len))?

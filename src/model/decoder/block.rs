@@ -4,7 +4,8 @@
 //! picks each layer's block from the spec. A new family is a new `Block` type and one arm of
 //! [`for_layer`]; the loop, the layer sources and the offload engine stay as they are.
 //!
-//! Also here: the helpers every block uses ([`rms_norm`], [`projections`]).
+//! Also here: the helpers every block uses ([`rms_norm`], [`rms_norm_plus`], [`head_norm`],
+//! [`projections`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,8 +14,11 @@ use candle_core::Tensor;
 
 use super::attention::Step;
 use crate::model::error::Result;
+use crate::model::gemma::GemmaBlock;
 use crate::model::kv_cache::LayerKv;
 use crate::model::llama::LlamaBlock;
+use crate::model::phi3::Phi3Block;
+use crate::model::qwen3::Qwen3Block;
 use crate::model::spec::{Architecture, ModelSpec};
 use crate::model::weights::{LayerWeights, Linear};
 
@@ -55,15 +59,17 @@ impl BatchRows<'_, '_> {
     }
 }
 
-/// The block of decoder layer `index` of a model with `spec`.
+/// The block of decoder layer `index` of a model with `spec` (per-layer variants, such as
+/// Gemma's sliding-window and global layers, are chosen by `index`).
 pub fn for_layer(spec: &ModelSpec, index: usize) -> Arc<dyn Block> {
-    // Every layer of the families so far is alike; per-layer variants (sliding-window and
-    // global layers, dense and MoE layers) choose by `index` here.
-    let _ = index;
     match spec.architecture {
-        Architecture::Llama | Architecture::Qwen2 | Architecture::Mistral => {
-            Arc::new(LlamaBlock::new(spec))
-        }
+        Architecture::Llama
+        | Architecture::Qwen2
+        | Architecture::Mistral
+        | Architecture::Mixtral => Arc::new(LlamaBlock::new(spec, index)),
+        Architecture::Qwen3 | Architecture::Qwen3Moe => Arc::new(Qwen3Block::new(spec, index)),
+        Architecture::Gemma2 | Architecture::Gemma3 => Arc::new(GemmaBlock::new(spec, index)),
+        Architecture::Phi3 => Arc::new(Phi3Block::new(spec, index)),
     }
 }
 
@@ -77,4 +83,27 @@ pub fn projections<const N: usize>(linears: &[&Linear; N], h: &Tensor) -> Result
 /// RMSNorm over the last dimension with a learned scale.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
     Ok(candle_nn::ops::rms_norm(&x.contiguous()?, weight, eps)?)
+}
+
+/// [`rms_norm`] with a scale of `offset + weight` (Gemma's `1 + w` convention when the
+/// checkpoint stores `w`; `offset` 0 is plain [`rms_norm`]).
+pub fn rms_norm_plus(x: &Tensor, weight: &Tensor, eps: f32, offset: f32) -> Result<Tensor> {
+    if offset == 0.0 {
+        return rms_norm(x, weight, eps);
+    }
+    rms_norm(x, &(weight + offset as f64)?, eps)
+}
+
+/// [`rms_norm_plus`] of every head of `x` (`[.., heads * head_dim]`) on its own, with one
+/// `[head_dim]` weight (Qwen3's and Gemma 3's q/k norms).
+pub fn head_norm(x: &Tensor, weight: &Tensor, eps: f32, offset: f32) -> Result<Tensor> {
+    let dims = x.dims().to_vec();
+    let head_dim = weight.dim(0)?;
+    let (last, lead) = dims
+        .split_last()
+        .ok_or_else(|| candle_core::Error::Msg("head_norm: scalar input".into()))?;
+    let mut split = lead.to_vec();
+    split.extend([last / head_dim, head_dim]);
+    let y = rms_norm_plus(&x.reshape(split)?, weight, eps, offset)?;
+    Ok(y.reshape(dims)?)
 }

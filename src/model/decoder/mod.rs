@@ -23,7 +23,7 @@ pub use self::block::Block;
 pub use self::layers::{LayerSource, ResidentLayers};
 
 use self::attention::Step;
-use self::block::{rms_norm, BatchRows};
+use self::block::{rms_norm_plus, BatchRows};
 use self::rope::Rope;
 use super::error::{ModelError, Result};
 use super::kv_cache::{KvCache, KvShape};
@@ -60,6 +60,7 @@ pub struct Model {
     fixed: FixedWeights,
     blocks: Vec<Arc<dyn Block>>,
     rope: Rope,
+    local_rope: Option<Rope>,
     device: Device,
     dtype: DType,
 }
@@ -73,11 +74,13 @@ impl Model {
             parts.dtype,
             &parts.device,
         )?;
+        let local_rope = Rope::local(&parts.spec, parts.dtype, &parts.device)?;
         let blocks = (0..parts.spec.n_layers)
             .map(|i| block::for_layer(&parts.spec, i))
             .collect();
         Ok(Self {
             blocks,
+            local_rope,
             spec: parts.spec,
             fixed: parts.fixed,
             rope,
@@ -147,6 +150,12 @@ impl Model {
         if batch.is_empty() || batch.iter().any(|s| s.tokens.is_empty()) {
             return Err(ModelError::EmptyInput);
         }
+        // Families whose layers alternate (a pattern) keep the window for the local mask;
+        // otherwise it applies to every layer (Mistral).
+        let (global_window, local_window) = match self.spec.sliding_window_pattern {
+            None => (self.spec.sliding_window, None),
+            Some(_) => (None, self.spec.sliding_window),
+        };
         let mut ids = Vec::new();
         let mut steps = Vec::with_capacity(batch.len());
         let mut offsets = Vec::with_capacity(batch.len());
@@ -156,15 +165,26 @@ impl Model {
             let seq = s.tokens.len();
             offsets.push(ids.len());
             ids.extend_from_slice(s.tokens);
+            let local_mask = match local_window {
+                Some(w) => attention::causal_mask(seq, pos, Some(w), &self.device)?,
+                None => None,
+            };
             steps.push(Step {
                 pos,
                 rope: &self.rope,
-                mask: attention::causal_mask(seq, pos, self.spec.sliding_window, &self.device)?,
+                mask: attention::causal_mask(seq, pos, global_window, &self.device)?,
+                local_rope: self.local_rope.as_ref(),
+                local_mask,
             });
         }
         let total = ids.len();
         let ids = Tensor::from_vec(ids, (1, total), &self.device)?;
         let mut x = self.fixed.embedding.forward(&ids)?.to_dtype(self.dtype)?;
+        if let Some(scale) = self.spec.embed_scale {
+            // Gemma rounds the scale to the activation dtype first, as transformers does.
+            let scale = Tensor::new(scale, &self.device)?.to_dtype(self.dtype)?;
+            x = x.broadcast_mul(&scale)?;
+        }
         for (i, block) in self.blocks.iter().enumerate() {
             let w = layers.layer(i)?;
             let mut rows = Vec::with_capacity(batch.len());
@@ -197,9 +217,18 @@ impl Model {
             .collect();
         let last = Tensor::from_vec(last, batch.len(), &self.device)?;
         let last = x.squeeze(0)?.index_select(&last, 0)?.unsqueeze(0)?;
-        let last = rms_norm(&last, &self.fixed.final_norm, self.spec.rms_norm_eps as f32)?;
-        let logits = self.fixed.lm_head.forward(&last)?;
-        Ok(logits.squeeze(0)?.to_dtype(DType::F32)?)
+        let last = rms_norm_plus(
+            &last,
+            &self.fixed.final_norm,
+            self.spec.rms_norm_eps as f32,
+            self.spec.norm_offset,
+        )?;
+        let logits = self.fixed.lm_head.forward(&last)?.to_dtype(DType::F32)?;
+        let logits = match self.spec.final_softcap {
+            None => logits,
+            Some(cap) => ((logits / cap as f64)?.tanh()? * cap as f64)?,
+        };
+        Ok(logits.squeeze(0)?)
     }
 
     /// Refuses a sequence this model cannot run: a cache of another model, a token past the

@@ -1,5 +1,6 @@
 //! Rotary position embeddings: cos/sin tables for every position up to the model's context,
-//! with Llama 3 frequency scaling or per-frequency factors (GGUF `rope_freqs.weight`), applied
+//! with Llama 3 or linear frequency scaling or per-frequency factors (GGUF `rope_freqs.weight`),
+//! a second set for sliding-window layers with their own base (Gemma 3), applied
 //! either interleaved (pairs `2i, 2i+1`, GGUF llama layout) or as HF "rotate half" (pairs
 //! `i, i + d/2`).
 
@@ -19,8 +20,9 @@ pub struct Rope {
 }
 
 impl Rope {
-    /// Builds `[max_context, head_dim / 2]` tables in `dtype`. `freq_factors` (one per frequency)
-    /// divide the base frequencies, as llama.cpp does with a GGUF `rope_freqs` tensor.
+    /// Builds `[max_context, head_dim / 2]` tables in `dtype` for the global layers: base
+    /// `rope_theta`, Llama 3 or linear scaling. `freq_factors` (one per frequency) divide the
+    /// base frequencies, as llama.cpp does with a GGUF `rope_freqs` tensor.
     pub fn new(
         spec: &ModelSpec,
         freq_factors: Option<&[f32]>,
@@ -31,7 +33,11 @@ impl Rope {
         if let Some(scaling) = &spec.rope_scaling {
             freqs = llama3_scale(&freqs, scaling);
         }
-        if let Some(factors) = freq_factors {
+        if let Some(factor) = spec.rope_linear_factor {
+            freqs.iter_mut().for_each(|f| *f /= factor);
+        }
+        // Divisors from the config (longrope) or from the file (`rope_freqs`, GGUF longrope).
+        if let Some(factors) = spec.rope_freq_factors.as_deref().or(freq_factors) {
             if factors.len() != freqs.len() {
                 return Err(ModelError::BadShape {
                     name: "rope_freqs.weight".into(),
@@ -43,6 +49,22 @@ impl Rope {
                 *f /= *factor;
             }
         }
+        Self::tables(spec, &freqs, dtype, device)
+    }
+
+    /// The tables of the sliding-window layers when their base differs (Gemma 3's
+    /// `rope_local_base_freq`, unscaled); `None` when they share the global tables.
+    pub fn local(spec: &ModelSpec, dtype: DType, device: &Device) -> Result<Option<Self>> {
+        match spec.rope_local_theta {
+            None => Ok(None),
+            Some(theta) => {
+                let freqs = inverse_frequencies(spec.head_dim, theta);
+                Self::tables(spec, &freqs, dtype, device).map(Some)
+            }
+        }
+    }
+
+    fn tables(spec: &ModelSpec, freqs: &[f32], dtype: DType, device: &Device) -> Result<Self> {
         let half = freqs.len();
         let positions = spec.max_context;
         let mut angles = Vec::with_capacity(positions * half);
@@ -51,9 +73,14 @@ impl Rope {
             angles.extend(freqs.iter().map(|f| p * f));
         }
         let angles = Tensor::from_vec(angles, (positions, half), device)?;
+        let (mut cos, mut sin) = (angles.cos()?, angles.sin()?);
+        if let Some(a) = spec.rope_attn_factor {
+            cos = (cos * a as f64)?;
+            sin = (sin * a as f64)?;
+        }
         Ok(Self {
-            cos: angles.cos()?.to_dtype(dtype)?,
-            sin: angles.sin()?.to_dtype(dtype)?,
+            cos: cos.to_dtype(dtype)?,
+            sin: sin.to_dtype(dtype)?,
             interleaved: spec.rope_interleaved,
         })
     }

@@ -15,7 +15,7 @@ use crate::model::checkpoint::Checkpoint;
 use crate::model::decoder::ModelParts;
 use crate::model::error::Result;
 use crate::model::spec::ModelSpec;
-use crate::model::tensors::{LayerTensors, Part, TensorRecord};
+use crate::model::tensors::{Part, TensorRecord};
 use crate::model::weights::{Embedding, FixedWeights, LayerWeights, Linear};
 
 /// Reads weights from an open checkpoint onto one device.
@@ -89,30 +89,14 @@ impl<'a> WeightReader<'a> {
     /// The weights of decoder layer `index`.
     pub fn layer(&mut self, index: usize) -> Result<LayerWeights> {
         let layer = self.checkpoint_ref().tensors().layer(index)?;
-        let format = self.checkpoint.format();
-        let mut linear = |part: Part| {
-            let weight = layer.need(part, format)?;
-            let bias = part.bias().and_then(|b| layer.get(b));
-            self.linear(weight, bias)
-        };
-        let (q, k, v, o) = (
-            linear(Part::Q)?,
-            linear(Part::K)?,
-            linear(Part::V)?,
-            linear(Part::O)?,
-        );
-        let (gate, up, down) = (linear(Part::Gate)?, linear(Part::Up)?, linear(Part::Down)?);
-        Ok(LayerWeights {
-            attn_norm: self.norm(layer, Part::AttnNorm)?,
-            q,
-            k,
-            v,
-            o,
-            ffn_norm: self.norm(layer, Part::FfnNorm)?,
-            gate,
-            up,
-            down,
-        })
+        let parts: Vec<Part> = layer.tensors.iter().map(|(p, _)| *p).collect();
+        let record = |i: usize| &layer.tensors[i].1;
+        let this = std::cell::RefCell::new(self);
+        LayerWeights::assemble(
+            &parts,
+            |weight, bias| this.borrow_mut().linear(record(weight), bias.map(record)),
+            |i| this.borrow_mut().vector(record(i)),
+        )
     }
 
     /// Per-frequency RoPE divisors (`rope_freqs.weight`, written for Llama 3.1+), if present.
@@ -130,10 +114,6 @@ impl<'a> WeightReader<'a> {
     /// The checkpoint, with its own lifetime (not tied to a borrow of the reader).
     fn checkpoint_ref(&self) -> &'a Checkpoint {
         self.checkpoint
-    }
-
-    fn norm(&mut self, layer: &LayerTensors, part: Part) -> Result<Tensor> {
-        self.vector(layer.need(part, self.checkpoint.format())?)
     }
 
     fn vector(&mut self, record: &TensorRecord) -> Result<Tensor> {
