@@ -4,14 +4,18 @@
 //! Prints a markdown table: wall time to the first token of every choice, to the end, and the
 //! prompt tokens the model computed (`ferry_prompt_tokens_total`).
 //!
-//! Usage: cargo bench --profile dev --bench shared_prefill -- [--model PATH] [--choices N]
+//! Usage: cargo bench --profile dev --bench shared_prefill -- [--model PATH] [--dtype D] [--choices N]
+
+mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::Device;
+use clap::Parser;
+use common::ModelArgs;
 use ferry::config::{
-    DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
+    DeviceChoice, DeviceConfig, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
 };
 use ferry::engine::{
     Backend, EngineHandle, EngineOptions, GenerationEvent, GenerationParams, GenerationRequest,
@@ -22,11 +26,21 @@ use ferry::model::source::HubOptions;
 use ferry::runtime::load::load_for_serving_on;
 use tokio::sync::mpsc::Receiver;
 
-fn engine(model: &str, metrics: Metrics) -> Result<EngineHandle, String> {
+/// `cargo bench --profile dev --bench shared_prefill -- [OPTIONS]`.
+#[derive(Parser)]
+struct Options {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Choices of the one request (and independent requests to compare with).
+    #[arg(long, default_value_t = 4)]
+    choices: usize,
+}
+
+fn engine(model: &ModelArgs, metrics: Metrics) -> Result<EngineHandle, String> {
     let config = ModelConfig {
         name: "bench".to_string(),
-        source: model.to_string(),
-        dtype: DtypeChoice::Auto,
+        source: model.source.clone(),
+        dtype: model.dtype,
         max_context: Some(2048),
         max_batch: 8,
         offload: OffloadConfig {
@@ -82,22 +96,7 @@ fn drain(
 }
 
 fn main() -> Result<(), String> {
-    let mut model = "models/SmolLM2-135M-Instruct.Q4_1.gguf".to_string();
-    let mut choices = 4usize;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        match flag.as_str() {
-            "--model" => model = args.next().ok_or("--model needs a value")?,
-            "--choices" => {
-                choices = args
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .ok_or("--choices needs a number")?
-            }
-            "--bench" => {}
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
+    let Options { model, choices } = Options::parse();
     let metrics = Metrics::new();
     let engine = engine(&model, metrics.clone())?;
     let text = "The ferry crossed the wide river at dawn, carrying travellers and their carts. "

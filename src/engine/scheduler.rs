@@ -1,12 +1,13 @@
 //! Continuous batching as plain state: a waiting queue and a running set for one model.
 //!
 //! The engine thread calls, once per step: [`Scheduler::admit`] (drop cancelled requests, move
-//! waiting ones into free running slots, oldest first, up to `max_batch` slots; an entry may
-//! hold several, [`Schedulable::slots`]), then
+//! waiting ones into free places in the batch, oldest first, up to `max_batch` places; an entry
+//! may take several, [`Schedulable::places`]), then
 //! [`Scheduler::plan`] (which running sequences take part in this step and with how many
 //! tokens), runs that one batched forward step, [`Scheduler::retire`]s the sequences that
 //! finished and [`Scheduler::adopt`]s the ones the step split off an entry (the other choices
-//! of a request, which held their slots in it). New requests therefore join, and finished ones leave, at step boundaries.
+//! of a request, which held their places in it). New requests therefore join, and finished ones
+//! leave, at step boundaries.
 //!
 //! Every step has a token budget, [`StepLimits::max_step_tokens`]: every decoding sequence
 //! feeds its one token first (decodes are never starved by prefill), then prefilling sequences
@@ -25,9 +26,9 @@ pub trait Schedulable {
     fn is_cancelled(&self) -> bool;
     /// Prompt tokens not yet through the model (0 once decoding).
     fn prefill_remaining(&self) -> usize;
-    /// Running slots it takes (more than 1 for a request whose other choices wait to be split
+    /// Places in the batch it takes (more than 1 for a request whose other choices wait to be split
     /// off it). Default 1.
-    fn slots(&self) -> usize {
+    fn places(&self) -> usize {
         1
     }
 }
@@ -43,9 +44,9 @@ pub struct Admission<T> {
     pub started: usize,
 }
 
-/// One sequence's part in a step.
+/// One sequence's share of a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Slot {
+pub struct StepShare {
     /// Index into [`Scheduler::running_mut`].
     pub index: usize,
     /// Most tokens it feeds this step (1 when decoding).
@@ -99,7 +100,7 @@ impl<T: Schedulable> Scheduler<T> {
         self.waiting.push_back(entry);
     }
 
-    /// Requests waiting for a slot.
+    /// Requests waiting for a place in the batch.
     pub fn waiting_len(&self) -> usize {
         self.waiting.len()
     }
@@ -109,9 +110,9 @@ impl<T: Schedulable> Scheduler<T> {
         self.running.len()
     }
 
-    /// Running slots taken (sequences, plus the choices they hold for later).
-    fn slots_taken(&self) -> usize {
-        self.running.iter().map(Schedulable::slots).sum()
+    /// Places in the batch taken (sequences, plus the choices they hold for later).
+    fn places_taken(&self) -> usize {
+        self.running.iter().map(Schedulable::places).sum()
     }
 
     /// Nothing waits and nothing runs.
@@ -119,7 +120,7 @@ impl<T: Schedulable> Scheduler<T> {
         self.waiting.is_empty() && self.running.is_empty()
     }
 
-    /// Drops cancelled requests, then fills free running slots from the front of the queue.
+    /// Drops cancelled requests, then fills free places in the batch from the front of the queue.
     pub fn admit(&mut self) -> Admission<T> {
         let (dropped_running, running): (Vec<T>, Vec<T>) = std::mem::take(&mut self.running)
             .into_iter()
@@ -131,14 +132,14 @@ impl<T: Schedulable> Scheduler<T> {
                 .partition(Schedulable::is_cancelled);
         self.waiting = waiting;
         let mut started = 0;
-        let mut taken = self.slots_taken();
+        let mut taken = self.places_taken();
         while let Some(front) = self.waiting.front() {
             // An entry wider than the whole batch still runs alone rather than never.
-            let need = front.slots().min(self.limits.max_batch);
+            let need = front.places().min(self.limits.max_batch);
             if taken + need > self.limits.max_batch {
                 break;
             }
-            taken += front.slots();
+            taken += front.places();
             self.running.extend(self.waiting.pop_front());
             started += 1;
         }
@@ -152,37 +153,37 @@ impl<T: Schedulable> Scheduler<T> {
     /// The sequences of the next step, in running order: every decoding one with budget 1, and
     /// prefilling ones (oldest first) with up to `prefill_chunk` tokens each while the step's
     /// budget lasts. The budgets add up to at most `max_step_tokens`.
-    pub fn plan(&self) -> Vec<Slot> {
+    pub fn plan(&self) -> Vec<StepShare> {
         let decoding = self
             .running
             .iter()
             .filter(|e| e.prefill_remaining() == 0)
             .count();
         let mut budget = self.limits.max_step_tokens.saturating_sub(decoding);
-        let mut slots = Vec::with_capacity(self.running.len());
+        let mut shares = Vec::with_capacity(self.running.len());
         for (index, entry) in self.running.iter().enumerate() {
             match entry.prefill_remaining() {
-                0 => slots.push(Slot { index, budget: 1 }),
+                0 => shares.push(StepShare { index, budget: 1 }),
                 _ if budget == 0 => {}
                 remaining => {
                     let take = remaining.min(self.limits.prefill_chunk).min(budget);
                     budget -= take;
-                    slots.push(Slot {
+                    shares.push(StepShare {
                         index,
                         budget: take,
                     });
                 }
             }
         }
-        slots
+        shares
     }
 
-    /// The running sequences, in admission order (indices as in [`Slot::index`]).
+    /// The running sequences, in admission order (indices as in [`StepShare::index`]).
     pub fn running_mut(&mut self) -> &mut [T] {
         &mut self.running
     }
 
-    /// Adds sequences split off a running entry (their slots were that entry's), after the
+    /// Adds sequences split off a running entry (their places were that entry's), after the
     /// others.
     pub fn adopt(&mut self, entries: impl IntoIterator<Item = T>) {
         self.running.extend(entries);
@@ -303,14 +304,24 @@ mod tests {
         s.push(req(2, 4));
         s.push(req(3, 0));
         s.admit();
-        let slot = |index, budget| Slot { index, budget };
-        assert_eq!(s.plan(), [slot(0, 1), slot(1, 8), slot(2, 2), slot(3, 1)]);
+        let share = |index, budget| StepShare { index, budget };
+        assert_eq!(
+            s.plan(),
+            [share(0, 1), share(1, 8), share(2, 2), share(3, 1)]
+        );
         s.running_mut()[1].prefill = 6;
-        assert_eq!(s.plan(), [slot(0, 1), slot(1, 6), slot(2, 4), slot(3, 1)]);
+        assert_eq!(
+            s.plan(),
+            [share(0, 1), share(1, 6), share(2, 4), share(3, 1)]
+        );
         let mut tiny = Scheduler::new(limits(2, 0, 0));
         tiny.push(req(0, 3));
         tiny.admit();
-        assert_eq!(tiny.plan(), [slot(0, 1)], "zero limits still make progress");
+        assert_eq!(
+            tiny.plan(),
+            [share(0, 1)],
+            "zero limits still make progress"
+        );
     }
 
     #[test]
@@ -323,14 +334,18 @@ mod tests {
         s.admit();
         for _ in 0..50 {
             let plan = s.plan();
-            let tokens: usize = plan.iter().map(|slot| slot.budget).sum();
+            let tokens: usize = plan.iter().map(|share| share.budget).sum();
             assert!(tokens <= 16, "{plan:?}");
             // Both decodes are in every step.
-            assert!(plan.iter().any(|slot| slot.index == 0 && slot.budget == 1));
-            assert!(plan.iter().any(|slot| slot.index == 2 && slot.budget == 1));
-            for slot in plan {
-                let entry = &mut s.running_mut()[slot.index];
-                entry.prefill = entry.prefill.saturating_sub(slot.budget);
+            assert!(plan
+                .iter()
+                .any(|share| share.index == 0 && share.budget == 1));
+            assert!(plan
+                .iter()
+                .any(|share| share.index == 2 && share.budget == 1));
+            for share in plan {
+                let entry = &mut s.running_mut()[share.index];
+                entry.prefill = entry.prefill.saturating_sub(share.budget);
             }
         }
         assert_eq!(
@@ -351,7 +366,7 @@ mod tests {
     }
 
     #[test]
-    fn wide_entries_wait_for_all_their_slots() {
+    fn wide_entries_wait_for_all_their_places() {
         #[derive(Debug)]
         struct Wide(usize);
         impl Schedulable for Wide {
@@ -361,7 +376,7 @@ mod tests {
             fn prefill_remaining(&self) -> usize {
                 0
             }
-            fn slots(&self) -> usize {
+            fn places(&self) -> usize {
                 self.0
             }
         }
@@ -369,9 +384,9 @@ mod tests {
         s.push(Wide(1));
         s.push(Wide(3));
         s.push(Wide(2));
-        assert_eq!(s.admit().started, 2, "1 + 3 slots fill the batch");
-        assert_eq!(s.admit().started, 0, "the 2-slot entry waits");
-        // The 3-slot entry splits into three sequences of one slot: still full.
+        assert_eq!(s.admit().started, 2, "1 + 3 places fill the batch");
+        assert_eq!(s.admit().started, 0, "the 2-place entry waits");
+        // The 3-place entry splits into three sequences of one place: still full.
         s.running_mut()[1].0 = 1;
         s.adopt([Wide(1), Wide(1)]);
         assert_eq!(s.admit().started, 0);

@@ -2,12 +2,12 @@
 //!
 //! Jobs arriving on the channel become [`Generation`]s (validated, with a fresh model sequence)
 //! and wait in the [`Scheduler`]. Each iteration is one step: drop cancelled requests, admit
-//! waiting ones into free slots (`max_batch`), run one [`LanguageModel::forward_batch`] over
-//! every scheduled sequence (one decode token each, then prompt chunks within the step's token
-//! budget), sample each one's next token, and retire the finished. A client that goes away is
-//! therefore dropped within one step.
+//! waiting ones into free places in the batch (`max_batch`), run one
+//! [`LanguageModel::forward_batch`] over every scheduled sequence (one decode token each, then
+//! prompt chunks within the step's token budget), sample each one's next token, and retire the
+//! finished. A client that goes away is therefore dropped within one step.
 //!
-//! A request with `n` > 1 choices enters as one entry holding `n` slots: the first choice's
+//! A request with `n` > 1 choices enters as one entry holding `n` places: the first choice's
 //! sequence prefills the prompt, and in the step that completes it the other choices split off
 //! with copies of its KV cache ([`LanguageModel::fork_sequence`]), each sampling its first token
 //! from the same logits. A model that cannot copy sequences gets fresh ones, which prefill the
@@ -28,7 +28,7 @@ use crate::metrics::{Metrics, RequestEnd, RequestTracker, TrackedRequest};
 use super::generate::{Generation, Outcome, Progress, Started};
 use super::queue::Job;
 use super::request::FinishReason;
-use super::scheduler::{Schedulable, Scheduler, Slot, StepLimits};
+use super::scheduler::{Schedulable, Scheduler, StepLimits, StepShare};
 use super::traits::{LanguageModel, TextCodec};
 use super::worker::panic_message;
 use super::EngineError;
@@ -90,7 +90,7 @@ impl<S> Schedulable for Active<S> {
         self.generation.prefill_remaining()
     }
 
-    fn slots(&self) -> usize {
+    fn places(&self) -> usize {
         1 + self.forks.len()
     }
 }
@@ -125,22 +125,22 @@ pub(super) fn serve_requests<M: LanguageModel>(
         }
         let admission = scheduler.admit();
         for mut active in admission.dropped_waiting {
-            let slots = active.slots();
+            let places = active.places();
             end_request(&active.tracker, &Outcome::Cancelled);
             active.end_forks(&Outcome::Cancelled);
-            for _ in 0..slots {
+            for _ in 0..places {
                 ctx.metrics.request_dequeued();
             }
-            ctx.pending.fetch_sub(slots, Ordering::SeqCst);
+            ctx.pending.fetch_sub(places, Ordering::SeqCst);
         }
         for mut active in admission.dropped_running {
-            let slots = active.slots();
+            let places = active.places();
             end_request(&active.tracker, &Outcome::Cancelled);
             active.end_forks(&Outcome::Cancelled);
-            for _ in 0..slots {
+            for _ in 0..places {
                 ctx.metrics.request_ended();
             }
-            ctx.pending.fetch_sub(slots, Ordering::SeqCst);
+            ctx.pending.fetch_sub(places, Ordering::SeqCst);
         }
         let running = scheduler.running_mut();
         for active in &running[running.len() - admission.started..] {
@@ -245,13 +245,13 @@ fn step<M: LanguageModel>(
     let running = scheduler.running_mut();
     let inputs: Vec<Vec<u32>> = plan
         .iter()
-        .map(|slot| running[slot.index].generation.input(slot.budget).to_vec())
+        .map(|share| running[share.index].generation.input(share.budget).to_vec())
         .collect();
     let result = {
         let mut members = plan.iter().peekable();
         let mut batch: Vec<(&mut M::Sequence, &[u32])> = Vec::with_capacity(plan.len());
         for (index, active) in running.iter_mut().enumerate() {
-            if members.next_if(|slot| slot.index == index).is_some() {
+            if members.next_if(|share| share.index == index).is_some() {
                 batch.push((&mut active.seq, &inputs[batch.len()]));
             }
         }
@@ -280,8 +280,8 @@ fn step<M: LanguageModel>(
         split_off: Vec::new(),
         forks_ended: 0,
     };
-    for ((slot, row), input) in plan.iter().zip(logits).zip(&inputs) {
-        let active = &mut running[slot.index];
+    for ((share, row), input) in plan.iter().zip(logits).zip(&inputs) {
+        let active = &mut running[share.index];
         active.tracker.fed(input.len());
         if !active.generation.fed(input.len()) {
             continue;
@@ -291,7 +291,7 @@ fn step<M: LanguageModel>(
         }
         if let Some(outcome) = sample(&mut active.generation, row, codec) {
             end_request(&active.tracker, &outcome);
-            done.finished.push(slot.index);
+            done.finished.push(share.index);
         }
     }
     done
@@ -368,19 +368,19 @@ fn sample(generation: &mut Generation, logits: Vec<f32>, codec: &dyn TextCodec) 
 fn fail_all<S>(
     name: &str,
     running: &mut [Active<S>],
-    plan: &[Slot],
+    plan: &[StepShare],
     err: EngineError,
 ) -> StepDone<S> {
     tracing::debug!(model = name, error = %err, "step failed");
     let mut forks_ended = 0;
-    for slot in plan {
-        let active = &mut running[slot.index];
+    for share in plan {
+        let active = &mut running[share.index];
         end_request(&active.tracker, &active.generation.fail(err.clone()));
         forks_ended += active.forks.len();
         active.end_forks(&Outcome::Failed(err.clone()));
     }
     StepDone {
-        finished: plan.iter().map(|slot| slot.index).collect(),
+        finished: plan.iter().map(|share| share.index).collect(),
         split_off: Vec::new(),
         forks_ended,
     }

@@ -6,6 +6,7 @@
 //! checkpoints). The GPU checks are a separate binary (tests/gpu.rs, `--features cuda`).
 
 mod common;
+mod fixtures;
 mod real_model;
 mod tiny;
 
@@ -15,6 +16,7 @@ mod chat_templates;
 mod cli;
 mod hf_model_serving;
 mod http_api;
+mod layering;
 mod lifecycle;
 mod model_real;
 mod observability;
