@@ -1,12 +1,13 @@
 //! Continuous batching as plain state: a waiting queue and a running set for one model.
 //!
 //! The engine thread calls, once per step: [`Scheduler::admit`] (drop cancelled requests, move
-//! waiting ones into free places in the batch, oldest first, up to `max_batch` places; an entry may
-//! hold several, [`Schedulable::places`]), then
+//! waiting ones into free places in the batch, oldest first, up to `max_batch` places; an entry
+//! may take several, [`Schedulable::places`]), then
 //! [`Scheduler::plan`] (which running sequences take part in this step and with how many
 //! tokens), runs that one batched forward step, [`Scheduler::retire`]s the sequences that
 //! finished and [`Scheduler::adopt`]s the ones the step split off an entry (the other choices
-//! of a request, which held their places in it). New requests therefore join, and finished ones leave, at step boundaries.
+//! of a request, which held their places in it). New requests therefore join, and finished ones
+//! leave, at step boundaries.
 //!
 //! Every step has a token budget, [`StepLimits::max_step_tokens`]: every decoding sequence
 //! feeds its one token first (decodes are never starved by prefill), then prefilling sequences

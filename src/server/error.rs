@@ -12,7 +12,7 @@
 //! | 400 | `invalid_type` | a field has the wrong JSON type |
 //! | 400 | `invalid_value` | a field is out of range or otherwise wrong |
 //! | 400 | `unsupported_parameter` | a known OpenAI field this server does not implement |
-//! | 400 | `unsupported_value` | a known field with a value we do not implement (`n: 2`) |
+//! | 400 | `unsupported_value` | a known field with a value we do not implement (`echo: true`) |
 //! | 400 | `unknown_parameter` | a field OpenAI does not define either |
 //! | 400 | `context_length_exceeded` | prompt + max_tokens beyond the model's context |
 //! | 401 | `invalid_api_key` | missing or wrong bearer token |
