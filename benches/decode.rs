@@ -72,7 +72,7 @@ fn main() -> Result<(), String> {
         source: options.model.clone(),
         dtype: options.dtype,
         max_context: None,
-        max_batch: 1,
+        max_batch: Some(1),
         offload: OffloadConfig {
             mode: OffloadMode::None,
             gpu_memory: MemoryBudget::FractionOfFree(0.9),

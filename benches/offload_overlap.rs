@@ -62,7 +62,7 @@ fn config(options: &Options, mode: OffloadMode, prefetch: usize) -> ModelConfig 
         source: options.model.clone(),
         dtype: options.dtype,
         max_context: Some(512),
-        max_batch: 1,
+        max_batch: Some(1),
         offload: OffloadConfig {
             mode,
             gpu_memory: MemoryBudget::Bytes(64 << 30),

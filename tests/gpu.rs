@@ -128,7 +128,7 @@ fn model_config(
         source: case.source.to_string_lossy().into_owned(),
         dtype: case.dtype,
         max_context: Some(MAX_CONTEXT),
-        max_batch: 1,
+        max_batch: Some(1),
         offload: OffloadConfig {
             mode,
             gpu_memory: budget,
@@ -332,7 +332,7 @@ fn serving_config(dir: &Path, mode: OffloadMode, budget: MemoryBudget) -> ModelC
         source: dir.to_string_lossy().into_owned(),
         dtype: DtypeChoice::Auto,
         max_context: Some(512),
-        max_batch: 1,
+        max_batch: Some(1),
         offload: OffloadConfig {
             mode,
             gpu_memory: budget,

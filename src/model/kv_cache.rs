@@ -9,10 +9,30 @@
 //!
 //! Positions are committed only after every layer has written them ([`KvCache::commit`]), so a
 //! forward pass that fails half-way leaves the cache as it was.
+//!
+//! The buffers hold the cache's own dtype (`kv_dtype`, [`kv_dtype_for`]): new keys and values are
+//! converted on write, so an f16 or bf16 cache takes half the bytes of an f32 one.
 
 use candle_core::{DType, Device, Tensor};
 
 use super::error::{ModelError, Result};
+use crate::config::DtypeChoice;
+
+/// The KV cache's dtype for the setting `choice` on `device`, with activations in `compute`: a set
+/// dtype as it is; `auto` f16 on CUDA (bf16 when the activations are bf16, whose range f16
+/// lacks), and on the CPU the compute dtype (f32 for GGUF): candle's CPU matmul has no bf16, and
+/// its f16 one is slower than f32 at decode (docs/BENCHMARKS.md), so the CPU keeps today's path
+/// unless `kv_dtype` asks for half the bytes.
+pub fn kv_dtype_for(choice: DtypeChoice, device: &Device, compute: DType) -> DType {
+    match choice {
+        DtypeChoice::F32 => DType::F32,
+        DtypeChoice::F16 => DType::F16,
+        DtypeChoice::BF16 => DType::BF16,
+        DtypeChoice::Auto if device.is_cpu() => compute,
+        DtypeChoice::Auto if compute == DType::BF16 => DType::BF16,
+        DtypeChoice::Auto => DType::F16,
+    }
+}
 
 /// Smallest number of positions a layer buffer is allocated for.
 const MIN_CHUNK: usize = 256;

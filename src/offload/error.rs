@@ -47,6 +47,24 @@ pub enum PlanError {
         /// Bytes per slot (the largest streamed layer).
         slot_bytes: u64,
     },
+    /// The KV cache and workspace that `max_context` and `max_batch` ask for do not fit the
+    /// budget, while smaller values would ([`super::fit`]).
+    #[error("{asked} need {kv} of KV cache ({kv_dtype}) and {workspace} of workspace, and {cause}; the largest that fit: {largest}", kv = crate::offload::units::format_bytes(*.kv_bytes), workspace = crate::offload::units::format_bytes(*.workspace_bytes))]
+    CacheDoesNotFit {
+        /// The values planned and where they came from, e.g. "`max_context` 1048576 (set) with
+        /// `max_batch` 8 (the default)".
+        asked: String,
+        /// Their KV-cache bytes.
+        kv_bytes: u64,
+        /// The KV cache's dtype.
+        kv_dtype: String,
+        /// Their workspace bytes.
+        workspace_bytes: u64,
+        /// The planner's refusal with those values.
+        cause: Box<PlanError>,
+        /// The largest values that fit, e.g. "`max_context` 2048 with `max_batch` 8".
+        largest: String,
+    },
     /// An input to the planner is out of range (e.g. a budget fraction outside (0, 1]).
     #[error("invalid plan input: {0}")]
     InvalidInput(String),

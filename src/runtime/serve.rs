@@ -73,7 +73,7 @@ pub fn engine_options(config: &Config, metrics: Metrics) -> EngineOptions {
         max_batch: config
             .models
             .iter()
-            .map(|m| m.max_batch)
+            .map(|m| m.max_batch.unwrap_or(DEFAULT_MAX_BATCH))
             .min()
             .unwrap_or(DEFAULT_MAX_BATCH),
         // Likewise one prefill chunk and one step budget: the smallest configured ones.
@@ -111,8 +111,18 @@ pub async fn serve(
     let swap = serving.swap;
     let names: Vec<String> = config.models.iter().map(|m| m.name.clone()).collect();
     let metrics = Metrics::new();
+    // The engine runs the batch each model was planned for (`max_batch` fitted when unset).
+    let planned = Config {
+        models: serving
+            .plan
+            .models
+            .iter()
+            .map(|m| m.config.clone())
+            .collect(),
+        ..config.clone()
+    };
     let engine =
-        EngineHandle::with_options(names.clone(), engine_options(&config, metrics.clone()));
+        EngineHandle::with_options(names.clone(), engine_options(&planned, metrics.clone()));
 
     // Mode `model`: one residency manager shared by every swapped model.
     if let Some(swap) = &swap {

@@ -56,7 +56,7 @@ fn config(name: &str, dtype: DtypeChoice, mode: OffloadMode, keep_alive: Duratio
         source: model_path().to_string_lossy().into_owned(),
         dtype,
         max_context: Some(256),
-        max_batch: 1,
+        max_batch: Some(1),
         offload: OffloadConfig {
             mode,
             gpu_memory: MemoryBudget::Bytes(64 << 30),

@@ -37,7 +37,7 @@ fn config(
         source: model_path().to_string_lossy().into_owned(),
         dtype,
         max_context: Some(256),
-        max_batch: 1,
+        max_batch: Some(1),
         offload: OffloadConfig {
             mode,
             gpu_memory: budget,
