@@ -2,7 +2,8 @@
 //! SmolLM2-135M-Instruct Q4_1), greedy, batch 1, printed as one JSON line per run so
 //! `benches/compare-llama-cpp.sh` can set it beside llama.cpp on the same file and threads.
 //!
-//! Usage: cargo bench --bench decode -- [--model PATH] [--prompt-tokens N] [--gen-tokens N] [--runs N]
+//! Usage: cargo bench --bench decode -- [--model PATH] [--kv-dtype auto|f32|f16|bf16]
+//!        [--prompt-tokens N] [--gen-tokens N] [--runs N]
 //! Threads: candle's CPU kernels use RAYON_NUM_THREADS (set it to compare at a fixed count).
 
 use std::time::Instant;
@@ -15,6 +16,7 @@ use ferry::runtime::load::load_for_serving;
 struct Options {
     model: String,
     dtype: DtypeChoice,
+    kv_dtype: DtypeChoice,
     prompt_tokens: usize,
     gen_tokens: usize,
     runs: usize,
@@ -24,6 +26,7 @@ fn parse_args() -> Result<Options, String> {
     let mut options = Options {
         model: "models/SmolLM2-135M-Instruct.Q4_1.gguf".to_string(),
         dtype: DtypeChoice::Auto,
+        kv_dtype: DtypeChoice::Auto,
         prompt_tokens: 128,
         gen_tokens: 128,
         runs: 3,
@@ -38,6 +41,15 @@ fn parse_args() -> Result<Options, String> {
                     "f32" => DtypeChoice::F32,
                     "auto" => DtypeChoice::Auto,
                     other => return Err(format!("unsupported --dtype {other}")),
+                }
+            }
+            "--kv-dtype" => {
+                options.kv_dtype = match value()?.as_str() {
+                    "auto" => DtypeChoice::Auto,
+                    "f32" => DtypeChoice::F32,
+                    "f16" => DtypeChoice::F16,
+                    "bf16" => DtypeChoice::BF16,
+                    other => return Err(format!("unsupported --kv-dtype {other}")),
                 }
             }
             "--prompt-tokens" => options.prompt_tokens = parse(&value()?)?,
@@ -73,6 +85,7 @@ fn main() -> Result<(), String> {
         dtype: options.dtype,
         max_context: None,
         max_batch: Some(1),
+        kv_dtype: options.kv_dtype,
         offload: OffloadConfig {
             mode: OffloadMode::None,
             gpu_memory: MemoryBudget::FractionOfFree(0.9),

@@ -134,7 +134,13 @@ fn an_oversized_max_context_is_refused_with_its_cost_and_what_fits() {
     // It is the largest: it fits, one token more does not.
     let (ok, stdout, stderr) = ferry_plan(
         &model,
-        &["--json", "--max-batch", "1", "--max-context", &largest.to_string()],
+        &[
+            "--json",
+            "--max-batch",
+            "1",
+            "--max-context",
+            &largest.to_string(),
+        ],
     );
     assert!(ok, "{stderr}");
     let document: Value = serde_json::from_str(&stdout).expect("JSON");
@@ -172,10 +178,13 @@ fn the_real_model_loads_with_a_fitted_context_within_its_budget() {
     config.max_batch = None;
     config.offload.mode = OffloadMode::Auto;
     config.offload.gpu_memory = MemoryBudget::Bytes(budget);
-    let plan = plan_model(&config, &DeviceConfig::default(), &Device::Cpu, &hub(), 0)
-        .expect("plans");
+    let plan =
+        plan_model(&config, &DeviceConfig::default(), &Device::Cpu, &hub(), 0).expect("plans");
     assert!(plan.device_bytes <= budget);
-    assert!(plan.max_context >= 4096 && plan.max_context < 8192, "{plan:?}");
+    assert!(
+        plan.max_context >= 4096 && plan.max_context < 8192,
+        "{plan:?}"
+    );
     assert_eq!(plan.origins.max_context, Origin::Fitted);
     assert_eq!(plan.max_batch, 8);
     assert_eq!(plan.host_layers(), 0);
@@ -272,7 +281,11 @@ fn f16_and_bf16_caches_halve_the_bytes_and_keep_greedy_decoding_close() {
         assert!(text(&own).contains("Paris"), "{kv:?}: {}", text(&own));
         // Fed the f32 run's tokens, the top-1 choice mostly agrees with it.
         let (forced, _, _) = greedy(kv, steps, Some(&reference));
-        let same = forced.iter().zip(&reference).filter(|(a, b)| a == b).count();
+        let same = forced
+            .iter()
+            .zip(&reference)
+            .filter(|(a, b)| a == b)
+            .count();
         eprintln!("{kv:?}: top-1 equal at {same} of {steps} steps");
         assert!(same * 10 >= steps * 9, "{kv:?}: {same} of {steps}");
     }
@@ -285,15 +298,18 @@ fn the_plan_counts_the_kv_cache_in_its_dtype() {
     let kv = |dtype| {
         let mut config = config.clone();
         config.kv_dtype = dtype;
-        let plan = plan_model(&config, &DeviceConfig::default(), &Device::Cpu, &hub(), 0)
-            .expect("plans");
+        let plan =
+            plan_model(&config, &DeviceConfig::default(), &Device::Cpu, &hub(), 0).expect("plans");
         (plan.kv_bytes, plan.kv_dtype, plan.origins.kv_dtype)
     };
     let (f32_bytes, dtype, origin) = kv(DtypeChoice::Auto);
     assert_eq!((dtype, origin), (DType::F32, Origin::Default));
     // 2048 tokens x 4 sequences x 30 layers x 2 x 3 heads x 64 x 4 bytes.
     assert_eq!(f32_bytes, 2048 * 4 * 30 * 2 * 3 * 64 * 4);
-    for (choice, dtype) in [(DtypeChoice::F16, DType::F16), (DtypeChoice::BF16, DType::BF16)] {
+    for (choice, dtype) in [
+        (DtypeChoice::F16, DType::F16),
+        (DtypeChoice::BF16, DType::BF16),
+    ] {
         assert_eq!(kv(choice), (f32_bytes / 2, dtype, Origin::Set));
     }
 }
