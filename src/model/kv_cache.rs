@@ -24,11 +24,15 @@ use crate::config::DtypeChoice;
 /// its f16 one is slower than f32 at decode (docs/BENCHMARKS.md), so the CPU keeps today's path
 /// unless `kv_dtype` asks for half the bytes.
 pub fn kv_dtype_for(choice: DtypeChoice, device: &Device, compute: DType) -> DType {
+    kv_dtype_on(choice, device.is_cpu(), compute)
+}
+
+fn kv_dtype_on(choice: DtypeChoice, cpu: bool, compute: DType) -> DType {
     match choice {
         DtypeChoice::F32 => DType::F32,
         DtypeChoice::F16 => DType::F16,
         DtypeChoice::BF16 => DType::BF16,
-        DtypeChoice::Auto if device.is_cpu() => compute,
+        DtypeChoice::Auto if cpu => compute,
         DtypeChoice::Auto if compute == DType::BF16 => DType::BF16,
         DtypeChoice::Auto => DType::F16,
     }
@@ -255,6 +259,44 @@ mod tests {
             .unwrap();
         assert_eq!(old[0], 3.0);
         assert_eq!(cache.len(), 306);
+    }
+
+    #[test]
+    fn the_kv_dtype_defaults_by_device_and_a_set_one_is_kept() {
+        use DtypeChoice::*;
+        assert_eq!(kv_dtype_on(Auto, true, DType::F32), DType::F32);
+        assert_eq!(kv_dtype_on(Auto, true, DType::F16), DType::F16);
+        assert_eq!(kv_dtype_on(Auto, false, DType::F32), DType::F16);
+        assert_eq!(kv_dtype_on(Auto, false, DType::F16), DType::F16);
+        assert_eq!(kv_dtype_on(Auto, false, DType::BF16), DType::BF16);
+        for cpu in [true, false] {
+            assert_eq!(kv_dtype_on(F32, cpu, DType::BF16), DType::F32);
+            assert_eq!(kv_dtype_on(F16, cpu, DType::F32), DType::F16);
+            assert_eq!(kv_dtype_on(BF16, cpu, DType::F32), DType::BF16);
+        }
+        assert_eq!(kv_dtype_for(Auto, &Device::Cpu, DType::F32), DType::F32);
+    }
+
+    #[test]
+    fn a_half_precision_cache_stores_its_dtype_in_half_the_bytes() {
+        let shape = KvShape {
+            n_kv_heads: 2,
+            head_dim: 4,
+        };
+        let mut wide = KvCache::new(1, shape, 64, DType::F32, &Device::Cpu);
+        let mut half = KvCache::new(1, shape, 64, DType::F16, &Device::Cpu);
+        step(&mut wide, 3, 1.5).unwrap();
+        let (k, v) = step(&mut half, 3, 1.5).unwrap();
+        assert_eq!((k.dtype(), v.dtype()), (DType::F16, DType::F16));
+        assert_eq!(half.allocated_bytes() * 2, wide.allocated_bytes());
+        let values: Vec<f32> = v
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert!(values.iter().all(|&x| x == 3.0), "{values:?}");
     }
 
     #[test]

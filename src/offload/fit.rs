@@ -21,7 +21,7 @@
 //! would, the error ([`PlanError::CacheDoesNotFit`]) names `max_context` and `max_batch`, what
 //! they cost and the largest values that fit.
 
-use super::error::{PlanError, Result};
+use super::error::{CacheOverflow, PlanError, Result};
 use super::plan::{plan, CacheOrigins, Origin, Plan, PlanInput};
 use super::units::format_bytes;
 use crate::config::OffloadMode;
@@ -234,18 +234,18 @@ fn cache_error(
     if options.is_empty() {
         return cause;
     }
-    PlanError::CacheDoesNotFit {
+    PlanError::CacheDoesNotFit(Box::new(CacheOverflow {
         asked: format!(
             "{} with {}",
             describe_context(request, context),
             describe_batch(request, batch)
         ),
         kv_bytes: planned.kv_bytes(),
-        kv_dtype: planned.kv_dtype.as_str().to_string(),
+        kv_dtype: planned.kv_dtype.as_str(),
         workspace_bytes: planned.workspace_bytes,
-        cause: Box::new(cause),
+        cause,
         largest: options.join(", or "),
-    }
+    }))
 }
 
 #[cfg(test)]

@@ -165,9 +165,10 @@ fn set_values_are_kept_and_named_when_they_do_not_fit() {
         ),
         "{message}"
     );
-    let PlanError::CacheDoesNotFit { largest, .. } = &err else {
+    let PlanError::CacheDoesNotFit(overflow) = &err else {
         panic!("{err:?}");
     };
+    let largest = &overflow.largest;
     // The largest context named fits at that batch, and one token more does not (streaming
     // every layer: 5 MiB fixed + 2 slots of 10 MiB).
     let context: usize = largest
@@ -193,9 +194,10 @@ fn set_values_are_kept_and_named_when_they_do_not_fit() {
         ..unset(1 << 20)
     };
     let err = fit(&request, &model(OffloadMode::None, budget)).expect_err("too large");
-    let PlanError::CacheDoesNotFit { asked, largest, .. } = &err else {
+    let PlanError::CacheDoesNotFit(overflow) = &err else {
         panic!("{err:?}");
     };
+    let (asked, largest) = (&overflow.asked, &overflow.largest);
     assert_eq!(
         asked,
         "`max_context` 4096 (the model's 1048576, lowered) with `max_batch` 64 (set)"

@@ -54,7 +54,7 @@ mod swap_copy;
 pub mod units;
 
 pub use accounting::{Accounting, AccountingSnapshot, PlannedBytes};
-pub use error::{OffloadError, PlanError, Result};
+pub use error::{CacheOverflow, OffloadError, PlanError, Result};
 pub use host::HostStore;
 pub use layout::{LayerLayout, SlotKind, SlotLayout, SlotMatrix};
 pub use load::{load_parked, load_placed, ParkedModel, PlacedModel};

@@ -299,6 +299,36 @@ mod tests {
     }
 
     #[test]
+    fn the_cache_line_and_json_say_where_context_batch_and_dtype_came_from() {
+        use crate::offload::plan::{CacheOrigins, Origin};
+        let mut input = PlanInput::new(OffloadMode::None, vec![MIB], 0, 100 * MIB);
+        input.max_context = 4096;
+        input.max_batch = 8;
+        input.kv_dtype = candle_core::DType::F16;
+        input.origins = CacheOrigins {
+            max_context: Origin::Fitted,
+            max_batch: Origin::Default,
+            kv_dtype: Origin::Set,
+            model_context: 131072,
+        };
+        let plan = plan_fn(&input);
+        let text = render_text(&plan);
+        assert!(
+            text.contains("\ncache   max_context 4096 (fitted; the model's 131072), max_batch 8 (default), kv_dtype f16 (set)\n"),
+            "{text}"
+        );
+        let value = plan_json(&plan);
+        assert_eq!(value["max_context"], 4096);
+        assert_eq!(value["max_batch"], 8);
+        assert_eq!(value["kv_dtype"], "f16");
+        assert_eq!(value["model_context"], 131072);
+        assert_eq!(
+            value["origin"],
+            json!({"max_context": "fitted", "max_batch": "default", "kv_dtype": "set"})
+        );
+    }
+
+    #[test]
     fn json_has_the_documented_shape() {
         let plan = auto_plan();
         let value: serde_json::Value =

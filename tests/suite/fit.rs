@@ -68,7 +68,7 @@ fn a_long_context_model_is_planned_with_a_fitted_context() {
     let document: Value = serde_json::from_str(&stdout).expect("JSON");
     let plan = &document["models"][0]["plan"];
     let context = plan["max_context"].as_u64().expect("max_context") as usize;
-    assert!(context < LONG && context >= 4096, "{plan}");
+    assert!((4096..LONG).contains(&context), "{plan}");
     assert_eq!(context % 256, 0);
     assert_eq!(plan["model_context"], LONG);
     assert_eq!(plan["max_batch"], 8, "the context shrinks before the batch");
@@ -196,7 +196,7 @@ fn the_real_model_loads_with_a_fitted_context_within_its_budget() {
         .with_ansi(false)
         .finish();
     let loaded = tracing::subscriber::with_default(subscriber, || {
-        load_for_serving(&config, &Device::Cpu, &hub())
+        load_for_serving(&config, &Device::Cpu, &hub()).map_err(|e| e.to_string())
     })
     .expect("loads");
     assert_eq!(loaded.runner.max_context(), plan.max_context);
