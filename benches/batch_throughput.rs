@@ -4,14 +4,18 @@
 //! layer serves the whole batch, so the aggregate at 8 should approach 8x the single-request
 //! rate. Prints a markdown table with the ratios.
 //!
-//! Usage: cargo bench --bench batch_throughput -- [--model PATH] [--tokens N] [--link RATE_BYTES_PER_S]
+//! Usage: cargo bench --bench batch_throughput -- [OPTIONS] (`-- --help` lists them).
+
+mod common;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::Device;
+use clap::Parser;
+use common::ModelArgs;
 use ferry::config::{
-    DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
+    DeviceChoice, DeviceConfig, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
 };
 use ferry::engine::{
     Backend, EngineHandle, EngineOptions, GenerationEvent, GenerationParams, GenerationRequest,
@@ -20,38 +24,25 @@ use ferry::engine::{
 use ferry::model::source::HubOptions;
 use ferry::runtime::load::load_for_serving_on;
 
+/// `cargo bench --bench batch_throughput -- [OPTIONS]`.
+#[derive(Parser)]
 struct Options {
-    model: String,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Tokens generated per request.
+    #[arg(long, default_value_t = 32)]
     tokens: usize,
+    /// The emulated link's bandwidth in the streamed case, bytes/s.
+    #[arg(long, default_value_t = 400_000_000)]
     link: u64,
-}
-
-fn parse_args() -> Result<Options, String> {
-    let mut options = Options {
-        model: "models/SmolLM2-135M-Instruct.Q4_1.gguf".to_string(),
-        tokens: 32,
-        link: 400_000_000,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--model" => options.model = value()?,
-            "--tokens" => options.tokens = value()?.parse().map_err(|_| "bad --tokens")?,
-            "--link" => options.link = value()?.parse().map_err(|_| "bad --link")?,
-            "--bench" => {}
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    Ok(options)
 }
 
 /// An engine serving the model in `mode` with batches of up to 8.
 fn engine(options: &Options, mode: OffloadMode, link: Option<u64>) -> Result<EngineHandle, String> {
     let config = ModelConfig {
         name: "bench".to_string(),
-        source: options.model.clone(),
-        dtype: DtypeChoice::Auto,
+        source: options.model.source.clone(),
+        dtype: options.model.dtype,
         max_context: Some(512),
         max_batch: Some(8),
         offload: OffloadConfig {
@@ -124,7 +115,7 @@ fn aggregate_rate(engine: &EngineHandle, n: usize, tokens: usize) -> Result<f64,
 }
 
 fn main() -> Result<(), String> {
-    let options = parse_args()?;
+    let options = Options::parse();
     let cases = [
         ("resident (none)", OffloadMode::None, None),
         (

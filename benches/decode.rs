@@ -2,87 +2,47 @@
 //! SmolLM2-135M-Instruct Q4_1), greedy, batch 1, printed as one JSON line per run so
 //! `benches/compare-llama-cpp.sh` can set it beside llama.cpp on the same file and threads.
 //!
-//! Usage: cargo bench --bench decode -- [--model PATH] [--kv-dtype auto|f32|f16|bf16]
-//!        [--prompt-tokens N] [--gen-tokens N] [--runs N]
+//! Usage: cargo bench --bench decode -- [OPTIONS] (`-- --help` lists them).
 //! Threads: candle's CPU kernels use RAYON_NUM_THREADS (set it to compare at a fixed count).
+
+mod common;
 
 use std::time::Instant;
 
+use clap::Parser;
+use common::ModelArgs;
+use ferry::config::values::{Codec, Dtype};
 use ferry::config::{DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode};
+use ferry::engine::sampling::argmax;
 use ferry::engine::traits::{LanguageModel, TextCodec};
 use ferry::model::source::HubOptions;
 use ferry::runtime::load::load_for_serving;
 
+/// `cargo bench --bench decode -- [OPTIONS]`.
+#[derive(Parser)]
 struct Options {
-    model: String,
-    dtype: DtypeChoice,
-    kv_dtype: DtypeChoice,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt length in tokens.
+    #[arg(long, default_value_t = 128)]
     prompt_tokens: usize,
+    /// Tokens generated per run.
+    #[arg(long, default_value_t = 128)]
     gen_tokens: usize,
+    /// Runs (one JSON line each).
+    #[arg(long, default_value_t = 3)]
     runs: usize,
-}
-
-fn parse_args() -> Result<Options, String> {
-    let mut options = Options {
-        model: "models/SmolLM2-135M-Instruct.Q4_1.gguf".to_string(),
-        dtype: DtypeChoice::Auto,
-        kv_dtype: DtypeChoice::Auto,
-        prompt_tokens: 128,
-        gen_tokens: 128,
-        runs: 3,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--model" => options.model = value()?,
-            "--dtype" => {
-                options.dtype = match value()?.as_str() {
-                    "f32" => DtypeChoice::F32,
-                    "auto" => DtypeChoice::Auto,
-                    other => return Err(format!("unsupported --dtype {other}")),
-                }
-            }
-            "--kv-dtype" => {
-                options.kv_dtype = match value()?.as_str() {
-                    "auto" => DtypeChoice::Auto,
-                    "f32" => DtypeChoice::F32,
-                    "f16" => DtypeChoice::F16,
-                    "bf16" => DtypeChoice::BF16,
-                    other => return Err(format!("unsupported --kv-dtype {other}")),
-                }
-            }
-            "--prompt-tokens" => options.prompt_tokens = parse(&value()?)?,
-            "--gen-tokens" => options.gen_tokens = parse(&value()?)?,
-            "--runs" => options.runs = parse(&value()?)?,
-            "--bench" => {} // cargo bench passes this through
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    Ok(options)
-}
-
-fn parse(text: &str) -> Result<usize, String> {
-    text.parse()
-        .map_err(|_| format!("`{text}` is not a number"))
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, value) in logits.iter().enumerate() {
-        if *value > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
+    /// KV cache dtype, as the `kv_dtype` setting takes it (auto, f32, f16, bf16).
+    #[arg(long, default_value = "auto", value_parser = Dtype::parse)]
+    kv_dtype: DtypeChoice,
 }
 
 fn main() -> Result<(), String> {
-    let options = parse_args()?;
+    let options = Options::parse();
     let config = ModelConfig {
         name: "bench".to_string(),
-        source: options.model.clone(),
-        dtype: options.dtype,
+        source: options.model.source.clone(),
+        dtype: options.model.dtype,
         max_context: None,
         max_batch: Some(1),
         kv_dtype: options.kv_dtype,

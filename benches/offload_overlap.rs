@@ -6,61 +6,41 @@
 //! `(t_compute + t_copy - t_step) / min(t_compute, t_copy)` (1.0: the copy is fully hidden,
 //! 0.0: none of it is), and the achieved copy bandwidth as a fraction of the configured one.
 //!
-//! Usage: cargo bench --bench offload_overlap -- [--model PATH] [--steps N] [--dtype auto|f32]
+//! Usage: cargo bench --bench offload_overlap -- [OPTIONS] (`-- --help` lists them).
+
+mod common;
 
 use std::time::{Duration, Instant};
 
 use candle_core::Device;
+use clap::Parser;
+use common::ModelArgs;
 use ferry::config::{
-    DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
+    DeviceChoice, DeviceConfig, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
 };
+use ferry::engine::sampling::argmax;
 use ferry::engine::traits::{LanguageModel, TextCodec};
 use ferry::model::source::HubOptions;
-use ferry::offload::render::{format_bandwidth, format_bytes};
+use ferry::offload::units::{format_bandwidth, format_bytes};
 use ferry::runtime::adapters::ModelRunner;
 use ferry::runtime::load::load_for_serving_on;
 use ferry::runtime::planning::plan_model;
 
+/// `cargo bench --bench offload_overlap -- [OPTIONS]`.
+#[derive(Parser)]
 struct Options {
-    model: String,
-    dtype: DtypeChoice,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Decode steps timed per case.
+    #[arg(long, default_value_t = 16)]
     steps: usize,
-}
-
-fn parse_args() -> Result<Options, String> {
-    let mut options = Options {
-        model: "models/SmolLM2-135M-Instruct.Q4_1.gguf".to_string(),
-        dtype: DtypeChoice::Auto,
-        steps: 16,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--model" => options.model = value()?,
-            "--steps" => {
-                let text = value()?;
-                options.steps = text.parse().map_err(|_| format!("bad --steps {text}"))?;
-            }
-            "--dtype" => {
-                options.dtype = match value()?.as_str() {
-                    "f32" => DtypeChoice::F32,
-                    "auto" => DtypeChoice::Auto,
-                    other => return Err(format!("unsupported --dtype {other}")),
-                }
-            }
-            "--bench" => {}
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    Ok(options)
 }
 
 fn config(options: &Options, mode: OffloadMode, prefetch: usize) -> ModelConfig {
     ModelConfig {
         name: "bench".into(),
-        source: options.model.clone(),
-        dtype: options.dtype,
+        source: options.model.source.clone(),
+        dtype: options.model.dtype,
         max_context: Some(512),
         max_batch: Some(1),
         offload: OffloadConfig {
@@ -79,14 +59,6 @@ fn device(link_bandwidth: Option<u64>) -> DeviceConfig {
         link_bandwidth,
         ..DeviceConfig::default()
     }
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    logits
-        .iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map_or(0, |(i, _)| i as u32)
 }
 
 /// Mean wall time of one decode step over `steps` steps (after a prefill and two warm-up steps).
@@ -120,7 +92,7 @@ fn decode_step_time(
 }
 
 fn main() -> Result<(), String> {
-    let options = parse_args()?;
+    let options = Options::parse();
     let hub = HubOptions::from_env(|_| None);
     let prompt_text = "The capital of France is";
 
@@ -142,7 +114,7 @@ fn main() -> Result<(), String> {
     let bandwidth = (layer_bytes as f64 / t_layer) as u64;
     println!(
         "model {} ({} layers, {} per layer); resident decode step {:.2} ms, {:.3} ms per layer; link bandwidth set to {}\n",
-        options.model,
+        options.model.source,
         n_layers,
         format_bytes(layer_bytes),
         t_resident.as_secs_f64() * 1e3,

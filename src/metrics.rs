@@ -22,7 +22,7 @@
 //! | `ferry_offload_bytes_copied_total` | counter | offload engine: bytes copied host -> device |
 //! | `ferry_offload_wait_seconds_total` | counter | offload engine: time compute waited for a copy |
 //! | `ferry_model_swaps_total` | counter | residency manager (mode `model`) |
-//! | `ferry_model_resident{model}` | gauge | engine (1 once loaded); the residency manager later |
+//! | `ferry_model_resident{model}` | gauge | engine (1 once loaded); in mode `model` the swap manager's location |
 //!
 //! Every series exists from the start: the per-model ones from [`Metrics::register_model`]
 //! (the engine calls it for each configured model before any is loaded), the device-memory
@@ -44,6 +44,8 @@
 //!
 //! Per-request bookkeeping and the request log line live in [`tracker`].
 
+#[cfg(test)]
+pub(crate) mod log_capture;
 mod tracker;
 
 pub use tracker::{RequestContext, RequestEnd, RequestTracker, TrackedRequest};

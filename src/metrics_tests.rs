@@ -1,6 +1,5 @@
 //! Tests for [`Metrics`] and [`RequestTracker`]: names, labels, rendering and exact counts.
 
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use super::*;
@@ -152,33 +151,10 @@ fn kv_usage_sums_entries_over_capacities_of_every_model() {
     assert_eq!(sample(&text, "vllm:kv_cache_usage_perc"), Some(1.0));
 }
 
-/// Log output captured in memory.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn the_request_line_names_the_request_and_its_numbers() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
     let m = Metrics::new();
-    tracing::subscriber::with_default(subscriber, || {
+    let ((), text) = super::log_capture::capture_logs(|| {
         let context = RequestContext::new("req-42");
         let mut t = RequestTracker::new(
             &m,
@@ -208,7 +184,6 @@ fn the_request_line_names_the_request_and_its_numbers() {
             error: "out of memory",
         });
     });
-    let text = String::from_utf8(captured.0.lock().expect("log").clone()).expect("utf-8");
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");
     assert!(lines[0].contains(" INFO "), "{text}");

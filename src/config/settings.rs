@@ -175,7 +175,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("64"),
         default_note: "",
         example: "7",
-        help: "Requests allowed to wait for a batch slot (beyond it: 503).",
+        help: "Requests allowed to wait for a place in the batch (beyond it: 503).",
         field: field!(Server, Number<usize>, max_queue),
     },
     Setting {

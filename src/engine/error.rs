@@ -45,6 +45,10 @@ pub enum EngineError {
     /// The engine thread is gone (shutdown or a crash); the request cannot be served.
     #[error("the engine is not running")]
     Unavailable,
+    /// The model could not be brought up (a user's file, a refused setting, a panic in the
+    /// loader): the message is the loader's own, without an "internal error" prefix.
+    #[error("{0}")]
+    LoadFailed(String),
     /// A failure inside the model or tokenizer while serving the request.
     #[error("internal error: {0}")]
     Internal(String),

@@ -1,7 +1,7 @@
 //! Continuous batching as plain state: a waiting queue and a running set for one model.
 //!
 //! The engine thread calls, once per step: [`Scheduler::admit`] (drop cancelled requests, move
-//! waiting ones into free running slots, oldest first, up to `max_batch`), then
+//! waiting ones into free places in the batch, oldest first, up to `max_batch`), then
 //! [`Scheduler::plan`] (which running sequences take part in this step and with how many
 //! tokens), runs that one batched forward step, and [`Scheduler::retire`]s the sequences that
 //! finished. New requests therefore join, and finished ones leave, at step boundaries.
@@ -36,9 +36,9 @@ pub struct Admission<T> {
     pub started: usize,
 }
 
-/// One sequence's part in a step.
+/// One sequence's share of a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Slot {
+pub struct StepShare {
     /// Index into [`Scheduler::running_mut`].
     pub index: usize,
     /// Most tokens it feeds this step (1 when decoding).
@@ -92,7 +92,7 @@ impl<T: Schedulable> Scheduler<T> {
         self.waiting.push_back(entry);
     }
 
-    /// Requests waiting for a slot.
+    /// Requests waiting for a place in the batch.
     pub fn waiting_len(&self) -> usize {
         self.waiting.len()
     }
@@ -107,7 +107,7 @@ impl<T: Schedulable> Scheduler<T> {
         self.waiting.is_empty() && self.running.is_empty()
     }
 
-    /// Drops cancelled requests, then fills free running slots from the front of the queue.
+    /// Drops cancelled requests, then fills free places in the batch from the front of the queue.
     pub fn admit(&mut self) -> Admission<T> {
         let (dropped_running, running): (Vec<T>, Vec<T>) = std::mem::take(&mut self.running)
             .into_iter()
@@ -136,32 +136,32 @@ impl<T: Schedulable> Scheduler<T> {
     /// The sequences of the next step, in running order: every decoding one with budget 1, and
     /// prefilling ones (oldest first) with up to `prefill_chunk` tokens each while the step's
     /// budget lasts. The budgets add up to at most `max_step_tokens`.
-    pub fn plan(&self) -> Vec<Slot> {
+    pub fn plan(&self) -> Vec<StepShare> {
         let decoding = self
             .running
             .iter()
             .filter(|e| e.prefill_remaining() == 0)
             .count();
         let mut budget = self.limits.max_step_tokens.saturating_sub(decoding);
-        let mut slots = Vec::with_capacity(self.running.len());
+        let mut shares = Vec::with_capacity(self.running.len());
         for (index, entry) in self.running.iter().enumerate() {
             match entry.prefill_remaining() {
-                0 => slots.push(Slot { index, budget: 1 }),
+                0 => shares.push(StepShare { index, budget: 1 }),
                 _ if budget == 0 => {}
                 remaining => {
                     let take = remaining.min(self.limits.prefill_chunk).min(budget);
                     budget -= take;
-                    slots.push(Slot {
+                    shares.push(StepShare {
                         index,
                         budget: take,
                     });
                 }
             }
         }
-        slots
+        shares
     }
 
-    /// The running sequences, in admission order (indices as in [`Slot::index`]).
+    /// The running sequences, in admission order (indices as in [`StepShare::index`]).
     pub fn running_mut(&mut self) -> &mut [T] {
         &mut self.running
     }
@@ -281,14 +281,24 @@ mod tests {
         s.push(req(2, 4));
         s.push(req(3, 0));
         s.admit();
-        let slot = |index, budget| Slot { index, budget };
-        assert_eq!(s.plan(), [slot(0, 1), slot(1, 8), slot(2, 2), slot(3, 1)]);
+        let share = |index, budget| StepShare { index, budget };
+        assert_eq!(
+            s.plan(),
+            [share(0, 1), share(1, 8), share(2, 2), share(3, 1)]
+        );
         s.running_mut()[1].prefill = 6;
-        assert_eq!(s.plan(), [slot(0, 1), slot(1, 6), slot(2, 4), slot(3, 1)]);
+        assert_eq!(
+            s.plan(),
+            [share(0, 1), share(1, 6), share(2, 4), share(3, 1)]
+        );
         let mut tiny = Scheduler::new(limits(2, 0, 0));
         tiny.push(req(0, 3));
         tiny.admit();
-        assert_eq!(tiny.plan(), [slot(0, 1)], "zero limits still make progress");
+        assert_eq!(
+            tiny.plan(),
+            [share(0, 1)],
+            "zero limits still make progress"
+        );
     }
 
     #[test]
@@ -301,14 +311,18 @@ mod tests {
         s.admit();
         for _ in 0..50 {
             let plan = s.plan();
-            let tokens: usize = plan.iter().map(|slot| slot.budget).sum();
+            let tokens: usize = plan.iter().map(|share| share.budget).sum();
             assert!(tokens <= 16, "{plan:?}");
             // Both decodes are in every step.
-            assert!(plan.iter().any(|slot| slot.index == 0 && slot.budget == 1));
-            assert!(plan.iter().any(|slot| slot.index == 2 && slot.budget == 1));
-            for slot in plan {
-                let entry = &mut s.running_mut()[slot.index];
-                entry.prefill = entry.prefill.saturating_sub(slot.budget);
+            assert!(plan
+                .iter()
+                .any(|share| share.index == 0 && share.budget == 1));
+            assert!(plan
+                .iter()
+                .any(|share| share.index == 2 && share.budget == 1));
+            for share in plan {
+                let entry = &mut s.running_mut()[share.index];
+                entry.prefill = entry.prefill.saturating_sub(share.budget);
             }
         }
         assert_eq!(

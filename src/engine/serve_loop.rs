@@ -2,10 +2,10 @@
 //!
 //! Jobs arriving on the channel become [`Generation`]s (validated, with a fresh model sequence)
 //! and wait in the [`Scheduler`]. Each iteration is one step: drop cancelled requests, admit
-//! waiting ones into free slots (`max_batch`), run one [`LanguageModel::forward_batch`] over
-//! every scheduled sequence (one decode token each, then prompt chunks within the step's token
-//! budget), sample each one's next token, and retire the finished. A client that goes away is
-//! therefore dropped within one step.
+//! waiting ones into free places in the batch (`max_batch`), run one
+//! [`LanguageModel::forward_batch`] over every scheduled sequence (one decode token each, then
+//! prompt chunks within the step's token budget), sample each one's next token, and retire the
+//! finished. A client that goes away is therefore dropped within one step.
 //!
 //! The gauges and counters of [`Metrics`] are kept here: `waiting` and `running` move with the
 //! scheduler, the `pending` count (for `max_queue`) drops when a request leaves for good, and
@@ -22,7 +22,7 @@ use crate::metrics::{Metrics, RequestEnd, RequestTracker, TrackedRequest};
 use super::generate::{Generation, Outcome, Progress, Started};
 use super::queue::Job;
 use super::request::FinishReason;
-use super::scheduler::{Schedulable, Scheduler, Slot, StepLimits};
+use super::scheduler::{Schedulable, Scheduler, StepLimits, StepShare};
 use super::traits::{LanguageModel, TextCodec};
 use super::worker::panic_message;
 use super::EngineError;
@@ -173,13 +173,13 @@ fn step<M: LanguageModel>(
     let running = scheduler.running_mut();
     let inputs: Vec<Vec<u32>> = plan
         .iter()
-        .map(|slot| running[slot.index].generation.input(slot.budget).to_vec())
+        .map(|share| running[share.index].generation.input(share.budget).to_vec())
         .collect();
     let result = {
         let mut members = plan.iter().peekable();
         let mut batch: Vec<(&mut M::Sequence, &[u32])> = Vec::with_capacity(plan.len());
         for (index, active) in running.iter_mut().enumerate() {
-            if members.next_if(|slot| slot.index == index).is_some() {
+            if members.next_if(|share| share.index == index).is_some() {
                 batch.push((&mut active.seq, &inputs[batch.len()]));
             }
         }
@@ -204,8 +204,8 @@ fn step<M: LanguageModel>(
         }
     };
     let mut finished = Vec::new();
-    for ((slot, row), input) in plan.iter().zip(logits).zip(&inputs) {
-        let active = &mut running[slot.index];
+    for ((share, row), input) in plan.iter().zip(logits).zip(&inputs) {
+        let active = &mut running[share.index];
         active.tracker.fed(input.len());
         let generation = &mut active.generation;
         if !generation.fed(input.len()) {
@@ -220,20 +220,25 @@ fn step<M: LanguageModel>(
             });
         if let Progress::Done(outcome) = progress {
             end_request(&active.tracker, &outcome);
-            finished.push(slot.index);
+            finished.push(share.index);
         }
     }
     finished
 }
 
 /// Fails every sequence of the step with `err`; returns their running indices.
-fn fail_all<S>(name: &str, running: &[Active<S>], plan: &[Slot], err: EngineError) -> Vec<usize> {
+fn fail_all<S>(
+    name: &str,
+    running: &[Active<S>],
+    plan: &[StepShare],
+    err: EngineError,
+) -> Vec<usize> {
     tracing::debug!(model = name, error = %err, "step failed");
-    for slot in plan {
-        let active = &running[slot.index];
+    for share in plan {
+        let active = &running[share.index];
         end_request(&active.tracker, &active.generation.fail(err.clone()));
     }
-    plan.iter().map(|slot| slot.index).collect()
+    plan.iter().map(|share| share.index).collect()
 }
 
 /// Ends `tracker`'s request with `outcome` (which writes the request's log line).

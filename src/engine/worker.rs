@@ -58,8 +58,8 @@ pub const DEFAULT_MAX_STEP_TOKENS: usize = 512;
 /// Engine-wide settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineOptions {
-    /// Most requests per model that may wait for a free sequence slot; with every slot busy
-    /// and `max_queue` requests waiting, more are refused at once with
+    /// Most requests per model that may wait for a place in its batch; with the batch full and
+    /// `max_queue` requests waiting, more are refused at once with
     /// [`EngineError::Overloaded`] (HTTP 503 + `Retry-After`). Default: unbounded.
     pub max_queue: usize,
     /// Most sequences one model generates together (one batched forward step serves them
@@ -97,7 +97,7 @@ struct Loaded {
     vocab_size: usize,
 }
 
-enum SlotState {
+enum LoadState {
     Loading,
     Ready(Loaded),
     /// Why loading failed (reported to every request for the model).
@@ -105,11 +105,11 @@ enum SlotState {
 }
 
 /// One served model as the handles see it.
-struct ModelSlot {
+struct ModelEntry {
     name: String,
     created: u64,
     /// Written once by the model's thread (load finished), read by every request: an RwLock.
-    state: Arc<RwLock<SlotState>>,
+    state: Arc<RwLock<LoadState>>,
     /// Jobs for the model's thread. A std channel: the receiving side is a plain thread that
     /// blocks on it, and senders never block.
     jobs: std_mpsc::Sender<Job>,
@@ -122,7 +122,7 @@ struct ModelSlot {
 struct Shared {
     options: EngineOptions,
     /// Fixed at construction, in configuration order.
-    models: Vec<ModelSlot>,
+    models: Vec<ModelEntry>,
     /// Where swapped models are (offload mode `model`), set once by the runtime.
     residency: OnceLock<Arc<dyn Residency>>,
 }
@@ -153,7 +153,7 @@ impl EngineHandle {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let mut models: Vec<ModelSlot> = Vec::new();
+        let mut models: Vec<ModelEntry> = Vec::new();
         for name in names {
             let name = name.into();
             if models.iter().any(|m| m.name == name) {
@@ -161,10 +161,10 @@ impl EngineHandle {
             }
             let (jobs, receiver) = std_mpsc::channel();
             options.metrics.register_model(&name);
-            models.push(ModelSlot {
+            models.push(ModelEntry {
                 name,
                 created,
-                state: Arc::new(RwLock::new(SlotState::Loading)),
+                state: Arc::new(RwLock::new(LoadState::Loading)),
                 jobs,
                 receiver: Mutex::new(Some(receiver)),
                 pending: Arc::new(AtomicUsize::new(0)),
@@ -190,15 +190,15 @@ impl EngineHandle {
         M: LanguageModel + 'static,
         F: FnOnce() -> EngineResult<(M, Arc<dyn TextCodec>)> + Send + 'static,
     {
-        let slot = self.slot(name)?;
-        let receiver = slot
+        let entry = self.entry(name)?;
+        let receiver = entry
             .receiver
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
             .ok_or_else(|| EngineError::Internal(format!("model `{name}` was already loaded")))?;
-        let state = Arc::clone(&slot.state);
-        let pending = Arc::clone(&slot.pending);
+        let state = Arc::clone(&entry.state);
+        let pending = Arc::clone(&entry.pending);
         let metrics = self.shared.options.metrics.clone();
         let options = &self.shared.options;
         let limits = StepLimits {
@@ -234,7 +234,7 @@ impl EngineHandle {
     where
         M: LanguageModel + 'static,
     {
-        let ready = SlotState::Ready(Loaded {
+        let ready = LoadState::Ready(Loaded {
             codec: Arc::clone(&codec),
             max_context: model.max_context(),
             vocab_size: model.vocab_size(),
@@ -243,7 +243,7 @@ impl EngineHandle {
         // The thread writes the same state once it starts; writing it here too closes the window
         // in which a caller that already holds the model would see `Loading`.
         *self
-            .slot(name)?
+            .entry(name)?
             .state
             .write()
             .unwrap_or_else(PoisonError::into_inner) = ready;
@@ -256,7 +256,7 @@ impl EngineHandle {
         let _ = self.shared.residency.set(probe);
     }
 
-    fn slot(&self, name: &str) -> EngineResult<&ModelSlot> {
+    fn entry(&self, name: &str) -> EngineResult<&ModelEntry> {
         self.shared
             .models
             .iter()
@@ -270,22 +270,22 @@ impl EngineHandle {
         options.max_queue.saturating_add(options.max_batch.max(1))
     }
 
-    fn overloaded(&self, slot: &ModelSlot) -> EngineError {
+    fn overloaded(&self, entry: &ModelEntry) -> EngineError {
         EngineError::Overloaded(format!(
             "{} requests are already waiting for model `{}` (the limit `server.max_queue`); \
              retry later",
-            self.shared.options.max_queue, slot.name
+            self.shared.options.max_queue, entry.name
         ))
     }
 
-    /// The slot and its loaded parts, or why it cannot serve.
-    fn ready(&self, name: &str) -> EngineResult<(&ModelSlot, Loaded)> {
-        let slot = self.slot(name)?;
-        let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
+    /// The entry and its loaded parts, or why it cannot serve.
+    fn ready(&self, name: &str) -> EngineResult<(&ModelEntry, Loaded)> {
+        let entry = self.entry(name)?;
+        let state = entry.state.read().unwrap_or_else(PoisonError::into_inner);
         match &*state {
-            SlotState::Ready(loaded) => Ok((slot, loaded.clone())),
-            SlotState::Loading => Err(EngineError::NotReady(name.to_owned())),
-            SlotState::Failed(reason) => Err(EngineError::Internal(format!(
+            LoadState::Ready(loaded) => Ok((entry, loaded.clone())),
+            LoadState::Loading => Err(EngineError::NotReady(name.to_owned())),
+            LoadState::Failed(reason) => Err(EngineError::LoadFailed(format!(
                 "the model `{name}` failed to load: {reason}"
             ))),
         }
@@ -300,9 +300,9 @@ impl Backend for EngineHandle {
             .map(|m| {
                 let state = m.state.read().unwrap_or_else(PoisonError::into_inner);
                 let (status, max_context) = match &*state {
-                    SlotState::Loading => (ModelStatus::Loading, None),
-                    SlotState::Ready(l) => (ModelStatus::Ready, Some(l.max_context)),
-                    SlotState::Failed(_) => (ModelStatus::Failed, None),
+                    LoadState::Loading => (ModelStatus::Loading, None),
+                    LoadState::Ready(l) => (ModelStatus::Ready, Some(l.max_context)),
+                    LoadState::Failed(_) => (ModelStatus::Failed, None),
                 };
                 ModelCard {
                     id: m.name.clone(),
@@ -356,9 +356,9 @@ impl Backend for EngineHandle {
     }
 
     fn check_capacity(&self, model: &str) -> EngineResult<()> {
-        let slot = self.slot(model)?;
-        if slot.pending.load(Ordering::SeqCst) >= self.capacity() {
-            return Err(self.overloaded(slot));
+        let entry = self.entry(model)?;
+        if entry.pending.load(Ordering::SeqCst) >= self.capacity() {
+            return Err(self.overloaded(entry));
         }
         Ok(())
     }
@@ -390,16 +390,16 @@ impl Backend for EngineHandle {
     }
 
     fn submit(&self, request: GenerationRequest) -> EngineResult<mpsc::Receiver<GenerationEvent>> {
-        let (slot, loaded) = self.ready(&request.model)?;
+        let (entry, loaded) = self.ready(&request.model)?;
         validate_prompt(
             &request.prompt,
             &request.params,
             loaded.max_context,
             loaded.vocab_size,
         )?;
-        if slot.pending.fetch_add(1, Ordering::SeqCst) >= self.capacity() {
-            slot.pending.fetch_sub(1, Ordering::SeqCst);
-            return Err(self.overloaded(slot));
+        if entry.pending.fetch_add(1, Ordering::SeqCst) >= self.capacity() {
+            entry.pending.fetch_sub(1, Ordering::SeqCst);
+            return Err(self.overloaded(entry));
         }
         let buffer = request
             .params
@@ -415,8 +415,8 @@ impl Backend for EngineHandle {
             accepted: Instant::now(),
             context: RequestContext::current(),
         };
-        if slot.jobs.send(job).is_err() {
-            slot.pending.fetch_sub(1, Ordering::SeqCst);
+        if entry.jobs.send(job).is_err() {
+            entry.pending.fetch_sub(1, Ordering::SeqCst);
             metrics.request_dequeued();
             return Err(EngineError::Unavailable);
         }
@@ -426,7 +426,7 @@ impl Backend for EngineHandle {
 
 /// What a model's engine thread shares with the handles.
 struct ThreadShared<'a> {
-    state: &'a RwLock<SlotState>,
+    state: &'a RwLock<LoadState>,
     jobs: &'a std_mpsc::Receiver<Job>,
     pending: &'a AtomicUsize,
     metrics: &'a Metrics,
@@ -440,25 +440,32 @@ where
     M: LanguageModel,
     F: FnOnce() -> EngineResult<(M, Arc<dyn TextCodec>)>,
 {
-    let loaded = catch_unwind(AssertUnwindSafe(loader))
-        .unwrap_or_else(|panic| Err(EngineError::Internal(panic_message(&*panic))));
+    let loaded = catch_unwind(AssertUnwindSafe(loader)).unwrap_or_else(|panic| {
+        Err(EngineError::LoadFailed(format!(
+            "the loader panicked: {}",
+            panic_message(&*panic)
+        )))
+    });
     let (mut model, codec) = match loaded {
         Ok(parts) => parts,
         Err(e) => {
-            tracing::error!(model = name, error = %e, "model failed to load");
+            // Whoever started the load reports it (runtime::serve logs it or stops with it), so
+            // a start-up failure is printed once.
+            tracing::debug!(model = name, error = %e, "model failed to load");
             *shared.state.write().unwrap_or_else(PoisonError::into_inner) =
-                SlotState::Failed(e.to_string());
+                LoadState::Failed(e.to_string());
             return;
         }
     };
     let max_context = model.max_context();
-    *shared.state.write().unwrap_or_else(PoisonError::into_inner) = SlotState::Ready(Loaded {
+    *shared.state.write().unwrap_or_else(PoisonError::into_inner) = LoadState::Ready(Loaded {
         codec: Arc::clone(&codec),
         max_context,
         vocab_size: model.vocab_size(),
     });
     tracing::info!(model = name, max_context, "model ready");
-    // Every layer is resident on the compute device until the offload engine manages this.
+    // Ready means resident; in offload mode `model` the swap manager's location replaces this
+    // (published by `runtime::telemetry`).
     shared.metrics.set_model_resident(name, true);
     let context = LoopContext {
         name,

@@ -221,11 +221,11 @@ async fn failed_loads_are_reported() {
     wait_until(&handle, "panic", ModelStatus::Failed);
     assert!(matches!(
         handle.submit(request("err", vec![1], 1)),
-        Err(EngineError::Internal(m)) if m.contains("no such file")
+        Err(EngineError::LoadFailed(m)) if m.contains("no such file")
     ));
     assert!(matches!(
         handle.tokenize("panic", "x", false),
-        Err(EngineError::Internal(m)) if m.contains("loader blew up")
+        Err(EngineError::LoadFailed(m)) if m.contains("loader blew up")
     ));
     assert!(handle
         .models()
@@ -233,8 +233,9 @@ async fn failed_loads_are_reported() {
         .all(|c| c.status == ModelStatus::Failed));
 }
 
-#[tokio::test]
-async fn max_queue_refuses_extra_requests_and_cancellation_frees_the_slot() {
+/// An engine serving "a" with one place in its batch and no queue, whose model answers `a`s at
+/// 20 ms a step (so a long request holds the place).
+fn one_place_engine() -> EngineHandle {
     let handle = EngineHandle::with_options(
         ["a"],
         EngineOptions {
@@ -247,6 +248,12 @@ async fn max_queue_refuses_extra_requests_and_cancellation_frees_the_slot() {
     model.after = b'a' as u32;
     model.step_delay = Duration::from_millis(20);
     handle.model_ready("a", model, codec()).unwrap();
+    handle
+}
+
+#[tokio::test]
+async fn max_queue_refuses_extra_requests_and_cancellation_frees_its_place() {
+    let handle = one_place_engine();
     wait_until(&handle, "a", ModelStatus::Ready);
     let mut long = handle.submit(request("a", vec![1], 500)).unwrap();
     assert!(matches!(long.recv().await, Some(GenerationEvent::Token(_))));
@@ -439,18 +446,7 @@ async fn a_long_prompt_beside_a_stream_keeps_every_step_within_the_token_budget(
 
 #[tokio::test]
 async fn check_capacity_refuses_before_submit_and_names_max_queue() {
-    let handle = EngineHandle::with_options(
-        ["a"],
-        EngineOptions {
-            max_queue: 0,
-            max_batch: 1,
-            ..EngineOptions::default()
-        },
-    );
-    let mut model = script("");
-    model.after = b'a' as u32;
-    model.step_delay = Duration::from_millis(20);
-    handle.model_ready("a", model, codec()).unwrap();
+    let handle = one_place_engine();
     assert_eq!(handle.check_capacity("a"), Ok(()));
     let mut long = handle.submit(request("a", vec![1], 500)).unwrap();
     assert!(matches!(long.recv().await, Some(GenerationEvent::Token(_))));

@@ -4,11 +4,10 @@
 
 use std::convert::Infallible;
 
-use candle_core::{DType, Device};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
 
-use super::{GpuError, MemoryInfo, Result};
-use crate::model::weights::LayerWeights;
-use crate::offload::host::{HostLayer, Result as OffloadResult};
+use super::{DeviceAddress, GpuError, MemoryInfo, Result};
 
 /// No CUDA devices in this build.
 pub fn device_count() -> usize {
@@ -23,6 +22,28 @@ pub fn open(ordinal: usize) -> Result<Device> {
 
 /// Always [`GpuError::NotBuilt`].
 pub fn memory_info(device: &Device) -> Result<MemoryInfo> {
+    let _ = device;
+    Err(GpuError::NotBuilt)
+}
+
+/// Always [`GpuError::NotBuilt`].
+pub fn dense_zeros(device: &Device, elems: usize, dtype: DType) -> Result<(Tensor, DeviceAddress)> {
+    let _ = (device, elems, dtype);
+    Err(GpuError::NotBuilt)
+}
+
+/// Always [`GpuError::NotBuilt`].
+pub fn quantized_zeros(
+    device: &Device,
+    shape: &[usize],
+    dtype: GgmlDType,
+) -> Result<(QTensor, DeviceAddress)> {
+    let _ = (device, shape, dtype);
+    Err(GpuError::NotBuilt)
+}
+
+/// Always [`GpuError::NotBuilt`].
+pub fn synchronize(device: &Device) -> Result<()> {
     let _ = device;
     Err(GpuError::NotBuilt)
 }
@@ -98,38 +119,13 @@ impl CopyLink {
     pub fn synchronize(&self) -> Result<()> {
         match self.never {}
     }
-}
 
-/// One slot's device buffers (not available in this build).
-#[derive(Debug)]
-pub struct GpuSlot {
-    never: Infallible,
-}
-
-impl GpuSlot {
-    /// Always [`GpuError::NotBuilt`].
-    pub fn new(device: &Device, layers: &[&HostLayer], dense_dtype: DType) -> Result<Self> {
-        let _ = (device, layers, dense_dtype);
-        Err(GpuError::NotBuilt)
-    }
-
-    /// Bytes this slot holds on the device.
-    pub fn allocated_bytes(&self) -> u64 {
-        match self.never {}
-    }
-
-    /// Queues the copies of `layer` into this slot.
-    pub fn enqueue_fill(&self, _link: &CopyLink, _layer: &HostLayer) -> Result<u64> {
-        match self.never {}
-    }
-
-    /// The weights of `layer` as this slot's tensors.
-    pub fn views(&self, _layer: &HostLayer) -> OffloadResult<LayerWeights> {
-        match self.never {}
-    }
-
-    /// The device the slot lives on.
-    pub fn device(&self) -> Device {
+    /// Queues a raw copy to the device.
+    ///
+    /// # Safety
+    ///
+    /// As for the CUDA build's `CopyLink::copy_to_device` (never reached: no value exists).
+    pub unsafe fn copy_to_device(&self, _dst: DeviceAddress, _src: &[u8]) -> Result<()> {
         match self.never {}
     }
 }
@@ -146,6 +142,8 @@ mod tests {
         assert!(matches!(memory_info(&Device::Cpu), Err(GpuError::NotBuilt)));
         assert!(PinnedBytes::zeroed(&Device::Cpu, 8).is_err());
         assert!(CopyLink::new(&Device::Cpu, 2).is_err());
-        assert!(GpuSlot::new(&Device::Cpu, &[], DType::F32).is_err());
+        assert!(dense_zeros(&Device::Cpu, 8, DType::F32).is_err());
+        assert!(quantized_zeros(&Device::Cpu, &[32], GgmlDType::Q8_0).is_err());
+        assert!(synchronize(&Device::Cpu).is_err());
     }
 }

@@ -5,17 +5,17 @@
 //! return [`GpuError::NotBuilt`] (candle's `dummy_cuda_backend` pattern). The rest of the crate
 //! calls `crate::gpu::*` and needs no `cfg` of its own.
 //!
-//! What lives here:
+//! What lives here (primitives only: nothing here knows layers, slabs or models; the offload
+//! engine builds its host slabs and device slots from these, in `offload/slot_gpu.rs`):
 //!
 //! - devices: [`device_count`], [`open`] (the compute device on a stream of its own, as
 //!   `Device::new_cuda_with_stream` makes it), [`memory_info`] (the driver's free/total bytes);
+//! - driver memory: [`dense_zeros`] and [`quantized_zeros`], device buffers of candle's types
+//!   with their raw [`DeviceAddress`], and [`synchronize`] (the compute stream);
 //! - [`PinnedBytes`]: page-locked host memory, the storage of the offload engine's host slabs on
 //!   CUDA, so copies to the device are true DMA transfers that overlap compute;
-//! - [`CopyLink`]: the copy stream beside candle's compute stream and one *loaded* and one
-//!   *consumed* event per slot (DESIGN.md 4.3);
-//! - [`GpuSlot`]: one slot's device buffers, allocated once (a dense region viewed with
-//!   `narrow`, and a persistent quantized buffer per GGUF matrix shape that receives raw bytes),
-//!   filled by asynchronous copies on the copy stream.
+//! - [`CopyLink`]: the copy stream beside candle's compute stream, one *loaded* and one
+//!   *consumed* event per slot (DESIGN.md 4.3), and raw asynchronous host-to-device copies on it.
 //!
 //! [`is_out_of_memory`] tells a CUDA out-of-memory error apart from other failures, so the
 //! server can answer 503 and live on.
@@ -31,6 +31,9 @@ mod dummy;
 pub use dummy::*;
 
 use thiserror::Error;
+
+/// A raw device address (the driver's `CUdeviceptr`), the destination of a raw copy.
+pub type DeviceAddress = u64;
 
 /// Whether this binary was built with the `cuda` feature.
 pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");

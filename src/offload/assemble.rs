@@ -1,6 +1,6 @@
 //! Assembling one decoder layer's [`LayerWeights`] from a slot, by the layer's tensor table.
 //!
-//! A slot (CPU [`super::slot::SlotBuffers`] or CUDA [`crate::gpu::GpuSlot`]) only knows how to
+//! A slot (CPU [`super::slot::SlotBuffers`] or CUDA [`super::slot_gpu::GpuSlot`]) only knows how to
 //! show one tensor of its region as a device tensor ([`SlotTensors`]); which tensor fills which
 //! field, which biases are optional and which matrices stay quantized is decided here, once for
 //! every device, so streamed layers round exactly like resident ones.

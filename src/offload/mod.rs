@@ -18,8 +18,9 @@
 //! The running side (the CPU device and CUDA devices, one API):
 //!
 //! - [`host`]: [`HostStore`], one slab per offloaded layer, filled once from the mapped file.
-//! - [`slot`] and [`qview`]: a CPU slot's buffers and the weight views into it; [`assemble`]:
-//!   a layer's `LayerWeights` from any slot (CPU or CUDA), by the layer's tensor table.
+//! - [`slot`] and [`qview`]: a CPU slot's buffers and the weight views into it; [`slot_gpu`]:
+//!   its CUDA twin, built from [`crate::gpu`]'s primitives; [`assemble`]: a layer's
+//!   `LayerWeights` from any slot (CPU or CUDA), by the layer's tensor table.
 //! - [`stream`]: [`Streamer`], the slot ring and its tickets, with two copy backends:
 //!   [`stream_thread`] (a copy thread, the CPU device) and [`stream_gpu`] (a CUDA copy stream and
 //!   events; the CUDA primitives themselves live in [`crate::gpu`]).
@@ -39,12 +40,14 @@ pub mod error;
 pub mod fit;
 pub mod host;
 pub mod layout;
+mod link;
 pub mod load;
 pub mod plan;
 pub mod qview;
 pub mod render;
 pub mod sizing;
 pub mod slot;
+pub mod slot_gpu;
 pub mod store;
 pub mod stream;
 mod stream_gpu;

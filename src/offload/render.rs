@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::layout::SlotLayout;
 use super::plan::{mode_name, Home, Plan};
-pub use super::units::{format_bandwidth, format_bytes};
+use super::units::{format_bandwidth, format_bytes};
 
 /// A run of consecutive layers with the same home.
 struct Run {

@@ -3,13 +3,13 @@
 //! (DESIGN.md section 3):
 //!
 //! ```text
-//! store.prefetch_ahead(i)   // queue copies for the next streamed layers, never blocks
+//! store.prefetch_ahead()    // queue copies for the next streamed layers, never blocks
 //! let w = store.layer(i)    // resident tensors, or a slot the copy engine filled
 //! ... forward ...
 //! store.release(i)          // slot reusable; queues the next copy
 //! ```
 //!
-//! `layer(i)` calls `prefetch_ahead(i)` itself, so a loop that only knows `layer` / `release`
+//! `layer(i)` calls `prefetch_ahead()` itself, so a loop that only knows `layer` / `release`
 //! (the model's [`LayerSource`]) streams just as well.
 
 use std::sync::Arc;
@@ -96,10 +96,9 @@ impl WeightStore {
         &self.accounting
     }
 
-    /// Queues copies of the streamed layers after `index` (wrapping to the next step); never
-    /// waits for a copy.
-    pub fn prefetch_ahead(&mut self, index: usize) -> Result<()> {
-        let _ = index;
+    /// Queues copies of the next streamed layers, up to the prefetch depth beyond the next one
+    /// the forward loop takes (wrapping to the next step); never waits for a copy.
+    pub fn prefetch_ahead(&mut self) -> Result<()> {
         if let Some(streamer) = self.streamer.as_mut() {
             streamer.prefetch()?;
         }
@@ -122,7 +121,7 @@ impl WeightStore {
 
 impl LayerSource for WeightStore {
     fn layer(&mut self, index: usize) -> crate::model::Result<LayerWeights> {
-        self.prefetch_ahead(index)?;
+        self.prefetch_ahead()?;
         Ok(self.get(index)?)
     }
 

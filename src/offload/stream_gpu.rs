@@ -18,8 +18,9 @@ use candle_core::Device;
 use super::accounting::Accounting;
 use super::error::OffloadError;
 use super::host::{HostLayer, HostStore, Result};
+use super::slot_gpu::GpuSlot;
 use super::stream::Command;
-use crate::gpu::{CopyLink, GpuSlot};
+use crate::gpu::CopyLink;
 use crate::model::weights::LayerWeights;
 
 /// The slot ring on a CUDA device.

@@ -2,19 +2,19 @@
 //!
 //! It takes commands in order, waits for the slot's *consumed* event (the slot is free), fills
 //! it, and records its *loaded* event. Events are slot states behind one mutex and condition
-//! variable. `link_bandwidth` throttles the copies (each copy lasts at least bytes / bandwidth)
-//! so the CPU behaves like a PCIe link.
+//! variable. `link_bandwidth` throttles the copies ([`super::link`]).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use candle_core::Device;
 
 use super::accounting::Accounting;
 use super::error::OffloadError;
 use super::host::{HostStore, Result};
+use super::link::throttle;
 use super::slot::SlotBuffers;
 use super::stream::Command;
 use crate::model::weights::LayerWeights;
@@ -199,7 +199,7 @@ impl CopyThread {
             let started = Instant::now();
             match self.copy(cmd) {
                 Ok((bytes, weights)) => {
-                    self.throttle(bytes, started);
+                    throttle(self.bandwidth, bytes, started);
                     self.accounting.record_copy(bytes, started.elapsed());
                     let mut state = self.shared.lock();
                     if matches!(state.slots[cmd.slot], SlotState::Loading(t) if t == cmd.ticket) {
@@ -243,16 +243,5 @@ impl CopyThread {
         let slot = &self.buffers[cmd.slot];
         let bytes = slot.fill(layer)?;
         Ok((bytes, slot.views(layer)?))
-    }
-
-    /// Sleeps until `bytes` took at least `bytes / bandwidth` since `started`.
-    fn throttle(&self, bytes: u64, started: Instant) {
-        if let Some(bandwidth) = self.bandwidth.filter(|&b| b > 0) {
-            let target = Duration::from_secs_f64(bytes as f64 / bandwidth as f64);
-            let elapsed = started.elapsed();
-            if target > elapsed {
-                std::thread::sleep(target - elapsed);
-            }
-        }
     }
 }

@@ -252,8 +252,8 @@ impl SwapManager {
         if bytes > self.inner.config.budget_bytes {
             return Err(OffloadError::Weights(format!(
                 "model `{name}` needs {} of device memory for its layers, more than the {} mode `model` may use",
-                super::render::format_bytes(bytes),
-                super::render::format_bytes(self.inner.config.budget_bytes)
+                super::units::format_bytes(bytes),
+                super::units::format_bytes(self.inner.config.budget_bytes)
             )));
         }
         let mut state = self.inner.lock();

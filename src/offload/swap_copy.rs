@@ -3,16 +3,18 @@
 //!
 //! - CUDA: one [`GpuSlot`] per layer, every slab queued as bulk copies on a copy stream from
 //!   pinned memory, one host wait at the end (a swap-in is not in the forward loop).
-//! - CPU: the streaming ring's [`SlotBuffers`] fill path, throttled to `link_bandwidth` so a swap
-//!   costs what the emulated link would.
+//! - CPU: the streaming ring's [`SlotBuffers`] fill path, throttled to `link_bandwidth`
+//!   ([`super::link`]) so a swap costs what the emulated link would.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use candle_core::Device;
 
 use super::host::{HostStore, Result};
+use super::link::throttle;
 use super::slot::SlotBuffers;
-use crate::gpu::{CopyLink, GpuSlot};
+use super::slot_gpu::GpuSlot;
+use crate::gpu::CopyLink;
 use crate::model::weights::LayerWeights;
 
 /// Copies every slab of `host` into new device buffers and returns the layers viewing them.
@@ -37,13 +39,7 @@ pub(super) fn copy_to_device(
         bytes += buffers.fill(layer)?;
         layers.push(buffers.views(layer)?);
     }
-    if let Some(bandwidth) = bandwidth.filter(|&b| b > 0) {
-        let target = Duration::from_secs_f64(bytes as f64 / bandwidth as f64);
-        let elapsed = started.elapsed();
-        if target > elapsed {
-            std::thread::sleep(target - elapsed);
-        }
-    }
+    throttle(bandwidth, bytes, started);
     Ok(layers)
 }
 

@@ -15,20 +15,25 @@ use candle_core::{DType, Device};
 use serde_json::{json, Value};
 
 use super::device::{describe, free_bytes};
-use super::planning::plan_model;
+use super::planning::{open_checkpoint, plan_checkpoint};
 use super::swap::{pool_plan, swap_manager, PoolPlan};
 use super::RuntimeError;
 use crate::config::{Config, DtypeChoice, MemoryBudget, ModelConfig, OffloadMode};
+use crate::model::checkpoint::Checkpoint;
 use crate::model::source::HubOptions;
 use crate::offload::plan::{resolve_budget, Plan};
-use crate::offload::render::{format_bytes, plan_json, render_text};
+use crate::offload::render::{plan_json, render_text};
+use crate::offload::units::format_bytes;
 use crate::offload::SwapManager;
 
-/// What `serve` needs before it loads anything: the plan `ferry plan` shows, and the swap
-/// manager of the mode-`model` pool (if any).
+/// What `serve` needs before it loads anything: the plan `ferry plan` shows, the checkpoints it
+/// was made from (one per model, in order: loading reuses them, so each header is parsed once),
+/// and the swap manager of the mode-`model` pool (if any).
 pub struct Serving {
-    /// Every model's plan; load each with its [`ModelPlan::config`].
+    /// Every model's plan; load each with its [`ModelPlan::config`] and [`ModelPlan::plan`].
     pub plan: DevicePlan,
+    /// The opened checkpoint of each of `plan.models`, in the same order.
+    pub checkpoints: Vec<Checkpoint>,
     /// The shared residency manager of the mode-`model` entries.
     pub swap: Option<Arc<SwapManager>>,
 }
@@ -41,13 +46,17 @@ pub fn prepare_serving(
     hub: &HubOptions,
 ) -> Result<Serving, RuntimeError> {
     let free = free_bytes(device)?;
-    let plan = DevicePlan::new(config, device, hub, free)?;
+    let (plan, checkpoints) = DevicePlan::with_checkpoints(config, device, hub, free)?;
     let swap = plan
         .pool
         .as_ref()
         .map(|pool| swap_manager(pool, &config.device))
         .transpose()?;
-    Ok(Serving { plan, swap })
+    Ok(Serving {
+        plan,
+        checkpoints,
+        swap,
+    })
 }
 
 /// One model's part of the device plan.
@@ -93,6 +102,16 @@ impl DevicePlan {
         hub: &HubOptions,
         free_bytes: u64,
     ) -> Result<Self, RuntimeError> {
+        Self::with_checkpoints(config, device, hub, free_bytes).map(|(plan, _)| plan)
+    }
+
+    /// [`DevicePlan::new`], also returning the checkpoint each model was planned from.
+    pub fn with_checkpoints(
+        config: &Config,
+        device: &Device,
+        hub: &HubOptions,
+        free_bytes: u64,
+    ) -> Result<(Self, Vec<Checkpoint>), RuntimeError> {
         let shared = config
             .models
             .iter()
@@ -100,6 +119,7 @@ impl DevicePlan {
             .map(|m| resolve_budget(m.offload.gpu_memory, free_bytes))
             .transpose()?;
         let mut models = Vec::with_capacity(config.models.len());
+        let mut checkpoints = Vec::with_capacity(config.models.len());
         for model in &config.models {
             let budget = match (model.offload.mode, shared) {
                 (OffloadMode::Model, Some(shared)) => shared,
@@ -107,14 +127,14 @@ impl DevicePlan {
             };
             let mut pinned = model.clone();
             pinned.offload.gpu_memory = MemoryBudget::Bytes(budget);
-            let plan = plan_model(&pinned, &config.device, device, hub, free_bytes).map_err(
-                |e| match e {
+            let checkpoint = open_checkpoint(&pinned, hub)?;
+            let plan = plan_checkpoint(&pinned, &config.device, device, &checkpoint, free_bytes)
+                .map_err(|e| match e {
                     RuntimeError::Plan(e) => {
                         RuntimeError::Placement(format!("model `{}`: {e}", model.name))
                     }
                     other => other,
-                },
-            )?;
+                })?;
             // Serve loads with what was chosen, so it plans (and sizes its engine) the same.
             pinned.max_context = Some(plan.max_context);
             pinned.max_batch = Some(plan.max_batch);
@@ -123,6 +143,7 @@ impl DevicePlan {
                 config: pinned,
                 plan,
             });
+            checkpoints.push(checkpoint);
         }
         let named: Vec<(&str, &Plan)> = models
             .iter()
@@ -154,7 +175,7 @@ impl DevicePlan {
         if device_bytes > free_bytes {
             return Err(RuntimeError::Placement(plan.overflow_message()));
         }
-        Ok(plan)
+        Ok((plan, checkpoints))
     }
 
     fn overflow_message(&self) -> String {

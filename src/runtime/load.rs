@@ -12,12 +12,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::adapters::{ModelRunner, TokenizerCodec};
 use super::device::free_bytes;
-use super::planning::plan_checkpoint;
+use super::planning::{open_checkpoint, plan_checkpoint};
 use super::RuntimeError;
 use crate::config::{DeviceConfig, ModelConfig, OffloadMode};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::loader::{LoadOptions, LoadProgress};
-use crate::model::source::{self, HubOptions, ModelFiles, ModelSource};
+use crate::model::source::{HubOptions, ModelFiles};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::ModelError;
 use crate::offload::plan::{mode_name, Plan};
@@ -65,20 +65,32 @@ pub fn load_for_serving_shared(
     hub: &HubOptions,
     swap: Option<&Arc<SwapManager>>,
 ) -> Result<LoadedForServing, RuntimeError> {
+    tracing::info!(model = %config.name, source = %config.source, "resolving model source");
+    let checkpoint = open_checkpoint(config, hub)?;
+    let free = free_bytes(device)?;
+    let plan = plan_checkpoint(config, device_config, device, &checkpoint, free)?;
+    load_planned(config, device_config, device, &checkpoint, &plan, swap)
+}
+
+/// Loads a model `serve` has already opened and planned (`runtime::device_plan`): the same
+/// checkpoint (no second header parse) and exactly the plan `ferry plan` shows.
+pub fn load_planned(
+    config: &ModelConfig,
+    device_config: &DeviceConfig,
+    device: &Device,
+    checkpoint: &Checkpoint,
+    plan: &Plan,
+    swap: Option<&Arc<SwapManager>>,
+) -> Result<LoadedForServing, RuntimeError> {
+    let started = Instant::now();
     let wrap = |source: ModelError| RuntimeError::Model {
         name: config.name.clone(),
         source,
     };
-    let started = Instant::now();
-    tracing::info!(model = %config.name, source = %config.source, "resolving model source");
-    let parsed = ModelSource::parse(&config.source).map_err(wrap)?;
-    let files = source::resolve(&parsed, hub).map_err(wrap)?;
-    let checkpoint = Checkpoint::open(&files).map_err(wrap)?;
-
     // The tokenizer (tens of thousands of merges) builds on its own thread while the weights load.
     std::thread::scope(|scope| {
-        let tokenizer = scope.spawn(|| load_tokenizer(&checkpoint));
-        let runner = load_runner(config, device_config, device, swap, &checkpoint)?;
+        let tokenizer = scope.spawn(|| load_tokenizer(checkpoint));
+        let runner = load_runner(config, device_config, device, swap, checkpoint, plan)?;
         let tokenizer = tokenizer
             .join()
             .map_err(|_| {
@@ -95,20 +107,19 @@ pub fn load_for_serving_shared(
     })
 }
 
-/// Plans the placement and loads the weights: resident, streamed or parked for swapping.
+/// Loads the weights as `plan` places them: resident, streamed or parked for swapping.
 fn load_runner(
     config: &ModelConfig,
     device_config: &DeviceConfig,
     device: &Device,
     swap: Option<&Arc<SwapManager>>,
     checkpoint: &Checkpoint,
+    plan: &Plan,
 ) -> Result<ModelRunner, RuntimeError> {
     let options = LoadOptions {
         device: device.clone(),
         dtype: config.dtype,
     };
-    let free = free_bytes(device)?;
-    let plan = plan_checkpoint(config, device_config, device, checkpoint, free)?;
     tracing::info!(
         model = %config.name,
         mode = mode_name(plan.mode),
@@ -131,12 +142,12 @@ fn load_runner(
             device_config,
             &options,
             checkpoint,
-            &plan,
+            plan,
             swap,
             &mut progress,
         );
     }
-    let mut placed = load_placed(checkpoint, &options, &plan, stream, &mut |p| {
+    let mut placed = load_placed(checkpoint, &options, plan, stream, &mut |p| {
         progress.update(&p)
     })
     .map_err(|e| RuntimeError::Offload {

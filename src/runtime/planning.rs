@@ -32,14 +32,20 @@ pub fn plan_model(
     hub: &HubOptions,
     free_bytes: u64,
 ) -> Result<Plan, RuntimeError> {
+    let checkpoint = open_checkpoint(model, hub)?;
+    plan_checkpoint(model, device_config, device, &checkpoint, free_bytes)
+}
+
+/// Resolves `model`'s source (a path or a hub id) and opens its checkpoint: the one header
+/// parse of a load.
+pub fn open_checkpoint(model: &ModelConfig, hub: &HubOptions) -> Result<Checkpoint, RuntimeError> {
     let wrap = |source| RuntimeError::Model {
         name: model.name.clone(),
         source,
     };
     let parsed = ModelSource::parse(&model.source).map_err(wrap)?;
     let files = source::resolve(&parsed, hub).map_err(wrap)?;
-    let checkpoint = Checkpoint::open(&files).map_err(wrap)?;
-    plan_checkpoint(model, device_config, device, &checkpoint, free_bytes)
+    Checkpoint::open(&files).map_err(wrap)
 }
 
 /// The placement plan of an open `checkpoint` configured as `model` on `device`.

@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 
 use super::device::{describe, select_device};
 use super::device_plan::prepare_serving;
-use super::load::load_for_serving_shared;
+use super::load::load_planned;
 use super::telemetry::Telemetry;
 use super::RuntimeError;
 use crate::config::{Config, ServerConfig};
@@ -132,25 +132,32 @@ pub async fn serve(
 
     // Each model loads on its own engine thread; the server answers /health 503 meanwhile.
     let (load_results, mut load_results_rx) = tokio::sync::mpsc::unbounded_channel();
-    for model in serving.plan.models.into_iter().map(|m| m.config) {
+    for (planned, checkpoint) in serving.plan.models.into_iter().zip(serving.checkpoints) {
+        let model = planned.config;
+        let plan = planned.plan;
         let device = device.clone();
         let device_config = config.device.clone();
-        let hub = hub.clone();
         let results = load_results.clone();
         let swap = swap.clone();
         let telemetry = Arc::clone(&telemetry);
         let name = model.name.clone();
         engine
             .load(&name, move || {
-                let outcome =
-                    load_for_serving_shared(&model, &device_config, &device, &hub, swap.as_ref());
+                let outcome = load_planned(
+                    &model,
+                    &device_config,
+                    &device,
+                    &checkpoint,
+                    &plan,
+                    swap.as_ref(),
+                );
                 if let Ok(loaded) = &outcome {
                     telemetry
                         .add_model(&model.name, Arc::clone(loaded.runner.store().accounting()));
                 }
                 let reply = outcome.as_ref().map(|_| ()).map_err(|e| e.to_string());
                 let _ = results.send((model.name.clone(), reply));
-                let loaded = outcome.map_err(|e| EngineError::Internal(e.to_string()))?;
+                let loaded = outcome.map_err(|e| EngineError::LoadFailed(e.to_string()))?;
                 Ok((loaded.runner, loaded.codec as Arc<dyn TextCodec>))
             })
             .map_err(|source| RuntimeError::Engine { name, source })?;
@@ -176,11 +183,22 @@ pub async fn serve(
 
     let total = names.len();
     let all_failed = async move {
+        // Failures wait until one model is ready: if none ever is, they are the start-up error
+        // (printed once, by the caller); once one serves, each is logged as it comes.
         let mut failed = Vec::new();
+        let mut serving = false;
         while let Some((name, result)) = load_results_rx.recv().await {
             match result {
-                Ok(()) => tracing::info!(model = %name, "ready to serve"),
-                // The engine thread logs the failure; it is not repeated here.
+                Ok(()) => {
+                    tracing::info!(model = %name, "ready to serve");
+                    if !serving {
+                        serving = true;
+                        for err in &failed {
+                            tracing::error!("{err}");
+                        }
+                    }
+                }
+                Err(err) if serving => tracing::error!("{err}"),
                 Err(err) => failed.push(err),
             }
         }

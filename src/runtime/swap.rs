@@ -17,7 +17,7 @@ use super::RuntimeError;
 use crate::config::{DeviceConfig, OffloadMode};
 use crate::engine::Residency;
 use crate::offload::plan::Plan;
-use crate::offload::render::format_bytes;
+use crate::offload::units::format_bytes;
 use crate::offload::{OffloadError, SwapConfig, SwapManager};
 
 /// How long a request waits for device room held by other models' running requests before it

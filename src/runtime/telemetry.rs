@@ -330,36 +330,16 @@ mod tests {
 
     #[test]
     fn the_throughput_line_is_logged() {
-        use std::io::Write;
-        #[derive(Clone, Default)]
-        struct Captured(Arc<Mutex<Vec<u8>>>);
-        impl Write for Captured {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().expect("log buffer").extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let captured = Captured::default();
-        let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
         let metrics = Metrics::new();
         let telemetry = Telemetry::new(metrics.clone(), None);
         metrics.add_generated_tokens(25);
         let start = Instant::now();
-        tracing::subscriber::with_default(subscriber, || {
+        let ((), text) = crate::metrics::log_capture::capture_logs(|| {
             assert!(telemetry.log_throughput(start).is_none(), "not due yet");
             telemetry
                 .log_throughput(start + THROUGHPUT_EVERY)
                 .expect("due and busy");
         });
-        let text =
-            String::from_utf8(captured.0.lock().expect("log buffer").clone()).expect("utf-8");
         let lines: Vec<&str> = text.lines().filter(|l| l.contains("throughput")).collect();
         assert_eq!(lines.len(), 1, "{text}");
         let line = lines[0];

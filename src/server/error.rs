@@ -373,6 +373,11 @@ impl From<EngineError> for ApiError {
                 e.retry_after_secs = Some(OVERLOADED_RETRY_AFTER_SECS);
                 e
             }
+            EngineError::LoadFailed(_) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "model_load_failed",
+                message,
+            ),
             EngineError::Internal(_) => Self::internal(message),
         }
     }
@@ -426,6 +431,11 @@ mod tests {
                 EngineError::OutOfMemory("CUDA".into()),
                 503,
                 "out_of_memory",
+            ),
+            (
+                EngineError::LoadFailed("x".into()),
+                503,
+                "model_load_failed",
             ),
             (EngineError::Internal("x".into()), 500, "internal_error"),
         ];

@@ -3,10 +3,11 @@
 //! (tests/fixtures/chat_templates/renders.json, made by scripts/make-tokenizer-fixture-templates.py
 //! with `strftime_now` on a fixed clock).
 
+use crate::fixtures::messages;
+
 use std::path::PathBuf;
 
 use ferry::model::tokenizer::chat_template::{ChatTemplate, TemplateClock, TemplateContext};
-use ferry::model::tokenizer::ChatMessage;
 use ferry::model::ModelError;
 use serde_json::Value as Json;
 
@@ -24,18 +25,6 @@ fn fixed_clock(fx: &Json) -> TemplateClock {
         chrono::NaiveDateTime::parse_from_str(fx["clock"].as_str().unwrap(), "%Y-%m-%dT%H:%M:%S")
             .unwrap();
     TemplateClock::Fixed(at)
-}
-
-fn messages(case: &Json) -> Vec<ChatMessage> {
-    case["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| ChatMessage {
-            role: m["role"].as_str().unwrap().into(),
-            content: m["content"].as_str().unwrap().into(),
-        })
-        .collect()
 }
 
 #[test]

@@ -341,3 +341,38 @@ fn plan_reads_a_config_file_from_another_directory() {
     assert!(stdout.contains("model smollm2"), "{stdout}");
     assert!(stdout.contains("together on cpu"), "{stdout}");
 }
+
+/// A failure found only while loading (after planning, once the server listens) is the
+/// start-up error, said once and in the loader's words: not "internal error", not logged and
+/// then repeated.
+#[test]
+fn a_load_failure_after_planning_is_said_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut bytes = std::fs::read(crate::real_model::model_path()).expect("the default model");
+    let key = bytes
+        .windows(18)
+        .position(|w| w == b"tokenizer.ggml.pre")
+        .expect("the model names its pre-tokenizer");
+    let value = key
+        + bytes[key..]
+            .windows(6)
+            .position(|w| w == b"smollm")
+            .expect("SmolLM2's pre-tokenizer is `smollm`");
+    bytes[value..value + 6].copy_from_slice(b"zzzzzz");
+    let model = dir.path().join("bad-pre.gguf");
+    std::fs::write(&model, bytes).expect("write");
+    let port = free_port().to_string();
+    let model = model.to_string_lossy().into_owned();
+    let args = [
+        "serve", "--model", &model, "--device", "cpu", "--port", &port,
+    ];
+    let (ok, _, stderr) = run_in(dir.path(), &args, &[]);
+    assert!(!ok, "serve must fail:\n{stderr}");
+    assert_eq!(stderr.matches("zzzzzz").count(), 1, "said once?\n{stderr}");
+    assert_eq!(stderr.matches("error:").count(), 1, "{stderr}");
+    assert!(!stderr.contains("internal error"), "{stderr}");
+    assert!(
+        !stderr.contains("ERROR"),
+        "no error log besides the message\n{stderr}"
+    );
+}

@@ -6,6 +6,7 @@
 //! checkpoints). The GPU checks are a separate binary (tests/gpu.rs, `--features cuda`).
 
 mod common;
+mod fixtures;
 mod real_model;
 mod tiny;
 
@@ -16,6 +17,7 @@ mod cli;
 mod fit;
 mod hf_model_serving;
 mod http_api;
+mod layering;
 mod lifecycle;
 mod model_real;
 mod observability;

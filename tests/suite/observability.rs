@@ -8,15 +8,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use axum::http::Request;
 use serde_json::json;
 
 use ferry::engine::{Backend, EngineHandle, EngineOptions};
 use ferry::metrics::Metrics;
 use ferry::server::{app, ServerOptions};
 
-use crate::common::{metric, send, TestBackend};
+use crate::common::{get, metric, TestBackend};
 use crate::real_model::{self, MODEL};
 
 /// `ferry serve` on the real model with its stderr in a file; killed when dropped.
@@ -236,14 +234,7 @@ async fn metrics_are_complete_before_the_first_request() {
         Arc::new(engine) as Arc<dyn Backend>,
         ServerOptions::default(),
     );
-    let reply = send(
-        &router,
-        Request::get("/metrics")
-            .body(Body::empty())
-            .expect("request"),
-    )
-    .await;
-    let page = reply.text();
+    let page = get(&router, "/metrics").await.text();
     for name in [
         r#"ferry_model_prompt_tokens_total{model="loading-model"}"#,
         r#"ferry_model_generated_tokens_total{model="loading-model"}"#,
@@ -277,14 +268,7 @@ async fn the_aliases_move_with_the_gauges_they_alias() {
     metrics.set_kv_usage("a", 30, 100);
     metrics.set_kv_usage("b", 10, 100);
     let router = app(backend, ServerOptions::default());
-    let page = send(
-        &router,
-        Request::get("/metrics")
-            .body(Body::empty())
-            .expect("request"),
-    )
-    .await
-    .text();
+    let page = get(&router, "/metrics").await.text();
     assert_eq!(metric(&page, "ferry_requests_waiting"), 1.0);
     assert_eq!(metric(&page, "vllm:num_requests_waiting"), 1.0);
     assert_eq!(metric(&page, "ferry_requests_running"), 1.0);
@@ -322,14 +306,7 @@ async fn the_metric_names_deploy_reads_are_exported() {
     assert!(wanted.len() >= 7, "{wanted:?}");
     let backend = TestBackend::new();
     let router = app(backend, ServerOptions::default());
-    let page = send(
-        &router,
-        Request::get("/metrics")
-            .body(Body::empty())
-            .expect("request"),
-    )
-    .await
-    .text();
+    let page = get(&router, "/metrics").await.text();
     for name in &wanted {
         assert!(
             page.contains(&format!("# TYPE {name} gauge")),

@@ -5,23 +5,18 @@
 //! traffic; room for both means no further swaps; a model whose room is held by a running request
 //! waits and then fails with `Overloaded`.
 
+use crate::common as http;
 use crate::real_model;
-use real_model::model_path;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
 use candle_core::Device;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
-use ferry::config::{
-    DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
-};
+use ferry::config::{DeviceChoice, DeviceConfig, DtypeChoice, ModelConfig, OffloadMode};
 use ferry::engine::traits::{LanguageModel, TextCodec};
 use ferry::engine::{EngineError, EngineHandle};
 use ferry::model::source::HubOptions;
@@ -51,20 +46,10 @@ fn prompt_of(name: &str) -> &'static str {
 }
 
 fn config(name: &str, dtype: DtypeChoice, mode: OffloadMode, keep_alive: Duration) -> ModelConfig {
-    ModelConfig {
-        name: name.into(),
-        source: model_path().to_string_lossy().into_owned(),
-        dtype,
-        max_context: Some(256),
-        max_batch: Some(1),
-        offload: OffloadConfig {
-            mode,
-            gpu_memory: MemoryBudget::Bytes(64 << 30),
-            prefetch: 0,
-            keep_alive,
-        },
-        ..ModelConfig::default()
-    }
+    let mut config = real_model::offloaded(dtype, mode);
+    config.name = name.into();
+    config.offload.keep_alive = keep_alive;
+    config
 }
 
 fn device_config() -> DeviceConfig {
@@ -87,26 +72,11 @@ fn layer_bytes(name: &str) -> u64 {
         .resident_layer_bytes
 }
 
-async fn send(router: &Router, request: Request<Body>) -> (StatusCode, Value) {
-    let response = router.clone().oneshot(request).await.expect("response");
-    let status = response.status();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    (status, serde_json::from_slice(&bytes).expect("json body"))
-}
-
 /// Greedy completion of `name`'s prompt through `POST /v1/completions`.
 async fn complete(router: &Router, name: &str) -> Result<String, (StatusCode, Value)> {
     let body = json!({"model": name, "prompt": prompt_of(name), "max_tokens": MAX_TOKENS, "temperature": 0});
-    let request = Request::post("/v1/completions")
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .expect("request");
-    let (status, body) = send(router, request).await;
+    let reply = http::post(router, "/v1/completions", body).await;
+    let (status, body) = (reply.status, reply.json());
     if status != StatusCode::OK {
         return Err((status, body));
     }
@@ -118,10 +88,8 @@ async fn complete(router: &Router, name: &str) -> Result<String, (StatusCode, Va
 
 /// `location` of every model in `GET /v1/models`.
 async fn locations(router: &Router) -> Vec<(String, Option<String>)> {
-    let request = Request::get("/v1/models")
-        .body(Body::empty())
-        .expect("request");
-    let (status, body) = send(router, request).await;
+    let reply = http::get(router, "/v1/models").await;
+    let (status, body) = (reply.status, reply.json());
     assert_eq!(status, StatusCode::OK, "{body}");
     body["data"]
         .as_array()
@@ -277,7 +245,12 @@ fn keep_alive_moves_an_idle_model_out_without_traffic() {
     runtime.block_on(async {
         assert_eq!(complete(&router, "a").await.expect("answer"), expected("a"));
         assert_eq!(manager.stats().swaps_in, 1);
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // The keep-alive thread runs on the OS clock: wait (bounded) for it, no longer.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while manager.location("a") != Some(Location::Host) {
+            assert!(std::time::Instant::now() < deadline, "never moved out");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         assert_eq!(locations(&router).await, loc(&[("a", "host")]));
         let stats = manager.stats();
         assert_eq!(

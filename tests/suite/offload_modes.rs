@@ -9,7 +9,7 @@ use real_model::model_path;
 
 use candle_core::Device;
 use ferry::config::{
-    DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
+    DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadMode,
 };
 use ferry::engine::traits::{LanguageModel, TextCodec};
 use ferry::model::checkpoint::Checkpoint;
@@ -32,20 +32,10 @@ fn config(
     budget: MemoryBudget,
     prefetch: usize,
 ) -> ModelConfig {
-    ModelConfig {
-        name: "smollm2".into(),
-        source: model_path().to_string_lossy().into_owned(),
-        dtype,
-        max_context: Some(256),
-        max_batch: Some(1),
-        offload: OffloadConfig {
-            mode,
-            gpu_memory: budget,
-            prefetch,
-            keep_alive: std::time::Duration::from_secs(1),
-        },
-        ..ModelConfig::default()
-    }
+    let mut config = real_model::offloaded(dtype, mode);
+    config.offload.gpu_memory = budget;
+    config.offload.prefetch = prefetch;
+    config
 }
 
 fn device_config() -> DeviceConfig {

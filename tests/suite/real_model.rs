@@ -49,6 +49,21 @@ pub fn model_config(dtype: DtypeChoice) -> ModelConfig {
     }
 }
 
+/// A config for the real GGUF as the offload tests use it: `mode`, context 256, one sequence,
+/// a 64 GiB budget, no prefetch, keep_alive 1 s (set other fields on the result).
+pub fn offloaded(dtype: DtypeChoice, mode: OffloadMode) -> ModelConfig {
+    let mut config = model_config(dtype);
+    config.max_context = Some(256);
+    config.max_batch = Some(1);
+    config.offload = OffloadConfig {
+        mode,
+        gpu_memory: MemoryBudget::Bytes(64 << 30),
+        prefetch: 0,
+        keep_alive: std::time::Duration::from_secs(1),
+    };
+    config
+}
+
 /// An engine serving the real quantized model, loaded once per test binary.
 pub fn engine() -> EngineHandle {
     static ENGINE: OnceLock<EngineHandle> = OnceLock::new();

@@ -1,48 +1,25 @@
 //! The real SmolLM2 model behind the real HTTP stack: in-process through `Router::oneshot`, and on a
 //! loopback port through the async-openai client. Greedy answers, seeds, stop strings, streaming.
 
+use crate::common as http;
 use crate::real_model as common;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use http_body_util::BodyExt;
+use axum::http::StatusCode;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 use ferry::server::{app, ServerOptions};
 
 async fn post(path: &str, body: Value) -> (StatusCode, Value) {
     let router = app(common::backend(), ServerOptions::default());
-    let request = Request::post(path)
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .expect("request");
-    let response = router.oneshot(request).await.expect("response");
-    let status = response.status();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    (status, serde_json::from_slice(&bytes).expect("json body"))
+    let reply = http::post(&router, path, body).await;
+    (reply.status, reply.json())
 }
 
 async fn post_stream(path: &str, body: Value) -> Vec<Value> {
     let router = app(common::backend(), ServerOptions::default());
-    let request = Request::post(path)
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .expect("request");
-    let response = router.oneshot(request).await.expect("response");
-    assert_eq!(response.status(), StatusCode::OK);
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    let text = String::from_utf8(bytes.to_vec()).expect("utf-8 stream");
+    let reply = http::post(&router, path, body).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let text = reply.text();
     let mut events = Vec::new();
     for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
         let data = block

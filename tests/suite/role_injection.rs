@@ -4,18 +4,15 @@
 //! `add_special_tokens: false` keeps special-token text as text, and the operator option
 //! `parse_special_in_content` brings the old parsing back. SmolLM2's real GGUF tokenizer.
 
+use crate::common as http;
+use crate::fixtures;
 use crate::real_model;
 
 use std::fs::File;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::Request;
 use candle_core::quantized::gguf_file::Content;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 use ferry::engine::{Backend, ChatMessage};
 use ferry::model::tokenizer::TextTokenizer;
@@ -75,42 +72,21 @@ fn injected_markup_gives_the_ids_of_the_escaped_text() {
 #[test]
 fn harmless_chats_keep_the_reference_ids() {
     let tok = tokenizer();
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer_smollm2.json");
-    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let fixture = fixtures::json("tokenizer_smollm2.json");
     let chats = fixture["chats"].as_array().unwrap();
     assert!(!chats.is_empty());
     for chat in chats {
-        let messages: Vec<ChatMessage> = chat["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| ChatMessage {
-                role: m["role"].as_str().unwrap().into(),
-                content: m["content"].as_str().unwrap().into(),
-            })
-            .collect();
-        let expected: Vec<u32> = chat["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let messages = fixtures::messages(chat);
+        let expected = fixtures::ids(&chat["ids"]);
         let add = chat["add_generation_prompt"].as_bool().unwrap();
         assert_eq!(tok.encode_chat(&messages, add, false).unwrap(), expected);
     }
 }
 
 async fn post(options: ServerOptions, path: &str, body: Value) -> Value {
-    let router = app(real_model::backend(), options);
-    let request = Request::post(path)
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let response = router.oneshot(request).await.unwrap();
-    assert_eq!(response.status(), 200);
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    serde_json::from_slice(&bytes).unwrap()
+    let reply = http::post(&app(real_model::backend(), options), path, body).await;
+    assert_eq!(reply.status, 200);
+    reply.json()
 }
 
 #[tokio::test]
@@ -164,9 +140,8 @@ async fn over_http_content_is_text_and_tokenize_honours_add_special_tokens() {
 /// with SmolLM2's vocabulary (whose ChatML specials the Qwen3 template spells).
 #[test]
 fn real_templates_keep_their_tokens_under_the_guard() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates");
-    let renders: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("renders.json")).unwrap()).unwrap();
+    let dir = fixtures::path("chat_templates");
+    let renders = fixtures::json("chat_templates/renders.json");
     let mut tok = tokenizer();
     let mut checked = 0;
     for case in renders["cases"].as_array().unwrap() {
@@ -175,15 +150,7 @@ fn real_templates_keep_their_tokens_under_the_guard() {
         }
         let source = std::fs::read_to_string(dir.join(case["template"].as_str().unwrap())).unwrap();
         tok.set_chat_template(&source).unwrap();
-        let messages: Vec<ChatMessage> = case["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| ChatMessage {
-                role: m["role"].as_str().unwrap().into(),
-                content: m["content"].as_str().unwrap().into(),
-            })
-            .collect();
+        let messages = fixtures::messages(case);
         let add = case["add_generation_prompt"].as_bool().unwrap();
         let parsed = tok
             .encode(&tok.apply_chat_template(&messages, add).unwrap(), false)

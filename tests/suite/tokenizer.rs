@@ -2,6 +2,7 @@
 //! that Hugging Face transformers produced for SmolLM2-135M-Instruct's GGUF
 //! (tests/fixtures/tokenizer_smollm2.json, made by scripts/make-tokenizer-fixture.py).
 
+use crate::fixtures::{self, ids, messages};
 use crate::real_model;
 use real_model::model_path;
 
@@ -27,28 +28,7 @@ fn gguf_tokenizer() -> TextTokenizer {
 }
 
 fn fixture() -> Json {
-    let path = crate_root().join("tests/fixtures/tokenizer_smollm2.json");
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn ids(v: &Json) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn messages(chat: &Json) -> Vec<ChatMessage> {
-    chat["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| ChatMessage {
-            role: m["role"].as_str().unwrap().into(),
-            content: m["content"].as_str().unwrap().into(),
-        })
-        .collect()
+    fixtures::json("tokenizer_smollm2.json")
 }
 
 /// Every fixture string: ids, ids with special tokens, decode and decode-skipping-specials.

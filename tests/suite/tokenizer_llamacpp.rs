@@ -7,6 +7,8 @@
 //! where llama.cpp's approximated regex cuts words differently from the model's own regex, which
 //! ferry follows).
 
+use crate::fixtures::ids;
+
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::path::PathBuf;
@@ -37,14 +39,6 @@ fn harmony_markers_in(tok: &TextTokenizer, text: &str) -> Vec<u32> {
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer-llamacpp")
-}
-
-fn ids(v: &Json) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 /// The fixture and the GGUF it was made from.

@@ -11,11 +11,11 @@
 
 use std::sync::Arc;
 
-use candle_core::cuda_backend::cudarc::driver::{CudaEvent, CudaStream};
+use candle_core::cuda_backend::cudarc::driver::{result, CudaEvent, CudaStream};
 use candle_core::Device;
 
 use super::cuda_device;
-use crate::gpu::{GpuError, Result};
+use crate::gpu::{DeviceAddress, GpuError, Result};
 
 /// A copy stream in the compute device's context, and `slots` pairs of events.
 pub struct CopyLink {
@@ -77,9 +77,21 @@ impl CopyLink {
         Ok(self.copy.synchronize()?)
     }
 
-    /// The copy stream (for [`super::GpuSlot`]'s copies).
-    pub(super) fn copy_stream(&self) -> &Arc<CudaStream> {
-        &self.copy
+    /// Queues a copy of `src` to the device address `dst` on the copy stream (asynchronous:
+    /// it returns before the bytes land).
+    ///
+    /// # Safety
+    ///
+    /// `dst` must address at least `src.len()` bytes of a device buffer in this link's context
+    /// that stays allocated until the copy stream passed this copy, and `src` must stay alive
+    /// and unmodified until then (a host slab, pinned for a true asynchronous copy).
+    pub unsafe fn copy_to_device(&self, dst: DeviceAddress, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.copy.context().bind_to_thread()?;
+        // SAFETY: the caller's contract above.
+        Ok(unsafe { result::memcpy_htod_async(dst, src, self.copy.cu_stream()) }?)
     }
 
     fn event<'a>(&self, events: &'a [CudaEvent], slot: usize) -> Result<&'a CudaEvent> {

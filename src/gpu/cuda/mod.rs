@@ -3,13 +3,13 @@
 
 mod device;
 mod link;
+mod memory;
 mod pinned;
-mod slot;
 
 pub use device::{device_count, memory_info, open};
 pub use link::CopyLink;
+pub use memory::{dense_zeros, quantized_zeros, synchronize};
 pub use pinned::PinnedBytes;
-pub use slot::GpuSlot;
 
 use candle_core::cuda_backend::cudarc::driver::DriverError;
 use candle_core::{CudaDevice, Device};

@@ -1,7 +1,8 @@
 //! Connection handling and the stop sequence of `ferry::server::run`, on a real loopback port
-//! with raw TCP clients: header-read and idle timeouts (paused tokio time), the connection cap,
-//! shutdown not waiting for connections without a request, the shutdown deadline's error event
-//! and 503, and a second stop request ending the server at once.
+//! with raw TCP clients: header-read and idle timeouts, the connection cap, shutdown not waiting
+//! for connections without a request, the shutdown deadline's error event and 503, and a second
+//! stop request ending the server at once. Where a timeout is the subject, tokio's time is paused
+//! (it jumps to the next timer whenever every task waits), so no test sleeps through one.
 
 use super::*;
 
@@ -181,7 +182,7 @@ async fn shutdown_does_not_wait_for_connections_without_a_complete_request() {
     assert_eq!(report, ferry::server::ServeReport::default());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn at_the_shutdown_deadline_streams_get_an_error_event_and_the_others_503() {
     let (backend, server) = start(ServerOptions {
         shutdown_timeout: Duration::from_millis(500),
@@ -229,7 +230,7 @@ async fn at_the_shutdown_deadline_streams_get_an_error_event_and_the_others_503(
     assert!(!report.forced);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_second_stop_request_ends_the_server_at_once() {
     let (_, server) = start(ServerOptions {
         shutdown_timeout: Duration::from_secs(3600),
