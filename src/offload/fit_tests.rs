@@ -45,11 +45,6 @@ fn the_defaults_stay_when_they_fit() {
     assert_eq!(plan.origins.model_context, 8192);
     assert_eq!(plan.host_layers(), 0);
     assert_eq!(fitted.reason, None, "nothing was lowered");
-    assert_eq!(
-        DEFAULT_MAX_BATCH,
-        crate::engine::worker::DEFAULT_MAX_BATCH,
-        "the engine's default batch is the fit's"
-    );
 }
 
 #[test]

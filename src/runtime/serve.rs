@@ -239,6 +239,11 @@ mod tests {
         let engine = engine_options(&config(), Metrics::new());
         let library = EngineOptions::default();
         assert_eq!(
+            crate::offload::fit::DEFAULT_MAX_BATCH,
+            library.max_batch,
+            "an unset max_batch that fits is the engine's default"
+        );
+        assert_eq!(
             (
                 engine.max_batch,
                 engine.prefill_chunk,
