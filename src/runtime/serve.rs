@@ -112,7 +112,7 @@ pub async fn serve(
     let names: Vec<String> = config.models.iter().map(|m| m.name.clone()).collect();
     let metrics = Metrics::new();
     // The engine runs the batch each model was planned for (`max_batch` fitted when unset).
-    let planned = Config {
+    let as_planned = Config {
         models: serving
             .plan
             .models
@@ -122,7 +122,7 @@ pub async fn serve(
         ..config.clone()
     };
     let engine =
-        EngineHandle::with_options(names.clone(), engine_options(&planned, metrics.clone()));
+        EngineHandle::with_options(names.clone(), engine_options(&as_planned, metrics.clone()));
 
     // Mode `model`: one residency manager shared by every swapped model.
     if let Some(swap) = &swap {
