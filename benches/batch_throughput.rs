@@ -44,7 +44,7 @@ fn engine(options: &Options, mode: OffloadMode, link: Option<u64>) -> Result<Eng
         source: options.model.source.clone(),
         dtype: options.model.dtype,
         max_context: Some(512),
-        max_batch: 8,
+        max_batch: Some(8),
         offload: OffloadConfig {
             mode,
             gpu_memory: MemoryBudget::FractionOfFree(0.9),

@@ -11,7 +11,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use common::ModelArgs;
-use ferry::config::{MemoryBudget, ModelConfig, OffloadConfig, OffloadMode};
+use ferry::config::values::{Codec, Dtype};
+use ferry::config::{DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode};
 use ferry::engine::sampling::argmax;
 use ferry::engine::traits::{LanguageModel, TextCodec};
 use ferry::model::source::HubOptions;
@@ -31,6 +32,9 @@ struct Options {
     /// Runs (one JSON line each).
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// KV cache dtype, as the `kv_dtype` setting takes it (auto, f32, f16, bf16).
+    #[arg(long, default_value = "auto", value_parser = Dtype::parse)]
+    kv_dtype: DtypeChoice,
 }
 
 fn main() -> Result<(), String> {
@@ -40,7 +44,8 @@ fn main() -> Result<(), String> {
         source: options.model.source.clone(),
         dtype: options.model.dtype,
         max_context: None,
-        max_batch: 1,
+        max_batch: Some(1),
+        kv_dtype: options.kv_dtype,
         offload: OffloadConfig {
             mode: OffloadMode::None,
             gpu_memory: MemoryBudget::FractionOfFree(0.9),

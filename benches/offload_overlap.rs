@@ -42,7 +42,7 @@ fn config(options: &Options, mode: OffloadMode, prefetch: usize) -> ModelConfig 
         source: options.model.source.clone(),
         dtype: options.model.dtype,
         max_context: Some(512),
-        max_batch: 1,
+        max_batch: Some(1),
         offload: OffloadConfig {
             mode,
             gpu_memory: MemoryBudget::Bytes(64 << 30),

@@ -42,7 +42,7 @@ fn engine(model: &ModelArgs, metrics: Metrics) -> Result<EngineHandle, String> {
         source: model.source.clone(),
         dtype: model.dtype,
         max_context: Some(2048),
-        max_batch: 8,
+        max_batch: Some(8),
         offload: OffloadConfig {
             mode: OffloadMode::None,
             gpu_memory: MemoryBudget::FractionOfFree(0.9),

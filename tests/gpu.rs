@@ -128,7 +128,14 @@ fn model_config(
         source: case.source.to_string_lossy().into_owned(),
         dtype: case.dtype,
         max_context: Some(MAX_CONTEXT),
-        max_batch: 1,
+        max_batch: Some(1),
+        // The cache in the compute dtype on both devices, so the GPU is compared with the CPU
+        // on the same path (CUDA's default would be f16).
+        kv_dtype: match case.dtype {
+            DtypeChoice::F16 => DtypeChoice::F16,
+            DtypeChoice::BF16 => DtypeChoice::BF16,
+            _ => DtypeChoice::F32,
+        },
         offload: OffloadConfig {
             mode,
             gpu_memory: budget,
@@ -168,8 +175,10 @@ fn runner(case: &Case, config: &ModelConfig, device: &Device) -> (ModelRunner, P
         link_bandwidth: None,
     };
     let checkpoint = Checkpoint::open(&case.files).expect("checkpoint");
-    let placed = load_placed(&checkpoint, &options, &plan, stream, &mut |_| {})
+    let mut placed = load_placed(&checkpoint, &options, &plan, stream, &mut |_| {})
         .unwrap_or_else(|e| panic!("{} {:?}: load: {e}", case.label, config.offload.mode));
+    // The cache the plan counted.
+    placed.model.set_kv_dtype(plan.kv_dtype);
     (
         ModelRunner::new(placed.model, placed.store, Some(MAX_CONTEXT)),
         plan,
@@ -332,7 +341,7 @@ fn serving_config(dir: &Path, mode: OffloadMode, budget: MemoryBudget) -> ModelC
         source: dir.to_string_lossy().into_owned(),
         dtype: DtypeChoice::Auto,
         max_context: Some(512),
-        max_batch: 1,
+        max_batch: Some(1),
         offload: OffloadConfig {
             mode,
             gpu_memory: budget,

@@ -62,7 +62,7 @@ fn flags_beat_env_beat_file() {
     let config = Config::resolve(&raw, &env, &flags).expect("resolves");
     assert_eq!(config.server.port, 9200, "flag wins");
     assert_eq!(config.server.host, "0.0.0.0", "file value kept");
-    assert_eq!(config.models[0].max_batch, 3, "env beats file");
+    assert_eq!(config.models[0].max_batch, Some(3), "env beats file");
 }
 
 #[test]
@@ -192,7 +192,7 @@ fn served_name_names_the_one_model_and_refuses_several() {
     // Other per-model flags apply to every model.
     let config = Config::resolve(&two, &Overrides::default(), &set(&[("max-batch", "3")]))
         .expect("resolves");
-    assert!(config.models.iter().all(|m| m.max_batch == 3));
+    assert!(config.models.iter().all(|m| m.max_batch == Some(3)));
 }
 
 #[test]

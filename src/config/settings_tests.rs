@@ -85,7 +85,10 @@ fn defaults_of_the_resolved_types_come_from_the_table() {
     let model = ModelConfig::default();
     assert_eq!(model.source, DEFAULT_MODEL_SOURCE);
     assert_eq!(model.name, DEFAULT_MODEL_NAME);
-    assert_eq!((model.max_batch, model.prefill_chunk), (8, 512));
+    // Unset: the fit chooses them (`offload::fit`, 8 sequences when they fit).
+    assert_eq!((model.max_context, model.max_batch), (None, None));
+    assert_eq!(model.prefill_chunk, 512);
+    assert_eq!(model.kv_dtype, crate::config::DtypeChoice::Auto);
     assert_eq!(model.offload.prefetch, 2);
     assert_eq!(DeviceConfig::default().link_bandwidth, None);
 }

@@ -89,10 +89,13 @@ pub struct ModelConfig {
     pub source: String,
     /// Dense dtype.
     pub dtype: DtypeChoice,
-    /// Context window cap; unset = the model's own.
+    /// Context window cap; unset = the model's own, lowered to fit the budget
+    /// (`offload::fit`).
     pub max_context: Option<usize>,
-    /// Sequences decoded together.
-    pub max_batch: usize,
+    /// Sequences decoded together; unset = 8, lowered to fit the budget (`offload::fit`).
+    pub max_batch: Option<usize>,
+    /// KV cache dtype; `Auto` = the device's default (`model::kv_cache::kv_dtype_for`).
+    pub kv_dtype: DtypeChoice,
     /// Most prompt tokens one sequence feeds per engine step.
     pub prefill_chunk: usize,
     /// Most tokens one engine step computes, decodes and prompt chunks together.
@@ -144,7 +147,8 @@ impl ModelConfig {
             source: String::new(),
             dtype: DtypeChoice::Auto,
             max_context: None,
-            max_batch: 0,
+            max_batch: None,
+            kv_dtype: DtypeChoice::Auto,
             prefill_chunk: 0,
             max_step_tokens: 0,
             offload: OffloadConfig {

@@ -19,7 +19,8 @@ pub enum DeviceChoice {
     Cuda(usize),
 }
 
-/// Dense weight dtype. A config type the model loader reads (`model::loader::DTypeChoice`).
+/// A dtype choice: of the dense weights (`dtype`, read by the loader as
+/// `model::loader::DTypeChoice`) and of the KV cache (`kv_dtype`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DtypeChoice {
     /// GGUF stays quantized; safetensors become f32 on the CPU and keep the checkpoint's dtype

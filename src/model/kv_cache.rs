@@ -9,10 +9,34 @@
 //!
 //! Positions are committed only after every layer has written them ([`KvCache::commit`]), so a
 //! forward pass that fails half-way leaves the cache as it was.
+//!
+//! The buffers hold the cache's own dtype (`kv_dtype`, [`kv_dtype_for`]): new keys and values are
+//! converted on write, so an f16 or bf16 cache takes half the bytes of an f32 one.
 
 use candle_core::{DType, Device, Tensor};
 
 use super::error::{ModelError, Result};
+use crate::config::DtypeChoice;
+
+/// The KV cache's dtype for the setting `choice` on `device`, with activations in `compute`: a set
+/// dtype as it is; `auto` f16 on CUDA (bf16 when the activations are bf16, whose range f16
+/// lacks), and on the CPU the compute dtype (f32 for GGUF): candle's CPU matmul has no bf16, and
+/// its f16 one is slower than f32 at decode (docs/BENCHMARKS.md), so the CPU keeps today's path
+/// unless `kv_dtype` asks for half the bytes.
+pub fn kv_dtype_for(choice: DtypeChoice, device: &Device, compute: DType) -> DType {
+    kv_dtype_on(choice, device.is_cpu(), compute)
+}
+
+fn kv_dtype_on(choice: DtypeChoice, cpu: bool, compute: DType) -> DType {
+    match choice {
+        DtypeChoice::F32 => DType::F32,
+        DtypeChoice::F16 => DType::F16,
+        DtypeChoice::BF16 => DType::BF16,
+        DtypeChoice::Auto if cpu => compute,
+        DtypeChoice::Auto if compute == DType::BF16 => DType::BF16,
+        DtypeChoice::Auto => DType::F16,
+    }
+}
 
 /// Smallest number of positions a layer buffer is allocated for.
 const MIN_CHUNK: usize = 256;
@@ -289,6 +313,44 @@ mod tests {
         assert_eq!(value_at(&forked, 0), 1.0, "the prompt's keys are copied");
         assert_eq!(value_at(&forked, 3), 5.0);
         assert_eq!(value_at(&original, 3), 9.0, "the fork's write is its own");
+    }
+
+    #[test]
+    fn the_kv_dtype_defaults_by_device_and_a_set_one_is_kept() {
+        use DtypeChoice::*;
+        assert_eq!(kv_dtype_on(Auto, true, DType::F32), DType::F32);
+        assert_eq!(kv_dtype_on(Auto, true, DType::F16), DType::F16);
+        assert_eq!(kv_dtype_on(Auto, false, DType::F32), DType::F16);
+        assert_eq!(kv_dtype_on(Auto, false, DType::F16), DType::F16);
+        assert_eq!(kv_dtype_on(Auto, false, DType::BF16), DType::BF16);
+        for cpu in [true, false] {
+            assert_eq!(kv_dtype_on(F32, cpu, DType::BF16), DType::F32);
+            assert_eq!(kv_dtype_on(F16, cpu, DType::F32), DType::F16);
+            assert_eq!(kv_dtype_on(BF16, cpu, DType::F32), DType::BF16);
+        }
+        assert_eq!(kv_dtype_for(Auto, &Device::Cpu, DType::F32), DType::F32);
+    }
+
+    #[test]
+    fn a_half_precision_cache_stores_its_dtype_in_half_the_bytes() {
+        let shape = KvShape {
+            n_kv_heads: 2,
+            head_dim: 4,
+        };
+        let mut wide = KvCache::new(1, shape, 64, DType::F32, &Device::Cpu);
+        let mut half = KvCache::new(1, shape, 64, DType::F16, &Device::Cpu);
+        step(&mut wide, 3, 1.5).unwrap();
+        let (k, v) = step(&mut half, 3, 1.5).unwrap();
+        assert_eq!((k.dtype(), v.dtype()), (DType::F16, DType::F16));
+        assert_eq!(half.allocated_bytes() * 2, wide.allocated_bytes());
+        let values: Vec<f32> = v
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert!(values.iter().all(|&x| x == 3.0), "{values:?}");
     }
 
     #[test]

@@ -47,9 +47,33 @@ pub enum PlanError {
         /// Bytes per slot (the largest streamed layer).
         slot_bytes: u64,
     },
+    /// The KV cache and workspace that `max_context` and `max_batch` ask for do not fit the
+    /// budget, while smaller values would ([`super::fit`]).
+    #[error("{0}")]
+    CacheDoesNotFit(Box<CacheOverflow>),
     /// An input to the planner is out of range (e.g. a budget fraction outside (0, 1]).
     #[error("invalid plan input: {0}")]
     InvalidInput(String),
+}
+
+/// What [`PlanError::CacheDoesNotFit`] says: the values planned, their cost, the planner's
+/// refusal and the largest values that fit.
+#[derive(Debug, Error)]
+#[error("{asked} need {kv} of KV cache ({kv_dtype}) and {workspace} of workspace, and {cause}; the largest that fit: {largest}", kv = crate::offload::units::format_bytes(*.kv_bytes), workspace = crate::offload::units::format_bytes(*.workspace_bytes))]
+pub struct CacheOverflow {
+    /// The values planned and where they came from, e.g. "`max_context` 1048576 (set) with
+    /// `max_batch` 8 (the default)".
+    pub asked: String,
+    /// Their KV-cache bytes.
+    pub kv_bytes: u64,
+    /// The KV cache's dtype.
+    pub kv_dtype: &'static str,
+    /// Their workspace bytes.
+    pub workspace_bytes: u64,
+    /// The planner's refusal with those values.
+    pub cause: PlanError,
+    /// The largest values that fit, e.g. "`max_context` 2048 with `max_batch` 8".
+    pub largest: String,
 }
 
 /// Failures of the running offload engine: filling the host store, the slot ring and the copy

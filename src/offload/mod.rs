@@ -10,6 +10,8 @@
 //!   aligned) and what a device slot must hold to receive any streamed layer ([`SlotLayout`]).
 //! - [`plan`]: the placement planner, a pure function from sizes, budget and mode to a [`Plan`]
 //!   (which layers stay on the device, the slot ring, bytes per tier, PCIe-bound decode estimate).
+//! - [`fit`]: chooses unset `max_context` / `max_batch` so the KV cache fits the budget before any
+//!   layer leaves the device (llama.cpp's `--fit` order), or names them when set ones do not fit.
 //! - [`render`]: the human table and the JSON document that `ferry plan` prints; [`units`]: byte
 //!   and bandwidth formatting shared by errors, logs and the renderer.
 //!
@@ -35,6 +37,7 @@ pub mod accounting;
 pub mod assemble;
 pub mod buffer;
 pub mod error;
+pub mod fit;
 pub mod host;
 pub mod layout;
 mod link;
@@ -54,11 +57,11 @@ mod swap_copy;
 pub mod units;
 
 pub use accounting::{Accounting, AccountingSnapshot, PlannedBytes};
-pub use error::{OffloadError, PlanError, Result};
+pub use error::{CacheOverflow, OffloadError, PlanError, Result};
 pub use host::HostStore;
 pub use layout::{LayerLayout, SlotKind, SlotLayout, SlotMatrix};
 pub use load::{load_parked, load_placed, ParkedModel, PlacedModel};
-pub use plan::{plan, Home, LayerPlacement, Plan, PlanInput};
+pub use plan::{plan, CacheOrigins, Home, LayerPlacement, Origin, Plan, PlanInput};
 pub use store::WeightStore;
 pub use stream::{StreamConfig, Streamer};
 pub use swap::{Lease, Location, ModelSwapStats, SwapClient, SwapConfig, SwapManager, SwapStats};

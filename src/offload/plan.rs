@@ -22,6 +22,7 @@
 //! Resident layers are always a prefix (layers `0..k`) and streamed ones the suffix, so the first
 //! layers of every forward pass compute while the copy engine fetches the later ones.
 
+use candle_core::DType;
 use serde::Serialize;
 
 use super::error::{PlanError, Result};
@@ -72,6 +73,53 @@ pub struct LayerPlacement {
     pub bytes: u64,
 }
 
+/// Where a plan's KV-cache shape came from (`ferry plan` shows it; [`super::fit`] decides it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// Unset, and the default fit: the model's window, batch 8, the device's KV dtype.
+    Default,
+    /// Set in the configuration (a flag, variable or file).
+    Set,
+    /// Unset, and lowered from the default to fit the budget.
+    Fitted,
+}
+
+impl Origin {
+    /// `"default"`, `"set"` or `"fitted"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Default => "default",
+            Origin::Set => "set",
+            Origin::Fitted => "fitted",
+        }
+    }
+}
+
+/// The origins of a plan's `max_context`, `max_batch` and `kv_dtype`, and the model's own window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheOrigins {
+    /// Where `max_context` came from.
+    pub max_context: Origin,
+    /// Where `max_batch` came from.
+    pub max_batch: Origin,
+    /// Where `kv_dtype` came from.
+    pub kv_dtype: Origin,
+    /// The model's own context window (0 = unknown).
+    pub model_context: usize,
+}
+
+impl Default for CacheOrigins {
+    fn default() -> Self {
+        Self {
+            max_context: Origin::Set,
+            max_batch: Origin::Set,
+            kv_dtype: Origin::Set,
+            model_context: 0,
+        }
+    }
+}
+
 /// The same model sized for another dtype (e.g. `--dtype bf16` for an f32 checkpoint), so that an
 /// error can say whether that dtype would fit with mode `none`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,8 +149,12 @@ pub struct PlanInput {
     /// Tokens per sequence (prompt + completion); sizes the KV cache.
     pub max_context: usize,
     /// KV-cache bytes for one token in one layer (see
-    /// [`super::sizing::kv_bytes_per_token_per_layer`]).
+    /// [`super::sizing::kv_bytes_per_token_per_layer`]), in [`PlanInput::kv_dtype`].
     pub kv_bytes_per_token_per_layer: u64,
+    /// The KV cache's dtype (what `kv_bytes_per_token_per_layer` was computed with).
+    pub kv_dtype: DType,
+    /// Where `max_context`, `max_batch` and `kv_dtype` came from (set by [`super::fit`]).
+    pub origins: CacheOrigins,
     /// Layers in flight ahead of compute; the ring has `prefetch + 1` slots.
     pub prefetch: usize,
     /// Activation workspace (see [`super::sizing::workspace_bytes`]).
@@ -133,6 +185,8 @@ impl PlanInput {
             max_batch: 1,
             max_context: 0,
             kv_bytes_per_token_per_layer: 0,
+            kv_dtype: DType::F32,
+            origins: CacheOrigins::default(),
             prefetch: 2,
             workspace_bytes: 0,
             reserve_bytes: 0,
@@ -181,6 +235,14 @@ pub struct Plan {
     pub resident_layer_bytes: u64,
     /// KV cache on the device.
     pub kv_bytes: u64,
+    /// Tokens per sequence the KV cache is sized for.
+    pub max_context: usize,
+    /// Sequences the KV cache is sized for.
+    pub max_batch: usize,
+    /// The KV cache's dtype.
+    pub kv_dtype: DType,
+    /// Where `max_context`, `max_batch` and `kv_dtype` came from.
+    pub origins: CacheOrigins,
     /// Activation workspace on the device.
     pub workspace_bytes: u64,
     /// Reserve left to the runtime.
@@ -367,6 +429,10 @@ impl<'a> Costs<'a> {
             fixed_bytes: input.fixed_bytes,
             resident_layer_bytes: self.prefix[k],
             kv_bytes: input.kv_bytes(),
+            max_context: input.max_context,
+            max_batch: input.max_batch,
+            kv_dtype: input.kv_dtype,
+            origins: input.origins,
             workspace_bytes: input.workspace_bytes,
             reserve_bytes: input.reserve_bytes,
             slots,

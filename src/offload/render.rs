@@ -1,5 +1,6 @@
 //! What `ferry plan` prints: a human table of a [`Plan`] (runs of consecutive layers with the same
-//! home, bytes per tier, the slot ring and the PCIe-bound decode estimate) and the same plan as JSON
+//! home, the KV cache's context, batch and dtype and where they came from, bytes per tier, the
+//! slot ring and the PCIe-bound decode estimate) and the same plan as JSON
 //! (`--json`). Sizes use binary units (KiB, MiB, GiB); link speeds decimal ones (GB/s), as they are
 //! quoted.
 
@@ -90,6 +91,7 @@ pub fn render_text(plan: &Plan) -> String {
             format_bytes(run.total)
         );
     }
+    let _ = writeln!(out, "{}", cache_line(plan));
     let _ = writeln!(
         out,
         "device  {} of {}",
@@ -133,6 +135,26 @@ pub fn render_text(plan: &Plan) -> String {
     out
 }
 
+/// `cache   max_context 4096 (fitted; the model's 131072), max_batch 8 (default), kv_dtype f16
+/// (default)`: the KV cache's shape and where each value came from.
+fn cache_line(plan: &Plan) -> String {
+    let o = &plan.origins;
+    let window = if o.model_context > 0 && o.model_context != plan.max_context {
+        format!("; the model's {}", o.model_context)
+    } else {
+        String::new()
+    };
+    format!(
+        "cache   max_context {} ({}{window}), max_batch {} ({}), kv_dtype {} ({})",
+        plan.max_context,
+        o.max_context.as_str(),
+        plan.max_batch,
+        o.max_batch.as_str(),
+        plan.kv_dtype.as_str(),
+        o.kv_dtype.as_str(),
+    )
+}
+
 /// The plan as a JSON value:
 ///
 /// ```text
@@ -140,6 +162,8 @@ pub fn render_text(plan: &Plan) -> String {
 ///  "device_bytes", "host_bytes", "kv_bytes", "slots", "slot_bytes",
 ///  "estimated_decode_tokens_per_s", "fixed_bytes", "workspace_bytes", "reserve_bytes",
 ///  "streamed_bytes_per_step", "link_bandwidth",
+///  "max_context", "max_batch", "kv_dtype": "f32"|"f16"|"bf16", "model_context",
+///  "origin": {"max_context", "max_batch", "kv_dtype": "default"|"set"|"fitted"},
 ///  "slot_layout": {"kind": "cpu"|"cuda", "dense_bytes", "blocks_bytes",
 ///                  "matrices": [{"part", "type", "shape", "bytes", "allocated"}]}}
 /// ```
@@ -162,6 +186,15 @@ pub fn plan_json(plan: &Plan) -> serde_json::Value {
         "streamed_bytes_per_step": plan.streamed_bytes_per_step,
         "link_bandwidth": plan.link_bandwidth,
         "slot_layout": plan.slot_layout.as_ref().map(slot_layout_json),
+        "max_context": plan.max_context,
+        "max_batch": plan.max_batch,
+        "kv_dtype": plan.kv_dtype.as_str(),
+        "model_context": plan.origins.model_context,
+        "origin": {
+            "max_context": plan.origins.max_context.as_str(),
+            "max_batch": plan.origins.max_batch.as_str(),
+            "kv_dtype": plan.origins.kv_dtype.as_str(),
+        },
     })
 }
 
@@ -263,6 +296,36 @@ mod tests {
 
     fn plan_fn(input: &PlanInput) -> Plan {
         plan(input).expect("fits")
+    }
+
+    #[test]
+    fn the_cache_line_and_json_say_where_context_batch_and_dtype_came_from() {
+        use crate::offload::plan::{CacheOrigins, Origin};
+        let mut input = PlanInput::new(OffloadMode::None, vec![MIB], 0, 100 * MIB);
+        input.max_context = 4096;
+        input.max_batch = 8;
+        input.kv_dtype = candle_core::DType::F16;
+        input.origins = CacheOrigins {
+            max_context: Origin::Fitted,
+            max_batch: Origin::Default,
+            kv_dtype: Origin::Set,
+            model_context: 131072,
+        };
+        let plan = plan_fn(&input);
+        let text = render_text(&plan);
+        assert!(
+            text.contains("\ncache   max_context 4096 (fitted; the model's 131072), max_batch 8 (default), kv_dtype f16 (set)\n"),
+            "{text}"
+        );
+        let value = plan_json(&plan);
+        assert_eq!(value["max_context"], 4096);
+        assert_eq!(value["max_batch"], 8);
+        assert_eq!(value["kv_dtype"], "f16");
+        assert_eq!(value["model_context"], 131072);
+        assert_eq!(
+            value["origin"],
+            json!({"max_context": "fitted", "max_batch": "default", "kv_dtype": "set"})
+        );
     }
 
     #[test]

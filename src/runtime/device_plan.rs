@@ -11,14 +11,14 @@
 
 use std::sync::Arc;
 
-use candle_core::Device;
+use candle_core::{DType, Device};
 use serde_json::{json, Value};
 
 use super::device::{describe, free_bytes};
 use super::planning::{open_checkpoint, plan_checkpoint};
 use super::swap::{pool_plan, swap_manager, PoolPlan};
 use super::RuntimeError;
-use crate::config::{Config, MemoryBudget, ModelConfig, OffloadMode};
+use crate::config::{Config, DtypeChoice, MemoryBudget, ModelConfig, OffloadMode};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::source::HubOptions;
 use crate::offload::plan::{resolve_budget, Plan};
@@ -62,7 +62,8 @@ pub fn prepare_serving(
 /// One model's part of the device plan.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelPlan {
-    /// The model's configuration with its budget resolved to bytes (what `serve` loads with).
+    /// The model's configuration with its budget resolved to bytes and its KV cache's
+    /// `max_context`, `max_batch` and `kv_dtype` as planned (what `serve` loads with).
     pub config: ModelConfig,
     /// Its placement.
     pub plan: Plan,
@@ -81,6 +82,15 @@ pub struct DevicePlan {
     pub pool: Option<PoolPlan>,
     /// The most the models hold on the device at once (at most `free_bytes`).
     pub device_bytes: u64,
+}
+
+/// The setting that names `dtype`.
+fn dtype_choice(dtype: DType) -> DtypeChoice {
+    match dtype {
+        DType::F16 => DtypeChoice::F16,
+        DType::BF16 => DtypeChoice::BF16,
+        _ => DtypeChoice::F32,
+    }
 }
 
 impl DevicePlan {
@@ -125,6 +135,10 @@ impl DevicePlan {
                     }
                     other => other,
                 })?;
+            // Serve loads with what was chosen, so it plans (and sizes its engine) the same.
+            pinned.max_context = Some(plan.max_context);
+            pinned.max_batch = Some(plan.max_batch);
+            pinned.kv_dtype = dtype_choice(plan.kv_dtype);
             models.push(ModelPlan {
                 config: pinned,
                 plan,

@@ -126,6 +126,9 @@ fn load_runner(
         device_layers = plan.device_layers(),
         host_layers = plan.host_layers(),
         slots = plan.slots,
+        max_context = plan.max_context,
+        max_batch = plan.max_batch,
+        kv_dtype = plan.kv_dtype.as_str(),
         "placement planned"
     );
     let stream = StreamConfig {
@@ -144,7 +147,7 @@ fn load_runner(
             &mut progress,
         );
     }
-    let placed = load_placed(checkpoint, &options, plan, stream, &mut |p| {
+    let mut placed = load_placed(checkpoint, &options, plan, stream, &mut |p| {
         progress.update(&p)
     })
     .map_err(|e| RuntimeError::Offload {
@@ -153,10 +156,12 @@ fn load_runner(
     })?;
     progress.finish();
     placed.store.accounting().log(&config.name);
+    // The KV cache the plan sized: its context (fitted or set) and dtype.
+    placed.model.set_kv_dtype(plan.kv_dtype);
     Ok(ModelRunner::new(
         placed.model,
         placed.store,
-        config.max_context,
+        Some(plan.max_context),
     ))
 }
 
@@ -175,7 +180,9 @@ fn load_swapped(
         name: config.name.clone(),
         source,
     };
-    let parked = load_parked(checkpoint, options, &mut |p| progress.update(&p)).map_err(wrap)?;
+    let mut parked =
+        load_parked(checkpoint, options, &mut |p| progress.update(&p)).map_err(wrap)?;
+    parked.model.set_kv_dtype(plan.kv_dtype);
     progress.finish();
     let accounting = Arc::new(Accounting::new(plan));
     accounting.add_weights(parked.fixed_bytes);
@@ -208,7 +215,7 @@ fn load_swapped(
         accounting,
         manager,
         client,
-        config.max_context,
+        Some(plan.max_context),
     ))
 }
 

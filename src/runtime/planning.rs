@@ -1,19 +1,22 @@
 //! `ferry plan`: sizes a configured model from its file headers (no weights are read) and runs
-//! the pure placement planner against the device budget. Loading plans the same way from the
-//! checkpoint it then loads ([`plan_checkpoint`]), so the plan `ferry plan` prints is the one
-//! `ferry serve` follows.
+//! the pure placement planner against the device budget, with the KV cache fitted to it
+//! ([`crate::offload::fit`]: unset `max_context` / `max_batch` are chosen, and logged when
+//! lowered). Loading plans the same way from the checkpoint it then loads ([`plan_checkpoint`]),
+//! so the plan `ferry plan` prints is the one `ferry serve` follows.
 
 use candle_core::Device;
 
 use super::RuntimeError;
-use crate::config::{DeviceConfig, ModelConfig};
+use crate::config::{DeviceConfig, DtypeChoice, ModelConfig};
 use crate::model::checkpoint::Checkpoint;
+use crate::model::kv_cache::kv_dtype_for;
 use crate::model::loader::{Holding, LoadOptions};
 use crate::model::source::{self, HubOptions, ModelSource};
 use crate::model::ModelError;
+use crate::offload::fit::{fit, CacheRequest};
 use crate::offload::layout::SlotKind;
 use crate::offload::plan::{
-    plan, resolve_budget, Plan, PlanInput, DEFAULT_CPU_RESERVE_BYTES, DEFAULT_CUDA_RESERVE_BYTES,
+    resolve_budget, Origin, Plan, PlanInput, DEFAULT_CPU_RESERVE_BYTES, DEFAULT_CUDA_RESERVE_BYTES,
     DEFAULT_LINK_BANDWIDTH,
 };
 use crate::offload::sizing::{
@@ -65,43 +68,70 @@ pub fn plan_checkpoint(
     let slot_kind = SlotKind::for_device(device);
     let sizes = ModelSizes::of(checkpoint, &holding, slot_kind).map_err(wrap)?;
     let spec = checkpoint.spec();
-    let max_context = model
-        .max_context
-        .map_or(spec.max_context, |cap| cap.min(spec.max_context));
-    // The KV cache and activations use the compute dtype (f32 for quantized weights).
-    let activation_bytes = holding.compute().size_in_bytes() as u64;
-    let mut input = PlanInput::new(
-        model.offload.mode,
-        sizes.layers.clone(),
-        sizes.fixed,
-        resolve_budget(model.offload.gpu_memory, free_bytes)?,
+    let budget = resolve_budget(model.offload.gpu_memory, free_bytes)?;
+    // Activations use the compute dtype (f32 for quantized weights); the KV cache its own.
+    let kv_dtype = kv_dtype_for(model.kv_dtype, device, holding.compute());
+    let kv_per_token = kv_bytes_per_token_per_layer(
+        spec.n_kv_heads,
+        spec.head_dim,
+        kv_dtype.size_in_bytes() as u64,
     );
-    input.max_batch = model.max_batch;
-    input.max_context = max_context;
-    input.kv_bytes_per_token_per_layer =
-        kv_bytes_per_token_per_layer(spec.n_kv_heads, spec.head_dim, activation_bytes);
-    input.prefetch = model.offload.prefetch;
-    input.workspace_bytes = workspace_bytes(&WorkspaceInput {
-        hidden_size: spec.hidden_size,
-        vocab_size: spec.vocab_size,
-        n_heads: spec.n_heads,
-        max_batch: model.max_batch,
-        // The most tokens one engine step computes.
-        prefill_chunk: model.max_step_tokens,
-        max_context,
-    });
-    input.reserve_bytes = match device {
+    let reserve_bytes = match device {
         Device::Cpu => DEFAULT_CPU_RESERVE_BYTES,
         _ => DEFAULT_CUDA_RESERVE_BYTES,
     };
-    input.link_bandwidth = Some(
-        device_config
-            .link_bandwidth
-            .unwrap_or(DEFAULT_LINK_BANDWIDTH),
-    );
-    input.layer_layouts = sizes.layouts;
-    input.slot_kind = slot_kind;
-    Ok(plan(&input)?)
+    let link_bandwidth = device_config
+        .link_bandwidth
+        .unwrap_or(DEFAULT_LINK_BANDWIDTH);
+    let input_for = |max_context: usize, max_batch: usize| {
+        let mut input = PlanInput::new(
+            model.offload.mode,
+            sizes.layers.clone(),
+            sizes.fixed,
+            budget,
+        );
+        input.max_batch = max_batch;
+        input.max_context = max_context;
+        input.kv_bytes_per_token_per_layer = kv_per_token;
+        input.kv_dtype = kv_dtype;
+        input.prefetch = model.offload.prefetch;
+        input.workspace_bytes = workspace_bytes(&WorkspaceInput {
+            hidden_size: spec.hidden_size,
+            vocab_size: spec.vocab_size,
+            n_heads: spec.n_heads,
+            max_batch,
+            // The most tokens one engine step computes.
+            prefill_chunk: model.max_step_tokens,
+            max_context,
+        });
+        input.reserve_bytes = reserve_bytes;
+        input.link_bandwidth = Some(link_bandwidth);
+        input.layer_layouts = sizes.layouts.clone();
+        input.slot_kind = slot_kind;
+        input
+    };
+    let request = CacheRequest {
+        max_context: model.max_context.map(|cap| cap.min(spec.max_context)),
+        max_batch: model.max_batch,
+        model_context: spec.max_context,
+        kv_dtype: if model.kv_dtype == DtypeChoice::Auto {
+            Origin::Default
+        } else {
+            Origin::Set
+        },
+    };
+    let fitted = fit(&request, &input_for)?;
+    if let Some(reason) = &fitted.reason {
+        tracing::info!(
+            model = %model.name,
+            max_context = fitted.plan.max_context,
+            max_batch = fitted.plan.max_batch,
+            kv_dtype = fitted.plan.kv_dtype.as_str(),
+            kv_bytes = fitted.plan.kv_bytes,
+            "{reason}"
+        );
+    }
+    Ok(fitted.plan)
 }
 
 /// Free memory of the CPU "device": `MemAvailable` from /proc/meminfo.

@@ -74,7 +74,7 @@ pub fn engine_options(config: &Config, metrics: Metrics) -> EngineOptions {
         max_batch: config
             .models
             .iter()
-            .map(|m| m.max_batch)
+            .map(|m| m.max_batch.unwrap_or(DEFAULT_MAX_BATCH))
             .min()
             .unwrap_or(DEFAULT_MAX_BATCH),
         // Likewise one prefill chunk and one step budget: the smallest configured ones.
@@ -112,8 +112,18 @@ pub async fn serve(
     let swap = serving.swap;
     let names: Vec<String> = config.models.iter().map(|m| m.name.clone()).collect();
     let metrics = Metrics::new();
+    // The engine runs the batch each model was planned for (`max_batch` fitted when unset).
+    let as_planned = Config {
+        models: serving
+            .plan
+            .models
+            .iter()
+            .map(|m| m.config.clone())
+            .collect(),
+        ..config.clone()
+    };
     let engine =
-        EngineHandle::with_options(names.clone(), engine_options(&config, metrics.clone()));
+        EngineHandle::with_options(names.clone(), engine_options(&as_planned, metrics.clone()));
 
     // Mode `model`: one residency manager shared by every swapped model.
     if let Some(swap) = &swap {
@@ -229,6 +239,11 @@ mod tests {
     fn the_settings_defaults_are_the_library_defaults() {
         let engine = engine_options(&config(), Metrics::new());
         let library = EngineOptions::default();
+        assert_eq!(
+            crate::offload::fit::DEFAULT_MAX_BATCH,
+            library.max_batch,
+            "an unset max_batch that fits is the engine's default"
+        );
         assert_eq!(
             (
                 engine.max_batch,

@@ -50,7 +50,7 @@ fn config(source: &str) -> ModelConfig {
         source: source.to_string(),
         dtype: DtypeChoice::Auto,
         max_context: Some(64),
-        max_batch: 1,
+        max_batch: Some(1),
         offload: OffloadConfig {
             mode: OffloadMode::None,
             gpu_memory: MemoryBudget::FractionOfFree(0.9),

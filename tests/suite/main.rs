@@ -15,6 +15,7 @@ mod arch_families;
 mod batch_forward;
 mod chat_templates;
 mod cli;
+mod fit;
 mod hf_model_serving;
 mod http_api;
 mod layering;

@@ -32,7 +32,7 @@ fn config(source: &Path, dtype: DtypeChoice, mode: OffloadMode) -> ModelConfig {
         source: source.to_string_lossy().into_owned(),
         dtype,
         max_context: Some(64),
-        max_batch: 1,
+        max_batch: Some(1),
         offload: OffloadConfig {
             mode,
             gpu_memory: MemoryBudget::Bytes(BIG),

@@ -32,7 +32,7 @@ fn model(name: &str, dtype: DtypeChoice, mode: OffloadMode, budget: MemoryBudget
         source: model_path().to_string_lossy().into_owned(),
         dtype,
         max_context: Some(256),
-        max_batch: 1,
+        max_batch: Some(1),
         ..ModelConfig::default()
     };
     model.offload.mode = mode;

@@ -38,7 +38,7 @@ pub fn model_config(dtype: DtypeChoice) -> ModelConfig {
         source: model_path().to_string_lossy().into_owned(),
         dtype,
         max_context: Some(2048),
-        max_batch: 4,
+        max_batch: Some(4),
         offload: OffloadConfig {
             mode: OffloadMode::None,
             gpu_memory: MemoryBudget::FractionOfFree(0.9),
@@ -54,7 +54,7 @@ pub fn model_config(dtype: DtypeChoice) -> ModelConfig {
 pub fn offloaded(dtype: DtypeChoice, mode: OffloadMode) -> ModelConfig {
     let mut config = model_config(dtype);
     config.max_context = Some(256);
-    config.max_batch = 1;
+    config.max_batch = Some(1);
     config.offload = OffloadConfig {
         mode,
         gpu_memory: MemoryBudget::Bytes(64 << 30),

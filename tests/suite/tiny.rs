@@ -407,6 +407,31 @@ impl Tiny {
         types: &dyn Fn(&str) -> GgmlDType,
         permute_qk: bool,
     ) {
+        self.write_gguf_full(path, arch, weights, types, permute_qk, CONTEXT);
+    }
+
+    /// [`Tiny::write_gguf`] (Q8_0 matrices) declaring a context window of `context` tokens, e.g.
+    /// a long one whose full KV cache does not fit a budget.
+    pub fn write_gguf_context(
+        &self,
+        path: &Path,
+        arch: &str,
+        weights: &HashMap<String, Tensor>,
+        context: usize,
+    ) {
+        let types = |_: &str| GgmlDType::Q8_0;
+        self.write_gguf_full(path, arch, weights, &types, false, context);
+    }
+
+    fn write_gguf_full(
+        &self,
+        path: &Path,
+        arch: &str,
+        weights: &HashMap<String, Tensor>,
+        types: &dyn Fn(&str) -> GgmlDType,
+        permute_qk: bool,
+        context: usize,
+    ) {
         let mut tensors: Vec<(String, QTensor)> = Vec::new();
         let gemma = arch.starts_with("gemma");
         // GGUF stacks a layer's experts: `blk.N.ffn_{gate,up,down}_exps.weight`.
@@ -454,7 +479,7 @@ impl Tiny {
                 "general.architecture".into(),
                 gguf_file::Value::String(arch.into()),
             ),
-            (format!("{arch}.context_length"), u32v(CONTEXT)),
+            (format!("{arch}.context_length"), u32v(context)),
             (format!("{arch}.embedding_length"), u32v(self.hidden)),
             (format!("{arch}.feed_forward_length"), u32v(self.inter)),
             (format!("{arch}.block_count"), u32v(self.layers)),

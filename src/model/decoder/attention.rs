@@ -3,7 +3,8 @@
 //!
 //! Query heads are grouped by the key/value head they share (`[kv_heads, group * seq, dim]`),
 //! so keys and values are never repeated in memory: one batched matmul per key/value head
-//! covers its whole group. Scores and softmax run in f32 whatever the compute dtype.
+//! covers its whole group. Scores and softmax run in f32 whatever the compute dtype; the two
+//! matmuls in the KV cache's dtype where the device has that matmul.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -118,6 +119,16 @@ pub fn attend(
     let k = rope.apply(&k, step.pos)?;
     let (k, v) = kv.write(step.pos, &k, &v)?;
     let kv_len = k.dim(2)?;
+    // The matmuls run in the cache's dtype where the device multiplies it (an f16 or bf16 cache
+    // is not read up to f32 on CUDA); candle's CPU matmul has no bf16, so there a bf16 cache is
+    // read up to the compute dtype. An f32 cache with f32 activations is the plain f32 path.
+    let compute = q.dtype();
+    let dtype = if q.device().is_cpu() && k.dtype() == DType::BF16 {
+        compute
+    } else {
+        k.dtype()
+    };
+    let (q, k, v) = (q.to_dtype(dtype)?, k.to_dtype(dtype)?, v.to_dtype(dtype)?);
 
     let group = n_heads / n_kv_heads;
     let q = q.reshape((b, n_kv_heads, group * seq, head_dim))?;
@@ -134,7 +145,7 @@ pub fn attend(
             .reshape((b, n_kv_heads, group * seq, kv_len))?,
     };
     let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
-    let y = probs.matmul(&v)?;
+    let y = probs.matmul(&v)?.to_dtype(compute)?;
     Ok(y.reshape((b, n_heads, seq, head_dim))?
         .transpose(1, 2)?
         .reshape((b, seq, n_heads * head_dim))?)

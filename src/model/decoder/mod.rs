@@ -63,6 +63,7 @@ pub struct Model {
     local_rope: Option<Rope>,
     device: Device,
     dtype: DType,
+    kv_dtype: DType,
 }
 
 impl Model {
@@ -86,6 +87,7 @@ impl Model {
             rope,
             device: parts.device,
             dtype: parts.dtype,
+            kv_dtype: parts.dtype,
         })
     }
 
@@ -109,6 +111,16 @@ impl Model {
         self.dtype
     }
 
+    /// The dtype new key/value caches hold (the activation dtype unless set).
+    pub fn kv_dtype(&self) -> DType {
+        self.kv_dtype
+    }
+
+    /// Makes new key/value caches hold `dtype` (see [`super::kv_cache::kv_dtype_for`]).
+    pub fn set_kv_dtype(&mut self, dtype: DType) {
+        self.kv_dtype = dtype;
+    }
+
     /// An empty key/value cache that can hold the model's whole context.
     pub fn new_cache(&self) -> KvCache {
         self.new_cache_with_limit(self.spec.max_context)
@@ -121,7 +133,13 @@ impl Model {
             head_dim: self.spec.head_dim,
         };
         let max_len = max_len.min(self.spec.max_context);
-        KvCache::new(self.spec.n_layers, shape, max_len, self.dtype, &self.device)
+        KvCache::new(
+            self.spec.n_layers,
+            shape,
+            max_len,
+            self.kv_dtype,
+            &self.device,
+        )
     }
 
     /// One sequence's step: runs `tokens` at positions `cache.len()..` and returns the last

@@ -1,0 +1,315 @@
+//! Defaults that fit (`offload::fit`): a model whose full-context KV cache does not fit the budget
+//! is planned and loaded with a fitted context (the log line names it; `ferry plan` shows it and
+//! where it came from); a set `max_context` that does not fit is refused with its cost and the
+//! largest value that fits; the KV cache's dtype (`kv_dtype`) halves its bytes in the plan and in
+//! the cache, and greedy decoding with an f16 or bf16 cache stays close to the f32 one.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use candle_core::{DType, Device};
+use serde_json::Value;
+
+use ferry::config::{DeviceConfig, DtypeChoice, MemoryBudget, OffloadMode};
+use ferry::engine::traits::LanguageModel;
+use ferry::model::loader::{load_model, DTypeChoice, LoadOptions};
+use ferry::model::source::{HubOptions, ModelFiles};
+use ferry::offload::Origin;
+use ferry::runtime::load::load_for_serving;
+use ferry::runtime::planning::plan_model;
+
+use crate::real_model::{self, model_path};
+use crate::tiny::Tiny;
+
+const MIB: u64 = 1 << 20;
+/// The tiny model's declared window: a million tokens (6 GiB of f32 KV cache at batch 8).
+const LONG: usize = 1 << 20;
+
+fn hub() -> HubOptions {
+    HubOptions::from_env(|_| None)
+}
+
+/// A tiny random Llama GGUF that declares a [`LONG`] context.
+fn long_context_gguf(dir: &Path) -> std::path::PathBuf {
+    let tiny = Tiny::llama();
+    let path = dir.join("long.gguf");
+    tiny.write_gguf_context(&path, "llama", &tiny.random_weights(false, false), LONG);
+    path
+}
+
+/// `ferry plan` on `model` on the CPU with a 256 MiB budget and `extra` flags: (ok, stdout,
+/// stderr).
+fn ferry_plan(model: &Path, extra: &[&str]) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .arg("plan")
+        .arg("--model")
+        .arg(model)
+        .args(["--device", "cpu", "--gpu-memory", "256MiB"])
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("runs");
+    (
+        output.status.success(),
+        String::from_utf8(output.stdout).expect("utf-8"),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_long_context_model_is_planned_with_a_fitted_context() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = long_context_gguf(dir.path());
+    let (ok, stdout, stderr) = ferry_plan(&model, &["--json"]);
+    assert!(ok, "{stderr}");
+    let document: Value = serde_json::from_str(&stdout).expect("JSON");
+    let plan = &document["models"][0]["plan"];
+    let context = plan["max_context"].as_u64().expect("max_context") as usize;
+    assert!((4096..LONG).contains(&context), "{plan}");
+    assert_eq!(context % 256, 0);
+    assert_eq!(plan["model_context"], LONG);
+    assert_eq!(plan["max_batch"], 8, "the context shrinks before the batch");
+    assert_eq!(plan["kv_dtype"], "f32");
+    assert_eq!(
+        plan["origin"],
+        serde_json::json!({"max_context": "fitted", "max_batch": "default", "kv_dtype": "default"})
+    );
+    let (device, budget) = (plan["device_bytes"].as_u64(), plan["budget_bytes"].as_u64());
+    assert!(device <= budget && budget == Some(256 * MIB), "{plan}");
+    assert!(
+        plan["layers"]
+            .as_array()
+            .expect("layers")
+            .iter()
+            .all(|l| l["home"] == "device"),
+        "no layer leaves the device: {plan}"
+    );
+    // One log line says what was chosen and why.
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("fitted the KV cache"))
+        .unwrap_or_else(|| panic!("no fit line in:\n{stderr}"));
+    assert!(
+        line.contains(&format!(
+            "`max_context` {context} (the model's {LONG}, lowered)"
+        )) && line.contains("`max_batch` 8 (the default)")
+            && line.contains("of KV cache (f32)"),
+        "{line}"
+    );
+
+    // The text listing shows the same choice.
+    let (ok, text, stderr) = ferry_plan(&model, &[]);
+    assert!(ok, "{stderr}");
+    assert!(
+        text.contains(&format!(
+            "cache   max_context {context} (fitted; the model's {LONG}), max_batch 8 (default), kv_dtype f32 (default)"
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_oversized_max_context_is_refused_with_its_cost_and_what_fits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = long_context_gguf(dir.path());
+    let (ok, _, stderr) = ferry_plan(&model, &["--max-context", &LONG.to_string()]);
+    assert!(!ok, "a million tokens of workspace cannot fit 256 MiB");
+    assert!(
+        stderr.contains(&format!("`max_context` {LONG} (set) with `max_batch` 1")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("of KV cache (f32) and"), "{stderr}");
+    let marker = "the largest that fit: `max_context` ";
+    let at = stderr.find(marker).unwrap_or_else(|| panic!("{stderr}")) + marker.len();
+    let largest: usize = stderr[at..]
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(stderr[at..].starts_with(&format!("{largest} with `max_batch` 1")));
+
+    // It is the largest: it fits, one token more does not.
+    let (ok, stdout, stderr) = ferry_plan(
+        &model,
+        &[
+            "--json",
+            "--max-batch",
+            "1",
+            "--max-context",
+            &largest.to_string(),
+        ],
+    );
+    assert!(ok, "{stderr}");
+    let document: Value = serde_json::from_str(&stdout).expect("JSON");
+    let plan = &document["models"][0]["plan"];
+    assert_eq!(plan["max_context"], largest);
+    assert_eq!(plan["origin"]["max_context"], "set");
+    assert!(plan["device_bytes"].as_u64() <= plan["budget_bytes"].as_u64());
+    let one_more = (largest + 1).to_string();
+    let (ok, _, stderr) = ferry_plan(&model, &["--max-batch", "1", "--max-context", &one_more]);
+    assert!(!ok, "{one_more} tokens must not fit");
+    assert!(stderr.contains("`max_context`"), "{stderr}");
+}
+
+/// A `tracing` writer into a shared buffer.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_real_model_loads_with_a_fitted_context_within_its_budget() {
+    // SmolLM2 (8192 tokens) with 8 sequences in f32 needs 2.8 GiB of KV cache and workspace;
+    // 2 GiB leaves room for about 5000 tokens next to the weights.
+    let budget = 2048 * MIB;
+    let mut config = real_model::model_config(DtypeChoice::Auto);
+    config.max_context = None;
+    config.max_batch = None;
+    config.offload.mode = OffloadMode::Auto;
+    config.offload.gpu_memory = MemoryBudget::Bytes(budget);
+    let plan =
+        plan_model(&config, &DeviceConfig::default(), &Device::Cpu, &hub(), 0).expect("plans");
+    assert!(plan.device_bytes <= budget);
+    assert!(
+        plan.max_context >= 4096 && plan.max_context < 8192,
+        "{plan:?}"
+    );
+    assert_eq!(plan.origins.max_context, Origin::Fitted);
+    assert_eq!(plan.max_batch, 8);
+    assert_eq!(plan.host_layers(), 0);
+
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let loaded = tracing::subscriber::with_default(subscriber, || {
+        load_for_serving(&config, &Device::Cpu, &hub()).map_err(|e| e.to_string())
+    })
+    .expect("loads");
+    assert_eq!(loaded.runner.max_context(), plan.max_context);
+    let log = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
+    let line = log
+        .lines()
+        .find(|l| l.contains("fitted the KV cache"))
+        .unwrap_or_else(|| panic!("no fit line in:\n{log}"));
+    assert!(
+        line.contains(&format!(
+            "`max_context` {} (the model's 8192, lowered)",
+            plan.max_context
+        )),
+        "{line}"
+    );
+}
+
+/// The real model's greedy tokens after "The capital of France is" with its cache in `kv`, and
+/// the top-1 choice at each step when fed `forced` (another run's tokens) instead.
+fn greedy(kv: DType, steps: usize, forced: Option<&[u32]>) -> (Vec<u32>, Vec<Vec<f32>>, usize) {
+    let files = ModelFiles::Gguf { path: model_path() };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DTypeChoice::Auto,
+    };
+    let mut loaded = load_model(&files, &options, &mut |_| {}).expect("loads");
+    loaded.model.set_kv_dtype(kv);
+    let mut layers = loaded.layers;
+    let mut cache = loaded.model.new_cache_with_limit(512);
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .fold(0, |best, (i, x)| if *x > v[best] { i } else { best }) as u32
+    };
+    let mut logits: Vec<Vec<f32>> = Vec::new();
+    let mut tokens = Vec::new();
+    let mut input = vec![504, 3575, 282, 4649, 314];
+    for step in 0..steps {
+        let out: Vec<f32> = loaded
+            .model
+            .forward(&input, &mut cache, &mut layers)
+            .expect("forward")
+            .to_vec1()
+            .expect("f32");
+        let next = argmax(&out);
+        tokens.push(next);
+        logits.push(out);
+        input = vec![forced.map_or(next, |f| f[step])];
+    }
+    (tokens, logits, cache.allocated_bytes())
+}
+
+#[test]
+fn f16_and_bf16_caches_halve_the_bytes_and_keep_greedy_decoding_close() {
+    let steps = 24;
+    let (reference, f32_logits, f32_bytes) = greedy(DType::F32, steps, None);
+    // An f32 cache is the unchanged path: the same logits as the compute dtype's cache.
+    let files = ModelFiles::Gguf { path: model_path() };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DTypeChoice::Auto,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).expect("loads");
+    assert_eq!(loaded.model.kv_dtype(), DType::F32, "the CPU default");
+    drop(loaded);
+    let (again, again_logits, _) = greedy(DType::F32, steps, None);
+    assert_eq!((&again, &again_logits), (&reference, &f32_logits));
+
+    let vocab = ferry::model::tokenizer::TextTokenizer::from_gguf_metadata(
+        ferry::model::checkpoint::Checkpoint::open(&files)
+            .expect("opens")
+            .gguf_metadata()
+            .expect("GGUF metadata"),
+    )
+    .expect("tokenizer");
+    let text = |ids: &[u32]| vocab.decode(ids, true).expect("decodes");
+    assert!(text(&reference).contains("Paris"), "{}", text(&reference));
+
+    for kv in [DType::F16, DType::BF16] {
+        let (own, _, bytes) = greedy(kv, steps, None);
+        assert_eq!(bytes * 2, f32_bytes, "{kv:?} takes half the bytes");
+        assert!(text(&own).contains("Paris"), "{kv:?}: {}", text(&own));
+        // Fed the f32 run's tokens, the top-1 choice mostly agrees with it.
+        let (forced, _, _) = greedy(kv, steps, Some(&reference));
+        let same = forced
+            .iter()
+            .zip(&reference)
+            .filter(|(a, b)| a == b)
+            .count();
+        eprintln!("{kv:?}: top-1 equal at {same} of {steps} steps");
+        assert!(same * 10 >= steps * 9, "{kv:?}: {same} of {steps}");
+    }
+}
+
+#[test]
+fn the_plan_counts_the_kv_cache_in_its_dtype() {
+    let mut config = real_model::model_config(DtypeChoice::Auto);
+    config.offload.gpu_memory = MemoryBudget::Bytes(4096 * MIB);
+    let kv = |dtype| {
+        let mut config = config.clone();
+        config.kv_dtype = dtype;
+        let plan =
+            plan_model(&config, &DeviceConfig::default(), &Device::Cpu, &hub(), 0).expect("plans");
+        (plan.kv_bytes, plan.kv_dtype, plan.origins.kv_dtype)
+    };
+    let (f32_bytes, dtype, origin) = kv(DtypeChoice::Auto);
+    assert_eq!((dtype, origin), (DType::F32, Origin::Default));
+    // 2048 tokens x 4 sequences x 30 layers x 2 x 3 heads x 64 x 4 bytes.
+    assert_eq!(f32_bytes, 2048 * 4 * 30 * 2 * 3 * 64 * 4);
+    for (choice, dtype) in [
+        (DtypeChoice::F16, DType::F16),
+        (DtypeChoice::BF16, DType::BF16),
+    ] {
+        assert_eq!(kv(choice), (f32_bytes / 2, dtype, Origin::Set));
+    }
+}
