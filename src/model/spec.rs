@@ -1,8 +1,10 @@
-//! [`ModelSpec`]: the architecture and dimensions of a Llama-family model, read either from a
-//! Hugging Face `config.json` or from GGUF metadata (keys prefixed by `general.architecture`).
+//! [`ModelSpec`]: the architecture and dimensions of a decoder model (the Llama family, Qwen3,
+//! Qwen3-MoE, Mixtral, Gemma 2/3, Phi-3), read either from a Hugging Face `config.json` or from
+//! GGUF metadata (keys prefixed by `general.architecture`).
 //!
-//! The spec is everything the blocks need besides weights: head layout, RoPE parameters, context
-//! length, norm epsilon and the special token ids. Together with the tensor table
+//! The spec is everything the blocks need besides weights: head layout, RoPE parameters (and
+//! their scalings, Gemma 3's local base), the attention windows per layer, soft-caps, norm
+//! conventions, experts, context length, norm epsilon and the special token ids. Together with the tensor table
 //! ([`super::tensors`]) it is all the planner needs to size a model before anything is loaded.
 
 use std::collections::HashMap;
@@ -96,7 +98,7 @@ impl Architecture {
         matches!(self, Architecture::Gemma2 | Architecture::Gemma3)
     }
 
-    /// Every 'pattern'-th layer is global, the others use the sliding window (Gemma 2: 2,
+    /// Every n-th layer is global, the others use the sliding window (Gemma 2: 2,
     /// Gemma 3: 6); `None`: the window, if any, applies to every layer.
     fn default_window_pattern(self) -> Option<usize> {
         match self {
@@ -168,7 +170,7 @@ pub struct Llama3RopeScaling {
     pub original_max_position_embeddings: usize,
 }
 
-/// Shape and hyper-parameters of a Llama-family decoder.
+/// Shape and hyper-parameters of a decoder.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelSpec {
     /// Which family (decides biases and defaults).
@@ -723,7 +725,7 @@ fn parse_rope_scaling(
     }
 }
 
-/// The subset of `config.json` the Llama family uses.
+/// The subset of `config.json` the families use.
 #[derive(Debug, Deserialize)]
 struct HfConfig {
     model_type: Option<String>,

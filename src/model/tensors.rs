@@ -1,4 +1,4 @@
-//! The one table of a Llama-family checkpoint's tensors: which tensor fills which field of the
+//! The one table of a checkpoint's tensors: which tensor fills which part of the
 //! weights ([`Part`] for a decoder layer, [`FixedPart`] for the rest), its name in each file
 //! format (llama.cpp's GGUF names and Hugging Face's), the shape the spec expects, and which ones
 //! are optional. [`TensorTable::build`] looks every tensor up once, checks presence and shapes

@@ -13,7 +13,7 @@
 //! - CPU: one block arena and one dense region, each as large as the largest streamed layer's;
 //!   every layer is viewed at its own offsets.
 //! - CUDA: one dense region as on the CPU, but quantized matrices cannot be views (candle's
-//!   quantized CUDA storage owns its buffer), so the slot keeps one buffer per (part, GGML type,
+//!   quantized CUDA storage owns its buffer), so the slot keeps one buffer per (part, unit, GGML type,
 //!   shape) seen across the streamed layers, each with candle's padding of
 //!   [`CUDA_ROW_PADDING`] elements. A mixed-type file (Q4_K_M: `attn_v` / `ffn_down` are q6_K in
 //!   some layers and q4_K in others) thus needs more than its largest layer: the union.
@@ -48,8 +48,11 @@ pub fn cuda_quantized_bytes(dtype: GgmlDType, elems: usize) -> usize {
 pub struct TensorEntry {
     /// Name in the weight file.
     pub name: String,
-    /// The `LayerWeights` field it fills.
+    /// The `LayerWeights` part it fills.
     pub part: Part,
+    /// Which of the layer's tensors of `part` it is: the expert index for MoE expert parts, 0
+    /// for every other part (a layer has one of those).
+    pub unit: usize,
     /// Storage kind and type.
     pub kind: TensorKind,
     /// Shape, row-major (`[out, in]` for matrices).
@@ -103,9 +106,14 @@ impl LayerLayout {
                 TensorKind::Blocks(_) => &mut blocks_len,
                 TensorKind::Dense(_) => &mut dense_len,
             };
+            let unit = entries
+                .iter()
+                .filter(|e: &&TensorEntry| e.part == *part)
+                .count();
             entries.push(TensorEntry {
                 name: record.name.clone(),
                 part: *part,
+                unit,
                 kind,
                 shape: record.shape.clone(),
                 offset: *cursor,
@@ -156,8 +164,8 @@ pub enum SlotKind {
     /// The CPU device: a block arena viewed at each layer's offsets, and a dense region.
     #[default]
     Cpu,
-    /// A CUDA device: one padded buffer per (part, type, shape) of quantized matrix, and a
-    /// dense region.
+    /// A CUDA device: one padded buffer per (part, unit, type, shape) of quantized matrix, and
+    /// a dense region.
     Cuda,
 }
 
@@ -185,6 +193,9 @@ impl SlotKind {
 pub struct SlotMatrix {
     /// The part it receives.
     pub part: Part,
+    /// Which of the layer's tensors of that part ([`TensorEntry::unit`]: each MoE expert has
+    /// its own buffer).
+    pub unit: usize,
     /// Its GGML type.
     pub dtype: GgmlDType,
     /// Its shape.
@@ -208,7 +219,8 @@ pub struct SlotLayout {
     pub dense_bytes: usize,
     /// CPU: bytes of the block arena, the largest block region of the layers; CUDA: 0.
     pub blocks_bytes: usize,
-    /// CUDA: one buffer per (part, type, shape) over the layers, in first-seen order; CPU: none.
+    /// CUDA: one buffer per (part, unit, type, shape) over the layers, in first-seen order;
+    /// CPU: none.
     pub matrices: Vec<SlotMatrix>,
 }
 
@@ -245,6 +257,7 @@ impl SlotLayout {
                     if self.matrix(entry).is_none() {
                         self.matrices.push(SlotMatrix {
                             part: entry.part,
+                            unit: entry.unit,
                             dtype,
                             shape: entry.shape.clone(),
                             bytes: entry.len,
@@ -261,9 +274,12 @@ impl SlotLayout {
         let TensorKind::Blocks(dtype) = entry.kind else {
             return None;
         };
-        self.matrices
-            .iter()
-            .find(|m| m.part == entry.part && m.dtype == dtype && m.shape == entry.shape)
+        self.matrices.iter().find(|m| {
+            m.part == entry.part
+                && m.unit == entry.unit
+                && m.dtype == dtype
+                && m.shape == entry.shape
+        })
     }
 
     /// Device bytes of the slot.

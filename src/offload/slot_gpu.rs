@@ -29,6 +29,7 @@ use crate::model::weights::LayerWeights;
 /// A persistent quantized matrix buffer of the slot.
 struct SlotMatrix {
     part: Part,
+    unit: usize,
     dtype: GgmlDType,
     shape: Vec<usize>,
     tensor: Arc<QTensor>,
@@ -74,6 +75,7 @@ impl GpuSlot {
             let (tensor, address) = gpu::quantized_zeros(device, &entry.shape, dtype)?;
             matrices.push(SlotMatrix {
                 part: entry.part,
+                unit: entry.unit,
                 dtype,
                 shape: entry.shape.clone(),
                 tensor: Arc::new(tensor),
@@ -169,9 +171,9 @@ fn find<'a>(matrices: &'a [SlotMatrix], entry: &TensorEntry) -> Option<&'a SlotM
     let TensorKind::Blocks(dtype) = entry.kind else {
         return None;
     };
-    matrices
-        .iter()
-        .find(|m| m.part == entry.part && m.dtype == dtype && m.shape == entry.shape)
+    matrices.iter().find(|m| {
+        m.part == entry.part && m.unit == entry.unit && m.dtype == dtype && m.shape == entry.shape
+    })
 }
 
 fn unfit(layer: &HostLayer, entry: &TensorEntry) -> OffloadError {

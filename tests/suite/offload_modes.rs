@@ -338,3 +338,44 @@ fn host_store_holds_the_offloaded_bytes_within_two_percent() {
         assert_eq!(store.layers().len(), layers.len());
     }
 }
+
+/// A CUDA slot holds each expert of a streamed MoE layer in its own buffer (experts share a
+/// part, type and shape, so the part alone would put them all in one).
+#[test]
+fn cuda_slots_give_every_expert_its_own_buffer() {
+    use ferry::model::tensors::Part;
+    use ferry::offload::{LayerLayout, SlotKind, SlotLayout};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qwen3moe.gguf");
+    crate::tiny::family_gguf(&path, "qwen3moe", candle_core::quantized::GgmlDType::Q8_0);
+    let checkpoint = Checkpoint::open(&ModelFiles::Gguf { path }).expect("opens");
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DtypeChoice::Auto,
+    };
+    let holding = Holding::new(&checkpoint, &options).expect("holding");
+    let layers: Vec<LayerLayout> = (0..3)
+        .map(|i| LayerLayout::of(&checkpoint, &holding, i).expect("layout"))
+        .collect();
+    let slot = SlotLayout::of(SlotKind::Cuda, &layers);
+    let gates: Vec<_> = layers[1]
+        .entries
+        .iter()
+        .filter(|e| e.part == Part::ExpGate)
+        .collect();
+    assert_eq!(gates.len(), 4);
+    let buffers: Vec<*const ferry::offload::SlotMatrix> = gates
+        .iter()
+        .map(|e| slot.matrix(e).expect("a buffer") as *const _)
+        .collect();
+    for (i, b) in buffers.iter().enumerate() {
+        assert!(
+            !buffers[..i].contains(b),
+            "expert {i} shares a buffer: {:?}",
+            slot.matrices
+        );
+    }
+    // q, k, v, o, the router and 4 experts x (gate, up, down): one buffer each.
+    assert_eq!(slot.matrices.len(), 5 + 12, "{:?}", slot.matrices);
+}
