@@ -17,7 +17,7 @@ import report
 from common import (REPORTED, log, perf_verdict, read_json, run_step, torch_dtype,
                     transformers_dtype_kwarg)
 
-STEP = "5 accelerate"
+STEP = "f accelerate"
 RATIO_GOAL = 4.0
 
 

@@ -23,7 +23,8 @@ from common import REPORTED, log, perf_verdict, read_json, run_step, write_json
 from ferry_proc import Server, ServeConfig, budget_for_resident, free_port, plan
 from sse_client import aggregate_rate, concurrent_streams, decode_rate, stream_completion, ttft
 
-STEP = "4 ferry decode"
+STEP = "d decode"
+PREFILL_STEP = "e prefill"
 PCIE_GOAL = 0.9  # issue 5: streamed decode >= 90% of the PCIe bound
 PREFILL_GOAL = 1.15
 
@@ -63,8 +64,16 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--ready-timeout", type=float, default=300)
-    p.add_argument("--modes", default="none,auto,sequential")
+    p.add_argument("--modes", default=None,
+                   help="default: none,auto,sequential (decode), none,auto (prefill)")
+    p.add_argument("--phase", choices=("decode", "prefill"), default="decode",
+                   help="decode: (d) tok/s at batch 1 and N; prefill: (e) TTFT auto vs none")
     args = p.parse_args()
+    global STEP
+    if args.phase == "prefill":
+        STEP = PREFILL_STEP
+    if args.modes is None:
+        args.modes = "none,auto,sequential" if args.phase == "decode" else "none,auto"
 
     max_context = round_up(max(args.prefill_tokens, 16) + args.tokens + 64, 256)
     base = dict(model_dir=args.model, name="bench", device=args.device, dtype=args.dtype,
@@ -120,15 +129,16 @@ def main():
                 srv.start(cfg.port)
                 result["ready_s"] = srv.wait_ready(args.ready_timeout)
                 stream_completion(cfg.port, body("bench", short_prompts[0], 4))  # warm-up
-                one = stream_completion(cfg.port, body("bench", short_prompts[0], args.tokens))
-                result["b1_tok_s"] = decode_rate(one)
-                log(f"{mode}: batch 1 {result['b1_tok_s']}")
-                many = concurrent_streams(
-                    cfg.port, [body("bench", ids, args.tokens) for ids in short_prompts])
-                agg, window, how = aggregate_rate(many)
-                result["b%d_tok_s" % args.batch] = agg
-                log(f"{mode}: batch {args.batch} {agg} ({how}, {window:.2f} s)")
-                if mode in ("none", "auto"):
+                if args.phase == "decode":
+                    one = stream_completion(cfg.port, body("bench", short_prompts[0], args.tokens))
+                    result["b1_tok_s"] = decode_rate(one)
+                    log(f"{mode}: batch 1 {result['b1_tok_s']}")
+                    many = concurrent_streams(
+                        cfg.port, [body("bench", ids, args.tokens) for ids in short_prompts])
+                    agg, window, how = aggregate_rate(many)
+                    result["b%d_tok_s" % args.batch] = agg
+                    log(f"{mode}: batch {args.batch} {agg} ({how}, {window:.2f} s)")
+                if args.phase == "prefill":
                     times = []
                     for _ in range(2):
                         s = stream_completion(cfg.port, body("bench", long_prompt, 2))
@@ -165,7 +175,8 @@ def _mode_rows(args, mode, result, streamed, bound_bw, bound_src, mode_plan):
     resident = sum(1 for layer in mode_plan["layers"] if layer["home"] == "device")
     where = f"{resident}/{len(mode_plan['layers'])} layers resident"
     b = args.batch
-    for batch, key in ((1, "b1_tok_s"), (b, f"b{b}_tok_s")):
+    decode = ((1, "b1_tok_s"), (b, f"b{b}_tok_s")) if args.phase == "decode" else ()
+    for batch, key in decode:
         rate = result.get(key)
         label = "b1" if batch == 1 else f"b{batch} aggregate"
         report.append_row(args.out, STEP, f"{mode} decode {label} tok/s",
@@ -191,4 +202,5 @@ def _mode_rows(args, mode, result, streamed, bound_bw, bound_src, mode_plan):
 
 if __name__ == "__main__":
     out_dir = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "."
-    sys.exit(run_step(out_dir, STEP, main))
+    label = PREFILL_STEP if "prefill" in sys.argv else STEP
+    sys.exit(run_step(out_dir, label, main))

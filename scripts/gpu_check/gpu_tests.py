@@ -12,7 +12,7 @@ import sys
 import report
 from common import run_step
 
-STEP = "2 gpu tests"
+STEP = "a gpu tests"
 RESULT = re.compile(r"test result: (\w+)\. (\d+) passed; (\d+) failed; (\d+) ignored")
 FAILED = re.compile(r"^test (\S+) \.\.\. FAILED", re.MULTILINE)
 

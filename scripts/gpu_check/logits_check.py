@@ -23,7 +23,7 @@ from common import (load_tokenizer, log, run_step, torch_dtype,
 from ferry_proc import Server, ServeConfig, free_port
 from sse_client import post_json
 
-STEP = "6 logits"
+STEP = "b logits"
 PROMPTS = (
     "The ferry left the harbour at dawn, carrying forty passengers, two cars and a crate of",
     "def add(a, b):\n    return",

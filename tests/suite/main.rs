@@ -13,6 +13,7 @@ mod arch_crosscheck;
 mod batch_forward;
 mod chat_templates;
 mod cli;
+mod gpu_check_dry;
 mod hf_model_serving;
 mod http_api;
 mod lifecycle;
