@@ -5,17 +5,18 @@ For each mode one ``ferry serve`` is started from a generated config, used, and 
 before the next. Mode ``auto`` gets the ``gpu_memory`` budget that keeps exactly the first half
 of the layers resident (computed from ``ferry plan --json`` of mode none with the same batch and
 context, see ferry_proc.budget_for_resident). The PCIe bound of a mode is
-``bandwidth / streamed_bytes_per_step`` (its plan's field), with the bandwidth measured by step 3
+``bandwidth / streamed_bytes_per_step`` (its plan's field), with the bandwidth measured by step c
 (and capped by ``link_bandwidth`` when one emulates the link on the CPU); batch 8 shares one copy
 of each layer per step, so its bound is 8x that. Decode tok/s are measured by the client from
 SSE token chunks: (tokens - 1) / (last - first).
 
-Writes ``--data`` (JSON) for step 5: the auto budget and ferry's numbers.
+Writes ``--data`` (JSON) for step f: the auto budget and ferry's numbers.
 """
 
 import argparse
 import os
 import random
+import subprocess
 import sys
 
 import report
@@ -48,15 +49,30 @@ def round_up(n, to):
     return -(-n // to) * to
 
 
+def driver_used_bytes(pid):
+    """Device memory the driver reports for process `pid` (nvidia-smi), or None."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=15).stdout
+    except Exception:  # noqa: BLE001 - no nvidia-smi (dry run) or it failed: no number
+        return None
+    for line in out.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and int(parts[0]) == pid and parts[1].isdigit():
+            return int(parts[1]) << 20
+    return None
+
+
 def main():
-    p = argparse.ArgumentParser(description="ferry decode/prefill benchmark (step 4)")
+    p = argparse.ArgumentParser(description="ferry decode/prefill benchmark (steps d and e)")
     p.add_argument("--out", required=True)
     p.add_argument("--ferry", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--link-bandwidth", default=None, help='CPU only, e.g. "2GB/s"')
-    p.add_argument("--bandwidth-json", required=True, help="step 3's output")
+    p.add_argument("--bandwidth-json", required=True, help="step c's output")
     p.add_argument("--data", required=True, help="where to write this step's numbers")
     p.add_argument("--logs", required=True)
     p.add_argument("--tokens", type=int, default=64)
@@ -138,6 +154,16 @@ def main():
                     agg, window, how = aggregate_rate(many)
                     result["b%d_tok_s" % args.batch] = agg
                     log(f"{mode}: batch {args.batch} {agg} ({how}, {window:.2f} s)")
+                    used = driver_used_bytes(srv.proc.pid) if srv.proc else None
+                    if used is not None:
+                        planned = plans[mode]["device_bytes"]
+                        result["driver_used_bytes"] = used
+                        report.append_row(
+                            args.out, STEP, f"{mode} device memory driver/plan",
+                            round(used / planned, 3), goal="<= 1",
+                            verdict="PASS" if used <= planned else "FAIL",
+                            note=f"nvidia-smi {mib(used)} used by ferry after batch {args.batch}, "
+                                 f"plan {mib(planned)} (CUDA context in the plan's reserve)")
                 if args.phase == "prefill":
                     times = []
                     for _ in range(2):

@@ -148,7 +148,7 @@ def compare(tok, steps, f_tokens, f_chosen, f_top):
 
 
 def main():
-    p = argparse.ArgumentParser(description="ferry logprobs vs transformers (step 6)")
+    p = argparse.ArgumentParser(description="ferry logprobs vs transformers (step b)")
     p.add_argument("--out", required=True)
     p.add_argument("--ferry", required=True)
     p.add_argument("--model", required=True)

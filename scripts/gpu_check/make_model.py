@@ -244,7 +244,7 @@ def main():
         try:
             how, seconds = generate(shape, args.dtype, dest, args.tokenizer, args.seed, device)
         except Exception as e:  # noqa: BLE001 - one model failing must not hide the other
-            report.append_row(args.out, "1 models", f"{shape} checkpoint", None, verdict="ERROR",
+            report.append_row(args.out, "0 models", f"{shape} checkpoint", None, verdict="ERROR",
                               note=f"{type(e).__name__}: {e}"[:400])
             failed = True
             continue
@@ -254,11 +254,11 @@ def main():
                 f"{'tied' if s['tied'] else 'untied'}), vocab {VOCAB} (SmolLM2 tokenizer, not "
                 f"Llama's 128256), {args.dtype}, random weights seed {args.seed}; "
                 + (f"{how} on {device} in {seconds:.1f} s" if how == "generated" else "cached"))
-        report.append_row(args.out, "1 models", f"{shape} checkpoint GiB", round(gib, 3),
+        report.append_row(args.out, "0 models", f"{shape} checkpoint GiB", round(gib, 3),
                           verdict="INFO", note=note, data={"dir": dest, "shape": s})
     return REPORTED if failed else 0
 
 
 if __name__ == "__main__":
     out_dir = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "."
-    sys.exit(run_step(out_dir, "1 models", main))
+    sys.exit(run_step(out_dir, "0 models", main))
