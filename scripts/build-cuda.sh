@@ -3,14 +3,16 @@
 # scripts/cuda-toolchain.sh), plus the GPU test binary, and packs both for a GPU machine:
 #
 #   scripts/build-cuda.sh                  # -> target/cuda/release/ferry, dist/ferry-cuda.tar.xz
-#   CUDA_COMPUTE_CAP=89 scripts/build-cuda.sh   # another card (89: RTX 4090/L4, 86: RTX 3090/A10,
-#                                               # 80: A100; default 90: H100/H200)
+#   CUDA_COMPUTE_CAP=90 scripts/build-cuda.sh   # one card family, native code only (90: H100/H200,
+#                                               # 89: RTX 40xx/L4, 86: RTX 30xx/A10, 120: RTX 50xx);
+#                                               # default 80: every card from Ampere on (PTX JIT)
 #   scripts/build-cuda.sh --no-tests       # the server binary only
 #   scripts/build-cuda.sh --with-curand    # also pack libcurand.so.10 (+43 MiB; see below)
 #
 # The CUDA build uses its own target folder (target/cuda; FERRY_CUDA_TARGET_DIR overrides), so
 # it never replaces the CPU build in target/. A cold build takes about 20 minutes on 2 cores
-# (candle's CUDA kernels dominate); later builds reuse it.
+# (candle's CUDA kernels dominate); later builds reuse it. The binary gets a RUNPATH of
+# $ORIGIN/lib (build.rs), so ferry-cuda/lib/ beside it is searched without LD_LIBRARY_PATH.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

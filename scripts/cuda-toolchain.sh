@@ -9,13 +9,19 @@
 #
 # Environment knobs:
 #   FERRY_CUDA_HOME      install folder (default: ~/.cache/ferry/cuda-13.0)
-#   CUDA_COMPUTE_CAP     target compute capability (default 90, the H100/H200; 89 for an RTX 4090,
-#                        86 for an RTX 3090/A10, 80 for an A100). The printed environment keeps yours.
+#   CUDA_COMPUTE_CAP     target compute capability. Default 80 ("portable"): candle's PTX kernels
+#                        for compute_80, which the driver compiles for any card from Ampere on
+#                        (sm_80 A100, sm_86 RTX 30xx/A10, sm_89 RTX 40xx/L4, sm_90 H100/H200,
+#                        sm_120 RTX 50xx), and its statically built kernels (quantized matmul,
+#                        MoE) as sm_80 code plus compute_80 PTX (NVCC_APPEND_FLAGS below), so
+#                        they too run on every such card. 86 / 89 / 90 / 120 build for one card
+#                        family only (native code, no JIT at start; 90 means sm_90a, H100/H200
+#                        only). The printed environment keeps yours.
 # Everything but the `export` lines goes to stderr, so `eval "$(...)"` sees only the environment.
 set -euo pipefail
 
 home="${FERRY_CUDA_HOME:-$HOME/.cache/ferry/cuda-13.0}"
-compute_cap="${CUDA_COMPUTE_CAP:-90}"
+compute_cap="${CUDA_COMPUTE_CAP:-80}"
 python="${PYTHON:-python3}"
 
 # Pins: cudarc 0.19 (candle 0.11.1) rejects nvcc 13.5, and nvidia-nvvm must match nvcc exactly.
@@ -115,3 +121,9 @@ export CUDARC_CUDA_VERSION=13000
 export LIBRARY_PATH="$root/lib:$home/stubs\${LIBRARY_PATH:+:\$LIBRARY_PATH}"
 export RUSTFLAGS="\${RUSTFLAGS:-} -L native=$root/lib -L native=$home/stubs"
 EOF
+# cudaforge (candle-kernels' build) compiles its static kernels for one real architecture only
+# (-gencode=arch=compute_80,code=sm_80): embed the compute_80 PTX beside it so sm_90 and sm_120
+# cards can JIT them. nvcc reads NVCC_APPEND_FLAGS; the --ptx builds accept the same flag.
+if [[ $compute_cap == 80 ]]; then
+  echo "export NVCC_APPEND_FLAGS=\"\${NVCC_APPEND_FLAGS:-} -gencode=arch=compute_80,code=compute_80\""
+fi

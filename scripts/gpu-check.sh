@@ -1,33 +1,41 @@
 #!/usr/bin/env bash
 # ferry's GPU check: one script for a lent GPU machine (no cargo, no internet), with a CPU dry run.
 #
-#   scripts/gpu-check.sh [--dry-run] [--bundle PATH] [--out DIR] [--quick]
-#                        [--work DIR] [--deadline SECONDS] [--steps LIST]
+#   scripts/gpu-check.sh [--full] [--dry-run] [--bundle PATH] [--out DIR] [--work DIR]
+#                        [--ferry PATH] [--deadline SECONDS] [--steps LIST]
 #
 # GPU (default): unpacks the bundle (dist/ferry-cuda.tar.xz -> ferry-cuda/ferry and, if present,
-# ferry-cuda/ferry-gpu-tests), prints an nvidia-smi summary (read-only), then runs, each step with
-# its own timeout under one global deadline (a step that would start too late gets a
-# "skipped: out of time" row):
-#   1 models       synthetic Llama-3.2-1B / Llama-3.1-8B shaped HF checkpoints (bf16, seeded)
-#   2 gpu tests    ferry-gpu-tests --test-threads=1 with FERRY_GPU_TEST_MODEL=<1B dir>
-#   3 bandwidth    pinned host-to-device GB/s (torch, CUDA events)
-#   6 logits       ferry logprobs vs transformers on the 1B (greedy tokens, max |diff|)
-#   4 ferry decode tok/s at batch 1 and 8 for offload none / auto (half the layers) / sequential
-#                  on the 8B, achieved / PCIe bound, prefill TTFT auto / none
-#   5 accelerate   device_map="auto" with the same max_memory: decode tok/s, ferry / accelerate
-# (6 runs before 4 and 5: it is short and checks correctness.)
-# Results: $OUT_DIR/gpu-check.md (table), gpu-check.json, results.jsonl (one row per line,
-# written as it goes, so a killed run keeps its rows) and logs/ (server logs, test output).
+# ferry-cuda/ferry-gpu-tests), prints an nvidia-smi summary (read-only), then answers, in this
+# order, so that a run cut off early still says the most (each step has its own timeout under one
+# global deadline; a step that would start too late gets a "skipped: out of time" row):
+#   a gpu tests    ferry-gpu-tests --test-threads=1 (FERRY_GPU_TEST_MODEL = the small model)
+#   b logits       ferry logprobs vs transformers on the same weights (greedy tokens, max |diff|)
+#   c bandwidth    pinned host-to-device GB/s (torch, CUDA events)
+#   d decode       tok/s at batch 1 and 8, offload none / auto (half the layers streamed) /
+#                  sequential, against the PCIe bound; device memory (driver) against the plan
+#   e prefill      2k-token prefill time to first token, auto vs none
+#   f accelerate   device_map="auto" with the same max_memory: decode tok/s, ferry / accelerate
+# The models are generated on the machine first (seeded bf16 HF checkpoints with the real
+# Llama-3.2-1B / Llama-3.1-8B layer shapes and fewer layers: 4 of 16 and 8 of 32, --full: 16 of 16
+# and 16 of 32), the small one before (a), the large one before (d).
 #
-# --dry-run: the same pipeline on this CPU machine: target/release/ferry (built if missing),
-# device cpu, scaled-down models in f32, link_bandwidth 2GB/s, host memcpy instead of pinned H2D,
-# transformers/accelerate on the CPU; the GPU test binary is skipped.
-# --quick: fewer tokens and repetitions. --steps 1,3,4: run only these steps.
+# Profiles: quick (default) fits in 6 minutes including model generation and the first CUDA
+# JIT (deadline 330 s); --full: more tokens, the 2k prefill, larger models (deadline 470 s).
+#
+# Files: everything is written under the work folder (--work: models, the unpacked bundle,
+# logs, step data, the report). After every step, exactly four files are copied into the output
+# folder (--out, default $OUT), the whole of what comes back from a device run:
+#   gpu-check.md (the table), gpu-check.json, results.jsonl (one row per line) and
+#   logs.tar.xz (logs/ and data/ of the work folder).
+#
+# --dry-run: the same pipeline on this CPU machine: target/release/ferry (built if missing; or
+# --ferry PATH), device cpu, scaled-down models in f32, link_bandwidth 2GB/s, host memcpy
+# instead of pinned H2D, transformers/accelerate on the CPU; the GPU test binary is skipped.
+# --steps c,d: run only these steps (models are generated as the chosen steps need).
 #
 # Environment: FERRY_PYTHON (default python3) with torch, transformers, accelerate,
-# safetensors, numpy; OUT (the default for --out); FERRY_GPU_CHECK_WORK (default for --work:
-# where models and the unpacked bundle go; generated models are reused when their marker
-# matches).
+# safetensors, numpy; OUT (the default for --out); FERRY_GPU_CHECK_WORK (default for --work;
+# generated models are reused when their marker matches).
 
 set -euo pipefail
 
@@ -36,12 +44,13 @@ HELPERS="$ROOT/scripts/gpu_check"
 TOKENIZER="$ROOT/tests/fixtures/smollm2-hf-tokenizer"
 
 DRY_RUN=0
-QUICK=0
+QUICK=1
+FERRY_ARG=""
 BUNDLE="$ROOT/dist/ferry-cuda.tar.xz"
 OUT_DIR="${OUT:-}"
 WORK="${FERRY_GPU_CHECK_WORK:-}"
 DEADLINE_S=""
-STEPS="1,2,3,6,4,5"
+STEPS="a,b,c,d,e,f"
 PY="${FERRY_PYTHON:-python3}"
 
 usage() {
@@ -57,11 +66,13 @@ while (($#)); do
     case "$1" in
         --dry-run) DRY_RUN=1 ;;
         --quick) QUICK=1 ;;
+        --full) QUICK=0 ;;
+        --ferry) FERRY_ARG="${2:?--ferry needs a path}"; shift ;;
         --bundle) BUNDLE="${2:?--bundle needs a path}"; shift ;;
         --out) OUT_DIR="${2:?--out needs a folder}"; shift ;;
         --work) WORK="${2:?--work needs a folder}"; shift ;;
         --deadline) DEADLINE_S="${2:?--deadline needs seconds}"; shift ;;
-        --steps) STEPS="${2:?--steps needs a list like 1,3,4}"; shift ;;
+        --steps) STEPS="${2:?--steps needs a list like c,d}"; shift ;;
         -h | --help) usage; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac
@@ -75,18 +86,23 @@ if ((DRY_RUN)); then
 else
     : "${OUT_DIR:=/tmp/ferry-gpu-check}"
     : "${WORK:=/tmp/ferry-gpu-check-work}"
-    : "${DEADLINE_S:=470}"
+    if ((QUICK)); then : "${DEADLINE_S:=330}"; else : "${DEADLINE_S:=470}"; fi
 fi
 [[ $DEADLINE_S =~ ^[0-9]+$ ]] || die "--deadline must be whole seconds, got '$DEADLINE_S'"
-[[ $STEPS =~ ^[1-6](,[1-6])*$ ]] || die "--steps must be a list of 1-6 like 1,3,4, got '$STEPS'"
+[[ $STEPS =~ ^[a-f](,[a-f])*$ ]] || die "--steps must be a list of a-f like c,d, got '$STEPS'"
 
 mkdir -p "$OUT_DIR" "$WORK"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 WORK=$(cd "$WORK" && pwd)
-LOGS="$OUT_DIR/logs"
-DATA="$OUT_DIR/data"
-mkdir -p "$LOGS" "$DATA"
-rm -f "$OUT_DIR/results.jsonl" "$OUT_DIR/meta.json"
+[[ $OUT_DIR != "$WORK" ]] || die "--out and --work must be different folders"
+# The report, logs and data live in the work folder; publish copies four files into OUT_DIR.
+REPORT="$WORK/report"
+LOGS="$WORK/logs"
+DATA="$WORK/data"
+rm -rf "$REPORT" "$LOGS" "$DATA"
+mkdir -p "$REPORT" "$LOGS" "$DATA"
+PUBLISHED=(gpu-check.md gpu-check.json results.jsonl logs.tar.xz)
+for f in "${PUBLISHED[@]}"; do rm -f "$OUT_DIR/$f"; done
 STARTED=$SECONDS
 DEADLINE=$((SECONDS + DEADLINE_S))
 STEP_PID=""
@@ -104,9 +120,22 @@ command -v "$PY" >/dev/null 2>&1 || die "FERRY_PYTHON='$PY' is not on PATH"
 
 report() { "$PY" "$HELPERS/report.py" "$@"; }
 # row STEP METRIC VALUE VERDICT NOTE [GOAL]
-row() { report add "$OUT_DIR" "$1" "$2" "$3" --verdict "$4" --note="$5" --goal="${6:--}"; }
+row() { report add "$REPORT" "$1" "$2" "$3" --verdict "$4" --note="$5" --goal="${6:--}"; }
 skip() { row "$1" "step" "-" SKIP "skipped: $2"; }
-meta() { report meta "$OUT_DIR" "$@" >/dev/null; }
+meta() { report meta "$REPORT" "$@" >/dev/null; }
+
+# Copies the report and one archive of the logs into OUT_DIR (after every step, so a run killed
+# from outside still leaves what it measured). Never fails the script.
+publish() {
+    local f
+    for f in gpu-check.md gpu-check.json results.jsonl; do
+        [[ -f $REPORT/$f ]] && cp "$REPORT/$f" "$OUT_DIR/$f.tmp" && mv "$OUT_DIR/$f.tmp" "$OUT_DIR/$f"
+    done
+    cp "$REPORT/meta.json" "$LOGS/meta.json" 2>/dev/null || true
+    tar -C "$WORK" -cJf "$OUT_DIR/logs.tar.xz.tmp" logs data 2>/dev/null &&
+        mv "$OUT_DIR/logs.tar.xz.tmp" "$OUT_DIR/logs.tar.xz" || rm -f "$OUT_DIR/logs.tar.xz.tmp"
+    return 0
+}
 
 on_signal() {
     log "interrupted; stopping the running step"
@@ -115,6 +144,7 @@ on_signal() {
         wait "$STEP_PID" 2>/dev/null || true
     fi
     meta "finished=interrupted after $((SECONDS - STARTED)) s" || true
+    publish
     exit 130
 }
 trap on_signal INT TERM
@@ -145,6 +175,7 @@ run_step() {
         *) row "$label" "step" "-" ERROR "exit $rc: $(last_lines "$logf")" ;;
     esac
     log "step $label done (exit $rc, $((SECONDS - STARTED))s elapsed)"
+    publish
 }
 
 model_ready() { [[ -f "$1/.ferry-gpu-check.json" ]]; }
@@ -188,7 +219,7 @@ NO_HF="transformers/accelerate not importable in $PY (set FERRY_PYTHON)"
 FERRY=""
 GPU_TESTS=""
 if ((DRY_RUN)); then
-    FERRY="${CARGO_TARGET_DIR:-$ROOT/target}/release/ferry"
+    FERRY="${FERRY_ARG:-${CARGO_TARGET_DIR:-$ROOT/target}/release/ferry}"
     if [[ ! -x $FERRY ]]; then
         log "building $FERRY (cargo build --release --bin ferry)"
         if ! (cd "$ROOT" && cargo build --release --bin ferry) >"$LOGS/cargo-build.log" 2>&1; then
@@ -270,87 +301,99 @@ fi
 
 if ((DRY_RUN)); then
     SMALL=tiny-1B BIG=tiny-8B MODEL_DTYPE=f32 FERRY_DEVICE=cpu TORCH_DEVICE=cpu
+elif ((QUICK)); then
+    SMALL=1B-4L BIG=8B-8L MODEL_DTYPE=bf16 FERRY_DEVICE=cuda:0 TORCH_DEVICE=cuda
 else
-    SMALL=1B BIG=8B MODEL_DTYPE=bf16 FERRY_DEVICE=cuda:0 TORCH_DEVICE=cuda
+    SMALL=1B BIG=8B-16L MODEL_DTYPE=bf16 FERRY_DEVICE=cuda:0 TORCH_DEVICE=cuda
 fi
 SMALL_DIR="$WORK/models/$SMALL"
 BIG_DIR="$WORK/models/$BIG"
 if ((QUICK)); then
-    TOKENS=16 PREFILL=512 ACCEL_TOKENS=4 BW_REPS=3
+    TOKENS=16 PREFILL=1024 ACCEL_TOKENS=4 BW_REPS=3
 else
     TOKENS=64 PREFILL=2000 ACCEL_TOKENS=8 BW_REPS=5
 fi
 ((DRY_RUN)) && ((!QUICK)) && TOKENS=32
 
 # ---------------------------------------------------------------------------------------------
-IFS=, read -r -a STEP_LIST <<<"$STEPS"
-for step in "${STEP_LIST[@]}"; do
-    case $step in
-    1)
-        L="1 models"
-        if ((!HAVE_TORCH)); then skip "$L" "$NO_TORCH"; continue; fi
-        run_step "$L" 240 "$PY" "$HELPERS/make_model.py" --out "$OUT_DIR" \
-            --model "$SMALL:$SMALL_DIR" --model "$BIG:$BIG_DIR" --dtype "$MODEL_DTYPE" \
-            --tokenizer "$TOKENIZER" --device auto
-        ;;
-    2)
-        L="2 gpu tests"
-        if ((DRY_RUN)); then skip "$L" "dry run (no GPU)"; continue; fi
-        if [[ -z $GPU_TESTS ]]; then
-            row "$L" "gpu tests" "-" SKIP "not in bundle (no ferry-cuda/ferry-gpu-tests in $BUNDLE)"
-            continue
-        fi
-        model_ready "$SMALL_DIR" || log "no $SMALL model: running the tests without FERRY_GPU_TEST_MODEL"
+# make_models LABEL NAME DIR: generates one model (once; reused while its marker matches).
+make_models() {
+    local label=$1 name=$2 dir=$3
+    model_ready "$dir" && return 0
+    if ((!HAVE_TORCH)); then skip "$label" "$NO_TORCH"; return 0; fi
+    run_step "$label" 150 "$PY" "$HELPERS/make_model.py" --out "$REPORT" \
+        --model "$name:$dir" --dtype "$MODEL_DTYPE" --tokenizer "$TOKENIZER" --device auto
+}
+wants() { [[ ",$STEPS," == *",$1,"* ]]; }
+
+wants a || wants b && make_models "0 small model" "$SMALL" "$SMALL_DIR"
+if wants a; then
+    L="a gpu tests"
+    if ((DRY_RUN)); then
+        skip "$L" "dry run (no GPU)"
+    elif [[ -z $GPU_TESTS ]]; then
+        row "$L" "gpu tests" "-" SKIP "not in bundle (no ferry-cuda/ferry-gpu-tests in $BUNDLE)"
+    else
         model_arg=()
         model_ready "$SMALL_DIR" && model_arg=(--model "$SMALL_DIR")
-        run_step "$L" 150 "$PY" "$HELPERS/gpu_tests.py" --out "$OUT_DIR" --binary "$GPU_TESTS" \
+        run_step "$L" 120 "$PY" "$HELPERS/gpu_tests.py" --out "$REPORT" --binary "$GPU_TESTS" \
             ${model_arg[@]+"${model_arg[@]}"} --log "$LOGS/gpu-tests.log"
-        ;;
-    3)
-        L="3 bandwidth"
-        if ((DRY_RUN)); then
-            run_step "$L" 60 "$PY" "$HELPERS/bandwidth.py" --out "$OUT_DIR" \
-                --json "$DATA/bandwidth.json" --cpu --mib 256 --reps "$BW_REPS"
-        elif ((!HAVE_TORCH)); then
-            skip "$L" "$NO_TORCH"
-        else
-            run_step "$L" 60 "$PY" "$HELPERS/bandwidth.py" --out "$OUT_DIR" \
-                --json "$DATA/bandwidth.json" --mib 1024 --reps "$BW_REPS"
-        fi
-        ;;
-    4)
-        L="4 ferry decode"
-        if [[ -z $FERRY ]]; then skip "$L" "no ferry binary"; continue; fi
-        if ! model_ready "$BIG_DIR"; then skip "$L" "no $BIG model (step 1)"; continue; fi
-        link=()
-        ((DRY_RUN)) && link=(--link-bandwidth 2GB/s)
-        run_step "$L" 300 "$PY" "$HELPERS/decode_bench.py" --out "$OUT_DIR" --ferry "$FERRY" \
-            --model "$BIG_DIR" --device "$FERRY_DEVICE" --dtype "$MODEL_DTYPE" ${link[@]+"${link[@]}"} \
-            --bandwidth-json "$DATA/bandwidth.json" --data "$DATA/decode.json" --logs "$LOGS" \
-            --tokens "$TOKENS" --prefill-tokens "$PREFILL" --batch 8
-        ;;
-    5)
-        L="5 accelerate"
-        if ((!HAVE_HF)); then skip "$L" "$NO_HF"; continue; fi
-        if ! model_ready "$BIG_DIR"; then skip "$L" "no $BIG model (step 1)"; continue; fi
-        cpu=()
-        ((DRY_RUN)) && cpu=(--cpu)
-        run_step "$L" 150 "$PY" "$HELPERS/accel_bench.py" --out "$OUT_DIR" --model "$BIG_DIR" \
-            --decode-data "$DATA/decode.json" --dtype "$MODEL_DTYPE" --tokens "$ACCEL_TOKENS" ${cpu[@]+"${cpu[@]}"}
-        ;;
-    6)
-        L="6 logits"
-        if ((!HAVE_HF)); then skip "$L" "$NO_HF"; continue; fi
-        if [[ -z $FERRY ]]; then skip "$L" "no ferry binary"; continue; fi
-        if ! model_ready "$SMALL_DIR"; then skip "$L" "no $SMALL model (step 1)"; continue; fi
-        run_step "$L" 150 "$PY" "$HELPERS/logits_check.py" --out "$OUT_DIR" --ferry "$FERRY" \
+    fi
+fi
+if wants b; then
+    L="b logits"
+    if ((!HAVE_HF)); then skip "$L" "$NO_HF"
+    elif [[ -z $FERRY ]]; then skip "$L" "no ferry binary"
+    elif ! model_ready "$SMALL_DIR"; then skip "$L" "no $SMALL model"
+    else
+        run_step "$L" 90 "$PY" "$HELPERS/logits_check.py" --out "$REPORT" --ferry "$FERRY" \
             --model "$SMALL_DIR" --logs "$LOGS" --ferry-device "$FERRY_DEVICE" \
             --ferry-dtype "$MODEL_DTYPE" --torch-device "$TORCH_DEVICE" --tokens 4
-        ;;
-    esac
+    fi
+fi
+if wants c; then
+    L="c bandwidth"
+    if ((DRY_RUN)); then
+        run_step "$L" 40 "$PY" "$HELPERS/bandwidth.py" --out "$REPORT" \
+            --json "$DATA/bandwidth.json" --cpu --mib 256 --reps "$BW_REPS"
+    elif ((!HAVE_TORCH)); then
+        skip "$L" "$NO_TORCH"
+    else
+        run_step "$L" 40 "$PY" "$HELPERS/bandwidth.py" --out "$REPORT" \
+            --json "$DATA/bandwidth.json" --mib 1024 --reps "$BW_REPS"
+    fi
+fi
+wants d || wants e || wants f && make_models "0 large model" "$BIG" "$BIG_DIR"
+link=()
+((DRY_RUN)) && link=(--link-bandwidth 2GB/s)
+for phase in d e; do
+    wants $phase || continue
+    if [[ $phase == d ]]; then L="d decode"; else L="e prefill"; fi
+    if [[ -z $FERRY ]]; then skip "$L" "no ferry binary"; continue; fi
+    if ! model_ready "$BIG_DIR"; then skip "$L" "no $BIG model"; continue; fi
+    args=(--phase decode --tokens "$TOKENS" --data "$DATA/decode.json")
+    limit=150
+    [[ $phase == e ]] && args=(--phase prefill --tokens 2 --data "$DATA/prefill.json") && limit=90
+    run_step "$L" "$limit" "$PY" "$HELPERS/decode_bench.py" --out "$REPORT" --ferry "$FERRY" \
+        --model "$BIG_DIR" --device "$FERRY_DEVICE" --dtype "$MODEL_DTYPE" ${link[@]+"${link[@]}"} \
+        --bandwidth-json "$DATA/bandwidth.json" --logs "$LOGS" \
+        --prefill-tokens "$PREFILL" --batch 8 "${args[@]}"
 done
+if wants f; then
+    L="f accelerate"
+    cpu=()
+    ((DRY_RUN)) && cpu=(--cpu)
+    if ((!HAVE_HF)); then skip "$L" "$NO_HF"
+    elif ! model_ready "$BIG_DIR"; then skip "$L" "no $BIG model"
+    else
+        run_step "$L" 90 "$PY" "$HELPERS/accel_bench.py" --out "$REPORT" --model "$BIG_DIR" \
+            --decode-data "$DATA/decode.json" --dtype "$MODEL_DTYPE" --tokens "$ACCEL_TOKENS" \
+            ${cpu[@]+"${cpu[@]}"}
+    fi
+fi
 
 meta "finished=$(date -u +%Y-%m-%dT%H:%M:%SZ)" "duration_s=$((SECONDS - STARTED))"
-log "done in $((SECONDS - STARTED))s; report: $OUT_DIR/gpu-check.md"
+publish
+log "done in $((SECONDS - STARTED))s; report: $OUT_DIR/gpu-check.md (+ gpu-check.json, results.jsonl, logs.tar.xz)"
 echo
-cat "$OUT_DIR/gpu-check.md"
+cat "$OUT_DIR/gpu-check.md" 2>/dev/null || true

@@ -483,3 +483,53 @@ fn out_of_memory_fails_the_step_and_the_runner_goes_on() {
         "the runner works again once memory is back"
     );
 }
+
+/// Q4_K_M's mix: attn_v and ffn_down q6_K in layers 0 and 3, q4_K elsewhere (like llama.cpp).
+fn q4_k_m(name: &str) -> GgmlDType {
+    let more_bits = name.starts_with("blk.0.") || name.starts_with("blk.3.");
+    if more_bits && (name.contains("attn_v") || name.contains("ffn_down")) {
+        GgmlDType::Q6K
+    } else {
+        GgmlDType::Q4K
+    }
+}
+
+#[test]
+fn a_mixed_type_gguf_streams_within_the_plans_slot_bytes() {
+    let device = gpu();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t = shape();
+    let weights = t.random_weights(false, true);
+    let path = dir.path().join("q4_k_m.gguf");
+    t.write_gguf_typed(&path, "llama", &weights, &q4_k_m, true);
+    let case = Case {
+        label: "gguf q4_k_m",
+        source: path.clone(),
+        files: ModelFiles::Gguf { path },
+        dtype: DtypeChoice::Auto,
+    };
+    let none = model_config(&case, OffloadMode::None, BIG, 2);
+    let (mut resident, _) = runner(&case, &none, &device);
+    let (want, _) = greedy(&mut resident, PROMPT);
+    drop(resident);
+
+    let config = model_config(&case, OffloadMode::Sequential, BIG, 2);
+    let before = driver_free(&device);
+    let (mut r, plan) = runner(&case, &config, &device);
+    let slots = r.store().slots() as u64;
+    // The slot holds the union of the layers' matrix buffers (both q6_K and q4_K for attn_v and
+    // ffn_down), as the plan counted it, and the device holds exactly that.
+    let layout = plan.slot_layout.as_ref().expect("a slot layout");
+    assert!(layout.matrices.len() > 7, "{layout:?}");
+    assert_eq!(r.accounting().slots, slots * plan.slot_bytes);
+    let (got, _) = greedy(&mut r, PROMPT);
+    assert_eq!(got, want, "sequential decodes like none");
+    let used = before.saturating_sub(driver_free(&device));
+    // The driver rounds allocations up (2 MiB pages); allow that per allocation, no more.
+    let allocations = slots * (layout.matrices.len() as u64 + 1) + 64;
+    assert!(
+        used <= plan.device_bytes + allocations * (2 << 20),
+        "the driver reports {used} bytes used, the plan {}",
+        plan.device_bytes
+    );
+}

@@ -17,7 +17,7 @@ import report
 from common import (REPORTED, log, perf_verdict, read_json, run_step, torch_dtype,
                     transformers_dtype_kwarg)
 
-STEP = "5 accelerate"
+STEP = "f accelerate"
 RATIO_GOAL = 4.0
 
 
@@ -45,10 +45,10 @@ def checkpoint_bytes(model_dir):
 
 
 def main():
-    p = argparse.ArgumentParser(description="accelerate device_map=auto decode (step 5)")
+    p = argparse.ArgumentParser(description="accelerate device_map=auto decode (step f)")
     p.add_argument("--out", required=True)
     p.add_argument("--model", required=True)
-    p.add_argument("--decode-data", required=True, help="step 4's JSON (budget, ferry rates)")
+    p.add_argument("--decode-data", required=True, help="step d's JSON (budget, ferry rates)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "f16", "f32"))
     p.add_argument("--tokens", type=int, default=8)
     p.add_argument("--cpu", action="store_true", help="dry run: device_map='cpu'")
@@ -64,7 +64,7 @@ def main():
     if not budget:
         # Step 4 did not plan: half the checkpoint, so that accelerate still offloads about half.
         budget = checkpoint_bytes(args.model) // 2
-        budget_note = "half the checkpoint (no budget from step 4)"
+        budget_note = "half the checkpoint (no budget from step d)"
     if args.cpu:
         device_map, max_memory, device = "cpu", None, "cpu"
     else:
@@ -103,7 +103,7 @@ def main():
     ferry_rate = ferry.get("modes", {}).get("auto", {}).get("b1_tok_s")
     if ferry_rate is None:
         report.append_row(args.out, STEP, "ferry/accelerate (auto, b1)", None, verdict="SKIP",
-                          goal=f">= {RATIO_GOAL}x", note="no ferry auto b1 rate from step 4")
+                          goal=f">= {RATIO_GOAL}x", note="no ferry auto b1 rate from step d")
         return REPORTED
     ratio = ferry_rate / rate
     if args.cpu:

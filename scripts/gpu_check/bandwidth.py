@@ -13,7 +13,7 @@ import time
 import report
 from common import run_step, write_json
 
-STEP = "3 bandwidth"
+STEP = "c bandwidth"
 
 
 def pinned_h2d(nbytes, reps):

@@ -5,17 +5,18 @@ For each mode one ``ferry serve`` is started from a generated config, used, and 
 before the next. Mode ``auto`` gets the ``gpu_memory`` budget that keeps exactly the first half
 of the layers resident (computed from ``ferry plan --json`` of mode none with the same batch and
 context, see ferry_proc.budget_for_resident). The PCIe bound of a mode is
-``bandwidth / streamed_bytes_per_step`` (its plan's field), with the bandwidth measured by step 3
+``bandwidth / streamed_bytes_per_step`` (its plan's field), with the bandwidth measured by step c
 (and capped by ``link_bandwidth`` when one emulates the link on the CPU); batch 8 shares one copy
 of each layer per step, so its bound is 8x that. Decode tok/s are measured by the client from
 SSE token chunks: (tokens - 1) / (last - first).
 
-Writes ``--data`` (JSON) for step 5: the auto budget and ferry's numbers.
+Writes ``--data`` (JSON) for step f: the auto budget and ferry's numbers.
 """
 
 import argparse
 import os
 import random
+import subprocess
 import sys
 
 import report
@@ -23,7 +24,8 @@ from common import REPORTED, log, perf_verdict, read_json, run_step, write_json
 from ferry_proc import Server, ServeConfig, budget_for_resident, free_port, plan
 from sse_client import aggregate_rate, concurrent_streams, decode_rate, stream_completion, ttft
 
-STEP = "4 ferry decode"
+STEP = "d decode"
+PREFILL_STEP = "e prefill"
 PCIE_GOAL = 0.9  # issue 5: streamed decode >= 90% of the PCIe bound
 PREFILL_GOAL = 1.15
 
@@ -47,15 +49,30 @@ def round_up(n, to):
     return -(-n // to) * to
 
 
+def driver_used_bytes(pid):
+    """Device memory the driver reports for process `pid` (nvidia-smi), or None."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=15).stdout
+    except Exception:  # noqa: BLE001 - no nvidia-smi (dry run) or it failed: no number
+        return None
+    for line in out.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and int(parts[0]) == pid and parts[1].isdigit():
+            return int(parts[1]) << 20
+    return None
+
+
 def main():
-    p = argparse.ArgumentParser(description="ferry decode/prefill benchmark (step 4)")
+    p = argparse.ArgumentParser(description="ferry decode/prefill benchmark (steps d and e)")
     p.add_argument("--out", required=True)
     p.add_argument("--ferry", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--link-bandwidth", default=None, help='CPU only, e.g. "2GB/s"')
-    p.add_argument("--bandwidth-json", required=True, help="step 3's output")
+    p.add_argument("--bandwidth-json", required=True, help="step c's output")
     p.add_argument("--data", required=True, help="where to write this step's numbers")
     p.add_argument("--logs", required=True)
     p.add_argument("--tokens", type=int, default=64)
@@ -63,8 +80,16 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--ready-timeout", type=float, default=300)
-    p.add_argument("--modes", default="none,auto,sequential")
+    p.add_argument("--modes", default=None,
+                   help="default: none,auto,sequential (decode), none,auto (prefill)")
+    p.add_argument("--phase", choices=("decode", "prefill"), default="decode",
+                   help="decode: (d) tok/s at batch 1 and N; prefill: (e) TTFT auto vs none")
     args = p.parse_args()
+    global STEP
+    if args.phase == "prefill":
+        STEP = PREFILL_STEP
+    if args.modes is None:
+        args.modes = "none,auto,sequential" if args.phase == "decode" else "none,auto"
 
     max_context = round_up(max(args.prefill_tokens, 16) + args.tokens + 64, 256)
     base = dict(model_dir=args.model, name="bench", device=args.device, dtype=args.dtype,
@@ -120,15 +145,26 @@ def main():
                 srv.start(cfg.port)
                 result["ready_s"] = srv.wait_ready(args.ready_timeout)
                 stream_completion(cfg.port, body("bench", short_prompts[0], 4))  # warm-up
-                one = stream_completion(cfg.port, body("bench", short_prompts[0], args.tokens))
-                result["b1_tok_s"] = decode_rate(one)
-                log(f"{mode}: batch 1 {result['b1_tok_s']}")
-                many = concurrent_streams(
-                    cfg.port, [body("bench", ids, args.tokens) for ids in short_prompts])
-                agg, window, how = aggregate_rate(many)
-                result["b%d_tok_s" % args.batch] = agg
-                log(f"{mode}: batch {args.batch} {agg} ({how}, {window:.2f} s)")
-                if mode in ("none", "auto"):
+                if args.phase == "decode":
+                    one = stream_completion(cfg.port, body("bench", short_prompts[0], args.tokens))
+                    result["b1_tok_s"] = decode_rate(one)
+                    log(f"{mode}: batch 1 {result['b1_tok_s']}")
+                    many = concurrent_streams(
+                        cfg.port, [body("bench", ids, args.tokens) for ids in short_prompts])
+                    agg, window, how = aggregate_rate(many)
+                    result["b%d_tok_s" % args.batch] = agg
+                    log(f"{mode}: batch {args.batch} {agg} ({how}, {window:.2f} s)")
+                    used = driver_used_bytes(srv.proc.pid) if srv.proc else None
+                    if used is not None:
+                        planned = plans[mode]["device_bytes"]
+                        result["driver_used_bytes"] = used
+                        report.append_row(
+                            args.out, STEP, f"{mode} device memory driver/plan",
+                            round(used / planned, 3), goal="<= 1",
+                            verdict="PASS" if used <= planned else "FAIL",
+                            note=f"nvidia-smi {mib(used)} used by ferry after batch {args.batch}, "
+                                 f"plan {mib(planned)} (CUDA context in the plan's reserve)")
+                if args.phase == "prefill":
                     times = []
                     for _ in range(2):
                         s = stream_completion(cfg.port, body("bench", long_prompt, 2))
@@ -165,7 +201,8 @@ def _mode_rows(args, mode, result, streamed, bound_bw, bound_src, mode_plan):
     resident = sum(1 for layer in mode_plan["layers"] if layer["home"] == "device")
     where = f"{resident}/{len(mode_plan['layers'])} layers resident"
     b = args.batch
-    for batch, key in ((1, "b1_tok_s"), (b, f"b{b}_tok_s")):
+    decode = ((1, "b1_tok_s"), (b, f"b{b}_tok_s")) if args.phase == "decode" else ()
+    for batch, key in decode:
         rate = result.get(key)
         label = "b1" if batch == 1 else f"b{batch} aggregate"
         report.append_row(args.out, STEP, f"{mode} decode {label} tok/s",
@@ -191,4 +228,5 @@ def _mode_rows(args, mode, result, streamed, bound_bw, bound_src, mode_plan):
 
 if __name__ == "__main__":
     out_dir = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "."
-    sys.exit(run_step(out_dir, STEP, main))
+    label = PREFILL_STEP if "prefill" in sys.argv else STEP
+    sys.exit(run_step(out_dir, label, main))

@@ -12,13 +12,13 @@ import sys
 import report
 from common import run_step
 
-STEP = "2 gpu tests"
+STEP = "a gpu tests"
 RESULT = re.compile(r"test result: (\w+)\. (\d+) passed; (\d+) failed; (\d+) ignored")
 FAILED = re.compile(r"^test (\S+) \.\.\. FAILED", re.MULTILINE)
 
 
 def main():
-    p = argparse.ArgumentParser(description="run the GPU test binary (step 2)")
+    p = argparse.ArgumentParser(description="run the GPU test binary (step a)")
     p.add_argument("--out", required=True)
     p.add_argument("--binary", required=True)
     p.add_argument("--model", default="", help="FERRY_GPU_TEST_MODEL (a 1B HF dir)")

@@ -23,7 +23,7 @@ from common import (load_tokenizer, log, run_step, torch_dtype,
 from ferry_proc import Server, ServeConfig, free_port
 from sse_client import post_json
 
-STEP = "6 logits"
+STEP = "b logits"
 PROMPTS = (
     "The ferry left the harbour at dawn, carrying forty passengers, two cars and a crate of",
     "def add(a, b):\n    return",
@@ -148,7 +148,7 @@ def compare(tok, steps, f_tokens, f_chosen, f_top):
 
 
 def main():
-    p = argparse.ArgumentParser(description="ferry logprobs vs transformers (step 6)")
+    p = argparse.ArgumentParser(description="ferry logprobs vs transformers (step b)")
     p.add_argument("--out", required=True)
     p.add_argument("--ferry", required=True)
     p.add_argument("--model", required=True)

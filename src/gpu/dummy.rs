@@ -42,12 +42,6 @@ pub fn quantized_zeros(
     Err(GpuError::NotBuilt)
 }
 
-/// Always [`GpuError::NotBuilt`].
-pub fn synchronize(device: &Device) -> Result<()> {
-    let _ = device;
-    Err(GpuError::NotBuilt)
-}
-
 /// Page-locked host memory (not available in this build).
 #[derive(Debug)]
 pub struct PinnedBytes {
@@ -56,9 +50,18 @@ pub struct PinnedBytes {
 
 impl PinnedBytes {
     /// Always [`GpuError::NotBuilt`].
-    pub fn zeroed(device: &Device, len: usize) -> Result<Self> {
+    ///
+    /// # Safety
+    ///
+    /// As for the CUDA build's `PinnedBytes::uninit` (nothing is allocated here).
+    pub unsafe fn uninit(device: &Device, len: usize) -> Result<Self> {
         let _ = (device, len);
         Err(GpuError::NotBuilt)
+    }
+
+    /// The start of the buffer, for writing.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        match self.never {}
     }
 
     /// Length in bytes.
@@ -115,6 +118,11 @@ impl CopyLink {
         match self.never {}
     }
 
+    /// Copies wait for the compute stream's work so far.
+    pub fn copy_after_compute(&self) -> Result<()> {
+        match self.never {}
+    }
+
     /// Waits for every queued copy.
     pub fn synchronize(&self) -> Result<()> {
         match self.never {}
@@ -140,10 +148,10 @@ mod tests {
         let err = open(0).expect_err("no CUDA");
         assert!(err.to_string().contains("--features cuda"), "{err}");
         assert!(matches!(memory_info(&Device::Cpu), Err(GpuError::NotBuilt)));
-        assert!(PinnedBytes::zeroed(&Device::Cpu, 8).is_err());
+        // SAFETY: nothing is allocated (and so nothing read) in this build.
+        assert!(unsafe { PinnedBytes::uninit(&Device::Cpu, 8) }.is_err());
         assert!(CopyLink::new(&Device::Cpu, 2).is_err());
         assert!(dense_zeros(&Device::Cpu, 8, DType::F32).is_err());
         assert!(quantized_zeros(&Device::Cpu, &[32], GgmlDType::Q8_0).is_err());
-        assert!(synchronize(&Device::Cpu).is_err());
     }
 }

@@ -11,7 +11,7 @@
 //! - devices: [`device_count`], [`open`] (the compute device on a stream of its own, as
 //!   `Device::new_cuda_with_stream` makes it), [`memory_info`] (the driver's free/total bytes);
 //! - driver memory: [`dense_zeros`] and [`quantized_zeros`], device buffers of candle's types
-//!   with their raw [`DeviceAddress`], and [`synchronize`] (the compute stream);
+//!   with their raw [`DeviceAddress`];
 //! - [`PinnedBytes`]: page-locked host memory, the storage of the offload engine's host slabs on
 //!   CUDA, so copies to the device are true DMA transfers that overlap compute;
 //! - [`CopyLink`]: the copy stream beside candle's compute stream, one *loaded* and one

@@ -120,6 +120,12 @@ pub enum OffloadError {
     },
 }
 
+impl From<super::buffer::WriteError> for OffloadError {
+    fn from(err: super::buffer::WriteError) -> Self {
+        OffloadError::Weights(err.to_string())
+    }
+}
+
 impl From<OffloadError> for crate::model::ModelError {
     fn from(err: OffloadError) -> Self {
         match err {

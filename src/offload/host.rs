@@ -12,6 +12,8 @@
 //! the slabs and nothing else. On CUDA the slabs are pinned allocations
 //! ([`HostMemory::Pinned`]); on the CPU they are plain heap buffers.
 
+use std::borrow::Cow;
+
 use candle_core::{DType, Device, Tensor};
 
 use super::buffer::{AlignedBytes, HostMemory};
@@ -92,21 +94,26 @@ impl HostStore {
         for &index in layers {
             let layout = LayerLayout::of(checkpoint, holding, index)?;
             let tensors = checkpoint.tensors().layer(index)?;
-            let mut slab = AlignedBytes::zeroed_in(layout.blocks_len + layout.dense_len, memory)?;
-            let bytes = slab.as_bytes_mut();
-            // The layout's entries are the table's tensors in order (experts once each).
-            for (entry, (_, record)) in layout.entries.iter().zip(&tensors.tensors) {
-                let start = match entry.kind {
-                    TensorKind::Blocks(_) => entry.offset,
-                    TensorKind::Dense(_) => layout.blocks_len + entry.offset,
-                };
-                write_entry(
-                    checkpoint,
-                    record,
-                    entry,
-                    &mut bytes[start..start + entry.len],
-                )?;
-            }
+            // Front to back, so the slab is written once (only alignment gaps are zeroed). The
+            // layout's entries are the table's tensors in order (experts once each).
+            let mut placed: Vec<(usize, &TensorEntry, &TensorRecord)> = layout
+                .entries
+                .iter()
+                .zip(&tensors.tensors)
+                .map(|(entry, (_, record))| match entry.kind {
+                    TensorKind::Blocks(_) => (entry.offset, entry, record),
+                    TensorKind::Dense(_) => (layout.blocks_len + entry.offset, entry, record),
+                })
+                .collect();
+            placed.sort_by_key(|(start, _, _)| *start);
+            let len = layout.blocks_len + layout.dense_len;
+            let slab = AlignedBytes::write_once(len, memory, |slab| -> Result<()> {
+                for (start, entry, record) in placed {
+                    let bytes = entry_bytes(checkpoint, record, entry)?;
+                    slab.put(start, &bytes)?;
+                }
+                Ok(())
+            })?;
             out.push(HostLayer { layout, slab });
         }
         Ok(Self {
@@ -153,33 +160,29 @@ impl HostStore {
     }
 }
 
-/// Copies `record`'s bytes into `dst` as `entry` holds them: raw when the stored type is the
-/// held one, else converted (one tensor at a time, on the CPU).
-fn write_entry(
-    checkpoint: &Checkpoint,
+/// `record`'s bytes as `entry` holds them: raw (borrowed from the mapped file) when the stored
+/// type is the held one, else converted (one tensor at a time, on the CPU).
+fn entry_bytes<'a>(
+    checkpoint: &'a Checkpoint,
     record: &TensorRecord,
     entry: &TensorEntry,
-    dst: &mut [u8],
-) -> Result<()> {
-    match entry.kind {
+) -> Result<Cow<'a, [u8]>> {
+    let bytes: Cow<'a, [u8]> = match entry.kind {
         TensorKind::Dense(dtype) if stored_dtype(record) != Some(dtype) => {
             let t = checkpoint.read_dense(record, dtype, &Device::Cpu)?;
-            write_tensor_bytes(&t, dst)
+            Cow::Owned(tensor_bytes(&t)?)
         }
-        _ => {
-            let src = checkpoint.bytes(record)?;
-            if src.len() != dst.len() {
-                return Err(OffloadError::Weights(format!(
-                    "`{}` has {} bytes, its slab entry {}",
-                    record.name,
-                    src.len(),
-                    dst.len()
-                )));
-            }
-            dst.copy_from_slice(src);
-            Ok(())
-        }
+        _ => Cow::Borrowed(checkpoint.bytes(record)?),
+    };
+    if bytes.len() != entry.len {
+        return Err(OffloadError::Weights(format!(
+            "`{}` has {} bytes, its slab entry {}",
+            record.name,
+            bytes.len(),
+            entry.len
+        )));
     }
+    Ok(bytes)
 }
 
 /// The dense dtype a tensor is stored in, if it is stored densely.
@@ -195,25 +198,23 @@ fn stored_dtype(record: &TensorRecord) -> Option<DType> {
     }
 }
 
-/// Writes a dense tensor's elements (native endianness) into `dst`.
-fn write_tensor_bytes(t: &Tensor, dst: &mut [u8]) -> Result<()> {
+/// A dense tensor's elements as bytes (native endianness).
+fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
     let flat = t.flatten_all()?;
-    match t.dtype() {
-        DType::F32 => copy_elems(&flat.to_vec1::<f32>()?, dst),
-        DType::F16 => copy_elems(&flat.to_vec1::<half::f16>()?, dst),
-        DType::BF16 => copy_elems(&flat.to_vec1::<half::bf16>()?, dst),
+    Ok(match t.dtype() {
+        DType::F32 => elem_bytes(&flat.to_vec1::<f32>()?),
+        DType::F16 => elem_bytes(&flat.to_vec1::<half::f16>()?),
+        DType::BF16 => elem_bytes(&flat.to_vec1::<half::bf16>()?),
         other => {
             return Err(OffloadError::Weights(format!(
                 "unsupported dense dtype {other:?}"
             )))
         }
-    }
-    Ok(())
+    })
 }
 
-fn copy_elems<T: Copy>(src: &[T], dst: &mut [u8]) {
-    let n = std::mem::size_of_val(src).min(dst.len());
+fn elem_bytes<T: Copy>(src: &[T]) -> Vec<u8> {
+    let n = std::mem::size_of_val(src);
     // SAFETY: `src` is a slice of plain floats; viewing its memory as bytes is always valid.
-    let src_bytes = unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u8, n) };
-    dst[..n].copy_from_slice(src_bytes);
+    unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u8, n) }.to_vec()
 }

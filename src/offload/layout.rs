@@ -291,4 +291,4 @@ impl SlotLayout {
 
 #[cfg(test)]
 #[path = "layout_tests.rs"]
-mod tests;
+pub(super) mod tests;

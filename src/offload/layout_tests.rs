@@ -20,7 +20,7 @@ use crate::offload::slot::SlotBuffers;
 
 /// The dimensions of a test model.
 #[derive(Clone, Copy)]
-struct Dims {
+pub(crate) struct Dims {
     hidden: usize,
     inter: usize,
     heads: usize,
@@ -30,7 +30,7 @@ struct Dims {
 }
 
 /// Multiples of 256, as k-quants need.
-const K_QUANT: Dims = Dims {
+pub(crate) const K_QUANT: Dims = Dims {
     hidden: 256,
     inter: 512,
     heads: 4,
@@ -57,7 +57,7 @@ const MORE_BITS: [usize; 2] = [0, 3];
 
 /// The type Q4_K_M gives a tensor: q6_K for attn_v / ffn_down of [`MORE_BITS`] layers and the
 /// head, q4_K for every other matrix, f32 norms.
-fn q4_k_m(name: &str, rank: usize) -> GgmlDType {
+pub(crate) fn q4_k_m(name: &str, rank: usize) -> GgmlDType {
     if rank == 1 {
         return GgmlDType::F32;
     }
@@ -73,7 +73,7 @@ fn q4_k_m(name: &str, rank: usize) -> GgmlDType {
 }
 
 /// Writes a small Llama of `d` in llama.cpp layout with `types` choosing each tensor's type.
-fn write_gguf(path: &Path, d: Dims, types: &dyn Fn(&str, usize) -> GgmlDType) {
+pub(crate) fn write_gguf(path: &Path, d: Dims, types: &dyn Fn(&str, usize) -> GgmlDType) {
     let (h, q, kv, i) = (
         d.hidden,
         d.heads * d.head_dim,
@@ -136,14 +136,14 @@ fn write_gguf(path: &Path, d: Dims, types: &dyn Fn(&str, usize) -> GgmlDType) {
     gguf_file::write(&mut file, &meta, &refs).expect("write");
 }
 
-fn open(path: &Path) -> Checkpoint {
+pub(crate) fn open(path: &Path) -> Checkpoint {
     Checkpoint::open(&ModelFiles::Gguf {
         path: path.to_path_buf(),
     })
     .expect("opens")
 }
 
-fn holding(checkpoint: &Checkpoint, dtype: DTypeChoice) -> Holding {
+pub(crate) fn holding(checkpoint: &Checkpoint, dtype: DTypeChoice) -> Holding {
     let options = LoadOptions {
         device: Device::Cpu,
         dtype,

@@ -6,10 +6,13 @@
 
 use std::sync::Arc;
 
+use candle_core::Device;
+
 use super::accounting::Accounting;
 use super::buffer::HostMemory;
 use super::error::OffloadError;
 use super::host::{HostStore, Result};
+use super::layout::SlotKind;
 use super::plan::{Home, Plan};
 use super::store::WeightStore;
 use super::stream::StreamConfig;
@@ -49,6 +52,9 @@ pub fn load_placed(
     let split = |spec: &ModelSpec| check_layers(spec, plan).map(|()| resident_count);
     let read = read_model(checkpoint, options, &split, progress)?;
     accounting.add_weights(read.fixed_bytes);
+    if let Some(host) = &read.host {
+        check_slot_layout(host, plan, &options.device)?;
+    }
     let spec = read.parts.spec.clone();
     let model = Model::new(read.parts)?;
     let store = build_store(read.resident, read.host, stream, options, accounting)?;
@@ -146,6 +152,24 @@ fn build_store(
             accounting,
         ),
     }
+}
+
+/// The slots the streamer allocates for `host` (its [`super::SlotLayout`] on `device`) are the ones the
+/// plan counted, so the device holds what the plan says.
+fn check_slot_layout(host: &HostStore, plan: &Plan, device: &Device) -> Result<()> {
+    let Some(planned) = &plan.slot_layout else {
+        return Ok(());
+    };
+    let held = host.slot_layout(SlotKind::for_device(device));
+    if planned.kind == held.kind && *planned != held {
+        return Err(OffloadError::Weights(format!(
+            "the plan counted {} bytes per {} slot, the streamed layers need {}",
+            planned.total_bytes(),
+            planned.kind.as_str(),
+            held.total_bytes()
+        )));
+    }
+    Ok(())
 }
 
 fn check_layers(spec: &ModelSpec, plan: &Plan) -> Result<()> {

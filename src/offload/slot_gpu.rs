@@ -11,30 +11,29 @@
 //!   copies each matrix's raw GGUF bytes into its tensor's buffer.
 //!
 //! Fills are asynchronous copies on the [`CopyLink`]'s copy stream; the caller orders them with
-//! the link's events. Nothing is allocated after [`GpuSlot::new`]. The device work goes through
+//! the link's events. Nothing is allocated after [`GpuSlot::new`], which allocates exactly the
+//! [`SlotLayout`] the plan counted (the union of the streamed layers' matrix buffers, with
+//! candle's padding), so the device holds what the plan says. The device work goes through
 //! [`crate::gpu`]'s primitives, so this file is the same in every build: without the `cuda`
 //! feature the constructor fails with [`crate::gpu::GpuError::NotBuilt`].
 
 use std::sync::Arc;
 
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 
 use super::assemble::{dense_region_view, layer_weights, SlotTensors};
 use super::error::OffloadError;
-use super::host::{HostLayer, Part, Result, TensorEntry, TensorKind};
+use super::host::{HostLayer, Result, TensorEntry, TensorKind, TENSOR_ALIGN};
+use super::layout::{SlotKind, SlotLayout, SlotMatrix};
 use crate::gpu::{self, CopyLink, DeviceAddress, GpuError};
 use crate::model::weights::LayerWeights;
 
-/// A persistent quantized matrix buffer of the slot.
-struct SlotMatrix {
-    part: Part,
-    unit: usize,
-    dtype: GgmlDType,
-    shape: Vec<usize>,
+/// A persistent quantized matrix buffer of the slot: one [`SlotMatrix`] of the layout.
+struct MatrixBuffer {
+    layout: SlotMatrix,
     tensor: Arc<QTensor>,
     address: DeviceAddress,
-    len: usize,
 }
 
 /// The device buffers of one slot.
@@ -44,7 +43,8 @@ pub struct GpuSlot {
     dense_dtype: DType,
     dense_address: DeviceAddress,
     dense_len: usize,
-    matrices: Vec<SlotMatrix>,
+    matrices: Vec<MatrixBuffer>,
+    allocated: u64,
 }
 
 impl std::fmt::Debug for GpuSlot {
@@ -52,59 +52,62 @@ impl std::fmt::Debug for GpuSlot {
         f.debug_struct("GpuSlot")
             .field("dense_len", &self.dense_len)
             .field("matrices", &self.matrices.len())
+            .field("allocated", &self.allocated)
             .finish()
     }
 }
 
 impl GpuSlot {
-    /// Allocates a slot on `device` that can hold any of `layers` (dense tensors in
-    /// `dense_dtype`), and waits until the allocations are initialised.
-    pub fn new(device: &Device, layers: &[&HostLayer], dense_dtype: DType) -> Result<Self> {
-        let size = dense_dtype.size_in_bytes();
-        let dense_len = layers.iter().map(|l| l.dense_len).max().unwrap_or(0);
-        let (dense, dense_address) =
-            gpu::dense_zeros(device, dense_len.div_ceil(size).max(1), dense_dtype)?;
-        let mut matrices: Vec<SlotMatrix> = Vec::new();
-        for entry in layers.iter().flat_map(|l| l.entries.iter()) {
-            let TensorKind::Blocks(dtype) = entry.kind else {
-                continue;
-            };
-            if find(&matrices, entry).is_some() {
-                continue;
-            }
-            let (tensor, address) = gpu::quantized_zeros(device, &entry.shape, dtype)?;
-            matrices.push(SlotMatrix {
-                part: entry.part,
-                unit: entry.unit,
-                dtype,
-                shape: entry.shape.clone(),
-                tensor: Arc::new(tensor),
-                address,
-                len: entry.len,
-            });
+    /// Allocates exactly `layout` (a [`SlotKind::Cuda`] layout, the plan's
+    /// [`super::Plan::slot_layout`]) on `device`: a dense region of `layout.dense_bytes` in
+    /// `dense_dtype` and one quantized buffer per [`SlotMatrix`], each as candle pads it.
+    ///
+    /// Nothing waits here: candle zeroes the buffers on the compute stream, so the caller makes
+    /// the copy stream wait for it ([`CopyLink::copy_after_compute`]) once after allocating
+    /// every slot, before the first fill.
+    pub fn new(device: &Device, layout: &SlotLayout, dense_dtype: DType) -> Result<Self> {
+        if layout.kind != SlotKind::Cuda {
+            return Err(GpuError::Layout(format!(
+                "a CUDA slot needs a cuda slot layout, got {}",
+                layout.kind.as_str()
+            ))
+            .into());
         }
-        // The zeroing above was queued on the compute stream; copies on the copy stream must not
-        // overtake it.
-        gpu::synchronize(device)?;
+        let size = dense_dtype.size_in_bytes();
+        let elems = layout.dense_bytes.div_ceil(size).max(1);
+        let (dense, dense_address) = gpu::dense_zeros(device, elems, dense_dtype)?;
+        // Entries sit at multiples of TENSOR_ALIGN inside the region; with the region's start
+        // aligned too, every dense view is, as cuBLAS wants it (and as resident tensors are).
+        check_aligned(dense_address)?;
+        let matrices = layout
+            .matrices
+            .iter()
+            .map(|m| {
+                let (tensor, address) = gpu::quantized_zeros(device, &m.shape, m.dtype)?;
+                Ok(MatrixBuffer {
+                    layout: m.clone(),
+                    tensor: Arc::new(tensor),
+                    address,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let allocated =
+            (elems * size + layout.matrices.iter().map(|m| m.allocated).sum::<usize>()) as u64;
         Ok(Self {
             device: device.clone(),
             dense,
             dense_dtype,
             dense_address,
-            dense_len,
+            dense_len: elems * size,
             matrices,
+            allocated,
         })
     }
 
-    /// Bytes this slot holds on the device.
+    /// Bytes this slot holds on the device: its layout's [`SlotLayout::total_bytes`], the
+    /// figure the plan counts (candle's row padding included).
     pub fn allocated_bytes(&self) -> u64 {
-        let dense = self.dense.elem_count() * self.dense_dtype.size_in_bytes();
-        let blocks: usize = self
-            .matrices
-            .iter()
-            .map(|m| m.tensor.storage_size_in_bytes())
-            .sum();
-        (dense + blocks) as u64
+        self.allocated
     }
 
     /// Queues the copies of `layer`'s slab into this slot on `link`'s copy stream and returns
@@ -119,10 +122,10 @@ impl GpuSlot {
             let src = layer
                 .blocks()
                 .get(entry.offset..entry.offset + entry.len)
-                .filter(|_| entry.len <= m.len)
+                .filter(|_| entry.len <= m.layout.bytes)
                 .ok_or_else(|| unfit(layer, entry))?;
-            // SAFETY: `m.address` addresses a live buffer of at least `m.len` bytes owned by this
-            // slot; `src` lives in a host slab kept alive (and unmodified) while copies are in
+            // SAFETY: `m.address` addresses a live buffer of at least `m.layout.bytes` bytes
+            // owned by this slot; `src` lives in a host slab kept alive (and unmodified) while copies are in
             // flight.
             unsafe { link.copy_to_device(m.address, src) }?;
             bytes += src.len() as u64;
@@ -167,13 +170,27 @@ impl SlotTensors for GpuSlot {
     }
 }
 
-fn find<'a>(matrices: &'a [SlotMatrix], entry: &TensorEntry) -> Option<&'a SlotMatrix> {
+fn find<'a>(matrices: &'a [MatrixBuffer], entry: &TensorEntry) -> Option<&'a MatrixBuffer> {
     let TensorKind::Blocks(dtype) = entry.kind else {
         return None;
     };
     matrices.iter().find(|m| {
-        m.part == entry.part && m.unit == entry.unit && m.dtype == dtype && m.shape == entry.shape
+        m.layout.part == entry.part
+            && m.layout.unit == entry.unit
+            && m.layout.dtype == dtype
+            && m.layout.shape == entry.shape
     })
+}
+
+/// A dense region must start at a multiple of [`TENSOR_ALIGN`] (the driver's allocations do).
+fn check_aligned(address: DeviceAddress) -> Result<()> {
+    if address % TENSOR_ALIGN as DeviceAddress != 0 {
+        return Err(GpuError::Layout(format!(
+            "the slot's dense region starts at {address:#x}, not a multiple of {TENSOR_ALIGN} bytes"
+        ))
+        .into());
+    }
+    Ok(())
 }
 
 fn unfit(layer: &HostLayer, entry: &TensorEntry) -> OffloadError {
@@ -187,16 +204,33 @@ fn unfit_entry(entry: &TensorEntry) -> GpuError {
     ))
 }
 
-#[cfg(all(test, not(feature = "cuda")))]
+#[cfg(test)]
 mod tests {
     use super::*;
 
+    #[cfg(not(feature = "cuda"))]
     #[test]
     fn without_cuda_a_slot_cannot_be_made() {
-        let err = GpuSlot::new(&Device::Cpu, &[], DType::F32).expect_err("no CUDA");
+        let layout = SlotLayout::new(SlotKind::Cuda);
+        let err = GpuSlot::new(&Device::Cpu, &layout, DType::F32).expect_err("no CUDA");
         assert!(
             matches!(err, OffloadError::Gpu(GpuError::NotBuilt)),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_cuda_slot_refuses_a_cpu_layout() {
+        let layout = SlotLayout::new(SlotKind::Cpu);
+        let err = GpuSlot::new(&Device::Cpu, &layout, DType::F32).expect_err("cpu layout");
+        assert!(err.to_string().contains("cuda slot layout"), "{err}");
+    }
+
+    #[test]
+    fn dense_regions_must_start_256_byte_aligned() {
+        assert!(check_aligned(0x7f00_0000_0000).is_ok());
+        assert!(check_aligned(0x7f00_0000_0100).is_ok());
+        let err = check_aligned(0x7f00_0000_0008).expect_err("8-byte aligned only");
+        assert!(err.to_string().contains("multiple of 256"), "{err}");
     }
 }

@@ -18,6 +18,7 @@ use candle_core::Device;
 use super::accounting::Accounting;
 use super::error::OffloadError;
 use super::host::{HostLayer, HostStore, Result};
+use super::layout::SlotKind;
 use super::slot_gpu::GpuSlot;
 use super::stream::Command;
 use crate::gpu::CopyLink;
@@ -45,14 +46,17 @@ impl GpuCopies {
         device: &Device,
         accounting: Arc<Accounting>,
     ) -> Result<Self> {
-        let layers: Vec<&HostLayer> = host.layers().iter().collect();
+        // The plan's slot layout: load_placed checked that it is this one.
+        let layout = host.slot_layout(SlotKind::Cuda);
         let buffers = (0..slots)
-            .map(|_| GpuSlot::new(device, &layers, host.dense_dtype()))
+            .map(|_| GpuSlot::new(device, &layout, host.dense_dtype()))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         for b in &buffers {
             accounting.add_slots(b.allocated_bytes());
         }
         let link = CopyLink::new(device, slots)?;
+        // Once for the whole ring: no copy overtakes the zeroing of the slots (no host wait).
+        link.copy_after_compute()?;
         Ok(Self {
             link,
             slots: buffers,

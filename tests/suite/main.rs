@@ -16,6 +16,7 @@ mod batch_forward;
 mod chat_templates;
 mod cli;
 mod fit;
+mod gpu_check_dry;
 mod hf_model_serving;
 mod http_api;
 mod layering;

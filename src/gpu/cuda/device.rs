@@ -31,13 +31,36 @@ pub fn open(ordinal: usize) -> Result<Device> {
         )));
     }
     match catch_unwind(AssertUnwindSafe(|| Device::new_cuda_with_stream(ordinal))) {
-        Ok(Ok(device)) => Ok(device),
+        Ok(Ok(device)) => {
+            untracked(&device)?;
+            Ok(device)
+        }
         Ok(Err(err)) => Err(GpuError::Candle(err)),
         Err(panic) => Err(GpuError::Driver(format!(
             "opening cuda:{ordinal} failed: {} (are cuBLAS 13 and cudart 13 on the library path?)",
             panic_text(&panic)
         ))),
     }
+}
+
+/// Turns cudarc's per-buffer event tracking off for `device`'s context, right after opening it
+/// and before ferry allocates any buffer (tracking applies to buffers allocated while it is on).
+///
+/// With tracking on (the default for a context whose compute stream comes from `new_stream`, as
+/// `new_cuda_with_stream` makes it), cudarc records an event for every read and write of every
+/// buffer and makes each kernel launch wait on the events of its arguments: one wait and one
+/// record per kernel argument, for ordering that ferry does not need. Every candle tensor lives
+/// on the one compute stream, whose order already serialises them; the only other stream is the
+/// offload engine's copy stream, whose raw copies cudarc never sees anyway and which ferry
+/// orders itself with explicit events (`CopyLink`: *loaded* / *consumed*), waiting for the
+/// compute stream before copying into new buffers and draining the copy stream before any
+/// buffer it writes is freed.
+fn untracked(device: &Device) -> Result<()> {
+    let dev = cuda_device(device)?;
+    // SAFETY: the conditions above: buffers are used on the compute stream only, except the
+    // slots and slabs the copy stream touches, which the offload engine orders explicitly.
+    unsafe { dev.disable_event_tracking() };
+    Ok(())
 }
 
 /// Free and total memory of `device`'s card, from the driver.

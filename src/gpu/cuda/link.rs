@@ -72,6 +72,12 @@ impl CopyLink {
         Ok(self.event(&self.consumed, slot)?.record(&self.compute)?)
     }
 
+    /// Copies queued from now on wait until everything queued on the compute stream so far has
+    /// run (new slot buffers: candle zeroes them on the compute stream). No host wait.
+    pub fn copy_after_compute(&self) -> Result<()> {
+        Ok(self.copy.join(&self.compute)?)
+    }
+
     /// Blocks until every queued copy finished (swap-ins, shutdown; never in the forward loop).
     pub fn synchronize(&self) -> Result<()> {
         Ok(self.copy.synchronize()?)

@@ -1,7 +1,8 @@
 //! Device memory for the offload engine's slots: zero-filled dense and quantized buffers of
 //! candle's own types (so the forward loop computes on them as on any tensor) together with
-//! their raw device addresses (so the copy stream can write into them), and the wait for the
-//! compute stream that makes those allocations visible to the copy stream.
+//! their raw device addresses (so the copy stream can write into them). The zeroing is queued on
+//! the compute stream: copies into these buffers must wait for it
+//! ([`crate::gpu::CopyLink::copy_after_compute`]).
 
 use candle_core::cuda_backend::cudarc::driver::DevicePtr;
 use candle_core::quantized::cuda::QCudaStorage;
@@ -34,11 +35,6 @@ pub fn quantized_zeros(
     let address = storage.device_ptr()? as DeviceAddress;
     let tensor = QTensor::new(QStorage::Cuda(storage), shape.to_vec())?;
     Ok((tensor, address))
-}
-
-/// Blocks until everything queued on `device`'s compute stream has run.
-pub fn synchronize(device: &Device) -> Result<()> {
-    Ok(cuda_device(device)?.cuda_stream().synchronize()?)
 }
 
 /// The device address of a contiguous float tensor's first element.

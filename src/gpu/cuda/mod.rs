@@ -8,7 +8,7 @@ mod pinned;
 
 pub use device::{device_count, memory_info, open};
 pub use link::CopyLink;
-pub use memory::{dense_zeros, quantized_zeros, synchronize};
+pub use memory::{dense_zeros, quantized_zeros};
 pub use pinned::PinnedBytes;
 
 use candle_core::cuda_backend::cudarc::driver::DriverError;

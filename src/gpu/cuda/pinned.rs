@@ -1,8 +1,9 @@
 //! [`PinnedBytes`]: page-locked host memory for the offload engine's slabs.
 //!
-//! Filled once on the host at load time, then only read by DMA copies on the copy stream. The
-//! allocation is plain pinned memory (not write-combined), so the host may also read it (tests
-//! compare slabs with the file).
+//! Filled once on the host at load time (allocated uninitialised and written once, not zeroed
+//! first: a slab is gigabytes), then only read by DMA copies on the copy stream. The allocation
+//! is plain pinned memory (not write-combined), so the host may also read it (tests compare
+//! slabs with the file).
 
 use candle_core::cuda_backend::cudarc::driver::PinnedHostSlice;
 use candle_core::Device;
@@ -10,7 +11,7 @@ use candle_core::Device;
 use super::cuda_device;
 use crate::gpu::Result;
 
-/// A zero-initialised, page-locked host buffer.
+/// A page-locked host buffer.
 pub struct PinnedBytes {
     /// Owns the allocation (freed on drop, after any copy that used it completes).
     _slice: PinnedHostSlice<u8>,
@@ -33,14 +34,17 @@ impl std::fmt::Debug for PinnedBytes {
 }
 
 impl PinnedBytes {
-    /// `len` zero bytes of pinned memory in `device`'s context.
-    pub fn zeroed(device: &Device, len: usize) -> Result<Self> {
+    /// `len` bytes of pinned memory in `device`'s context, not initialised.
+    ///
+    /// # Safety
+    ///
+    /// Every byte must be written (through [`PinnedBytes::as_mut_ptr`]) before any is read
+    /// (through [`PinnedBytes::as_bytes`], [`PinnedBytes::as_bytes_mut`] or a copy).
+    pub unsafe fn uninit(device: &Device, len: usize) -> Result<Self> {
         let ctx = cuda_device(device)?.cuda_stream().context().clone();
-        // SAFETY: the memory is zeroed below before anyone reads it.
+        // SAFETY: the caller writes the memory before anyone reads it.
         let mut slice = unsafe { ctx.alloc_pinned_with_flags::<u8>(len.max(1), 0) }?;
         let ptr = slice.as_mut_ptr()?;
-        // SAFETY: `ptr` points to at least `len.max(1)` bytes owned by `slice`.
-        unsafe { std::ptr::write_bytes(ptr, 0, len.max(1)) };
         Ok(Self {
             _slice: slice,
             ptr,
@@ -56,6 +60,11 @@ impl PinnedBytes {
     /// Whether the buffer is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The start of the buffer, for writing (valid for `len` bytes while `self` lives).
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
     }
 
     /// The bytes.
