@@ -77,6 +77,7 @@ fn shape() -> Tiny {
         kv_heads: 4,
         head_dim: 32,
         vocab: 512,
+        ..Tiny::llama()
     }
 }
 
