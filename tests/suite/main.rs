@@ -12,6 +12,7 @@ mod tiny;
 
 mod arch_crosscheck;
 mod arch_families;
+mod arch_llamacpp;
 mod batch_forward;
 mod chat_templates;
 mod cli;

@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+r"""Writes the llama.cpp architecture-parity fixtures in tests/fixtures/arch-llamacpp/: one tiny
+random-weight GGUF per architecture family ferry implements, and expected.json with the logits
+llama.cpp (through llama-cpp-python) gives for the last position of five fixed token-id prompts.
+tests/suite/arch_llamacpp.rs loads the same GGUFs with ferry and compares.
+
+Usage: /work/venv-oracle/bin/python scripts/make-arch-fixture-llamacpp.py [--write-only]
+Needs gguf 0.19 and numpy to write the files, llama-cpp-python 0.3.36 for the expected logits
+(`--write-only` skips that step). No network, no torch.
+
+The files follow the tensor names and metadata keys llama.cpp's convert_hf_to_gguf writes for
+each architecture (checked against llama.cpp's src/models/<arch>.cpp, the version vendored in
+llama-cpp-python 0.3.36):
+- llama: Llama control (GQA, untied head, interleaved RoPE as GGUF stores it).
+- llama-q8: the same shapes with Q8_0 matrices (embedding and head too).
+- mixtral: `llama` with `expert_count`/`expert_used_count` and stacked `ffn_*_exps` experts.
+- qwen3: q/k norms, head_dim (key_length) 32 != hidden / heads, tied head.
+- qwen3moe: Qwen3 attention with routed experts (`expert_feed_forward_length`).
+- gemma2: norms stored as 1 + w, post-attention / post-ffw norms, tied head, attention and final
+  logit soft-capping (attention cap small enough to bite), sliding window 4 on layer 0.
+- gemma3: q/k norms, sliding window 4 on layer 0 (`sliding_window_pattern` 2), the local layer's
+  RoPE base from `rope.freq_base_swa`.
+- phi3: fused attn_qkv and gate/up (`ffn_up` 2 * ff rows), GQA.
+All share one small SentencePiece-style vocabulary (llama.cpp needs tokenizer keys to load a
+model; the prompts are token ids, so nothing is tokenized). Prompts up to 8 tokens, so the
+windowed layers really drop keys.
+"""
+
+import json
+import os
+import sys
+
+import gguf
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+OUT = os.path.join(ROOT, "tests", "fixtures", "arch-llamacpp")
+
+VOCAB = 384
+CONTEXT = 64
+PROMPTS = [
+    [1, 17, 200, 45],
+    [1, 5, 9, 300, 301, 77, 12, 8],
+    [42],
+    [1, 100, 250, 3, 3, 3],
+    [1, 383, 7, 64, 128, 256, 90],
+]
+
+BASE = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, ff=128, layers=2, eps=1e-5,
+            rope_base=10000.0, tied=False, qk_norm=False, experts=0, used=0, expert_ff=0,
+            dtype="f32")
+FIXTURES = {
+    "llama": dict(arch="llama"),
+    "llama-q8": dict(arch="llama", dtype="q8_0"),
+    "mixtral": dict(arch="llama", experts=4, used=2, expert_ff=64),
+    "qwen3": dict(arch="qwen3", head_dim=32, qk_norm=True, tied=True, eps=1e-6,
+                  rope_base=1_000_000.0),
+    "qwen3moe": dict(arch="qwen3moe", qk_norm=True, eps=1e-6, rope_base=1_000_000.0,
+                     experts=4, used=2, expert_ff=64),
+    "gemma2": dict(arch="gemma2", tied=True, eps=1e-6, window=4, attn_softcap=5.0,
+                   final_softcap=30.0),
+    "gemma3": dict(arch="gemma3", tied=True, eps=1e-6, qk_norm=True, window=4,
+                   window_pattern=2, rope_base=1_000_000.0, rope_base_swa=10000.0),
+    "phi3": dict(arch="phi3", eps=1e-5),
+}
+
+
+def vocab():
+    """`<unk>`, `<s>`, `</s>`, letters, `▁`letters, then letter pairs (as tests/suite/tiny.rs)."""
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    tokens = ["<unk>", "<s>", "</s>"] + letters + ["\u2581" + c for c in letters]
+    pairs = (a + b for a in letters for b in letters)
+    while len(tokens) < VOCAB:
+        tokens.append(next(pairs))
+    types = [2, 3, 3] + [1] * (VOCAB - 3)
+    return tokens, [-float(i) for i in range(VOCAB)], types
+
+
+def write(name, cfg):
+    c = dict(BASE, **cfg)
+    arch, h, nh, nkv, hd, ff = c["arch"], c["hidden"], c["heads"], c["kv_heads"], c["head_dim"], c["ff"]
+    gemma = arch.startswith("gemma")
+    rng = np.random.default_rng(sum(map(ord, name)) * 7919)
+
+    def mat(rows, cols, gain=1.0):
+        return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
+
+    def norm(n):
+        # llama.cpp's converter stores Gemma's (1 + w) already added: both are near 1 here.
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    tensors = {"token_embd.weight": rng.standard_normal((VOCAB, h)).astype(np.float32),
+               "output_norm.weight": norm(h)}
+    if not c["tied"]:
+        tensors["output.weight"] = mat(VOCAB, h, 2.0)
+    qk_gain = 2.0 if gemma else 1.0
+    for i in range(c["layers"]):
+        p = f"blk.{i}."
+        tensors[p + "attn_norm.weight"] = norm(h)
+        q, k, v = mat(nh * hd, h, qk_gain), mat(nkv * hd, h, qk_gain), mat(nkv * hd, h)
+        if arch == "phi3":
+            tensors[p + "attn_qkv.weight"] = np.concatenate([q, k, v])
+        else:
+            tensors[p + "attn_q.weight"], tensors[p + "attn_k.weight"] = q, k
+            tensors[p + "attn_v.weight"] = v
+        tensors[p + "attn_output.weight"] = mat(h, nh * hd)
+        if c["qk_norm"]:
+            tensors[p + "attn_q_norm.weight"] = norm(hd)
+            tensors[p + "attn_k_norm.weight"] = norm(hd)
+        if gemma:
+            tensors[p + "post_attention_norm.weight"] = norm(h)
+            tensors[p + "post_ffw_norm.weight"] = norm(h)
+        tensors[p + "ffn_norm.weight"] = norm(h)
+        if c["experts"]:
+            e, eff = c["experts"], c["expert_ff"]
+            tensors[p + "ffn_gate_inp.weight"] = mat(e, h, 2.0)
+            tensors[p + "ffn_gate_exps.weight"] = np.stack([mat(eff, h) for _ in range(e)])
+            tensors[p + "ffn_up_exps.weight"] = np.stack([mat(eff, h) for _ in range(e)])
+            tensors[p + "ffn_down_exps.weight"] = np.stack([mat(h, eff) for _ in range(e)])
+        elif arch == "phi3":
+            tensors[p + "ffn_up.weight"] = np.concatenate([mat(ff, h), mat(ff, h)])
+            tensors[p + "ffn_down.weight"] = mat(h, ff)
+        else:
+            tensors[p + "ffn_gate.weight"] = mat(ff, h)
+            tensors[p + "ffn_up.weight"] = mat(ff, h)
+            tensors[p + "ffn_down.weight"] = mat(h, ff)
+
+    path = os.path.join(OUT, f"{name}.gguf")
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(f"ferry-tiny-{name}")
+    w.add_context_length(CONTEXT)
+    w.add_embedding_length(h)
+    w.add_feed_forward_length(ff)
+    w.add_block_count(c["layers"])
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(c["rope_base"])
+    w.add_layer_norm_rms_eps(c["eps"])
+    w.add_vocab_size(VOCAB)
+    if c["experts"]:
+        w.add_expert_count(c["experts"])
+        w.add_expert_used_count(c["used"])
+        w.add_expert_feed_forward_length(c["expert_ff"])
+    if "window" in c:
+        w.add_sliding_window(c["window"])
+    if "window_pattern" in c:
+        w.add_uint32(f"{arch}.attention.sliding_window_pattern", c["window_pattern"])
+    if "rope_base_swa" in c:
+        w.add_rope_freq_base_swa(c["rope_base_swa"])
+    if "attn_softcap" in c:
+        w.add_attn_logit_softcapping(c["attn_softcap"])
+    if "final_softcap" in c:
+        w.add_final_logit_softcapping(c["final_softcap"])
+    tokens, scores, types = vocab()
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    for tname in sorted(tensors):
+        t = tensors[tname]
+        if c["dtype"] == "q8_0" and t.ndim == 2:
+            q = gguf.quants.quantize(t, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(tname, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(tname, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def oracle(path):
+    """llama.cpp's last-position logits for each prompt, each prompt in a fresh context."""
+    import llama_cpp.llama_cpp as api
+    from llama_cpp import Llama
+
+    # Keep weights in plain CPU buffers (see benches/llama_cpp_peer.py: AMX tiles segfault in
+    # VMs that do not grant the tile state).
+    default_params = api.llama_model_default_params
+
+    def plain():
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    api.llama_model_default_params = plain
+    out = []
+    for ids in PROMPTS:
+        llm = Llama(model_path=path, n_ctx=CONTEXT, n_batch=CONTEXT, n_threads=2,
+                    n_threads_batch=2, logits_all=True, verbose=False)
+        llm.eval(ids)
+        logits = np.array(llm.scores[len(ids) - 1], dtype=np.float32)
+        top = np.argsort(-logits, kind="stable")[:10]
+        out.append({
+            "ids": ids,
+            "top10_ids": [int(i) for i in top],
+            "top10_logits": [float(logits[i]) for i in top],
+            "logits": [float(x) for x in logits],
+        })
+        llm.close()
+        api.llama_model_default_params = plain
+    api.llama_model_default_params = default_params
+    return out
+
+
+def main():
+    write_only = "--write-only" in sys.argv[1:]
+    os.makedirs(OUT, exist_ok=True)
+    expected = {"vocab": VOCAB, "prompts": PROMPTS, "models": {}}
+    for name, cfg in FIXTURES.items():
+        path = write(name, cfg)
+        print(f"wrote {path} ({os.path.getsize(path)} bytes)")
+        if not write_only:
+            expected["models"][name] = {"gguf_file": f"{name}.gguf", "arch": cfg["arch"],
+                                        "results": oracle(path)}
+    if not write_only:
+        import llama_cpp
+        expected["llama_cpp_python"] = llama_cpp.__version__
+        with open(os.path.join(OUT, "expected.json"), "w") as f:
+            json.dump(expected, f, indent=1)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

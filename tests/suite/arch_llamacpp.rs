@@ -1,0 +1,155 @@
+//! ferry's architecture families against llama.cpp itself: the tiny random-weight GGUFs in
+//! tests/fixtures/arch-llamacpp/ (Llama, Llama Q8_0, Mixtral, Qwen3, Qwen3-MoE, Gemma 2,
+//! Gemma 3, Phi-3; written with the `gguf` package as llama.cpp's converter names things) and
+//! the last-position logits llama.cpp (llama-cpp-python) gave five token-id prompts on each
+//! (scripts/make-arch-fixture-llamacpp.py). ferry loads the same files through its loader and
+//! must agree: top-1 equal on at least 4 of 5 prompts, top-5 overlap of at least 80%, and all
+//! logits within a tolerance per file.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use candle_core::Device;
+use ferry::model::loader::{load_model, DTypeChoice, LoadOptions};
+use ferry::model::source::ModelFiles;
+use serde_json::Value as Json;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/arch-llamacpp")
+}
+
+fn expected() -> Json {
+    let text = std::fs::read_to_string(dir().join("expected.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Ids of the `k` largest logits, largest first (ties by lower id, as the script's stable sort).
+fn top_k(logits: &[f32], k: usize) -> Vec<usize> {
+    let mut ids: Vec<usize> = (0..logits.len()).collect();
+    ids.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    ids.truncate(k);
+    ids
+}
+
+/// ferry's last-position logits for each prompt of the fixture, each from an empty cache.
+fn ferry_logits(file: &str, prompts: &[Vec<u32>]) -> Vec<Vec<f32>> {
+    let files = ModelFiles::Gguf {
+        path: dir().join(file),
+    };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DTypeChoice::F32,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
+    let mut layers = loaded.layers;
+    prompts
+        .iter()
+        .map(|ids| {
+            let mut cache = loaded.model.new_cache();
+            let logits = loaded.model.forward(ids, &mut cache, &mut layers).unwrap();
+            logits.to_vec1().unwrap()
+        })
+        .collect()
+}
+
+/// Compares ferry with llama.cpp on fixture `name`; `tol` bounds the largest logit difference.
+fn check(name: &str, tol: f32) {
+    let fx = expected();
+    let model = &fx["models"][name];
+    let results = model["results"].as_array().unwrap();
+    let prompts: Vec<Vec<u32>> = results
+        .iter()
+        .map(|r| {
+            r["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect();
+    let ours = ferry_logits(model["gguf_file"].as_str().unwrap(), &prompts);
+    let (mut top1_equal, mut worst) = (0, 0f32);
+    for (r, ours) in results.iter().zip(&ours) {
+        let theirs: Vec<f32> = r["logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(ours.len(), theirs.len(), "{name}: vocabulary size");
+        let recorded: Vec<usize> = r["top10_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect();
+        assert_eq!(top_k(&theirs, 10), recorded, "{name}: fixture top-10");
+        let (a, b) = (top_k(ours, 5), top_k(&theirs, 5));
+        let overlap = a.iter().collect::<HashSet<_>>();
+        let overlap = b.iter().filter(|i| overlap.contains(i)).count();
+        let diff = ours
+            .iter()
+            .zip(&theirs)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        println!(
+            "{name} {:?}: top-5 ours {a:?} llama.cpp {b:?}, max |diff| = {diff:e}",
+            r["ids"]
+        );
+        assert!(
+            overlap >= 4,
+            "{name} {:?}: top-5 overlap {overlap}/5 (ours {a:?}, llama.cpp {b:?})",
+            r["ids"]
+        );
+        top1_equal += usize::from(a[0] == b[0]);
+        worst = worst.max(diff);
+    }
+    assert!(
+        top1_equal >= 4,
+        "{name}: top-1 equal on {top1_equal}/5 prompts"
+    );
+    assert!(
+        worst < tol,
+        "{name}: logits differ from llama.cpp by up to {worst} (tolerance {tol})"
+    );
+}
+
+#[test]
+fn llama_matches_llamacpp() {
+    check("llama", 1e-3);
+}
+
+#[test]
+fn llama_q8_0_matches_llamacpp() {
+    check("llama-q8", 5e-2);
+}
+
+#[test]
+fn mixtral_matches_llamacpp() {
+    check("mixtral", 1e-3);
+}
+
+#[test]
+fn qwen3_matches_llamacpp() {
+    check("qwen3", 1e-3);
+}
+
+#[test]
+fn qwen3_moe_matches_llamacpp() {
+    check("qwen3moe", 1e-3);
+}
+
+#[test]
+fn gemma2_matches_llamacpp() {
+    check("gemma2", 1e-3);
+}
+
+#[test]
+fn gemma3_matches_llamacpp() {
+    check("gemma3", 1e-3);
+}
+
+#[test]
+fn phi3_matches_llamacpp() {
+    check("phi3", 1e-3);
+}
