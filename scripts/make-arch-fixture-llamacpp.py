@@ -13,13 +13,15 @@ each architecture (checked against llama.cpp's src/models/<arch>.cpp, the versio
 llama-cpp-python 0.3.36):
 - llama: Llama control (GQA, untied head, interleaved RoPE as GGUF stores it).
 - llama-q8: the same shapes with Q8_0 matrices (embedding and head too).
-- mixtral: `llama` with `expert_count`/`expert_used_count` and stacked `ffn_*_exps` experts.
+- mixtral: `llama` with `expert_count`/`expert_used_count` and stacked `ffn_*_exps` experts
+  (their width is feed_forward_length, as Mixtral's converter writes it).
 - qwen3: q/k norms, head_dim (key_length) 32 != hidden / heads, tied head.
 - qwen3moe: Qwen3 attention with routed experts (`expert_feed_forward_length`).
 - gemma2: norms stored as 1 + w, post-attention / post-ffw norms, tied head, attention and final
   logit soft-capping (attention cap small enough to bite), sliding window 4 on layer 0.
 - gemma3: q/k norms, sliding window 4 on layer 0 (`sliding_window_pattern` 2), the local layer's
-  RoPE base from `rope.freq_base_swa`.
+  RoPE base from `rope.freq_base_swa` (50000 rather than the usual 10000, so a reader that
+  ignores the key and assumes 10000 shows).
 - phi3: fused attn_qkv and gate/up (`ffn_up` 2 * ff rows), GQA.
 All share one small SentencePiece-style vocabulary (llama.cpp needs tokenizer keys to load a
 model; the prompts are token ids, so nothing is tokenized). Prompts up to 8 tokens, so the
@@ -53,7 +55,7 @@ BASE = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, ff=128, layers=2, eps=1
 FIXTURES = {
     "llama": dict(arch="llama"),
     "llama-q8": dict(arch="llama", dtype="q8_0"),
-    "mixtral": dict(arch="llama", experts=4, used=2, expert_ff=64),
+    "mixtral": dict(arch="llama", experts=4, used=2, ff=64, expert_ff=64),
     "qwen3": dict(arch="qwen3", head_dim=32, qk_norm=True, tied=True, eps=1e-6,
                   rope_base=1_000_000.0),
     "qwen3moe": dict(arch="qwen3moe", qk_norm=True, eps=1e-6, rope_base=1_000_000.0,
@@ -61,7 +63,7 @@ FIXTURES = {
     "gemma2": dict(arch="gemma2", tied=True, eps=1e-6, window=4, attn_softcap=5.0,
                    final_softcap=30.0),
     "gemma3": dict(arch="gemma3", tied=True, eps=1e-6, qk_norm=True, window=4,
-                   window_pattern=2, rope_base=1_000_000.0, rope_base_swa=10000.0),
+                   window_pattern=2, rope_base=1_000_000.0, rope_base_swa=50000.0),
     "phi3": dict(arch="phi3", eps=1e-5),
 }
 
@@ -128,7 +130,9 @@ def write(name, cfg):
 
     path = os.path.join(OUT, f"{name}.gguf")
     w = gguf.GGUFWriter(path, arch)
-    w.add_name(f"ferry-tiny-{name}")
+    # No architecture in the name: llama.cpp's vocabulary loader applies Phi-3 rules (which need
+    # Phi-3's special tokens) to any model named "phi3".
+    w.add_name("ferry tiny random")
     w.add_context_length(CONTEXT)
     w.add_embedding_length(h)
     w.add_feed_forward_length(ff)
@@ -144,7 +148,10 @@ def write(name, cfg):
     if c["experts"]:
         w.add_expert_count(c["experts"])
         w.add_expert_used_count(c["used"])
-        w.add_expert_feed_forward_length(c["expert_ff"])
+        if arch != "llama":
+            # llama.cpp's `llama` sizes experts by feed_forward_length (Mixtral's converter
+            # writes no expert width).
+            w.add_expert_feed_forward_length(c["expert_ff"])
     if "window" in c:
         w.add_sliding_window(c["window"])
     if "window_pattern" in c:
@@ -180,6 +187,7 @@ def write(name, cfg):
 
 def oracle(path):
     """llama.cpp's last-position logits for each prompt, each prompt in a fresh context."""
+    GGML_TYPE_F32 = 0
     import llama_cpp.llama_cpp as api
     from llama_cpp import Llama
 
@@ -196,7 +204,9 @@ def oracle(path):
     out = []
     for ids in PROMPTS:
         llm = Llama(model_path=path, n_ctx=CONTEXT, n_batch=CONTEXT, n_threads=2,
-                    n_threads_batch=2, logits_all=True, verbose=False)
+                    n_threads_batch=2, logits_all=True, verbose=False,
+                    # f32 key/value cache (llama.cpp's default is f16), as ferry keeps on CPU.
+                    type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
         llm.eval(ids)
         logits = np.array(llm.scores[len(ids) - 1], dtype=np.float32)
         top = np.argsort(-logits, kind="stable")[:10]

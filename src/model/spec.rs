@@ -361,10 +361,10 @@ impl ModelSpec {
                 Some(n) => Some(n),
                 None => architecture.default_window_pattern(),
             },
-            rope_local_theta: (architecture == Architecture::Gemma3).then_some(
-                md.opt_f64(&key("rope.local_freq_base"))?
-                    .unwrap_or(10_000.0) as f32,
-            ),
+            // llama.cpp: the sliding-window layers' base is `rope.freq_base_swa` (what the
+            // converter writes from the local rope_theta), 10000 when absent.
+            rope_local_theta: (architecture == Architecture::Gemma3)
+                .then_some(md.opt_f64(&key("rope.freq_base_swa"))?.unwrap_or(10_000.0) as f32),
             rope_linear_factor,
             rope_freq_factors: None,
             rope_attn_factor: md

@@ -14,6 +14,11 @@ use ferry::model::loader::{load_model, DTypeChoice, LoadOptions};
 use ferry::model::source::ModelFiles;
 use serde_json::Value as Json;
 
+/// ggml's CPU GELU (Gemma's activation) rounds its input to f16 and reads a table
+/// (`GGML_GELU_FP16` in ggml-cpu/vec.h), about 4e-3 relative error; ferry computes the tanh
+/// formula in f32. Single-token prompts (no RoPE, one key) already differ by ~1e-3 there.
+const GELU_TOL: f32 = 5e-3;
+
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/arch-llamacpp")
 }
@@ -116,40 +121,42 @@ fn check(name: &str, tol: f32) {
 
 #[test]
 fn llama_matches_llamacpp() {
-    check("llama", 1e-3);
+    check("llama", 1e-4);
 }
 
+/// Q8_0 matrices: both sides quantize the activations to Q8_0 blocks for the dot products but
+/// round and accumulate differently, so logits differ by up to ~0.09 (near-ties may swap).
 #[test]
 fn llama_q8_0_matches_llamacpp() {
-    check("llama-q8", 5e-2);
+    check("llama-q8", 0.15);
 }
 
 #[test]
 fn mixtral_matches_llamacpp() {
-    check("mixtral", 1e-3);
+    check("mixtral", 1e-4);
 }
 
 #[test]
 fn qwen3_matches_llamacpp() {
-    check("qwen3", 1e-3);
+    check("qwen3", 1e-4);
 }
 
 #[test]
 fn qwen3_moe_matches_llamacpp() {
-    check("qwen3moe", 1e-3);
+    check("qwen3moe", 1e-4);
 }
 
 #[test]
 fn gemma2_matches_llamacpp() {
-    check("gemma2", 1e-3);
+    check("gemma2", GELU_TOL);
 }
 
 #[test]
 fn gemma3_matches_llamacpp() {
-    check("gemma3", 1e-3);
+    check("gemma3", GELU_TOL);
 }
 
 #[test]
 fn phi3_matches_llamacpp() {
-    check("phi3", 1e-3);
+    check("phi3", 1e-4);
 }
