@@ -15,6 +15,7 @@ llama-cpp-python 0.3.36):
 - llama-q8: the same shapes with Q8_0 matrices (embedding and head too).
 - mixtral: `llama` with `expert_count`/`expert_used_count` and stacked `ffn_*_exps` experts
   (their width is feed_forward_length, as Mixtral's converter writes it).
+- qwen2: q/k/v biases, tied head, NEOX RoPE.
 - qwen3: q/k norms, head_dim (key_length) 32 != hidden / heads, tied head.
 - qwen3moe: Qwen3 attention with routed experts (`expert_feed_forward_length`).
 - gemma2: norms stored as 1 + w, post-attention / post-ffw norms, tied head, attention and final
@@ -51,11 +52,12 @@ PROMPTS = [
 
 BASE = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, ff=128, layers=2, eps=1e-5,
             rope_base=10000.0, tied=False, qk_norm=False, experts=0, used=0, expert_ff=0,
-            dtype="f32")
+            qkv_bias=False, dtype="f32")
 FIXTURES = {
     "llama": dict(arch="llama"),
     "llama-q8": dict(arch="llama", dtype="q8_0"),
     "mixtral": dict(arch="llama", experts=4, used=2, ff=64, expert_ff=64),
+    "qwen2": dict(arch="qwen2", qkv_bias=True, tied=True, eps=1e-6, rope_base=1_000_000.0),
     "qwen3": dict(arch="qwen3", head_dim=32, qk_norm=True, tied=True, eps=1e-6,
                   rope_base=1_000_000.0),
     "qwen3moe": dict(arch="qwen3moe", qk_norm=True, eps=1e-6, rope_base=1_000_000.0,
@@ -106,6 +108,9 @@ def write(name, cfg):
         else:
             tensors[p + "attn_q.weight"], tensors[p + "attn_k.weight"] = q, k
             tensors[p + "attn_v.weight"] = v
+        if c["qkv_bias"]:
+            for part, n in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
+                tensors[p + f"attn_{part}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
         tensors[p + "attn_output.weight"] = mat(h, nh * hd)
         if c["qk_norm"]:
             tensors[p + "attn_q_norm.weight"] = norm(hd)

@@ -1,5 +1,5 @@
 //! ferry's architecture families against llama.cpp itself: the tiny random-weight GGUFs in
-//! tests/fixtures/arch-llamacpp/ (Llama, Llama Q8_0, Mixtral, Qwen3, Qwen3-MoE, Gemma 2,
+//! tests/fixtures/arch-llamacpp/ (Llama, Llama Q8_0, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2,
 //! Gemma 3, Phi-3; written with the `gguf` package as llama.cpp's converter names things) and
 //! the last-position logits llama.cpp (llama-cpp-python) gave five token-id prompts on each
 //! (scripts/make-arch-fixture-llamacpp.py). ferry loads the same files through its loader and
@@ -134,6 +134,11 @@ fn llama_q8_0_matches_llamacpp() {
 #[test]
 fn mixtral_matches_llamacpp() {
     check("mixtral", 1e-4);
+}
+
+#[test]
+fn qwen2_matches_llamacpp() {
+    check("qwen2", 1e-4);
 }
 
 #[test]
