@@ -257,8 +257,9 @@ impl Generation {
         trailing_text: String,
     ) -> Result<(FinishReason, Usage), Abort> {
         if let Some(grammar) = &self.grammar {
-            let (masks, average) = grammar.mask_stats();
-            tracing::debug!(masks, average_us = average.as_micros(), "grammar mask cost");
+            let (masks, average, engine) = grammar.mask_stats();
+            let (average_us, engine_us) = (average.as_micros(), engine.as_micros());
+            tracing::debug!(masks, average_us, engine_us, "grammar mask cost");
         }
         let usage = Usage {
             prompt_tokens: self.prompt.len(),

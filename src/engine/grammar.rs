@@ -124,6 +124,7 @@ pub struct GrammarState {
     matcher: Matcher,
     eos: Arc<[u32]>,
     mask_time: Duration,
+    compute_time: Duration,
     masks: u32,
 }
 
@@ -134,6 +135,7 @@ impl GrammarState {
             matcher: Matcher::new(Ok(TokenParser::clone(&grammar.parser))),
             eos: Arc::clone(&grammar.eos),
             mask_time: Duration::ZERO,
+            compute_time: Duration::ZERO,
             masks: 0,
         }
     }
@@ -142,18 +144,30 @@ impl GrammarState {
     pub fn mask(&mut self, logits: &mut [f32]) -> EngineResult<()> {
         let start = Instant::now();
         let mask = self.matcher.compute_mask_or_eos().map_err(grammar_error)?;
+        self.compute_time += start.elapsed();
         let eos_allowed = self
             .eos
             .first()
             .is_some_and(|&id| (id as usize) < mask.len() && mask.is_allowed(id));
-        for (id, l) in logits.iter_mut().enumerate() {
-            let allowed = if self.eos.contains(&(id as u32)) {
-                eos_allowed
-            } else {
-                id < mask.len() && mask.is_allowed(id as u32)
-            };
-            if !allowed {
+        let eos_logits: Vec<Option<f32>> = self
+            .eos
+            .iter()
+            .map(|&id| logits.get(id as usize).copied())
+            .collect();
+        let n = mask.len().min(logits.len());
+        for (id, l) in logits[..n].iter_mut().enumerate() {
+            if !mask.is_allowed(id as u32) {
                 *l = f32::NEG_INFINITY;
+            }
+        }
+        logits[n..].fill(f32::NEG_INFINITY);
+        for (&id, saved) in self.eos.iter().zip(eos_logits) {
+            if let (Some(l), Some(saved)) = (logits.get_mut(id as usize), saved) {
+                *l = if eos_allowed {
+                    saved
+                } else {
+                    f32::NEG_INFINITY
+                };
             }
         }
         self.mask_time += start.elapsed();
@@ -166,9 +180,11 @@ impl GrammarState {
         self.matcher.consume_token(token).map_err(grammar_error)
     }
 
-    /// Masks computed so far and their average cost.
-    pub fn mask_stats(&self) -> (u32, Duration) {
-        (self.masks, self.mask_time / self.masks.max(1))
+    /// Masks computed so far and their average cost: in all, and of that llguidance's own
+    /// computation (the rest is applying it to the logits).
+    pub fn mask_stats(&self) -> (u32, Duration, Duration) {
+        let n = self.masks.max(1);
+        (self.masks, self.mask_time / n, self.compute_time / n)
     }
 }
 

@@ -225,10 +225,10 @@ fn mask_cost_per_token_is_reported() {
         allowed <= codec.eos_token_ids().len(),
         "only EOS after a complete object"
     );
-    let (masks, average) = state.mask_stats();
+    let (masks, average, engine) = state.mask_stats();
     eprintln!(
         "grammar: token trie + factory {trie_time:?}, schema compile {compile_time:?}, \
-         {masks} masks over {} tokens, {average:?} per mask (vocab {vocab})",
+         {masks} masks over {} tokens, {average:?} per mask ({engine:?} in llguidance; vocab {vocab})",
         tokens.len()
     );
 }
