@@ -6,7 +6,11 @@ use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
 
-use super::{request::ChatMessage, EngineResult, GenerationEvent, GenerationRequest};
+use super::{
+    grammar::{Grammar, GrammarSpec},
+    request::ChatMessage,
+    EngineError, EngineResult, GenerationEvent, GenerationRequest,
+};
 
 /// Where a served model currently is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -79,6 +83,16 @@ pub trait Backend: Send + Sync + 'static {
     /// `model` right now, so the server can refuse it before tokenising. Default: never.
     fn check_capacity(&self, _model: &str) -> EngineResult<()> {
         Ok(())
+    }
+
+    /// Compiles a `response_format` grammar for `model` (its tokenizer's trie is built on the
+    /// first one). An invalid or unsupported schema is an invalid request naming
+    /// `response_format`. Default: grammars are not supported.
+    fn compile_grammar(&self, _model: &str, _spec: &GrammarSpec) -> EngineResult<Grammar> {
+        Err(EngineError::InvalidRequest {
+            message: "this backend does not support `response_format` grammars".into(),
+            param: Some(super::grammar::GRAMMAR_PARAM.into()),
+        })
     }
 
     /// Token ids to text (special tokens kept).

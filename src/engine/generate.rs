@@ -18,6 +18,7 @@ use crate::metrics::RequestTracker;
 
 use super::{
     detokenize::IncrementalDecoder,
+    grammar::GrammarState,
     logprobs::LogSoftmax,
     request::{
         FinishReason, GenerationEvent, GenerationParams, GenerationRequest, TokenLogprob,
@@ -118,6 +119,7 @@ pub struct Generation {
     prompt: Vec<u32>,
     params: GenerationParams,
     sampler: Sampler,
+    grammar: Option<GrammarState>,
     detok: IncrementalDecoder,
     stops: StopMatcher,
     events: mpsc::Sender<GenerationEvent>,
@@ -150,6 +152,7 @@ impl Generation {
         }
         let mut g = Generation {
             sampler: Sampler::new(&params.sampling, prompt),
+            grammar: params.grammar.as_ref().map(GrammarState::new),
             detok: IncrementalDecoder::new(prompt, true),
             stops: StopMatcher::new(&params.stop),
             prompt: prompt.clone(),
@@ -253,6 +256,11 @@ impl Generation {
         reason: FinishReason,
         trailing_text: String,
     ) -> Result<(FinishReason, Usage), Abort> {
+        if let Some(grammar) = &self.grammar {
+            let (masks, average, engine) = grammar.mask_stats();
+            let (average_us, engine_us) = (average.as_micros(), engine.as_micros());
+            tracing::debug!(masks, average_us, engine_us, "grammar mask cost");
+        }
         let usage = Usage {
             prompt_tokens: self.prompt.len(),
             completion_tokens: self.generated,
@@ -276,13 +284,20 @@ impl Generation {
             return Err(Abort::Cancelled);
         }
         let raw = self.params.logprobs.map(|_| LogSoftmax::new(logits));
+        if let Some(grammar) = &mut self.grammar {
+            grammar.mask(logits)?;
+        }
         let token = self.sampler.sample(logits);
         self.generated += 1;
         self.tracker.token();
         self.last = [token];
-        if !self.params.ignore_eos && codec.eos_token_ids().contains(&token) {
+        let eos = codec.eos_token_ids().contains(&token);
+        if eos && (!self.params.ignore_eos || self.grammar.is_some()) {
             let (tail, _) = release_all(codec, &mut self.detok, &mut self.stops)?;
             return self.finish(FinishReason::Stop, tail).map(Some);
+        }
+        if let Some(grammar) = &mut self.grammar {
+            grammar.commit(token)?;
         }
         let step = self.stops.push(&self.detok.push(codec, token)?);
         let (logprob, top_logprobs) = match (&raw, self.params.logprobs) {

@@ -15,6 +15,7 @@ pub mod backend;
 pub mod detokenize;
 pub mod error;
 pub mod generate;
+pub mod grammar;
 pub mod logprobs;
 pub mod penalties;
 pub mod queue;
@@ -30,6 +31,7 @@ pub mod worker;
 
 pub use backend::{Backend, ModelCard, ModelStatus, Residency};
 pub use error::{EngineError, EngineResult};
+pub use grammar::{Grammar, GrammarCompiler, GrammarSpec};
 pub use request::{
     ChatMessage, FinishReason, GenerationEvent, GenerationParams, GenerationRequest,
     SamplingParams, TokenLogprob, TokenOutput, Usage,

@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+use super::grammar::Grammar;
+
 /// The chat message type lives with the chat template that renders it.
 pub use crate::model::tokenizer::ChatMessage;
 
@@ -60,6 +62,9 @@ pub struct GenerationParams {
     /// Number of top alternatives to report per generated token (0..=20); `None` reports no
     /// logprobs at all, `Some(0)` only the chosen token's.
     pub logprobs: Option<usize>,
+    /// `response_format`'s compiled grammar: every token is drawn from what it allows, and EOS
+    /// only once it accepts (EOS then ends the generation even with `ignore_eos`).
+    pub grammar: Option<Grammar>,
 }
 
 impl Default for GenerationParams {
@@ -70,6 +75,7 @@ impl Default for GenerationParams {
             stop: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            grammar: None,
         }
     }
 }

@@ -2,7 +2,9 @@
 //! next-token logits, and a text codec (tokenizer + chat template). The model layer implements
 //! them with small adapters, so the engine never depends on a concrete architecture or tokenizer.
 
-use super::{request::ChatMessage, EngineError, EngineResult};
+use std::sync::Arc;
+
+use super::{grammar::GrammarCompiler, request::ChatMessage, EngineError, EngineResult};
 
 /// One loaded model instance that keeps its own KV state per sequence.
 ///
@@ -86,6 +88,21 @@ pub trait TextCodec: Send + Sync {
 
     /// The raw bytes one token stands for (for the `bytes` field of logprobs); empty if unknown.
     fn token_bytes(&self, id: u32) -> Vec<u8>;
+
+    /// Whether `id` is a special (control) token such as `<|im_end|>`: a grammar never lets it
+    /// appear inside constrained text. Default: none are.
+    fn is_special_token(&self, _id: u32) -> bool {
+        false
+    }
+
+    /// This vocabulary's grammar compiler (`response_format`), built on first use and cached.
+    /// Default: grammars are not supported (an invalid request naming `response_format`).
+    fn grammar_compiler(&self) -> EngineResult<Arc<GrammarCompiler>> {
+        Err(EngineError::InvalidRequest {
+            message: "this model's tokenizer does not support `response_format` grammars".into(),
+            param: Some(super::grammar::GRAMMAR_PARAM.into()),
+        })
+    }
 
     /// Token ids that end a generation (EOS, `<|im_end|>`, `<|eot_id|>`, ...).
     fn eos_token_ids(&self) -> &[u32];

@@ -31,6 +31,7 @@ use crate::metrics::{Metrics, RequestContext};
 use super::{
     backend::{Backend, ModelCard, ModelStatus, Residency},
     generate::validate_prompt,
+    grammar::{Grammar, GrammarSpec},
     queue::Job,
     request::{ChatMessage, GenerationEvent, GenerationRequest},
     scheduler::StepLimits,
@@ -361,6 +362,10 @@ impl Backend for EngineHandle {
             return Err(self.overloaded(entry));
         }
         Ok(())
+    }
+
+    fn compile_grammar(&self, model: &str, spec: &GrammarSpec) -> EngineResult<Grammar> {
+        self.ready(model)?.1.codec.grammar_compiler()?.compile(spec)
     }
 
     fn detokenize(&self, model: &str, tokens: &[u32]) -> EngineResult<String> {

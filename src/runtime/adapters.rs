@@ -7,10 +7,10 @@
 //! engine drops the sequence, so the model stays on the device for the whole request and the
 //! keep_alive clock starts when the request ends.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::engine::traits::{LanguageModel, TextCodec};
-use crate::engine::{ChatMessage, EngineError, EngineResult};
+use crate::engine::{ChatMessage, EngineError, EngineResult, GrammarCompiler};
 use crate::model::decoder::{Model, ResidentLayers, SeqInput};
 use crate::model::kv_cache::KvCache;
 use crate::model::tokenizer::TextTokenizer;
@@ -217,12 +217,17 @@ impl LanguageModel for ModelRunner {
 /// The tokenizer and chat template of a model, shared by the engine thread and request handlers.
 pub struct TokenizerCodec {
     tokenizer: TextTokenizer,
+    /// Built on the first `response_format` grammar (the token trie takes a moment).
+    grammar: OnceLock<Result<Arc<GrammarCompiler>, EngineError>>,
 }
 
 impl TokenizerCodec {
     /// Wraps a tokenizer for the engine.
     pub fn new(tokenizer: TextTokenizer) -> Arc<Self> {
-        Arc::new(Self { tokenizer })
+        Arc::new(Self {
+            tokenizer,
+            grammar: OnceLock::new(),
+        })
     }
 }
 
@@ -262,6 +267,16 @@ impl TextCodec for TokenizerCodec {
 
     fn eos_token_ids(&self) -> &[u32] {
         self.tokenizer.eos_token_ids()
+    }
+
+    fn is_special_token(&self, id: u32) -> bool {
+        self.tokenizer.is_special(id)
+    }
+
+    fn grammar_compiler(&self) -> EngineResult<Arc<GrammarCompiler>> {
+        self.grammar
+            .get_or_init(|| GrammarCompiler::new(self, self.tokenizer.vocab_size()).map(Arc::new))
+            .clone()
     }
 
     fn render_chat(

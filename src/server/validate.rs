@@ -165,9 +165,17 @@ pub async fn chat(state: &AppState, req: ChatRequest) -> Result<ValidRequest, Ap
     state.backend.check_capacity(&model)?;
     let (b, m, messages) = (Arc::clone(&state.backend), model.clone(), req.messages);
     let parse_special = options.parse_special_in_content;
-    let prompt = state
+    let format = req.response_format;
+    // The grammar compiles here, on the tokeniser pool, so a bad schema is a 400 before the
+    // request is queued (the first one also builds the model's token trie).
+    let (prompt, grammar) = state
         .admission
-        .tokenize(move || b.encode_chat(&m, &messages, true, parse_special))
+        .tokenize(move || {
+            let grammar = format
+                .map(|spec| b.compile_grammar(&m, &spec))
+                .transpose()?;
+            Ok((b.encode_chat(&m, &messages, true, parse_special)?, grammar))
+        })
         .await?;
     let max_tokens = fit(
         prompt.len(),
@@ -180,7 +188,10 @@ pub async fn chat(state: &AppState, req: ChatRequest) -> Result<ValidRequest, Ap
         model,
         served_name: req.model,
         prompt,
-        params: params(max_tokens, sampling, &req.sampling, logprobs),
+        params: GenerationParams {
+            grammar,
+            ..params(max_tokens, sampling, &req.sampling, logprobs)
+        },
         n,
         stream: req.sampling.stream,
         include_usage: req.sampling.include_usage,
@@ -222,6 +233,7 @@ fn params(
         stop: wire.stop.clone(),
         ignore_eos: wire.ignore_eos,
         logprobs,
+        grammar: None,
     }
 }
 

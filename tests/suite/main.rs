@@ -32,5 +32,6 @@ mod real_model_api;
 mod real_model_http;
 mod role_injection;
 mod serving;
+mod structured_outputs;
 mod tokenizer;
 mod tokenizer_llamacpp;

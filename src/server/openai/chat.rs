@@ -5,7 +5,7 @@
 //! Accepted: `model`, `messages`, `max_tokens`, `max_completion_tokens`, `logprobs`,
 //! `top_logprobs`, the shared sampling fields ([`super::common::SAMPLING_FIELDS`]: `n` and
 //! `logit_bias` among them, with the ignored ones of [`super::common::IGNORED_FIELDS`]),
-//! `metadata` (ignored), `store` (false only), `response_format` (`{"type": "text"}` only).
+//! `metadata` (ignored), `store` (false only), `response_format` (`text`, `json_object`, `json_schema`).
 //! Messages: `role` (`system`, `user`, `assistant`, `tool`, and `developer`, treated as
 //! `system`), `content` (a string, an array of `{"type":"text","text"}` parts, or null for an
 //! assistant), `name` (passed to the chat template, which may render it), `tool_call_id`
@@ -19,7 +19,7 @@ use serde_json::{Map, Value};
 
 use super::common::{SamplingWire, SAMPLING_FIELDS};
 use super::fields::Fields;
-use crate::engine::{ChatMessage, FinishReason, TokenLogprob, TokenOutput, Usage};
+use crate::engine::{ChatMessage, FinishReason, GrammarSpec, TokenLogprob, TokenOutput, Usage};
 use crate::server::error::ApiError;
 
 /// A `/v1/chat/completions` request body, types checked.
@@ -39,6 +39,8 @@ pub struct ChatRequest {
     pub top_logprobs: Option<i64>,
     /// Sampling, stop and streaming fields.
     pub sampling: SamplingWire,
+    /// `response_format`'s grammar, not yet compiled; `None` for plain text.
+    pub response_format: Option<GrammarSpec>,
 }
 
 const OWN_FIELDS: &[&str] = &[
@@ -75,7 +77,7 @@ impl ChatRequest {
         let known: Vec<&str> = OWN_FIELDS.iter().chain(SAMPLING_FIELDS).copied().collect();
         f.reject_others(&known, UNSUPPORTED)?;
         f.only("store", "a boolean", false)?;
-        read_response_format(&mut f)?;
+        let response_format = read_response_format(&mut f)?;
         let _metadata: Option<Map<String, Value>> = f.optional("metadata", "an object")?;
         let model = f.required("model", "a string")?;
         let messages = match f.take_raw("messages") {
@@ -102,28 +104,44 @@ impl ChatRequest {
             logprobs: f.optional("logprobs", "a boolean")?.unwrap_or(false),
             top_logprobs: f.optional("top_logprobs", "an integer")?,
             sampling: SamplingWire::read(&mut f)?,
+            response_format,
         })
     }
 }
 
-/// `response_format`: `{"type": "text"}` (plain text, the default) is accepted; the JSON modes
-/// are not implemented (a 400 naming `response_format`), and any other type is invalid.
-fn read_response_format(f: &mut Fields) -> Result<(), ApiError> {
+/// `response_format`: `{"type": "text"}` (plain text, the default) gives `None`;
+/// `{"type": "json_object"}` any JSON object; `{"type": "json_schema", "json_schema": {"name",
+/// "schema", "description", "strict"}}` JSON valid against `schema` (`strict` true or false
+/// alike: the grammar is always enforced; no `schema` allows any JSON). Any other type is
+/// invalid. The schema itself is compiled (and its errors reported) during validation.
+fn read_response_format(f: &mut Fields) -> Result<Option<GrammarSpec>, ApiError> {
     let param = f.param("response_format");
     let Some(value) = f.take_raw("response_format") else {
-        return Ok(());
+        return Ok(None);
     };
     let mut format = Fields::from_value(value, &param)?;
     let kind: String = format.required("type", "a string")?;
     match kind.as_str() {
-        "text" => format.reject_others(&["type"], &[]),
-        "json_object" | "json_schema" => Err(ApiError::unsupported_value(
-            &param,
-            format!(
-                "`response_format` of type `{kind}` is not supported by this server; only \
-                 `text` is."
-            ),
-        )),
+        "text" => format.reject_others(&["type"], &[]).map(|()| None),
+        "json_object" => format
+            .reject_others(&["type"], &[])
+            .map(|()| Some(GrammarSpec::JsonObject)),
+        "json_schema" => {
+            format.reject_others(&["type", "json_schema"], &[])?;
+            let inner_param = format.param("json_schema");
+            let Some(inner) = format.take_raw("json_schema") else {
+                return Err(ApiError::missing(&inner_param));
+            };
+            let mut inner = Fields::from_value(inner, &inner_param)?;
+            inner.reject_others(&["name", "description", "schema", "strict"], &[])?;
+            let _name: String = inner.required("name", "a string")?;
+            let _description: Option<String> = inner.optional("description", "a string")?;
+            let _strict: Option<bool> = inner.optional("strict", "a boolean")?;
+            let schema: Option<Map<String, Value>> = inner.optional("schema", "an object")?;
+            Ok(Some(GrammarSpec::JsonSchema(
+                schema.map_or_else(|| Value::Object(Map::new()), Value::Object),
+            )))
+        }
         other => Err(ApiError::invalid_value(
             &format.param("type"),
             format!("Unknown `response_format` type `{other}`; expected text, json_object or json_schema."),
@@ -403,9 +421,14 @@ mod tests {
                 "invalid_type",
             ),
             (
-                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}),
-                "response_format",
-                "unsupported_value",
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}),
+                "response_format.json_schema",
+                "missing_required_parameter",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": 5}}}),
+                "response_format.json_schema.schema",
+                "invalid_type",
             ),
             (
                 json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}),
