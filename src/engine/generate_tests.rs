@@ -12,7 +12,7 @@ use crate::engine::{
     request::SamplingParams,
     scheduler::StepLimits,
     serve_loop::{serve_requests, LoopContext},
-    test_support::{ScriptModel, TestCodec, EOS},
+    test_support::{text_of, ScriptModel, TestCodec, EOS},
     worker::{DEFAULT_MAX_BATCH, DEFAULT_MAX_STEP_TOKENS, DEFAULT_PREFILL_CHUNK},
 };
 use crate::metrics::Metrics;
@@ -93,18 +93,6 @@ fn run_script(
     let prompt = codec.encode("he said:", false).unwrap();
     let events = events_of(&mut model, request(prompt, params));
     (events, model)
-}
-
-/// Concatenated token texts plus trailing text, and the final event.
-fn text_of(events: &[GenerationEvent]) -> String {
-    events
-        .iter()
-        .map(|e| match e {
-            GenerationEvent::Token(t) => t.text.clone(),
-            GenerationEvent::Finished { trailing_text, .. } => trailing_text.clone(),
-            GenerationEvent::Failed(_) => String::new(),
-        })
-        .collect()
 }
 
 fn tokens(events: &[GenerationEvent]) -> usize {

@@ -9,10 +9,8 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::engine::request::{
-    GenerationEvent, GenerationParams, GenerationRequest, SamplingParams, Usage,
-};
-use crate::engine::test_support::{ScriptModel, TestCodec, EOS};
+use crate::engine::request::{GenerationEvent, GenerationRequest, Usage};
+use crate::engine::test_support::{greedy_request, text_of, ScriptModel, TestCodec};
 use crate::engine::worker::{DEFAULT_MAX_STEP_TOKENS, DEFAULT_PREFILL_CHUNK};
 
 /// Serves one request of `n` choices; returns each choice's events and the loop's metrics.
@@ -64,17 +62,6 @@ fn serve_choices(
     (events, metrics)
 }
 
-fn text_of(events: &[GenerationEvent]) -> String {
-    events
-        .iter()
-        .map(|e| match e {
-            GenerationEvent::Token(t) => t.text.clone(),
-            GenerationEvent::Finished { trailing_text, .. } => trailing_text.clone(),
-            GenerationEvent::Failed(_) => String::new(),
-        })
-        .collect()
-}
-
 fn usage_of(events: &[GenerationEvent]) -> Usage {
     match events.last() {
         Some(GenerationEvent::Finished { usage, .. }) => *usage,
@@ -83,21 +70,13 @@ fn usage_of(events: &[GenerationEvent]) -> Usage {
 }
 
 fn setup(text: &str, max_tokens: usize) -> (ScriptModel, GenerationRequest) {
-    let codec = TestCodec::new();
-    let model = ScriptModel::new(codec.encode(text, false).unwrap(), EOS, codec.vocab_size());
-    let request = GenerationRequest {
-        model: "m".into(),
-        prompt: codec.encode("he said: a long prompt", false).unwrap(),
-        params: GenerationParams {
-            max_tokens,
-            sampling: SamplingParams {
-                temperature: 0.0,
-                ..SamplingParams::default()
-            },
-            ..GenerationParams::default()
-        },
-    };
-    (model, request)
+    let prompt = TestCodec::new()
+        .encode("he said: a long prompt", false)
+        .unwrap();
+    (
+        ScriptModel::saying(text),
+        greedy_request("m", prompt, max_tokens),
+    )
 }
 
 #[test]

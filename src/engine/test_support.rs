@@ -9,7 +9,7 @@ use serde_json::json;
 use tokenizers::Tokenizer;
 
 use super::{
-    request::ChatMessage,
+    request::{ChatMessage, GenerationEvent, GenerationParams, GenerationRequest, SamplingParams},
     traits::{LanguageModel, TextCodec},
     EngineError, EngineResult,
 };
@@ -192,6 +192,40 @@ impl ScriptModel {
             forks: true,
         }
     }
+
+    /// A model scripted to say `text` (in [`TestCodec`]'s tokens), then EOS.
+    pub fn saying(text: &str) -> Self {
+        let codec = TestCodec::new();
+        Self::new(codec.encode(text, false).unwrap(), EOS, codec.vocab_size())
+    }
+}
+
+/// A greedy (temperature 0) request to `model` continuing `prompt` by at most `max_tokens`.
+pub fn greedy_request(model: &str, prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
+    GenerationRequest {
+        model: model.into(),
+        prompt,
+        params: GenerationParams {
+            max_tokens,
+            sampling: SamplingParams {
+                temperature: 0.0,
+                ..SamplingParams::default()
+            },
+            ..GenerationParams::default()
+        },
+    }
+}
+
+/// The concatenated token texts of `events` and the final event's trailing text.
+pub fn text_of(events: &[GenerationEvent]) -> String {
+    events
+        .iter()
+        .map(|e| match e {
+            GenerationEvent::Token(t) => t.text.clone(),
+            GenerationEvent::Finished { trailing_text, .. } => trailing_text.clone(),
+            GenerationEvent::Failed(_) => String::new(),
+        })
+        .collect()
 }
 
 /// Sequence state of [`ScriptModel`]: how many tokens were fed and in how many steps.
