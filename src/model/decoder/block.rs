@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
-use super::attention::Step;
+use super::attention::{AttentionDims, Step};
 use crate::model::error::Result;
 use crate::model::gemma::GemmaBlock;
 use crate::model::kv_cache::LayerKv;
@@ -56,6 +56,26 @@ impl BatchRows<'_, '_> {
     /// This sequence's rows of a batched activation `t` (`[1, rows, ..]`).
     pub fn rows(&self, t: &Tensor) -> Result<Tensor> {
         Ok(t.narrow(1, self.offset, self.len)?)
+    }
+}
+
+/// What every family's layer reads from the spec: its attention's head layout and its norms'
+/// epsilon.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerDims {
+    /// The attention's head layout (of this layer: sliding-window or global).
+    pub attn: AttentionDims,
+    /// The RMSNorms' epsilon.
+    pub eps: f32,
+}
+
+impl LayerDims {
+    /// Layer `index` of a model with `spec`.
+    pub fn of(spec: &ModelSpec, index: usize) -> Self {
+        Self {
+            attn: AttentionDims::of(spec, index),
+            eps: spec.rms_norm_eps as f32,
+        }
     }
 }
 
