@@ -4,13 +4,21 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc as std_mpsc;
 
 use serde_json::json;
 use tokenizers::Tokenizer;
 
+use crate::metrics::Metrics;
+
 use super::{
+    queue::Job,
     request::{ChatMessage, GenerationEvent, GenerationParams, GenerationRequest, SamplingParams},
+    scheduler::StepLimits,
+    serve_loop::{serve_requests, LoopContext},
     traits::{LanguageModel, TextCodec},
+    worker::{DEFAULT_MAX_STEP_TOKENS, DEFAULT_PREFILL_CHUNK},
     EngineError, EngineResult,
 };
 
@@ -305,4 +313,26 @@ fn tiny_tokenizer_round_trips_and_splits_an_emoji() {
         .unwrap()
         .contains('\u{FFFD}'));
     assert_eq!(codec.encode("é", false).unwrap().len(), 1);
+}
+
+/// Serves `job` to `model` through the serving loop on this thread (batches of up to
+/// `max_batch`, counting into `metrics`) until it and every fork of it have ended.
+pub fn serve_job(model: &mut ScriptModel, job: Job, max_batch: usize, metrics: &Metrics) {
+    let pending = AtomicUsize::new(1 + job.forks.len());
+    let (jobs, receiver) = std_mpsc::channel();
+    jobs.send(job).expect("the receiver is alive");
+    drop(jobs);
+    let context = LoopContext {
+        name: "m",
+        jobs: &receiver,
+        pending: &pending,
+        metrics,
+        limits: StepLimits {
+            max_batch,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            max_step_tokens: DEFAULT_MAX_STEP_TOKENS,
+        },
+    };
+    serve_requests(model, &TestCodec::new(), &context);
+    assert_eq!(pending.load(Ordering::SeqCst), 0, "every choice ended");
 }
