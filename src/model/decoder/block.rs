@@ -18,7 +18,7 @@ use crate::model::gemma::GemmaBlock;
 use crate::model::kv_cache::LayerKv;
 use crate::model::llama::LlamaBlock;
 use crate::model::phi3::Phi3Block;
-use crate::model::qwen3::Qwen3Block;
+use crate::model::qwen3;
 use crate::model::spec::{Architecture, ModelSpec};
 use crate::model::weights::{LayerWeights, Linear};
 
@@ -87,7 +87,7 @@ pub fn for_layer(spec: &ModelSpec, index: usize) -> Arc<dyn Block> {
         | Architecture::Qwen2
         | Architecture::Mistral
         | Architecture::Mixtral => Arc::new(LlamaBlock::new(spec, index)),
-        Architecture::Qwen3 | Architecture::Qwen3Moe => Arc::new(Qwen3Block::new(spec, index)),
+        Architecture::Qwen3 | Architecture::Qwen3Moe => Arc::new(qwen3::block(spec, index)),
         Architecture::Gemma2 | Architecture::Gemma3 => Arc::new(GemmaBlock::new(spec, index)),
         Architecture::Phi3 => Arc::new(Phi3Block::new(spec, index)),
     }
