@@ -7,22 +7,17 @@
 //! Usage: cargo bench --bench batch_throughput -- [OPTIONS] (`-- --help` lists them).
 
 mod common;
+#[path = "common/engine.rs"]
+mod engine_common;
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::Device;
 use clap::Parser;
 use common::ModelArgs;
-use ferry::config::{
-    DeviceChoice, DeviceConfig, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
-};
-use ferry::engine::{
-    Backend, EngineHandle, EngineOptions, GenerationEvent, GenerationParams, GenerationRequest,
-    TextCodec,
-};
-use ferry::model::source::HubOptions;
-use ferry::runtime::load::load_for_serving_on;
+use engine_common::cpu_engine;
+use ferry::config::OffloadMode;
+use ferry::engine::{Backend, EngineHandle, GenerationEvent, GenerationParams, GenerationRequest};
+use ferry::metrics::Metrics;
 
 /// `cargo bench --bench batch_throughput -- [OPTIONS]`.
 #[derive(Parser)]
@@ -39,39 +34,7 @@ struct Options {
 
 /// An engine serving the model in `mode` with batches of up to 8.
 fn engine(options: &Options, mode: OffloadMode, link: Option<u64>) -> Result<EngineHandle, String> {
-    let config = ModelConfig {
-        name: "bench".to_string(),
-        source: options.model.source.clone(),
-        dtype: options.model.dtype,
-        max_context: Some(512),
-        max_batch: Some(8),
-        offload: OffloadConfig {
-            mode,
-            gpu_memory: MemoryBudget::FractionOfFree(0.9),
-            prefetch: 2,
-            keep_alive: std::time::Duration::from_secs(60),
-        },
-        ..ModelConfig::default()
-    };
-    let device = DeviceConfig {
-        kind: DeviceChoice::Cpu,
-        link_bandwidth: link,
-        ..DeviceConfig::default()
-    };
-    let hub = HubOptions::from_env(|_| None);
-    let loaded =
-        load_for_serving_on(&config, &device, &Device::Cpu, &hub).map_err(|e| e.to_string())?;
-    let engine = EngineHandle::with_options(
-        ["bench"],
-        EngineOptions {
-            max_batch: 8,
-            ..EngineOptions::default()
-        },
-    );
-    engine
-        .model_ready("bench", loaded.runner, loaded.codec as Arc<dyn TextCodec>)
-        .map_err(|e| e.to_string())?;
-    Ok(engine)
+    cpu_engine(&options.model, 512, (mode, 2), link, Metrics::new())
 }
 
 /// Runs `n` concurrent requests of `tokens` tokens each; returns aggregate generated tokens/s.

@@ -7,23 +7,17 @@
 //! Usage: cargo bench --profile dev --bench shared_prefill -- [--model PATH] [--dtype D] [--choices N]
 
 mod common;
+#[path = "common/engine.rs"]
+mod engine_common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use candle_core::Device;
 use clap::Parser;
 use common::ModelArgs;
-use ferry::config::{
-    DeviceChoice, DeviceConfig, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
-};
-use ferry::engine::{
-    Backend, EngineHandle, EngineOptions, GenerationEvent, GenerationParams, GenerationRequest,
-    TextCodec,
-};
+use engine_common::cpu_engine;
+use ferry::config::OffloadMode;
+use ferry::engine::{Backend, EngineHandle, GenerationEvent, GenerationParams, GenerationRequest};
 use ferry::metrics::Metrics;
-use ferry::model::source::HubOptions;
-use ferry::runtime::load::load_for_serving_on;
 use tokio::sync::mpsc::Receiver;
 
 /// `cargo bench --profile dev --bench shared_prefill -- [OPTIONS]`.
@@ -37,39 +31,7 @@ struct Options {
 }
 
 fn engine(model: &ModelArgs, metrics: Metrics) -> Result<EngineHandle, String> {
-    let config = ModelConfig {
-        name: "bench".to_string(),
-        source: model.source.clone(),
-        dtype: model.dtype,
-        max_context: Some(2048),
-        max_batch: Some(8),
-        offload: OffloadConfig {
-            mode: OffloadMode::None,
-            gpu_memory: MemoryBudget::FractionOfFree(0.9),
-            prefetch: 0,
-            keep_alive: Duration::from_secs(60),
-        },
-        ..ModelConfig::default()
-    };
-    let hub = HubOptions::from_env(|_| None);
-    let device = DeviceConfig {
-        kind: DeviceChoice::Cpu,
-        ..DeviceConfig::default()
-    };
-    let loaded =
-        load_for_serving_on(&config, &device, &Device::Cpu, &hub).map_err(|e| e.to_string())?;
-    let engine = EngineHandle::with_options(
-        ["bench"],
-        EngineOptions {
-            max_batch: 8,
-            metrics,
-            ..EngineOptions::default()
-        },
-    );
-    engine
-        .model_ready("bench", loaded.runner, loaded.codec as Arc<dyn TextCodec>)
-        .map_err(|e| e.to_string())?;
-    Ok(engine)
+    cpu_engine(model, 2048, (OffloadMode::None, 0), None, metrics)
 }
 
 /// Waits for every receiver: (latest first token, end) after `started`.

@@ -2,18 +2,14 @@
 //! seeded sampling. Each request runs through the engine's serving loop, as on a model's engine
 //! thread, with a scripted model and a real byte-level BPE tokenizer.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc as std_mpsc;
 use std::time::Instant;
 
 use super::*;
 use crate::engine::{
     queue::Job,
     request::SamplingParams,
-    scheduler::StepLimits,
-    serve_loop::{serve_requests, LoopContext},
-    test_support::{ScriptModel, TestCodec, EOS},
-    worker::{DEFAULT_MAX_BATCH, DEFAULT_MAX_STEP_TOKENS, DEFAULT_PREFILL_CHUNK},
+    test_support::{serve_job, text_of, ScriptModel, TestCodec, EOS},
+    worker::DEFAULT_MAX_BATCH,
 };
 use crate::metrics::Metrics;
 
@@ -43,7 +39,6 @@ fn serve(
     request: GenerationRequest,
     events: mpsc::Sender<GenerationEvent>,
 ) {
-    let (jobs, receiver) = std_mpsc::channel();
     let job = Job {
         request,
         events,
@@ -51,23 +46,7 @@ fn serve(
         accepted: Instant::now(),
         context: None,
     };
-    jobs.send(job).expect("the receiver is alive");
-    drop(jobs);
-    let pending = AtomicUsize::new(1);
-    let metrics = Metrics::new();
-    let context = LoopContext {
-        name: "m",
-        jobs: &receiver,
-        pending: &pending,
-        metrics: &metrics,
-        limits: StepLimits {
-            max_batch: DEFAULT_MAX_BATCH,
-            prefill_chunk: DEFAULT_PREFILL_CHUNK,
-            max_step_tokens: DEFAULT_MAX_STEP_TOKENS,
-        },
-    };
-    serve_requests(model, &TestCodec::new(), &context);
-    assert_eq!(pending.load(Ordering::SeqCst), 0, "the request has ended");
+    serve_job(model, job, DEFAULT_MAX_BATCH, &Metrics::new());
 }
 
 /// Serves `request` to `model` and returns every event it sent.
@@ -93,18 +72,6 @@ fn run_script(
     let prompt = codec.encode("he said:", false).unwrap();
     let events = events_of(&mut model, request(prompt, params));
     (events, model)
-}
-
-/// Concatenated token texts plus trailing text, and the final event.
-fn text_of(events: &[GenerationEvent]) -> String {
-    events
-        .iter()
-        .map(|e| match e {
-            GenerationEvent::Token(t) => t.text.clone(),
-            GenerationEvent::Finished { trailing_text, .. } => trailing_text.clone(),
-            GenerationEvent::Failed(_) => String::new(),
-        })
-        .collect()
 }
 
 fn tokens(events: &[GenerationEvent]) -> usize {

@@ -2,18 +2,13 @@
 //! the other choices (or, for a model that cannot copy, prefilled by each), every choice ends
 //! with its own events, and the counts (`pending`, gauges, prompt tokens) come back to zero.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc as std_mpsc;
 use std::time::Instant;
 
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::engine::request::{
-    GenerationEvent, GenerationParams, GenerationRequest, SamplingParams, Usage,
-};
-use crate::engine::test_support::{ScriptModel, TestCodec, EOS};
-use crate::engine::worker::{DEFAULT_MAX_STEP_TOKENS, DEFAULT_PREFILL_CHUNK};
+use crate::engine::request::{GenerationEvent, GenerationRequest, Usage};
+use crate::engine::test_support::{greedy_request, serve_job, text_of, ScriptModel, TestCodec};
 
 /// Serves one request of `n` choices; returns each choice's events and the loop's metrics.
 fn serve_choices(
@@ -28,30 +23,14 @@ fn serve_choices(
     for _ in 0..n {
         metrics.request_queued();
     }
-    let (jobs, receiver) = std_mpsc::channel();
-    jobs.send(Job {
+    let job = Job {
         request,
         events: senders.next().unwrap(),
         forks: senders.collect(),
         accepted: Instant::now(),
         context: None,
-    })
-    .unwrap();
-    drop(jobs);
-    let pending = AtomicUsize::new(n);
-    let context = LoopContext {
-        name: "m",
-        jobs: &receiver,
-        pending: &pending,
-        metrics: &metrics,
-        limits: StepLimits {
-            max_batch,
-            prefill_chunk: DEFAULT_PREFILL_CHUNK,
-            max_step_tokens: DEFAULT_MAX_STEP_TOKENS,
-        },
     };
-    serve_requests(model, &TestCodec::new(), &context);
-    assert_eq!(pending.load(Ordering::SeqCst), 0, "every choice ended");
+    serve_job(model, job, max_batch, &metrics);
     assert_eq!(
         (metrics.waiting(), metrics.running()),
         (0, 0),
@@ -64,17 +43,6 @@ fn serve_choices(
     (events, metrics)
 }
 
-fn text_of(events: &[GenerationEvent]) -> String {
-    events
-        .iter()
-        .map(|e| match e {
-            GenerationEvent::Token(t) => t.text.clone(),
-            GenerationEvent::Finished { trailing_text, .. } => trailing_text.clone(),
-            GenerationEvent::Failed(_) => String::new(),
-        })
-        .collect()
-}
-
 fn usage_of(events: &[GenerationEvent]) -> Usage {
     match events.last() {
         Some(GenerationEvent::Finished { usage, .. }) => *usage,
@@ -83,21 +51,13 @@ fn usage_of(events: &[GenerationEvent]) -> Usage {
 }
 
 fn setup(text: &str, max_tokens: usize) -> (ScriptModel, GenerationRequest) {
-    let codec = TestCodec::new();
-    let model = ScriptModel::new(codec.encode(text, false).unwrap(), EOS, codec.vocab_size());
-    let request = GenerationRequest {
-        model: "m".into(),
-        prompt: codec.encode("he said: a long prompt", false).unwrap(),
-        params: GenerationParams {
-            max_tokens,
-            sampling: SamplingParams {
-                temperature: 0.0,
-                ..SamplingParams::default()
-            },
-            ..GenerationParams::default()
-        },
-    };
-    (model, request)
+    let prompt = TestCodec::new()
+        .encode("he said: a long prompt", false)
+        .unwrap();
+    (
+        ScriptModel::saying(text),
+        greedy_request("m", prompt, max_tokens),
+    )
 }
 
 #[test]

@@ -4,13 +4,21 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc as std_mpsc;
 
 use serde_json::json;
 use tokenizers::Tokenizer;
 
+use crate::metrics::Metrics;
+
 use super::{
-    request::ChatMessage,
+    queue::Job,
+    request::{ChatMessage, GenerationEvent, GenerationParams, GenerationRequest, SamplingParams},
+    scheduler::StepLimits,
+    serve_loop::{serve_requests, LoopContext},
     traits::{LanguageModel, TextCodec},
+    worker::{DEFAULT_MAX_STEP_TOKENS, DEFAULT_PREFILL_CHUNK},
     EngineError, EngineResult,
 };
 
@@ -192,6 +200,40 @@ impl ScriptModel {
             forks: true,
         }
     }
+
+    /// A model scripted to say `text` (in [`TestCodec`]'s tokens), then EOS.
+    pub fn saying(text: &str) -> Self {
+        let codec = TestCodec::new();
+        Self::new(codec.encode(text, false).unwrap(), EOS, codec.vocab_size())
+    }
+}
+
+/// A greedy (temperature 0) request to `model` continuing `prompt` by at most `max_tokens`.
+pub fn greedy_request(model: &str, prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
+    GenerationRequest {
+        model: model.into(),
+        prompt,
+        params: GenerationParams {
+            max_tokens,
+            sampling: SamplingParams {
+                temperature: 0.0,
+                ..SamplingParams::default()
+            },
+            ..GenerationParams::default()
+        },
+    }
+}
+
+/// The concatenated token texts of `events` and the final event's trailing text.
+pub fn text_of(events: &[GenerationEvent]) -> String {
+    events
+        .iter()
+        .map(|e| match e {
+            GenerationEvent::Token(t) => t.text.clone(),
+            GenerationEvent::Finished { trailing_text, .. } => trailing_text.clone(),
+            GenerationEvent::Failed(_) => String::new(),
+        })
+        .collect()
 }
 
 /// Sequence state of [`ScriptModel`]: how many tokens were fed and in how many steps.
@@ -271,4 +313,26 @@ fn tiny_tokenizer_round_trips_and_splits_an_emoji() {
         .unwrap()
         .contains('\u{FFFD}'));
     assert_eq!(codec.encode("é", false).unwrap().len(), 1);
+}
+
+/// Serves `job` to `model` through the serving loop on this thread (batches of up to
+/// `max_batch`, counting into `metrics`) until it and every fork of it have ended.
+pub fn serve_job(model: &mut ScriptModel, job: Job, max_batch: usize, metrics: &Metrics) {
+    let pending = AtomicUsize::new(1 + job.forks.len());
+    let (jobs, receiver) = std_mpsc::channel();
+    jobs.send(job).expect("the receiver is alive");
+    drop(jobs);
+    let context = LoopContext {
+        name: "m",
+        jobs: &receiver,
+        pending: &pending,
+        metrics,
+        limits: StepLimits {
+            max_batch,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            max_step_tokens: DEFAULT_MAX_STEP_TOKENS,
+        },
+    };
+    serve_requests(model, &TestCodec::new(), &context);
+    assert_eq!(pending.load(Ordering::SeqCst), 0, "every choice ended");
 }

@@ -5,32 +5,12 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::engine::{
-    request::{FinishReason, GenerationParams, SamplingParams},
-    test_support::{ScriptModel, TestCodec, EOS},
+    request::FinishReason,
+    test_support::{greedy_request, ScriptModel, TestCodec},
 };
 
 fn codec() -> Arc<dyn TextCodec> {
     Arc::new(TestCodec::new())
-}
-
-fn script(text: &str) -> ScriptModel {
-    let c = TestCodec::new();
-    ScriptModel::new(c.encode(text, false).unwrap(), EOS, c.vocab_size())
-}
-
-fn request(model: &str, prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
-    GenerationRequest {
-        model: model.into(),
-        prompt,
-        params: GenerationParams {
-            max_tokens,
-            sampling: SamplingParams {
-                temperature: 0.0,
-                ..SamplingParams::default()
-            },
-            ..GenerationParams::default()
-        },
-    }
 }
 
 fn status(handle: &EngineHandle, name: &str) -> ModelStatus {
@@ -78,7 +58,7 @@ async fn serves_requests_once_loaded() {
     handle
         .load("a", move || {
             gate.recv().ok();
-            Ok((script("he wo café 😀"), codec()))
+            Ok((ScriptModel::saying("he wo café 😀"), codec()))
         })
         .unwrap();
     let cards = handle.models();
@@ -87,7 +67,7 @@ async fn serves_requests_once_loaded() {
         .iter()
         .all(|c| c.status == ModelStatus::Loading && c.max_context.is_none()));
     assert_eq!(
-        handle.submit(request("a", vec![1], 4)).err(),
+        handle.submit(greedy_request("a", vec![1], 4)).err(),
         Some(EngineError::NotReady("a".into()))
     );
     assert_eq!(
@@ -103,7 +83,12 @@ async fn serves_requests_once_loaded() {
     let prompt = handle.tokenize("a", "he said", false).unwrap();
     assert_eq!(handle.detokenize("a", &prompt).unwrap(), "he said");
     let n = handle.tokenize("a", "he wo café 😀", false).unwrap().len();
-    let (text, last) = collect(handle.submit(request("a", prompt.clone(), 50)).unwrap()).await;
+    let (text, last) = collect(
+        handle
+            .submit(greedy_request("a", prompt.clone(), 50))
+            .unwrap(),
+    )
+    .await;
     assert_eq!(text, "he wo café 😀");
     match last {
         GenerationEvent::Finished { reason, usage, .. } => {
@@ -118,11 +103,13 @@ async fn serves_requests_once_loaded() {
 #[tokio::test]
 async fn unknown_models_and_bad_prompts_are_refused_up_front() {
     let handle = EngineHandle::new(["a"]);
-    handle.model_ready("a", script("x"), codec()).unwrap();
+    handle
+        .model_ready("a", ScriptModel::saying("x"), codec())
+        .unwrap();
     wait_until(&handle, "a", ModelStatus::Ready);
     let missing = EngineError::ModelNotFound("zz".into());
     assert_eq!(
-        handle.submit(request("zz", vec![1], 1)).err(),
+        handle.submit(greedy_request("zz", vec![1], 1)).err(),
         Some(missing.clone())
     );
     assert_eq!(
@@ -134,14 +121,14 @@ async fn unknown_models_and_bad_prompts_are_refused_up_front() {
         Some(missing.clone())
     );
     assert!(matches!(
-        handle.submit(request("a", vec![1; 1000], 100)),
+        handle.submit(greedy_request("a", vec![1; 1000], 100)),
         Err(EngineError::ContextLengthExceeded {
             requested: 1100,
             ..
         })
     ));
     assert!(matches!(
-        handle.submit(request("a", vec![], 1)),
+        handle.submit(greedy_request("a", vec![], 1)),
         Err(EngineError::InvalidRequest { .. })
     ));
     assert!(matches!(
@@ -158,7 +145,7 @@ async fn unknown_models_and_bad_prompts_are_refused_up_front() {
         "user: hi\nassistant:"
     );
     assert!(matches!(
-        handle.model_ready("a", script("x"), codec()),
+        handle.model_ready("a", ScriptModel::saying("x"), codec()),
         Err(EngineError::Internal(_))
     ));
 }
@@ -166,10 +153,12 @@ async fn unknown_models_and_bad_prompts_are_refused_up_front() {
 #[tokio::test]
 async fn requests_are_served_in_order_and_all_complete() {
     let handle = EngineHandle::new(["a"]);
-    handle.model_ready("a", script("he wo"), codec()).unwrap();
+    handle
+        .model_ready("a", ScriptModel::saying("he wo"), codec())
+        .unwrap();
     wait_until(&handle, "a", ModelStatus::Ready);
     let receivers: Vec<_> = (0..4)
-        .map(|_| handle.submit(request("a", vec![1, 2], 10)).unwrap())
+        .map(|_| handle.submit(greedy_request("a", vec![1, 2], 10)).unwrap())
         .collect();
     for rx in receivers {
         let (text, last) = collect(rx).await;
@@ -187,16 +176,16 @@ async fn requests_are_served_in_order_and_all_complete() {
 #[tokio::test]
 async fn a_panicking_model_fails_the_request_but_not_the_engine() {
     let handle = EngineHandle::new(["a"]);
-    let mut model = script("he");
+    let mut model = ScriptModel::saying("he");
     model.poison = Some(7);
     handle.model_ready("a", model, codec()).unwrap();
     wait_until(&handle, "a", ModelStatus::Ready);
-    let (_, last) = collect(handle.submit(request("a", vec![7], 5)).unwrap()).await;
+    let (_, last) = collect(handle.submit(greedy_request("a", vec![7], 5)).unwrap()).await;
     assert!(
         matches!(&last, GenerationEvent::Failed(EngineError::Internal(m)) if m.contains("scripted panic")),
         "{last:?}"
     );
-    let (text, last) = collect(handle.submit(request("a", vec![1], 5)).unwrap()).await;
+    let (text, last) = collect(handle.submit(greedy_request("a", vec![1], 5)).unwrap()).await;
     assert_eq!(text, "he");
     assert!(matches!(last, GenerationEvent::Finished { .. }));
 }
@@ -221,7 +210,7 @@ async fn failed_loads_are_reported() {
     wait_until(&handle, "err", ModelStatus::Failed);
     wait_until(&handle, "panic", ModelStatus::Failed);
     assert!(matches!(
-        handle.submit(request("err", vec![1], 1)),
+        handle.submit(greedy_request("err", vec![1], 1)),
         Err(EngineError::LoadFailed(m)) if m.contains("no such file")
     ));
     assert!(matches!(
@@ -245,7 +234,7 @@ fn one_place_engine() -> EngineHandle {
             ..EngineOptions::default()
         },
     );
-    let mut model = script("");
+    let mut model = ScriptModel::saying("");
     model.after = b'a' as u32;
     model.step_delay = Duration::from_millis(20);
     handle.model_ready("a", model, codec()).unwrap();
@@ -256,16 +245,16 @@ fn one_place_engine() -> EngineHandle {
 async fn max_queue_refuses_extra_requests_and_cancellation_frees_its_place() {
     let handle = one_place_engine();
     wait_until(&handle, "a", ModelStatus::Ready);
-    let mut long = handle.submit(request("a", vec![1], 500)).unwrap();
+    let mut long = handle.submit(greedy_request("a", vec![1], 500)).unwrap();
     assert!(matches!(long.recv().await, Some(GenerationEvent::Token(_))));
     assert!(matches!(
-        handle.submit(request("a", vec![1], 1)),
+        handle.submit(greedy_request("a", vec![1], 1)),
         Err(EngineError::Overloaded(_))
     ));
     drop(long);
     let deadline = Instant::now() + Duration::from_secs(10);
     let rx = loop {
-        match handle.submit(request("a", vec![1], 2)) {
+        match handle.submit(greedy_request("a", vec![1], 2)) {
             Ok(rx) => break rx,
             Err(EngineError::Overloaded(_)) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(10)).await
@@ -280,7 +269,9 @@ async fn max_queue_refuses_extra_requests_and_cancellation_frees_its_place() {
 #[test]
 fn threads_exit_when_the_last_handle_is_dropped() {
     let handle = EngineHandle::new(["a"]);
-    let thread = handle.model_ready("a", script("x"), codec()).unwrap();
+    let thread = handle
+        .model_ready("a", ScriptModel::saying("x"), codec())
+        .unwrap();
     let clone = handle.clone();
     wait_until(&clone, "a", ModelStatus::Ready);
     drop(handle);
@@ -298,11 +289,15 @@ async fn metrics_count_exactly_the_usage_and_gauges_return_to_zero() {
     let handle = EngineHandle::new(["a"]);
     let metrics = handle.metrics();
     handle
-        .model_ready("a", script("he wo café"), codec())
+        .model_ready("a", ScriptModel::saying("he wo café"), codec())
         .unwrap();
     let mut receivers = Vec::new();
     for (prompt, max_tokens) in [(vec![1, 2, 3], 2), (vec![4; 5], 50), (vec![7], 0)] {
-        receivers.push(handle.submit(request("a", prompt, max_tokens)).unwrap());
+        receivers.push(
+            handle
+                .submit(greedy_request("a", prompt, max_tokens))
+                .unwrap(),
+        );
     }
     let (mut prompt, mut completion) = (0, 0);
     for rx in receivers {
@@ -389,7 +384,7 @@ async fn a_long_prompt_beside_a_stream_keeps_every_step_within_the_token_budget(
         },
     );
     let steps = Arc::new(Mutex::new(Vec::new()));
-    let mut inner = script("");
+    let mut inner = ScriptModel::saying("");
     inner.after = b'a' as u32;
     inner.max_context = 4096;
     handle
@@ -405,12 +400,16 @@ async fn a_long_prompt_beside_a_stream_keeps_every_step_within_the_token_budget(
         .unwrap();
     // The stream starts first and decodes (long enough to outlast the prefill beside it);
     // then a 1000-token prompt arrives.
-    let mut stream = handle.submit(request("a", vec![1, 2], 3000)).unwrap();
+    let mut stream = handle
+        .submit(greedy_request("a", vec![1, 2], 3000))
+        .unwrap();
     assert!(matches!(
         stream.recv().await,
         Some(GenerationEvent::Token(_))
     ));
-    let long = handle.submit(request("a", vec![3; 1000], 1)).unwrap();
+    let long = handle
+        .submit(greedy_request("a", vec![3; 1000], 1))
+        .unwrap();
     let (_, finished) = collect(long).await;
     assert!(matches!(finished, GenerationEvent::Finished { .. }));
     assert!(
@@ -449,7 +448,7 @@ async fn a_long_prompt_beside_a_stream_keeps_every_step_within_the_token_budget(
 async fn check_capacity_refuses_before_submit_and_names_max_queue() {
     let handle = one_place_engine();
     assert_eq!(handle.check_capacity("a"), Ok(()));
-    let mut long = handle.submit(request("a", vec![1], 500)).unwrap();
+    let mut long = handle.submit(greedy_request("a", vec![1], 500)).unwrap();
     assert!(matches!(long.recv().await, Some(GenerationEvent::Token(_))));
     match handle.check_capacity("a") {
         Err(EngineError::Overloaded(message)) => {

@@ -12,8 +12,8 @@
 
 use candle_core::Tensor;
 
-use super::decoder::attention::{self, AttentionDims};
-use super::decoder::block::{head_norm, projections, rms_norm_plus, BatchRows, Block};
+use super::decoder::attention;
+use super::decoder::block::{head_norm, projections, rms_norm_plus, BatchRows, Block, LayerDims};
 use super::error::Result;
 use super::spec::ModelSpec;
 use super::tensors::Part;
@@ -22,8 +22,7 @@ use super::weights::LayerWeights;
 /// One Gemma 2/3 decoder layer (sliding-window or global by its index).
 #[derive(Debug, Clone, Copy)]
 pub struct GemmaBlock {
-    dims: AttentionDims,
-    eps: f32,
+    layer: LayerDims,
     offset: f32,
     qk_norm: bool,
 }
@@ -32,15 +31,14 @@ impl GemmaBlock {
     /// Layer `index` of a model with `spec`.
     pub fn new(spec: &ModelSpec, index: usize) -> Self {
         Self {
-            dims: AttentionDims::of(spec, index),
-            eps: spec.rms_norm_eps as f32,
+            layer: LayerDims::of(spec, index),
             offset: spec.norm_offset,
             qk_norm: spec.qk_norm,
         }
     }
 
     fn norm(&self, x: &Tensor, w: &LayerWeights, part: Part) -> Result<Tensor> {
-        rms_norm_plus(x, w.vector(part)?, self.eps, self.offset)
+        rms_norm_plus(x, w.vector(part)?, self.layer.eps, self.offset)
     }
 }
 
@@ -57,10 +55,10 @@ impl Block for GemmaBlock {
             &h,
         )?;
         if self.qk_norm {
-            q = head_norm(&q, w.vector(Part::QNorm)?, self.eps, self.offset)?;
-            k = head_norm(&k, w.vector(Part::KNorm)?, self.eps, self.offset)?;
+            q = head_norm(&q, w.vector(Part::QNorm)?, self.layer.eps, self.offset)?;
+            k = head_norm(&k, w.vector(Part::KNorm)?, self.layer.eps, self.offset)?;
         }
-        let y = attention::attend_each(&q, &k, &v, seqs, self.dims)?;
+        let y = attention::attend_each(&q, &k, &v, seqs, self.layer.attn)?;
         let y = w.linear(Part::O)?.forward(&y)?;
         let x = (x + self.norm(&y, w, Part::PostAttnNorm)?)?;
         let h = self.norm(&x, w, Part::FfnNorm)?;

@@ -9,8 +9,8 @@
 
 use candle_core::Tensor;
 
-use super::decoder::attention::{self, AttentionDims};
-use super::decoder::block::{projections, rms_norm, BatchRows, Block};
+use super::decoder::attention;
+use super::decoder::block::{head_norm, projections, rms_norm, BatchRows, Block, LayerDims};
 use super::error::Result;
 use super::moe;
 use super::spec::{ModelSpec, MoeSpec};
@@ -20,18 +20,24 @@ use super::weights::LayerWeights;
 /// The decoder layer of the Llama family (every layer alike).
 #[derive(Debug, Clone, Copy)]
 pub struct LlamaBlock {
-    dims: AttentionDims,
-    eps: f32,
+    layer: LayerDims,
     moe: Option<MoeSpec>,
+    /// An RMSNorm over each query and key head before RoPE (Qwen3's layer).
+    qk_norm: bool,
 }
 
 impl LlamaBlock {
     /// Layer `index` of a model with `spec`'s head layout and norm epsilon.
     pub fn new(spec: &ModelSpec, index: usize) -> Self {
+        Self::with_qk_norm(spec, index, false)
+    }
+
+    /// [`LlamaBlock::new`], with an RMSNorm over each query and key head when `qk_norm`.
+    pub fn with_qk_norm(spec: &ModelSpec, index: usize, qk_norm: bool) -> Self {
         Self {
-            dims: AttentionDims::of(spec, index),
-            eps: spec.rms_norm_eps as f32,
+            layer: LayerDims::of(spec, index),
             moe: spec.moe,
+            qk_norm,
         }
     }
 }
@@ -43,14 +49,18 @@ impl Block for LlamaBlock {
         w: &LayerWeights,
         seqs: &mut [BatchRows<'_, '_>],
     ) -> Result<Tensor> {
-        let h = rms_norm(x, w.vector(Part::AttnNorm)?, self.eps)?;
-        let [q, k, v] = projections(
+        let h = rms_norm(x, w.vector(Part::AttnNorm)?, self.layer.eps)?;
+        let [mut q, mut k, v] = projections(
             &[w.linear(Part::Q)?, w.linear(Part::K)?, w.linear(Part::V)?],
             &h,
         )?;
-        let y = attention::attend_each(&q, &k, &v, seqs, self.dims)?;
+        if self.qk_norm {
+            q = head_norm(&q, w.vector(Part::QNorm)?, self.layer.eps, 0.0)?;
+            k = head_norm(&k, w.vector(Part::KNorm)?, self.layer.eps, 0.0)?;
+        }
+        let y = attention::attend_each(&q, &k, &v, seqs, self.layer.attn)?;
         let x = (x + w.linear(Part::O)?.forward(&y)?)?;
-        let h = rms_norm(&x, w.vector(Part::FfnNorm)?, self.eps)?;
+        let h = rms_norm(&x, w.vector(Part::FfnNorm)?, self.layer.eps)?;
         let m = match self.moe {
             None => swiglu(&h, w)?,
             Some(moe) => moe::forward(&h, w, moe)?,

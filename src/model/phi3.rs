@@ -9,8 +9,8 @@
 
 use candle_core::{Tensor, D};
 
-use super::decoder::attention::{self, AttentionDims};
-use super::decoder::block::{rms_norm, BatchRows, Block};
+use super::decoder::attention;
+use super::decoder::block::{rms_norm, BatchRows, Block, LayerDims};
 use super::error::Result;
 use super::spec::ModelSpec;
 use super::tensors::Part;
@@ -19,8 +19,7 @@ use super::weights::LayerWeights;
 /// The decoder layer of Phi-3 (every layer alike).
 #[derive(Debug, Clone, Copy)]
 pub struct Phi3Block {
-    dims: AttentionDims,
-    eps: f32,
+    layer: LayerDims,
     intermediate: usize,
 }
 
@@ -28,8 +27,7 @@ impl Phi3Block {
     /// Layer `index` of a model with `spec`.
     pub fn new(spec: &ModelSpec, index: usize) -> Self {
         Self {
-            dims: AttentionDims::of(spec, index),
-            eps: spec.rms_norm_eps as f32,
+            layer: LayerDims::of(spec, index),
             intermediate: spec.intermediate_size,
         }
     }
@@ -42,16 +40,16 @@ impl Block for Phi3Block {
         w: &LayerWeights,
         seqs: &mut [BatchRows<'_, '_>],
     ) -> Result<Tensor> {
-        let h = rms_norm(x, w.vector(Part::AttnNorm)?, self.eps)?;
+        let h = rms_norm(x, w.vector(Part::AttnNorm)?, self.layer.eps)?;
         let qkv = w.linear(Part::Qkv)?.forward(&h)?;
-        let q_len = self.dims.n_heads * self.dims.head_dim;
-        let kv_len = self.dims.n_kv_heads * self.dims.head_dim;
+        let q_len = self.layer.attn.n_heads * self.layer.attn.head_dim;
+        let kv_len = self.layer.attn.n_kv_heads * self.layer.attn.head_dim;
         let q = qkv.narrow(D::Minus1, 0, q_len)?;
         let k = qkv.narrow(D::Minus1, q_len, kv_len)?;
         let v = qkv.narrow(D::Minus1, q_len + kv_len, kv_len)?;
-        let y = attention::attend_each(&q, &k, &v, seqs, self.dims)?;
+        let y = attention::attend_each(&q, &k, &v, seqs, self.layer.attn)?;
         let x = (x + w.linear(Part::O)?.forward(&y)?)?;
-        let h = rms_norm(&x, w.vector(Part::FfnNorm)?, self.eps)?;
+        let h = rms_norm(&x, w.vector(Part::FfnNorm)?, self.layer.eps)?;
         let gate_up = w.linear(Part::GateUp)?.forward(&h)?;
         let g = gate_up.narrow(D::Minus1, 0, self.intermediate)?;
         let u = gate_up.narrow(D::Minus1, self.intermediate, self.intermediate)?;

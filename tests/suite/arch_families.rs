@@ -16,9 +16,10 @@ use candle_transformers::models::{
 };
 use ferry::model::loader::DTypeChoice;
 use ferry::model::source::ModelFiles;
+use std::path::Path;
 use tiny::{ours, Tiny, PROMPT, STEPS};
 
-fn vb(weights: &std::collections::HashMap<String, Tensor>) -> VarBuilder<'static> {
+fn vb(weights: &Weights) -> VarBuilder<'static> {
     VarBuilder::from_tensors(weights.clone(), DType::F32, &Device::Cpu)
 }
 
@@ -55,6 +56,52 @@ fn gguf_content(path: &std::path::Path) -> (gguf_file::Content, std::fs::File) {
     (content, file)
 }
 
+type Weights = std::collections::HashMap<String, Tensor>;
+
+/// Ferry's logits (f32) from `weights` written as a checkpoint with config `json` in `dir`.
+fn ours_hf(tiny: &Tiny, dir: &Path, json: &str, weights: &Weights, shards: usize) -> Vec<Vec<f32>> {
+    ours(&tiny.write_hf(dir, json, weights, shards), DTypeChoice::F32)
+}
+
+/// Ferry's logits from `weights` written at `path` as a llama.cpp `arch` GGUF with `dtype`
+/// matrices (q/k rows permuted for `llama`'s interleaved rope, as llama.cpp's converter does).
+fn ours_gguf(
+    tiny: &Tiny,
+    path: &Path,
+    arch: &str,
+    weights: &Weights,
+    dtype: GgmlDType,
+) -> Vec<Vec<f32>> {
+    tiny.write_gguf(path, arch, weights, dtype, arch == "llama");
+    let files = ModelFiles::Gguf {
+        path: path.to_path_buf(),
+    };
+    ours(&files, DTypeChoice::Auto)
+}
+
+/// A Q8_0 GGUF of `weights` at `path` against the same file dequantized: the logits differ,
+/// by less than 5% of the largest one.
+fn assert_quantized_near_dequantized(
+    tiny: &Tiny,
+    path: &Path,
+    arch: &str,
+    weights: &Weights,
+    what: &str,
+) {
+    let quantized = ours_gguf(tiny, path, arch, weights, GgmlDType::Q8_0);
+    let files = ModelFiles::Gguf {
+        path: path.to_path_buf(),
+    };
+    let dequantized = ours(&files, DTypeChoice::F32);
+    assert_eq!(quantized.len(), dequantized.len());
+    for (q, d) in quantized.iter().zip(&dequantized) {
+        let scale = d.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = tiny::max_abs_diff(q, d);
+        println!("quantized {what} vs dequantized: {diff:e} (max |logit| {scale})");
+        assert!(diff > 0.0 && diff < 0.05 * scale, "{diff} vs {scale}");
+    }
+}
+
 #[test]
 fn qwen3_matches_candle_from_hf_and_gguf() {
     let mut tiny = Tiny::llama();
@@ -63,27 +110,29 @@ fn qwen3_matches_candle_from_hf_and_gguf() {
     let dir = tempfile::tempdir().unwrap();
     let weights = tiny.qwen3_weights(true);
     let json = tiny.qwen3_config(false);
-    let files = tiny.write_hf(dir.path(), &json, &weights, 1);
     let cfg: qwen3::Config = serde_json::from_str(&json).unwrap();
     let mut model = qwen3::ModelForCausalLM::new(&cfg, vb(&weights)).unwrap();
     let theirs = reference(|ids, pos| model.forward(ids, pos));
-    let hf = ours(&files, DTypeChoice::F32);
+    let hf = ours_hf(&tiny, dir.path(), &json, &weights, 1);
     assert_all_close(&hf, &theirs, 1e-4, "qwen3");
 
     // The same weights as an f32 GGUF (NEOX rope: q/k rows kept) give the same logits.
-    let path = dir.path().join("qwen3-f32.gguf");
-    tiny.write_gguf(&path, "qwen3", &weights, GgmlDType::F32, false);
-    let gguf = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
+    let gguf = ours_gguf(
+        &tiny,
+        &dir.path().join("qwen3-f32.gguf"),
+        "qwen3",
+        &weights,
+        GgmlDType::F32,
+    );
     assert_all_close(&gguf, &hf, 1e-4, "qwen3 gguf vs hf");
 
     // Quantized, against candle's quantized_qwen3 on the same file.
     let path = dir.path().join("qwen3-q8.gguf");
-    tiny.write_gguf(&path, "qwen3", &weights, GgmlDType::Q8_0, false);
+    let quantized = ours_gguf(&tiny, &path, "qwen3", &weights, GgmlDType::Q8_0);
     let (content, mut file) = gguf_content(&path);
     let mut model =
         quantized_qwen3::ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
     let theirs = reference(|ids, pos| model.forward(ids, pos));
-    let quantized = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
     assert_all_close(&quantized, &theirs, 1e-3, "quantized qwen3");
 }
 
@@ -111,33 +160,27 @@ fn gemma3_matches_candle_from_hf_and_gguf() {
     let dir = tempfile::tempdir().unwrap();
     let weights = tiny.gemma_weights(true);
     let json = tiny.gemma_config(true, 4096, 2, ("null", "null"));
-    let files = tiny.write_hf(dir.path(), &json, &weights, 1);
     let cfg: gemma3::Config = serde_json::from_str(&json).unwrap();
     let mut model = gemma3::Model::new(false, &cfg, vb(&weights)).unwrap();
     let theirs = reference_stepwise(|ids, pos| model.forward(ids, pos));
-    let hf = ours(&files, DTypeChoice::F32);
+    let hf = ours_hf(&tiny, dir.path(), &json, &weights, 1);
     assert_all_close(&hf, &theirs, 1e-4, "gemma3");
 
     // llama.cpp's GGUF layout (norms stored as 1 + w) gives the same logits.
-    let path = dir.path().join("gemma3-f32.gguf");
-    tiny.write_gguf(&path, "gemma3", &weights, GgmlDType::F32, false);
-    let gguf = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
+    let gguf = ours_gguf(
+        &tiny,
+        &dir.path().join("gemma3-f32.gguf"),
+        "gemma3",
+        &weights,
+        GgmlDType::F32,
+    );
     assert_all_close(&gguf, &hf, 1e-3, "gemma3 gguf vs hf");
 
     // Quantized, against the same file dequantized. (candle's quantized_gemma3 is no oracle
     // here: its MLP applies SiLU where Gemma's GeGLU, in transformers and llama.cpp alike,
     // applies GELU.)
     let path = dir.path().join("gemma3-q8.gguf");
-    tiny.write_gguf(&path, "gemma3", &weights, GgmlDType::Q8_0, false);
-    let files = ModelFiles::Gguf { path };
-    let quantized = ours(&files, DTypeChoice::Auto);
-    let dequantized = ours(&files, DTypeChoice::F32);
-    for (q, d) in quantized.iter().zip(&dequantized) {
-        let scale = d.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let diff = tiny::max_abs_diff(q, d);
-        println!("quantized gemma3 vs dequantized: {diff:e} (max |logit| {scale})");
-        assert!(diff > 0.0 && diff < 0.05 * scale, "{diff} vs {scale}");
-    }
+    assert_quantized_near_dequantized(&tiny, &path, "gemma3", &weights, "gemma3");
 }
 
 #[test]
@@ -147,26 +190,26 @@ fn gemma3_sliding_window_matches_candle() {
     let dir = tempfile::tempdir().unwrap();
     let weights = tiny.gemma_weights(true);
     let json = tiny.gemma_config(true, 3, 2, ("null", "null"));
-    let files = tiny.write_hf(dir.path(), &json, &weights, 1);
     let cfg: gemma3::Config = serde_json::from_str(&json).unwrap();
     let mut model = gemma3::Model::new(false, &cfg, vb(&weights)).unwrap();
     let theirs = reference_stepwise(|ids, pos| model.forward(ids, pos));
-    let windowed = ours(&files, DTypeChoice::F32);
+    let windowed = ours_hf(&tiny, dir.path(), &json, &weights, 1);
     assert_all_close(&windowed, &theirs, 1e-4, "gemma3 window");
 
     // The GGUF's window and pattern give the same logits.
-    let path = dir.path().join("gemma3-window.gguf");
-    tiny.write_gguf(&path, "gemma3", &weights, GgmlDType::F32, false);
-    let gguf = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
+    let gguf = ours_gguf(
+        &tiny,
+        &dir.path().join("gemma3-window.gguf"),
+        "gemma3",
+        &weights,
+        GgmlDType::F32,
+    );
     assert_all_close(&gguf, &windowed, 1e-3, "gemma3 window gguf vs hf");
 
     // And the window matters: without it the logits differ.
     let wide = tiny.gemma_config(true, 4096, 2, ("null", "null"));
     let dir = tempfile::tempdir().unwrap();
-    let wide = ours(
-        &tiny.write_hf(dir.path(), &wide, &weights, 1),
-        DTypeChoice::F32,
-    );
+    let wide = ours_hf(&tiny, dir.path(), &wide, &weights, 1);
     let d = tiny::max_abs_diff(&wide[0], &theirs[0]);
     assert!(d > 1e-3, "the sliding window changed nothing ({d})");
 }
@@ -178,11 +221,10 @@ fn gemma2_with_soft_caps_matches_candle() {
     let weights = tiny.gemma_weights(false);
     // Small caps, so that tanh is far from linear on these activations.
     let json = tiny.gemma_config(false, 4096, 2, ("0.5", "3.0"));
-    let files = tiny.write_hf(dir.path(), &json, &weights, 1);
     let cfg: gemma2::Config = serde_json::from_str(&json).unwrap();
     let mut model = gemma2::Model::new(false, &cfg, vb(&weights)).unwrap();
     let theirs = reference(|ids, pos| model.forward(ids, pos));
-    let hf = ours(&files, DTypeChoice::F32);
+    let hf = ours_hf(&tiny, dir.path(), &json, &weights, 1);
     assert_all_close(&hf, &theirs, 1e-4, "gemma2");
     assert!(
         hf.iter().flatten().all(|l| l.abs() <= 3.0),
@@ -194,9 +236,13 @@ fn gemma2_with_soft_caps_matches_candle() {
         ("attn_logit_softcapping", Value::F32(0.5)),
         ("final_logit_softcapping", Value::F32(3.0)),
     ]);
-    let path = dir.path().join("gemma2-f32.gguf");
-    tiny.write_gguf(&path, "gemma2", &weights, GgmlDType::F32, false);
-    let gguf = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
+    let gguf = ours_gguf(
+        &tiny,
+        &dir.path().join("gemma2-f32.gguf"),
+        "gemma2",
+        &weights,
+        GgmlDType::F32,
+    );
     assert_all_close(&gguf, &hf, 1e-4, "gemma2 gguf vs hf");
 }
 
@@ -206,25 +252,27 @@ fn phi3_fused_projections_match_candle_from_hf_and_gguf() {
     let dir = tempfile::tempdir().unwrap();
     let weights = tiny.phi3_weights();
     let json = tiny.phi3_config();
-    let files = tiny.write_hf(dir.path(), &json, &weights, 1);
     let cfg: phi3::Config = serde_json::from_str(&json).unwrap();
     let mut model = phi3::Model::new(&cfg, vb(&weights)).unwrap();
     let theirs = reference(|ids, pos| model.forward(ids, pos));
-    let hf = ours(&files, DTypeChoice::F32);
+    let hf = ours_hf(&tiny, dir.path(), &json, &weights, 1);
     assert_all_close(&hf, &theirs, 1e-4, "phi3");
 
-    let path = dir.path().join("phi3-f32.gguf");
-    tiny.write_gguf(&path, "phi3", &weights, GgmlDType::F32, false);
-    let gguf = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
+    let gguf = ours_gguf(
+        &tiny,
+        &dir.path().join("phi3-f32.gguf"),
+        "phi3",
+        &weights,
+        GgmlDType::F32,
+    );
     assert_all_close(&gguf, &hf, 1e-4, "phi3 gguf vs hf");
 
     let path = dir.path().join("phi3-q8.gguf");
-    tiny.write_gguf(&path, "phi3", &weights, GgmlDType::Q8_0, false);
+    let quantized = ours_gguf(&tiny, &path, "phi3", &weights, GgmlDType::Q8_0);
     let (content, mut file) = gguf_content(&path);
     let mut model =
         quantized_phi3::ModelWeights::from_gguf(false, content, &mut file, &Device::Cpu).unwrap();
     let theirs = reference(|ids, pos| model.forward(ids, pos));
-    let quantized = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
     assert_all_close(&quantized, &theirs, 1e-3, "quantized phi3");
 }
 
@@ -255,8 +303,7 @@ fn phi3_longrope_from_config_and_gguf_agree() {
             list(&long)
         ),
     );
-    let files = tiny.write_hf(dir.path(), &json, &weights, 1);
-    let hf = ours(&files, DTypeChoice::F32);
+    let hf = ours_hf(&tiny, dir.path(), &json, &weights, 1);
 
     let attn = (1.0f32 + 4f32.ln() / 16f32.ln()).sqrt();
     tiny.gguf_meta = vec![("rope.scaling.attn_factor", Value::F32(attn))];
@@ -264,17 +311,18 @@ fn phi3_longrope_from_config_and_gguf_agree() {
         "rope_factors_long.weight".into(),
         Tensor::new(long.as_slice(), &Device::Cpu).unwrap(),
     );
-    let path = dir.path().join("phi3-longrope.gguf");
-    tiny.write_gguf(&path, "phi3", &weights, GgmlDType::F32, false);
-    let gguf = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
+    let gguf = ours_gguf(
+        &tiny,
+        &dir.path().join("phi3-longrope.gguf"),
+        "phi3",
+        &weights,
+        GgmlDType::F32,
+    );
     assert_all_close(&gguf, &hf, 1e-4, "phi3 longrope gguf vs hf");
 
     let plain_dir = tempfile::tempdir().unwrap();
     weights.remove("rope_factors_long.weight");
-    let plain = ours(
-        &tiny.write_hf(plain_dir.path(), &tiny.phi3_config(), &weights, 1),
-        DTypeChoice::F32,
-    );
+    let plain = ours_hf(&tiny, plain_dir.path(), &tiny.phi3_config(), &weights, 1);
     let d = tiny::max_abs_diff(&plain[0], &hf[0]);
     assert!(d > 1e-3, "longrope changed nothing ({d})");
 }
@@ -288,32 +336,26 @@ fn qwen3_moe_matches_candle_from_hf_and_gguf() {
     let mut weights = tiny.qwen3_weights(true);
     tiny.add_experts(&mut weights, 4, 32, false);
     let json = tiny.qwen3_moe_config(4, 32);
-    let files = tiny.write_hf(dir.path(), &json, &weights, 2);
     let cfg: qwen3_moe::Config = serde_json::from_str(&json).unwrap();
     let mut model = qwen3_moe::ModelForCausalLM::new(&cfg, vb(&weights)).unwrap();
     let theirs = reference(|ids, pos| model.forward(ids, pos));
-    let hf = ours(&files, DTypeChoice::F32);
+    let hf = ours_hf(&tiny, dir.path(), &json, &weights, 2);
     assert_all_close(&hf, &theirs, 1e-4, "qwen3-moe");
 
     // Stacked experts in a GGUF, each expert its own slice: the same logits.
-    let path = dir.path().join("qwen3moe-f32.gguf");
-    tiny.write_gguf(&path, "qwen3moe", &weights, GgmlDType::F32, false);
-    let gguf = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
+    let gguf = ours_gguf(
+        &tiny,
+        &dir.path().join("qwen3moe-f32.gguf"),
+        "qwen3moe",
+        &weights,
+        GgmlDType::F32,
+    );
     assert_all_close(&gguf, &hf, 1e-4, "qwen3-moe gguf vs hf");
 
     // Quantized, against the same file dequantized (candle's quantized_qwen3_moe runs its
     // experts on CUDA only).
     let path = dir.path().join("qwen3moe-q8.gguf");
-    tiny.write_gguf(&path, "qwen3moe", &weights, GgmlDType::Q8_0, false);
-    let files = ModelFiles::Gguf { path };
-    let quantized = ours(&files, DTypeChoice::Auto);
-    let dequantized = ours(&files, DTypeChoice::F32);
-    for (q, d) in quantized.iter().zip(&dequantized) {
-        let scale = d.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let diff = tiny::max_abs_diff(q, d);
-        println!("quantized qwen3-moe vs dequantized: {diff:e} (max |logit| {scale})");
-        assert!(diff > 0.0 && diff < 0.05 * scale, "{diff} vs {scale}");
-    }
+    assert_quantized_near_dequantized(&tiny, &path, "qwen3moe", &weights, "qwen3-moe");
 }
 
 #[test]
@@ -324,18 +366,21 @@ fn mixtral_matches_candle_and_its_llama_gguf() {
     let mut weights = tiny.random_weights(false, true);
     tiny.add_experts(&mut weights, 4, tiny.inter, true);
     let json = tiny.mixtral_config(4);
-    let files = tiny.write_hf(dir.path(), &json, &weights, 1);
     let cfg: mixtral::Config = serde_json::from_str(&json).unwrap();
     let mut model = mixtral::Model::new(&cfg, vb(&weights)).unwrap();
     let theirs = reference(|ids, pos| model.forward(ids, pos));
-    let hf = ours(&files, DTypeChoice::F32);
+    let hf = ours_hf(&tiny, dir.path(), &json, &weights, 1);
     assert_all_close(&hf, &theirs, 1e-4, "mixtral");
 
     // llama.cpp writes Mixtral as `llama` with `expert_count` and stacked experts (q/k rows
     // permuted for its interleaved rope). (candle's quantized_llama reads the older
     // one-tensor-per-expert layout, so the GGUF is checked against the HF checkpoint.)
-    let path = dir.path().join("mixtral-f32.gguf");
-    tiny.write_gguf(&path, "llama", &weights, GgmlDType::F32, true);
-    let gguf = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
+    let gguf = ours_gguf(
+        &tiny,
+        &dir.path().join("mixtral-f32.gguf"),
+        "llama",
+        &weights,
+        GgmlDType::F32,
+    );
     assert_all_close(&gguf, &hf, 1e-4, "mixtral gguf vs hf");
 }

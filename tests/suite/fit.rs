@@ -42,16 +42,20 @@ fn long_context_gguf(dir: &Path) -> std::path::PathBuf {
 /// `ferry plan` on `model` on the CPU with a 256 MiB budget and `extra` flags: (ok, stdout,
 /// stderr).
 fn ferry_plan(model: &Path, extra: &[&str]) -> (bool, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .arg("plan")
-        .arg("--model")
-        .arg(model)
-        .args(["--device", "cpu", "--gpu-memory", "256MiB"])
-        .args(extra)
-        .env("RUST_LOG", "info")
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .expect("runs");
+    run_plan(
+        Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .arg("plan")
+            .arg("--model")
+            .arg(model)
+            .args(["--device", "cpu", "--gpu-memory", "256MiB"])
+            .args(extra)
+            .env("RUST_LOG", "info"),
+    )
+}
+
+/// Runs a `ferry plan` `command` (without `RUST_BACKTRACE`): (ok, stdout (UTF-8), stderr).
+pub fn run_plan(command: &mut Command) -> (bool, String, String) {
+    let output = command.env_remove("RUST_BACKTRACE").output().expect("runs");
     (
         output.status.success(),
         String::from_utf8(output.stdout).expect("utf-8"),

@@ -102,16 +102,10 @@ fn toml_string(text: &str) -> String {
 }
 
 fn ferry_plan_json(config_file: &Path) -> (bool, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["plan", "--json", "--config"])
-        .arg(config_file)
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .expect("runs");
-    (
-        output.status.success(),
-        String::from_utf8(output.stdout).expect("utf-8"),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
+    crate::fit::run_plan(
+        Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["plan", "--json", "--config"])
+            .arg(config_file),
     )
 }
 

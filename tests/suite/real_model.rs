@@ -89,3 +89,23 @@ pub fn engine_with(options: EngineOptions) -> EngineHandle {
 pub fn backend() -> Arc<dyn Backend> {
     Arc::new(engine())
 }
+
+/// ferry's router over [`backend`] on a loopback port, and an OpenAI client (async-openai) of
+/// it; the server task is for the test to abort.
+pub async fn openai_client() -> (
+    async_openai::Client<async_openai::config::OpenAIConfig>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let router = ferry::server::app(backend(), ferry::server::ServerOptions::default());
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let client = async_openai::Client::with_config(
+        async_openai::config::OpenAIConfig::new()
+            .with_api_base(format!("http://{address}/v1"))
+            .with_api_key("unused"),
+    );
+    (client, server)
+}

@@ -235,23 +235,11 @@ async fn a_message_name_is_accepted_and_this_template_ignores_it() {
 
 #[tokio::test]
 async fn the_openai_client_reads_choices_and_one_model() {
-    use async_openai::config::OpenAIConfig;
     use async_openai::types::{
         ChatCompletionRequestUserMessageArgs, CreateChatCompletionRequestArgs,
     };
-    use async_openai::Client;
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("address");
-    let router = app(common::backend(), ServerOptions::default());
-    let server = tokio::spawn(async move { axum::serve(listener, router).await });
-    let client = Client::with_config(
-        OpenAIConfig::new()
-            .with_api_base(format!("http://{address}/v1"))
-            .with_api_key("unused"),
-    );
+    let (client, server) = common::openai_client().await;
     let model = client
         .models()
         .retrieve(common::MODEL)

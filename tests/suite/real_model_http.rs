@@ -188,25 +188,12 @@ async fn logprobs_describe_the_greedy_choice() {
 
 #[tokio::test]
 async fn openai_client_on_a_loopback_port() {
-    use async_openai::config::OpenAIConfig;
     use async_openai::types::{
         ChatCompletionRequestUserMessageArgs, CreateChatCompletionRequestArgs,
         CreateCompletionRequestArgs,
     };
-    use async_openai::Client;
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("address");
-    let router = app(common::backend(), ServerOptions::default());
-    let server = tokio::spawn(async move { axum::serve(listener, router).await });
-
-    let client = Client::with_config(
-        OpenAIConfig::new()
-            .with_api_base(format!("http://{address}/v1"))
-            .with_api_key("unused"),
-    );
+    let (client, server) = common::openai_client().await;
     let completion = client
         .completions()
         .create(

@@ -12,13 +12,13 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
-use super::attention::Step;
+use super::attention::{AttentionDims, Step};
 use crate::model::error::Result;
 use crate::model::gemma::GemmaBlock;
 use crate::model::kv_cache::LayerKv;
 use crate::model::llama::LlamaBlock;
 use crate::model::phi3::Phi3Block;
-use crate::model::qwen3::Qwen3Block;
+use crate::model::qwen3;
 use crate::model::spec::{Architecture, ModelSpec};
 use crate::model::weights::{LayerWeights, Linear};
 
@@ -59,6 +59,26 @@ impl BatchRows<'_, '_> {
     }
 }
 
+/// What every family's layer reads from the spec: its attention's head layout and its norms'
+/// epsilon.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerDims {
+    /// The attention's head layout (of this layer: sliding-window or global).
+    pub attn: AttentionDims,
+    /// The RMSNorms' epsilon.
+    pub eps: f32,
+}
+
+impl LayerDims {
+    /// Layer `index` of a model with `spec`.
+    pub fn of(spec: &ModelSpec, index: usize) -> Self {
+        Self {
+            attn: AttentionDims::of(spec, index),
+            eps: spec.rms_norm_eps as f32,
+        }
+    }
+}
+
 /// The block of decoder layer `index` of a model with `spec` (per-layer variants, such as
 /// Gemma's sliding-window and global layers, are chosen by `index`).
 pub fn for_layer(spec: &ModelSpec, index: usize) -> Arc<dyn Block> {
@@ -67,7 +87,7 @@ pub fn for_layer(spec: &ModelSpec, index: usize) -> Arc<dyn Block> {
         | Architecture::Qwen2
         | Architecture::Mistral
         | Architecture::Mixtral => Arc::new(LlamaBlock::new(spec, index)),
-        Architecture::Qwen3 | Architecture::Qwen3Moe => Arc::new(Qwen3Block::new(spec, index)),
+        Architecture::Qwen3 | Architecture::Qwen3Moe => Arc::new(qwen3::block(spec, index)),
         Architecture::Gemma2 | Architecture::Gemma3 => Arc::new(GemmaBlock::new(spec, index)),
         Architecture::Phi3 => Arc::new(Phi3Block::new(spec, index)),
     }
