@@ -20,7 +20,7 @@ pub enum DeviceChoice {
 }
 
 /// A dtype choice: of the dense weights (`dtype`, read by the loader as
-/// `model::loader::DTypeChoice`) and of the KV cache (`kv_dtype`).
+/// `model::loader::DtypeChoice`) and of the KV cache (`kv_dtype`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DtypeChoice {
     /// GGUF stays quantized; safetensors become f32 on the CPU and keep the checkpoint's dtype

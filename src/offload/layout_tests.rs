@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::*;
 use crate::config::OffloadMode;
-use crate::model::loader::{DTypeChoice, LoadOptions};
+use crate::model::loader::{DtypeChoice, LoadOptions};
 use crate::model::source::ModelFiles;
 use crate::offload::buffer::HostMemory;
 use crate::offload::host::HostStore;
@@ -143,7 +143,7 @@ pub(crate) fn open(path: &Path) -> Checkpoint {
     .expect("opens")
 }
 
-pub(crate) fn holding(checkpoint: &Checkpoint, dtype: DTypeChoice) -> Holding {
+pub(crate) fn holding(checkpoint: &Checkpoint, dtype: DtypeChoice) -> Holding {
     let options = LoadOptions {
         device: Device::Cpu,
         dtype,
@@ -176,7 +176,7 @@ fn cuda_slots_hold_the_union_of_a_mixed_type_model() {
     let path = dir.path().join("q4_k_m.gguf");
     write_gguf(&path, K_QUANT, &q4_k_m);
     let checkpoint = open(&path);
-    let holding = holding(&checkpoint, DTypeChoice::Auto);
+    let holding = holding(&checkpoint, DtypeChoice::Auto);
     let sizes = ModelSizes::of(&checkpoint, &holding, SlotKind::Cuda).expect("sizes");
 
     // Layers 1 and 2 are all q4_K, 0 and 3 carry two q6_K matrices: two layer sizes.
@@ -271,7 +271,7 @@ fn resident_cuda_layers_count_candles_padding() {
     let path = dir.path().join("q4_k_m.gguf");
     write_gguf(&path, K_QUANT, &q4_k_m);
     let checkpoint = open(&path);
-    let holding = holding(&checkpoint, DTypeChoice::Auto);
+    let holding = holding(&checkpoint, DtypeChoice::Auto);
     let cpu = ModelSizes::of(&checkpoint, &holding, SlotKind::Cpu).expect("sizes");
     let cuda = ModelSizes::of(&checkpoint, &holding, SlotKind::Cuda).expect("sizes");
     // Seven quantized matrices a layer, each with 512 elements of padding on CUDA.
@@ -307,7 +307,7 @@ fn dense_views_are_256_byte_aligned() {
     };
     write_gguf(&path, ODD, &q8_0);
     let checkpoint = open(&path);
-    for dtype in [DTypeChoice::Auto, DTypeChoice::F16, DTypeChoice::F32] {
+    for dtype in [DtypeChoice::Auto, DtypeChoice::F16, DtypeChoice::F32] {
         let holding = holding(&checkpoint, dtype);
         let host = HostStore::fill(&checkpoint, &holding, &[0, 1, 2, 3], &HostMemory::Heap)
             .expect("slabs");
@@ -356,7 +356,7 @@ fn dense_views_are_256_byte_aligned() {
             assert_eq!(diff, 0.0, "{dtype:?} layer {}", layer.index);
         }
         // Auto: two norms a layer; dense dtypes: every tensor.
-        let per_layer = if dtype == DTypeChoice::Auto { 2 } else { 9 };
+        let per_layer = if dtype == DtypeChoice::Auto { 2 } else { 9 };
         assert_eq!(dense_views, per_layer * LAYERS, "{dtype:?}");
         // These sizes are not multiples of 256 bytes: the alignment really pads.
         assert!(padded > 0, "{dtype:?}");

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::*;
 use crate::model::checkpoint::Checkpoint;
-use crate::model::loader::{DTypeChoice, Holding, LoadOptions};
+use crate::model::loader::{DtypeChoice, Holding, LoadOptions};
 use crate::model::source::ModelFiles;
 use crate::model::tensors::StoredType;
 
@@ -27,7 +27,7 @@ fn test_model() -> PathBuf {
     path
 }
 
-fn holding(checkpoint: &Checkpoint, dtype: DTypeChoice) -> Holding {
+fn holding(checkpoint: &Checkpoint, dtype: DtypeChoice) -> Holding {
     let options = LoadOptions {
         device: Device::Cpu,
         dtype,
@@ -35,7 +35,7 @@ fn holding(checkpoint: &Checkpoint, dtype: DTypeChoice) -> Holding {
     Holding::new(checkpoint, &options).expect("holding")
 }
 
-fn sizes(checkpoint: &Checkpoint, dtype: DTypeChoice) -> ModelSizes {
+fn sizes(checkpoint: &Checkpoint, dtype: DtypeChoice) -> ModelSizes {
     ModelSizes::of(checkpoint, &holding(checkpoint, dtype), SlotKind::Cpu).expect("sizes")
 }
 
@@ -44,7 +44,7 @@ fn sizes_the_real_gguf_from_its_header() {
     let path = test_model();
     let started = Instant::now();
     let checkpoint = Checkpoint::open(&ModelFiles::Gguf { path: path.clone() }).expect("opens");
-    let sizes = sizes(&checkpoint, DTypeChoice::Auto);
+    let sizes = sizes(&checkpoint, DtypeChoice::Auto);
     let elapsed = started.elapsed();
     assert!(elapsed < Duration::from_secs(1), "took {elapsed:?}");
     let header = checkpoint.gguf().expect("a GGUF header");
@@ -84,7 +84,7 @@ fn sizes_the_real_gguf_from_its_header() {
     );
 
     // Dequantized to f32 every tensor takes 4 bytes per element.
-    let dense = self::sizes(&checkpoint, DTypeChoice::F32);
+    let dense = self::sizes(&checkpoint, DtypeChoice::F32);
     let elems: u64 = header.tensors.iter().map(|t| t.elem_count()).sum();
     assert_eq!(dense.total(), 4 * elems);
     assert!(
@@ -191,20 +191,20 @@ fn sizes_safetensors_shards_from_their_headers() {
     // A layer: 2 norms of 8, q/o 8x8, k/v 4x8, gate/up 16x8, down 8x16 = 528 elements.
     let layer_elems = 2 * 8 + 2 * 64 + 2 * 32 + 3 * 128;
     // On the CPU with dtype auto, every tensor is f32.
-    let f32 = sizes(&checkpoint, DTypeChoice::Auto);
+    let f32 = sizes(&checkpoint, DtypeChoice::Auto);
     assert_eq!(f32.layers, vec![4 * layer_elems; 2]);
     assert_eq!(f32.fixed, 4 * (128 + 8 + 128));
     assert!(!f32.tied_embeddings);
     assert_eq!(f32.tensor_count, 2 * 9 + 3);
     // With f16, 2 bytes an element.
-    let f16 = sizes(&checkpoint, DTypeChoice::F16);
+    let f16 = sizes(&checkpoint, DtypeChoice::F16);
     assert_eq!(f16.layers, vec![2 * layer_elems; 2]);
     assert_eq!(f16.fixed, 2 * (128 + 8 + 128));
 
     // Without lm_head the embeddings are tied and counted once.
     let tied_dir = tempfile::tempdir().expect("tempdir");
     let tied = Checkpoint::open(&write_tiny_hf(tied_dir.path(), false)).expect("opens");
-    let tied = sizes(&tied, DTypeChoice::Auto);
+    let tied = sizes(&tied, DtypeChoice::Auto);
     assert!(tied.tied_embeddings);
     assert_eq!(tied.fixed, 4 * (128 + 8));
 
@@ -296,7 +296,7 @@ fn plans_the_real_model_end_to_end() {
     use crate::offload::render::render_text;
 
     let checkpoint = Checkpoint::open(&ModelFiles::Gguf { path: test_model() }).expect("opens");
-    let sizes = sizes(&checkpoint, DTypeChoice::Auto);
+    let sizes = sizes(&checkpoint, DtypeChoice::Auto);
     let spec = checkpoint.spec();
     let mut input = PlanInput::new(OffloadMode::Auto, sizes.layers.clone(), sizes.fixed, 0);
     input.max_batch = 4;

@@ -9,7 +9,7 @@ use candle_core::Device;
 
 use super::*;
 use crate::gpu::GpuError;
-use crate::model::loader::DTypeChoice;
+use crate::model::loader::DtypeChoice;
 use crate::offload::buffer::HostMemory;
 use crate::offload::error::OffloadError;
 use crate::offload::layout::tests::{holding, open, q4_k_m, write_gguf, K_QUANT};
@@ -97,7 +97,7 @@ fn run(alloc_fails_at: Option<usize>, copy_fails_at: Option<usize>) -> (bool, Ve
     let path = dir.path().join("q4_k_m.gguf");
     write_gguf(&path, K_QUANT, &q4_k_m);
     let checkpoint = open(&path);
-    let holding = holding(&checkpoint, DTypeChoice::Auto);
+    let holding = holding(&checkpoint, DtypeChoice::Auto);
     let host =
         HostStore::fill(&checkpoint, &holding, &[0, 1, 2, 3], &HostMemory::Heap).expect("slabs");
     let log = Log::default();

@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::{llama, mistral, quantized_llama, qwen2};
 use ferry::model::decoder::{LayerSource, ResidentLayers};
-use ferry::model::loader::{load_model, DTypeChoice, LoadOptions};
+use ferry::model::loader::{load_model, DtypeChoice, LoadOptions};
 use ferry::model::source::ModelFiles;
 use ferry::model::weights::LayerWeights;
 use ferry::model::ModelError;
@@ -63,7 +63,7 @@ fn llama_gqa_untied_matches_candle() {
     let model = llama::Llama::load(vb, &cfg).unwrap();
     let mut cache = llama::Cache::new(true, DType::F32, &cfg, &Device::Cpu).unwrap();
     let theirs = reference(|ids, pos| model.forward(ids, pos, &mut cache));
-    assert_all_close(&ours(&files, DTypeChoice::F32), &theirs, 1e-4, "llama");
+    assert_all_close(&ours(&files, DtypeChoice::F32), &theirs, 1e-4, "llama");
 }
 
 #[test]
@@ -84,7 +84,7 @@ fn llama_tied_with_llama3_rope_scaling_matches_candle() {
     let mut cache = llama::Cache::new(true, DType::F32, &cfg, &Device::Cpu).unwrap();
     let theirs = reference(|ids, pos| model.forward(ids, pos, &mut cache));
     assert_all_close(
-        &ours(&files, DTypeChoice::F32),
+        &ours(&files, DtypeChoice::F32),
         &theirs,
         1e-4,
         "llama3 tied",
@@ -102,7 +102,7 @@ fn qwen2_with_biases_matches_candle() {
     let vb = VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu);
     let mut model = qwen2::ModelForCausalLM::new(&cfg, vb).unwrap();
     let theirs = reference(|ids, pos| model.forward(ids, pos));
-    assert_all_close(&ours(&files, DTypeChoice::F32), &theirs, 1e-4, "qwen2");
+    assert_all_close(&ours(&files, DtypeChoice::F32), &theirs, 1e-4, "qwen2");
 }
 
 #[test]
@@ -117,7 +117,7 @@ fn mistral_with_explicit_head_dim_matches_candle() {
     let vb = VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu);
     let mut model = mistral::Model::new(&cfg, vb).unwrap();
     let theirs = reference(|ids, pos| model.forward(ids, pos));
-    assert_all_close(&ours(&files, DTypeChoice::F32), &theirs, 1e-4, "mistral");
+    assert_all_close(&ours(&files, DtypeChoice::F32), &theirs, 1e-4, "mistral");
 }
 
 #[test]
@@ -126,8 +126,8 @@ fn f16_dense_path_stays_close_to_f32() {
     let dir = tempfile::tempdir().unwrap();
     let weights = tiny.random_weights(true, true);
     let files = tiny.write_hf(dir.path(), &tiny.qwen2_config(false), &weights, 1);
-    let f32_logits = ours(&files, DTypeChoice::F32);
-    let f16_logits = ours(&files, DTypeChoice::F16);
+    let f32_logits = ours(&files, DtypeChoice::F32);
+    let f16_logits = ours(&files, DtypeChoice::F16);
     assert_all_close(&f16_logits, &f32_logits, 5e-2, "f16 vs f32");
 }
 
@@ -145,11 +145,11 @@ fn quantized_gguf_matches_candle_quantized_llama() {
     let mut model =
         quantized_llama::ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
     let theirs = reference(|ids, pos| model.forward(ids, pos));
-    let quantized = ours(&files, DTypeChoice::Auto);
+    let quantized = ours(&files, DtypeChoice::Auto);
     assert_all_close(&quantized, &theirs, 1e-3, "quantized gguf");
 
     // The same file dequantized to f32 runs the dense path on the same weights.
-    let dense = ours(&files, DTypeChoice::F32);
+    let dense = ours(&files, DtypeChoice::F32);
     for (q, d) in quantized.iter().zip(&dense) {
         let scale = d.iter().fold(0f32, |m, v| m.max(v.abs()));
         let diff = max_abs_diff(q, d);
@@ -175,10 +175,10 @@ fn gguf_llama_layout_matches_hf_checkpoint() {
     let files = tiny.write_hf(dir.path(), &tiny.llama_config(false, None), &weights, 1);
     let path = dir.path().join("f32.gguf");
     tiny.write_gguf(&path, "llama", &weights, GgmlDType::F32, true);
-    let gguf = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
+    let gguf = ours(&ModelFiles::Gguf { path }, DtypeChoice::Auto);
     assert_all_close(
         &gguf,
-        &ours(&files, DTypeChoice::F32),
+        &ours(&files, DtypeChoice::F32),
         1e-4,
         "gguf llama vs hf",
     );
@@ -194,10 +194,10 @@ fn gguf_qwen2_layout_matches_hf_checkpoint() {
     let files = tiny.write_hf(dir.path(), &json, &weights, 1);
     let path = dir.path().join("qwen2.gguf");
     tiny.write_gguf(&path, "qwen2", &weights, GgmlDType::F32, false);
-    let gguf = ours(&ModelFiles::Gguf { path }, DTypeChoice::Auto);
+    let gguf = ours(&ModelFiles::Gguf { path }, DtypeChoice::Auto);
     assert_all_close(
         &gguf,
-        &ours(&files, DTypeChoice::F32),
+        &ours(&files, DtypeChoice::F32),
         1e-4,
         "gguf qwen2 vs hf",
     );
@@ -228,7 +228,7 @@ fn forward_walks_layers_in_order_and_reports_errors() {
     let files = tiny.write_hf(dir.path(), &tiny.llama_config(false, None), &weights, 1);
     let options = LoadOptions {
         device: Device::Cpu,
-        dtype: DTypeChoice::Auto,
+        dtype: DtypeChoice::Auto,
     };
     let mut reports = 0;
     let loaded = load_model(&files, &options, &mut |p| {
@@ -287,7 +287,7 @@ fn forward_walks_layers_in_order_and_reports_errors() {
 
     let bf16 = LoadOptions {
         device: Device::Cpu,
-        dtype: DTypeChoice::BF16,
+        dtype: DtypeChoice::BF16,
     };
     let err = load_model(&files, &bf16, &mut |_| {}).unwrap_err();
     assert!(matches!(err, ModelError::Unsupported(_)), "{err}");
@@ -301,7 +301,7 @@ fn chunked_prefill_matches_one_shot_prefill() {
     let files = tiny.write_hf(dir.path(), &tiny.qwen2_config(false), &weights, 1);
     let options = LoadOptions {
         device: Device::Cpu,
-        dtype: DTypeChoice::F32,
+        dtype: DtypeChoice::F32,
     };
     let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
     let mut layers = loaded.layers;

@@ -14,7 +14,7 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::{
     gemma2, gemma3, mixtral, phi3, quantized_phi3, quantized_qwen3, qwen3, qwen3_moe,
 };
-use ferry::model::loader::DTypeChoice;
+use ferry::model::loader::DtypeChoice;
 use ferry::model::source::ModelFiles;
 use std::path::Path;
 use tiny::{ours, Tiny, PROMPT, STEPS};
@@ -60,7 +60,7 @@ type Weights = std::collections::HashMap<String, Tensor>;
 
 /// Ferry's logits (f32) from `weights` written as a checkpoint with config `json` in `dir`.
 fn ours_hf(tiny: &Tiny, dir: &Path, json: &str, weights: &Weights, shards: usize) -> Vec<Vec<f32>> {
-    ours(&tiny.write_hf(dir, json, weights, shards), DTypeChoice::F32)
+    ours(&tiny.write_hf(dir, json, weights, shards), DtypeChoice::F32)
 }
 
 /// Ferry's logits from `weights` written at `path` as a llama.cpp `arch` GGUF with `dtype`
@@ -76,7 +76,7 @@ fn ours_gguf(
     let files = ModelFiles::Gguf {
         path: path.to_path_buf(),
     };
-    ours(&files, DTypeChoice::Auto)
+    ours(&files, DtypeChoice::Auto)
 }
 
 /// A Q8_0 GGUF of `weights` at `path` against the same file dequantized: the logits differ,
@@ -92,7 +92,7 @@ fn assert_quantized_near_dequantized(
     let files = ModelFiles::Gguf {
         path: path.to_path_buf(),
     };
-    let dequantized = ours(&files, DTypeChoice::F32);
+    let dequantized = ours(&files, DtypeChoice::F32);
     assert_eq!(quantized.len(), dequantized.len());
     for (q, d) in quantized.iter().zip(&dequantized) {
         let scale = d.iter().fold(0f32, |m, v| m.max(v.abs()));

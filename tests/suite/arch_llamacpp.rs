@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use candle_core::Device;
-use ferry::model::loader::{load_model, DTypeChoice, LoadOptions};
+use ferry::model::loader::{load_model, DtypeChoice, LoadOptions};
 use ferry::model::source::ModelFiles;
 use serde_json::Value as Json;
 
@@ -43,7 +43,7 @@ fn ferry_logits(file: &str, prompts: &[Vec<u32>]) -> Vec<Vec<f32>> {
     };
     let options = LoadOptions {
         device: Device::Cpu,
-        dtype: DTypeChoice::F32,
+        dtype: DtypeChoice::F32,
     };
     let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
     let mut layers = loaded.layers;

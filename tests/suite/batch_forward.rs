@@ -6,7 +6,7 @@ use crate::real_model;
 
 use candle_core::Device;
 use ferry::model::decoder::{LayerSource, ResidentLayers, SeqInput};
-use ferry::model::loader::{load_model, DTypeChoice, LoadOptions};
+use ferry::model::loader::{load_model, DtypeChoice, LoadOptions};
 use ferry::model::source::ModelFiles;
 use ferry::model::weights::LayerWeights;
 use ferry::model::ModelError;
@@ -38,7 +38,7 @@ fn a_batched_step_equals_each_sequence_alone() {
     };
     let options = LoadOptions {
         device: Device::Cpu,
-        dtype: DTypeChoice::Auto,
+        dtype: DtypeChoice::Auto,
     };
     let loaded = load_model(&files, &options, &mut |_| {}).expect("loads");
     let model = loaded.model;

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use ferry::config::{DeviceConfig, DtypeChoice, MemoryBudget, OffloadMode};
 use ferry::engine::traits::LanguageModel;
-use ferry::model::loader::{load_model, DTypeChoice, LoadOptions};
+use ferry::model::loader::{load_model, LoadOptions};
 use ferry::model::source::{HubOptions, ModelFiles};
 use ferry::offload::Origin;
 use ferry::runtime::load::load_for_serving;
@@ -224,7 +224,7 @@ fn greedy(kv: DType, steps: usize, forced: Option<&[u32]>) -> (Vec<u32>, Vec<Vec
     let files = ModelFiles::Gguf { path: model_path() };
     let options = LoadOptions {
         device: Device::Cpu,
-        dtype: DTypeChoice::Auto,
+        dtype: DtypeChoice::Auto,
     };
     let mut loaded = load_model(&files, &options, &mut |_| {}).expect("loads");
     loaded.model.set_kv_dtype(kv);
@@ -261,7 +261,7 @@ fn f16_and_bf16_caches_halve_the_bytes_and_keep_greedy_decoding_close() {
     let files = ModelFiles::Gguf { path: model_path() };
     let options = LoadOptions {
         device: Device::Cpu,
-        dtype: DTypeChoice::Auto,
+        dtype: DtypeChoice::Auto,
     };
     let loaded = load_model(&files, &options, &mut |_| {}).expect("loads");
     assert_eq!(loaded.model.kv_dtype(), DType::F32, "the CPU default");

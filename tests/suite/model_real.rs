@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama;
-use ferry::model::loader::{load_model, DTypeChoice, LoadOptions};
+use ferry::model::loader::{load_model, DtypeChoice, LoadOptions};
 use ferry::model::source::ModelFiles;
 use ferry::model::spec::Architecture;
 
@@ -41,7 +41,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// ferry's logits for `prompt`, then for `steps` more tokens, each chosen by `pick(step, logits)`.
 fn ours_logits(
-    dtype: DTypeChoice,
+    dtype: DtypeChoice,
     prompt: &[u32],
     steps: usize,
     pick: &dyn Fn(usize, &[f32]) -> u32,
@@ -110,7 +110,7 @@ fn greedy(_: usize, logits: &[f32]) -> u32 {
 }
 
 /// ferry's greedy logits for the test prompt.
-fn ours(dtype: DTypeChoice, steps: usize) -> Vec<Vec<f32>> {
+fn ours(dtype: DtypeChoice, steps: usize) -> Vec<Vec<f32>> {
     ours_logits(dtype, PROMPT, steps, &greedy)
 }
 
@@ -131,7 +131,7 @@ fn smollm2_matches_candle_and_answers_paris() {
     assert_eq!(words, ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]);
 
     let steps = 3;
-    let ours = ours(DTypeChoice::Auto, steps);
+    let ours = ours(DtypeChoice::Auto, steps);
     let theirs = candle_reference(steps);
     let dense = ours_dense_following(&theirs);
     for (i, ((a, b), d)) in ours.iter().zip(&theirs).zip(&dense).enumerate() {
@@ -156,7 +156,7 @@ fn smollm2_matches_candle_and_answers_paris() {
 
 /// The dense f32 model's logits for the prompt and then for `reference`'s greedy tokens.
 fn ours_dense_following(reference: &[Vec<f32>]) -> Vec<Vec<f32>> {
-    ours_logits(DTypeChoice::F32, PROMPT, reference.len() - 1, &|step, _| {
+    ours_logits(DtypeChoice::F32, PROMPT, reference.len() - 1, &|step, _| {
         argmax(&reference[step]) as u32
     })
 }
@@ -164,8 +164,8 @@ fn ours_dense_following(reference: &[Vec<f32>]) -> Vec<Vec<f32>> {
 #[test]
 fn smollm2_dequantized_to_f32_still_answers_paris() {
     let vocab = vocab(&model_path());
-    let dense = ours(DTypeChoice::F32, 0);
-    let quantized = ours(DTypeChoice::Auto, 0);
+    let dense = ours(DtypeChoice::F32, 0);
+    let quantized = ours(DtypeChoice::Auto, 0);
     println!(
         "dense {:?} quantized {:?}, max |diff| {:e}",
         vocab[argmax(&dense[0])],
@@ -209,7 +209,7 @@ fn chat_prompt_greedy_generation_matches_candle() {
         prompt.len() > 20,
         "the template adds a system prompt: {text:?}"
     );
-    let ours = tokens(&ours_logits(DTypeChoice::Auto, &prompt, 16, &greedy));
+    let ours = tokens(&ours_logits(DtypeChoice::Auto, &prompt, 16, &greedy));
     let theirs = tokens(&candle_logits(&prompt, 16));
     println!(
         "ours {:?}\ncandle {:?}",
@@ -234,7 +234,7 @@ fn cpu_projections_use_ferry_kernels_and_match_candle() {
     let files = ModelFiles::Gguf { path: model_path() };
     let options = LoadOptions {
         device: Device::Cpu,
-        dtype: DTypeChoice::Auto,
+        dtype: DtypeChoice::Auto,
     };
     let mut loaded = load_model(&files, &options, &mut |_| {}).unwrap();
     let layer = loaded.layers.layer(7).unwrap();

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use ferry::model::loader::{load_model, DTypeChoice, LoadOptions};
+use ferry::model::loader::{load_model, DtypeChoice, LoadOptions};
 use ferry::model::source::ModelFiles;
 
 /// The prompt every test prefills.
@@ -661,7 +661,7 @@ fn permute(t: &Tensor, heads: usize) -> Tensor {
 }
 
 /// ferry's logits for the prompt and each decode step.
-pub fn ours(files: &ModelFiles, dtype: DTypeChoice) -> Vec<Vec<f32>> {
+pub fn ours(files: &ModelFiles, dtype: DtypeChoice) -> Vec<Vec<f32>> {
     let options = LoadOptions {
         device: Device::Cpu,
         dtype,

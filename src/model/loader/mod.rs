@@ -28,16 +28,16 @@ use super::spec::ModelSpec;
 use super::weights::LayerWeights;
 
 /// Which dtype dense weights and activations use: the configuration's choice type, read here.
-pub use crate::config::DtypeChoice as DTypeChoice;
+pub use crate::config::DtypeChoice;
 
-impl DTypeChoice {
-    /// The explicit dense dtype, or `None` for [`DTypeChoice::Auto`].
+impl DtypeChoice {
+    /// The explicit dense dtype, or `None` for [`DtypeChoice::Auto`].
     pub fn dense(self) -> Option<DType> {
         match self {
-            DTypeChoice::Auto => None,
-            DTypeChoice::F32 => Some(DType::F32),
-            DTypeChoice::F16 => Some(DType::F16),
-            DTypeChoice::BF16 => Some(DType::BF16),
+            DtypeChoice::Auto => None,
+            DtypeChoice::F32 => Some(DType::F32),
+            DtypeChoice::F16 => Some(DType::F16),
+            DtypeChoice::BF16 => Some(DType::BF16),
         }
     }
 }
@@ -48,7 +48,7 @@ pub struct LoadOptions {
     /// The compute device the weights go to.
     pub device: Device,
     /// Dense dtype selection.
-    pub dtype: DTypeChoice,
+    pub dtype: DtypeChoice,
 }
 
 /// Loading progress, reported after each tensor.
