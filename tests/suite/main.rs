@@ -14,6 +14,7 @@ mod arch_crosscheck;
 mod arch_families;
 mod arch_llamacpp;
 mod batch_forward;
+mod bundle_launcher;
 mod chat_templates;
 mod cli;
 mod fit;
