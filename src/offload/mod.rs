@@ -36,6 +36,7 @@
 pub mod accounting;
 pub mod assemble;
 pub mod buffer;
+pub mod cost;
 pub mod error;
 pub mod fit;
 pub mod host;
