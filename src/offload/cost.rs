@@ -23,6 +23,8 @@
 
 use std::time::Duration;
 
+use crate::config::TierChoice;
+
 /// Where an offloaded unit runs for one step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tier {
@@ -41,6 +43,17 @@ impl Tier {
         match self {
             Tier::Stream => "stream",
             Tier::Host => "host",
+        }
+    }
+}
+
+impl Tier {
+    /// The tier `offload.tier` forces (`None` for `auto`: decide by cost).
+    pub fn forced_by(choice: TierChoice) -> Option<Tier> {
+        match choice {
+            TierChoice::Auto => None,
+            TierChoice::Stream => Some(Tier::Stream),
+            TierChoice::Host => Some(Tier::Host),
         }
     }
 }
