@@ -58,6 +58,18 @@ pub enum OffloadMode {
     Model,
 }
 
+/// Where offloaded units run each step (`offload.tier`; the cost model is `offload::cost`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TierChoice {
+    /// Per unit and step, whichever the cost model estimates faster.
+    #[default]
+    Auto,
+    /// Always copy the weights to the compute device.
+    Stream,
+    /// Always compute on the host, where the weights live.
+    Host,
+}
+
 /// The device memory budget.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum MemoryBudget {
@@ -387,6 +399,53 @@ impl Codec for Mode {
             }
             .to_string(),
         )
+    }
+}
+
+/// `auto`, `stream` or `host`.
+pub struct Tiers;
+impl Codec for Tiers {
+    type Value = TierChoice;
+    fn parse(text: &str) -> Result<TierChoice, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(TierChoice::Auto),
+            "stream" => Ok(TierChoice::Stream),
+            "host" => Ok(TierChoice::Host),
+            _ => Err(format!(
+                "`{text}` is not an offload tier (use auto, stream or host)"
+            )),
+        }
+    }
+    fn show(value: &TierChoice) -> Shown {
+        Shown::Text(
+            match value {
+                TierChoice::Auto => "auto",
+                TierChoice::Stream => "stream",
+                TierChoice::Host => "host",
+            }
+            .to_string(),
+        )
+    }
+}
+
+/// An optional compute rate in GFLOP/s (`120`, `2.5`), positive and finite; unset by default.
+pub struct Gflops;
+impl Codec for Gflops {
+    type Value = Option<f64>;
+    fn parse(text: &str) -> Result<Option<f64>, String> {
+        let value: f64 = text
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{text}` is not a rate in GFLOP/s (write it like `120`)"))?;
+        if !(value.is_finite() && value > 0.0) {
+            return Err(format!(
+                "rate `{text}` must be a positive number of GFLOP/s"
+            ));
+        }
+        Ok(Some(value))
+    }
+    fn show(value: &Option<f64>) -> Shown {
+        value.map_or(Shown::Unset, |v| Shown::Text(v.to_string()))
     }
 }
 

@@ -12,6 +12,8 @@
 //!   (which layers stay on the device, the slot ring, bytes per tier, PCIe-bound decode estimate).
 //! - [`fit`]: chooses unset `max_context` / `max_batch` so the KV cache fits the budget before any
 //!   layer leaves the device (llama.cpp's `--fit` order), or names them when set ones do not fit.
+//! - [`cost`]: the tier cost model, per offloaded unit (an expert or a dense layer) and step:
+//!   stream its weights to the device or compute it on the host where they live.
 //! - [`render`]: the human table and the JSON document that `ferry plan` prints; [`units`]: byte
 //!   and bandwidth formatting shared by errors, logs and the renderer.
 //!
@@ -36,6 +38,7 @@
 pub mod accounting;
 pub mod assemble;
 pub mod buffer;
+pub mod cost;
 pub mod error;
 pub mod fit;
 pub mod host;
@@ -57,6 +60,7 @@ mod swap_copy;
 pub mod units;
 
 pub use accounting::{Accounting, AccountingSnapshot, PlannedBytes};
+pub use cost::{CostModel, Tier, UnitWork};
 pub use error::{CacheOverflow, OffloadError, PlanError, Result};
 pub use host::HostStore;
 pub use layout::{LayerLayout, SlotKind, SlotLayout, SlotMatrix};
