@@ -35,3 +35,4 @@ mod serving;
 mod structured_outputs;
 mod tokenizer;
 mod tokenizer_llamacpp;
+mod tool_calls;

@@ -200,8 +200,21 @@ impl ToolCallStream {
             }
             let bare = self.bare_start().filter(|_| self.at_start).and_then(|c| {
                 let first = self.pending.find(|ch: char| !ch.is_whitespace())?;
-                self.pending[first..].starts_with(c).then_some(first)
+                let rest = &self.pending[first..];
+                // Mistral's marker starts with its bare `[`: the marker wins.
+                let marked = self.markers().iter().any(|m| rest.starts_with(m));
+                (rest.starts_with(c) && !marked).then_some(first)
             });
+            if !done && bare.is_some() {
+                let rest = self.pending.trim_start();
+                if self
+                    .markers()
+                    .iter()
+                    .any(|m| m.len() > rest.len() && m.starts_with(rest))
+                {
+                    return;
+                }
+            }
             let marker = self
                 .markers()
                 .iter()
@@ -315,6 +328,7 @@ mod tests {
         for step in [1, 3] {
             let mut stream = ToolCallStream::new(format, tools());
             let mut pieces = ParsedOutput::default();
+            let mut contents = Vec::new();
             let mut start = 0;
             while start < text.len() {
                 let mut end = (start + step).min(text.len());
@@ -324,14 +338,7 @@ mod tests {
                 let events = stream.push(&text[start..end]);
                 for e in &events {
                     if let ToolEvent::Content(c) = e {
-                        for m in [
-                            "<tool_call>",
-                            "[TOOL_CALLS]",
-                            "<|python_tag|>",
-                            "</tool_call>",
-                        ] {
-                            assert!(!c.contains(m), "markup leaked: {c:?} in {text:?}");
-                        }
+                        contents.push(c.clone());
                     }
                 }
                 pieces.add(&events);
@@ -339,6 +346,19 @@ mod tests {
             }
             pieces.add(&stream.finish());
             assert_eq!(pieces, whole, "step {step}: {text:?}");
+            if !whole.calls.is_empty() {
+                for c in &contents {
+                    for m in [
+                        "<tool_call>",
+                        "[TOOL_CALLS]",
+                        "<|python_tag|>",
+                        "</tool_call>",
+                        "\"name\"",
+                    ] {
+                        assert!(!c.contains(m), "markup leaked: {c:?} in {text:?}");
+                    }
+                }
+            }
         }
         whole
     }
