@@ -390,3 +390,97 @@ fn each_format_grammar_accepts_its_markup_and_the_parser_reads_it_back() {
         assert_eq!(parsed.content, "", "{format:?}");
     }
 }
+
+/// The real templates that take tools are recognised (format, and that they render tools),
+/// and render the definitions and a past call with its result as ferry passes them.
+#[test]
+fn real_templates_pick_their_format_and_render_tools_and_past_calls() {
+    use ferry::engine::tool_calls::ToolSupport;
+    use ferry::engine::ChatMessage;
+    use ferry::model::tokenizer::chat_template::{ChatTemplate, TemplateContext};
+
+    let dir =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates");
+    let cases = [
+        ("Qwen-Qwen3-0.6B.jinja", Some(ToolCallFormat::Hermes)),
+        (
+            "meta-llama-Llama-3.1-8B-Instruct.jinja",
+            Some(ToolCallFormat::Llama3Json),
+        ),
+        (
+            "meta-llama-Llama-3.2-3B-Instruct.jinja",
+            Some(ToolCallFormat::Llama3Json),
+        ),
+        (
+            "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+            Some(ToolCallFormat::Mistral),
+        ),
+        (
+            "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+            Some(ToolCallFormat::Mistral),
+        ),
+        ("google-gemma-2-2b-it.jinja", None),
+        ("microsoft-Phi-3.5-mini-instruct.jinja", None),
+    ];
+    let tool = ToolSpec {
+        name: "get_weather".into(),
+        description: Some("The current weather in a city.".into()),
+        parameters: weather_parameters(),
+    };
+    let tools = [tool.to_template_value()];
+    let call = json!({"id": "abcdefghi", "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}});
+    let messages = [
+        ChatMessage {
+            role: "user".into(),
+            content: "What is the weather in Paris?".into(),
+            ..Default::default()
+        },
+        ChatMessage {
+            role: "assistant".into(),
+            tool_calls: Some(vec![call]),
+            ..Default::default()
+        },
+        ChatMessage {
+            role: "tool".into(),
+            content: "{\"temperature\": 21}".into(),
+            tool_call_id: Some("abcdefghi".into()),
+            ..Default::default()
+        },
+    ];
+    for (file, format) in cases {
+        let source = std::fs::read_to_string(dir.join(file)).unwrap();
+        let support = ToolSupport::from_template(Some(&source));
+        let Some(format) = format else {
+            assert!(!support.template_renders_tools, "{file}");
+            assert_eq!(
+                support.format,
+                ToolCallFormat::Hermes,
+                "{file}: the fallback"
+            );
+            continue;
+        };
+        assert_eq!(support.format, format, "{file}");
+        assert!(support.template_renders_tools, "{file}");
+        let rendered = ChatTemplate::new(&source)
+            .unwrap()
+            .render(&TemplateContext {
+                messages: &messages,
+                add_generation_prompt: true,
+                bos_token: "<s>",
+                eos_token: "</s>",
+                unk_token: None,
+                pad_token: None,
+                tools: Some(&tools),
+            })
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(
+            rendered.contains("The current weather in a city."),
+            "{file}: the tool's definition is rendered:\n{rendered}"
+        );
+        assert!(
+            rendered.contains("\"Paris\"") && rendered.contains("21"),
+            "{file}: the past call and its result are rendered:\n{rendered}"
+        );
+    }
+}
