@@ -71,3 +71,58 @@ pub fn instructions(tools: &[ToolSpec], format: ToolCallFormat) -> String {
         format.render_call("function_name", "{\"argument\": \"value\"}")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tools_calls_and_results_are_folded_into_plain_messages() {
+        let tools = [ToolSpec {
+            name: "get_weather".into(),
+            description: Some("Weather.".into()),
+            parameters: json!({"type": "object"}),
+        }];
+        let mut messages = vec![
+            ChatMessage {
+                role: "system".into(),
+                content: "Be brief.".into(),
+                ..ChatMessage::default()
+            },
+            ChatMessage {
+                role: "assistant".into(),
+                tool_calls: Some(vec![json!({"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}})]),
+                ..ChatMessage::default()
+            },
+            ChatMessage {
+                role: "tool".into(),
+                content: "cold".into(),
+                tool_call_id: Some("call_1".into()),
+                ..ChatMessage::default()
+            },
+        ];
+        fold_into_messages(&mut messages, &tools, ToolCallFormat::Hermes);
+        assert!(messages[0].content.starts_with("Be brief.\n\n"));
+        assert!(messages[0].content.contains("\"name\":\"get_weather\""));
+        assert!(messages[0].content.contains("<tool_call>"));
+        assert_eq!(
+            messages[1].content,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Oslo\"}}\n</tool_call>"
+        );
+        assert_eq!(messages[1].tool_calls, None);
+        assert_eq!(
+            (messages[2].role.as_str(), messages[2].content.as_str()),
+            ("user", "<tool_response>\ncold\n</tool_response>")
+        );
+        let mut plain = vec![ChatMessage {
+            role: "user".into(),
+            content: "hi".into(),
+            ..ChatMessage::default()
+        }];
+        fold_into_messages(&mut plain, &tools, ToolCallFormat::Llama3Json);
+        assert_eq!(plain[0].role, "system", "a system message is added");
+        assert!(plain[0].content.contains("\"parameters\": "));
+    }
+}

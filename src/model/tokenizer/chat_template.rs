@@ -310,6 +310,32 @@ mod tests {
     }
 
     #[test]
+    fn tools_and_tool_calls_are_there_for_templates_that_use_them() {
+        let m = vec![ChatMessage {
+            role: "assistant".into(),
+            tool_calls: Some(vec![
+                serde_json::json!({"function": {"name": "f", "arguments": {"a": 1}}}),
+            ]),
+            ..ChatMessage::default()
+        }];
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "f"}})];
+        let src = "{% for t in tools %}{{ t.function.name }};{% endfor %}{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}{{ m.tool_call_id is defined }}{% endfor %}";
+        let out = ChatTemplate::new(src)
+            .unwrap()
+            .render(&TemplateContext {
+                messages: &m,
+                add_generation_prompt: false,
+                bos_token: "",
+                eos_token: "",
+                unk_token: None,
+                pad_token: None,
+                tools: Some(&tools),
+            })
+            .unwrap();
+        assert_eq!(out, "f;f{\"a\": 1}False");
+    }
+
+    #[test]
     fn strftime_now_with_a_bad_format_is_a_template_error() {
         match render("{{ strftime_now('%Q') }}", false) {
             Err(ModelError::Template(msg)) => assert!(msg.contains("strftime_now"), "{msg}"),

@@ -9,7 +9,7 @@ use axum::response::Response;
 use serde_json::{Map, Value};
 
 use super::{respond, usage_of, Collected, ResponseFormatter};
-use crate::engine::tool_calls::{ParsedOutput, ToolCallStream, ToolEvent};
+use crate::engine::tool_calls::{ParsedOutput, ToolCallFormat, ToolCallStream, ToolEvent};
 use crate::engine::{FinishReason, TokenOutput, Usage};
 use crate::server::error::ApiError;
 use crate::server::extract::JsonObject;
@@ -87,7 +87,7 @@ impl Formatter {
         let wire = calls
             .into_iter()
             .map(|call| ToolCallWire {
-                id: new_id("call_"),
+                id: call_id(tools.format),
                 kind: "function",
                 function: FunctionWire {
                     name: call.name,
@@ -128,7 +128,10 @@ impl Formatter {
                     ..ChatDelta::default()
                 },
                 ToolEvent::CallStart { index: call, name } => {
-                    let id = new_id("call_");
+                    let id = self
+                        .tools
+                        .as_ref()
+                        .map_or_else(String::new, |t| call_id(t.format));
                     if let Some((_, ids)) = self.readers.get_mut(index as usize) {
                         ids.push(id.clone());
                     }
@@ -294,5 +297,17 @@ fn tool_delta(call: ToolCallDelta) -> ChatDelta {
     ChatDelta {
         tool_calls: Some(vec![call]),
         ..ChatDelta::default()
+    }
+}
+
+/// A new call id: `call_` and 24 letters or digits; Mistral's templates require exactly nine
+/// letters or digits of the ids they get back in the history, so its calls get those.
+fn call_id(format: ToolCallFormat) -> String {
+    match format {
+        ToolCallFormat::Mistral => {
+            use rand::distr::{Alphanumeric, SampleString};
+            Alphanumeric.sample_string(&mut rand::rng(), 9)
+        }
+        _ => new_id("call_"),
     }
 }

@@ -421,6 +421,7 @@ impl ChatTokenLogprob {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::tool_calls::ToolChoice;
     use serde_json::json;
 
     fn req(v: Value) -> Result<ChatRequest, ApiError> {
@@ -451,6 +452,43 @@ mod tests {
         .unwrap();
         assert_eq!(r.messages[0].name.as_deref(), Some("bob"));
         assert_eq!(r.messages[0].content, "hi");
+    }
+
+    #[test]
+    fn tools_and_past_calls_are_read() {
+        let r = req(json!({"model": "m",
+            "tools": [{"type": "function", "function": {"name": "get_weather", "description": "d",
+                "parameters": {"type": "object"}, "strict": true}}],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "parallel_tool_calls": false,
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]}))
+        .unwrap();
+        assert_eq!(r.tools.tools[0].name, "get_weather");
+        assert_eq!(
+            r.tools.choice,
+            Some(ToolChoice::Named("get_weather".into()))
+        );
+        assert!(!r.tools.parallel);
+        let calls = r.messages[1].tool_calls.as_ref().unwrap();
+        assert_eq!(
+            calls[0]["function"]["arguments"],
+            json!({"city": "Paris"}),
+            "arguments reach the template as JSON"
+        );
+        assert_eq!(r.messages[2].tool_call_id.as_deref(), Some("call_1"));
+        let r = req(json!({"model": "m", "messages": [{"role": "user", "content": "x"}]})).unwrap();
+        assert_eq!(
+            (
+                r.tools.tools.len(),
+                r.tools.choice.clone(),
+                r.tools.parallel
+            ),
+            (0, None, true)
+        );
     }
 
     #[test]
