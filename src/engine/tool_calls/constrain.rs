@@ -12,7 +12,7 @@ pub fn lark(format: ToolCallFormat, tools: &[ToolSpec], parallel: bool) -> Strin
     let calls: Vec<String> = tools
         .iter()
         .enumerate()
-        .map(|(i, tool)| format!("call_{i}: {}", call_rule(format, tool, i)))
+        .map(|(i, tool)| format!("call_{i}: {}", call_rule(format, tool)))
         .collect();
     let alternatives: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
     let (one, sep, head, tail) = match format {
@@ -51,7 +51,7 @@ pub fn lark(format: ToolCallFormat, tools: &[ToolSpec], parallel: bool) -> Strin
 }
 
 /// The rule body of one tool's call.
-fn call_rule(format: ToolCallFormat, tool: &ToolSpec, index: usize) -> String {
+fn call_rule(format: ToolCallFormat, tool: &ToolSpec) -> String {
     let name = lit(&serde_json::to_string(&tool.name).unwrap_or_default());
     let args = format!("%json {}", schema(&tool.parameters));
     match format {
@@ -81,7 +81,6 @@ fn call_rule(format: ToolCallFormat, tool: &ToolSpec, index: usize) -> String {
             } else {
                 format!("(\"<parameter=\" ({}) \">\\n\" VALUE)* ", keys.join(" | "))
             };
-            let _ = index;
             format!(
                 "{} {params}\"</function>\\n\"",
                 lit(&format!("<function={}>\n", tool.name))
