@@ -181,7 +181,18 @@ pub async fn chat(state: &AppState, req: ChatRequest) -> Result<ValidRequest, Ap
     let logprobs = req.logprobs.then(|| top.unwrap_or(0));
     let model = resolve_model(&state.backend, options, &req.model)?;
     let max_context = state.backend.max_context(&model)?;
-    let chars = req.messages.iter().map(|m| m.content.chars().count()).sum();
+    let tool_chars: usize = req
+        .tools
+        .tools
+        .iter()
+        .map(|t| t.to_template_value().to_string().chars().count())
+        .sum();
+    let chars = tool_chars
+        + req
+            .messages
+            .iter()
+            .map(|m| m.content.chars().count())
+            .sum::<usize>();
     check_prompt_chars(chars, max_context, "messages")?;
     state.backend.check_capacity(&model)?;
     let tools = Tools::choose(&state.backend, &model, &req)?;
