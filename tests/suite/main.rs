@@ -36,3 +36,4 @@ mod serving;
 mod structured_outputs;
 mod tokenizer;
 mod tokenizer_llamacpp;
+mod tool_calls;
