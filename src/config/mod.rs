@@ -27,4 +27,4 @@ pub use error::ConfigError;
 pub use load::load;
 pub use resolve::{Origin, Origins, Overrides, Resolved};
 pub use types::{Config, DeviceConfig, ModelConfig, OffloadConfig, ServerConfig};
-pub use values::{CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode};
+pub use values::{CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode, QuantType};

@@ -135,9 +135,11 @@ impl<'a> WeightReader<'a> {
 
     /// Reads `record` as [`Holding`] says a tensor of `role` is held.
     fn read(&mut self, role: Role, record: &TensorRecord) -> Result<Held> {
-        let held = match self.holding.kind(role, record)? {
+        let kind = self.holding.kind(role, record)?;
+        super::quantize::log_fallback(&self.holding, role, record, kind);
+        let held = match kind {
             TensorKind::Blocks(dtype) => {
-                let q = self.checkpoint.read_blocks(record, dtype, &self.device)?;
+                let q = super::quantize::read_blocks(self.checkpoint, record, dtype, &self.device)?;
                 Held::Blocks(Arc::new(q))
             }
             TensorKind::Dense(dtype) => {
