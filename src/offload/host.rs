@@ -22,8 +22,8 @@ pub use super::layout::{align_up, LayerLayout, TensorEntry, TENSOR_ALIGN};
 use super::layout::{SlotKind, SlotLayout};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::loader::holding::stored_as;
-use crate::model::loader::{quantize, Holding};
 pub use crate::model::loader::TensorKind;
+use crate::model::loader::{quantize, Holding};
 pub use crate::model::tensors::Part;
 use crate::model::tensors::{StoredType, TensorRecord};
 

@@ -151,7 +151,10 @@ fn check(kind: &str) {
             .map(|v| v.as_f64().unwrap() as f32)
             .collect();
         let theirs: Vec<&str> = ids[..5].iter().map(|&i| vocab[i].as_str()).collect();
-        let shared = theirs.iter().filter(|t| ours.top5.contains_key(**t)).count();
+        let shared = theirs
+            .iter()
+            .filter(|t| ours.top5.contains_key(**t))
+            .count();
         overlap += shared;
         let their_logprob = logits[0] - r["logsumexp"].as_f64().unwrap() as f32;
         println!(

@@ -76,7 +76,14 @@ fn options(dtype: DtypeChoice) -> LoadOptions {
 
 fn plan(files: &ModelFiles, dir: &Path, dtype: DtypeChoice, mode: OffloadMode) -> Plan {
     let checkpoint = Checkpoint::open(files).unwrap();
-    plan_checkpoint(&config(dir, dtype, mode), &cpu(), &Device::Cpu, &checkpoint, BIG).unwrap()
+    plan_checkpoint(
+        &config(dir, dtype, mode),
+        &cpu(),
+        &Device::Cpu,
+        &checkpoint,
+        BIG,
+    )
+    .unwrap()
 }
 
 /// Writes `tiny` with random weights (untied head) as one safetensors file under `dir`.
@@ -239,7 +246,11 @@ fn rows_that_are_not_whole_blocks_fall_back_per_tensor_like_llama_cpp() {
             assert_eq!(holding.kind(role, record).unwrap(), expected, "{ty:?}");
         }
         let total = plan_matches_loader(&files, dir.path(), q(ty));
-        assert_eq!(total, expected_bytes(&weights, |_| Some(fallback)), "{ty:?}");
+        assert_eq!(
+            total,
+            expected_bytes(&weights, |_| Some(fallback)),
+            "{ty:?}"
+        );
     }
     // A width that is not even whole 32-element blocks stays dense.
     let odd = dir.path().join("odd");
@@ -337,7 +348,10 @@ fn the_cli_names_what_it_accepts_for_bad_dtypes() {
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     let err = ferry(&["--dtype", "q8_1"]);
-    assert!(err.contains("`q8_1` is not a dtype") && err.contains("q4_k"), "{err}");
+    assert!(
+        err.contains("`q8_1` is not a dtype") && err.contains("q4_k"),
+        "{err}"
+    );
     let err = ferry(&["--kv-dtype", "q8_0"]);
     assert!(err.contains("the KV cache is dense"), "{err}");
     let err = ferry(&["--dtype", "q4_k"]);

@@ -31,9 +31,16 @@ pub struct WeightReader<'a> {
 impl<'a> WeightReader<'a> {
     /// A reader of `checkpoint` for `options` (fails on a dtype the device cannot use).
     pub fn new(checkpoint: &'a Checkpoint, options: &LoadOptions) -> Result<Self> {
+        let holding = Holding::new(checkpoint, options)?;
+        if let Some(ty) = holding.quantize() {
+            tracing::info!(
+                threads = rayon::current_num_threads(),
+                "quantizing matrices to {ty:?} at load"
+            );
+        }
         Ok(Self {
             checkpoint,
-            holding: Holding::new(checkpoint, options)?,
+            holding,
             device: options.device.clone(),
             done: 0,
             total: checkpoint
