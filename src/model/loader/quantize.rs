@@ -45,7 +45,7 @@ pub fn quantized_bytes(
     ty: GgmlDType,
 ) -> Result<Vec<u8>> {
     let row = record.shape.last().copied().unwrap_or(0);
-    if record.shape.len() < 2 || row == 0 || !row.is_multiple_of(ty.block_size()) {
+    if record.shape.len() < 2 || row == 0 || row % ty.block_size() != 0 {
         return Err(ModelError::Unsupported(format!(
             "`{}` (shape {:?}) cannot be quantized to {ty:?}: its rows are not whole \
              {}-element blocks",
