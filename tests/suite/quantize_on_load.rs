@@ -333,6 +333,64 @@ fn a_dense_gguf_quantizes_and_a_quantized_one_is_refused_by_plan_and_loader() {
 }
 
 #[test]
+fn an_hf_directory_is_served_over_http_with_dtype_q8_0() {
+    use ferry::engine::{EngineHandle, TextCodec};
+    use ferry::model::source::HubOptions;
+    use ferry::runtime::load::load_for_serving;
+    use ferry::server::{app, ServerOptions};
+
+    // A tiny Llama with SmolLM2's vocabulary and its real tokenizer files beside the weights.
+    let dir = tempfile::tempdir().unwrap();
+    let mut tiny = Tiny::llama();
+    tiny.vocab = 49152;
+    write(&tiny, dir.path());
+    std::fs::rename(
+        dir.path().join("model-00001-of-00001.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let tokenizer =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2-hf-tokenizer");
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tokenizer.join(file), dir.path().join(file)).unwrap();
+    }
+    let answer = |dtype: DtypeChoice| {
+        let cfg = config(dir.path(), dtype, OffloadMode::None);
+        let hub = HubOptions::from_env(|_| None);
+        let loaded = load_for_serving(&cfg, &Device::Cpu, &hub).expect("loads");
+        let bytes = loaded.runner.model().fixed().size_in_bytes(false);
+        let engine = EngineHandle::new(["m"]);
+        engine
+            .model_ready(
+                "m",
+                loaded.runner,
+                loaded.codec as std::sync::Arc<dyn TextCodec>,
+            )
+            .unwrap();
+        let router = app(std::sync::Arc::new(engine), ServerOptions::default());
+        let body = serde_json::json!({"model": "m", "prompt": "Hello there", "max_tokens": 3,
+                                      "temperature": 0, "logprobs": 1});
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let reply = runtime.block_on(crate::common::post(&router, "/v1/completions", body));
+        assert_eq!(reply.status, axum::http::StatusCode::OK, "{}", reply.text());
+        let json = reply.json();
+        assert_eq!(json["usage"]["completion_tokens"], 3);
+        let first = json["choices"][0]["logprobs"]["token_logprobs"][0]
+            .as_f64()
+            .unwrap();
+        (bytes, first)
+    };
+    let (dense_bytes, dense_logprob) = answer(DtypeChoice::F32);
+    let (q8_bytes, q8_logprob) = answer(q(QuantType::Q8_0));
+    // The fixed parts (embedding, norm, head) are held in q8_0: about a quarter of f32.
+    assert!(q8_bytes * 3 < dense_bytes, "{q8_bytes} vs {dense_bytes}");
+    assert!(
+        (dense_logprob - q8_logprob).abs() < 0.05,
+        "first token's logprob {q8_logprob} vs dense {dense_logprob}"
+    );
+}
+
+#[test]
 fn the_cli_names_what_it_accepts_for_bad_dtypes() {
     let ferry = |args: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
