@@ -8,7 +8,7 @@
 
 use super::types::{DeviceConfig, ModelConfig, ServerConfig};
 use super::values::{
-    Bandwidth, Budget, Codec, Device, Dtype, Gflops, Kernels, Mode, Names, Number,
+    Bandwidth, Budget, Codec, Device, Dtype, Gflops, Kernels, KvDtype, Mode, Names, Number,
     OptionalPositive, Positive, Secret, Shown, Size, Switch, Text, Tiers, Time,
 };
 
@@ -373,7 +373,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("auto"),
         default_note: "",
         example: "f16",
-        help: "Dense weight dtype: auto (GGUF stays quantized), f32, f16 or bf16.",
+        help: "Weight dtype: auto (GGUF stays quantized), f32, f16 or bf16 (dense), or q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k (a dense model quantized at load).",
         field: field!(Model, Dtype, dtype),
     },
     Setting {
@@ -407,7 +407,7 @@ pub static SETTINGS: &[Setting] = &[
         default_note: "`auto`: f16 on CUDA (bf16 for bf16 weights), the compute dtype on the CPU (f32 for GGUF)",
         example: "bf16",
         help: "KV cache dtype: auto, f32, f16 or bf16 (f16 and bf16 halve the KV cache's bytes).",
-        field: field!(Model, Dtype, kv_dtype),
+        field: field!(Model, KvDtype, kv_dtype),
     },
     Setting {
         name: "prefill-chunk",

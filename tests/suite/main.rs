@@ -29,6 +29,8 @@ mod offload_model_mode;
 mod offload_modes;
 mod plan_agreement;
 mod plan_serve;
+mod quant_llamacpp;
+mod quantize_on_load;
 mod real_model_api;
 mod real_model_http;
 mod role_injection;
