@@ -196,7 +196,11 @@ fn a_shared_prefix_is_computed_once_and_changes_nothing_else() {
     let first_len = requests[0].prompt.len();
     let mut plain = ScriptModel::saying("he wo");
     let (expected, _) = serve_in_turn(&mut plain, &requests, PrefixCacheOptions::default());
-    assert_eq!(cached(&expected[1]), None, "a model without blocks has no cache");
+    assert_eq!(
+        cached(&expected[1]),
+        None,
+        "a model without blocks has no cache"
+    );
 
     let mut model = ScriptModel::saying("he wo");
     model.blocks = true;
@@ -207,11 +211,22 @@ fn a_shared_prefix_is_computed_once_and_changes_nothing_else() {
         assert_eq!(text_of(got), text_of(want));
         assert_eq!(usage_of(got).prompt_tokens, usage_of(want).prompt_tokens);
     }
-    assert_eq!((cached(&events[0]), cached(&events[1])), (Some(0), Some(hits)));
-    assert_eq!(plain.tokens_fed - model.tokens_fed, hits, "the shared blocks were not fed");
+    assert_eq!(
+        (cached(&events[0]), cached(&events[1])),
+        (Some(0), Some(hits))
+    );
+    assert_eq!(
+        plain.tokens_fed - model.tokens_fed,
+        hits,
+        "the shared blocks were not fed"
+    );
     let queried = (requests[0].prompt.len() + requests[1].prompt.len()) as u64;
     assert_eq!(metrics.prefix_cache_counts("m"), (queried, hits as u64));
-    assert_eq!(metrics.prompt_tokens(), queried, "the usage counts every prompt token");
+    assert_eq!(
+        metrics.prompt_tokens(),
+        queried,
+        "the usage counts every prompt token"
+    );
     assert!(metrics
         .render()
         .contains(&format!("ferry_prefix_cache_tokens{{model=\"m\"}} {}", {

@@ -28,6 +28,7 @@ mod offload_model_mode;
 mod offload_modes;
 mod plan_agreement;
 mod plan_serve;
+mod prefix_cache;
 mod real_model_api;
 mod real_model_http;
 mod role_injection;
