@@ -114,6 +114,10 @@ pub struct ModelConfig {
     pub prefill_chunk: usize,
     /// Most tokens one engine step computes, decodes and prompt chunks together.
     pub max_step_tokens: usize,
+    /// Whether requests sharing a prompt prefix reuse its KV state (`engine::prefix_cache`).
+    pub prefix_cache: bool,
+    /// Most tokens the prefix cache holds; unset = what the KV budget leaves room for.
+    pub prefix_cache_tokens: Option<usize>,
     /// Placement.
     pub offload: OffloadConfig,
     /// Where offloaded units run (`offload.tier`, `offload.host_gflops`, ...).
@@ -167,6 +171,8 @@ impl ModelConfig {
             kv_dtype: DtypeChoice::Auto,
             prefill_chunk: 0,
             max_step_tokens: 0,
+            prefix_cache: false,
+            prefix_cache_tokens: None,
             offload: OffloadConfig {
                 mode: OffloadMode::Auto,
                 gpu_memory: MemoryBudget::FractionOfFree(1.0),

@@ -20,6 +20,7 @@ pub mod generate;
 pub mod grammar;
 pub mod logprobs;
 pub mod penalties;
+pub mod prefix_cache;
 pub mod queue;
 pub mod request;
 pub mod sampling;
@@ -35,9 +36,10 @@ pub mod worker;
 pub use backend::{Backend, ModelCard, ModelStatus, Residency};
 pub use error::{EngineError, EngineResult};
 pub use grammar::{Grammar, GrammarCompiler, GrammarSpec};
+pub use prefix_cache::PrefixCacheOptions;
 pub use request::{
     ChatMessage, FinishReason, GenerationEvent, GenerationParams, GenerationRequest,
-    SamplingParams, TokenLogprob, TokenOutput, Usage,
+    PromptTokensDetails, SamplingParams, TokenLogprob, TokenOutput, Usage,
 };
 pub use traits::{LanguageModel, TextCodec};
 pub use worker::{EngineHandle, EngineOptions};

@@ -17,6 +17,10 @@ pub trait LanguageModel: Send {
     /// Per-request state (the KV cache and position).
     type Sequence;
 
+    /// A copy of some consecutive positions of a sequence's state, as the prefix cache keeps
+    /// it ([`copy_block`](Self::copy_block)).
+    type Block;
+
     /// A fresh, empty sequence.
     fn new_sequence(&self) -> Self::Sequence;
 
@@ -49,6 +53,45 @@ pub trait LanguageModel: Send {
     /// own.
     fn fork_sequence(&self, _seq: &Self::Sequence) -> EngineResult<Option<Self::Sequence>> {
         Ok(None)
+    }
+
+    /// Whether [`copy_block`](Self::copy_block) and [`extend_sequence`](Self::extend_sequence)
+    /// work, so the serving loop may cache prompt prefixes. Default false.
+    fn supports_blocks(&self) -> bool {
+        false
+    }
+
+    /// A copy of positions `start..start + len` of `seq`'s state (all of them computed), for
+    /// the prefix cache: sequences whose prompts start with the same tokens start from it
+    /// instead of computing those positions again. Default `Ok(None)`: this model's sequences
+    /// are not cached.
+    fn copy_block(
+        &self,
+        _seq: &Self::Sequence,
+        _start: usize,
+        _len: usize,
+    ) -> EngineResult<Option<Self::Block>> {
+        Ok(None)
+    }
+
+    /// Appends `blocks` (consecutive positions, in order, copied by
+    /// [`copy_block`](Self::copy_block)) to `seq`, which holds the positions before them. On
+    /// error `seq` is as it was. Default: an error (nothing is ever copied).
+    fn extend_sequence(
+        &self,
+        _seq: &mut Self::Sequence,
+        _blocks: &[&Self::Block],
+    ) -> EngineResult<()> {
+        Err(EngineError::Internal(
+            "this model does not restore cached positions".into(),
+        ))
+    }
+
+    /// The most positions of KV memory a sequence may hold once it has grown to `len`
+    /// positions (its buffers may grow in steps larger than a token). The prefix cache keeps
+    /// this room for every running sequence. Default `len`.
+    fn kv_reserve(&self, len: usize) -> usize {
+        len
     }
 
     /// The context window in tokens (prompt plus completion).

@@ -336,6 +336,7 @@ struct Recording {
 
 impl LanguageModel for Recording {
     type Sequence = (usize, crate::engine::test_support::ScriptSeq);
+    type Block = ();
 
     fn new_sequence(&self) -> Self::Sequence {
         let id = self.next_id.get();

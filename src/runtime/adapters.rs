@@ -13,7 +13,7 @@ use crate::engine::tool_calls::ToolSupport;
 use crate::engine::traits::{LanguageModel, TextCodec};
 use crate::engine::{ChatMessage, EngineError, EngineResult, GrammarCompiler};
 use crate::model::decoder::{Model, ResidentLayers, SeqInput};
-use crate::model::kv_cache::KvCache;
+use crate::model::kv_cache::{KvCache, KvSpan};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::weights::LayerWeights;
 use crate::model::ModelError;
@@ -151,6 +151,7 @@ impl ModelRunner {
 
 impl LanguageModel for ModelRunner {
     type Sequence = RunnerSequence;
+    type Block = KvSpan;
 
     fn new_sequence(&self) -> RunnerSequence {
         RunnerSequence {
@@ -204,6 +205,34 @@ impl LanguageModel for ModelRunner {
     fn fork_sequence(&self, seq: &RunnerSequence) -> EngineResult<Option<RunnerSequence>> {
         let cache = seq.cache.fork().map_err(|e| self.step_error(e))?;
         Ok(Some(RunnerSequence { cache, lease: None }))
+    }
+
+    fn supports_blocks(&self) -> bool {
+        true
+    }
+
+    /// Copies the positions' keys and values out of the cache (device to device).
+    fn copy_block(
+        &self,
+        seq: &RunnerSequence,
+        start: usize,
+        len: usize,
+    ) -> EngineResult<Option<KvSpan>> {
+        let span = seq
+            .cache
+            .copy_span(start, len)
+            .map_err(|e| self.step_error(e))?;
+        Ok(Some(span))
+    }
+
+    fn extend_sequence(&self, seq: &mut RunnerSequence, blocks: &[&KvSpan]) -> EngineResult<()> {
+        seq.cache
+            .extend_from_spans(blocks)
+            .map_err(|e| self.step_error(e))
+    }
+
+    fn kv_reserve(&self, len: usize) -> usize {
+        crate::model::kv_cache::capacity_bound(len, self.max_context)
     }
 
     fn max_context(&self) -> usize {

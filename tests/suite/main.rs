@@ -29,6 +29,7 @@ mod offload_model_mode;
 mod offload_modes;
 mod plan_agreement;
 mod plan_serve;
+mod prefix_cache;
 mod quant_llamacpp;
 mod quantize_on_load;
 mod real_model_api;
