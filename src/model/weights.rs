@@ -264,7 +264,11 @@ impl LayerWeights {
     /// Removes the expert parts from the layer and returns them, in expert order (the offload
     /// engine places them one by one).
     pub fn take_experts(&mut self) -> Vec<ExpertWeights> {
-        let experts = self.experts().into_iter().map(|e| e.map(Linear::clone)).collect();
+        let experts = self
+            .experts()
+            .into_iter()
+            .map(|e| e.map(Linear::clone))
+            .collect();
         self.parts.retain(|(p, _)| !p.is_expert());
         experts
     }

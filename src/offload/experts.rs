@@ -180,7 +180,8 @@ impl ExpertStore {
                     set.host.push(None);
                 } else {
                     set.resident.push(None);
-                    set.host.push(Some(host_expert(checkpoint, layout, e, dtype)?));
+                    set.host
+                        .push(Some(host_expert(checkpoint, layout, e, dtype)?));
                 }
             }
             layers.push(set);
@@ -236,7 +237,9 @@ impl ExpertStore {
 
     /// Whether layer `index` has experts the store hands out.
     pub fn has_layer(&self, index: usize) -> bool {
-        self.layers.get(index).is_some_and(|l| !l.resident.is_empty())
+        self.layers
+            .get(index)
+            .is_some_and(|l| !l.resident.is_empty())
     }
 
     /// The handle a layer's weights ask for their routed experts.
@@ -276,7 +279,11 @@ impl ExpertStore {
                 out.push(w.clone());
                 continue;
             }
-            let expert = set.host.get(e).and_then(Option::as_ref).ok_or_else(missing)?;
+            let expert = set
+                .host
+                .get(e)
+                .and_then(Option::as_ref)
+                .ok_or_else(missing)?;
             pool.clock += 1;
             let now = pool.clock;
             if let Some(&s) = pool.index.get(&(layer, e)) {
@@ -310,8 +317,7 @@ impl ExpertStore {
                 pool.index.remove(&key);
             }
             pool.index.insert((layer, e), s);
-            self.accounting
-                .record_expert_miss(bytes, started.elapsed());
+            self.accounting.record_expert_miss(bytes, started.elapsed());
             out.push(views);
         }
         drop(pool);

@@ -171,7 +171,11 @@ pub fn place(
     let pool_bytes = (pool_slots as u64).saturating_mul(host_layouts(&layers).total_bytes());
     left = left.checked_sub(pool_bytes)?;
     if spread {
-        let most = layers.iter().map(LayerExperts::n_experts).max().unwrap_or(0);
+        let most = layers
+            .iter()
+            .map(LayerExperts::n_experts)
+            .max()
+            .unwrap_or(0);
         'fill: for e in 0..most {
             for l in layers.iter_mut().filter(|l| e < l.n_experts()) {
                 let bytes = l.expert_bytes[e];

@@ -86,7 +86,10 @@ fn top_2_of_8_moves_a_quarter_of_the_experts() {
     let ex = p.experts.as_ref().expect("experts placed");
     assert_eq!(ex.host_experts(), layers * 8);
     assert_eq!(ex.bytes_per_token, (layers * 2 * expert) as u64);
-    assert_eq!(ex.whole_layer_bytes_per_token, (layers * (base + 8 * expert)) as u64);
+    assert_eq!(
+        ex.whole_layer_bytes_per_token,
+        (layers * (base + 8 * expert)) as u64
+    );
     let ratio = ex.bytes_per_token as f64 / ex.whole_layer_bytes_per_token as f64;
     assert!((ratio - 2.0 / 9.0).abs() < 1e-9, "{ratio}");
     // The pool holds one token's experts of one layer; the device the other parts and it.
@@ -95,7 +98,10 @@ fn top_2_of_8_moves_a_quarter_of_the_experts() {
     assert_eq!(p.device_bytes, (layers * base + 2 * expert) as u64);
     assert_eq!(p.host_bytes, (layers * 8 * expert) as u64);
     assert_eq!(p.streamed_bytes_per_step, ex.bytes_per_token);
-    assert!(p.layers.iter().all(|l| l.home == crate::offload::Home::Device));
+    assert!(p
+        .layers
+        .iter()
+        .all(|l| l.home == crate::offload::Home::Device));
 }
 
 /// Top-8 of 128 (Qwen3-30B-A3B's routing): 8 / 128 of the experts, 1/16 of whole-layer
@@ -137,7 +143,12 @@ fn auto_spreads_resident_experts_evenly_within_the_budget() {
     assert_eq!((p.experts, p.slots), (None, 0));
 
     // No room for the other parts and the pool: whole layers stream instead.
-    let p = plan(&input(OffloadMode::Auto, all, (layers * base + expert) as u64, 2));
+    let p = plan(&input(
+        OffloadMode::Auto,
+        all,
+        (layers * base + expert) as u64,
+        2,
+    ));
     assert!(p.map_or(true, |p| p.experts.is_none()));
 }
 

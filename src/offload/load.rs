@@ -52,7 +52,9 @@ pub fn load_placed(
         .count();
     let accounting = Arc::new(Accounting::new(plan));
     if let Some(experts) = &plan.experts {
-        return load_experts(checkpoint, options, plan, experts, stream, progress, accounting);
+        return load_experts(
+            checkpoint, options, plan, experts, stream, progress, accounting,
+        );
     }
     let split = |spec: &ModelSpec| check_layers(spec, plan).map(|()| resident_count);
     let read = read_model(checkpoint, options, &split, progress)?;

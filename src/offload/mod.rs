@@ -63,9 +63,9 @@ mod swap_copy;
 pub mod units;
 
 pub use accounting::{Accounting, AccountingSnapshot, PlannedBytes};
+pub use error::{CacheOverflow, OffloadError, PlanError, Result};
 pub use experts::{ExpertStore, ExpertTier};
 pub use experts_plan::{ExpertInput, ExpertPlan, LayerExperts};
-pub use error::{CacheOverflow, OffloadError, PlanError, Result};
 pub use host::HostStore;
 pub use layout::{LayerLayout, SlotKind, SlotLayout, SlotMatrix};
 pub use load::{load_parked, load_placed, ParkedModel, PlacedModel};

@@ -16,6 +16,7 @@ mod arch_llamacpp;
 mod batch_forward;
 mod chat_templates;
 mod cli;
+mod expert_offload;
 mod fit;
 mod gpu_check_dry;
 mod hf_model_serving;

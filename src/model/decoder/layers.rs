@@ -11,8 +11,8 @@
 //! not reachable.
 
 use crate::model::error::{ModelError, Result};
-pub use crate::model::weights::{ExpertWeights, RoutedExperts};
 use crate::model::weights::LayerWeights;
+pub use crate::model::weights::{ExpertWeights, RoutedExperts};
 
 /// Hands out the weights of decoder layer `index` for one forward pass.
 pub trait LayerSource {
