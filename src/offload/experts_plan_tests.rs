@@ -164,3 +164,39 @@ fn a_larger_pool_is_counted_on_the_device() {
     assert_eq!(p.slots, 5);
     assert_eq!(p.device_bytes, (2 * PIECE + 5 * 3 * PIECE) as u64);
 }
+
+#[test]
+fn ferry_plan_shows_the_expert_tiers_and_the_bytes_per_token() {
+    use crate::offload::render::{plan_json, render_text};
+    let (layers, base, expert) = (4, PIECE * 3, PIECE * 3);
+    let budget = (layers * base + 2 * expert + 10 * expert + expert / 2) as u64;
+    let mut inp = input(
+        OffloadMode::Auto,
+        layouts(layers, base, 8, expert),
+        budget,
+        2,
+    );
+    inp.link_bandwidth = Some(16_000_000_000);
+    let p = plan(&inp).expect("fits");
+    let text = render_text(&p);
+    for line in [
+        "experts top 2 of 8 per token",
+        "  layers 0-1    experts 3 of 8 on the device, 5 on the host (25.5 KiB each)",
+        "  layers 2-3    experts 2 of 8 on the device, 6 on the host (25.5 KiB each)",
+        "routed experts ~140.2 KiB moved per token (whole-layer streaming 918.0 KiB: 0.15x)",
+        "  expert pool  2 x 25.5 KiB = 51.0 KiB",
+    ] {
+        assert!(text.contains(line), "{line:?} not in\n{text}");
+    }
+    let json = plan_json(&p);
+    let ex = &json["experts"];
+    assert_eq!(ex["n_used"], 2);
+    assert_eq!(ex["pool_slots"], 2);
+    assert_eq!(ex["bytes_per_token"], p.streamed_bytes_per_step);
+    assert_eq!(ex["layers"].as_array().map(Vec::len), Some(4));
+    assert_eq!(ex["layers"][3]["host_experts"], 6);
+    assert!(
+        plan_json(&plan(&PlanInput::new(OffloadMode::None, vec![1], 0, 10)).unwrap())["experts"]
+            .is_null()
+    );
+}
