@@ -5,6 +5,7 @@
 //! reference-counted handle, so cloning a [`LayerWeights`] is cheap and the offload engine can
 //! hand out slot-backed copies without moving data.
 
+use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -211,6 +212,22 @@ pub enum LayerTensor {
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
     parts: Vec<(Part, LayerTensor)>,
+    /// Where a MoE layer's experts come from when the layer does not hold them itself (the
+    /// offload engine's expert store); `None`: the experts are parts of the layer.
+    routed: Option<Arc<dyn RoutedExperts>>,
+}
+
+/// One MoE expert's `[gate, up, down]` projections (cheap handles: cloning copies no weight).
+pub type ExpertWeights = [Linear; 3];
+
+/// The experts of one MoE layer, handed out after the router ran: the MoE forward asks for the
+/// experts the step's rows were routed to, and the source decides where each one comes from
+/// (resident, copied into a device slot, or computed from its host slab). A layer built with
+/// [`LayerWeights::with_routed`] asks it instead of reading its own expert parts.
+pub trait RoutedExperts: fmt::Debug + Send + Sync {
+    /// The weights of experts `wanted` (ascending expert indices), in that order, for a step
+    /// of `rows` rows.
+    fn experts(&self, wanted: &[usize], rows: usize) -> Result<Vec<ExpertWeights>>;
 }
 
 impl LayerWeights {
@@ -233,7 +250,45 @@ impl LayerWeights {
                 out.push((part, LayerTensor::Vector(vector(i)?)));
             }
         }
-        Ok(Self { parts: out })
+        Ok(Self {
+            parts: out,
+            routed: None,
+        })
+    }
+
+    /// This layer asking `routed` for its experts ([`LayerWeights::routed_experts`]).
+    pub fn with_routed(mut self, routed: Arc<dyn RoutedExperts>) -> Self {
+        self.routed = Some(routed);
+        self
+    }
+
+    /// Removes the expert parts from the layer and returns them, in expert order (the offload
+    /// engine places them one by one).
+    pub fn take_experts(&mut self) -> Vec<ExpertWeights> {
+        let experts = self
+            .experts()
+            .into_iter()
+            .map(|e| e.map(Linear::clone))
+            .collect();
+        self.parts.retain(|(p, _)| !p.is_expert());
+        experts
+    }
+
+    /// The weights of experts `wanted` (ascending), for a step of `rows` rows: from the
+    /// layer's routed source if it has one, else its own expert parts.
+    pub fn routed_experts(&self, wanted: &[usize], rows: usize) -> Result<Vec<ExpertWeights>> {
+        if let Some(routed) = &self.routed {
+            return routed.experts(wanted, rows);
+        }
+        let own = self.experts();
+        wanted
+            .iter()
+            .map(|&e| {
+                own.get(e).map(|x| x.map(Linear::clone)).ok_or_else(|| {
+                    ModelError::MissingTensor(format!("expert {e} of {}", own.len()))
+                })
+            })
+            .collect()
     }
 
     /// The experts' `[gate, up, down]`, in expert order (empty for a dense layer).
