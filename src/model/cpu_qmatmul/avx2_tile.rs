@@ -4,7 +4,10 @@
 //!
 //! Every output is computed with exactly the operations, in exactly the order, of the
 //! one-row kernel in [`super::avx2`] (same accumulators, same scalar offset sums), so a tiled
-//! matmul returns bit for bit what the row-by-row one does.
+//! matmul returns bit for bit what the row-by-row one does. Where the CPU has AVX-VNNI the
+//! byte products are summed by one `vpdpbusd` instead of `vpmaddubsw` + `vpmaddwd`: both give
+//! the same 32-bit sums of the same four products per lane (the 16-bit stage cannot saturate,
+//! see [`super::avx2`]), so that too leaves every result unchanged.
 
 // The four rows' blocks are indexed in lockstep, by block and by row.
 #![allow(clippy::needless_range_loop)]
@@ -23,31 +26,95 @@ fn check(w: &[u8], a: &Rows4<'_>, block_bytes: usize, what: &str) {
     assert!(w.len() >= block_bytes * kb, "{what} row too short");
 }
 
-/// [`Avx2::dot_q4_0`] of `w` with each of the four rows `a`.
-pub fn q4_0(_: Avx2, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+/// Whether the CPU has AVX-VNNI (cached by the standard library after the first call).
+pub fn has_vnni() -> bool {
+    is_x86_feature_detected!("avxvnni")
+}
+
+/// [`Avx2::dot_q4_0`] of `w` with each of the four rows `a` (with `vnni` where the CPU has
+/// it: [`has_vnni`]).
+pub fn q4_0(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    let _ = k;
     check(w, &a, 18, "q4_0");
-    // SAFETY: the `Avx2` token proves the features; `check` bounds every read of `w`.
-    unsafe { q4_0_x4(w.as_ptr(), a) }
+    let (w, vnni) = (w.as_ptr(), vnni && has_vnni());
+    // SAFETY: the `Avx2` token proves the features (and `has_vnni` AVX-VNNI); `check` bounds
+    // every read of `w`.
+    unsafe {
+        match vnni {
+            true => q4_0_vnni(w, a),
+            false => q4_0_x4(w, a),
+        }
+    }
 }
 
-/// [`Avx2::dot_q4_1`] of `w` with each of the four rows `a`.
-pub fn q4_1(_: Avx2, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+/// [`Avx2::dot_q4_1`] of `w` with each of the four rows `a` (see [`q4_0`] for `vnni`).
+pub fn q4_1(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    let _ = k;
     check(w, &a, 20, "q4_1");
+    let (w, vnni) = (w.as_ptr(), vnni && has_vnni());
     // SAFETY: as in `q4_0`.
-    unsafe { q4_1_x4(w.as_ptr(), a) }
+    unsafe {
+        match vnni {
+            true => q4_1_vnni(w, a),
+            false => q4_1_x4(w, a),
+        }
+    }
 }
 
-/// [`Avx2::dot_q8_0`] of `w` with each of the four rows `a`.
-pub fn q8_0(_: Avx2, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+/// [`Avx2::dot_q8_0`] of `w` with each of the four rows `a` (see [`q4_0`] for `vnni`).
+pub fn q8_0(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    let _ = k;
     check(w, &a, 34, "q8_0");
+    let (w, vnni) = (w.as_ptr(), vnni && has_vnni());
     // SAFETY: as in `q4_0`.
-    unsafe { q8_0_x4(w.as_ptr(), a) }
+    unsafe {
+        match vnni {
+            true => q8_0_vnni(w, a),
+            false => q8_0_x4(w, a),
+        }
+    }
 }
+
+/// Sums of `u8 * i8` products, eight i32 lanes of four products each, as f32.
+///
+/// # Safety
+/// The CPU must have AVX2 (and AVX-VNNI when `VNNI`); inlined into the callers below.
+#[inline(always)]
+unsafe fn dot<const VNNI: bool>(w: __m256i, y: __m256i) -> __m256 {
+    if VNNI {
+        _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, y))
+    } else {
+        dot_u8_i8(w, y)
+    }
+}
+
+/// One pair of entry points per format: the kernel body compiled with and without AVX-VNNI.
+macro_rules! variants {
+    ($body:ident, $plain:ident, $vnni:ident) => {
+        /// # Safety
+        /// The CPU must have AVX2, FMA, F16C; the row's bytes must be readable.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $plain(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+            $body::<false>(w, a)
+        }
+
+        /// # Safety
+        /// As the plain variant, and the CPU must have AVX-VNNI.
+        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+        unsafe fn $vnni(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+            $body::<true>(w, a)
+        }
+    };
+}
+
+variants!(q4_0_body, q4_0_x4, q4_0_vnni);
+variants!(q4_1_body, q4_1_x4, q4_1_vnni);
+variants!(q8_0_body, q8_0_x4, q8_0_vnni);
 
 /// # Safety
-/// The CPU must have AVX2, FMA, F16C; `w..w + 18 * a[0].len()` must be readable.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0_x4(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+/// Inlined into its variants (see `variants!`); `w..w + 18 * a[0].len()` must be readable.
+#[inline(always)]
+unsafe fn q4_0_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut offset = [0f32; 4];
     for i in 0..a[0].len() {
@@ -60,7 +127,7 @@ unsafe fn q4_0_x4(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
         for r in 0..4 {
             let b = &a[r][i];
             let scale = dw * b.d;
-            let prod = dot_u8_i8(wq, load_act(b));
+            let prod = dot::<VNNI>(wq, load_act(b));
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scale), prod, acc[r]);
             offset[r] += scale * (8 * b.isum) as f32;
         }
@@ -69,9 +136,9 @@ unsafe fn q4_0_x4(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
 }
 
 /// # Safety
-/// The CPU must have AVX2, FMA, F16C; `w..w + 20 * a[0].len()` must be readable.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1_x4(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+/// Inlined into its variants (see `variants!`); `w..w + 20 * a[0].len()` must be readable.
+#[inline(always)]
+unsafe fn q4_1_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
     let kb = a[0].len();
     let mut acc0 = [_mm256_setzero_ps(); 4];
     let mut acc1 = [_mm256_setzero_ps(); 4];
@@ -89,8 +156,8 @@ unsafe fn q4_1_x4(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
         let (w0, w1) = (nibbles(p.add(4)), nibbles(p.add(24)));
         for r in 0..4 {
             let (b0, b1) = (&a[r][2 * j], &a[r][2 * j + 1]);
-            let prod0 = dot_u8_i8(w0, load_act(b0));
-            let prod1 = dot_u8_i8(w1, load_act(b1));
+            let prod0 = dot::<VNNI>(w0, load_act(b0));
+            let prod1 = dot::<VNNI>(w1, load_act(b1));
             acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b0.d), prod0, acc0[r]);
             acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * b1.d), prod1, acc1[r]);
             offset[r] += m0 * b0.s + m1 * b1.s;
@@ -103,7 +170,7 @@ unsafe fn q4_1_x4(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
         let wq = nibbles(p.add(4));
         for r in 0..4 {
             let b = &a[r][kb - 1];
-            let prod = dot_u8_i8(wq, load_act(b));
+            let prod = dot::<VNNI>(wq, load_act(b));
             acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), prod, acc0[r]);
             offset[r] += m * b.s;
         }
@@ -112,9 +179,9 @@ unsafe fn q4_1_x4(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
 }
 
 /// # Safety
-/// The CPU must have AVX2, FMA, F16C; `w..w + 34 * a[0].len()` must be readable.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_x4(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+/// Inlined into its variants (see `variants!`); `w..w + 34 * a[0].len()` must be readable.
+#[inline(always)]
+unsafe fn q8_0_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
     let kb = a[0].len();
     let mut acc0 = [_mm256_setzero_ps(); 4];
     let mut acc1 = [_mm256_setzero_ps(); 4];
@@ -130,8 +197,8 @@ unsafe fn q8_0_x4(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
         let (d0, d1) = (f16_at(p), f16_at(p.add(34)));
         for r in 0..4 {
             let (b0, b1) = (&a[r][2 * j], &a[r][2 * j + 1]);
-            let prod0 = dot_u8_i8(abs0, _mm256_sign_epi8(load_act(b0), wv0));
-            let prod1 = dot_u8_i8(abs1, _mm256_sign_epi8(load_act(b1), wv1));
+            let prod0 = dot::<VNNI>(abs0, _mm256_sign_epi8(load_act(b0), wv0));
+            let prod1 = dot::<VNNI>(abs1, _mm256_sign_epi8(load_act(b1), wv1));
             acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b0.d), prod0, acc0[r]);
             acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * b1.d), prod1, acc1[r]);
         }
@@ -143,7 +210,7 @@ unsafe fn q8_0_x4(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
         let d = f16_at(p);
         for r in 0..4 {
             let b = &a[r][kb - 1];
-            let prod = dot_u8_i8(abs, _mm256_sign_epi8(load_act(b), wv));
+            let prod = dot::<VNNI>(abs, _mm256_sign_epi8(load_act(b), wv));
             acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), prod, acc0[r]);
         }
     }

@@ -49,9 +49,9 @@ pub(super) fn rows4(dot: &Dot, w: &[u8], a: Rows4<'_>) -> Option<[f32; 4]> {
     #[cfg(target_arch = "x86_64")]
     if let Some(k) = dot.avx2 {
         return match dot.format {
-            Format::Q4_0 => Some(avx2_tile::q4_0(k, w, a)),
-            Format::Q4_1 => Some(avx2_tile::q4_1(k, w, a)),
-            Format::Q8_0 => Some(avx2_tile::q8_0(k, w, a)),
+            Format::Q4_0 => Some(avx2_tile::q4_0(k, true, w, a)),
+            Format::Q4_1 => Some(avx2_tile::q4_1(k, true, w, a)),
+            Format::Q8_0 => Some(avx2_tile::q8_0(k, true, w, a)),
             _ => None,
         };
     }

@@ -123,3 +123,39 @@ fn the_tiled_result_is_the_f32_product_within_rounding() {
         }
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_four_row_kernels_with_and_without_vnni_equal_the_one_row_dot() {
+    use super::super::avx2::Avx2;
+    use super::super::avx2_tile;
+    let Some(k) = Avx2::detect() else {
+        return;
+    };
+    for dtype in FORMATS {
+        for kb in [1, 2, 5, 48] {
+            let mm = matrix(dtype, 1, 32 * kb, 12);
+            let data = mm.weight.data().unwrap();
+            let x = values(4 * 32 * kb, 31);
+            let mut act = vec![Q8Block::ZERO; 4 * kb];
+            for (a, x) in act.chunks_mut(kb).zip(x.chunks(32 * kb)) {
+                quantize_row(x, a);
+            }
+            let rows: Vec<&[Q8Block]> = act.chunks(kb).collect();
+            let a = [rows[0], rows[1], rows[2], rows[3]];
+            let one = a.map(|a| match dtype {
+                GgmlDType::Q4_0 => k.dot_q4_0(&data, a),
+                GgmlDType::Q4_1 => k.dot_q4_1(&data, a),
+                _ => k.dot_q8_0(&data, a),
+            });
+            for vnni in [false, true] {
+                let four = match dtype {
+                    GgmlDType::Q4_0 => avx2_tile::q4_0(k, vnni, &data, a),
+                    GgmlDType::Q4_1 => avx2_tile::q4_1(k, vnni, &data, a),
+                    _ => avx2_tile::q8_0(k, vnni, &data, a),
+                };
+                assert_eq!(four, one, "{dtype:?} vnni {vnni} {kb} blocks");
+            }
+        }
+    }
+}
