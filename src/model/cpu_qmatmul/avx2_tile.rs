@@ -26,9 +26,18 @@ fn check(w: &[u8], a: &Rows4<'_>, block_bytes: usize, what: &str) {
     assert!(w.len() >= block_bytes * kb, "{what} row too short");
 }
 
-/// Whether the CPU has AVX-VNNI (cached by the standard library after the first call).
+/// Whether the CPU has AVX-VNNI (CPUID leaf 7, sub-leaf 1, EAX bit 4; read once). The
+/// standard library's detection and intrinsics for it are newer than this crate's MSRV, so
+/// the instruction is issued by `asm!` in [`dot`].
 pub fn has_vnni() -> bool {
-    is_x86_feature_detected!("avxvnni")
+    static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VNNI.get_or_init(|| {
+        // SAFETY: CPUID is available on every x86_64 CPU (the intrinsics are safe functions
+        // in newer Rust, unsafe at the MSRV); leaf 7 is read only when it exists.
+        #[allow(unused_unsafe)]
+        let leaf7 = unsafe { (__cpuid(0).eax >= 7).then(|| __cpuid_count(7, 1).eax) };
+        leaf7.is_some_and(|eax| (eax >> 4) & 1 == 1) && Avx2::detect().is_some()
+    })
 }
 
 /// [`Avx2::dot_q4_0`] of `w` with each of the four rows `a` (with `vnni` where the CPU has
@@ -82,10 +91,29 @@ pub fn q8_0(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
 #[inline(always)]
 unsafe fn dot<const VNNI: bool>(w: __m256i, y: __m256i) -> __m256 {
     if VNNI {
-        _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, y))
+        vnni_dot(w, y)
     } else {
         dot_u8_i8(w, y)
     }
+}
+
+/// [`dot_u8_i8`] by one `vpdpbusd` (AVX-VNNI, VEX encoded).
+///
+/// # Safety
+/// The CPU must have AVX2 and AVX-VNNI.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vnni_dot(w: __m256i, y: __m256i) -> __m256 {
+    let mut sums = _mm256_setzero_si256();
+    // SAFETY: the caller has AVX-VNNI; the instruction reads and writes registers only.
+    std::arch::asm!(
+        "{{vex}} vpdpbusd {acc}, {w}, {y}",
+        acc = inout(ymm_reg) sums,
+        w = in(ymm_reg) w,
+        y = in(ymm_reg) y,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    _mm256_cvtepi32_ps(sums)
 }
 
 /// One pair of entry points per format: the kernel body compiled with and without AVX-VNNI.
@@ -100,7 +128,7 @@ macro_rules! variants {
 
         /// # Safety
         /// As the plain variant, and the CPU must have AVX-VNNI.
-        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+        #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $vnni(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
             $body::<true>(w, a)
         }

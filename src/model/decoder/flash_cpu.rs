@@ -13,8 +13,9 @@
 //! is set (Gemma 2).
 //!
 //! Tasks run on rayon's pool once the step is large enough. The inner loops are written so
-//! the compiler vectorizes them, and are compiled three times (AVX-512, AVX2 + FMA, baseline)
-//! with the variant picked at run time from the CPU's features.
+//! the compiler vectorizes them, and are compiled twice (AVX2 + FMA, baseline) with the
+//! variant picked at run time from the CPU's features. (An AVX-512 variant needs Rust 1.89,
+//! past this crate's MSRV.)
 
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
@@ -177,8 +178,6 @@ struct Task<'a> {
 #[derive(Debug, Clone, Copy)]
 enum Isa {
     #[cfg(target_arch = "x86_64")]
-    Avx512,
-    #[cfg(target_arch = "x86_64")]
     Avx2,
     Baseline,
 }
@@ -187,11 +186,7 @@ impl Isa {
     fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
-            let fma = is_x86_feature_detected!("fma");
-            if fma && is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            if fma && is_x86_feature_detected!("avx2") {
+            if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
                 return Isa::Avx2;
             }
         }
@@ -200,21 +195,12 @@ impl Isa {
 
     fn run(self, q: &[f32], k: &KvHeads<'_>, v: &KvHeads<'_>, s: &Shape, task: Task<'_>) {
         match self {
-            // SAFETY: `detect` chose these only when the CPU has the features.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { tile_avx512(q, k, v, s, task) },
-            // SAFETY: as above.
+            // SAFETY: `detect` chose it only when the CPU has the features.
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => unsafe { tile_avx2(q, k, v, s, task) },
             Isa::Baseline => tile::<false>(q, k, v, s, task),
         }
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn tile_avx512(q: &[f32], k: &KvHeads<'_>, v: &KvHeads<'_>, s: &Shape, task: Task<'_>) {
-    tile::<true>(q, k, v, s, task)
 }
 
 #[cfg(target_arch = "x86_64")]
