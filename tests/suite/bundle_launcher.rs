@@ -49,7 +49,10 @@ fn a_missing_library_is_named_and_the_binary_is_not_started() {
         stderr.contains("shared libraries not found: libq.so.6"),
         "{stderr}"
     );
-    assert!(stderr.contains(&format!("{}/lib", dir.path().display())), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}/lib", dir.path().display())),
+        "{stderr}"
+    );
     assert!(!stderr.contains("libcuda.so.1 comes with"), "{stderr}");
 }
 

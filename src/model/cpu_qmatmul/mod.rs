@@ -18,15 +18,18 @@ pub mod avx2;
 mod format_tests;
 pub mod kquants;
 pub mod q5;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2_tile;
 pub mod scalar;
+pub mod scalar_tile;
 #[cfg(test)]
 mod tests;
+pub mod tile;
 
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Storage, Tensor};
-use rayon::prelude::*;
 
 use self::activation::{ActKind, ActRow, Activations, BLOCK};
 use self::kquants::activation::QK_K;
@@ -288,6 +291,17 @@ fn matmul_many(
     m: usize,
     kernel: Kernel,
 ) -> Result<()> {
+    matmul_many_with(jobs, x, m, kernel, tile::Tiling::Tiled)
+}
+
+/// [`matmul_many`] with the tiling chosen (the per-row one is the reference in tests).
+fn matmul_many_with(
+    jobs: &mut [(&CpuQMatMul, &mut [f32])],
+    x: &[f32],
+    m: usize,
+    kernel: Kernel,
+    tiling: tile::Tiling,
+) -> Result<()> {
     let Some(k) = jobs.first().map(|(mm, _)| mm.cols) else {
         return Ok(());
     };
@@ -310,75 +324,6 @@ fn matmul_many(
     let kinds = jobs.iter().map(|(mm, _)| mm.format.activation());
     let act = Activations::quantize(x, k, kinds, m * kb >= PARALLEL_MIN_BLOCKS);
 
-    // Each task owns a run of weight rows and computes them against every input row, so a
-    // weight row is read from memory once per call; with several input rows the results land
-    // transposed (`[n, m]`) and are put back in place at the end.
-    let mut transposed: Vec<Vec<f32>> = if m == 1 {
-        Vec::new()
-    } else {
-        jobs.iter().map(|(mm, _)| vec![0f32; mm.rows * m]).collect()
-    };
-    let parallel = n_total * kb * m >= PARALLEL_MIN_BLOCKS;
-    let per_task = if parallel {
-        n_total.div_ceil(4 * rayon::current_num_threads()).max(4)
-    } else {
-        n_total
-    };
-    let mats: Vec<&CpuQMatMul> = jobs.iter().map(|(mm, _)| *mm).collect();
-    let datas = mats
-        .iter()
-        .map(|mm| mm.weight.data())
-        .collect::<candle_core::Result<Vec<_>>>()?;
-    let mut tasks: Vec<Task<'_>> = Vec::new();
-    let mut scratch = transposed.iter_mut();
-    for ((mm, out), data) in jobs.iter_mut().zip(&datas) {
-        let dst: &mut [f32] = match scratch.next() {
-            Some(t) => t,
-            None => out,
-        };
-        for (t, dst) in dst.chunks_mut(per_task * m).enumerate() {
-            tasks.push(Task {
-                data,
-                row_bytes: mm.format.row_bytes(k),
-                first: t * per_task,
-                dot: Dot::new(mm.format, kernel),
-                dst,
-            });
-        }
-    }
-    let act = &act;
-    let run = |task: Task<'_>| {
-        for (r, dst_row) in task.dst.chunks_mut(m).enumerate() {
-            let row = task.first + r;
-            let w = &task.data[row * task.row_bytes..(row + 1) * task.row_bytes];
-            for (i, d) in dst_row.iter_mut().enumerate() {
-                *d = task.dot.row(w, act.row(i));
-            }
-        }
-    };
-    if parallel {
-        tasks.into_par_iter().for_each(run);
-    } else {
-        tasks.into_iter().for_each(run);
-    }
-    if m > 1 {
-        for ((mm, out), t) in jobs.iter_mut().zip(&transposed) {
-            let n = mm.rows;
-            for (r, col) in t.chunks(m).enumerate() {
-                for (i, &v) in col.iter().enumerate() {
-                    out[i * n + r] = v;
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A run of consecutive weight rows of one matrix and where their outputs go.
-struct Task<'a> {
-    data: &'a [u8],
-    row_bytes: usize,
-    first: usize,
-    dot: Dot,
-    dst: &'a mut [f32],
+    // The tiled loop (see `tile`): output rectangles of activation rows x weight rows.
+    tile::run(jobs, &act, m, kb, kernel, tiling)
 }
