@@ -176,6 +176,7 @@ fn decode(
     if let (Some(store), Some(tier)) = (placed.store.experts(), tier) {
         store.set_tier(tier);
     }
+    let accounting = placed.store.accounting().clone();
     let model = &placed.model;
     let mut caches: Vec<_> = (0..batch).map(|_| model.new_cache()).collect();
     let mut inputs: Vec<Vec<u32>> = (0..batch)
@@ -199,13 +200,13 @@ fn decode(
     };
     step(&mut inputs)?;
     step(&mut inputs)?;
-    let before = placed.store.accounting().snapshot().bytes_copied;
+    let before = accounting.snapshot().bytes_copied;
     let started = Instant::now();
     for _ in 0..o.steps {
         step(&mut inputs)?;
     }
     let secs = started.elapsed().as_secs_f64();
-    let copied = placed.store.accounting().snapshot().bytes_copied - before;
+    let copied = accounting.snapshot().bytes_copied - before;
     Ok(((o.steps * batch) as f64 / secs, copied / o.steps as u64))
 }
 

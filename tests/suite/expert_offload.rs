@@ -106,8 +106,10 @@ fn greedy(model: &Model, layers: &mut dyn LayerSource, prompts: &[Vec<u32>]) -> 
     out
 }
 
-/// The experts each MoE forward asked for: `(step, layer, wanted)`, in call order.
-type RouteLog = Arc<Mutex<Vec<(usize, usize, Vec<usize>)>>>;
+/// One MoE forward's request: `(step, layer, wanted)`.
+type Route = (usize, usize, Vec<usize>);
+/// The experts each MoE forward asked for, in call order.
+type RouteLog = Arc<Mutex<Vec<Route>>>;
 
 /// The resident model's layers, each asking a recorder for its experts: the routing of a run,
 /// observed from outside the offload engine.
@@ -150,10 +152,7 @@ impl LayerSource for Recording {
 }
 
 /// Mode `none`'s tokens and the routing of every step.
-fn reference(
-    files: &ModelFiles,
-    prompts: &[Vec<u32>],
-) -> (Vec<Vec<u32>>, Vec<(usize, usize, Vec<usize>)>) {
+fn reference(files: &ModelFiles, prompts: &[Vec<u32>]) -> (Vec<Vec<u32>>, Vec<Route>) {
     let loaded = load_model(files, &options(), &mut |_| {}).unwrap();
     let log = RouteLog::default();
     let mut recording = Recording {
