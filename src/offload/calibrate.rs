@@ -95,9 +95,9 @@ pub struct Calibration {
 }
 
 impl Calibration {
-    /// The log line: `calibration: link 8 GB/s (set), host 41.3 GFLOP/s for q4_1 (reads
-    /// 9.2 GB/s), device 41.3 GFLOP/s (the host's), tier auto, in 85 ms`.
-    pub fn summary(&self) -> String {
+    /// The rates and where they came from: `link 8 GB/s (set), host 41.3 GFLOP/s for q4_1
+    /// (reads 9.2 GB/s), device 41.3 GFLOP/s (the host's), tier auto`.
+    pub fn rates(&self) -> String {
         let m = &self.model;
         let note = |source: Source| match source {
             Source::Measured => "",
@@ -106,7 +106,7 @@ impl Calibration {
         };
         let tier = m.forced.map_or("auto", Tier::name);
         format!(
-            "calibration: link {}{}, host {:.1} GFLOP/s{} for {} (reads {}{}), device {:.1} GFLOP/s{}, tier {tier}, in {} ms",
+            "link {}{}, host {:.1} GFLOP/s{} for {} (reads {}{}), device {:.1} GFLOP/s{}, tier {tier}",
             format_bandwidth(m.link_bytes_per_s as u64),
             note(self.sources[0]),
             m.host_flops_per_s / 1e9,
@@ -116,6 +116,14 @@ impl Calibration {
             note(self.sources[2]),
             m.device_flops_per_s / 1e9,
             note(self.sources[3]),
+        )
+    }
+
+    /// The log line: `calibration: ` + [`Calibration::rates`] + `, in 85 ms`.
+    pub fn summary(&self) -> String {
+        format!(
+            "calibration: {}, in {} ms",
+            self.rates(),
             self.elapsed.as_millis()
         )
     }

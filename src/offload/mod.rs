@@ -59,6 +59,7 @@ mod stream_gpu;
 mod stream_thread;
 pub mod swap;
 mod swap_copy;
+pub mod tier_report;
 pub mod units;
 
 pub use accounting::{Accounting, AccountingSnapshot, PlannedBytes};
