@@ -1,28 +1,38 @@
-//! A CPU matmul for GGUF block-quantized weights (Q4_0, Q4_1, Q8_0) that reads the raw GGUF
-//! blocks in place: activations are quantized per 32-block to int8 (llama.cpp's Q8_1 scheme,
+//! A CPU matmul for GGUF block-quantized weights (Q4_0, Q4_1, Q8_0, IQ4_NL, IQ4_XS, MXFP4)
+//! that reads the raw GGUF blocks in place ([`Blocks`]: on the CPU a view of the memory-mapped
+//! model file, nothing copied): activations are quantized per 32-block to int8 (llama.cpp's Q8_1 scheme,
 //! see [`activation`]), each output is an integer dot product over one weight row
 //! ([`scalar`], or [`avx2`] when the CPU has it), and output rows are split across rayon's
 //! pool (`RAYON_NUM_THREADS`).
 //!
 //! It exists because candle 0.11.1 built without `-C target-cpu` runs Q4_1 (the default
-//! model's format), Q4_0 and Q8_0 through scalar code. The weight stays a candle [`QTensor`]
-//! (shared, e.g. with a tied embedding), so nothing is copied or repacked at load time.
+//! model's format), Q4_0 and Q8_0 through scalar code, and has no IQ4_NL, IQ4_XS or MXFP4 at
+//! all ([`iq4`], [`mxfp4`]). The weight is keyed by ferry's [`GgufType`] and shared (e.g. with
+//! a tied embedding, which dequantizes the rows it looks up: [`dequant`]), so nothing is copied
+//! or repacked at load time.
 
 pub mod activation;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+pub mod blocks;
+pub mod dequant;
+pub mod iq4;
+pub mod mxfp4;
 pub mod scalar;
 #[cfg(test)]
 mod tests;
 
 use std::sync::Arc;
 
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Storage, Tensor};
 use rayon::prelude::*;
 
+pub use self::blocks::Blocks;
+
 use self::activation::{quantize_row, Q8Block, BLOCK};
 use super::error::{ModelError, Result};
+use super::header::GgufType;
 
 /// Which dot-product implementation to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -36,28 +46,26 @@ pub enum Kernel {
 
 /// Weight block formats this matmul handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
 enum Format {
     Q4_0,
     Q4_1,
     Q8_0,
+    IQ4_NL,
+    IQ4_XS,
+    MXFP4,
 }
 
 impl Format {
-    fn of(dtype: GgmlDType) -> Option<Self> {
-        match dtype {
-            GgmlDType::Q4_0 => Some(Format::Q4_0),
-            GgmlDType::Q4_1 => Some(Format::Q4_1),
-            GgmlDType::Q8_0 => Some(Format::Q8_0),
+    fn of(ty: GgufType) -> Option<Self> {
+        match ty {
+            GgufType::Q4_0 => Some(Format::Q4_0),
+            GgufType::Q4_1 => Some(Format::Q4_1),
+            GgufType::Q8_0 => Some(Format::Q8_0),
+            GgufType::IQ4_NL => Some(Format::IQ4_NL),
+            GgufType::IQ4_XS => Some(Format::IQ4_XS),
+            GgufType::MXFP4 => Some(Format::MXFP4),
             _ => None,
-        }
-    }
-
-    /// Bytes per 32-element block.
-    fn block_bytes(self) -> usize {
-        match self {
-            Format::Q4_0 => 18,
-            Format::Q4_1 => 20,
-            Format::Q8_0 => 34,
         }
     }
 }
@@ -92,12 +100,18 @@ impl Dot {
                 Format::Q4_0 => k.dot_q4_0(w, a),
                 Format::Q4_1 => k.dot_q4_1(w, a),
                 Format::Q8_0 => k.dot_q8_0(w, a),
+                Format::IQ4_NL => iq4::avx2_dot_iq4_nl(k, w, a),
+                Format::IQ4_XS => iq4::avx2_dot_iq4_xs(k, w, a),
+                Format::MXFP4 => mxfp4::avx2_dot_mxfp4(k, w, a),
             };
         }
         match self.format {
             Format::Q4_0 => scalar::dot_q4_0(w, a),
             Format::Q4_1 => scalar::dot_q4_1(w, a),
             Format::Q8_0 => scalar::dot_q8_0(w, a),
+            Format::IQ4_NL => iq4::dot_iq4_nl(w, a),
+            Format::IQ4_XS => iq4::dot_iq4_xs(w, a),
+            Format::MXFP4 => mxfp4::dot_mxfp4(w, a),
         }
     }
 }
@@ -108,34 +122,33 @@ const PARALLEL_MIN_BLOCKS: usize = 4096;
 /// `y = x W^T` for a quantized `W` (`[out, in]`) on the CPU.
 #[derive(Debug, Clone)]
 pub struct CpuQMatMul {
-    weight: Arc<QTensor>,
+    weight: Blocks,
     format: Format,
     rows: usize,
     cols: usize,
 }
 
 impl CpuQMatMul {
-    /// Whether `dtype` has a kernel here.
-    pub fn supports(dtype: GgmlDType) -> bool {
-        Format::of(dtype).is_some()
+    /// Whether GGUF type `ty` has a kernel here.
+    pub fn supports(ty: GgufType) -> bool {
+        Format::of(ty).is_some()
     }
 
-    /// Wraps a CPU-resident 2-D quantized weight `[out, in]` (`in` a multiple of 32).
+    /// Wraps a CPU-resident 2-D candle quantized weight `[out, in]` (an offload slot's view).
     pub fn new(weight: Arc<QTensor>) -> Result<Self> {
-        let format = Format::of(weight.dtype()).ok_or_else(|| {
-            ModelError::Unsupported(format!("CPU quantized matmul of {:?}", weight.dtype()))
-        })?;
-        if !weight.device().is_cpu() {
-            return Err(ModelError::Unsupported(
-                "CPU quantized matmul of a weight that is not on the CPU".into(),
-            ));
-        }
-        let (rows, cols) = weight.shape().dims2()?;
-        let bytes = weight.data()?.len();
-        if cols % BLOCK != 0 || bytes != rows * cols / BLOCK * format.block_bytes() {
+        Self::from_blocks(Blocks::from_qtensor(weight)?)
+    }
+
+    /// Wraps raw GGUF blocks of a 2-D weight `[out, in]` (`in` a whole number of the type's
+    /// blocks, and of 32).
+    pub fn from_blocks(weight: Blocks) -> Result<Self> {
+        let ty = weight.ty();
+        let format = Format::of(ty)
+            .ok_or_else(|| ModelError::Unsupported(format!("CPU quantized matmul of {ty}")))?;
+        let (rows, cols) = (weight.rows(), weight.cols());
+        if cols % BLOCK != 0 {
             return Err(ModelError::Config(format!(
-                "quantized weight {rows}x{cols} of {:?} holds {bytes} bytes",
-                weight.dtype()
+                "quantized weight {rows}x{cols} of {ty}: {cols} is not a multiple of {BLOCK}"
             )));
         }
         Ok(Self {
@@ -147,7 +160,7 @@ impl CpuQMatMul {
     }
 
     /// The wrapped weight.
-    pub fn weight(&self) -> &Arc<QTensor> {
+    pub fn weight(&self) -> &Blocks {
         &self.weight
     }
 
@@ -284,8 +297,8 @@ fn matmul_many(
     let mats: Vec<&CpuQMatMul> = jobs.iter().map(|(mm, _)| *mm).collect();
     let datas = mats
         .iter()
-        .map(|mm| mm.weight.data())
-        .collect::<candle_core::Result<Vec<_>>>()?;
+        .map(|mm| mm.weight.bytes())
+        .collect::<Result<Vec<_>>>()?;
     let mut tasks: Vec<Task<'_>> = Vec::new();
     let mut scratch = transposed.iter_mut();
     for ((mm, out), data) in jobs.iter_mut().zip(&datas) {
@@ -296,7 +309,7 @@ fn matmul_many(
         for (t, dst) in dst.chunks_mut(per_task * m).enumerate() {
             tasks.push(Task {
                 data,
-                row_bytes: kb * mm.format.block_bytes(),
+                row_bytes: mm.weight.row_bytes(),
                 first: t * per_task,
                 dot: Dot::new(mm.format, kernel),
                 dst,

@@ -5,23 +5,26 @@
 //! the loader cannot hold is refused by `ferry plan` too.
 //!
 //! The rules: with dtype `auto`, block-quantized GGUF matrices (projections, head, embedding)
-//! stay quantized and everything else is dense f32; with an explicit dtype every tensor is dense
+//! stay quantized where the device has kernels for their type (on the CPU ferry's or candle's;
+//! on CUDA candle's, which lack IQ4_NL, IQ4_XS and MXFP4: those are dequantized at load to the
+//! compute dtype) and everything else is dense f32; with an explicit dtype every tensor is dense
 //! in it. Safetensors checkpoints are always dense: f32 on the CPU with `auto`, the checkpoint's
 //! dtype (that of the embedding) on CUDA.
 
-use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device};
 
 use super::LoadOptions;
 use crate::model::checkpoint::{unsupported_type, Checkpoint};
+use crate::model::cpu_qmatmul::{dequant, CpuQMatMul};
 use crate::model::error::{ModelError, Result};
+use crate::model::header::GgufType;
 use crate::model::tensors::{Format, StoredType, TensorRecord};
 
 /// How a loaded tensor is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TensorKind {
     /// GGUF block-quantized bytes, as in the file.
-    Blocks(GgmlDType),
+    Blocks(GgufType),
     /// Dense elements of this dtype.
     Dense(DType),
 }
@@ -44,6 +47,8 @@ pub struct Holding {
     dense: Option<DType>,
     /// Dtype of dense weights, activations and the KV cache.
     compute: DType,
+    /// The device is the CPU (ferry's kernels multiply the types candle lacks).
+    cpu: bool,
 }
 
 impl Holding {
@@ -62,7 +67,11 @@ impl Holding {
             },
         };
         check_dtype_on_device(compute, &options.device)?;
-        Ok(Self { dense, compute })
+        Ok(Self {
+            dense,
+            compute,
+            cpu: options.device.is_cpu(),
+        })
     }
 
     /// The dtype of dense weights and activations.
@@ -79,13 +88,14 @@ impl Holding {
     pub fn kind(&self, role: Role, record: &TensorRecord) -> Result<TensorKind> {
         match record.stored {
             StoredType::Gguf(ty) => {
-                let candle = ty.to_candle().ok_or_else(|| unsupported_type(record, ty))?;
                 let stays_quantized = self.dense.is_none() && role != Role::Vector;
-                Ok(if stays_quantized && ty.is_block() {
-                    TensorKind::Blocks(candle)
+                if stays_quantized && ty.is_block() && self.has_kernels(ty) {
+                    Ok(TensorKind::Blocks(ty))
+                } else if dequant::supports(ty) {
+                    Ok(TensorKind::Dense(self.compute))
                 } else {
-                    TensorKind::Dense(self.compute)
-                })
+                    Err(unsupported_type(record, ty))
+                }
             }
             StoredType::Safetensors(st) => {
                 DType::try_from(st).map_err(|_| {
@@ -97,6 +107,11 @@ impl Holding {
                 Ok(TensorKind::Dense(self.compute))
             }
         }
+    }
+
+    /// Whether the device multiplies GGUF blocks of `ty` (so they may stay quantized).
+    pub fn has_kernels(&self, ty: GgufType) -> bool {
+        ty.to_candle().is_some() || (self.cpu && CpuQMatMul::supports(ty))
     }
 
     /// Bytes `record` takes once held as `kind`.
