@@ -268,6 +268,9 @@ pub struct Plan {
     /// Upper bound on decode tokens/s per sequence when copies are the bottleneck:
     /// `link_bandwidth / streamed_bytes_per_step`; `None` when nothing streams or no bandwidth.
     pub estimated_decode_tokens_per_s: Option<f64>,
+    /// Lines `ferry plan` adds below the table (e.g. tensors dequantized at load); the pure
+    /// planner leaves it empty, its caller fills it.
+    pub notes: Vec<String>,
 }
 
 impl Plan {
@@ -443,6 +446,7 @@ impl<'a> Costs<'a> {
             streamed_bytes_per_step: streamed,
             link_bandwidth: input.link_bandwidth,
             estimated_decode_tokens_per_s: estimate,
+            notes: Vec::new(),
         }
     }
 }

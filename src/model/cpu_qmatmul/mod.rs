@@ -17,6 +17,8 @@ pub mod avx2;
 pub mod blocks;
 pub mod dequant;
 pub mod iq4;
+#[cfg(test)]
+mod iq_tests;
 pub mod mxfp4;
 pub mod scalar;
 #[cfg(test)]
