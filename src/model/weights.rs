@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
-use candle_core::{Device, Module, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 
 use super::cpu_qmatmul::{Blocks, CpuQMatMul, Kernel};
 use super::error::{ModelError, Result};
@@ -209,7 +209,7 @@ impl Embedding {
             Embedding::Blocks(b) => {
                 let mut dims = ids.dims().to_vec();
                 dims.push(b.cols());
-                let ids = ids.flatten_all()?.to_vec1::<u32>()?;
+                let ids = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
                 let mut rows = vec![0f32; ids.len() * b.cols()];
                 b.dequantize_rows(&ids, &mut rows)?;
                 Ok(Tensor::from_vec(rows, dims, &Device::Cpu)?)
