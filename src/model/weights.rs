@@ -10,10 +10,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
-use candle_core::{Module, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 
-use super::cpu_qmatmul::{CpuQMatMul, Kernel};
+use super::cpu_qmatmul::{Blocks, CpuQMatMul, Kernel};
 use super::error::{ModelError, Result};
+use super::header::GgufType;
 use super::tensors::Part;
 use crate::config::CpuQmatmul;
 
@@ -45,7 +46,8 @@ pub enum Linear {
         bias: Option<Tensor>,
     },
     /// GGUF block-quantized weight on the CPU, multiplied by ferry's SIMD kernels
-    /// ([`CpuQMatMul`], Q4_0..Q8_0 and Q2_K..Q6_K) over the same raw blocks.
+    /// ([`CpuQMatMul`]: Q4_0..Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4) over the raw blocks (a
+    /// view of the mapped file when loaded from one).
     CpuQuantized {
         /// The quantized `[out, in]` matrix.
         weight: CpuQMatMul,
@@ -62,7 +64,8 @@ impl Linear {
     /// too, for comparisons.
     pub fn quantized(weight: Arc<QTensor>, bias: Option<Tensor>) -> Result<Self> {
         let candle_forced = CANDLE_FORCED.load(Ordering::Relaxed);
-        if weight.device().is_cpu() && CpuQMatMul::supports(weight.dtype()) && !candle_forced {
+        let ours = CpuQMatMul::supports(GgufType::from_candle(weight.dtype()));
+        if weight.device().is_cpu() && ours && !candle_forced {
             return Ok(Linear::CpuQuantized {
                 weight: CpuQMatMul::new(weight)?,
                 bias,
@@ -70,6 +73,26 @@ impl Linear {
         }
         Ok(Linear::Quantized {
             weight: Arc::new(QMatMul::from_arc(weight)?),
+            bias,
+        })
+    }
+
+    /// A quantized linear layer on the CPU over raw GGUF blocks (the loader's views of the
+    /// file): ferry's kernels where they apply, used in place; otherwise (or with
+    /// `device.cpu_qmatmul = "candle"`, for a type candle has) candle's `QMatMul` over a copy of
+    /// the blocks, which candle's kernels need in storage of their own.
+    pub fn from_blocks(weight: Blocks, bias: Option<Tensor>) -> Result<Self> {
+        let ty = weight.ty();
+        let candle_forced = CANDLE_FORCED.load(Ordering::Relaxed) && ty.to_candle().is_some();
+        if CpuQMatMul::supports(ty) && !candle_forced {
+            return Ok(Linear::CpuQuantized {
+                weight: CpuQMatMul::from_blocks(weight)?,
+                bias,
+            });
+        }
+        let copy = Arc::new(weight.to_qtensor(&Device::Cpu)?);
+        Ok(Linear::Quantized {
+            weight: Arc::new(QMatMul::from_arc(copy)?),
             bias,
         })
     }
@@ -157,9 +180,7 @@ impl Linear {
                 };
                 (w, bias.as_ref())
             }
-            Linear::CpuQuantized { weight, bias } => {
-                (weight.weight().storage_size_in_bytes(), bias.as_ref())
-            }
+            Linear::CpuQuantized { weight, bias } => (weight.weight().len(), bias.as_ref()),
         };
         w + b.map_or(0, tensor_bytes)
     }
@@ -170,8 +191,11 @@ impl Linear {
 pub enum Embedding {
     /// `[vocab, hidden]` in the compute dtype.
     Dense(Tensor),
-    /// `[vocab, hidden]` GGUF-quantized; lookups produce f32 rows.
+    /// `[vocab, hidden]` GGUF-quantized candle tensor (on CUDA); lookups produce f32 rows.
     Quantized(Arc<QTensor>),
+    /// `[vocab, hidden]` raw GGUF blocks on the CPU (a view of the mapped file, shared with a
+    /// tied head); lookups dequantize only the rows asked for, as f32.
+    Blocks(Blocks),
 }
 
 impl Embedding {
@@ -184,6 +208,14 @@ impl Embedding {
                 Ok(table.index_select(&ids.flatten_all()?, 0)?.reshape(dims)?)
             }
             Embedding::Quantized(q) => Ok(q.embedding(ids)?),
+            Embedding::Blocks(b) => {
+                let mut dims = ids.dims().to_vec();
+                dims.push(b.cols());
+                let ids = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
+                let mut rows = vec![0f32; ids.len() * b.cols()];
+                b.dequantize_rows(&ids, &mut rows)?;
+                Ok(Tensor::from_vec(rows, dims, &Device::Cpu)?)
+            }
         }
     }
 
@@ -192,6 +224,7 @@ impl Embedding {
         match self {
             Embedding::Dense(t) => tensor_bytes(t),
             Embedding::Quantized(q) => q.storage_size_in_bytes(),
+            Embedding::Blocks(b) => b.len(),
         }
     }
 }

@@ -1,7 +1,6 @@
-use candle_core::quantized::GgmlDType;
-
 use super::*;
 use crate::config::OffloadMode;
+use crate::model::header::GgufType;
 use crate::model::loader::TensorKind;
 use crate::model::tensors::Part;
 use crate::offload::layout::TensorEntry;
@@ -13,7 +12,7 @@ const PIECE: usize = 34 * 256;
 /// A Q8_0 layer whose attention/router parts take `base` bytes and whose `n` experts take
 /// `expert` bytes each (a third per gate/up/down).
 fn moe_layout(index: usize, base: usize, n: usize, expert: usize) -> LayerLayout {
-    let kind = TensorKind::Blocks(GgmlDType::Q8_0);
+    let kind = TensorKind::Blocks(GgufType::Q8_0);
     let mut entries = vec![TensorEntry {
         name: "attn".into(),
         part: Part::Q,

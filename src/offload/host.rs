@@ -213,7 +213,10 @@ fn entry_bytes<'a>(
         }
         // Quantized at load (dtype `q8_0`, ...): the blocks the loader would make.
         TensorKind::Blocks(ty) if !stored_as(record, ty) => {
-            Cow::Owned(quantize::quantized_bytes(checkpoint, record, ty)?)
+            let target = ty.to_candle().ok_or_else(|| {
+                OffloadError::Weights(format!("`{}`: ferry cannot quantize to {ty}", record.name))
+            })?;
+            Cow::Owned(quantize::quantized_bytes(checkpoint, record, target)?)
         }
         _ => Cow::Borrowed(checkpoint.bytes(record)?),
     };

@@ -210,7 +210,10 @@ impl LayerLayout {
 /// as `kind`.
 pub fn held_bytes(kind: TensorKind, len: usize, elems: usize, slot_kind: SlotKind) -> u64 {
     match (kind, slot_kind) {
-        (TensorKind::Blocks(dtype), SlotKind::Cuda) => cuda_quantized_bytes(dtype, elems) as u64,
+        (TensorKind::Blocks(ty), SlotKind::Cuda) => match ty.to_candle() {
+            Some(dtype) => cuda_quantized_bytes(dtype, elems) as u64,
+            None => len as u64,
+        },
         _ => len as u64,
     }
 }
@@ -308,7 +311,7 @@ impl SlotLayout {
             SlotKind::Cpu => self.blocks_bytes = self.blocks_bytes.max(layer.blocks_len),
             SlotKind::Cuda => {
                 for entry in &layer.entries {
-                    let TensorKind::Blocks(dtype) = entry.kind else {
+                    let Some(dtype) = candle_blocks(entry) else {
                         continue;
                     };
                     if self.matrix(entry).is_none() {
@@ -328,9 +331,7 @@ impl SlotLayout {
 
     /// The buffer of a CUDA slot that receives `entry`, if it has one.
     pub fn matrix(&self, entry: &TensorEntry) -> Option<&SlotMatrix> {
-        let TensorKind::Blocks(dtype) = entry.kind else {
-            return None;
-        };
+        let dtype = candle_blocks(entry)?;
         self.matrices.iter().find(|m| {
             m.part == entry.part
                 && m.unit == entry.unit
@@ -343,6 +344,15 @@ impl SlotLayout {
     pub fn total_bytes(&self) -> u64 {
         let matrices: usize = self.matrices.iter().map(|m| m.allocated).sum();
         (self.dense_bytes + self.blocks_bytes + matrices) as u64
+    }
+}
+
+/// candle's type of `entry`'s blocks, if it is held as blocks of a type candle has (on CUDA,
+/// every quantized matrix: the others are held dense).
+pub fn candle_blocks(entry: &TensorEntry) -> Option<GgmlDType> {
+    match entry.kind {
+        TensorKind::Blocks(ty) => ty.to_candle(),
+        TensorKind::Dense(_) => None,
     }
 }
 

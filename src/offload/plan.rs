@@ -283,6 +283,9 @@ pub struct Plan {
     /// are the expert pool, `host_bytes` the offloaded experts and `streamed_bytes_per_step`
     /// the routed-expert estimate for one decode token.
     pub experts: Option<ExpertPlan>,
+    /// Lines `ferry plan` adds below the table (e.g. tensors dequantized at load); the pure
+    /// planner leaves it empty, its caller fills it.
+    pub notes: Vec<String>,
 }
 
 impl Plan {
@@ -459,6 +462,7 @@ impl<'a> Costs<'a> {
             link_bandwidth: input.link_bandwidth,
             estimated_decode_tokens_per_s: estimate,
             experts: None,
+            notes: Vec::new(),
         }
     }
 

@@ -140,6 +140,9 @@ pub fn render_text(plan: &Plan) -> String {
             format_bytes(plan.streamed_bytes_per_step)
         );
     }
+    for note in &plan.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
     out
 }
 
@@ -252,7 +255,7 @@ fn cache_line(plan: &Plan) -> String {
 /// ```text
 /// {"mode", "budget_bytes", "layers": [{"index", "home": "device"|"host", "bytes"}],
 ///  "device_bytes", "host_bytes", "kv_bytes", "slots", "slot_bytes",
-///  "estimated_decode_tokens_per_s", "fixed_bytes", "workspace_bytes", "reserve_bytes",
+///  "estimated_decode_tokens_per_s", "notes": [".."], "fixed_bytes", "workspace_bytes", "reserve_bytes",
 ///  "streamed_bytes_per_step", "link_bandwidth",
 ///  "max_context", "max_batch", "kv_dtype": "f32"|"f16"|"bf16", "model_context",
 ///  "origin": {"max_context", "max_batch", "kv_dtype": "default"|"set"|"fitted"},
@@ -276,6 +279,7 @@ pub fn plan_json(plan: &Plan) -> serde_json::Value {
         "slots": plan.slots,
         "slot_bytes": plan.slot_bytes,
         "estimated_decode_tokens_per_s": plan.estimated_decode_tokens_per_s,
+        "notes": plan.notes,
         "fixed_bytes": plan.fixed_bytes,
         "workspace_bytes": plan.workspace_bytes,
         "reserve_bytes": plan.reserve_bytes,

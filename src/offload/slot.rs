@@ -114,12 +114,20 @@ impl SlotTensors for SlotBuffers {
     }
 
     fn blocks(&self, entry: &TensorEntry) -> Result<Arc<QTensor>> {
-        let TensorKind::Blocks(dtype) = entry.kind else {
+        let TensorKind::Blocks(ty) = entry.kind else {
             return Err(OffloadError::Weights(format!(
                 "`{}` is not quantized",
                 entry.name
             )));
         };
+        // A slot views its arena through candle's block types; ferry's own types (IQ4_NL,
+        // IQ4_XS, MXFP4) have none, so their layers stay resident.
+        let dtype = ty.to_candle().ok_or_else(|| {
+            OffloadError::Weights(format!(
+                "`{}`: {ty} layers cannot be streamed through a CPU slot yet",
+                entry.name
+            ))
+        })?;
         let view = SlotBlocks::new(self.blocks.clone(), entry.offset, entry.len, dtype)?;
         Ok(Arc::new(QTensor::new(
             QStorage::Cpu(Box::new(view)),

@@ -115,7 +115,11 @@ pub fn weight_type(layout: &LayerLayout) -> GgmlDType {
             continue;
         }
         let dtype = match e.kind {
-            TensorKind::Blocks(dtype) => dtype,
+            // Types candle has no name for (IQ4_NL, IQ4_XS, MXFP4) are not calibrated yet.
+            TensorKind::Blocks(ty) => match ty.to_candle() {
+                Some(dtype) => dtype,
+                None => continue,
+            },
             TensorKind::Dense(DType::F16) => GgmlDType::F16,
             TensorKind::Dense(DType::BF16) => GgmlDType::BF16,
             TensorKind::Dense(_) => GgmlDType::F32,

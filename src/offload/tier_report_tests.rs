@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::model::header::GgufType;
 use crate::model::tensors::Part;
 use crate::offload::calibrate::Source;
 use crate::offload::cost::CostModel;
@@ -21,8 +22,8 @@ fn entry(part: Part, unit: usize, kind: TensorKind, shape: &[usize], len: usize)
     }
 }
 
-const Q4_1: TensorKind = TensorKind::Blocks(GgmlDType::Q4_1);
-const Q8_0: TensorKind = TensorKind::Blocks(GgmlDType::Q8_0);
+const Q4_1: TensorKind = TensorKind::Blocks(GgufType::Q4_1);
+const Q8_0: TensorKind = TensorKind::Blocks(GgufType::Q8_0);
 const F32: TensorKind = TensorKind::Dense(DType::F32);
 
 /// Q4_1 bytes of `elems` weights.

@@ -17,6 +17,7 @@ use ferry::config::{
     QuantType,
 };
 use ferry::model::checkpoint::Checkpoint;
+use ferry::model::header::GgufType;
 use ferry::model::loader::{load_model, Holding, LoadOptions, Role, TensorKind};
 use ferry::model::source::ModelFiles;
 use ferry::offload::plan::Plan;
@@ -239,7 +240,7 @@ fn rows_that_are_not_whole_blocks_fall_back_per_tensor_like_llama_cpp() {
                 Role::Vector
             };
             let expected = if part.is_matrix() {
-                TensorKind::Blocks(fallback)
+                TensorKind::Blocks(GgufType::from_candle(fallback))
             } else {
                 TensorKind::Dense(candle_core::DType::F32)
             };

@@ -188,3 +188,27 @@ unsafe fn q8_0_block(p: *const u8, a: &Q8Block, acc: __m256) -> __m256 {
     let prod = dot_u8_i8(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(yv, wv));
     _mm256_fmadd_ps(_mm256_set1_ps(f16_at(p) * a.d), prod, acc)
 }
+
+/// The 32 signed bytes `table[nibble_j]` for the 16 packed index bytes at `p` (low halves
+/// first): the weights of an IQ4_NL / IQ4_XS / MXFP4 block, looked up with `vpshufb`.
+///
+/// # Safety
+/// `p..p + 16` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn table_block(table: __m128i, p: *const u8) -> __m256i {
+    let mask = _mm_set1_epi8(0x0F);
+    let q = _mm_loadu_si128(p.cast());
+    let lo = _mm_shuffle_epi8(table, _mm_and_si128(q, mask));
+    let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(q), mask));
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Sums of the signed weight bytes `w` times the block's activations, eight i32 lanes as f32
+/// (the sign trick of Q8_0; `w` holds no -128).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn table_product(w: __m256i, a: &Q8Block) -> __m256 {
+    let y = load_act(a);
+    dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w))
+}

@@ -13,6 +13,7 @@ use super::activation::{quantize_row, Q8Block, BLOCK};
 use super::kquants::activation::{quantize_row_k, Q8KBlock, QK_K};
 use super::tests::{case, run, values, Case};
 use super::{CpuQMatMul, Kernel};
+use crate::model::header::GgufType;
 
 const Q5: [GgmlDType; 2] = [GgmlDType::Q5_0, GgmlDType::Q5_1];
 const KQUANTS: [GgmlDType; 5] = [
@@ -303,7 +304,10 @@ fn matches_candle_qmatmul() {
 #[test]
 fn supports_and_checks_block_sizes() {
     for dtype in Q5.into_iter().chain(KQUANTS) {
-        assert!(CpuQMatMul::supports(dtype), "{dtype:?}");
+        assert!(
+            CpuQMatMul::supports(GgufType::from_candle(dtype)),
+            "{dtype:?}"
+        );
     }
     // A k-quant row of 256 elements is one block; a shape that does not match the bytes is
     // refused, not read out of bounds.

@@ -1,5 +1,6 @@
-//! A CPU matmul for GGUF block-quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the
-//! k-quants Q2_K..Q6_K) that reads the raw GGUF blocks in place: activations are quantized to
+//! A CPU matmul for GGUF block-quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the k-quants
+//! Q2_K..Q6_K, IQ4_NL, IQ4_XS and MXFP4) that reads the raw GGUF blocks in place ([`Blocks`]: on
+//! the CPU a view of the memory-mapped model file, nothing copied): activations are quantized to
 //! int8, per 32-block for the 32-element formats (llama.cpp's Q8_1 scheme, see [`activation`])
 //! and per 256-block for the k-quants ([`kquants::activation`]), once per kind a call needs;
 //! each output is an integer dot product over one weight row ([`scalar`], [`q5`],
@@ -8,18 +9,26 @@
 //!
 //! It exists because candle 0.11.1 runs Q4_1 (the default model's format), Q5_0 and Q5_1
 //! through scalar code; its runtime-detected AVX2 kernels (Q4_0, Q8_0, the k-quants) are set
-//! beside these in `benches/qmatmul_kernels.rs`. The weight stays a candle [`QTensor`]
-//! (shared, e.g. with a tied embedding), so nothing is copied or repacked at load time.
+//! beside these in `benches/qmatmul_kernels.rs`; it has no IQ4_NL, IQ4_XS or MXFP4 at all
+//! ([`iq4`], [`mxfp4`]). The weight is keyed by ferry's [`GgufType`] and shared (e.g. with a
+//! tied embedding, which dequantizes the rows it looks up: [`dequant`]), so nothing is copied or
+//! repacked at load time.
 
 pub mod activation;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
-#[cfg(test)]
-mod format_tests;
-pub mod kquants;
-pub mod q5;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_tile;
+pub mod blocks;
+pub mod dequant;
+#[cfg(test)]
+mod format_tests;
+pub mod iq4;
+#[cfg(test)]
+mod iq_tests;
+pub mod kquants;
+pub mod mxfp4;
+pub mod q5;
 pub mod scalar;
 pub mod scalar_tile;
 #[cfg(test)]
@@ -28,13 +37,16 @@ pub mod tile;
 
 use std::sync::Arc;
 
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Storage, Tensor};
+
+pub use self::blocks::Blocks;
 
 use self::activation::{ActKind, ActRow, Activations, BLOCK};
 use self::kquants::activation::QK_K;
 use self::kquants::KFormat;
 use super::error::{ModelError, Result};
+use super::header::GgufType;
 
 /// Which dot-product implementation to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -48,6 +60,7 @@ pub enum Kernel {
 
 /// Weight block formats this matmul handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
 enum Format {
     Q4_0,
     Q4_1,
@@ -56,48 +69,37 @@ enum Format {
     Q5_1,
     /// A k-quant (256-element super-blocks).
     K(KFormat),
+    IQ4_NL,
+    IQ4_XS,
+    MXFP4,
 }
 
 impl Format {
-    fn of(dtype: GgmlDType) -> Option<Self> {
-        match dtype {
-            GgmlDType::Q4_0 => Some(Format::Q4_0),
-            GgmlDType::Q4_1 => Some(Format::Q4_1),
-            GgmlDType::Q8_0 => Some(Format::Q8_0),
-            GgmlDType::Q5_0 => Some(Format::Q5_0),
-            GgmlDType::Q5_1 => Some(Format::Q5_1),
-            GgmlDType::Q2K => Some(Format::K(KFormat::Q2K)),
-            GgmlDType::Q3K => Some(Format::K(KFormat::Q3K)),
-            GgmlDType::Q4K => Some(Format::K(KFormat::Q4K)),
-            GgmlDType::Q5K => Some(Format::K(KFormat::Q5K)),
-            GgmlDType::Q6K => Some(Format::K(KFormat::Q6K)),
+    fn of(ty: GgufType) -> Option<Self> {
+        match ty {
+            GgufType::Q4_0 => Some(Format::Q4_0),
+            GgufType::Q4_1 => Some(Format::Q4_1),
+            GgufType::Q8_0 => Some(Format::Q8_0),
+            GgufType::Q5_0 => Some(Format::Q5_0),
+            GgufType::Q5_1 => Some(Format::Q5_1),
+            GgufType::Q2_K => Some(Format::K(KFormat::Q2K)),
+            GgufType::Q3_K => Some(Format::K(KFormat::Q3K)),
+            GgufType::Q4_K => Some(Format::K(KFormat::Q4K)),
+            GgufType::Q5_K => Some(Format::K(KFormat::Q5K)),
+            GgufType::Q6_K => Some(Format::K(KFormat::Q6K)),
+            GgufType::IQ4_NL => Some(Format::IQ4_NL),
+            GgufType::IQ4_XS => Some(Format::IQ4_XS),
+            GgufType::MXFP4 => Some(Format::MXFP4),
             _ => None,
         }
     }
 
-    /// Bytes per block of [`block_elems`](Self::block_elems) elements.
-    fn block_bytes(self) -> usize {
-        match self {
-            Format::Q4_0 => 18,
-            Format::Q4_1 => 20,
-            Format::Q8_0 => 34,
-            Format::Q5_0 => 22,
-            Format::Q5_1 => 24,
-            Format::K(f) => f.block_bytes(),
-        }
-    }
-
-    /// Elements per block.
-    fn block_elems(self) -> usize {
+    /// Elements per block of the activations the kernels read ([`activation`](Self::activation)).
+    fn activation_block(self) -> usize {
         match self {
             Format::K(_) => QK_K,
             _ => BLOCK,
         }
-    }
-
-    /// Bytes of one row of `cols` elements.
-    fn row_bytes(self, cols: usize) -> usize {
-        cols / self.block_elems() * self.block_bytes()
     }
 
     /// The activations its kernels read.
@@ -142,6 +144,9 @@ impl Dot {
                 Format::Q5_0 => q5::avx2::dot_q5_0(k, w, a.q8),
                 Format::Q5_1 => q5::avx2::dot_q5_1(k, w, a.q8),
                 Format::K(f) => kquants::avx2::dot(k, f, w, a.q8k),
+                Format::IQ4_NL => iq4::avx2_dot_iq4_nl(k, w, a.q8),
+                Format::IQ4_XS => iq4::avx2_dot_iq4_xs(k, w, a.q8),
+                Format::MXFP4 => mxfp4::avx2_dot_mxfp4(k, w, a.q8),
             };
         }
         match self.format {
@@ -151,6 +156,9 @@ impl Dot {
             Format::Q5_0 => q5::dot_q5_0(w, a.q8),
             Format::Q5_1 => q5::dot_q5_1(w, a.q8),
             Format::K(f) => kquants::scalar::dot(f, w, a.q8k),
+            Format::IQ4_NL => iq4::dot_iq4_nl(w, a.q8),
+            Format::IQ4_XS => iq4::dot_iq4_xs(w, a.q8),
+            Format::MXFP4 => mxfp4::dot_mxfp4(w, a.q8),
         }
     }
 }
@@ -161,35 +169,34 @@ const PARALLEL_MIN_BLOCKS: usize = 4096;
 /// `y = x W^T` for a quantized `W` (`[out, in]`) on the CPU.
 #[derive(Debug, Clone)]
 pub struct CpuQMatMul {
-    weight: Arc<QTensor>,
+    weight: Blocks,
     format: Format,
     rows: usize,
     cols: usize,
 }
 
 impl CpuQMatMul {
-    /// Whether `dtype` has a kernel here.
-    pub fn supports(dtype: GgmlDType) -> bool {
-        Format::of(dtype).is_some()
+    /// Whether GGUF type `ty` has a kernel here.
+    pub fn supports(ty: GgufType) -> bool {
+        Format::of(ty).is_some()
     }
 
-    /// Wraps a CPU-resident 2-D quantized weight `[out, in]` (`in` a multiple of the block
-    /// size: 32, or 256 for the k-quants).
+    /// Wraps a CPU-resident 2-D candle quantized weight `[out, in]` (an offload slot's view).
     pub fn new(weight: Arc<QTensor>) -> Result<Self> {
-        let format = Format::of(weight.dtype()).ok_or_else(|| {
-            ModelError::Unsupported(format!("CPU quantized matmul of {:?}", weight.dtype()))
-        })?;
-        if !weight.device().is_cpu() {
-            return Err(ModelError::Unsupported(
-                "CPU quantized matmul of a weight that is not on the CPU".into(),
-            ));
-        }
-        let (rows, cols) = weight.shape().dims2()?;
-        let bytes = weight.data()?.len();
-        if cols % format.block_elems() != 0 || bytes != rows * format.row_bytes(cols) {
+        Self::from_blocks(Blocks::from_qtensor(weight)?)
+    }
+
+    /// Wraps raw GGUF blocks of a 2-D weight `[out, in]` (`in` a whole number of the type's
+    /// blocks, and of the activation block: 32, or 256 for the k-quants).
+    pub fn from_blocks(weight: Blocks) -> Result<Self> {
+        let ty = weight.ty();
+        let format = Format::of(ty)
+            .ok_or_else(|| ModelError::Unsupported(format!("CPU quantized matmul of {ty}")))?;
+        let (rows, cols) = (weight.rows(), weight.cols());
+        let block = format.activation_block().max(ty.block_size());
+        if cols % block != 0 {
             return Err(ModelError::Config(format!(
-                "quantized weight {rows}x{cols} of {:?} holds {bytes} bytes",
-                weight.dtype()
+                "quantized weight {rows}x{cols} of {ty}: {cols} is not a multiple of {block}"
             )));
         }
         Ok(Self {
@@ -201,7 +208,7 @@ impl CpuQMatMul {
     }
 
     /// The wrapped weight.
-    pub fn weight(&self) -> &Arc<QTensor> {
+    pub fn weight(&self) -> &Blocks {
         &self.weight
     }
 

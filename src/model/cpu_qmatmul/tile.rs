@@ -85,11 +85,11 @@ pub fn run(
     let mats: Vec<&CpuQMatMul> = jobs.iter().map(|(mm, _)| *mm).collect();
     let datas = mats
         .iter()
-        .map(|mm| mm.weight.data())
-        .collect::<candle_core::Result<Vec<_>>>()?;
+        .map(|mm| mm.weight.bytes())
+        .collect::<Result<Vec<_>>>()?;
     let mut tasks = Vec::new();
     for ((mm, out), data) in jobs.iter_mut().zip(&datas) {
-        let row_bytes = mm.format.row_bytes(kb * super::activation::BLOCK);
+        let row_bytes = mm.weight.row_bytes();
         let per_task = n_total
             .div_ceil(weight_chunks)
             .min(TASK_WEIGHT_BYTES / row_bytes.max(1))
@@ -139,7 +139,8 @@ impl Task<'_> {
                 let q8: Rows4<'_> = a.map(|a| a.q8);
                 for r in self.weights.clone() {
                     let w = weight(r);
-                    let y = rows4(&self.dot, w, q8).unwrap_or_else(|| a.map(|a| self.dot.row(w, a)));
+                    let y =
+                        rows4(&self.dot, w, q8).unwrap_or_else(|| a.map(|a| self.dot.row(w, a)));
                     for (di, v) in y.into_iter().enumerate() {
                         self.out.set(i + di, r, v);
                     }

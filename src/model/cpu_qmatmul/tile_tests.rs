@@ -9,6 +9,7 @@ use candle_core::{Device, Tensor};
 use super::super::activation::{quantize_row, ActRow, Q8Block};
 use super::super::{matmul_many_with, CpuQMatMul, Dot, Format, Kernel};
 use super::{rows4, Tiling};
+use crate::model::header::GgufType;
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed | 1;
@@ -67,10 +68,10 @@ fn tiled_equals_per_row_for_every_row_count() {
 #[test]
 fn four_row_kernels_equal_four_one_row_dots() {
     for dtype in FORMATS {
-        let format = Format::of(dtype).unwrap();
+        let format = Format::of(GgufType::from_candle(dtype)).unwrap();
         for kb in [1, 2, 3, 18] {
             let mm = matrix(dtype, 1, 32 * kb, 9);
-            let data = mm.weight.data().unwrap();
+            let data = mm.weight.bytes().unwrap();
             let x = values(4 * 32 * kb, 21);
             let mut act = vec![Q8Block::ZERO; 4 * kb];
             for (a, x) in act.chunks_mut(kb).zip(x.chunks(32 * kb)) {
@@ -135,7 +136,7 @@ fn avx2_four_row_kernels_with_and_without_vnni_equal_the_one_row_dot() {
     for dtype in FORMATS {
         for kb in [1, 2, 5, 48] {
             let mm = matrix(dtype, 1, 32 * kb, 12);
-            let data = mm.weight.data().unwrap();
+            let data = mm.weight.bytes().unwrap();
             let x = values(4 * 32 * kb, 31);
             let mut act = vec![Q8Block::ZERO; 4 * kb];
             for (a, x) in act.chunks_mut(kb).zip(x.chunks(32 * kb)) {

@@ -5,8 +5,10 @@
 //! the loader cannot hold is refused by `ferry plan` too.
 //!
 //! The rules: with dtype `auto`, block-quantized GGUF matrices (projections, head, embedding)
-//! stay quantized and everything else is dense f32; with an explicit dense dtype every tensor is
-//! dense in it. Safetensors checkpoints are dense: f32 on the CPU with `auto`, the checkpoint's
+//! stay quantized where the device has kernels for their type (on the CPU ferry's or candle's;
+//! on CUDA candle's, which lack IQ4_NL, IQ4_XS and MXFP4: those are dequantized at load to the
+//! compute dtype) and everything else is dense f32; with an explicit dtype every tensor is dense
+//! in it. Safetensors checkpoints are always dense: f32 on the CPU with `auto`, the checkpoint's
 //! dtype (that of the embedding) on CUDA.
 //!
 //! A quantized dtype (`q8_0`, `q4_k`, ...) quantizes a dense checkpoint's matrices at load
@@ -24,14 +26,16 @@ use candle_core::{DType, Device};
 use super::LoadOptions;
 use crate::config::QuantType;
 use crate::model::checkpoint::{unsupported_type, Checkpoint};
+use crate::model::cpu_qmatmul::{dequant, CpuQMatMul};
 use crate::model::error::{ModelError, Result};
+use crate::model::header::GgufType;
 use crate::model::tensors::{Format, StoredType, TensorRecord};
 
 /// How a loaded tensor is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TensorKind {
     /// GGUF block-quantized bytes, as in the file.
-    Blocks(GgmlDType),
+    Blocks(GgufType),
     /// Dense elements of this dtype.
     Dense(DType),
 }
@@ -56,6 +60,8 @@ pub struct Holding {
     quantize: Option<GgmlDType>,
     /// Dtype of dense weights, activations and the KV cache.
     compute: DType,
+    /// The device is the CPU (ferry's kernels multiply the types candle lacks).
+    cpu: bool,
 }
 
 impl Holding {
@@ -84,6 +90,7 @@ impl Holding {
             dense,
             quantize: quantize.map(ggml_type),
             compute,
+            cpu: options.device.is_cpu(),
         })
     }
 
@@ -112,19 +119,20 @@ impl Holding {
                 .then(|| fit_row(target, row))
                 .flatten();
             return Ok(match fitted {
-                Some(ty) => TensorKind::Blocks(ty),
+                Some(ty) => TensorKind::Blocks(GgufType::from_candle(ty)),
                 None => TensorKind::Dense(self.compute),
             });
         }
         match record.stored {
             StoredType::Gguf(ty) => {
-                let candle = ty.to_candle().ok_or_else(|| unsupported_type(record, ty))?;
                 let stays_quantized = self.dense.is_none() && role != Role::Vector;
-                Ok(if stays_quantized && ty.is_block() {
-                    TensorKind::Blocks(candle)
+                if stays_quantized && ty.is_block() && self.has_kernels(ty) {
+                    Ok(TensorKind::Blocks(ty))
+                } else if dequant::supports(ty) {
+                    Ok(TensorKind::Dense(self.compute))
                 } else {
-                    TensorKind::Dense(self.compute)
-                })
+                    Err(unsupported_type(record, ty))
+                }
             }
             StoredType::Safetensors(st) => {
                 DType::try_from(st).map_err(|_| {
@@ -154,6 +162,11 @@ impl Holding {
         }
     }
 
+    /// Whether the device multiplies GGUF blocks of `ty` (so they may stay quantized).
+    pub fn has_kernels(&self, ty: GgufType) -> bool {
+        ty.to_candle().is_some() || (self.cpu && CpuQMatMul::supports(ty))
+    }
+
     /// Bytes `record` takes once held as `kind`.
     pub fn bytes(kind: TensorKind, record: &TensorRecord) -> usize {
         match kind {
@@ -165,8 +178,8 @@ impl Holding {
 }
 
 /// Whether `record` is stored in the file as blocks of `ty` (its bytes can be used as they are).
-pub fn stored_as(record: &TensorRecord, ty: GgmlDType) -> bool {
-    matches!(record.stored, StoredType::Gguf(stored) if stored.to_candle() == Some(ty))
+pub fn stored_as(record: &TensorRecord, ty: GgufType) -> bool {
+    matches!(record.stored, StoredType::Gguf(stored) if stored == ty)
 }
 
 /// candle's type for a quantization choice.

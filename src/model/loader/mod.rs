@@ -9,8 +9,11 @@
 //!   the fixed parts plus a prefix of layers: every layer for [`load_model`], the resident ones
 //!   for the offload engine.
 //!
-//! On the CPU, Q4_0 / Q4_1 / Q8_0 matrices go through ferry's own kernels, everything else (and
-//! every CUDA weight) through candle's `QMatMul` ([`crate::model::weights::Linear::quantized`]).
+//! On the CPU, GGUF matrices are views of the mapped file; Q4_0 / Q4_1 / Q8_0 / IQ4_NL / IQ4_XS /
+//! MXFP4 go through ferry's own kernels in place, everything else (and every CUDA weight) through
+//! candle's `QMatMul` ([`crate::model::weights::Linear::from_blocks`], [`Linear::quantized`]).
+//!
+//! [`Linear::quantized`]: crate::model::weights::Linear::quantized
 //! Setting `FERRY_CPU_QMATMUL=candle` keeps candle's `QMatMul` on the CPU too (for A/B
 //! measurements and as an escape hatch).
 

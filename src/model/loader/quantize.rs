@@ -15,6 +15,7 @@ use rayon::prelude::*;
 use super::holding::{stored_as, Holding, Role, TensorKind};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::error::{ModelError, Result};
+use crate::model::header::GgufType;
 use crate::model::tensors::TensorRecord;
 
 /// Rows per chunk are chosen so each thread gets a few chunks (uneven rows even out) and a
@@ -29,8 +30,8 @@ pub fn read_blocks(
     ty: GgmlDType,
     device: &Device,
 ) -> Result<QTensor> {
-    if stored_as(record, ty) {
-        return checkpoint.read_blocks(record, ty, device);
+    if stored_as(record, GgufType::from_candle(ty)) {
+        return checkpoint.read_blocks(record, device);
     }
     let bytes = quantized_bytes(checkpoint, record, ty)?;
     let storage = QStorage::from_data(Cow::Owned(bytes), device, ty)?;
@@ -87,7 +88,10 @@ pub fn log_fallback(holding: &Holding, role: Role, record: &TensorRecord, kind: 
     let Some(target) = holding.quantize() else {
         return;
     };
-    if role == Role::Vector || record.shape.len() < 2 || kind == TensorKind::Blocks(target) {
+    if role == Role::Vector
+        || record.shape.len() < 2
+        || kind == TensorKind::Blocks(GgufType::from_candle(target))
+    {
         return;
     }
     let row = record.shape.last().copied().unwrap_or(0);
