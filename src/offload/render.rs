@@ -430,6 +430,20 @@ mod tests {
     }
 
     #[test]
+    fn notes_close_the_text_and_are_listed_in_json() {
+        let mut plan = auto_plan();
+        assert!(!render_text(&plan).contains("note:"));
+        assert_eq!(plan_json(&plan)["notes"], serde_json::json!([]));
+        plan.notes = vec!["2 IQ4_XS tensors are dequantized at load".into()];
+        let text = render_text(&plan);
+        assert!(
+            text.ends_with("note: 2 IQ4_XS tensors are dequantized at load\n"),
+            "{text}"
+        );
+        assert_eq!(plan_json(&plan)["notes"][0], plan.notes[0].as_str());
+    }
+
+    #[test]
     fn json_has_the_documented_shape() {
         let plan = auto_plan();
         let value: serde_json::Value =

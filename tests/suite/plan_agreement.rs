@@ -299,6 +299,13 @@ fn plan_and_loader_refuse_the_same_files() {
     let files = ModelFiles::Gguf { path: iq4 };
     assert_eq!(agree("iq4_nl", &files, DtypeChoice::Auto, true), None);
     assert_eq!(agree("iq4_nl f32", &files, DtypeChoice::F32, true), None);
+    // MXFP4 (32 elements in 17 bytes: odd-sized blocks, rows at any byte offset) likewise.
+    let mxfp4 = dir.path().join("mxfp4.gguf");
+    tiny.write_gguf(&mxfp4, "llama", &weights, GgmlDType::Q4_0, true);
+    retype_tensor(&mxfp4, "blk.2.attn_q.weight", 39);
+    let files = ModelFiles::Gguf { path: mxfp4 };
+    assert_eq!(agree("mxfp4", &files, DtypeChoice::Auto, true), None);
+    assert_eq!(agree("mxfp4 f32", &files, DtypeChoice::F32, true), None);
     // IQ2_XXS (256 elements in 66 bytes) has no kernel or decoder in ferry or candle: refused
     // by both, kept quantized or made dense.
     let iq2 = dir.path().join("iq2_xxs.gguf");
