@@ -484,3 +484,33 @@ fn real_templates_pick_their_format_and_render_tools_and_past_calls() {
         );
     }
 }
+
+/// With `parallel_tool_calls` left at its default (true) the grammar allows more calls after the
+/// first; every complete call is still valid.
+#[tokio::test]
+async fn parallel_calls_under_required_are_each_valid() {
+    let server = Loopback::start(real_model::backend(), ServerOptions::default()).await;
+    let mut body = request(json!("required"), false);
+    body.as_object_mut().unwrap().remove("parallel_tool_calls");
+    let (status, body) = chat(&server, &body).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let choice = &body["choices"][0];
+    let calls = choice["message"]["tool_calls"].as_array().expect("calls");
+    eprintln!(
+        "parallel: {} call(s), finish {}",
+        calls.len(),
+        choice["finish_reason"]
+    );
+    assert!(!calls.is_empty(), "{body}");
+    let complete = if choice["finish_reason"] == "tool_calls" {
+        calls.len()
+    } else {
+        calls.len() - 1
+    };
+    for call in &calls[..complete] {
+        let f = &call["function"];
+        let args: Value = serde_json::from_str(f["arguments"].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("{e}: {call}"));
+        assert!(args["city"].is_string(), "{call}");
+    }
+}

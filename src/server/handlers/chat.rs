@@ -50,8 +50,8 @@ struct Formatter {
     choices: u32,
     /// How to read tool calls, when tools are offered.
     tools: Option<ToolParsing>,
-    /// Per choice (streaming): its reader and its calls' ids.
-    readers: Vec<(ToolCallStream, Vec<String>)>,
+    /// Per choice (streaming), when tools are offered: its tool-call reader.
+    readers: Vec<ToolCallStream>,
 }
 
 impl Formatter {
@@ -66,7 +66,7 @@ impl Formatter {
             tools: valid.tool_calls().cloned(),
             readers: match valid.tool_calls() {
                 Some(t) => (0..valid.n())
-                    .map(|_| (ToolCallStream::new(t.format, t.tools.clone()), Vec::new()))
+                    .map(|_| ToolCallStream::new(t.format, t.tools.clone()))
                     .collect(),
                 None => Vec::new(),
             },
@@ -95,10 +95,8 @@ impl Formatter {
                 },
             })
             .collect();
-        (
-            (message((!content.is_empty()).then_some(content), Some(wire))),
-            n,
-        )
+        let content = (!content.is_empty()).then_some(content);
+        (message(content, Some(wire)), n)
     }
 
     /// The chunks for a choice's new text: as it is, or through its tool-call reader.
@@ -110,9 +108,9 @@ impl Formatter {
         mut logprobs: Option<ChatLogprobs>,
     ) -> Vec<String> {
         let events = match self.readers.get_mut(index as usize) {
-            None if text.is_empty() => Vec::new(),
+            None if text.is_empty() && logprobs.is_none() => Vec::new(),
             None => vec![ToolEvent::Content(text.to_owned())],
-            Some((reader, _)) => {
+            Some(reader) => {
                 let mut events = reader.push(text);
                 if finished {
                     events.extend(reader.finish());
@@ -128,16 +126,10 @@ impl Formatter {
                     ..ChatDelta::default()
                 },
                 ToolEvent::CallStart { index: call, name } => {
-                    let id = self
-                        .tools
-                        .as_ref()
-                        .map_or_else(String::new, |t| call_id(t.format));
-                    if let Some((_, ids)) = self.readers.get_mut(index as usize) {
-                        ids.push(id.clone());
-                    }
+                    let format = self.tools.as_ref().map(|t| t.format);
                     tool_delta(ToolCallDelta {
                         index: call,
-                        id: Some(id),
+                        id: Some(call_id(format.unwrap_or(ToolCallFormat::Hermes))),
                         kind: Some("function"),
                         function: FunctionDelta {
                             name: Some(name),
@@ -269,7 +261,7 @@ impl ChunkFormatter for Formatter {
         let calls = self
             .readers
             .get(index as usize)
-            .map_or(0, |(reader, _)| reader.calls());
+            .map_or(0, ToolCallStream::calls);
         let mut last = self.choice(index, ChatDelta::default(), None);
         last.finish_reason = Some(ChatFinishReason::of(reason, calls));
         chunks.push(self.chunk(vec![last], self.chunk_usage()));
