@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use super::super::avx2::{f16_at, Avx2, PREFETCH_AHEAD};
 use super::activation::Q8KBlock;
-use super::{block_value, scales_mins_k4, scales_q3_k, KFormat};
+use super::{block_value, scale_words_q3_k, scales_mins_k4, KFormat};
 
 /// Dot product of one row of `format` (at least `format.block_bytes() * a.len()` bytes) with
 /// `a`.
@@ -144,8 +144,9 @@ unsafe fn q3_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
     for (i, a) in a.iter().enumerate() {
         let p = w.add(110 * i);
         prefetch(p, 110);
-        let sc = scales_q3_k(std::slice::from_raw_parts(p.add(96), 12));
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast()));
+        let [w0, w1, w2, w3] = scale_words_q3_k(std::slice::from_raw_parts(p.add(96), 12));
+        let words = _mm_set_epi32(w3 as i32, w2 as i32, w1 as i32, w0 as i32);
+        let sc16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(words, _mm_set1_epi8(32)));
         let offset = _mm256_madd_epi16(sc16, bsums(a));
         let mut h = _mm256_loadu_si256(p.cast());
         let mut sum = _mm256_setzero_si256();

@@ -62,22 +62,28 @@ fn scales_mins_k4(b: &[u8]) -> ([u8; 8], [u8; 8]) {
     (sc.to_le_bytes(), mn.to_le_bytes())
 }
 
-/// The sixteen signed scales (`-32..32`) packed in the 12 bytes of a Q3_K block: scale `j`
-/// takes its low 4 bits from the low (`j < 8`) or high nibble of byte `j % 8`, and its top 2
-/// bits from bits `2 (j / 4)..` of byte `8 + j % 4`; the stored value is offset by 32.
+/// The sixteen 6-bit scales packed in the 12 bytes of a Q3_K block, as four little-endian
+/// words of four bytes each (still offset by 32): scale `j` takes its low 4 bits from the low
+/// (`j < 8`) or high nibble of byte `j % 8`, and its top 2 bits from bits `2 (j / 4)..` of byte
+/// `8 + j % 4`.
 #[inline(always)]
-fn scales_q3_k(b: &[u8]) -> [i8; 16] {
+fn scale_words_q3_k(b: &[u8]) -> [u32; 4] {
     let (a0, a1, t) = (u32_at(b, 0), u32_at(b, 4), u32_at(b, 8));
     let low = 0x0F0F_0F0F;
     let two = 0x0303_0303;
-    let words = [
+    [
         (a0 & low) | ((t & two) << 4),
         (a1 & low) | (((t >> 2) & two) << 4),
         ((a0 >> 4) & low) | (((t >> 4) & two) << 4),
         ((a1 >> 4) & low) | (((t >> 6) & two) << 4),
-    ];
+    ]
+}
+
+/// The sixteen signed scales (`-32..32`) of a Q3_K block ([`scale_words_q3_k`] less 32).
+#[inline(always)]
+fn scales_q3_k(b: &[u8]) -> [i8; 16] {
     let mut out = [0i8; 16];
-    for (o, w) in out.chunks_exact_mut(4).zip(words) {
+    for (o, w) in out.chunks_exact_mut(4).zip(scale_words_q3_k(b)) {
         for (o, byte) in o.iter_mut().zip(w.to_le_bytes()) {
             *o = byte as i8 - 32;
         }
