@@ -92,10 +92,11 @@ for name in $models; do
 import json, sys
 name, prompt, size, warm, ferry, ferry_err, peer = sys.argv[1:8]
 rows = lambda text: [json.loads(l) for l in text.splitlines() if l.strip().startswith("{")]
-for r in rows(ferry):
+ferry_rows = rows(ferry)
+for r in ferry_rows:
     r.pop("prompt_ids", None)
 print(json.dumps({"model": name, "prompt": int(prompt), "size": int(size), "warm_read_s": float(warm),
-                  "ferry": rows(ferry), "ferry_error": ferry_err, "peer": rows(peer)}))
+                  "ferry": ferry_rows, "ferry_error": ferry_err, "peer": rows(peer)}))
 PY
         tail -n 1 "$results" >&2
     done
