@@ -16,6 +16,9 @@
 #                          llama-cpp-python builds llama.cpp from source, about 11 minutes on 2
 #                          cores)
 #   FERRY_QUANT_MODELS     where the generated models are cached (see make-quant-models.py)
+#   FERRY_COMPARE_PROFILE  cargo profile of ferry's side (default: bench, i.e. release; `dev`
+#                          builds ferry at opt-level 1 over opt-level-3 dependencies, for a
+#                          quick look where no release build exists yet: say so with its numbers)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -23,6 +26,7 @@ threads="${1:-2}"; gen_tokens="${2:-64}"; runs="${3:-2}"
 models="${FERRY_COMPARE_MODELS:-default synth-q4_k_m synth-q6_k synth-q8_0 synth-iq4_xs}"
 prompts="${FERRY_COMPARE_PROMPTS:-512 4096}"
 venv="${FERRY_BENCH_VENV:-$HOME/.cache/ferry/bench-venv}"
+profile="${FERRY_COMPARE_PROFILE:-bench}"
 results="$(mktemp)"
 trap 'rm -f "$results"' EXIT
 
@@ -32,7 +36,7 @@ if ! "$venv/bin/python" -c "import llama_cpp, gguf, numpy" 2>/dev/null; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet llama-cpp-python==0.3.36 gguf==0.19.0 numpy
 fi
-cargo build --release --bench decode >&2
+cargo build --profile "$profile" --bench decode >&2
 
 # Resolves a model name to its file, making generated models on first use.
 model_path() {
@@ -67,7 +71,7 @@ for name in $models; do
     warm="$(warm_read "$path")"
     for prompt_tokens in $prompts; do
         echo "compare: $name, $prompt_tokens-token prompt, $threads threads" >&2
-        if ferry_out="$(RAYON_NUM_THREADS="$threads" cargo bench --quiet --bench decode -- \
+        if ferry_out="$(RAYON_NUM_THREADS="$threads" cargo bench --profile "$profile" --quiet --bench decode -- \
                 --model "$path" --prompt-tokens "$prompt_tokens" --gen-tokens "$gen_tokens" \
                 --runs "$runs" 2>/tmp/ferry-compare-stderr.$$)"; then
             ferry_err=""
@@ -88,16 +92,17 @@ for name in $models; do
 import json, sys
 name, prompt, size, warm, ferry, ferry_err, peer = sys.argv[1:8]
 rows = lambda text: [json.loads(l) for l in text.splitlines() if l.strip().startswith("{")]
-for r in rows(ferry):
+ferry_rows = rows(ferry)
+for r in ferry_rows:
     r.pop("prompt_ids", None)
 print(json.dumps({"model": name, "prompt": int(prompt), "size": int(size), "warm_read_s": float(warm),
-                  "ferry": rows(ferry), "ferry_error": ferry_err, "peer": rows(peer)}))
+                  "ferry": ferry_rows, "ferry_error": ferry_err, "peer": rows(peer)}))
 PY
         tail -n 1 "$results" >&2
     done
 done
 
-python3 - "$results" "$threads" <<'PY'
+python3 - "$results" "$threads" "$profile" <<'PY'
 import json, statistics, sys
 path, threads = sys.argv[1], sys.argv[2]
 med = lambda rows, key: statistics.median(r[key] for r in rows) if rows else None
@@ -105,7 +110,7 @@ def fmt(x, spec=".1f"):
     return "n/a" if x is None else format(x, spec)
 def ratio(a, b):
     return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}"
-print(f"\n{threads} threads; load = load-to-ready / one warm read of the file; "
+print(f"\n{threads} threads, ferry built with cargo profile {sys.argv[3]}; load = load-to-ready / one warm read of the file; "
       "RSS = resident set after loading / file size (llama.cpp's includes the Python interpreter)\n")
 print("| model | prompt | prefill tok/s ferry / llama.cpp | = | decode tok/s ferry / llama.cpp | = "
       "| load s ferry / llama.cpp (warm read) | load x ferry / llama.cpp | RSS MiB ferry / llama.cpp (file) | RSS x ferry / llama.cpp |")

@@ -9,6 +9,7 @@ import sys
 import time
 
 import llama_cpp.llama_cpp as llama_cpp_api
+import numpy as np
 from llama_cpp import Llama
 
 # ggml's "extra buffer types" put weights in AMX tiles on CPUs that report AMX; in VMs that do not
@@ -36,6 +37,13 @@ def resident_bytes() -> int:
     return 0
 
 
+def last_logits(llm: Llama) -> np.ndarray:
+    """The logits of the last token evaluated. Without `logits_all`, llama-cpp-python 0.3.36's
+    `eval` no longer copies them into `llm.scores` (that array then holds stale memory), so
+    they are read from the context, where llama.cpp keeps only the last token's row."""
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+
+
 def main() -> None:
     model, ids_json, gen_tokens, runs, threads = sys.argv[1:6]
     prompt = json.loads(ids_json)
@@ -52,11 +60,11 @@ def main() -> None:
         started = time.perf_counter()
         llm.eval(prompt)
         prefill = time.perf_counter() - started
-        next_id = int(llm.scores[llm.n_tokens - 1].argmax())
+        next_id = int(last_logits(llm).argmax())
         decode_started = time.perf_counter()
         for _ in range(gen_tokens):
             llm.eval([next_id])
-            next_id = int(llm.scores[llm.n_tokens - 1].argmax())
+            next_id = int(last_logits(llm).argmax())
         decode = time.perf_counter() - decode_started
         print(json.dumps({
             "engine": "llama.cpp", "run": run, "prompt_tokens": len(prompt),
