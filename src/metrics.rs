@@ -25,6 +25,9 @@
 //! | `ferry_offload_expert_bytes_copied_total` | counter | offload engine: bytes of expert copies (part of `ferry_offload_bytes_copied_total`) |
 //! | `ferry_model_swaps_total` | counter | residency manager (mode `model`) |
 //! | `ferry_model_resident{model}` | gauge | engine (1 once loaded); in mode `model` the swap manager's location |
+//! | `ferry_prefix_cache_queries_total{model}` | counter | engine: prompt tokens looked up in the prefix cache ([`prefix_cache`]) |
+//! | `ferry_prefix_cache_hits_total{model}` | counter | engine: prompt tokens the prefix cache supplied |
+//! | `ferry_prefix_cache_tokens{model}` | gauge | engine: prompt tokens the prefix cache holds |
 //!
 //! Every series exists from the start: the per-model ones from [`Metrics::register_model`]
 //! (the engine calls it for each configured model before any is loaded), the device-memory
@@ -48,6 +51,7 @@
 
 #[cfg(test)]
 pub(crate) mod log_capture;
+mod prefix_cache;
 mod tracker;
 
 pub use tracker::{RequestContext, RequestEnd, RequestTracker, TrackedRequest};
@@ -163,6 +167,7 @@ struct Inner {
     offload_expert_bytes: Counter,
     swaps: Counter,
     resident: Family<ModelLabels, Gauge>,
+    prefix_cache: prefix_cache::PrefixCacheMetrics,
 }
 
 /// The process's metrics registry. Cheap to clone; every clone updates the same values.
@@ -348,6 +353,7 @@ impl Metrics {
             "Alias of ferry_kv_cache_usage_ratio (vLLM's name; a fraction, 1 means full)",
             kv_usage.clone(),
         );
+        let prefix_cache = prefix_cache::PrefixCacheMetrics::register(r, &mut aliases);
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -373,6 +379,7 @@ impl Metrics {
                 offload_expert_bytes,
                 swaps,
                 resident,
+                prefix_cache,
             }),
         }
     }
@@ -400,6 +407,7 @@ impl Metrics {
         drop(inner.model_prompt_tokens.get_or_create(&labels));
         drop(inner.model_generated_tokens.get_or_create(&labels));
         drop(inner.request_duration.get_or_create(&labels));
+        inner.prefix_cache.register_model(&labels);
     }
 
     // ---- HTTP layer ----

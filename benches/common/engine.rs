@@ -7,7 +7,7 @@ use candle_core::Device;
 use ferry::config::{
     DeviceChoice, DeviceConfig, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
 };
-use ferry::engine::{EngineHandle, EngineOptions, TextCodec};
+use ferry::engine::{EngineHandle, EngineOptions, PrefixCacheOptions, TextCodec};
 use ferry::metrics::Metrics;
 use ferry::model::source::HubOptions;
 use ferry::runtime::load::load_for_serving_on;
@@ -16,13 +16,33 @@ use crate::common::ModelArgs;
 
 /// `model` served on the CPU as `bench` (a window of `max_context` tokens, batches of up to 8)
 /// in offload `mode` with `prefetch` layers ahead, over an emulated link of `link` bytes/s when
-/// given, counting into `metrics`.
+/// given, counting into `metrics`. The prefix cache is off, so every prompt a bench sends is
+/// computed (benches/prefix_cache.rs measures the cache with [`cpu_engine_with`]).
 pub fn cpu_engine(
+    model: &ModelArgs,
+    max_context: usize,
+    placement: (OffloadMode, usize),
+    link: Option<u64>,
+    metrics: Metrics,
+) -> Result<EngineHandle, String> {
+    let options = EngineOptions {
+        prefix_cache: PrefixCacheOptions {
+            enabled: false,
+            ..PrefixCacheOptions::default()
+        },
+        metrics,
+        ..EngineOptions::default()
+    };
+    cpu_engine_with(model, max_context, placement, link, options)
+}
+
+/// [`cpu_engine`] with the engine's `options` (its `max_batch` is set to 8).
+pub fn cpu_engine_with(
     model: &ModelArgs,
     max_context: usize,
     (mode, prefetch): (OffloadMode, usize),
     link: Option<u64>,
-    metrics: Metrics,
+    options: EngineOptions,
 ) -> Result<EngineHandle, String> {
     let config = ModelConfig {
         name: "bench".to_string(),
@@ -50,8 +70,7 @@ pub fn cpu_engine(
         ["bench"],
         EngineOptions {
             max_batch: 8,
-            metrics,
-            ..EngineOptions::default()
+            ..options
         },
     );
     engine

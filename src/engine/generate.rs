@@ -21,8 +21,8 @@ use super::{
     grammar::GrammarState,
     logprobs::LogSoftmax,
     request::{
-        FinishReason, GenerationEvent, GenerationParams, GenerationRequest, TokenLogprob,
-        TokenOutput, Usage,
+        FinishReason, GenerationEvent, GenerationParams, GenerationRequest, PromptTokensDetails,
+        TokenLogprob, TokenOutput, Usage,
     },
     sampling::Sampler,
     stop::StopMatcher,
@@ -129,6 +129,9 @@ pub struct Generation {
     /// The last sampled token (the next decode input).
     last: [u32; 1],
     generated: usize,
+    /// Prompt tokens restored from the prefix cache, when the model's cache is on (reported
+    /// in `usage.prompt_tokens_details`).
+    cached: Option<usize>,
 }
 
 impl Generation {
@@ -162,6 +165,7 @@ impl Generation {
             fed: 0,
             last: [0],
             generated: 0,
+            cached: None,
         };
         if params.max_tokens == 0 {
             // Nothing to generate, but the prompt counts as served (usage reports it).
@@ -206,15 +210,42 @@ impl Generation {
     }
 
     /// The sequence starts from a copy of another's KV cache that already holds this prompt
-    /// (another choice of the same request): the prompt counts as fed. Its tokens were counted
-    /// once, by the sequence that computed them.
-    pub fn skip_prefill(&mut self) {
+    /// (another choice of the same request, of which `cached` tokens came from the prefix
+    /// cache): the prompt counts as fed. Its tokens were counted once, by the sequence that
+    /// computed them.
+    pub fn skip_prefill(&mut self, cached: Option<usize>) {
         self.fed = self.prompt.len();
+        self.cached = cached;
+    }
+
+    /// Prompt tokens restored from the prefix cache (`None` when the model's cache is off).
+    pub fn cached(&self) -> Option<usize> {
+        self.cached
     }
 
     /// Prompt tokens.
     pub fn prompt_len(&self) -> usize {
         self.prompt.len()
+    }
+
+    /// The prompt's token ids.
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// The most positions the sequence may come to hold: the prompt and `max_tokens`.
+    pub fn max_len(&self) -> usize {
+        self.prompt.len().saturating_add(self.params.max_tokens)
+    }
+
+    /// The model's prefix cache is on and the sequence starts with its first `cached` prompt
+    /// positions restored from it (0 on a miss): they count as fed, and `usage` reports them as
+    /// `prompt_tokens_details.cached_tokens`. At least the prompt's last token is left to
+    /// compute.
+    pub fn start_cached(&mut self, cached: usize) {
+        let cached = cached.min(self.prompt.len().saturating_sub(1));
+        self.fed = cached;
+        self.cached = Some(cached);
     }
 
     /// Samples the next token from `logits` and emits it.
@@ -265,6 +296,9 @@ impl Generation {
             prompt_tokens: self.prompt.len(),
             completion_tokens: self.generated,
             total_tokens: self.prompt.len() + self.generated,
+            prompt_tokens_details: self
+                .cached
+                .map(|cached_tokens| PromptTokensDetails { cached_tokens }),
         };
         self.send(GenerationEvent::Finished {
             reason,

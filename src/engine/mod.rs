@@ -10,6 +10,8 @@
 //! plain-state [`scheduler`]); [`queue`] is a job in transit. [`generate`] is the per-request
 //! state machine, built from [`sampling`] (with
 //! [`penalties`]), [`logprobs`], [`detokenize`] (incremental, UTF-8 safe) and [`stop`].
+//! [`tool_calls`] reads function calls out of replies and builds the grammar that enforces
+//! them.
 
 pub mod backend;
 pub mod detokenize;
@@ -18,6 +20,7 @@ pub mod generate;
 pub mod grammar;
 pub mod logprobs;
 pub mod penalties;
+pub mod prefix_cache;
 pub mod queue;
 pub mod request;
 pub mod sampling;
@@ -26,15 +29,17 @@ mod serve_loop;
 pub mod stop;
 #[cfg(test)]
 pub(crate) mod test_support;
+pub mod tool_calls;
 pub mod traits;
 pub mod worker;
 
 pub use backend::{Backend, ModelCard, ModelStatus, Residency};
 pub use error::{EngineError, EngineResult};
 pub use grammar::{Grammar, GrammarCompiler, GrammarSpec};
+pub use prefix_cache::PrefixCacheOptions;
 pub use request::{
     ChatMessage, FinishReason, GenerationEvent, GenerationParams, GenerationRequest,
-    SamplingParams, TokenLogprob, TokenOutput, Usage,
+    PromptTokensDetails, SamplingParams, TokenLogprob, TokenOutput, Usage,
 };
 pub use traits::{LanguageModel, TextCodec};
 pub use worker::{EngineHandle, EngineOptions};

@@ -149,6 +149,17 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Sum of both.
     pub total_tokens: usize,
+    /// How many of the prompt tokens came from the prefix cache (OpenAI's
+    /// `prompt_tokens_details.cached_tokens`); `None` when the model's prefix cache is off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// The breakdown of `Usage::prompt_tokens`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose KV state was reused from the prefix cache, not computed.
+    pub cached_tokens: usize,
 }
 
 /// What the engine sends back for a request, in order: zero or more `Token`, then exactly one of

@@ -13,6 +13,11 @@
 //! from the same logits. A model that cannot copy sequences gets fresh ones, which prefill the
 //! prompt themselves. Every choice is a request of its own for the gauges and `pending`.
 //!
+//! With the model's prefix cache on ([`PrefixCache`]), a sequence joining the batch starts from
+//! the cached blocks its prompt begins with, and a sequence whose prefill completes copies its
+//! prompt's new blocks in. Before each step the cache shrinks to the KV room the running
+//! sequences leave ([`kv_room`]), so it never holds memory a running request may need.
+//!
 //! The gauges and counters of [`Metrics`] are kept here: `waiting` and `running` move with the
 //! scheduler, the `pending` count (for `max_queue`) drops when a request leaves for good, and
 //! each request's [`RequestTracker`] hears of its admission, of the tokens each step feeds
@@ -26,6 +31,7 @@ use std::sync::mpsc as std_mpsc;
 use crate::metrics::{Metrics, RequestEnd, RequestTracker, TrackedRequest};
 
 use super::generate::{Generation, Outcome, Progress, Started};
+use super::prefix_cache::{PrefixCache, PrefixCacheOptions};
 use super::queue::Job;
 use super::request::FinishReason;
 use super::scheduler::{Schedulable, Scheduler, StepLimits, StepShare};
@@ -45,6 +51,8 @@ pub(super) struct LoopContext<'a> {
     pub metrics: &'a Metrics,
     /// What one step may hold.
     pub limits: StepLimits,
+    /// The model's prefix cache.
+    pub prefix: PrefixCacheOptions,
 }
 
 /// A request in the scheduler: its generation state and its model-side sequence.
@@ -102,6 +110,7 @@ pub(super) fn serve_requests<M: LanguageModel>(
     ctx: &LoopContext<'_>,
 ) {
     let mut scheduler = Scheduler::new(ctx.limits);
+    let mut prefix = PrefixCache::from_options(&ctx.prefix).filter(|_| model.supports_blocks());
     let mut open = true;
     loop {
         if scheduler.is_idle() {
@@ -143,14 +152,23 @@ pub(super) fn serve_requests<M: LanguageModel>(
             ctx.pending.fetch_sub(places, Ordering::SeqCst);
         }
         let running = scheduler.running_mut();
-        for active in &running[running.len() - admission.started..] {
+        let first_new = running.len() - admission.started;
+        for active in &mut running[first_new..] {
             for tracker in active.trackers() {
                 tracker.admitted();
                 ctx.metrics.request_started();
             }
+            if let Some(cache) = prefix.as_mut() {
+                start_cached(&*model, ctx, cache, active);
+            }
+        }
+        let room = kv_room(&*model, &mut scheduler, ctx.limits);
+        if let Some(cache) = prefix.as_mut() {
+            cache.shrink_to(room);
         }
         if scheduler.running_len() > 0 {
-            let done = step(model, codec, ctx.name, &mut scheduler);
+            let cache = prefix.as_mut().map(|cache| (cache, room));
+            let done = step(model, codec, ctx.name, &mut scheduler, cache);
             let retired = scheduler.retire(&done.finished);
             let ended = retired.len() + done.forks_ended;
             for _ in 0..ended {
@@ -170,7 +188,44 @@ pub(super) fn serve_requests<M: LanguageModel>(
             .max(1)
             .saturating_mul(model.max_context());
         ctx.metrics.set_kv_usage(ctx.name, kv_tokens, kv_capacity);
+        if let Some(cache) = &prefix {
+            ctx.metrics
+                .set_prefix_cache_tokens(ctx.name, cache.tokens_held());
+        }
     }
+}
+
+/// Starts a sequence that just joined the batch from the cached blocks its prompt begins with
+/// (its first choice's; the others copy it), counting the lookup.
+fn start_cached<M: LanguageModel>(
+    model: &M,
+    ctx: &LoopContext<'_>,
+    cache: &mut PrefixCache<M::Block>,
+    active: &mut Active<M::Sequence>,
+) {
+    let restored = cache.restore(model, &mut active.seq, active.generation.prompt());
+    active.generation.start_cached(restored);
+    active.tracker.fed(restored);
+    ctx.metrics
+        .prefix_cache_lookup(ctx.name, active.generation.prompt_len(), restored);
+}
+
+/// KV positions the prefix cache may hold: the model's KV budget (`max_batch x max_context`
+/// positions, what the plan reserved) less the most every running sequence, and every choice
+/// waiting to split off one, may grow to.
+fn kv_room<M: LanguageModel>(
+    model: &M,
+    scheduler: &mut Scheduler<Active<M::Sequence>>,
+    limits: StepLimits,
+) -> usize {
+    let max_context = model.max_context();
+    let budget = limits.max_batch.max(1).saturating_mul(max_context);
+    let reserved: usize = scheduler
+        .running_mut()
+        .iter()
+        .map(|a| a.places() * model.kv_reserve(a.generation.max_len().min(max_context)))
+        .sum();
+    budget.saturating_sub(reserved)
 }
 
 /// Turns a job into a waiting sequence (with its other choices as forks), or ends it at once
@@ -240,6 +295,7 @@ fn step<M: LanguageModel>(
     codec: &dyn TextCodec,
     name: &str,
     scheduler: &mut Scheduler<Active<M::Sequence>>,
+    mut prefix: Option<(&mut PrefixCache<M::Block>, usize)>,
 ) -> StepDone<M::Sequence> {
     let plan = scheduler.plan();
     let running = scheduler.running_mut();
@@ -283,11 +339,16 @@ fn step<M: LanguageModel>(
     for ((share, row), input) in plan.iter().zip(logits).zip(&inputs) {
         let active = &mut running[share.index];
         active.tracker.fed(input.len());
+        let prefilling = active.generation.prefill_remaining() > 0;
         if !active.generation.fed(input.len()) {
             continue;
         }
+        if let (true, Some((cache, room))) = (prefilling, prefix.as_mut()) {
+            cache.remember(&*model, &active.seq, active.generation.prompt(), *room);
+        }
         for fork in std::mem::take(&mut active.forks) {
-            split_off(&*model, codec, &active.seq, fork, &row, &mut done);
+            let prefilled = (&active.seq, active.generation.cached());
+            split_off(&*model, codec, prefilled, fork, &row, &mut done);
         }
         if let Some(outcome) = sample(&mut active.generation, row, codec) {
             end_request(&active.tracker, &outcome);
@@ -303,7 +364,7 @@ fn step<M: LanguageModel>(
 fn split_off<M: LanguageModel>(
     model: &M,
     codec: &dyn TextCodec,
-    prefilled: &M::Sequence,
+    (prefilled, cached): (&M::Sequence, Option<usize>),
     mut fork: Fork,
     logits: &[f32],
     done: &mut StepDone<M::Sequence>,
@@ -318,7 +379,7 @@ fn split_off<M: LanguageModel>(
     let outcome = match copied {
         Ok(None) => None,
         Ok(Some(seq)) => {
-            fork.generation.skip_prefill();
+            fork.generation.skip_prefill(cached);
             fork.tracker.fed(fork.generation.prompt_len());
             match sample(&mut fork.generation, logits.to_vec(), codec) {
                 None => {

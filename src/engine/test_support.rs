@@ -13,6 +13,7 @@ use tokenizers::Tokenizer;
 use crate::metrics::Metrics;
 
 use super::{
+    prefix_cache::PrefixCacheOptions,
     queue::Job,
     request::{ChatMessage, GenerationEvent, GenerationParams, GenerationRequest, SamplingParams},
     scheduler::StepLimits,
@@ -183,6 +184,9 @@ pub struct ScriptModel {
     pub tokens_fed: usize,
     /// Whether [`LanguageModel::fork_sequence`] copies sequences (else it declines).
     pub forks: bool,
+    /// Whether [`LanguageModel::copy_block`] copies positions for the prefix cache (else it
+    /// declines, and the cache stays off). Default false.
+    pub blocks: bool,
 }
 
 impl ScriptModel {
@@ -198,6 +202,7 @@ impl ScriptModel {
             sequence_steps: 0,
             tokens_fed: 0,
             forks: true,
+            blocks: false,
         }
     }
 
@@ -263,6 +268,8 @@ impl ScriptModel {
 
 impl LanguageModel for ScriptModel {
     type Sequence = ScriptSeq;
+    /// The tokens the block's positions were fed.
+    type Block = Vec<u32>;
 
     fn new_sequence(&self) -> ScriptSeq {
         ScriptSeq::default()
@@ -287,6 +294,32 @@ impl LanguageModel for ScriptModel {
 
     fn fork_sequence(&self, seq: &ScriptSeq) -> EngineResult<Option<ScriptSeq>> {
         Ok(self.forks.then(|| seq.clone()))
+    }
+
+    fn supports_blocks(&self) -> bool {
+        self.blocks
+    }
+
+    fn copy_block(
+        &self,
+        seq: &ScriptSeq,
+        start: usize,
+        len: usize,
+    ) -> EngineResult<Option<Vec<u32>>> {
+        if !self.blocks {
+            return Ok(None);
+        }
+        let tokens = seq.fed.get(start..start + len).ok_or_else(|| {
+            EngineError::Internal(format!("block {start}+{len} of {} tokens", seq.fed.len()))
+        })?;
+        Ok(Some(tokens.to_vec()))
+    }
+
+    fn extend_sequence(&self, seq: &mut ScriptSeq, blocks: &[&Vec<u32>]) -> EngineResult<()> {
+        for block in blocks {
+            seq.fed.extend_from_slice(block);
+        }
+        Ok(())
     }
 
     fn max_context(&self) -> usize {
@@ -332,6 +365,7 @@ pub fn serve_job(model: &mut ScriptModel, job: Job, max_batch: usize, metrics: &
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             max_step_tokens: DEFAULT_MAX_STEP_TOKENS,
         },
+        prefix: PrefixCacheOptions::default(),
     };
     serve_requests(model, &TestCodec::new(), &context);
     assert_eq!(pending.load(Ordering::SeqCst), 0, "every choice ended");

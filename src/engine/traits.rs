@@ -4,7 +4,10 @@
 
 use std::sync::Arc;
 
-use super::{grammar::GrammarCompiler, request::ChatMessage, EngineError, EngineResult};
+use super::{
+    grammar::GrammarCompiler, request::ChatMessage, tool_calls::ToolSupport, EngineError,
+    EngineResult,
+};
 
 /// One loaded model instance that keeps its own KV state per sequence.
 ///
@@ -13,6 +16,10 @@ use super::{grammar::GrammarCompiler, request::ChatMessage, EngineError, EngineR
 pub trait LanguageModel: Send {
     /// Per-request state (the KV cache and position).
     type Sequence;
+
+    /// A copy of some consecutive positions of a sequence's state, as the prefix cache keeps
+    /// it ([`copy_block`](Self::copy_block)).
+    type Block;
 
     /// A fresh, empty sequence.
     fn new_sequence(&self) -> Self::Sequence;
@@ -48,6 +55,45 @@ pub trait LanguageModel: Send {
         Ok(None)
     }
 
+    /// Whether [`copy_block`](Self::copy_block) and [`extend_sequence`](Self::extend_sequence)
+    /// work, so the serving loop may cache prompt prefixes. Default false.
+    fn supports_blocks(&self) -> bool {
+        false
+    }
+
+    /// A copy of positions `start..start + len` of `seq`'s state (all of them computed), for
+    /// the prefix cache: sequences whose prompts start with the same tokens start from it
+    /// instead of computing those positions again. Default `Ok(None)`: this model's sequences
+    /// are not cached.
+    fn copy_block(
+        &self,
+        _seq: &Self::Sequence,
+        _start: usize,
+        _len: usize,
+    ) -> EngineResult<Option<Self::Block>> {
+        Ok(None)
+    }
+
+    /// Appends `blocks` (consecutive positions, in order, copied by
+    /// [`copy_block`](Self::copy_block)) to `seq`, which holds the positions before them. On
+    /// error `seq` is as it was. Default: an error (nothing is ever copied).
+    fn extend_sequence(
+        &self,
+        _seq: &mut Self::Sequence,
+        _blocks: &[&Self::Block],
+    ) -> EngineResult<()> {
+        Err(EngineError::Internal(
+            "this model does not restore cached positions".into(),
+        ))
+    }
+
+    /// The most positions of KV memory a sequence may hold once it has grown to `len`
+    /// positions (its buffers may grow in steps larger than a token). The prefix cache keeps
+    /// this room for every running sequence. Default `len`.
+    fn kv_reserve(&self, len: usize) -> usize {
+        len
+    }
+
     /// The context window in tokens (prompt plus completion).
     fn max_context(&self) -> usize;
 
@@ -80,6 +126,29 @@ pub trait TextCodec: Send + Sync {
     ) -> EngineResult<Vec<u32>> {
         let text = self.render_chat(messages, add_generation_prompt)?;
         self.encode(&text, false)
+    }
+
+    /// [`encode_chat`](Self::encode_chat) with the template's `tools` variable set to `tools`
+    /// (`{"type": "function", "function": {..}}` each). Default: without tools only.
+    fn encode_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        parse_special_in_content: bool,
+    ) -> EngineResult<Vec<u32>> {
+        if !tools.is_empty() {
+            return Err(EngineError::Internal(
+                "this codec's chat template does not render tools".into(),
+            ));
+        }
+        self.encode_chat(messages, add_generation_prompt, parse_special_in_content)
+    }
+
+    /// What the chat template does with tools (the call format, whether it renders them).
+    /// Default: Hermes markup, tools folded into the messages.
+    fn tool_support(&self) -> ToolSupport {
+        ToolSupport::default()
     }
 
     /// Token ids to text. Incomplete UTF-8 at the end decodes to U+FFFD (the incremental

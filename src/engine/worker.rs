@@ -32,6 +32,7 @@ use super::{
     backend::{Backend, ModelCard, ModelStatus, Residency},
     generate::validate_prompt,
     grammar::{Grammar, GrammarSpec},
+    prefix_cache::PrefixCacheOptions,
     queue::Job,
     request::{ChatMessage, GenerationEvent, GenerationRequest},
     scheduler::StepLimits,
@@ -73,6 +74,9 @@ pub struct EngineOptions {
     /// so a stream's gap between tokens is bounded by one step of this many tokens (raised to
     /// at least `max_batch`). Default [`DEFAULT_MAX_STEP_TOKENS`].
     pub max_step_tokens: usize,
+    /// Each model's prefix cache (requests sharing a prompt prefix reuse its KV state). Default
+    /// on, bounded by the KV room the running requests leave.
+    pub prefix_cache: PrefixCacheOptions,
     /// Where the engine reports queue depth, tokens and latencies. Default: a fresh registry
     /// (pass the server's to have them on `/metrics`).
     pub metrics: Metrics,
@@ -85,6 +89,7 @@ impl Default for EngineOptions {
             max_batch: DEFAULT_MAX_BATCH,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             max_step_tokens: DEFAULT_MAX_STEP_TOKENS,
+            prefix_cache: PrefixCacheOptions::default(),
             metrics: Metrics::new(),
         }
     }
@@ -207,6 +212,7 @@ impl EngineHandle {
             prefill_chunk: options.prefill_chunk,
             max_step_tokens: options.max_step_tokens,
         };
+        let prefix = options.prefix_cache;
         let thread_name = format!("ferry-engine-{name}");
         let name = name.to_owned();
         std::thread::Builder::new()
@@ -218,6 +224,7 @@ impl EngineHandle {
                     pending: &pending,
                     metrics: &metrics,
                     limits,
+                    prefix,
                 };
                 engine_thread(&name, loader, &shared)
             })
@@ -356,6 +363,26 @@ impl Backend for EngineHandle {
         )
     }
 
+    fn encode_chat_with_tools(
+        &self,
+        model: &str,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        parse_special_in_content: bool,
+    ) -> EngineResult<Vec<u32>> {
+        self.ready(model)?.1.codec.encode_chat_with_tools(
+            messages,
+            tools,
+            add_generation_prompt,
+            parse_special_in_content,
+        )
+    }
+
+    fn tool_support(&self, model: &str) -> EngineResult<crate::engine::tool_calls::ToolSupport> {
+        Ok(self.ready(model)?.1.codec.tool_support())
+    }
+
     fn check_capacity(&self, model: &str) -> EngineResult<()> {
         let entry = self.entry(model)?;
         if entry.pending.load(Ordering::SeqCst) >= self.capacity() {
@@ -473,6 +500,7 @@ struct ThreadShared<'a> {
     pending: &'a AtomicUsize,
     metrics: &'a Metrics,
     limits: StepLimits,
+    prefix: PrefixCacheOptions,
 }
 
 /// Body of a model's engine thread: load, publish the result, then serve jobs until every
@@ -515,6 +543,7 @@ where
         pending: shared.pending,
         metrics: shared.metrics,
         limits: shared.limits,
+        prefix: shared.prefix,
     };
     serve_requests(&mut model, codec.as_ref(), &context);
     tracing::debug!(model = name, "engine thread stopped");

@@ -10,6 +10,9 @@
 //! Positions are committed only after every layer has written them ([`KvCache::commit`]), so a
 //! forward pass that fails half-way leaves the cache as it was.
 //!
+//! The prefix cache keeps copies of some positions ([`KvSpan`], [`KvCache::copy_span`]) and a new
+//! sequence starts from them ([`KvCache::extend_from_spans`]) instead of computing them again.
+//!
 //! The buffers hold the cache's own dtype (`kv_dtype`, [`kv_dtype_for`]): new keys and values are
 //! converted on write, so an f16 or bf16 cache takes half the bytes of an f32 one.
 
@@ -35,6 +38,8 @@ fn kv_dtype_on(choice: DtypeChoice, cpu: bool, compute: DType) -> DType {
         DtypeChoice::Auto if cpu => compute,
         DtypeChoice::Auto if compute == DType::BF16 => DType::BF16,
         DtypeChoice::Auto => DType::F16,
+        // A weight quantization type says nothing of the cache (the kv_dtype setting refuses one).
+        DtypeChoice::Quantize(_) => kv_dtype_on(DtypeChoice::Auto, cpu, compute),
     }
 }
 
@@ -151,6 +156,90 @@ impl KvCache {
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
     }
+
+    /// A copy of positions `start..start + len` of every layer (all of them stored), with its
+    /// own buffers: what the prefix cache keeps of a prompt.
+    pub fn copy_span(&self, start: usize, len: usize) -> Result<KvSpan> {
+        if len == 0 || start + len > self.len {
+            return Err(candle_core::Error::Msg(format!(
+                "kv span {start}..{} is outside the {} positions stored",
+                start + len,
+                self.len
+            ))
+            .into());
+        }
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| layer.copy_span(start, len))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvSpan { layers, len })
+    }
+
+    /// Appends `spans` (consecutive positions, in order) after the positions stored, in every
+    /// layer, and commits them. On error nothing is committed.
+    pub fn extend_from_spans(&mut self, spans: &[&KvSpan]) -> Result<()> {
+        let added: usize = spans.iter().map(|s| s.len).sum();
+        if added == 0 {
+            return Ok(());
+        }
+        self.check_room(added)?;
+        if spans.iter().any(|s| s.layers.len() != self.layers.len()) {
+            return Err(candle_core::Error::Msg("kv span of another model".into()).into());
+        }
+        let pos = self.len;
+        for (index, layer) in self.layers.iter_mut().enumerate() {
+            let keys: Vec<&Tensor> = spans.iter().map(|s| &s.layers[index].0).collect();
+            let values: Vec<&Tensor> = spans.iter().map(|s| &s.layers[index].1).collect();
+            layer.write(pos, &Tensor::cat(&keys, 2)?, &Tensor::cat(&values, 2)?)?;
+        }
+        self.commit(added)
+    }
+
+    /// [`capacity_bound`] for this cache's limit.
+    pub fn capacity_bound(&self, len: usize) -> usize {
+        capacity_bound(len, self.max_len)
+    }
+}
+
+/// The most positions the buffers of a cache limited to `max_len` positions may be allocated
+/// for once it holds `len` positions, whatever steps it grew by: every growth takes the larger
+/// of twice the old capacity (below `len`, a multiple of [`MIN_CHUNK`]) and the new length
+/// rounded up to [`MIN_CHUNK`], capped at the limit. What a running sequence may come to hold,
+/// for budgets that must leave it room.
+pub fn capacity_bound(len: usize, max_len: usize) -> usize {
+    let rounded = len.max(1).div_ceil(MIN_CHUNK) * MIN_CHUNK;
+    let doubled = 2 * rounded.saturating_sub(MIN_CHUNK);
+    rounded.max(doubled).min(max_len)
+}
+
+/// Copies of some consecutive positions of every layer's keys and values, taken from one
+/// sequence's cache ([`KvCache::copy_span`]) to start others from ([`KvCache::extend_from_spans`]).
+#[derive(Debug)]
+pub struct KvSpan {
+    /// Per layer, keys and values `[1, n_kv_heads, len, head_dim]`.
+    layers: Vec<(Tensor, Tensor)>,
+    len: usize,
+}
+
+impl KvSpan {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no position (never, for a span made by [`KvCache::copy_span`]).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes held across all layers (keys and values).
+    pub fn allocated_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|(k, v)| (k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes())
+            .sum()
+    }
 }
 
 /// One layer's key and value buffers.
@@ -203,6 +292,17 @@ impl LayerKv {
 
     fn capacity(&self) -> usize {
         self.k.as_ref().map_or(0, |k| k.dims()[2])
+    }
+
+    /// Copies of positions `start..start + len` of the keys and values.
+    fn copy_span(&self, start: usize, len: usize) -> Result<(Tensor, Tensor)> {
+        let (Some(k), Some(v)) = (&self.k, &self.v) else {
+            return Err(candle_core::Error::Msg("kv cache buffers missing".into()).into());
+        };
+        Ok((
+            k.narrow(2, start, len)?.copy()?,
+            v.narrow(2, start, len)?.copy()?,
+        ))
     }
 
     fn allocated_bytes(&self) -> usize {
@@ -313,6 +413,73 @@ mod tests {
         assert_eq!(value_at(&forked, 0), 1.0, "the prompt's keys are copied");
         assert_eq!(value_at(&forked, 3), 5.0);
         assert_eq!(value_at(&original, 3), 9.0, "the fork's write is its own");
+    }
+
+    #[test]
+    fn spans_copy_positions_out_and_start_another_cache_from_them() {
+        let shape = KvShape {
+            n_kv_heads: 2,
+            head_dim: 4,
+        };
+        let mut source = KvCache::new(2, shape, 600, DType::F32, &Device::Cpu);
+        step(&mut source, 3, 1.0).unwrap();
+        step(&mut source, 2, 2.0).unwrap();
+        step(&mut source, 1, 3.0).unwrap();
+        let first = source.copy_span(0, 3).unwrap();
+        let second = source.copy_span(3, 2).unwrap();
+        assert_eq!((first.len(), second.len()), (3, 2));
+        assert_eq!(first.allocated_bytes(), 2 * 2 * 3 * 2 * 4 * 4);
+        assert!(source.copy_span(4, 3).is_err(), "position 6 is not stored");
+        // The copies are their own: writing the source later does not change them.
+        source.truncate(0);
+        step(&mut source, 6, 9.0).unwrap();
+        let mut cache = KvCache::new(2, shape, 600, DType::F32, &Device::Cpu);
+        cache.extend_from_spans(&[&first, &second]).unwrap();
+        assert_eq!(cache.len(), 5);
+        let (k, v) = step(&mut cache, 1, 4.0).unwrap();
+        let keys: Vec<f32> = k
+            .narrow(1, 0, 1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let per_position: Vec<f32> = keys.chunks(4).map(|c| c[0]).collect();
+        assert_eq!(per_position, [1.0, 1.0, 1.0, 2.0, 2.0, 4.0]);
+        assert_eq!(v.dims(), &[1, 2, 6, 4]);
+        let mut small = KvCache::new(2, shape, 4, DType::F32, &Device::Cpu);
+        assert!(small.extend_from_spans(&[&first, &second]).is_err());
+        assert_eq!(small.len(), 0, "nothing committed");
+    }
+
+    #[test]
+    fn the_capacity_bound_holds_for_every_way_of_growing() {
+        let shape = KvShape {
+            n_kv_heads: 2,
+            head_dim: 4,
+        };
+        let probe = KvCache::new(1, shape, 3000, DType::F32, &Device::Cpu);
+        assert_eq!(probe.capacity_bound(1), 256);
+        assert_eq!(probe.capacity_bound(1256), 2048);
+        assert_eq!(probe.capacity_bound(2900), 3000, "capped at the limit");
+        for (len, steps) in [(1256, 1), (1256, 7), (1000, 300), (513, 512), (2900, 97)] {
+            let mut cache = KvCache::new(1, shape, 3000, DType::F32, &Device::Cpu);
+            // A first chunk, then steps of `steps` tokens.
+            let mut fed = 0;
+            while fed < len {
+                let n = if fed == 0 {
+                    300.min(len)
+                } else {
+                    steps.min(len - fed)
+                };
+                step(&mut cache, n, 1.0).unwrap();
+                fed += n;
+                assert!(
+                    cache.capacity() <= probe.capacity_bound(len),
+                    "{len} {steps}"
+                );
+            }
+        }
     }
 
     #[test]

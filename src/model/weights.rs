@@ -45,7 +45,7 @@ pub enum Linear {
         bias: Option<Tensor>,
     },
     /// GGUF block-quantized weight on the CPU, multiplied by ferry's SIMD kernels
-    /// ([`CpuQMatMul`], Q4_0 / Q4_1 / Q8_0) over the same raw blocks.
+    /// ([`CpuQMatMul`], Q4_0..Q8_0 and Q2_K..Q6_K) over the same raw blocks.
     CpuQuantized {
         /// The quantized `[out, in]` matrix.
         weight: CpuQMatMul,
@@ -55,8 +55,9 @@ pub enum Linear {
 }
 
 impl Linear {
-    /// A quantized linear layer: ferry's CPU kernels ([`CpuQMatMul`]) where they apply (Q4_0,
-    /// Q4_1 and Q8_0 on the CPU), else candle's `QMatMul` (every CUDA weight, other formats).
+    /// A quantized linear layer: ferry's CPU kernels ([`CpuQMatMul`]) where they apply (the
+    /// types [`CpuQMatMul::supports`], on the CPU), else candle's `QMatMul` (every CUDA weight,
+    /// other formats).
     /// `device.cpu_qmatmul = "candle"` ([`set_cpu_qmatmul`]) keeps candle's kernels on the CPU
     /// too, for comparisons.
     pub fn quantized(weight: Arc<QTensor>, bias: Option<Tensor>) -> Result<Self> {

@@ -21,8 +21,9 @@ use super::error::OffloadError;
 pub use super::layout::{align_up, LayerLayout, TensorEntry, TENSOR_ALIGN};
 use super::layout::{SlotKind, SlotLayout};
 use crate::model::checkpoint::Checkpoint;
-use crate::model::loader::Holding;
+use crate::model::loader::holding::stored_as;
 pub use crate::model::loader::TensorKind;
+use crate::model::loader::{quantize, Holding};
 pub use crate::model::tensors::Part;
 use crate::model::tensors::{StoredType, TensorRecord};
 
@@ -209,6 +210,10 @@ fn entry_bytes<'a>(
         TensorKind::Dense(dtype) if stored_dtype(record) != Some(dtype) => {
             let t = checkpoint.read_dense(record, dtype, &Device::Cpu)?;
             Cow::Owned(tensor_bytes(&t)?)
+        }
+        // Quantized at load (dtype `q8_0`, ...): the blocks the loader would make.
+        TensorKind::Blocks(ty) if !stored_as(record, ty) => {
+            Cow::Owned(quantize::quantized_bytes(checkpoint, record, ty)?)
         }
         _ => Cow::Borrowed(checkpoint.bytes(record)?),
     };

@@ -14,6 +14,9 @@
 //!   (which layers stay on the device, the slot ring, bytes per tier, PCIe-bound decode estimate).
 //! - [`fit`]: chooses unset `max_context` / `max_batch` so the KV cache fits the budget before any
 //!   layer leaves the device (llama.cpp's `--fit` order), or names them when set ones do not fit.
+//! - [`cost`]: the tier cost model, per offloaded unit (an expert or a dense layer) and step:
+//!   stream its weights to the device or compute it on the host where they live;
+//!   [`calibrate`]: the start-up measurement of its rates (link, host and device compute).
 //! - [`render`]: the human table and the JSON document that `ferry plan` prints; [`units`]: byte
 //!   and bandwidth formatting shared by errors, logs and the renderer.
 //!
@@ -40,6 +43,8 @@
 pub mod accounting;
 pub mod assemble;
 pub mod buffer;
+pub mod calibrate;
+pub mod cost;
 pub mod error;
 pub mod experts;
 pub mod experts_plan;
@@ -60,9 +65,11 @@ mod stream_gpu;
 mod stream_thread;
 pub mod swap;
 mod swap_copy;
+pub mod tier_report;
 pub mod units;
 
 pub use accounting::{Accounting, AccountingSnapshot, PlannedBytes};
+pub use cost::{CostModel, Tier, UnitWork};
 pub use error::{CacheOverflow, OffloadError, PlanError, Result};
 pub use experts::{ExpertStore, ExpertTier};
 pub use experts_plan::{ExpertInput, ExpertPlan, LayerExperts};

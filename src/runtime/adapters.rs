@@ -9,10 +9,11 @@
 
 use std::sync::{Arc, OnceLock};
 
+use crate::engine::tool_calls::ToolSupport;
 use crate::engine::traits::{LanguageModel, TextCodec};
 use crate::engine::{ChatMessage, EngineError, EngineResult, GrammarCompiler};
 use crate::model::decoder::{Model, ResidentLayers, SeqInput};
-use crate::model::kv_cache::KvCache;
+use crate::model::kv_cache::{KvCache, KvSpan};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::weights::LayerWeights;
 use crate::model::ModelError;
@@ -150,6 +151,7 @@ impl ModelRunner {
 
 impl LanguageModel for ModelRunner {
     type Sequence = RunnerSequence;
+    type Block = KvSpan;
 
     fn new_sequence(&self) -> RunnerSequence {
         RunnerSequence {
@@ -205,6 +207,34 @@ impl LanguageModel for ModelRunner {
         Ok(Some(RunnerSequence { cache, lease: None }))
     }
 
+    fn supports_blocks(&self) -> bool {
+        true
+    }
+
+    /// Copies the positions' keys and values out of the cache (device to device).
+    fn copy_block(
+        &self,
+        seq: &RunnerSequence,
+        start: usize,
+        len: usize,
+    ) -> EngineResult<Option<KvSpan>> {
+        let span = seq
+            .cache
+            .copy_span(start, len)
+            .map_err(|e| self.step_error(e))?;
+        Ok(Some(span))
+    }
+
+    fn extend_sequence(&self, seq: &mut RunnerSequence, blocks: &[&KvSpan]) -> EngineResult<()> {
+        seq.cache
+            .extend_from_spans(blocks)
+            .map_err(|e| self.step_error(e))
+    }
+
+    fn kv_reserve(&self, len: usize) -> usize {
+        crate::model::kv_cache::capacity_bound(len, self.max_context)
+    }
+
     fn max_context(&self) -> usize {
         self.max_context
     }
@@ -253,6 +283,28 @@ impl TextCodec for TokenizerCodec {
         self.tokenizer
             .encode_chat(messages, add_generation_prompt, parse_special_in_content)
             .map_err(template_error)
+    }
+
+    fn encode_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        parse_special_in_content: bool,
+    ) -> EngineResult<Vec<u32>> {
+        let tools = (!tools.is_empty()).then_some(tools);
+        self.tokenizer
+            .encode_chat_with_tools(
+                messages,
+                tools,
+                add_generation_prompt,
+                parse_special_in_content,
+            )
+            .map_err(template_error)
+    }
+
+    fn tool_support(&self) -> ToolSupport {
+        ToolSupport::from_template(self.tokenizer.chat_template_source())
     }
 
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> EngineResult<String> {

@@ -23,7 +23,7 @@ use crate::engine::traits::TextCodec;
 use crate::engine::worker::{
     EngineHandle, EngineOptions, DEFAULT_MAX_BATCH, DEFAULT_MAX_STEP_TOKENS, DEFAULT_PREFILL_CHUNK,
 };
-use crate::engine::{Backend, EngineError};
+use crate::engine::{Backend, EngineError, PrefixCacheOptions};
 use crate::metrics::Metrics;
 use crate::model::source::HubOptions;
 use crate::server::options::default_allowed_hosts;
@@ -90,6 +90,16 @@ pub fn engine_options(config: &Config, metrics: Metrics) -> EngineOptions {
             .map(|m| m.max_step_tokens)
             .min()
             .unwrap_or(DEFAULT_MAX_STEP_TOKENS),
+        // One prefix cache setting too: off if any model turns it off, the smallest size.
+        prefix_cache: PrefixCacheOptions {
+            enabled: config.models.iter().all(|m| m.prefix_cache),
+            max_tokens: config
+                .models
+                .iter()
+                .filter_map(|m| m.prefix_cache_tokens)
+                .min(),
+            ..PrefixCacheOptions::default()
+        },
         metrics,
     }
 }
@@ -256,6 +266,7 @@ mod tests {
                 library.max_step_tokens
             )
         );
+        assert_eq!(engine.prefix_cache, library.prefix_cache);
         let server = server_options(&config());
         let library = ServerOptions::default();
         assert_eq!(

@@ -279,6 +279,7 @@ mod tests {
                 prompt_tokens: 5,
                 completion_tokens,
                 total_tokens: 5 + completion_tokens,
+                prompt_tokens_details: None,
             },
             trailing_text: String::new(),
         };

@@ -312,6 +312,7 @@ impl Backend for TestBackend {
                         prompt_tokens,
                         completion_tokens: n,
                         total_tokens: prompt_tokens + n,
+                        prompt_tokens_details: None,
                     };
                     send(GenerationEvent::Finished {
                         reason,

@@ -199,7 +199,7 @@ fn chat_prompt_greedy_generation_matches_candle() {
             &[ChatMessage {
                 role: "user".into(),
                 content: "What is the capital of France?".into(),
-                name: None,
+                ..Default::default()
             }],
             true,
         )

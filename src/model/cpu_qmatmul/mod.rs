@@ -1,27 +1,39 @@
-//! A CPU matmul for GGUF block-quantized weights (Q4_0, Q4_1, Q8_0) that reads the raw GGUF
-//! blocks in place: activations are quantized per 32-block to int8 (llama.cpp's Q8_1 scheme,
-//! see [`activation`]), each output is an integer dot product over one weight row
-//! ([`scalar`], or [`avx2`] when the CPU has it), and output rows are split across rayon's
-//! pool (`RAYON_NUM_THREADS`).
+//! A CPU matmul for GGUF block-quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the
+//! k-quants Q2_K..Q6_K) that reads the raw GGUF blocks in place: activations are quantized to
+//! int8, per 32-block for the 32-element formats (llama.cpp's Q8_1 scheme, see [`activation`])
+//! and per 256-block for the k-quants ([`kquants::activation`]), once per kind a call needs;
+//! each output is an integer dot product over one weight row ([`scalar`], [`q5`],
+//! [`kquants::scalar`], or their AVX2 twins when the CPU has it), and output rows are split
+//! across rayon's pool (`RAYON_NUM_THREADS`).
 //!
-//! It exists because candle 0.11.1 built without `-C target-cpu` runs Q4_1 (the default
-//! model's format), Q4_0 and Q8_0 through scalar code. The weight stays a candle [`QTensor`]
+//! It exists because candle 0.11.1 runs Q4_1 (the default model's format), Q5_0 and Q5_1
+//! through scalar code; its runtime-detected AVX2 kernels (Q4_0, Q8_0, the k-quants) are set
+//! beside these in `benches/qmatmul_kernels.rs`. The weight stays a candle [`QTensor`]
 //! (shared, e.g. with a tied embedding), so nothing is copied or repacked at load time.
 
 pub mod activation;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+#[cfg(test)]
+mod format_tests;
+pub mod kquants;
+pub mod q5;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2_tile;
 pub mod scalar;
+pub mod scalar_tile;
 #[cfg(test)]
 mod tests;
+pub mod tile;
 
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Storage, Tensor};
-use rayon::prelude::*;
 
-use self::activation::{quantize_row, Q8Block, BLOCK};
+use self::activation::{ActKind, ActRow, Activations, BLOCK};
+use self::kquants::activation::QK_K;
+use self::kquants::KFormat;
 use super::error::{ModelError, Result};
 
 /// Which dot-product implementation to run.
@@ -40,6 +52,10 @@ enum Format {
     Q4_0,
     Q4_1,
     Q8_0,
+    Q5_0,
+    Q5_1,
+    /// A k-quant (256-element super-blocks).
+    K(KFormat),
 }
 
 impl Format {
@@ -48,16 +64,47 @@ impl Format {
             GgmlDType::Q4_0 => Some(Format::Q4_0),
             GgmlDType::Q4_1 => Some(Format::Q4_1),
             GgmlDType::Q8_0 => Some(Format::Q8_0),
+            GgmlDType::Q5_0 => Some(Format::Q5_0),
+            GgmlDType::Q5_1 => Some(Format::Q5_1),
+            GgmlDType::Q2K => Some(Format::K(KFormat::Q2K)),
+            GgmlDType::Q3K => Some(Format::K(KFormat::Q3K)),
+            GgmlDType::Q4K => Some(Format::K(KFormat::Q4K)),
+            GgmlDType::Q5K => Some(Format::K(KFormat::Q5K)),
+            GgmlDType::Q6K => Some(Format::K(KFormat::Q6K)),
             _ => None,
         }
     }
 
-    /// Bytes per 32-element block.
+    /// Bytes per block of [`block_elems`](Self::block_elems) elements.
     fn block_bytes(self) -> usize {
         match self {
             Format::Q4_0 => 18,
             Format::Q4_1 => 20,
             Format::Q8_0 => 34,
+            Format::Q5_0 => 22,
+            Format::Q5_1 => 24,
+            Format::K(f) => f.block_bytes(),
+        }
+    }
+
+    /// Elements per block.
+    fn block_elems(self) -> usize {
+        match self {
+            Format::K(_) => QK_K,
+            _ => BLOCK,
+        }
+    }
+
+    /// Bytes of one row of `cols` elements.
+    fn row_bytes(self, cols: usize) -> usize {
+        cols / self.block_elems() * self.block_bytes()
+    }
+
+    /// The activations its kernels read.
+    fn activation(self) -> ActKind {
+        match self {
+            Format::K(_) => ActKind::Q8K,
+            _ => ActKind::Q8,
         }
     }
 }
@@ -85,19 +132,25 @@ impl Dot {
 
     /// Dot product of one weight row with one quantized activation row.
     #[inline]
-    fn row(&self, w: &[u8], a: &[Q8Block]) -> f32 {
+    fn row(&self, w: &[u8], a: ActRow<'_>) -> f32 {
         #[cfg(target_arch = "x86_64")]
         if let Some(k) = self.avx2 {
             return match self.format {
-                Format::Q4_0 => k.dot_q4_0(w, a),
-                Format::Q4_1 => k.dot_q4_1(w, a),
-                Format::Q8_0 => k.dot_q8_0(w, a),
+                Format::Q4_0 => k.dot_q4_0(w, a.q8),
+                Format::Q4_1 => k.dot_q4_1(w, a.q8),
+                Format::Q8_0 => k.dot_q8_0(w, a.q8),
+                Format::Q5_0 => q5::avx2::dot_q5_0(k, w, a.q8),
+                Format::Q5_1 => q5::avx2::dot_q5_1(k, w, a.q8),
+                Format::K(f) => kquants::avx2::dot(k, f, w, a.q8k),
             };
         }
         match self.format {
-            Format::Q4_0 => scalar::dot_q4_0(w, a),
-            Format::Q4_1 => scalar::dot_q4_1(w, a),
-            Format::Q8_0 => scalar::dot_q8_0(w, a),
+            Format::Q4_0 => scalar::dot_q4_0(w, a.q8),
+            Format::Q4_1 => scalar::dot_q4_1(w, a.q8),
+            Format::Q8_0 => scalar::dot_q8_0(w, a.q8),
+            Format::Q5_0 => q5::dot_q5_0(w, a.q8),
+            Format::Q5_1 => q5::dot_q5_1(w, a.q8),
+            Format::K(f) => kquants::scalar::dot(f, w, a.q8k),
         }
     }
 }
@@ -120,7 +173,8 @@ impl CpuQMatMul {
         Format::of(dtype).is_some()
     }
 
-    /// Wraps a CPU-resident 2-D quantized weight `[out, in]` (`in` a multiple of 32).
+    /// Wraps a CPU-resident 2-D quantized weight `[out, in]` (`in` a multiple of the block
+    /// size: 32, or 256 for the k-quants).
     pub fn new(weight: Arc<QTensor>) -> Result<Self> {
         let format = Format::of(weight.dtype()).ok_or_else(|| {
             ModelError::Unsupported(format!("CPU quantized matmul of {:?}", weight.dtype()))
@@ -132,7 +186,7 @@ impl CpuQMatMul {
         }
         let (rows, cols) = weight.shape().dims2()?;
         let bytes = weight.data()?.len();
-        if cols % BLOCK != 0 || bytes != rows * cols / BLOCK * format.block_bytes() {
+        if cols % format.block_elems() != 0 || bytes != rows * format.row_bytes(cols) {
             return Err(ModelError::Config(format!(
                 "quantized weight {rows}x{cols} of {:?} holds {bytes} bytes",
                 weight.dtype()
@@ -237,6 +291,17 @@ fn matmul_many(
     m: usize,
     kernel: Kernel,
 ) -> Result<()> {
+    matmul_many_with(jobs, x, m, kernel, tile::Tiling::Tiled)
+}
+
+/// [`matmul_many`] with the tiling chosen (the per-row one is the reference in tests).
+fn matmul_many_with(
+    jobs: &mut [(&CpuQMatMul, &mut [f32])],
+    x: &[f32],
+    m: usize,
+    kernel: Kernel,
+    tiling: tile::Tiling,
+) -> Result<()> {
     let Some(k) = jobs.first().map(|(mm, _)| mm.cols) else {
         return Ok(());
     };
@@ -256,86 +321,9 @@ fn matmul_many(
         return Ok(());
     }
     let kb = k / BLOCK;
-    let mut act = vec![Q8Block::ZERO; m * kb];
-    if m * kb >= PARALLEL_MIN_BLOCKS {
-        act.par_chunks_mut(kb)
-            .zip(x.par_chunks(k))
-            .for_each(|(a, x)| quantize_row(x, a));
-    } else {
-        for (a, x) in act.chunks_mut(kb).zip(x.chunks(k)) {
-            quantize_row(x, a);
-        }
-    }
+    let kinds = jobs.iter().map(|(mm, _)| mm.format.activation());
+    let act = Activations::quantize(x, k, kinds, m * kb >= PARALLEL_MIN_BLOCKS);
 
-    // Each task owns a run of weight rows and computes them against every input row, so a
-    // weight row is read from memory once per call; with several input rows the results land
-    // transposed (`[n, m]`) and are put back in place at the end.
-    let mut transposed: Vec<Vec<f32>> = if m == 1 {
-        Vec::new()
-    } else {
-        jobs.iter().map(|(mm, _)| vec![0f32; mm.rows * m]).collect()
-    };
-    let parallel = n_total * kb * m >= PARALLEL_MIN_BLOCKS;
-    let per_task = if parallel {
-        n_total.div_ceil(4 * rayon::current_num_threads()).max(4)
-    } else {
-        n_total
-    };
-    let mats: Vec<&CpuQMatMul> = jobs.iter().map(|(mm, _)| *mm).collect();
-    let datas = mats
-        .iter()
-        .map(|mm| mm.weight.data())
-        .collect::<candle_core::Result<Vec<_>>>()?;
-    let mut tasks: Vec<Task<'_>> = Vec::new();
-    let mut scratch = transposed.iter_mut();
-    for ((mm, out), data) in jobs.iter_mut().zip(&datas) {
-        let dst: &mut [f32] = match scratch.next() {
-            Some(t) => t,
-            None => out,
-        };
-        for (t, dst) in dst.chunks_mut(per_task * m).enumerate() {
-            tasks.push(Task {
-                data,
-                row_bytes: kb * mm.format.block_bytes(),
-                first: t * per_task,
-                dot: Dot::new(mm.format, kernel),
-                dst,
-            });
-        }
-    }
-    let act = &act;
-    let run = |task: Task<'_>| {
-        for (r, dst_row) in task.dst.chunks_mut(m).enumerate() {
-            let row = task.first + r;
-            let w = &task.data[row * task.row_bytes..(row + 1) * task.row_bytes];
-            for (d, a) in dst_row.iter_mut().zip(act.chunks(kb)) {
-                *d = task.dot.row(w, a);
-            }
-        }
-    };
-    if parallel {
-        tasks.into_par_iter().for_each(run);
-    } else {
-        tasks.into_iter().for_each(run);
-    }
-    if m > 1 {
-        for ((mm, out), t) in jobs.iter_mut().zip(&transposed) {
-            let n = mm.rows;
-            for (r, col) in t.chunks(m).enumerate() {
-                for (i, &v) in col.iter().enumerate() {
-                    out[i * n + r] = v;
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A run of consecutive weight rows of one matrix and where their outputs go.
-struct Task<'a> {
-    data: &'a [u8],
-    row_bytes: usize,
-    first: usize,
-    dot: Dot,
-    dst: &'a mut [f32],
+    // The tiled loop (see `tile`): output rectangles of activation rows x weight rows.
+    tile::run(jobs, &act, m, kb, kernel, tiling)
 }

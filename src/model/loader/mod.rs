@@ -3,6 +3,8 @@
 //!
 //! - [`holding`]: [`Holding`], how each tensor is held (GGUF blocks or dense, in which dtype);
 //!   the planner sizes models with the same rules.
+//! - [`quantize`]: a dense matrix quantized at load (dtype `q8_0`, `q4_k`, ...), rows split
+//!   over rayon's threads.
 //! - [`reader`]: [`WeightReader`], one reader for both formats, and [`read_prefix`], which reads
 //!   the fixed parts plus a prefix of layers: every layer for [`load_model`], the resident ones
 //!   for the offload engine.
@@ -13,6 +15,7 @@
 //! measurements and as an escape hatch).
 
 pub mod holding;
+pub mod quantize;
 pub mod reader;
 
 pub use holding::{Holding, Role, TensorKind};
@@ -31,10 +34,10 @@ use super::weights::LayerWeights;
 pub use crate::config::DtypeChoice;
 
 impl DtypeChoice {
-    /// The explicit dense dtype, or `None` for [`DtypeChoice::Auto`].
+    /// The explicit dense dtype, or `None` for [`DtypeChoice::Auto`] and a quantized choice.
     pub fn dense(self) -> Option<DType> {
         match self {
-            DtypeChoice::Auto => None,
+            DtypeChoice::Auto | DtypeChoice::Quantize(_) => None,
             DtypeChoice::F32 => Some(DType::F32),
             DtypeChoice::F16 => Some(DType::F16),
             DtypeChoice::BF16 => Some(DType::BF16),

@@ -31,9 +31,16 @@ pub struct WeightReader<'a> {
 impl<'a> WeightReader<'a> {
     /// A reader of `checkpoint` for `options` (fails on a dtype the device cannot use).
     pub fn new(checkpoint: &'a Checkpoint, options: &LoadOptions) -> Result<Self> {
+        let holding = Holding::new(checkpoint, options)?;
+        if let Some(ty) = holding.quantize() {
+            tracing::info!(
+                threads = rayon::current_num_threads(),
+                "quantizing matrices to {ty:?} at load"
+            );
+        }
         Ok(Self {
             checkpoint,
-            holding: Holding::new(checkpoint, options)?,
+            holding,
             device: options.device.clone(),
             done: 0,
             total: checkpoint
@@ -135,9 +142,11 @@ impl<'a> WeightReader<'a> {
 
     /// Reads `record` as [`Holding`] says a tensor of `role` is held.
     fn read(&mut self, role: Role, record: &TensorRecord) -> Result<Held> {
-        let held = match self.holding.kind(role, record)? {
+        let kind = self.holding.kind(role, record)?;
+        super::quantize::log_fallback(&self.holding, role, record, kind);
+        let held = match kind {
             TensorKind::Blocks(dtype) => {
-                let q = self.checkpoint.read_blocks(record, dtype, &self.device)?;
+                let q = super::quantize::read_blocks(self.checkpoint, record, dtype, &self.device)?;
                 Held::Blocks(Arc::new(q))
             }
             TensorKind::Dense(dtype) => {

@@ -208,6 +208,8 @@ pub fn choices_usage(usages: &[Usage]) -> Usage {
         prompt_tokens,
         completion_tokens,
         total_tokens: prompt_tokens + completion_tokens,
+        // The prompt's breakdown is the first choice's, which computed it.
+        prompt_tokens_details: usages.first().and_then(|u| u.prompt_tokens_details),
     }
 }
 
