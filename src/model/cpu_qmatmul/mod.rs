@@ -14,12 +14,12 @@
 pub mod activation;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2_tile;
 #[cfg(test)]
 mod format_tests;
 pub mod kquants;
 pub mod q5;
-#[cfg(target_arch = "x86_64")]
-pub mod avx2_tile;
 pub mod scalar;
 pub mod scalar_tile;
 #[cfg(test)]

@@ -139,7 +139,8 @@ impl Task<'_> {
                 let q8: Rows4<'_> = a.map(|a| a.q8);
                 for r in self.weights.clone() {
                     let w = weight(r);
-                    let y = rows4(&self.dot, w, q8).unwrap_or_else(|| a.map(|a| self.dot.row(w, a)));
+                    let y =
+                        rows4(&self.dot, w, q8).unwrap_or_else(|| a.map(|a| self.dot.row(w, a)));
                     for (di, v) in y.into_iter().enumerate() {
                         self.out.set(i + di, r, v);
                     }
