@@ -32,6 +32,7 @@ use candle_core::{DType, Device};
 
 use super::accounting::Accounting;
 use super::buffer::HostMemory;
+use super::cost::{CostModel, Tier, UnitWork};
 use super::error::OffloadError;
 use super::experts_plan::ExpertPlan;
 use super::host::{HostLayer, LayerLayout, Result};
@@ -44,8 +45,9 @@ use crate::model::weights::{ExpertWeights, RoutedExperts};
 /// How offloaded experts run in a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ExpertTier {
-    /// Host compute below [`AUTO_HOST_ROWS`] rows, streaming from there (llama.cpp's fixed
-    /// switch; the measured cost model replaces it).
+    /// Per expert and step, what the cost model ([`ExpertStore::set_cost_model`]) chooses for
+    /// the step's rows; without one, host compute below [`AUTO_HOST_ROWS`] rows and streaming
+    /// from there (llama.cpp's fixed switch).
     #[default]
     Auto,
     /// Copy each routed offloaded expert into the device pool.
@@ -73,6 +75,8 @@ impl ExpertTier {
 #[derive(Debug)]
 struct HostExpert {
     layout: LayerLayout,
+    /// Its work per row, for the cost model.
+    work: UnitWork,
     slab: SlotBuffers,
     /// The expert as views into its slab (the host tier).
     views: ExpertWeights,
@@ -103,6 +107,7 @@ struct Pool {
     index: HashMap<(usize, usize), usize>,
     clock: u64,
     tier: ExpertTier,
+    cost: Option<CostModel>,
 }
 
 /// Every layer's experts, the device pool and the host tier.
@@ -206,6 +211,7 @@ impl ExpertStore {
                 index: HashMap::new(),
                 clock: 0,
                 tier: ExpertTier::default(),
+                cost: None,
             }),
             bandwidth: link_bandwidth,
             accounting,
@@ -215,6 +221,11 @@ impl ExpertStore {
     /// Forces a tier (or `Auto`) for the steps to come.
     pub fn set_tier(&self, tier: ExpertTier) {
         self.lock().tier = tier;
+    }
+
+    /// The cost model tier `Auto` decides by (`None`: the fixed row switch).
+    pub fn set_cost_model(&self, cost: Option<CostModel>) {
+        self.lock().cost = cost;
     }
 
     /// The tier setting.
@@ -269,7 +280,7 @@ impl ExpertStore {
         let mut pool = self.lock();
         // One layer is computed at a time: what the previous one pinned is free again.
         pool.slots.iter_mut().for_each(|s| s.pinned = false);
-        let tier = pool.tier.for_rows(rows);
+        let (setting, cost) = (pool.tier, pool.cost);
         let (mut hits, mut host) = (0, 0);
         let mut out = Vec::with_capacity(wanted.len());
         for &e in wanted {
@@ -296,6 +307,13 @@ impl ExpertStore {
                     continue;
                 }
             }
+            let tier = match (setting, cost) {
+                (ExpertTier::Auto, Some(cost)) => match cost.choose(&expert.work, rows) {
+                    Tier::Stream => ExpertTier::Stream,
+                    Tier::Host => ExpertTier::Host,
+                },
+                (setting, _) => setting.for_rows(rows),
+            };
             let victim = match tier {
                 ExpertTier::Stream => pool.victim(),
                 _ => None,
@@ -363,8 +381,17 @@ fn host_expert(
     let slab = SlotBuffers::new(layer.blocks_len, layer.dense_len, dtype, &Device::Cpu)?;
     slab.fill(&layer)?;
     let views = experts_of(slab.views(&layer)?)?;
+    let elems: usize = layer.entries.iter().map(|e| e.elem_count()).sum();
+    // Rows in and out are hidden-wide f32 activations (the gate's input width).
+    let hidden = layer.entries.first().and_then(|e| e.shape.last()).copied();
+    let work = UnitWork::matmuls(
+        layer.slab_bytes(),
+        elems as u64,
+        4 * hidden.unwrap_or(0) as u64,
+    );
     Ok(HostExpert {
         layout: layer.layout().clone(),
+        work,
         slab,
         views,
     })

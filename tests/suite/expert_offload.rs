@@ -20,7 +20,7 @@ use ferry::model::source::ModelFiles;
 use ferry::model::weights::{ExpertWeights, LayerWeights, RoutedExperts};
 use ferry::offload::plan::{plan, Plan, PlanInput};
 use ferry::offload::sizing::ModelSizes;
-use ferry::offload::{load_placed, ExpertInput, ExpertTier, SlotKind, StreamConfig};
+use ferry::offload::{load_placed, CostModel, ExpertInput, ExpertTier, SlotKind, StreamConfig};
 
 use crate::tiny::{self, Tiny};
 
@@ -357,4 +357,41 @@ fn bytes_moved_are_the_routed_expert_arithmetic() {
     let ex = plan.experts.as_ref().unwrap();
     let ratio = ex.bytes_per_token as f64 / ex.whole_layer_bytes_per_token as f64;
     assert!(ratio < 0.3, "{ratio}");
+}
+
+/// Tier `Auto` follows the cost model per expert and step: a fast link and a slow host stream
+/// the routed experts, a slow link and a fast host compute them on the host; tokens equal
+/// mode `none`'s either way.
+#[test]
+fn auto_tier_follows_the_cost_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = ModelFiles::Gguf {
+        path: qwen3_moe(dir.path()),
+    };
+    let checkpoint = Checkpoint::open(&files).unwrap();
+    let prompts = &prompts()[..1];
+    let (expected, _) = reference(&files, prompts);
+    let plan = plan_for(&checkpoint, OffloadMode::Sequential, 1 << 32, 2);
+    let stream = StreamConfig {
+        prefetch: 1,
+        link_bandwidth: None,
+    };
+    let rates = |link: f64, host: f64| CostModel {
+        link_bytes_per_s: link,
+        host_flops_per_s: host,
+        host_read_bytes_per_s: host,
+        device_flops_per_s: 1e12,
+        forced: None,
+    };
+    for (model, streams) in [(rates(1e12, 1.0), true), (rates(1.0, 1e12), false)] {
+        let mut placed = load_placed(&checkpoint, &options(), &plan, stream, &mut |_| {}).unwrap();
+        let experts = placed.store.experts().unwrap();
+        experts.set_tier(ExpertTier::Auto);
+        experts.set_cost_model(Some(model));
+        let tokens = greedy(&placed.model, &mut placed.store, prompts);
+        assert_eq!(tokens, expected);
+        let s = placed.store.accounting().snapshot();
+        assert_eq!(s.expert_misses > 0, streams, "{s:?}");
+        assert_eq!(s.expert_host > 0, !streams || s.expert_misses > 0, "{s:?}");
+    }
 }
