@@ -21,6 +21,7 @@
 //! | `ferry_device_memory_budget_bytes` | gauge | offload engine |
 //! | `ferry_offload_bytes_copied_total` | counter | offload engine: bytes copied host -> device |
 //! | `ferry_offload_wait_seconds_total` | counter | offload engine: time compute waited for a copy |
+//! | `ferry_offload_tier_decisions_total{tier}` | counter | offload engine: one per offloaded unit and step, by the tier the cost model chose (`stream`, `host`) |
 //! | `ferry_model_swaps_total` | counter | residency manager (mode `model`) |
 //! | `ferry_model_resident{model}` | gauge | engine (1 once loaded); in mode `model` the swap manager's location |
 //!
@@ -129,6 +130,14 @@ struct KindLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TierLabels {
+    tier: String,
+}
+
+/// The `tier` labels of `ferry_offload_tier_decisions_total` (`offload::cost::Tier::name`).
+pub const TIER_LABELS: [&str; 2] = ["stream", "host"];
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ModelLabels {
     model: String,
 }
@@ -157,6 +166,7 @@ struct Inner {
     device_budget: Gauge,
     offload_bytes: Counter,
     offload_wait: Counter<f64, AtomicU64>,
+    tier_decisions: Family<TierLabels, Counter>,
     swaps: Counter,
     resident: Family<ModelLabels, Gauge>,
 }
@@ -217,6 +227,13 @@ impl Metrics {
         let device_budget = Gauge::default();
         let offload_bytes = Counter::default();
         let offload_wait = Counter::<f64, AtomicU64>::default();
+        let tier_decisions = Family::<TierLabels, Counter>::default();
+        for tier in TIER_LABELS {
+            // Both tiers are exported (at 0) before the first decision.
+            drop(tier_decisions.get_or_create(&TierLabels {
+                tier: tier.to_owned(),
+            }));
+        }
         let swaps = Counter::default();
         let resident = Family::<ModelLabels, Gauge>::default();
 
@@ -302,6 +319,11 @@ impl Metrics {
             offload_wait.clone(),
         );
         r.register(
+            "offload_tier_decisions",
+            "Offloaded unit-steps by the tier the cost model chose: stream (weights copied to the device) or host (computed where the weights live)",
+            tier_decisions.clone(),
+        );
+        r.register(
             "model_swaps",
             "Whole-model moves onto the compute device",
             swaps.clone(),
@@ -348,6 +370,7 @@ impl Metrics {
                 device_budget,
                 offload_bytes,
                 offload_wait,
+                tier_decisions,
                 swaps,
                 resident,
             }),
@@ -568,6 +591,26 @@ impl Metrics {
     /// Adds time the compute stream waited for a copy.
     pub fn add_offload_wait(&self, waited: Duration) {
         self.inner.offload_wait.inc_by(waited.as_secs_f64());
+    }
+
+    /// Adds `n` tier decisions for `tier` (one of [`TIER_LABELS`]).
+    pub fn add_tier_decisions(&self, tier: &str, n: u64) {
+        self.inner
+            .tier_decisions
+            .get_or_create(&TierLabels {
+                tier: tier.to_owned(),
+            })
+            .inc_by(n);
+    }
+
+    /// Tier decisions for `tier` so far.
+    pub fn tier_decisions(&self, tier: &str) -> u64 {
+        self.inner
+            .tier_decisions
+            .get_or_create(&TierLabels {
+                tier: tier.to_owned(),
+            })
+            .get()
     }
 
     /// Counts one whole-model move onto the device.

@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::cost::TierCounts;
 use super::plan::Plan;
 use super::units::format_bytes;
 
@@ -54,6 +55,7 @@ pub struct Accounting {
     copy_nanos: AtomicU64,
     wait_nanos: AtomicU64,
     max_slots_busy: AtomicU64,
+    tier_decisions: TierCounts,
 }
 
 /// A copy of the counters at one moment.
@@ -132,7 +134,13 @@ impl Accounting {
             copy_nanos: AtomicU64::new(0),
             wait_nanos: AtomicU64::new(0),
             max_slots_busy: AtomicU64::new(0),
+            tier_decisions: TierCounts::default(),
         }
+    }
+
+    /// The tier cost model's decisions, one per offloaded unit and step (record them here).
+    pub fn tier_decisions(&self) -> &TierCounts {
+        &self.tier_decisions
     }
 
     /// Counts resident weight bytes placed on the device.

@@ -63,7 +63,7 @@ pub mod tier_report;
 pub mod units;
 
 pub use accounting::{Accounting, AccountingSnapshot, PlannedBytes};
-pub use cost::{CostModel, Tier, UnitWork};
+pub use cost::{CostModel, Tier, TierCounts, UnitWork};
 pub use error::{CacheOverflow, OffloadError, PlanError, Result};
 pub use host::HostStore;
 pub use layout::{LayerLayout, SlotKind, SlotLayout, SlotMatrix};

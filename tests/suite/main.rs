@@ -33,5 +33,6 @@ mod real_model_http;
 mod role_injection;
 mod serving;
 mod structured_outputs;
+mod tiers;
 mod tokenizer;
 mod tokenizer_llamacpp;
