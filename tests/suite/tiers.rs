@@ -77,10 +77,7 @@ fn cost_model(tiers: &Value) -> CostModel {
         host_flops_per_s: rate("host_flops_per_s"),
         host_read_bytes_per_s: rate("host_read_bytes_per_s"),
         device_flops_per_s: rate("device_flops_per_s"),
-        forced: match tiers["forced"].as_str() {
-            None => None,
-            Some(_) => Some(tier(&tiers["forced"])),
-        },
+        forced: tiers["forced"].as_str().map(|_| tier(&tiers["forced"])),
     }
 }
 
