@@ -23,6 +23,7 @@
 //! | `ferry_offload_wait_seconds_total` | counter | offload engine: time compute waited for a copy |
 //! | `ferry_offload_experts_total{kind}` | counter | offload engine: routed MoE experts by where they came from (`kind` = hit: on the device, miss: copied into the expert pool, host: computed on the host) |
 //! | `ferry_offload_expert_bytes_copied_total` | counter | offload engine: bytes of expert copies (part of `ferry_offload_bytes_copied_total`) |
+//! | `ferry_offload_tier_decisions_total{tier}` | counter | offload engine: one per offloaded unit and step, by the tier the cost model chose (`stream`, `host`) |
 //! | `ferry_model_swaps_total` | counter | residency manager (mode `model`) |
 //! | `ferry_model_resident{model}` | gauge | engine (1 once loaded); in mode `model` the swap manager's location |
 //! | `ferry_prefix_cache_queries_total{model}` | counter | engine: prompt tokens looked up in the prefix cache ([`prefix_cache`]) |
@@ -135,6 +136,14 @@ struct KindLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TierLabels {
+    tier: String,
+}
+
+/// The `tier` labels of `ferry_offload_tier_decisions_total` (`offload::cost::Tier::name`).
+pub const TIER_LABELS: [&str; 2] = ["stream", "host"];
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ModelLabels {
     model: String,
 }
@@ -165,6 +174,7 @@ struct Inner {
     offload_wait: Counter<f64, AtomicU64>,
     offload_experts: Family<KindLabels, Counter>,
     offload_expert_bytes: Counter,
+    tier_decisions: Family<TierLabels, Counter>,
     swaps: Counter,
     resident: Family<ModelLabels, Gauge>,
     prefix_cache: prefix_cache::PrefixCacheMetrics,
@@ -233,6 +243,13 @@ impl Metrics {
             }));
         }
         let offload_expert_bytes = Counter::default();
+        let tier_decisions = Family::<TierLabels, Counter>::default();
+        for tier in TIER_LABELS {
+            // Both tiers are exported (at 0) before the first decision.
+            drop(tier_decisions.get_or_create(&TierLabels {
+                tier: tier.to_owned(),
+            }));
+        }
         let swaps = Counter::default();
         let resident = Family::<ModelLabels, Gauge>::default();
 
@@ -328,6 +345,11 @@ impl Metrics {
             offload_expert_bytes.clone(),
         );
         r.register(
+            "offload_tier_decisions",
+            "Offloaded unit-steps by the tier the cost model chose: stream (weights copied to the device) or host (computed where the weights live)",
+            tier_decisions.clone(),
+        );
+        r.register(
             "model_swaps",
             "Whole-model moves onto the compute device",
             swaps.clone(),
@@ -377,6 +399,7 @@ impl Metrics {
                 offload_wait,
                 offload_experts,
                 offload_expert_bytes,
+                tier_decisions,
                 swaps,
                 resident,
                 prefix_cache,
@@ -613,6 +636,26 @@ impl Metrics {
                 .inc_by(n);
         }
         self.inner.offload_expert_bytes.inc_by(bytes);
+    }
+
+    /// Adds `n` tier decisions for `tier` (one of [`TIER_LABELS`]).
+    pub fn add_tier_decisions(&self, tier: &str, n: u64) {
+        self.inner
+            .tier_decisions
+            .get_or_create(&TierLabels {
+                tier: tier.to_owned(),
+            })
+            .inc_by(n);
+    }
+
+    /// Tier decisions for `tier` so far.
+    pub fn tier_decisions(&self, tier: &str) -> u64 {
+        self.inner
+            .tier_decisions
+            .get_or_create(&TierLabels {
+                tier: tier.to_owned(),
+            })
+            .get()
     }
 
     /// Counts one whole-model move onto the device.

@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::cost::TierCounts;
 use super::plan::Plan;
 use super::units::format_bytes;
 
@@ -58,6 +59,7 @@ pub struct Accounting {
     expert_misses: AtomicU64,
     expert_host: AtomicU64,
     expert_bytes: AtomicU64,
+    tier_decisions: TierCounts,
 }
 
 /// A copy of the counters at one moment.
@@ -148,7 +150,13 @@ impl Accounting {
             expert_misses: AtomicU64::new(0),
             expert_host: AtomicU64::new(0),
             expert_bytes: AtomicU64::new(0),
+            tier_decisions: TierCounts::default(),
         }
+    }
+
+    /// The tier cost model's decisions, one per offloaded unit and step (record them here).
+    pub fn tier_decisions(&self) -> &TierCounts {
+        &self.tier_decisions
     }
 
     /// Counts resident weight bytes placed on the device.

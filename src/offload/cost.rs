@@ -21,6 +21,7 @@
 //! cost nothing on either tier. A rate that is zero, negative or not finite makes whatever
 //! moves through it infinitely slow (never a division by zero or a panic).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::config::TierChoice;
@@ -61,6 +62,34 @@ impl Tier {
 impl std::fmt::Display for Tier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// Decisions taken, by tier: the offload engine records each unit-step's tier here (through
+/// [`super::Accounting::tier_decisions`]) and the metrics publish the totals
+/// (`ferry_offload_tier_decisions_total{tier}`).
+#[derive(Debug, Default)]
+pub struct TierCounts {
+    stream: AtomicU64,
+    host: AtomicU64,
+}
+
+impl TierCounts {
+    /// Counts `n` decisions for `tier`.
+    pub fn record(&self, tier: Tier, n: u64) {
+        self.counter(tier).fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Decisions for `tier` so far.
+    pub fn get(&self, tier: Tier) -> u64 {
+        self.counter(tier).load(Ordering::Relaxed)
+    }
+
+    fn counter(&self, tier: Tier) -> &AtomicU64 {
+        match tier {
+            Tier::Stream => &self.stream,
+            Tier::Host => &self.host,
+        }
     }
 }
 

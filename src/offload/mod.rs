@@ -69,7 +69,7 @@ pub mod tier_report;
 pub mod units;
 
 pub use accounting::{Accounting, AccountingSnapshot, PlannedBytes};
-pub use cost::{CostModel, Tier, UnitWork};
+pub use cost::{CostModel, Tier, TierCounts, UnitWork};
 pub use error::{CacheOverflow, OffloadError, PlanError, Result};
 pub use experts::{ExpertStore, ExpertTier};
 pub use experts_plan::{ExpertInput, ExpertPlan, LayerExperts};

@@ -17,12 +17,14 @@ use serde_json::{json, Value};
 use super::device::{describe, free_bytes};
 use super::planning::{open_checkpoint, plan_checkpoint};
 use super::swap::{pool_plan, swap_manager, PoolPlan};
+use super::tiers::tier_report;
 use super::RuntimeError;
 use crate::config::{Config, DtypeChoice, MemoryBudget, ModelConfig, OffloadMode};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::source::HubOptions;
 use crate::offload::plan::{resolve_budget, Plan};
 use crate::offload::render::{plan_json, render_text};
+use crate::offload::tier_report::TierReport;
 use crate::offload::units::format_bytes;
 use crate::offload::SwapManager;
 
@@ -67,6 +69,8 @@ pub struct ModelPlan {
     pub config: ModelConfig,
     /// Its placement.
     pub plan: Plan,
+    /// The tier cost model and its decisions, when layers are offloaded ([`tier_report`]).
+    pub tiers: Option<TierReport>,
 }
 
 /// Every model's placement on one device, and whether they fit together.
@@ -139,9 +143,11 @@ impl DevicePlan {
             pinned.max_context = Some(plan.max_context);
             pinned.max_batch = Some(plan.max_batch);
             pinned.kv_dtype = dtype_choice(plan.kv_dtype);
+            let tiers = tier_report(&pinned, &config.device, device, &checkpoint, &plan)?;
             models.push(ModelPlan {
                 config: pinned,
                 plan,
+                tiers,
             });
             checkpoints.push(checkpoint);
         }
@@ -220,6 +226,9 @@ impl DevicePlan {
                 model.config.source,
                 render_text(&model.plan)
             ));
+            if let Some(tiers) = &model.tiers {
+                out.push_str(&tiers.render_text());
+            }
         }
         if let Some(pool) = &self.pool {
             out.push_str(&format!(
@@ -240,7 +249,7 @@ impl DevicePlan {
     }
 
     /// One JSON document: `{"device", "free_bytes", "device_bytes", "models": [{"name",
-    /// "source", "plan"}], "pool": null | {"models", "budget_bytes", "always_bytes",
+    /// "source", "plan", "tiers"}], "pool": null | {"models", "budget_bytes", "always_bytes",
     /// "layer_budget_bytes", "device_bytes"}}`.
     pub fn to_json(&self) -> Value {
         let models: Vec<Value> = self
@@ -251,6 +260,7 @@ impl DevicePlan {
                     "name": m.config.name,
                     "source": m.config.source,
                     "plan": plan_json(&m.plan),
+                    "tiers": m.tiers.as_ref().map(TierReport::json),
                 })
             })
             .collect();

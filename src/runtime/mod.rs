@@ -9,6 +9,7 @@
 //! - [`swap`]: the server's residency manager for mode `model`: shared budget and location probe.
 //! - [`device_plan`]: every model's plan on the one device, as `ferry plan` prints it and
 //!   `serve` executes it.
+//! - [`tiers`]: the tier cost model of a planned model (start-up calibration, decisions).
 //! - [`serve`]: `ferry serve` as a library call: configuration + listener + shutdown signal ->
 //!   engine, loading threads, metrics publisher and HTTP server, until stopped.
 
@@ -21,5 +22,6 @@ pub mod planning;
 pub mod serve;
 pub mod swap;
 pub mod telemetry;
+pub mod tiers;
 
 pub use error::RuntimeError;

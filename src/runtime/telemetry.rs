@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::metrics::{MemoryKind, Metrics};
-use crate::offload::{Accounting, Location, SwapManager};
+use crate::offload::{Accounting, Location, SwapManager, Tier};
 
 /// How often a busy server logs its throughput.
 pub const THROUGHPUT_EVERY: Duration = Duration::from_secs(10);
@@ -51,6 +51,8 @@ struct Published {
     /// MoE experts: hits, misses, host-computed, bytes copied.
     experts: [u64; 4],
     swaps: u64,
+    /// Tier decisions, in [`Tier::ALL`] order.
+    tier_decisions: [u64; 2],
 }
 
 struct Sources {
@@ -155,7 +157,11 @@ impl Telemetry {
         let (mut weights, mut slots, mut kv, mut workspace, mut budget) = (0, 0, 0, 0, 0);
         let (mut copied, mut wait) = (0, Duration::ZERO);
         let mut experts = [0u64; 4];
+        let mut tiers = [0u64; 2];
         for (_, accounting) in &sources.models {
+            for (i, tier) in Tier::ALL.into_iter().enumerate() {
+                tiers[i] += accounting.tier_decisions().get(tier);
+            }
             let snapshot = accounting.snapshot();
             weights += snapshot.weights;
             slots += snapshot.slots;
@@ -194,6 +200,13 @@ impl Telemetry {
             .add_offload_experts(new[0], new[1], new[2], new[3]);
         for (then, now) in published.experts.iter_mut().zip(experts) {
             *then = (*then).max(now);
+        }
+        for (i, tier) in Tier::ALL.into_iter().enumerate() {
+            self.metrics.add_tier_decisions(
+                tier.name(),
+                tiers[i].saturating_sub(published.tier_decisions[i]),
+            );
+            published.tier_decisions[i] = published.tier_decisions[i].max(tiers[i]);
         }
 
         match &self.swap {
@@ -307,6 +320,40 @@ mod tests {
         assert_eq!(
             metric_value(&text, "ferry_offload_bytes_copied_total"),
             80.0
+        );
+    }
+
+    #[test]
+    fn tier_decisions_reach_the_metrics_by_tier_as_deltas() {
+        let metrics = Metrics::new();
+        let text = metrics.render();
+        for tier in ["stream", "host"] {
+            let name = format!("ferry_offload_tier_decisions_total{{tier=\"{tier}\"}}");
+            assert_eq!(
+                metric_value(&text, &name),
+                0.0,
+                "exported before any decision"
+            );
+        }
+        let telemetry = Telemetry::new(metrics.clone(), None);
+        let (a, b) = (
+            Arc::new(Accounting::new(&sequential_plan())),
+            Arc::new(Accounting::new(&sequential_plan())),
+        );
+        a.tier_decisions().record(Tier::Host, 3);
+        b.tier_decisions().record(Tier::Stream, 2);
+        telemetry.add_model("a", Arc::clone(&a));
+        telemetry.add_model("b", Arc::clone(&b));
+        a.tier_decisions().record(Tier::Stream, 1);
+        b.tier_decisions().record(Tier::Host, 4);
+        telemetry.publish();
+        telemetry.publish();
+        assert_eq!(metrics.tier_decisions("stream"), 3);
+        assert_eq!(metrics.tier_decisions("host"), 7);
+        let text = metrics.render();
+        assert_eq!(
+            metric_value(&text, "ferry_offload_tier_decisions_total{tier=\"host\"}"),
+            7.0
         );
     }
 

@@ -38,6 +38,7 @@ mod real_model_http;
 mod role_injection;
 mod serving;
 mod structured_outputs;
+mod tiers;
 mod tokenizer;
 mod tokenizer_llamacpp;
 mod tool_calls;

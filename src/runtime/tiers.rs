@@ -1,0 +1,65 @@
+//! The tier cost model of a planned model, made at start-up: when the plan offloads decoder
+//! layers (modes `auto` and `sequential`), one offloaded layer's slab layout names the unit
+//! kinds and the weight type, a short calibration ([`crate::offload::calibrate`]) measures the
+//! rates the configuration leaves unset (logged at info), and the [`TierReport`] holds the
+//! cost model with its decisions: `ferry plan` prints them, `serve` computes them once before
+//! loading (as part of [`super::device_plan::DevicePlan`]).
+
+use candle_core::Device;
+
+use super::RuntimeError;
+use crate::config::{DeviceConfig, ModelConfig, OffloadMode};
+use crate::model::checkpoint::Checkpoint;
+use crate::model::loader::{Holding, LoadOptions};
+use crate::offload::calibrate::{calibrate, CalibrationInput, Probe};
+use crate::offload::layout::LayerLayout;
+use crate::offload::plan::{Home, Plan};
+use crate::offload::tier_report::{unit_kinds, weight_type, TierReport};
+
+/// The tier report of `model` planned as `plan` from `checkpoint` on `device`; `None` when
+/// nothing is offloaded per unit (no host layers, or mode `model`, which moves whole models).
+pub fn tier_report(
+    model: &ModelConfig,
+    device_config: &DeviceConfig,
+    device: &Device,
+    checkpoint: &Checkpoint,
+    plan: &Plan,
+) -> Result<Option<TierReport>, RuntimeError> {
+    let Some(first) = plan.layers.iter().find(|l| l.home == Home::Host) else {
+        return Ok(None);
+    };
+    if plan.mode == OffloadMode::Model {
+        return Ok(None);
+    }
+    let wrap = |source| RuntimeError::Model {
+        name: model.name.clone(),
+        source,
+    };
+    let options = LoadOptions {
+        device: device.clone(),
+        dtype: model.dtype,
+    };
+    let holding = Holding::new(checkpoint, &options).map_err(wrap)?;
+    let layout = LayerLayout::of(checkpoint, &holding, first.index).map_err(wrap)?;
+    let calibration = calibrate(&CalibrationInput {
+        device,
+        weight_type: weight_type(&layout),
+        link_bandwidth: device_config.link_bandwidth,
+        tier: &model.tier,
+        probe: Probe::default(),
+    })
+    .map_err(|source| RuntimeError::Offload {
+        name: model.name.clone(),
+        source,
+    })?;
+    tracing::info!(model = %model.name, "{}", calibration.summary());
+    let spec = checkpoint.spec();
+    let kinds = unit_kinds(
+        &layout,
+        plan.host_layers(),
+        spec.moe.as_ref(),
+        spec.hidden_size,
+        plan.max_batch,
+    );
+    Ok(Some(TierReport::new(calibration, plan.max_batch, kinds)))
+}
