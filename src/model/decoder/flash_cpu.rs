@@ -272,6 +272,7 @@ fn tile<const FMA: bool>(q: &[f32], k: &KvHeads<'_>, v: &KvHeads<'_>, s: &Shape,
     let mut vt = vec![0f32; TILE_K * d];
     let mut krow = vec![0f32; d];
     let mut scores = [0f32; TILE_K];
+    let mut scores2 = [0f32; TILE_K];
 
     let mut t0 = lo;
     while t0 < hi {
@@ -286,39 +287,35 @@ fn tile<const FMA: bool>(q: &[f32], k: &KvHeads<'_>, v: &KvHeads<'_>, s: &Shape,
             let at = kv_head * v.head_stride + (t0 + j) * d;
             v.data.read(at, &mut vt[j * d..(j + 1) * d]);
         }
-        for r in 0..rows {
-            let p = p_first + r;
-            let a = first_visible(p, s.window).max(t0);
-            let b = (p + 1).min(t1);
-            if a >= b {
-                continue;
+        // Query rows two at a time share the loads of the key tile; each then takes its own
+        // visible keys.
+        let mut r = 0;
+        while r < rows {
+            let range = |r: usize| {
+                let p = p_first + r;
+                let a = first_visible(p, s.window).max(t0);
+                let b = (p + 1).min(t1);
+                (a < b).then(|| (a - t0, b - t0))
+            };
+            let (first, second) = (range(r), range(r + 1).filter(|_| r + 1 < rows));
+            match (first.is_some(), second.is_some()) {
+                (_, true) => row_scores2::<FMA>(
+                    [&q[r * d..(r + 1) * d], &q[(r + 1) * d..(r + 2) * d]],
+                    &kt,
+                    &mut scores,
+                    &mut scores2,
+                ),
+                (true, false) => row_scores::<FMA>(&q[r * d..(r + 1) * d], &kt, &mut scores),
+                (false, false) => {}
             }
-            let (a, b) = (a - t0, b - t0);
-            row_scores::<FMA>(&q[r * d..(r + 1) * d], &kt, &mut scores);
-            let visible = &mut scores[a..b];
-            for x in visible.iter_mut() {
-                *x *= s.scale;
-            }
-            if let Some(cap) = s.softcap {
-                for x in visible.iter_mut() {
-                    *x = (*x / cap).tanh() * cap;
+            for (i, range, scores) in [(r, first, &mut scores), (r + 1, second, &mut scores2)] {
+                if let Some((a, b)) = range {
+                    let out = &mut acc[i * d..(i + 1) * d];
+                    let state = (&mut max[i], &mut sum[i]);
+                    absorb::<FMA>(s, &mut scores[a..b], state, out, &vt[a * d..b * d]);
                 }
             }
-            let tile_max = visible.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-            let new_max = max[r].max(tile_max);
-            let correction = (max[r] - new_max).exp();
-            max[r] = new_max;
-            for x in visible.iter_mut() {
-                *x = exp_neg(*x - new_max);
-            }
-            sum[r] = sum[r] * correction + visible.iter().sum::<f32>();
-            let out = &mut acc[r * d..(r + 1) * d];
-            if correction != 1.0 {
-                for o in out.iter_mut() {
-                    *o *= correction;
-                }
-            }
-            add_weighted::<FMA>(out, visible, &vt[a * d..b * d]);
+            r += 2;
         }
         t0 = t1;
     }
@@ -326,6 +323,76 @@ fn tile<const FMA: bool>(q: &[f32], k: &KvHeads<'_>, v: &KvHeads<'_>, s: &Shape,
         let inv = 1.0 / sum[r];
         for o in out.iter_mut() {
             *o *= inv;
+        }
+    }
+}
+
+/// Folds one query row's scores against visible keys (`scores`, raw dot products) and those
+/// keys' value rows into its running maximum, sum and weighted output `out`.
+#[inline(always)]
+fn absorb<const FMA: bool>(
+    s: &Shape,
+    scores: &mut [f32],
+    (max, sum): (&mut f32, &mut f32),
+    out: &mut [f32],
+    values: &[f32],
+) {
+    for x in scores.iter_mut() {
+        *x *= s.scale;
+    }
+    if let Some(cap) = s.softcap {
+        for x in scores.iter_mut() {
+            *x = (*x / cap).tanh() * cap;
+        }
+    }
+    let tile_max = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let new_max = max.max(tile_max);
+    let correction = (*max - new_max).exp();
+    *max = new_max;
+    for x in scores.iter_mut() {
+        *x = exp_neg(*x - new_max);
+    }
+    *sum = *sum * correction + scores.iter().sum::<f32>();
+    if correction != 1.0 {
+        for o in out.iter_mut() {
+            *o *= correction;
+        }
+    }
+    add_weighted::<FMA>(out, scores, values);
+}
+
+/// [`row_scores`] of two query rows at once (each key column loaded once for both).
+#[inline(always)]
+fn row_scores2<const FMA: bool>(
+    q: [&[f32]; 2],
+    kt: &[f32],
+    s0: &mut [f32; TILE_K],
+    s1: &mut [f32; TILE_K],
+) {
+    *s0 = [0.0; TILE_K];
+    *s1 = [0.0; TILE_K];
+    let mut cols = kt.chunks_exact(TILE_K);
+    let (mut q0, mut q1) = (q[0].chunks_exact(4), q[1].chunks_exact(4));
+    for (a, b) in (&mut q0).zip(&mut q1) {
+        let (c0, c1, c2, c3) = match (cols.next(), cols.next(), cols.next(), cols.next()) {
+            (Some(c0), Some(c1), Some(c2), Some(c3)) => (c0, c1, c2, c3),
+            _ => return,
+        };
+        for j in 0..TILE_K {
+            let x = madd::<FMA>(a[0], c0[j], s0[j]);
+            let y = madd::<FMA>(b[0], c0[j], s1[j]);
+            let x = madd::<FMA>(a[1], c1[j], x);
+            let y = madd::<FMA>(b[1], c1[j], y);
+            let x = madd::<FMA>(a[2], c2[j], x);
+            let y = madd::<FMA>(b[2], c2[j], y);
+            s0[j] = madd::<FMA>(a[3], c3[j], x);
+            s1[j] = madd::<FMA>(b[3], c3[j], y);
+        }
+    }
+    for ((&a, &b), col) in q0.remainder().iter().zip(q1.remainder()).zip(cols) {
+        for ((x, y), &kc) in s0.iter_mut().zip(s1.iter_mut()).zip(col) {
+            *x = madd::<FMA>(a, kc, *x);
+            *y = madd::<FMA>(b, kc, *y);
         }
     }
 }
