@@ -487,6 +487,17 @@ pub static SETTINGS: &[Setting] = &[
         field: field!(Model, Number<usize>, offload.prefetch),
     },
     Setting {
+        name: "offload-experts",
+        short: None,
+        key: "offload.experts",
+        value_name: "BOOL",
+        default: Some("true"),
+        default_note: "",
+        example: "false",
+        help: "Offload a mixture of experts expert by expert: attention, norms and routers stay on the device, then experts until the budget; the rest are streamed into an expert cache or computed on the host each step (CPU device so far; CUDA streams whole layers). false: stream whole layers.",
+        field: field!(Model, Switch, tier.experts),
+    },
+    Setting {
         name: "offload-tier",
         short: None,
         key: "offload.tier",

@@ -92,6 +92,8 @@ pub struct TierConfig {
     pub host_bandwidth: Option<u64>,
     /// Compute device rate in GFLOP/s; unset = measured at start-up.
     pub device_gflops: Option<f64>,
+    /// Place a mixture of experts expert by expert (`offload.experts`).
+    pub experts: bool,
 }
 
 /// Resolved `[[models]]` entry.

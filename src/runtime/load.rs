@@ -20,6 +20,7 @@ use crate::model::loader::{LoadOptions, LoadProgress};
 use crate::model::source::{HubOptions, ModelFiles};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::ModelError;
+use crate::offload::cost::CostModel;
 use crate::offload::plan::{mode_name, Plan};
 use crate::offload::{load_parked, load_placed, Accounting, StreamConfig, SwapConfig, SwapManager};
 
@@ -69,17 +70,28 @@ pub fn load_for_serving_shared(
     let checkpoint = open_checkpoint(config, hub)?;
     let free = free_bytes(device)?;
     let plan = plan_checkpoint(config, device_config, device, &checkpoint, free)?;
-    load_planned(config, device_config, device, &checkpoint, &plan, swap)
+    load_planned(
+        config,
+        device_config,
+        device,
+        &checkpoint,
+        &plan,
+        None,
+        swap,
+    )
 }
 
 /// Loads a model `serve` has already opened and planned (`runtime::device_plan`): the same
-/// checkpoint (no second header parse) and exactly the plan `ferry plan` shows.
+/// checkpoint (no second header parse) and exactly the plan `ferry plan` shows. `cost` is the
+/// plan's calibrated cost model (`ModelPlan::tiers`), which decides where offloaded experts run
+/// each step (`None`: the expert store's own rule).
 pub fn load_planned(
     config: &ModelConfig,
     device_config: &DeviceConfig,
     device: &Device,
     checkpoint: &Checkpoint,
     plan: &Plan,
+    cost: Option<CostModel>,
     swap: Option<&Arc<SwapManager>>,
 ) -> Result<LoadedForServing, RuntimeError> {
     let started = Instant::now();
@@ -91,6 +103,9 @@ pub fn load_planned(
     std::thread::scope(|scope| {
         let tokenizer = scope.spawn(|| load_tokenizer(checkpoint));
         let runner = load_runner(config, device_config, device, swap, checkpoint, plan)?;
+        if let Some(experts) = runner.store().experts() {
+            experts.set_cost_model(cost);
+        }
         let tokenizer = tokenizer
             .join()
             .map_err(|_| {

@@ -17,6 +17,7 @@ use crate::model::loader::{Holding, LoadOptions};
 use crate::model::source::{self, HubOptions, ModelSource};
 use crate::model::tensors::StoredType;
 use crate::model::ModelError;
+use crate::offload::experts_plan::ExpertInput;
 use crate::offload::fit::{fit, CacheRequest};
 use crate::offload::layout::SlotKind;
 use crate::offload::plan::{
@@ -113,6 +114,15 @@ pub fn plan_checkpoint(
         input.link_bandwidth = Some(link_bandwidth);
         input.layer_layouts = sizes.layouts.clone();
         input.slot_kind = slot_kind;
+        // A mixture of experts is placed expert by expert (`offload.experts`); the expert pool
+        // runs on the CPU device so far, so CUDA keeps streaming whole layers.
+        input.experts = spec
+            .moe
+            .filter(|_| model.tier.experts && slot_kind == SlotKind::Cpu)
+            .map(|moe| ExpertInput {
+                n_used: moe.n_used,
+                pool_slots: None,
+            });
         input
     };
     let request = CacheRequest {

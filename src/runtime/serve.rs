@@ -146,6 +146,7 @@ pub async fn serve(
     for (planned, checkpoint) in serving.plan.models.into_iter().zip(serving.checkpoints) {
         let model = planned.config;
         let plan = planned.plan;
+        let cost = planned.tiers.as_ref().map(|t| t.calibration.model);
         let device = device.clone();
         let device_config = config.device.clone();
         let results = load_results.clone();
@@ -160,6 +161,7 @@ pub async fn serve(
                     &device,
                     &checkpoint,
                     &plan,
+                    cost,
                     swap.as_ref(),
                 );
                 if let Ok(loaded) = &outcome {

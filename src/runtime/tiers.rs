@@ -14,7 +14,7 @@ use crate::model::loader::{Holding, LoadOptions};
 use crate::offload::calibrate::{calibrate, CalibrationInput, Probe};
 use crate::offload::layout::LayerLayout;
 use crate::offload::plan::{Home, Plan};
-use crate::offload::tier_report::{unit_kinds, weight_type, TierReport};
+use crate::offload::tier_report::{unit_kinds, weight_type, TierReport, UnitKind};
 
 /// The tier report of `model` planned as `plan` from `checkpoint` on `device`; `None` when
 /// nothing is offloaded per unit (no host layers, or mode `model`, which moves whole models).
@@ -25,8 +25,11 @@ pub fn tier_report(
     checkpoint: &Checkpoint,
     plan: &Plan,
 ) -> Result<Option<TierReport>, RuntimeError> {
-    let Some(first) = plan.layers.iter().find(|l| l.home == Home::Host) else {
-        return Ok(None);
+    // An offloaded layer, or with experts as the units any layer (each has host experts).
+    let first = match plan.layers.iter().find(|l| l.home == Home::Host) {
+        Some(layer) => layer.index,
+        None if plan.experts.is_some() && plan.host_bytes > 0 => 0,
+        None => return Ok(None),
     };
     if plan.mode == OffloadMode::Model {
         return Ok(None);
@@ -40,7 +43,7 @@ pub fn tier_report(
         dtype: model.dtype,
     };
     let holding = Holding::new(checkpoint, &options).map_err(wrap)?;
-    let layout = LayerLayout::of(checkpoint, &holding, first.index).map_err(wrap)?;
+    let layout = LayerLayout::of(checkpoint, &holding, first).map_err(wrap)?;
     let calibration = calibrate(&CalibrationInput {
         device,
         weight_type: weight_type(&layout),
@@ -54,12 +57,33 @@ pub fn tier_report(
     })?;
     tracing::info!(model = %model.name, "{}", calibration.summary());
     let spec = checkpoint.spec();
-    let kinds = unit_kinds(
-        &layout,
-        plan.host_layers(),
-        spec.moe.as_ref(),
-        spec.hidden_size,
-        plan.max_batch,
-    );
+    let kinds = match &plan.experts {
+        // Experts as the units: only the host experts are offloaded, every layer's other parts
+        // stay on the device.
+        Some(experts) => {
+            let host = experts.layers.iter().map(|l| l.host_experts()).sum();
+            unit_kinds(
+                &layout,
+                1,
+                spec.moe.as_ref(),
+                spec.hidden_size,
+                plan.max_batch,
+            )
+            .into_iter()
+            .filter(|kind| kind.name == "expert")
+            .map(|kind| UnitKind {
+                count: host,
+                ..kind
+            })
+            .collect()
+        }
+        None => unit_kinds(
+            &layout,
+            plan.host_layers(),
+            spec.moe.as_ref(),
+            spec.hidden_size,
+            plan.max_batch,
+        ),
+    };
     Ok(Some(TierReport::new(calibration, plan.max_batch, kinds)))
 }

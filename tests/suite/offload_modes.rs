@@ -50,6 +50,9 @@ fn config_from(
     config.max_context = Some(max_context);
     config.offload.gpu_memory = budget;
     config.offload.prefetch = prefetch;
+    // These tests are about whole-layer streaming (mixtures of experts too);
+    // tests/suite/expert_offload.rs covers `offload.experts`.
+    config.tier.experts = false;
     config
 }
 

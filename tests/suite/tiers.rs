@@ -165,6 +165,24 @@ fn a_moe_model_has_expert_units_and_a_forced_tier_decides_all() {
         "64",
     ];
     flags.extend(RATES);
+    // Experts as the placement units (the default): only the host experts are offloaded.
+    let (doc, _) = plan(&path, &flags);
+    let tiers = &doc["models"][0]["tiers"];
+    let units = tiers["units"].as_array().unwrap();
+    assert_eq!(units.len(), 1, "{tiers}");
+    assert_eq!(units[0]["kind"], "expert");
+    let host_experts: u64 = doc["models"][0]["plan"]["experts"]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["host_experts"].as_u64().unwrap())
+        .sum();
+    assert!(host_experts > 0, "{doc}");
+    assert_eq!(units[0]["count"], host_experts);
+    check_decisions(tiers);
+
+    // Whole layers streamed: a layer unit and every expert of the offloaded layers.
+    flags.extend(["--offload-experts", "false"]);
     let (doc, _) = plan(&path, &flags);
     let tiers = &doc["models"][0]["tiers"];
     let kinds: Vec<&str> = tiers["units"]
