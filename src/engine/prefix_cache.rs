@@ -8,15 +8,18 @@
 //! each hit against the block's own tokens and its parent's key, so a hash collision cannot
 //! change a result. A sequence's prompt blocks are copied in once its prefill completes
 //! ([`PrefixCache::remember`]); a new sequence starts from the longest cached run of whole
-//! blocks of its prompt ([`PrefixCache::restore`]), at most all but the prompt's last token
-//! (whose logits the first sample needs).
+//! blocks of its prompt that [`reuse_len`] allows ([`PrefixCache::restore`]), at most all but
+//! the prompt's last token (whose logits the first sample needs).
 //!
-//! Only prefilled positions are cached, never the positions of sampled tokens: a decode step
-//! computes a position with one row where a prefill computes it among many, and the two differ
-//! in the last bits (measured on SmolLM2 on the CPU: prefills in chunks of any size from 24
-//! rows up give bit-identical logits, decoding the same positions one by one does not), so a
-//! cached position is always what a prefill of the same prompt computes. The next turn of a
-//! chat still reuses its whole previous prompt, which holds the earlier replies.
+//! Reuse does not change a result: a cached position is what a prefill of the same prompt
+//! computes, bit for bit, on kernels that compute long chunks alike. Measured on SmolLM2 on the CPU, prompt chunks from 24 rows up give
+//! bit-identical logits whatever their length, while shorter chunks and positions decoded one by
+//! one differ in the last bits (which the int8 activations turn into steps). So only prefilled
+//! positions are cached, never those of sampled tokens (the next turn of a chat still reuses
+//! its whole previous prompt, which holds the earlier replies), and only those computed in
+//! chunks of [`EXACT_CHUNK_ROWS`] rows or more; prompt chunks end on multiples of
+//! `prefill_chunk` (the scheduler), and [`reuse_len`] keeps a restored prompt's first chunk long,
+//! or the very chunk an uncached prefill makes.
 //!
 //! Memory: blocks are copies, so the cache holds at most the KV positions the running
 //! sequences leave of the model's KV budget (`max_batch x max_context` positions, what the

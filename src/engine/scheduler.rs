@@ -13,7 +13,10 @@
 //! feeds its one token first (decodes are never starved by prefill), then prefilling sequences
 //! (oldest first) take prompt chunks of at most [`StepLimits::prefill_chunk`] tokens each from
 //! what the budget leaves. A step therefore never computes more than `max_step_tokens` tokens,
-//! which bounds the gap between a stream's tokens however long the prompts beside it are.
+//! which bounds the gap between a stream's tokens however long the prompts beside it are. A
+//! prompt chunk never crosses a multiple of `prefill_chunk` counted from the prompt's start
+//! ([`Schedulable::prefill_fed`]), so a prompt restored part-way from the prefix cache is cut
+//! where one prefilled from the start is.
 //!
 //! No threads, channels or models here: the entries only need to say whether their client is
 //! gone and how much prompt they have left ([`Schedulable`]), so it is unit-tested directly.
