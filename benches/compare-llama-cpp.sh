@@ -1,39 +1,132 @@
 #!/usr/bin/env bash
-# ferry vs llama.cpp on the same GGUF, same prompt token ids, same thread count, in one run.
-# Installs llama-cpp-python (built from source: about 11 minutes on 2 cores) into a cached venv.
+# ferry vs llama.cpp on the same GGUFs, same prompt token ids, same thread count, in one run:
+# the default model (SmolLM2-135M Q4_1) and the synthetic 2048-wide Llama of
+# scripts/make-quant-models.py in Q4_K_M, Q6_K, Q8_0 and IQ4_XS; prefill and decode after a
+# prompt of 512 and of 4,096 tokens; plus each engine's load-to-ready time against one warm read
+# of the file, and its resident set after loading against the file's size. A row whose model
+# ferry cannot load yet says so and the run goes on. Prints one markdown table at the end
+# (name the CPU with it: AVX2-only and AVX-512 machines differ).
 #
-# Usage: benches/compare-llama-cpp.sh [THREADS] [PROMPT_TOKENS] [GEN_TOKENS] [RUNS]
+# Usage: benches/compare-llama-cpp.sh [THREADS] [GEN_TOKENS] [RUNS]
+#   FERRY_COMPARE_MODELS   models to run (default: "default synth-q4_k_m synth-q6_k synth-q8_0
+#                          synth-iq4_xs"; any name of `scripts/make-quant-models.py --list`,
+#                          or a path to a GGUF)
+#   FERRY_COMPARE_PROMPTS  prompt lengths (default: "512 4096")
+#   FERRY_BENCH_VENV       Python venv with llama-cpp-python, numpy and gguf (made if missing:
+#                          llama-cpp-python builds llama.cpp from source, about 11 minutes on 2
+#                          cores)
+#   FERRY_QUANT_MODELS     where the generated models are cached (see make-quant-models.py)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-threads="${1:-2}"; prompt_tokens="${2:-128}"; gen_tokens="${3:-128}"; runs="${4:-3}"
-model="models/SmolLM2-135M-Instruct.Q4_1.gguf"
+threads="${1:-2}"; gen_tokens="${2:-64}"; runs="${3:-2}"
+models="${FERRY_COMPARE_MODELS:-default synth-q4_k_m synth-q6_k synth-q8_0 synth-iq4_xs}"
+prompts="${FERRY_COMPARE_PROMPTS:-512 4096}"
 venv="${FERRY_BENCH_VENV:-$HOME/.cache/ferry/bench-venv}"
+results="$(mktemp)"
+trap 'rm -f "$results"' EXIT
 
-scripts/fetch-model.sh
-if ! "$venv/bin/python" -c "import llama_cpp" 2>/dev/null; then
-    echo "compare: installing llama-cpp-python into $venv (builds llama.cpp from source)..." >&2
+scripts/fetch-model.sh >&2
+if ! "$venv/bin/python" -c "import llama_cpp, gguf, numpy" 2>/dev/null; then
+    echo "compare: installing llama-cpp-python, gguf and numpy into $venv..." >&2
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet llama-cpp-python numpy
+    "$venv/bin/pip" install --quiet llama-cpp-python==0.3.36 gguf==0.19.0 numpy
 fi
-
 cargo build --release --bench decode >&2
-ferry_out="$(RAYON_NUM_THREADS="$threads" cargo bench --quiet --bench decode -- \
-    --model "$model" --prompt-tokens "$prompt_tokens" --gen-tokens "$gen_tokens" --runs "$runs")"
-echo "$ferry_out" | sed 's/,"prompt_ids":\[[0-9, ]*\]//'
-ids="$(echo "$ferry_out" | head -n 1 | sed 's/.*"prompt_ids":\(\[[0-9, ]*\]\).*/\1/')"
-peer_out="$("$venv/bin/python" benches/llama_cpp_peer.py "$model" "$ids" "$gen_tokens" "$runs" "$threads")"
-echo "$peer_out"
 
-python3 - "$ferry_out" "$peer_out" "$threads" <<'PY'
+# Resolves a model name to its file, making generated models on first use.
+model_path() {
+    case "$1" in
+        default) echo "models/SmolLM2-135M-Instruct.Q4_1.gguf" ;;
+        *.gguf) echo "$1" ;;
+        *)
+            "$venv/bin/python" scripts/make-quant-models.py --only "$1" >&2
+            "$venv/bin/python" scripts/make-quant-models.py --only "$1" --list | awk '{print $2}'
+            ;;
+    esac
+}
+
+# Seconds one read of a file takes once it is in the page cache (read twice, the second timed).
+warm_read() {
+    "$venv/bin/python" - "$1" <<'PY'
+import sys, time
+def read(path):
+    with open(path, "rb", buffering=0) as f:
+        while f.read(16 << 20):
+            pass
+read(sys.argv[1])
+started = time.perf_counter()
+read(sys.argv[1])
+print(f"{time.perf_counter() - started:.4f}")
+PY
+}
+
+for name in $models; do
+    path="$(model_path "$name")"
+    size="$(stat -c %s "$path")"
+    warm="$(warm_read "$path")"
+    for prompt_tokens in $prompts; do
+        echo "compare: $name, $prompt_tokens-token prompt, $threads threads" >&2
+        if ferry_out="$(RAYON_NUM_THREADS="$threads" cargo bench --quiet --bench decode -- \
+                --model "$path" --prompt-tokens "$prompt_tokens" --gen-tokens "$gen_tokens" \
+                --runs "$runs" 2>/tmp/ferry-compare-stderr.$$)"; then
+            ferry_err=""
+        else
+            ferry_err="$(grep -v '^\s*$' /tmp/ferry-compare-stderr.$$ | grep -iE 'error|cannot' | tail -n 1 || true)"
+            ferry_out=""
+        fi
+        rm -f /tmp/ferry-compare-stderr.$$
+        # The peer gets ferry's prompt ids; when ferry could not load the file, the same passage
+        # length in ids of the peer's own (any ids do for throughput).
+        if [ -n "$ferry_out" ]; then
+            ids="$(echo "$ferry_out" | head -n 1 | sed 's/.*"prompt_ids":\(\[[0-9, ]*\]\).*/\1/')"
+        else
+            ids="$(python3 -c "import json; print(json.dumps([(i * 7919) % 20000 + 100 for i in range($prompt_tokens)]))")"
+        fi
+        peer_out="$("$venv/bin/python" benches/llama_cpp_peer.py "$path" "$ids" "$gen_tokens" "$runs" "$threads" 2>/dev/null || true)"
+        python3 - "$name" "$prompt_tokens" "$size" "$warm" "$ferry_out" "$ferry_err" "$peer_out" >>"$results" <<'PY'
+import json, sys
+name, prompt, size, warm, ferry, ferry_err, peer = sys.argv[1:8]
+rows = lambda text: [json.loads(l) for l in text.splitlines() if l.strip().startswith("{")]
+for r in rows(ferry):
+    r.pop("prompt_ids", None)
+print(json.dumps({"model": name, "prompt": int(prompt), "size": int(size), "warm_read_s": float(warm),
+                  "ferry": rows(ferry), "ferry_error": ferry_err, "peer": rows(peer)}))
+PY
+        tail -n 1 "$results" >&2
+    done
+done
+
+python3 - "$results" "$threads" <<'PY'
 import json, statistics, sys
-def load(text):
-    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    return (statistics.median(r["prefill_tok_s"] for r in rows),
-            statistics.median(r["decode_tok_s"] for r in rows))
-ferry, peer, threads = load(sys.argv[1]), load(sys.argv[2]), sys.argv[3]
-print(f"\n| engine | threads | prefill tok/s | decode tok/s |\n|---|---|---|---|")
-print(f"| ferry | {threads} | {ferry[0]:.1f} | {ferry[1]:.1f} |")
-print(f"| llama.cpp | {threads} | {peer[0]:.1f} | {peer[1]:.1f} |")
-print(f"| ferry / llama.cpp | | {ferry[0]/peer[0]:.2f} | {ferry[1]/peer[1]:.2f} |")
+path, threads = sys.argv[1], sys.argv[2]
+med = lambda rows, key: statistics.median(r[key] for r in rows) if rows else None
+def fmt(x, spec=".1f"):
+    return "n/a" if x is None else format(x, spec)
+def ratio(a, b):
+    return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+print(f"\n{threads} threads; load = load-to-ready / one warm read of the file; "
+      "RSS = resident set after loading / file size (llama.cpp's includes the Python interpreter)\n")
+print("| model | prompt | prefill tok/s ferry / llama.cpp | = | decode tok/s ferry / llama.cpp | = "
+      "| load s ferry / llama.cpp (warm read) | load x ferry / llama.cpp | RSS MiB ferry / llama.cpp (file) | RSS x ferry / llama.cpp |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for line in open(path):
+    r = json.loads(line)
+    f, p, warm, size = r["ferry"], r["peer"], r["warm_read_s"], r["size"]
+    mib = size / 2**20
+    fp, pp = med(f, "prefill_tok_s"), med(p, "prefill_tok_s")
+    fd, pd = med(f, "decode_tok_s"), med(p, "decode_tok_s")
+    fl, pl = med(f, "load_s"), med(p, "load_s")
+    fr, pr = med(f, "rss_after_load"), med(p, "rss_after_load")
+    if not f:
+        why = r["ferry_error"] or "failed"
+        note = "not loadable by ferry yet" if "cannot compute yet" in why else f"ferry failed: {why}"
+        print(f"| {r['model']} | {r['prompt']} | {note} ({fmt(pp)} llama.cpp) | | "
+              f"({fmt(pd)} llama.cpp) | | ({fmt(pl, '.3f')} llama.cpp, {warm:.3f}) | | | |")
+        continue
+    mb = lambda b: None if b is None else b / 2**20
+    print(f"| {r['model']} | {r['prompt']} | {fmt(fp)} / {fmt(pp)} | {ratio(fp, pp)} | {fmt(fd)} / {fmt(pd)} "
+          f"| {ratio(fd, pd)} | {fmt(fl, '.3f')} / {fmt(pl, '.3f')} ({warm:.3f}) "
+          f"| {ratio(fl, warm)} / {ratio(pl, warm)} | {fmt(mb(fr), '.0f')} / {fmt(mb(pr), '.0f')} ({mib:.0f}) "
+          f"| {ratio(fr, size)} / {ratio(pr, size)} |")
 PY

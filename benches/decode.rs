@@ -55,8 +55,12 @@ fn main() -> Result<(), String> {
         ..ModelConfig::default()
     };
     let hub = HubOptions::from_env(|key| std::env::var(key).ok());
+    let load_started = Instant::now();
     let loaded =
         load_for_serving(&config, &candle_core::Device::Cpu, &hub).map_err(|e| e.to_string())?;
+    // Load-to-ready (plan, weights, tokenizer) and the resident set right after it (no KV yet).
+    let load_seconds = load_started.elapsed().as_secs_f64();
+    let rss_after_load = resident_bytes();
     let mut runner = loaded.runner;
 
     // A prompt of exactly `prompt_tokens` ids: a plain English passage, repeated as needed.
@@ -90,7 +94,7 @@ fn main() -> Result<(), String> {
         }
         let decode_seconds = decode_started.elapsed().as_secs_f64();
         println!(
-            "{{\"engine\":\"ferry\",\"run\":{run},\"prompt_tokens\":{},\"gen_tokens\":{},\"prefill_tok_s\":{:.2},\"decode_tok_s\":{:.2},\"prompt_ids\":{:?}}}",
+            "{{\"engine\":\"ferry\",\"run\":{run},\"prompt_tokens\":{},\"gen_tokens\":{},\"prefill_tok_s\":{:.2},\"decode_tok_s\":{:.2},\"load_s\":{load_seconds:.4},\"rss_after_load\":{rss_after_load},\"prompt_ids\":{:?}}}",
             prompt.len(),
             options.gen_tokens,
             prompt.len() as f64 / prefill_seconds,
@@ -99,4 +103,16 @@ fn main() -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// The process's resident set in bytes (`VmRSS` of /proc/self/status; 0 where there is none).
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(0)
 }

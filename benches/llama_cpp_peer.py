@@ -1,5 +1,6 @@
 """llama.cpp (through llama-cpp-python) on the same GGUF, token ids and thread count as
-benches/decode.rs: prefill the prompt ids, then greedy-decode N tokens; prints one JSON line per run.
+benches/decode.rs: prefill the prompt ids, then greedy-decode N tokens; prints one JSON line per run,
+with the load time (the `Llama` constructor: file to ready) and the resident set after it.
 
 Usage: python benches/llama_cpp_peer.py MODEL.gguf PROMPT_IDS_JSON GEN_TOKENS RUNS THREADS
 """
@@ -26,12 +27,26 @@ def _plain_buffers():
 llama_cpp_api.llama_model_default_params = _plain_buffers
 
 
+def resident_bytes() -> int:
+    """VmRSS of this process (the Python interpreter and numpy included), in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def main() -> None:
     model, ids_json, gen_tokens, runs, threads = sys.argv[1:6]
     prompt = json.loads(ids_json)
     gen_tokens, runs, threads = int(gen_tokens), int(runs), int(threads)
-    llm = Llama(model_path=model, n_ctx=1024, n_batch=512, n_threads=threads,
-                n_threads_batch=threads, verbose=False)
+    load_started = time.perf_counter()
+    # The context holds the prompt and the generated tokens; 512-token batches (llama.cpp's
+    # default micro-batch) for the prompt.
+    llm = Llama(model_path=model, n_ctx=len(prompt) + gen_tokens + 16, n_batch=512,
+                n_threads=threads, n_threads_batch=threads, verbose=False)
+    load_seconds = time.perf_counter() - load_started
+    rss_after_load = resident_bytes()
     for run in range(runs):
         llm.reset()
         started = time.perf_counter()
@@ -47,6 +62,7 @@ def main() -> None:
             "engine": "llama.cpp", "run": run, "prompt_tokens": len(prompt),
             "gen_tokens": gen_tokens, "prefill_tok_s": round(len(prompt) / prefill, 2),
             "decode_tok_s": round(gen_tokens / decode, 2),
+            "load_s": round(load_seconds, 4), "rss_after_load": rss_after_load,
         }))
 
 

@@ -3,6 +3,7 @@
 # scripts/cuda-toolchain.sh), plus the GPU test binary, and packs both for a GPU machine:
 #
 #   scripts/build-cuda.sh                  # -> target/cuda/release/ferry, dist/ferry-cuda.tar.xz
+#                                          #    (ferry-cuda/ferry: launcher; ferry-cuda/ferry-bin: binary)
 #   CUDA_COMPUTE_CAP=90 scripts/build-cuda.sh   # one card family, native code only (90: H100/H200,
 #                                               # 89: RTX 40xx/L4, 86: RTX 30xx/A10, 120: RTX 50xx);
 #                                               # default 80: every card from Ampere on (PTX JIT)
@@ -58,10 +59,16 @@ if [[ "$pack" == 1 ]]; then
   stage="$root/dist/ferry-cuda"
   rm -rf "$stage"
   mkdir -p "$stage"
-  cp "$binary" "$stage/ferry"
+  # `ferry` is the launcher (scripts/bundle/ferry-launcher.sh): it names missing CUDA libraries
+  # instead of the dynamic loader's bare error, then execs ferry-bin.
+  cp "$binary" "$stage/ferry-bin"
+  cp scripts/bundle/ferry-launcher.sh "$stage/ferry"
+  chmod +x "$stage/ferry"
   [[ -n "$test_binary" ]] && cp "$test_binary" "$stage/ferry-gpu-tests"
   # Line tables are not needed on the GPU machine; symbols stay for backtraces.
-  strip --strip-debug "$stage"/* 2>/dev/null || true
+  for elf in "$stage/ferry-bin" "$stage/ferry-gpu-tests"; do
+    [[ -f "$elf" ]] && { strip --strip-debug "$elf" 2>/dev/null || true; }
+  done
   # cuRAND: candle links it (and creates a generator when it opens a device). The lent H200's
   # image has nvidia-curand beside torch, but PyTorch's own CUDA 13 wheels do not pull it in, so
   # a machine whose CUDA comes from torch alone lacks it: --with-curand packs the toolchain's

@@ -288,7 +288,10 @@ EOF
         row "0 setup" "device" "-" ERROR "nvidia-smi not found"
     fi
     if [[ -n $FERRY ]]; then
-        ldd "$FERRY" >"$LOGS/ldd-ferry.txt" 2>&1 || true
+        # The bundle's `ferry` is a launcher script; ldd reads the binary beside it.
+        elf="$FERRY"
+        [[ -f "$(dirname "$FERRY")/ferry-bin" ]] && elf="$(dirname "$FERRY")/ferry-bin"
+        ldd "$elf" >"$LOGS/ldd-ferry.txt" 2>&1 || true
         missing=$(grep 'not found' "$LOGS/ldd-ferry.txt" | awk '{print $1}' | tr '\n' ' ' || true)
         if [[ -n $missing ]]; then
             row "0 setup" "ferry binary" "-" ERROR \

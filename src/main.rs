@@ -194,7 +194,7 @@ fn generate(config: Config, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
         let messages = [ChatMessage {
             role: "user".to_string(),
             content: args.prompt.clone(),
-            name: None,
+            ..Default::default()
         }];
         engine.encode_chat(&model.name, &messages, true, false)?
     } else {

@@ -21,6 +21,8 @@
 //! | `ferry_device_memory_budget_bytes` | gauge | offload engine |
 //! | `ferry_offload_bytes_copied_total` | counter | offload engine: bytes copied host -> device |
 //! | `ferry_offload_wait_seconds_total` | counter | offload engine: time compute waited for a copy |
+//! | `ferry_offload_experts_total{kind}` | counter | offload engine: routed MoE experts by where they came from (`kind` = hit: on the device, miss: copied into the expert pool, host: computed on the host) |
+//! | `ferry_offload_expert_bytes_copied_total` | counter | offload engine: bytes of expert copies (part of `ferry_offload_bytes_copied_total`) |
 //! | `ferry_model_swaps_total` | counter | residency manager (mode `model`) |
 //! | `ferry_model_resident{model}` | gauge | engine (1 once loaded); in mode `model` the swap manager's location |
 //! | `ferry_prefix_cache_queries_total{model}` | counter | engine: prompt tokens looked up in the prefix cache ([`prefix_cache`]) |
@@ -161,6 +163,8 @@ struct Inner {
     device_budget: Gauge,
     offload_bytes: Counter,
     offload_wait: Counter<f64, AtomicU64>,
+    offload_experts: Family<KindLabels, Counter>,
+    offload_expert_bytes: Counter,
     swaps: Counter,
     resident: Family<ModelLabels, Gauge>,
     prefix_cache: prefix_cache::PrefixCacheMetrics,
@@ -222,6 +226,13 @@ impl Metrics {
         let device_budget = Gauge::default();
         let offload_bytes = Counter::default();
         let offload_wait = Counter::<f64, AtomicU64>::default();
+        let offload_experts = Family::<KindLabels, Counter>::default();
+        for kind in ["hit", "miss", "host"] {
+            drop(offload_experts.get_or_create(&KindLabels {
+                kind: kind.to_owned(),
+            }));
+        }
+        let offload_expert_bytes = Counter::default();
         let swaps = Counter::default();
         let resident = Family::<ModelLabels, Gauge>::default();
 
@@ -307,6 +318,16 @@ impl Metrics {
             offload_wait.clone(),
         );
         r.register(
+            "offload_experts",
+            "Routed MoE experts by where they came from: hit (on the device), miss (copied into the expert pool), host (computed on the host)",
+            offload_experts.clone(),
+        );
+        r.register(
+            "offload_expert_bytes_copied",
+            "Bytes of MoE expert copies from host to device",
+            offload_expert_bytes.clone(),
+        );
+        r.register(
             "model_swaps",
             "Whole-model moves onto the compute device",
             swaps.clone(),
@@ -354,6 +375,8 @@ impl Metrics {
                 device_budget,
                 offload_bytes,
                 offload_wait,
+                offload_experts,
+                offload_expert_bytes,
                 swaps,
                 resident,
                 prefix_cache,
@@ -576,6 +599,20 @@ impl Metrics {
     /// Adds time the compute stream waited for a copy.
     pub fn add_offload_wait(&self, waited: Duration) {
         self.inner.offload_wait.inc_by(waited.as_secs_f64());
+    }
+
+    /// Adds routed MoE experts found on the device (`hits`), copied into the expert pool
+    /// (`misses`, `bytes` of copies) and computed on the host (`host`).
+    pub fn add_offload_experts(&self, hits: u64, misses: u64, host: u64, bytes: u64) {
+        for (kind, n) in [("hit", hits), ("miss", misses), ("host", host)] {
+            self.inner
+                .offload_experts
+                .get_or_create(&KindLabels {
+                    kind: kind.to_owned(),
+                })
+                .inc_by(n);
+        }
+        self.inner.offload_expert_bytes.inc_by(bytes);
     }
 
     /// Counts one whole-model move onto the device.

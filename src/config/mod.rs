@@ -26,5 +26,7 @@ pub mod values;
 pub use error::ConfigError;
 pub use load::load;
 pub use resolve::{Origin, Origins, Overrides, Resolved};
+pub use types::TierConfig;
 pub use types::{Config, DeviceConfig, ModelConfig, OffloadConfig, ServerConfig};
-pub use values::{CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode};
+pub use values::TierChoice;
+pub use values::{CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode, QuantType};

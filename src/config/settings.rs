@@ -8,8 +8,8 @@
 
 use super::types::{DeviceConfig, ModelConfig, ServerConfig};
 use super::values::{
-    Bandwidth, Budget, Codec, Device, Dtype, Kernels, Mode, Names, Number, OptionalPositive,
-    Positive, Secret, Shown, Size, Switch, Text, Time,
+    Bandwidth, Budget, Codec, Device, Dtype, Gflops, Kernels, KvDtype, Mode, Names, Number,
+    OptionalPositive, Positive, Secret, Shown, Size, Switch, Text, Tiers, Time,
 };
 
 /// The table a setting lives in.
@@ -329,7 +329,7 @@ pub static SETTINGS: &[Setting] = &[
         default: None,
         default_note: "unthrottled",
         example: "8GB/s",
-        help: "CPU device: throttle weight copies to this rate, e.g. 16GB/s (emulates PCIe).",
+        help: "CPU device: throttle weight copies to this rate, e.g. 16GB/s (emulates PCIe). Any device: the link rate the tier cost model uses instead of measuring it.",
         field: field!(Device, Bandwidth, link_bandwidth),
     },
     Setting {
@@ -373,7 +373,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("auto"),
         default_note: "",
         example: "f16",
-        help: "Dense weight dtype: auto (GGUF stays quantized), f32, f16 or bf16.",
+        help: "Weight dtype: auto (GGUF stays quantized), f32, f16 or bf16 (dense), or q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k (a dense model quantized at load).",
         field: field!(Model, Dtype, dtype),
     },
     Setting {
@@ -407,7 +407,7 @@ pub static SETTINGS: &[Setting] = &[
         default_note: "`auto`: f16 on CUDA (bf16 for bf16 weights), the compute dtype on the CPU (f32 for GGUF)",
         example: "bf16",
         help: "KV cache dtype: auto, f32, f16 or bf16 (f16 and bf16 halve the KV cache's bytes).",
-        field: field!(Model, Dtype, kv_dtype),
+        field: field!(Model, KvDtype, kv_dtype),
     },
     Setting {
         name: "prefill-chunk",
@@ -485,6 +485,50 @@ pub static SETTINGS: &[Setting] = &[
         example: "5",
         help: "Layers in flight ahead of compute.",
         field: field!(Model, Number<usize>, offload.prefetch),
+    },
+    Setting {
+        name: "offload-tier",
+        short: None,
+        key: "offload.tier",
+        value_name: "TIER",
+        default: Some("auto"),
+        default_note: "",
+        example: "host",
+        help: "Where offloaded experts and layers run each step: auto (the cost model picks streaming to the device or computing on the host), stream or host.",
+        field: field!(Model, Tiers, tier.choice),
+    },
+    Setting {
+        name: "host-gflops",
+        short: None,
+        key: "offload.host_gflops",
+        value_name: "GFLOPS",
+        default: None,
+        default_note: "measured at start-up",
+        example: "120",
+        help: "Tier cost model: host compute rate of the CPU kernels for the model's weight type, in GFLOP/s.",
+        field: field!(Model, Gflops, tier.host_gflops),
+    },
+    Setting {
+        name: "host-bandwidth",
+        short: None,
+        key: "offload.host_bandwidth",
+        value_name: "RATE",
+        default: None,
+        default_note: "measured at start-up",
+        example: "40GB/s",
+        help: "Tier cost model: host memory rate at which the CPU kernels read weights, e.g. 40GB/s.",
+        field: field!(Model, Bandwidth, tier.host_bandwidth),
+    },
+    Setting {
+        name: "device-gflops",
+        short: None,
+        key: "offload.device_gflops",
+        value_name: "GFLOPS",
+        default: None,
+        default_note: "measured at start-up",
+        example: "20000",
+        help: "Tier cost model: compute rate of the compute device, in GFLOP/s.",
+        field: field!(Model, Gflops, tier.device_gflops),
     },
     Setting {
         name: "keep-alive",

@@ -120,3 +120,74 @@ fn closest_names_a_likely_typo_only() {
     );
     assert_eq!(closest("zzzz", ["port", "host"]), None);
 }
+
+/// The value `text` gives the named model-scope setting, or its error.
+fn model_value(name: &str, text: &str) -> Result<ModelConfig, String> {
+    let mut model = ModelConfig::default();
+    find(name).expect(name).apply(&mut model, text)?;
+    Ok(model)
+}
+
+#[test]
+fn tier_settings_parse_and_refuse() {
+    use crate::config::TierChoice;
+    assert_eq!(ModelConfig::default().tier.choice, TierChoice::Auto);
+    for (text, choice) in [
+        ("auto", TierChoice::Auto),
+        ("stream", TierChoice::Stream),
+        (" Host ", TierChoice::Host),
+    ] {
+        assert_eq!(
+            model_value("offload-tier", text).unwrap().tier.choice,
+            choice
+        );
+    }
+    let err = model_value("offload-tier", "gpu").unwrap_err();
+    assert!(err.contains("auto, stream or host"), "{err}");
+
+    let default = ModelConfig::default().tier;
+    assert_eq!(
+        (
+            default.host_gflops,
+            default.device_gflops,
+            default.host_bandwidth
+        ),
+        (None, None, None)
+    );
+    assert_eq!(
+        model_value("host-gflops", "120").unwrap().tier.host_gflops,
+        Some(120.0)
+    );
+    assert_eq!(
+        model_value("device-gflops", "2.5e4")
+            .unwrap()
+            .tier
+            .device_gflops,
+        Some(25_000.0)
+    );
+    assert_eq!(
+        model_value("host-bandwidth", "40GB/s")
+            .unwrap()
+            .tier
+            .host_bandwidth,
+        Some(40_000_000_000)
+    );
+    for bad in ["0", "-3", "inf", "NaN", "fast", ""] {
+        for name in ["host-gflops", "device-gflops"] {
+            assert!(model_value(name, bad).is_err(), "{name} = {bad:?}");
+        }
+    }
+    assert!(model_value("host-bandwidth", "40GB").is_err());
+    // What `ferry config` shows parses back to the same value.
+    let set = model_value("host-gflops", "12.5").unwrap();
+    let shown = find("host-gflops").unwrap().show(&set);
+    assert_eq!(shown, Shown::Text("12.5".into()));
+    assert_eq!(
+        find("offload-tier").map(Setting::doc_key).as_deref(),
+        Some("models[].offload.tier")
+    );
+    assert_eq!(
+        find("offload-tier").map(Setting::env).as_deref(),
+        Some("FERRY_OFFLOAD_TIER")
+    );
+}

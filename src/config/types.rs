@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::settings::{in_scope, Scope, Section};
-use super::values::{CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode};
+use super::values::{CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode, TierChoice};
 
 /// A fully resolved configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,6 +80,20 @@ pub struct OffloadConfig {
     pub keep_alive: Duration,
 }
 
+/// The tier settings of `[models.offload]` (`offload.tier` and the cost model's rates); a
+/// field of [`ModelConfig`] of its own so that [`OffloadConfig`] literals stay unchanged.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TierConfig {
+    /// Where offloaded units run: by cost, or forced.
+    pub choice: TierChoice,
+    /// Host compute rate of the CPU kernels in GFLOP/s; unset = measured at start-up.
+    pub host_gflops: Option<f64>,
+    /// Host memory read rate of the CPU kernels in bytes/s; unset = measured at start-up.
+    pub host_bandwidth: Option<u64>,
+    /// Compute device rate in GFLOP/s; unset = measured at start-up.
+    pub device_gflops: Option<f64>,
+}
+
 /// Resolved `[[models]]` entry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -106,6 +120,8 @@ pub struct ModelConfig {
     pub prefix_cache_tokens: Option<usize>,
     /// Placement.
     pub offload: OffloadConfig,
+    /// Where offloaded units run (`offload.tier`, `offload.host_gflops`, ...).
+    pub tier: TierConfig,
 }
 
 impl ServerConfig {
@@ -163,6 +179,7 @@ impl ModelConfig {
                 prefetch: 0,
                 keep_alive: Duration::ZERO,
             },
+            tier: TierConfig::default(),
         }
     }
 }

@@ -19,8 +19,8 @@ pub enum DeviceChoice {
     Cuda(usize),
 }
 
-/// A dtype choice: of the dense weights (`dtype`, read by the loader as
-/// `model::loader::DtypeChoice`) and of the KV cache (`kv_dtype`).
+/// A dtype choice: of the weights (`dtype`, read by the loader as
+/// `model::loader::DtypeChoice`) and of the KV cache (`kv_dtype`, dense choices only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DtypeChoice {
     /// GGUF stays quantized; safetensors become f32 on the CPU and keep the checkpoint's dtype
@@ -33,6 +33,85 @@ pub enum DtypeChoice {
     F16,
     /// Dense bf16 (GGUF is dequantized). Not available on the CPU, whose matmul lacks bf16.
     BF16,
+    /// A dense checkpoint's matrices (projections, embedding, head) quantized at load into GGUF
+    /// blocks of this type; norms and biases stay dense f32. Refused for an already quantized
+    /// GGUF.
+    Quantize(QuantType),
+}
+
+impl DtypeChoice {
+    /// The type matrices are quantized to at load, if this is a quantized choice.
+    pub fn quantize(self) -> Option<QuantType> {
+        match self {
+            DtypeChoice::Quantize(q) => Some(q),
+            _ => None,
+        }
+    }
+}
+
+/// A GGUF block type ferry can quantize a dense matrix into at load (what candle's CPU
+/// quantizer writes and its matmuls read). Names as llama.cpp spells them, lowercased.
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantType {
+    /// 32-element blocks, 4-bit, one f16 scale (4.5 bits per weight).
+    Q4_0,
+    /// 32-element blocks, 4-bit, f16 scale and minimum (5 bits per weight).
+    Q4_1,
+    /// 32-element blocks, 5-bit, one scale (5.5 bits per weight).
+    Q5_0,
+    /// 32-element blocks, 5-bit, scale and minimum (6 bits per weight).
+    Q5_1,
+    /// 32-element blocks, 8-bit, one scale (8.5 bits per weight).
+    Q8_0,
+    /// 256-element super-blocks, 2-bit k-quant (2.625 bits per weight).
+    Q2_K,
+    /// 256-element super-blocks, 3-bit k-quant (3.4375 bits per weight).
+    Q3_K,
+    /// 256-element super-blocks, 4-bit k-quant (4.5 bits per weight).
+    Q4_K,
+    /// 256-element super-blocks, 5-bit k-quant (5.5 bits per weight).
+    Q5_K,
+    /// 256-element super-blocks, 6-bit k-quant (6.5625 bits per weight).
+    Q6_K,
+}
+
+impl QuantType {
+    /// Every type, in the order the error messages list them.
+    pub const ALL: [QuantType; 10] = [
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
+        QuantType::Q8_0,
+        QuantType::Q2_K,
+        QuantType::Q3_K,
+        QuantType::Q4_K,
+        QuantType::Q5_K,
+        QuantType::Q6_K,
+    ];
+
+    /// The setting's spelling: `q4_0`, ..., `q6_k`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuantType::Q4_0 => "q4_0",
+            QuantType::Q4_1 => "q4_1",
+            QuantType::Q5_0 => "q5_0",
+            QuantType::Q5_1 => "q5_1",
+            QuantType::Q8_0 => "q8_0",
+            QuantType::Q2_K => "q2_k",
+            QuantType::Q3_K => "q3_k",
+            QuantType::Q4_K => "q4_k",
+            QuantType::Q5_K => "q5_k",
+            QuantType::Q6_K => "q6_k",
+        }
+    }
+
+    /// Parses `q4_0` .. `q6_k` (any case).
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim().to_ascii_lowercase();
+        Self::ALL.into_iter().find(|q| q.as_str() == text)
+    }
 }
 
 /// Which kernels multiply quantized weights on the CPU. A config type the model reads.
@@ -56,6 +135,18 @@ pub enum OffloadMode {
     Sequential,
     /// The whole model moves between host and device on demand.
     Model,
+}
+
+/// Where offloaded units run each step (`offload.tier`; the cost model is `offload::cost`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TierChoice {
+    /// Per unit and step, whichever the cost model estimates faster.
+    #[default]
+    Auto,
+    /// Always copy the weights to the compute device.
+    Stream,
+    /// Always compute on the host, where the weights live.
+    Host,
 }
 
 /// The device memory budget.
@@ -334,9 +425,32 @@ impl Codec for Device {
     }
 }
 
-/// `auto`, `f32`, `f16` or `bf16`.
+/// `auto`, `f32`, `f16`, `bf16`, or a type to quantize to at load (`q8_0`, `q4_k`, ...).
 pub struct Dtype;
 impl Codec for Dtype {
+    type Value = DtypeChoice;
+    fn parse(text: &str) -> Result<DtypeChoice, String> {
+        if let Ok(dense) = KvDtype::parse(text) {
+            return Ok(dense);
+        }
+        QuantType::parse(text)
+            .map(DtypeChoice::Quantize)
+            .ok_or_else(|| {
+                format!(
+                    "`{text}` is not a dtype (use auto, f32, f16, bf16, or one of {} to \
+                     quantize a dense model at load)",
+                    quant_names()
+                )
+            })
+    }
+    fn show(value: &DtypeChoice) -> Shown {
+        KvDtype::show(value)
+    }
+}
+
+/// `auto`, `f32`, `f16` or `bf16`: a dense dtype (the KV cache's).
+pub struct KvDtype;
+impl Codec for KvDtype {
     type Value = DtypeChoice;
     fn parse(text: &str) -> Result<DtypeChoice, String> {
         match text.trim().to_ascii_lowercase().as_str() {
@@ -344,6 +458,10 @@ impl Codec for Dtype {
             "f32" | "float32" => Ok(DtypeChoice::F32),
             "f16" | "float16" | "half" => Ok(DtypeChoice::F16),
             "bf16" | "bfloat16" => Ok(DtypeChoice::BF16),
+            other if QuantType::parse(other).is_some() => Err(format!(
+                "`{text}` is a weight quantization type; the KV cache is dense \
+                 (use auto, f32, f16 or bf16)"
+            )),
             _ => Err(format!(
                 "`{text}` is not a dtype (use auto, f32, f16 or bf16)"
             )),
@@ -356,10 +474,16 @@ impl Codec for Dtype {
                 DtypeChoice::F32 => "f32",
                 DtypeChoice::F16 => "f16",
                 DtypeChoice::BF16 => "bf16",
+                DtypeChoice::Quantize(q) => q.as_str(),
             }
             .to_string(),
         )
     }
+}
+
+/// `q4_0, q4_1, ..., q6_k`, for messages.
+fn quant_names() -> String {
+    QuantType::ALL.map(QuantType::as_str).join(", ")
 }
 
 /// `none`, `auto`, `sequential` or `model`.
@@ -387,6 +511,53 @@ impl Codec for Mode {
             }
             .to_string(),
         )
+    }
+}
+
+/// `auto`, `stream` or `host`.
+pub struct Tiers;
+impl Codec for Tiers {
+    type Value = TierChoice;
+    fn parse(text: &str) -> Result<TierChoice, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(TierChoice::Auto),
+            "stream" => Ok(TierChoice::Stream),
+            "host" => Ok(TierChoice::Host),
+            _ => Err(format!(
+                "`{text}` is not an offload tier (use auto, stream or host)"
+            )),
+        }
+    }
+    fn show(value: &TierChoice) -> Shown {
+        Shown::Text(
+            match value {
+                TierChoice::Auto => "auto",
+                TierChoice::Stream => "stream",
+                TierChoice::Host => "host",
+            }
+            .to_string(),
+        )
+    }
+}
+
+/// An optional compute rate in GFLOP/s (`120`, `2.5`), positive and finite; unset by default.
+pub struct Gflops;
+impl Codec for Gflops {
+    type Value = Option<f64>;
+    fn parse(text: &str) -> Result<Option<f64>, String> {
+        let value: f64 = text
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{text}` is not a rate in GFLOP/s (write it like `120`)"))?;
+        if !(value.is_finite() && value > 0.0) {
+            return Err(format!(
+                "rate `{text}` must be a positive number of GFLOP/s"
+            ));
+        }
+        Ok(Some(value))
+    }
+    fn show(value: &Option<f64>) -> Shown {
+        value.map_or(Shown::Unset, |v| Shown::Text(v.to_string()))
     }
 }
 
@@ -488,6 +659,22 @@ mod tests {
         assert!(Text::parse("  ").is_err());
         assert!(Kernels::parse("fast").is_err());
         assert_eq!(Number::<u16>::parse("70000").ok(), None);
+    }
+
+    #[test]
+    fn quantized_dtypes_parse_and_show_back_and_the_kv_cache_refuses_them() {
+        for q in QuantType::ALL {
+            let parsed = Dtype::parse(&q.as_str().to_ascii_uppercase()).expect("quant type");
+            assert_eq!(parsed, DtypeChoice::Quantize(q));
+            assert_eq!(parsed.quantize(), Some(q));
+            assert_eq!(Dtype::show(&parsed), Shown::Text(q.as_str().into()));
+            let err = KvDtype::parse(q.as_str()).expect_err("a dense cache");
+            assert!(err.contains("KV cache is dense"), "{err}");
+        }
+        assert_eq!(Dtype::parse("bf16"), Ok(DtypeChoice::BF16));
+        assert_eq!(DtypeChoice::F16.quantize(), None);
+        let err = Dtype::parse("q8_1").expect_err("not a load-time type");
+        assert!(err.contains("q8_0") && err.contains("q6_k"), "{err}");
     }
 
     #[test]

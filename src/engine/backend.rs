@@ -9,6 +9,7 @@ use crate::metrics::Metrics;
 use super::{
     grammar::{Grammar, GrammarSpec},
     request::ChatMessage,
+    tool_calls::ToolSupport,
     EngineError, EngineResult, GenerationEvent, GenerationRequest,
 };
 
@@ -78,6 +79,36 @@ pub trait Backend: Send + Sync + 'static {
         add_generation_prompt: bool,
         parse_special_in_content: bool,
     ) -> EngineResult<Vec<u32>>;
+
+    /// [`encode_chat`](Self::encode_chat) with the template's `tools` variable set to `tools`.
+    /// Default: without tools only (the server folds tools into the messages unless
+    /// [`tool_support`](Self::tool_support) says the template renders them).
+    fn encode_chat_with_tools(
+        &self,
+        model: &str,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        parse_special_in_content: bool,
+    ) -> EngineResult<Vec<u32>> {
+        if !tools.is_empty() {
+            return Err(EngineError::Internal(
+                "this backend's chat templates do not render tools".into(),
+            ));
+        }
+        self.encode_chat(
+            model,
+            messages,
+            add_generation_prompt,
+            parse_special_in_content,
+        )
+    }
+
+    /// What `model`'s chat template does with tools: the format calls are parsed from and
+    /// whether it renders tool definitions itself. Default: Hermes, folded into the messages.
+    fn tool_support(&self, _model: &str) -> EngineResult<ToolSupport> {
+        Ok(ToolSupport::default())
+    }
 
     /// Fails with `Overloaded` when [`submit`](Self::submit) would refuse a request for
     /// `model` right now, so the server can refuse it before tokenising. Default: never.

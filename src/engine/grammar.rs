@@ -26,22 +26,26 @@ pub enum GrammarSpec {
     JsonObject,
     /// `response_format: {"type": "json_schema"}`: JSON valid against this schema.
     JsonSchema(Value),
+    /// A Lark grammar (`tool_choice: required` or a named function: see
+    /// [`super::tool_calls::constrain`]).
+    Lark(String),
 }
 
 impl GrammarSpec {
-    /// The JSON schema llguidance compiles. Unless the schema sets its own `x-guidance`
+    /// The grammar llguidance compiles: a Lark grammar as it is, or a JSON schema. Unless the schema sets its own `x-guidance`
     /// options, the JSON is compact (no free whitespace between tokens): small models otherwise
     /// tend to fill the output with newlines.
-    fn schema(&self) -> Value {
+    fn grammar(&self) -> TopLevelGrammar {
         let mut schema = match self {
             GrammarSpec::JsonObject => json!({"type": "object"}),
             GrammarSpec::JsonSchema(schema) => schema.clone(),
+            GrammarSpec::Lark(lark) => return TopLevelGrammar::from_lark(lark.clone()),
         };
         if let Value::Object(map) = &mut schema {
             map.entry("x-guidance")
                 .or_insert_with(|| json!({"whitespace_flexible": false}));
         }
-        schema
+        TopLevelGrammar::from_json_schema(schema)
     }
 }
 
@@ -85,13 +89,12 @@ impl GrammarCompiler {
     /// Compiles `spec`. A schema llguidance rejects (invalid, or using a feature it does not
     /// support) is an invalid request naming [`GRAMMAR_PARAM`], with llguidance's reason.
     pub fn compile(&self, spec: &GrammarSpec) -> EngineResult<Grammar> {
-        let parser = self
-            .factory
-            .create_parser(TopLevelGrammar::from_json_schema(spec.schema()))
-            .map_err(|e| EngineError::InvalidRequest {
+        let parser = self.factory.create_parser(spec.grammar()).map_err(|e| {
+            EngineError::InvalidRequest {
                 message: format!("Invalid `{GRAMMAR_PARAM}` schema: {e}"),
                 param: Some(GRAMMAR_PARAM.into()),
-            })?;
+            }
+        })?;
         Ok(Grammar {
             parser: Arc::new(parser),
             eos: Arc::clone(&self.eos),

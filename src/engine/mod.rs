@@ -10,6 +10,8 @@
 //! plain-state [`scheduler`]); [`queue`] is a job in transit. [`generate`] is the per-request
 //! state machine, built from [`sampling`] (with
 //! [`penalties`]), [`logprobs`], [`detokenize`] (incremental, UTF-8 safe) and [`stop`].
+//! [`tool_calls`] reads function calls out of replies and builds the grammar that enforces
+//! them.
 
 pub mod backend;
 pub mod detokenize;
@@ -27,6 +29,7 @@ mod serve_loop;
 pub mod stop;
 #[cfg(test)]
 pub(crate) mod test_support;
+pub mod tool_calls;
 pub mod traits;
 pub mod worker;
 

@@ -4,7 +4,10 @@
 
 use std::sync::Arc;
 
-use super::{grammar::GrammarCompiler, request::ChatMessage, EngineError, EngineResult};
+use super::{
+    grammar::GrammarCompiler, request::ChatMessage, tool_calls::ToolSupport, EngineError,
+    EngineResult,
+};
 
 /// One loaded model instance that keeps its own KV state per sequence.
 ///
@@ -123,6 +126,29 @@ pub trait TextCodec: Send + Sync {
     ) -> EngineResult<Vec<u32>> {
         let text = self.render_chat(messages, add_generation_prompt)?;
         self.encode(&text, false)
+    }
+
+    /// [`encode_chat`](Self::encode_chat) with the template's `tools` variable set to `tools`
+    /// (`{"type": "function", "function": {..}}` each). Default: without tools only.
+    fn encode_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        parse_special_in_content: bool,
+    ) -> EngineResult<Vec<u32>> {
+        if !tools.is_empty() {
+            return Err(EngineError::Internal(
+                "this codec's chat template does not render tools".into(),
+            ));
+        }
+        self.encode_chat(messages, add_generation_prompt, parse_special_in_content)
+    }
+
+    /// What the chat template does with tools (the call format, whether it renders them).
+    /// Default: Hermes markup, tools folded into the messages.
+    fn tool_support(&self) -> ToolSupport {
+        ToolSupport::default()
     }
 
     /// Token ids to text. Incomplete UTF-8 at the end decodes to U+FFFD (the incremental

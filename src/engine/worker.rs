@@ -363,6 +363,26 @@ impl Backend for EngineHandle {
         )
     }
 
+    fn encode_chat_with_tools(
+        &self,
+        model: &str,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        parse_special_in_content: bool,
+    ) -> EngineResult<Vec<u32>> {
+        self.ready(model)?.1.codec.encode_chat_with_tools(
+            messages,
+            tools,
+            add_generation_prompt,
+            parse_special_in_content,
+        )
+    }
+
+    fn tool_support(&self, model: &str) -> EngineResult<crate::engine::tool_calls::ToolSupport> {
+        Ok(self.ready(model)?.1.codec.tool_support())
+    }
+
     fn check_capacity(&self, model: &str) -> EngineResult<()> {
         let entry = self.entry(model)?;
         if entry.pending.load(Ordering::SeqCst) >= self.capacity() {

@@ -138,7 +138,7 @@ async fn unknown_models_and_bad_prompts_are_refused_up_front() {
     let msgs = [ChatMessage {
         role: "user".into(),
         content: "hi".into(),
-        name: None,
+        ..Default::default()
     }];
     assert_eq!(
         handle.render_chat("a", &msgs, true).unwrap(),

@@ -4,19 +4,25 @@
 //! sizing, the tokenizer (GGUF vocabularies), the loader and the host slabs all take this one
 //! value, so none of them parses a header again and none can accept what another refuses.
 //!
-//! Tensor bytes are slices of the maps; [`Checkpoint::read_blocks`] and
-//! [`Checkpoint::read_dense`] turn a record into a candle tensor on a device. Drop the checkpoint
-//! once the model is loaded: the maps would otherwise keep the file's pages counted as resident.
+//! Tensor bytes are slices of the maps. On the CPU a GGUF matrix is used in place:
+//! [`Checkpoint::view_blocks`] hands out [`Blocks`] views that share the map (it stays mapped as
+//! long as any weight views it, and its pages are the model's only copy). Elsewhere
+//! [`Checkpoint::read_blocks`] and [`Checkpoint::read_dense`] turn a record into a candle tensor
+//! on a device (dequantizing with ferry's own decoders the types candle lacks). Drop the
+//! checkpoint once the model is loaded: the safetensors maps would otherwise keep the file's
+//! pages counted as resident.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::Value;
-use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+use candle_core::quantized::{QStorage, QTensor};
 use candle_core::safetensors::Load;
 use candle_core::{DType, Device, Tensor};
 use memmap2::Mmap;
 
+use super::cpu_qmatmul::{dequant, Blocks};
 use super::error::{ModelError, Result};
 use super::header::{map_file, GgufHeader, Shards};
 use super::source::ModelFiles;
@@ -27,7 +33,7 @@ use super::tensors::{Format, StoredType, TensorRecord, TensorTable};
 #[derive(Debug)]
 enum Headers {
     /// One GGUF file.
-    Gguf { map: Mmap, header: GgufHeader },
+    Gguf { map: Arc<Mmap>, header: GgufHeader },
     /// Hugging Face safetensors shards.
     Safetensors(Shards),
 }
@@ -51,6 +57,7 @@ impl Checkpoint {
                     ModelError::Source(format!("{} is not a GGUF file: {e}", path.display()))
                 })?;
                 let spec = ModelSpec::from_gguf(&header)?;
+                let map = Arc::new(map);
                 (Headers::Gguf { map, header }, spec)
             }
             ModelFiles::HfDir {
@@ -145,21 +152,37 @@ impl Checkpoint {
         })
     }
 
-    /// `record`'s GGUF blocks as a quantized tensor of candle type `dtype` on `device` (the
-    /// bytes are copied once, into the tensor's own storage).
-    pub fn read_blocks(
-        &self,
-        record: &TensorRecord,
-        dtype: GgmlDType,
-        device: &Device,
-    ) -> Result<QTensor> {
+    /// `record`'s GGUF blocks in place: a view of the mapped file that keeps the map alive
+    /// (nothing is read or copied).
+    pub fn view_blocks(&self, record: &TensorRecord) -> Result<Blocks> {
+        let (Headers::Gguf { map, .. }, StoredType::Gguf(ty)) = (&self.headers, record.stored)
+        else {
+            return Err(ModelError::Source(format!(
+                "`{}` is not a GGUF tensor",
+                record.name
+            )));
+        };
+        Blocks::mapped(map.clone(), record.range.clone(), ty, &record.shape)
+    }
+
+    /// `record`'s GGUF blocks as a candle quantized tensor on `device` (the bytes are copied
+    /// once, into the tensor's own storage); for the types candle 0.11.1 knows.
+    pub fn read_blocks(&self, record: &TensorRecord, device: &Device) -> Result<QTensor> {
+        let StoredType::Gguf(ty) = record.stored else {
+            return Err(ModelError::Source(format!(
+                "`{}` is not a GGUF tensor",
+                record.name
+            )));
+        };
+        let dtype = ty.to_candle().ok_or_else(|| unsupported_type(record, ty))?;
         let storage = QStorage::from_data(Cow::Borrowed(self.bytes(record)?), device, dtype)
             .map_err(|e| self.read_error(record, e))?;
         Ok(QTensor::new(storage, record.shape.as_slice())?)
     }
 
     /// `record` as a dense tensor of `dtype` on `device`: GGUF tensors are dequantized (on the
-    /// device), safetensors converted from their stored dtype.
+    /// device by candle; on the CPU by ferry for the types candle lacks, then converted and
+    /// uploaded), safetensors converted from their stored dtype.
     pub fn read_dense(
         &self,
         record: &TensorRecord,
@@ -167,12 +190,16 @@ impl Checkpoint {
         device: &Device,
     ) -> Result<Tensor> {
         let tensor = match record.stored {
-            StoredType::Gguf(ty) => {
-                let candle = ty.to_candle().ok_or_else(|| unsupported_type(record, ty))?;
-                self.read_blocks(record, candle, device)?
-                    .dequantize(device)
-                    .map_err(|e| self.read_error(record, e))?
+            StoredType::Gguf(ty) if ty.to_candle().is_none() && dequant::supports(ty) => {
+                let mut values = vec![0f32; record.elem_count()];
+                dequant::dequantize(ty, self.bytes(record)?, &mut values)?;
+                let cpu = Tensor::from_vec(values, record.shape.as_slice(), &Device::Cpu)?;
+                return Ok(cpu.to_dtype(dtype)?.to_device(device)?);
             }
+            StoredType::Gguf(_) => self
+                .read_blocks(record, device)?
+                .dequantize(device)
+                .map_err(|e| self.read_error(record, e))?,
             StoredType::Safetensors(st) => {
                 let view = safetensors::tensor::TensorView::new(
                     st,
@@ -205,7 +232,8 @@ impl Checkpoint {
 pub fn unsupported_type(record: &TensorRecord, ty: super::header::GgufType) -> ModelError {
     ModelError::Unsupported(format!(
         "tensor `{}` is stored as {ty}, a GGUF type ferry cannot compute yet \
-         (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K..Q8_K)",
+         (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K..Q8_K, IQ4_NL, \
+         IQ4_XS, MXFP4)",
         record.name
     ))
 }

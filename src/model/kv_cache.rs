@@ -38,6 +38,8 @@ fn kv_dtype_on(choice: DtypeChoice, cpu: bool, compute: DType) -> DType {
         DtypeChoice::Auto if cpu => compute,
         DtypeChoice::Auto if compute == DType::BF16 => DType::BF16,
         DtypeChoice::Auto => DType::F16,
+        // A weight quantization type says nothing of the cache (the kv_dtype setting refuses one).
+        DtypeChoice::Quantize(_) => kv_dtype_on(DtypeChoice::Auto, cpu, compute),
     }
 }
 

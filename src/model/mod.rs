@@ -11,7 +11,8 @@
 //! - [`tokenizer`]: tokenizer.json or GGUF vocab -> [`tokenizer::TextTokenizer`], and chat templates.
 //! - [`weights`]: [`weights::LayerWeights`] and the fixed parts, dense or quantized.
 //! - [`loader`]: reads weights from GGUF or safetensors into those types.
-//! - [`cpu_qmatmul`]: a SIMD CPU matmul over raw GGUF Q4_0 / Q4_1 / Q8_0 blocks.
+//! - [`cpu_qmatmul`]: a SIMD CPU matmul over raw GGUF Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 and
+//!   Q2_K..Q6_K blocks.
 //! - [`decoder`]: [`decoder::Model`], the per-layer forward loop every architecture shares, the
 //!   [`decoder::Block`] seam a family plugs into, and the [`decoder::LayerSource`] its weights
 //!   come through; attention and RoPE.

@@ -4,8 +4,9 @@
 //! says so). No shared expert.
 //!
 //! Each expert's gate/up/down is its own unit in [`LayerWeights`] (one table record each, a
-//! slice of GGUF's stacked tensors), so the offload engine can place experts one by one; an
-//! expert that no row of the step picked is not touched.
+//! slice of GGUF's stacked tensors), so the offload engine can place experts one by one; the
+//! layer is asked for the routed experts only after the router ran, so an expert that no row
+//! of the step picked is neither touched nor fetched.
 //!
 //! Reference: HF transformers' `modeling_qwen3_moe.py` / `modeling_mixtral.py`,
 //! cross-checked in `tests/suite/arch_families.rs` against candle-transformers' `qwen3_moe`,
@@ -50,28 +51,37 @@ pub fn route(probs: &[Vec<f32>], moe: MoeSpec) -> Routing {
     routing
 }
 
-/// The MoE MLP of layer `w` on `h` (`[1, rows, hidden]`).
+/// The MoE MLP of layer `w` on `h` (`[1, rows, hidden]`). After the router ran, the layer is
+/// asked for only the experts some row was routed to ([`LayerWeights::routed_experts`]: its
+/// own expert parts, or the offload engine's expert store behind it).
 pub fn forward(h: &Tensor, w: &LayerWeights, moe: MoeSpec) -> Result<Tensor> {
     let dims = h.dims().to_vec();
     let hidden = *dims.last().unwrap_or(&0);
     let x = h.reshape(((), hidden))?;
     let logits = w.linear(Part::Router)?.forward(&x)?.to_dtype(DType::F32)?;
-    let probs = candle_nn::ops::softmax_last_dim(&logits)?.to_vec2::<f32>()?;
-    let routing = route(&probs, moe);
-    let experts = w.experts();
-    if experts.len() != moe.n_experts {
+    if logits.dim(1)? != moe.n_experts {
         return Err(ModelError::MissingTensor(format!(
-            "{} of {} experts",
-            experts.len(),
+            "a router over {} of {} experts",
+            logits.dim(1)?,
             moe.n_experts
         )));
     }
+    let probs = candle_nn::ops::softmax_last_dim(&logits)?.to_vec2::<f32>()?;
+    let routing = route(&probs, moe);
+    let wanted: Vec<usize> = (0..moe.n_experts)
+        .filter(|&e| !routing.rows[e].is_empty())
+        .collect();
+    let experts = w.routed_experts(&wanted, probs.len())?;
+    if experts.len() != wanted.len() {
+        return Err(ModelError::MissingTensor(format!(
+            "{} of {} routed experts",
+            experts.len(),
+            wanted.len()
+        )));
+    }
     let mut out = x.zeros_like()?;
-    for (e, [gate, up, down]) in experts.into_iter().enumerate() {
+    for (&e, [gate, up, down]) in wanted.iter().zip(&experts) {
         let rows = &routing.rows[e];
-        if rows.is_empty() {
-            continue;
-        }
         let idx = Tensor::new(rows.as_slice(), x.device())?;
         let xe = x.index_select(&idx, 0)?;
         let [g, u] = projections(&[gate, up], &xe)?;

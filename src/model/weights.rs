@@ -5,14 +5,16 @@
 //! reference-counted handle, so cloning a [`LayerWeights`] is cheap and the offload engine can
 //! hand out slot-backed copies without moving data.
 
+use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
-use candle_core::{Module, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 
-use super::cpu_qmatmul::{CpuQMatMul, Kernel};
+use super::cpu_qmatmul::{Blocks, CpuQMatMul, Kernel};
 use super::error::{ModelError, Result};
+use super::header::GgufType;
 use super::tensors::Part;
 use crate::config::CpuQmatmul;
 
@@ -44,7 +46,8 @@ pub enum Linear {
         bias: Option<Tensor>,
     },
     /// GGUF block-quantized weight on the CPU, multiplied by ferry's SIMD kernels
-    /// ([`CpuQMatMul`], Q4_0 / Q4_1 / Q8_0) over the same raw blocks.
+    /// ([`CpuQMatMul`]: Q4_0..Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4) over the raw blocks (a
+    /// view of the mapped file when loaded from one).
     CpuQuantized {
         /// The quantized `[out, in]` matrix.
         weight: CpuQMatMul,
@@ -54,13 +57,15 @@ pub enum Linear {
 }
 
 impl Linear {
-    /// A quantized linear layer: ferry's CPU kernels ([`CpuQMatMul`]) where they apply (Q4_0,
-    /// Q4_1 and Q8_0 on the CPU), else candle's `QMatMul` (every CUDA weight, other formats).
+    /// A quantized linear layer: ferry's CPU kernels ([`CpuQMatMul`]) where they apply (the
+    /// types [`CpuQMatMul::supports`], on the CPU), else candle's `QMatMul` (every CUDA weight,
+    /// other formats).
     /// `device.cpu_qmatmul = "candle"` ([`set_cpu_qmatmul`]) keeps candle's kernels on the CPU
     /// too, for comparisons.
     pub fn quantized(weight: Arc<QTensor>, bias: Option<Tensor>) -> Result<Self> {
         let candle_forced = CANDLE_FORCED.load(Ordering::Relaxed);
-        if weight.device().is_cpu() && CpuQMatMul::supports(weight.dtype()) && !candle_forced {
+        let ours = CpuQMatMul::supports(GgufType::from_candle(weight.dtype()));
+        if weight.device().is_cpu() && ours && !candle_forced {
             return Ok(Linear::CpuQuantized {
                 weight: CpuQMatMul::new(weight)?,
                 bias,
@@ -68,6 +73,26 @@ impl Linear {
         }
         Ok(Linear::Quantized {
             weight: Arc::new(QMatMul::from_arc(weight)?),
+            bias,
+        })
+    }
+
+    /// A quantized linear layer on the CPU over raw GGUF blocks (the loader's views of the
+    /// file): ferry's kernels where they apply, used in place; otherwise (or with
+    /// `device.cpu_qmatmul = "candle"`, for a type candle has) candle's `QMatMul` over a copy of
+    /// the blocks, which candle's kernels need in storage of their own.
+    pub fn from_blocks(weight: Blocks, bias: Option<Tensor>) -> Result<Self> {
+        let ty = weight.ty();
+        let candle_forced = CANDLE_FORCED.load(Ordering::Relaxed) && ty.to_candle().is_some();
+        if CpuQMatMul::supports(ty) && !candle_forced {
+            return Ok(Linear::CpuQuantized {
+                weight: CpuQMatMul::from_blocks(weight)?,
+                bias,
+            });
+        }
+        let copy = Arc::new(weight.to_qtensor(&Device::Cpu)?);
+        Ok(Linear::Quantized {
+            weight: Arc::new(QMatMul::from_arc(copy)?),
             bias,
         })
     }
@@ -155,9 +180,7 @@ impl Linear {
                 };
                 (w, bias.as_ref())
             }
-            Linear::CpuQuantized { weight, bias } => {
-                (weight.weight().storage_size_in_bytes(), bias.as_ref())
-            }
+            Linear::CpuQuantized { weight, bias } => (weight.weight().len(), bias.as_ref()),
         };
         w + b.map_or(0, tensor_bytes)
     }
@@ -168,8 +191,11 @@ impl Linear {
 pub enum Embedding {
     /// `[vocab, hidden]` in the compute dtype.
     Dense(Tensor),
-    /// `[vocab, hidden]` GGUF-quantized; lookups produce f32 rows.
+    /// `[vocab, hidden]` GGUF-quantized candle tensor (on CUDA); lookups produce f32 rows.
     Quantized(Arc<QTensor>),
+    /// `[vocab, hidden]` raw GGUF blocks on the CPU (a view of the mapped file, shared with a
+    /// tied head); lookups dequantize only the rows asked for, as f32.
+    Blocks(Blocks),
 }
 
 impl Embedding {
@@ -182,6 +208,14 @@ impl Embedding {
                 Ok(table.index_select(&ids.flatten_all()?, 0)?.reshape(dims)?)
             }
             Embedding::Quantized(q) => Ok(q.embedding(ids)?),
+            Embedding::Blocks(b) => {
+                let mut dims = ids.dims().to_vec();
+                dims.push(b.cols());
+                let ids = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
+                let mut rows = vec![0f32; ids.len() * b.cols()];
+                b.dequantize_rows(&ids, &mut rows)?;
+                Ok(Tensor::from_vec(rows, dims, &Device::Cpu)?)
+            }
         }
     }
 
@@ -190,6 +224,7 @@ impl Embedding {
         match self {
             Embedding::Dense(t) => tensor_bytes(t),
             Embedding::Quantized(q) => q.storage_size_in_bytes(),
+            Embedding::Blocks(b) => b.len(),
         }
     }
 }
@@ -210,6 +245,22 @@ pub enum LayerTensor {
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
     parts: Vec<(Part, LayerTensor)>,
+    /// Where a MoE layer's experts come from when the layer does not hold them itself (the
+    /// offload engine's expert store); `None`: the experts are parts of the layer.
+    routed: Option<Arc<dyn RoutedExperts>>,
+}
+
+/// One MoE expert's `[gate, up, down]` projections (cheap handles: cloning copies no weight).
+pub type ExpertWeights = [Linear; 3];
+
+/// The experts of one MoE layer, handed out after the router ran: the MoE forward asks for the
+/// experts the step's rows were routed to, and the source decides where each one comes from
+/// (resident, copied into a device slot, or computed from its host slab). A layer built with
+/// [`LayerWeights::with_routed`] asks it instead of reading its own expert parts.
+pub trait RoutedExperts: fmt::Debug + Send + Sync {
+    /// The weights of experts `wanted` (ascending expert indices), in that order, for a step
+    /// of `rows` rows.
+    fn experts(&self, wanted: &[usize], rows: usize) -> Result<Vec<ExpertWeights>>;
 }
 
 impl LayerWeights {
@@ -232,7 +283,45 @@ impl LayerWeights {
                 out.push((part, LayerTensor::Vector(vector(i)?)));
             }
         }
-        Ok(Self { parts: out })
+        Ok(Self {
+            parts: out,
+            routed: None,
+        })
+    }
+
+    /// This layer asking `routed` for its experts ([`LayerWeights::routed_experts`]).
+    pub fn with_routed(mut self, routed: Arc<dyn RoutedExperts>) -> Self {
+        self.routed = Some(routed);
+        self
+    }
+
+    /// Removes the expert parts from the layer and returns them, in expert order (the offload
+    /// engine places them one by one).
+    pub fn take_experts(&mut self) -> Vec<ExpertWeights> {
+        let experts = self
+            .experts()
+            .into_iter()
+            .map(|e| e.map(Linear::clone))
+            .collect();
+        self.parts.retain(|(p, _)| !p.is_expert());
+        experts
+    }
+
+    /// The weights of experts `wanted` (ascending), for a step of `rows` rows: from the
+    /// layer's routed source if it has one, else its own expert parts.
+    pub fn routed_experts(&self, wanted: &[usize], rows: usize) -> Result<Vec<ExpertWeights>> {
+        if let Some(routed) = &self.routed {
+            return routed.experts(wanted, rows);
+        }
+        let own = self.experts();
+        wanted
+            .iter()
+            .map(|&e| {
+                own.get(e).map(|x| x.map(Linear::clone)).ok_or_else(|| {
+                    ModelError::MissingTensor(format!("expert {e} of {}", own.len()))
+                })
+            })
+            .collect()
     }
 
     /// The experts' `[gate, up, down]`, in expert order (empty for a dense layer).

@@ -54,6 +54,10 @@ pub struct Accounting {
     copy_nanos: AtomicU64,
     wait_nanos: AtomicU64,
     max_slots_busy: AtomicU64,
+    expert_hits: AtomicU64,
+    expert_misses: AtomicU64,
+    expert_host: AtomicU64,
+    expert_bytes: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -79,6 +83,14 @@ pub struct AccountingSnapshot {
     pub wait_time: Duration,
     /// Most slots holding or receiving a layer at the same time.
     pub max_slots_busy: u64,
+    /// Routed experts of a step found on the device (resident or in the expert cache).
+    pub expert_hits: u64,
+    /// Routed experts copied into an expert slot.
+    pub expert_misses: u64,
+    /// Routed experts computed where they live, on the host.
+    pub expert_host: u64,
+    /// Bytes of the expert copies (also counted in `bytes_copied`).
+    pub expert_bytes: u64,
 }
 
 impl AccountingSnapshot {
@@ -132,6 +144,10 @@ impl Accounting {
             copy_nanos: AtomicU64::new(0),
             wait_nanos: AtomicU64::new(0),
             max_slots_busy: AtomicU64::new(0),
+            expert_hits: AtomicU64::new(0),
+            expert_misses: AtomicU64::new(0),
+            expert_host: AtomicU64::new(0),
+            expert_bytes: AtomicU64::new(0),
         }
     }
 
@@ -167,6 +183,23 @@ impl Accounting {
             .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
     }
 
+    /// Records routed experts found on the device.
+    pub fn record_expert_hits(&self, n: u64) {
+        self.expert_hits.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Records one expert copied into an expert slot (`bytes` in `took`, counted as a copy).
+    pub fn record_expert_miss(&self, bytes: u64, took: Duration) {
+        self.expert_misses.fetch_add(1, Ordering::Relaxed);
+        self.expert_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.record_copy(bytes, took);
+    }
+
+    /// Records routed experts computed on the host.
+    pub fn record_expert_host(&self, n: u64) {
+        self.expert_host.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Records time the forward loop waited for a slot.
     pub fn record_wait(&self, took: Duration) {
         self.wait_nanos
@@ -193,6 +226,10 @@ impl Accounting {
             copy_time: Duration::from_nanos(load(&self.copy_nanos)),
             wait_time: Duration::from_nanos(load(&self.wait_nanos)),
             max_slots_busy: load(&self.max_slots_busy),
+            expert_hits: load(&self.expert_hits),
+            expert_misses: load(&self.expert_misses),
+            expert_host: load(&self.expert_host),
+            expert_bytes: load(&self.expert_bytes),
         }
     }
 

@@ -11,7 +11,7 @@ use candle_core::quantized::QTensor;
 use candle_core::Tensor;
 
 use super::error::OffloadError;
-use super::host::{HostLayer, Part, Result, TensorEntry, TensorKind};
+use super::host::{LayerLayout, Part, Result, TensorEntry, TensorKind};
 use crate::model::weights::{LayerWeights, Linear};
 
 /// A slot's view of the tensors it holds.
@@ -23,7 +23,7 @@ pub trait SlotTensors {
 }
 
 /// The weights of `layer` as the tensors of `slot` (call once the slot holds the layer).
-pub fn layer_weights(layer: &HostLayer, slot: &dyn SlotTensors) -> Result<LayerWeights> {
+pub fn layer_weights(layer: &LayerLayout, slot: &dyn SlotTensors) -> Result<LayerWeights> {
     let entry = |i: usize| &layer.entries[i];
     let linear = |w: usize, bias: Option<usize>| -> Result<Linear> {
         let bias = match bias.map(entry) {

@@ -21,8 +21,9 @@ use super::error::OffloadError;
 pub use super::layout::{align_up, LayerLayout, TensorEntry, TENSOR_ALIGN};
 use super::layout::{SlotKind, SlotLayout};
 use crate::model::checkpoint::Checkpoint;
-use crate::model::loader::Holding;
+use crate::model::loader::holding::stored_as;
 pub use crate::model::loader::TensorKind;
+use crate::model::loader::{quantize, Holding};
 pub use crate::model::tensors::Part;
 use crate::model::tensors::{StoredType, TensorRecord};
 
@@ -47,6 +48,62 @@ impl std::ops::Deref for HostLayer {
 }
 
 impl HostLayer {
+    /// The slab of expert `expert` of layer `layout` on its own ([`LayerLayout::expert`]),
+    /// filled from `checkpoint`: one offloaded MoE expert's gate, up and down.
+    pub fn expert(
+        checkpoint: &Checkpoint,
+        layout: &LayerLayout,
+        expert: usize,
+        memory: &HostMemory,
+    ) -> Result<Self> {
+        let tensors = checkpoint.tensors().layer(layout.index)?;
+        let records: Vec<&TensorRecord> = layout
+            .entries
+            .iter()
+            .zip(&tensors.tensors)
+            .filter(|(e, _)| e.part.is_expert() && e.unit == expert)
+            .map(|(_, (_, r))| r)
+            .collect();
+        Self::write(checkpoint, layout.expert(expert), &records, memory)
+    }
+
+    /// Writes the slab of `layout`, whose entries are `records` in order, front to back (so
+    /// the slab is written once; only alignment gaps are zeroed).
+    fn write(
+        checkpoint: &Checkpoint,
+        layout: LayerLayout,
+        records: &[&TensorRecord],
+        memory: &HostMemory,
+    ) -> Result<Self> {
+        if records.len() != layout.entries.len() {
+            return Err(OffloadError::Weights(format!(
+                "layer {}: {} tensors for {} slab entries",
+                layout.index,
+                records.len(),
+                layout.entries.len()
+            )));
+        }
+        let mut placed: Vec<(usize, &TensorEntry, &TensorRecord)> = layout
+            .entries
+            .iter()
+            .zip(records)
+            .map(|(entry, record)| match entry.kind {
+                TensorKind::Blocks(_) => (entry.offset, entry, *record),
+                TensorKind::Dense(_) => (layout.blocks_len + entry.offset, entry, *record),
+            })
+            .collect();
+        placed.sort_by_key(|(start, _, _)| *start);
+        let len = layout.blocks_len + layout.dense_len;
+        let slab = AlignedBytes::write_once(len, memory, |slab| -> Result<()> {
+            for (start, entry, record) in placed {
+                let bytes = entry_bytes(checkpoint, record, entry)?;
+                slab.put(start, &bytes)?;
+            }
+            Ok(())
+        })?;
+        Ok(HostLayer { layout, slab })
+    }
+
     /// The layer's layout.
     pub fn layout(&self) -> &LayerLayout {
         &self.layout
@@ -94,27 +151,9 @@ impl HostStore {
         for &index in layers {
             let layout = LayerLayout::of(checkpoint, holding, index)?;
             let tensors = checkpoint.tensors().layer(index)?;
-            // Front to back, so the slab is written once (only alignment gaps are zeroed). The
-            // layout's entries are the table's tensors in order (experts once each).
-            let mut placed: Vec<(usize, &TensorEntry, &TensorRecord)> = layout
-                .entries
-                .iter()
-                .zip(&tensors.tensors)
-                .map(|(entry, (_, record))| match entry.kind {
-                    TensorKind::Blocks(_) => (entry.offset, entry, record),
-                    TensorKind::Dense(_) => (layout.blocks_len + entry.offset, entry, record),
-                })
-                .collect();
-            placed.sort_by_key(|(start, _, _)| *start);
-            let len = layout.blocks_len + layout.dense_len;
-            let slab = AlignedBytes::write_once(len, memory, |slab| -> Result<()> {
-                for (start, entry, record) in placed {
-                    let bytes = entry_bytes(checkpoint, record, entry)?;
-                    slab.put(start, &bytes)?;
-                }
-                Ok(())
-            })?;
-            out.push(HostLayer { layout, slab });
+            // The layout's entries are the table's tensors in order (experts once each).
+            let records: Vec<&TensorRecord> = tensors.tensors.iter().map(|(_, r)| r).collect();
+            out.push(HostLayer::write(checkpoint, layout, &records, memory)?);
         }
         Ok(Self {
             layers: out,
@@ -171,6 +210,13 @@ fn entry_bytes<'a>(
         TensorKind::Dense(dtype) if stored_dtype(record) != Some(dtype) => {
             let t = checkpoint.read_dense(record, dtype, &Device::Cpu)?;
             Cow::Owned(tensor_bytes(&t)?)
+        }
+        // Quantized at load (dtype `q8_0`, ...): the blocks the loader would make.
+        TensorKind::Blocks(ty) if !stored_as(record, ty) => {
+            let target = ty.to_candle().ok_or_else(|| {
+                OffloadError::Weights(format!("`{}`: ferry cannot quantize to {ty}", record.name))
+            })?;
+            Cow::Owned(quantize::quantized_bytes(checkpoint, record, target)?)
         }
         _ => Cow::Borrowed(checkpoint.bytes(record)?),
     };

@@ -149,11 +149,71 @@ impl LayerLayout {
     }
 }
 
+/// The experts of a MoE layer: which units of `layer` are experts (each expert's gate, up and
+/// down), in expert order.
+pub fn expert_units(layer: &LayerLayout) -> usize {
+    layer
+        .entries
+        .iter()
+        .filter(|e| e.part.is_expert())
+        .map(|e| e.unit + 1)
+        .max()
+        .unwrap_or(0)
+}
+
+impl LayerLayout {
+    /// The layout of expert `expert` of this layer on its own (its gate, up and down, unit 0,
+    /// each region starting at 0): the host slab of one offloaded expert, and what an expert
+    /// slot must hold to receive it.
+    pub fn expert(&self, expert: usize) -> LayerLayout {
+        let (mut blocks_len, mut dense_len) = (0, 0);
+        let mut entries = Vec::with_capacity(3);
+        for entry in &self.entries {
+            if !entry.part.is_expert() || entry.unit != expert {
+                continue;
+            }
+            let cursor = match entry.kind {
+                TensorKind::Blocks(_) => &mut blocks_len,
+                TensorKind::Dense(_) => &mut dense_len,
+            };
+            entries.push(TensorEntry {
+                unit: 0,
+                offset: *cursor,
+                ..entry.clone()
+            });
+            *cursor = align_up(*cursor + entry.len);
+        }
+        LayerLayout {
+            index: self.index,
+            entries,
+            blocks_len,
+            dense_len,
+        }
+    }
+
+    /// The layout of everything but the experts (attention, norms, router): what stays on
+    /// the device when the experts are placed one by one. Offsets are the layer's.
+    pub fn without_experts(&self) -> LayerLayout {
+        LayerLayout {
+            entries: self
+                .entries
+                .iter()
+                .filter(|e| !e.part.is_expert())
+                .cloned()
+                .collect(),
+            ..self.clone()
+        }
+    }
+}
+
 /// Bytes a device of `slot_kind` holds for one tensor of `len` bytes and `elems` elements held
 /// as `kind`.
 pub fn held_bytes(kind: TensorKind, len: usize, elems: usize, slot_kind: SlotKind) -> u64 {
     match (kind, slot_kind) {
-        (TensorKind::Blocks(dtype), SlotKind::Cuda) => cuda_quantized_bytes(dtype, elems) as u64,
+        (TensorKind::Blocks(ty), SlotKind::Cuda) => match ty.to_candle() {
+            Some(dtype) => cuda_quantized_bytes(dtype, elems) as u64,
+            None => len as u64,
+        },
         _ => len as u64,
     }
 }
@@ -251,7 +311,7 @@ impl SlotLayout {
             SlotKind::Cpu => self.blocks_bytes = self.blocks_bytes.max(layer.blocks_len),
             SlotKind::Cuda => {
                 for entry in &layer.entries {
-                    let TensorKind::Blocks(dtype) = entry.kind else {
+                    let Some(dtype) = candle_blocks(entry) else {
                         continue;
                     };
                     if self.matrix(entry).is_none() {
@@ -271,9 +331,7 @@ impl SlotLayout {
 
     /// The buffer of a CUDA slot that receives `entry`, if it has one.
     pub fn matrix(&self, entry: &TensorEntry) -> Option<&SlotMatrix> {
-        let TensorKind::Blocks(dtype) = entry.kind else {
-            return None;
-        };
+        let dtype = candle_blocks(entry)?;
         self.matrices.iter().find(|m| {
             m.part == entry.part
                 && m.unit == entry.unit
@@ -286,6 +344,15 @@ impl SlotLayout {
     pub fn total_bytes(&self) -> u64 {
         let matrices: usize = self.matrices.iter().map(|m| m.allocated).sum();
         (self.dense_bytes + self.blocks_bytes + matrices) as u64
+    }
+}
+
+/// candle's type of `entry`'s blocks, if it is held as blocks of a type candle has (on CUDA,
+/// every quantized matrix: the others are held dense).
+pub fn candle_blocks(entry: &TensorEntry) -> Option<GgmlDType> {
+    match entry.kind {
+        TensorKind::Blocks(ty) => ty.to_candle(),
+        TensorKind::Dense(_) => None,
     }
 }
 

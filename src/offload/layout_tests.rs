@@ -10,6 +10,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::*;
 use crate::config::OffloadMode;
+use crate::model::header::GgufType;
 use crate::model::loader::{DtypeChoice, LoadOptions};
 use crate::model::source::ModelFiles;
 use crate::offload::buffer::HostMemory;
@@ -182,8 +183,8 @@ fn cuda_slots_hold_the_union_of_a_mixed_type_model() {
     // Layers 1 and 2 are all q4_K, 0 and 3 carry two q6_K matrices: two layer sizes.
     let kinds =
         |l: usize| -> Vec<TensorKind> { sizes.layouts[l].entries.iter().map(|e| e.kind).collect() };
-    assert!(kinds(0).contains(&TensorKind::Blocks(GgmlDType::Q6K)));
-    assert!(!kinds(1).contains(&TensorKind::Blocks(GgmlDType::Q6K)));
+    assert!(kinds(0).contains(&TensorKind::Blocks(GgufType::Q6_K)));
+    assert!(!kinds(1).contains(&TensorKind::Blocks(GgufType::Q6_K)));
     assert!(sizes.layers[0] > sizes.layers[1]);
     assert_eq!(sizes.layers[0], sizes.layers[3]);
 

@@ -11,6 +11,8 @@ use candle_core::Device;
 use super::accounting::Accounting;
 use super::buffer::HostMemory;
 use super::error::OffloadError;
+use super::experts::{ExpertStore, ExpertStoreInput};
+use super::experts_plan::ExpertPlan;
 use super::host::{HostStore, Result};
 use super::layout::SlotKind;
 use super::plan::{Home, Plan};
@@ -20,7 +22,7 @@ use crate::model::checkpoint::Checkpoint;
 use crate::model::decoder::{Model, ModelParts};
 use crate::model::loader::{read_prefix, LoadOptions, LoadProgress, WeightReader};
 use crate::model::spec::ModelSpec;
-use crate::model::weights::LayerWeights;
+use crate::model::weights::{ExpertWeights, LayerWeights};
 use crate::model::ModelError;
 
 /// A model placed by its plan.
@@ -49,6 +51,11 @@ pub fn load_placed(
         .take_while(|l| l.home == Home::Device)
         .count();
     let accounting = Arc::new(Accounting::new(plan));
+    if let Some(experts) = &plan.experts {
+        return load_experts(
+            checkpoint, options, plan, experts, stream, progress, accounting,
+        );
+    }
     let split = |spec: &ModelSpec| check_layers(spec, plan).map(|()| resident_count);
     let read = read_model(checkpoint, options, &split, progress)?;
     accounting.add_weights(read.fixed_bytes);
@@ -58,6 +65,53 @@ pub fn load_placed(
     let spec = read.parts.spec.clone();
     let model = Model::new(read.parts)?;
     let store = build_store(read.resident, read.host, stream, options, accounting)?;
+    Ok(PlacedModel { spec, model, store })
+}
+
+/// Loads a MoE model placed expert by expert: fixed parts and every layer's other parts
+/// resident, experts resident or in host slabs as `experts` says ([`ExpertStore`]). Layers
+/// are read one at a time, so at most one layer's offloaded experts are held beyond the plan.
+fn load_experts(
+    checkpoint: &Checkpoint,
+    options: &LoadOptions,
+    plan: &Plan,
+    experts: &ExpertPlan,
+    stream: StreamConfig,
+    progress: &mut dyn FnMut(LoadProgress),
+    accounting: Arc<Accounting>,
+) -> Result<PlacedModel> {
+    let mut reader = WeightReader::new(checkpoint, options)?.with_progress(progress);
+    check_layers(reader.spec(), plan)?;
+    let (parts, _) = read_prefix(&mut reader, 0)?;
+    let mut layers = Vec::with_capacity(plan.layers.len());
+    let mut loaded = Vec::with_capacity(plan.layers.len());
+    for (i, placed) in experts.layers.iter().enumerate() {
+        let mut layer = reader.layer(i)?;
+        // Offloaded experts are dropped as soon as their layer is read.
+        let own: Vec<Option<ExpertWeights>> = layer
+            .take_experts()
+            .into_iter()
+            .enumerate()
+            .map(|(e, w)| placed.is_resident(e).then_some(w))
+            .collect();
+        layers.push(layer);
+        loaded.push(own);
+    }
+    let holding = reader.holding();
+    let tied = checkpoint.tensors().head.is_none();
+    accounting.add_weights(parts.fixed.size_in_bytes(tied) as u64);
+    let spec = parts.spec.clone();
+    let model = Model::new(parts)?;
+    let store = ExpertStore::new(ExpertStoreInput {
+        checkpoint,
+        holding: &holding,
+        plan: experts,
+        loaded,
+        device: &options.device,
+        link_bandwidth: stream.link_bandwidth,
+        accounting: accounting.clone(),
+    })?;
+    let store = WeightStore::with_experts(layers, store, accounting);
     Ok(PlacedModel { spec, model, store })
 }
 

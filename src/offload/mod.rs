@@ -8,10 +8,15 @@
 //!   without loading any weights; KV-cache and activation workspace estimates.
 //! - [`layout`]: where each tensor of an offloaded layer sits in its host slab (256-byte
 //!   aligned) and what a device slot must hold to receive any streamed layer ([`SlotLayout`]).
+//! - [`experts_plan`]: experts as placement units for mixture-of-experts models (which experts
+//!   stay on the device, the pool of expert slots, the routed-expert bytes per token).
 //! - [`plan`]: the placement planner, a pure function from sizes, budget and mode to a [`Plan`]
 //!   (which layers stay on the device, the slot ring, bytes per tier, PCIe-bound decode estimate).
 //! - [`fit`]: chooses unset `max_context` / `max_batch` so the KV cache fits the budget before any
 //!   layer leaves the device (llama.cpp's `--fit` order), or names them when set ones do not fit.
+//! - [`cost`]: the tier cost model, per offloaded unit (an expert or a dense layer) and step:
+//!   stream its weights to the device or compute it on the host where they live;
+//!   [`calibrate`]: the start-up measurement of its rates (link, host and device compute).
 //! - [`render`]: the human table and the JSON document that `ferry plan` prints; [`units`]: byte
 //!   and bandwidth formatting shared by errors, logs and the renderer.
 //!
@@ -24,6 +29,8 @@
 //! - [`stream`]: [`Streamer`], the slot ring and its tickets, with two copy backends:
 //!   [`stream_thread`] (a copy thread, the CPU device) and [`stream_gpu`] (a CUDA copy stream and
 //!   events; the CUDA primitives themselves live in [`crate::gpu`]).
+//! - [`experts`]: [`ExpertStore`], a MoE model's offloaded experts: host slabs one per expert,
+//!   a pool of expert slots with an LRU cache of hot experts, and the host-compute tier.
 //! - [`store`]: [`WeightStore`], the model's `LayerSource` in every mode.
 //! - [`load`]: loads a model as its plan places it, or parks it whole on the host (mode `model`).
 //! - [`swap`]: [`SwapManager`], whole-model residency across the models of a server (mode `model`);
@@ -36,7 +43,11 @@
 pub mod accounting;
 pub mod assemble;
 pub mod buffer;
+pub mod calibrate;
+pub mod cost;
 pub mod error;
+pub mod experts;
+pub mod experts_plan;
 pub mod fit;
 pub mod host;
 pub mod layout;
@@ -54,10 +65,14 @@ mod stream_gpu;
 mod stream_thread;
 pub mod swap;
 mod swap_copy;
+pub mod tier_report;
 pub mod units;
 
 pub use accounting::{Accounting, AccountingSnapshot, PlannedBytes};
+pub use cost::{CostModel, Tier, UnitWork};
 pub use error::{CacheOverflow, OffloadError, PlanError, Result};
+pub use experts::{ExpertStore, ExpertTier};
+pub use experts_plan::{ExpertInput, ExpertPlan, LayerExperts};
 pub use host::HostStore;
 pub use layout::{LayerLayout, SlotKind, SlotLayout, SlotMatrix};
 pub use load::{load_parked, load_placed, ParkedModel, PlacedModel};

@@ -21,11 +21,17 @@
 //!
 //! Resident layers are always a prefix (layers `0..k`) and streamed ones the suffix, so the first
 //! layers of every forward pass compute while the copy engine fetches the later ones.
+//!
+//! A mixture-of-experts model with [`PlanInput::experts`] set is placed expert by expert instead
+//! ([`super::experts_plan`]) in modes `auto` (when it does not fit whole) and `sequential`: every
+//! layer's other parts stay on the device, the slots are a pool of expert slots, and the plan's
+//! [`Plan::experts`] says which experts live on the host.
 
 use candle_core::DType;
 use serde::Serialize;
 
 use super::error::{PlanError, Result};
+use super::experts_plan::{self, ExpertInput, ExpertPlan};
 use super::layout::{LayerLayout, SlotKind, SlotLayout};
 use super::units::format_bytes;
 use crate::config::{MemoryBudget, OffloadMode};
@@ -171,6 +177,9 @@ pub struct PlanInput {
     pub layer_layouts: Vec<LayerLayout>,
     /// How the compute device holds a slot (sizes slots from `layer_layouts`).
     pub slot_kind: SlotKind,
+    /// A MoE model's routing, to place its experts one by one (with `layer_layouts`, in modes
+    /// `auto` and `sequential`); `None`: whole layers are the placement units.
+    pub experts: Option<ExpertInput>,
 }
 
 impl PlanInput {
@@ -194,6 +203,7 @@ impl PlanInput {
             dtype_alternatives: Vec::new(),
             layer_layouts: Vec::new(),
             slot_kind: SlotKind::Cpu,
+            experts: None,
         }
     }
 
@@ -212,7 +222,7 @@ impl PlanInput {
     }
 
     /// Device bytes that do not depend on placement: fixed parts, KV, workspace and reserve.
-    fn base_bytes(&self) -> u64 {
+    pub(super) fn base_bytes(&self) -> u64 {
         self.fixed_bytes
             .saturating_add(self.kv_bytes())
             .saturating_add(self.workspace_bytes)
@@ -268,6 +278,14 @@ pub struct Plan {
     /// Upper bound on decode tokens/s per sequence when copies are the bottleneck:
     /// `link_bandwidth / streamed_bytes_per_step`; `None` when nothing streams or no bandwidth.
     pub estimated_decode_tokens_per_s: Option<f64>,
+    /// Where each expert of a MoE model lives, when experts are the placement units: every
+    /// layer's other parts are then resident (`layers` all say device), `slots` / `slot_bytes`
+    /// are the expert pool, `host_bytes` the offloaded experts and `streamed_bytes_per_step`
+    /// the routed-expert estimate for one decode token.
+    pub experts: Option<ExpertPlan>,
+    /// Lines `ferry plan` adds below the table (e.g. tensors dequantized at load); the pure
+    /// planner leaves it empty, its caller fills it.
+    pub notes: Vec<String>,
 }
 
 impl Plan {
@@ -443,7 +461,44 @@ impl<'a> Costs<'a> {
             streamed_bytes_per_step: streamed,
             link_bandwidth: input.link_bandwidth,
             estimated_decode_tokens_per_s: estimate,
+            experts: None,
+            notes: Vec::new(),
         }
+    }
+
+    /// The plan with experts as placement units, if the input asks for it and it fits
+    /// ([`experts_plan::place`]).
+    fn experts(&self, spread: bool) -> Option<Plan> {
+        let input = self.input;
+        let routing = input.experts?;
+        if input.layer_layouts.is_empty() {
+            return None;
+        }
+        let available = input.budget_bytes.checked_sub(input.base_bytes())?;
+        let placed = experts_plan::place(
+            &input.layer_layouts,
+            input.slot_kind,
+            routing,
+            available,
+            spread,
+        )?;
+        let mut plan = self.build(self.n());
+        plan.resident_layer_bytes = placed.resident_bytes();
+        plan.slots = placed.pool_slots;
+        plan.slot_bytes = placed.slot.total_bytes();
+        plan.slot_layout = Some(placed.slot.clone());
+        plan.device_bytes = input
+            .base_bytes()
+            .saturating_add(placed.resident_bytes())
+            .saturating_add(placed.pool_bytes());
+        plan.host_bytes = placed.host_bytes();
+        plan.streamed_bytes_per_step = placed.bytes_per_token;
+        plan.estimated_decode_tokens_per_s = match (input.link_bandwidth, placed.bytes_per_token) {
+            (Some(bandwidth), s) if s > 0 => Some(bandwidth as f64 / s as f64),
+            _ => None,
+        };
+        plan.experts = Some(placed);
+        (plan.device_bytes <= input.budget_bytes).then_some(plan)
     }
 }
 
@@ -491,11 +546,21 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
                 }
             })
         }
-        OffloadMode::Auto => match costs.best_split() {
-            Some(k) => Ok(costs.build(k)),
-            None => Err(ring_error("auto", &costs, costs.cheapest_split())),
-        },
+        OffloadMode::Auto => {
+            if !costs.fits(n) {
+                if let Some(plan) = costs.experts(true) {
+                    return Ok(plan);
+                }
+            }
+            match costs.best_split() {
+                Some(k) => Ok(costs.build(k)),
+                None => Err(ring_error("auto", &costs, costs.cheapest_split())),
+            }
+        }
         OffloadMode::Sequential => {
+            if let Some(plan) = costs.experts(false) {
+                return Ok(plan);
+            }
             if costs.fits(0) {
                 Ok(costs.build(0))
             } else {

@@ -13,7 +13,7 @@ use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
 
 use super::assemble::{dense_region_view, layer_weights, SlotTensors};
 use super::error::OffloadError;
-use super::host::{HostLayer, Result, TensorEntry, TensorKind};
+use super::host::{HostLayer, LayerLayout, Result, TensorEntry, TensorKind};
 use super::qview::{BlockArena, SlotBlocks};
 use crate::model::weights::LayerWeights;
 
@@ -61,8 +61,49 @@ impl SlotBuffers {
         Ok((layer.blocks_len + layer.dense_len) as u64)
     }
 
+    /// Copies the regions of `layout` from `src` (a slot of the same dtype that holds it) into
+    /// this slot (two memcpys) and returns the bytes copied: an offloaded expert's host slab
+    /// into an expert slot of the device pool.
+    pub fn copy_from(&self, src: &SlotBuffers, layout: &LayerLayout) -> Result<u64> {
+        let unfit = || {
+            OffloadError::Weights(format!(
+                "layer {}: {} + {} bytes do not fit the slot",
+                layout.index, layout.blocks_len, layout.dense_len
+            ))
+        };
+        if layout.blocks_len > 0 {
+            let from = src.blocks.read();
+            let mut to = self.blocks.write();
+            let src_bytes = from.as_bytes().get(..layout.blocks_len).ok_or_else(unfit)?;
+            let dst = to
+                .as_bytes_mut()
+                .get_mut(..layout.blocks_len)
+                .ok_or_else(unfit)?;
+            dst.copy_from_slice(src_bytes);
+        }
+        if layout.dense_len > 0 {
+            if src.dense_dtype != self.dense_dtype {
+                return Err(unfit());
+            }
+            let (storage, src_layout) = src.dense.storage_and_layout();
+            let candle_core::Storage::Cpu(cpu) = &*storage else {
+                return Err(unfit());
+            };
+            let start = src_layout.start_offset();
+            let bytes: &[u8] = match cpu {
+                CpuStorage::F32(v) => as_bytes(&v[start..]),
+                CpuStorage::F16(v) => as_bytes(&v[start..]),
+                CpuStorage::BF16(v) => as_bytes(&v[start..]),
+                _ => return Err(unfit()),
+            };
+            let src_bytes = bytes.get(..layout.dense_len).ok_or_else(unfit)?;
+            self.dense.inplace_op1(&FillDense { src: src_bytes })?;
+        }
+        Ok((layout.blocks_len + layout.dense_len) as u64)
+    }
+
     /// The weights of `layer` as views into this slot (call after [`SlotBuffers::fill`]).
-    pub fn views(&self, layer: &HostLayer) -> Result<LayerWeights> {
+    pub fn views(&self, layer: &LayerLayout) -> Result<LayerWeights> {
         layer_weights(layer, self)
     }
 }
@@ -73,12 +114,20 @@ impl SlotTensors for SlotBuffers {
     }
 
     fn blocks(&self, entry: &TensorEntry) -> Result<Arc<QTensor>> {
-        let TensorKind::Blocks(dtype) = entry.kind else {
+        let TensorKind::Blocks(ty) = entry.kind else {
             return Err(OffloadError::Weights(format!(
                 "`{}` is not quantized",
                 entry.name
             )));
         };
+        // A slot views its arena through candle's block types; ferry's own types (IQ4_NL,
+        // IQ4_XS, MXFP4) have none, so their layers stay resident.
+        let dtype = ty.to_candle().ok_or_else(|| {
+            OffloadError::Weights(format!(
+                "`{}`: {ty} layers cannot be streamed through a CPU slot yet",
+                entry.name
+            ))
+        })?;
         let view = SlotBlocks::new(self.blocks.clone(), entry.offset, entry.len, dtype)?;
         Ok(Arc::new(QTensor::new(
             QStorage::Cpu(Box::new(view)),
@@ -111,6 +160,11 @@ impl InplaceOp1 for FillDense<'_> {
         dst.copy_from_slice(self.src);
         Ok(())
     }
+}
+
+fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: floats have no padding; viewing their memory as bytes is always valid.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
 fn as_bytes_mut<T: Copy>(v: &mut [T]) -> &mut [u8] {

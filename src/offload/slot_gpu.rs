@@ -171,9 +171,7 @@ impl SlotTensors for GpuSlot {
 }
 
 fn find<'a>(matrices: &'a [MatrixBuffer], entry: &TensorEntry) -> Option<&'a MatrixBuffer> {
-    let TensorKind::Blocks(dtype) = entry.kind else {
-        return None;
-    };
+    let dtype = super::layout::candle_blocks(entry)?;
     matrices.iter().find(|m| {
         m.layout.part == entry.part
             && m.layout.unit == entry.unit

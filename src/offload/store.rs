@@ -18,6 +18,7 @@ use candle_core::Device;
 
 use super::accounting::Accounting;
 use super::error::OffloadError;
+use super::experts::ExpertStore;
 use super::host::{HostStore, Result};
 use super::stream::{StreamConfig, Streamer};
 use crate::model::decoder::LayerSource;
@@ -29,6 +30,8 @@ use crate::model::weights::LayerWeights;
 pub struct WeightStore {
     resident: Vec<LayerWeights>,
     streamer: Option<Streamer>,
+    /// A MoE model placed expert by expert: its offloaded experts, pool and host tier.
+    experts: Option<Arc<ExpertStore>>,
     n_layers: usize,
     accounting: Arc<Accounting>,
 }
@@ -43,8 +46,26 @@ impl WeightStore {
             n_layers: layers.len(),
             resident: layers,
             streamer: None,
+            experts: None,
             accounting,
         }
+    }
+
+    /// Every layer's other parts resident (`layers`, without their experts), the experts
+    /// handed out by `experts` (resident, pooled or computed on the host).
+    pub fn with_experts(
+        layers: Vec<LayerWeights>,
+        experts: ExpertStore,
+        accounting: Arc<Accounting>,
+    ) -> Self {
+        let mut store = Self::resident(layers, accounting);
+        store.experts = Some(Arc::new(experts));
+        store
+    }
+
+    /// The expert store of a MoE model placed expert by expert.
+    pub fn experts(&self) -> Option<&Arc<ExpertStore>> {
+        self.experts.as_ref()
     }
 
     /// Layers `0..resident.len()` resident, the layers of `host` (which must be the rest, in
@@ -72,6 +93,7 @@ impl WeightStore {
             n_layers: first + streamed.len(),
             resident,
             streamer: Some(streamer),
+            experts: None,
             accounting,
         })
     }
@@ -107,7 +129,12 @@ impl WeightStore {
 
     fn get(&mut self, index: usize) -> Result<LayerWeights> {
         if let Some(w) = self.resident.get(index) {
-            return Ok(w.clone());
+            return Ok(match &self.experts {
+                Some(experts) if experts.has_layer(index) => {
+                    w.clone().with_routed(experts.layer(index))
+                }
+                _ => w.clone(),
+            });
         }
         match self.streamer.as_mut() {
             Some(s) if s.streams(index) => s.acquire(index),
@@ -126,6 +153,9 @@ impl LayerSource for WeightStore {
     }
 
     fn release(&mut self, index: usize) -> crate::model::Result<()> {
+        if let Some(experts) = &self.experts {
+            experts.release(index);
+        }
         if index >= self.resident.len() {
             if let Some(streamer) = self.streamer.as_mut() {
                 streamer.release(index)?;

@@ -9,6 +9,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use crate::engine::tool_calls::ToolSupport;
 use crate::engine::traits::{LanguageModel, TextCodec};
 use crate::engine::{ChatMessage, EngineError, EngineResult, GrammarCompiler};
 use crate::model::decoder::{Model, ResidentLayers, SeqInput};
@@ -282,6 +283,28 @@ impl TextCodec for TokenizerCodec {
         self.tokenizer
             .encode_chat(messages, add_generation_prompt, parse_special_in_content)
             .map_err(template_error)
+    }
+
+    fn encode_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        parse_special_in_content: bool,
+    ) -> EngineResult<Vec<u32>> {
+        let tools = (!tools.is_empty()).then_some(tools);
+        self.tokenizer
+            .encode_chat_with_tools(
+                messages,
+                tools,
+                add_generation_prompt,
+                parse_special_in_content,
+            )
+            .map_err(template_error)
+    }
+
+    fn tool_support(&self) -> ToolSupport {
+        ToolSupport::from_template(self.tokenizer.chat_template_source())
     }
 
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> EngineResult<String> {

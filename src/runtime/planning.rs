@@ -4,15 +4,20 @@
 //! lowered). Loading plans the same way from the checkpoint it then loads ([`plan_checkpoint`]),
 //! so the plan `ferry plan` prints is the one `ferry serve` follows.
 
+use std::collections::BTreeMap;
+
 use candle_core::Device;
 
 use super::RuntimeError;
 use crate::config::{DeviceConfig, DtypeChoice, ModelConfig};
 use crate::model::checkpoint::Checkpoint;
+use crate::model::header::GgufType;
 use crate::model::kv_cache::kv_dtype_for;
 use crate::model::loader::{Holding, LoadOptions};
 use crate::model::source::{self, HubOptions, ModelSource};
+use crate::model::tensors::StoredType;
 use crate::model::ModelError;
+use crate::offload::experts_plan::ExpertInput;
 use crate::offload::fit::{fit, CacheRequest};
 use crate::offload::layout::SlotKind;
 use crate::offload::plan::{
@@ -22,6 +27,7 @@ use crate::offload::plan::{
 use crate::offload::sizing::{
     kv_bytes_per_token_per_layer, workspace_bytes, ModelSizes, WorkspaceInput,
 };
+use crate::offload::units::format_bytes;
 
 /// The placement plan of `model` on `device`, whose free memory is `free_bytes`: resolves the
 /// source, opens the checkpoint and plans it ([`plan_checkpoint`]).
@@ -108,6 +114,15 @@ pub fn plan_checkpoint(
         input.link_bandwidth = Some(link_bandwidth);
         input.layer_layouts = sizes.layouts.clone();
         input.slot_kind = slot_kind;
+        // A mixture of experts is placed expert by expert (issue 13); the expert pool runs
+        // on the CPU device so far, so CUDA keeps streaming whole layers.
+        input.experts = spec
+            .moe
+            .filter(|_| slot_kind == SlotKind::Cpu)
+            .map(|moe| ExpertInput {
+                n_used: moe.n_used,
+                pool_slots: None,
+            });
         input
     };
     let request = CacheRequest {
@@ -120,7 +135,8 @@ pub fn plan_checkpoint(
             Origin::Set
         },
     };
-    let fitted = fit(&request, &input_for)?;
+    let mut fitted = fit(&request, &input_for)?;
+    fitted.plan.notes = dequantized_notes(checkpoint, &holding);
     if let Some(reason) = &fitted.reason {
         tracing::info!(
             model = %model.name,
@@ -132,6 +148,38 @@ pub fn plan_checkpoint(
         );
     }
     Ok(fitted.plan)
+}
+
+/// One line per GGUF block type of `checkpoint` that the device has no kernels for (on CUDA:
+/// IQ4_NL, IQ4_XS, MXFP4) while `holding` would keep blocks: those tensors are dequantized at
+/// load, and the plan counts their dense bytes.
+pub fn dequantized_notes(checkpoint: &Checkpoint, holding: &Holding) -> Vec<String> {
+    let mut by_type: BTreeMap<GgufType, (usize, u64, u64)> = BTreeMap::new();
+    let dense_size = holding.compute().size_in_bytes() as u64;
+    for record in checkpoint.tensors().records() {
+        let StoredType::Gguf(ty) = record.stored else {
+            continue;
+        };
+        if !ty.is_block() || holding.dense().is_some() || holding.has_kernels(ty) {
+            continue;
+        }
+        let entry = by_type.entry(ty).or_default();
+        entry.0 += 1;
+        entry.1 += record.stored_bytes() as u64;
+        entry.2 += record.elem_count() as u64 * dense_size;
+    }
+    by_type
+        .into_iter()
+        .map(|(ty, (count, stored, dense))| {
+            format!(
+                "{count} {ty} tensors ({} in the file) have no kernels on this device: \
+                 dequantized to {} at load, {} (counted above)",
+                format_bytes(stored),
+                holding.compute().as_str(),
+                format_bytes(dense)
+            )
+        })
+        .collect()
 }
 
 /// Free memory of the CPU "device": `MemAvailable` from /proc/meminfo.

@@ -48,6 +48,8 @@ pub struct Throughput {
 struct Published {
     bytes_copied: u64,
     wait: Duration,
+    /// MoE experts: hits, misses, host-computed, bytes copied.
+    experts: [u64; 4],
     swaps: u64,
 }
 
@@ -152,6 +154,7 @@ impl Telemetry {
         let mut sources = self.lock();
         let (mut weights, mut slots, mut kv, mut workspace, mut budget) = (0, 0, 0, 0, 0);
         let (mut copied, mut wait) = (0, Duration::ZERO);
+        let mut experts = [0u64; 4];
         for (_, accounting) in &sources.models {
             let snapshot = accounting.snapshot();
             weights += snapshot.weights;
@@ -161,6 +164,13 @@ impl Telemetry {
             budget += snapshot.planned.total;
             copied += snapshot.bytes_copied;
             wait += snapshot.wait_time;
+            let e = [
+                snapshot.expert_hits,
+                snapshot.expert_misses,
+                snapshot.expert_host,
+                snapshot.expert_bytes,
+            ];
+            experts.iter_mut().zip(e).for_each(|(t, n)| *t += n);
         }
         self.metrics.set_device_memory(MemoryKind::Weights, weights);
         self.metrics.set_device_memory(MemoryKind::Slots, slots);
@@ -175,6 +185,16 @@ impl Telemetry {
             .add_offload_wait(wait.saturating_sub(published.wait));
         published.bytes_copied = published.bytes_copied.max(copied);
         published.wait = published.wait.max(wait);
+        let new: Vec<u64> = experts
+            .iter()
+            .zip(&published.experts)
+            .map(|(now, then)| now.saturating_sub(*then))
+            .collect();
+        self.metrics
+            .add_offload_experts(new[0], new[1], new[2], new[3]);
+        for (then, now) in published.experts.iter_mut().zip(experts) {
+            *then = (*then).max(now);
+        }
 
         match &self.swap {
             Some(swap) => {
@@ -256,6 +276,38 @@ mod tests {
         );
         let waited = metric_value(&text, "ferry_offload_wait_seconds_total");
         assert!((waited - 0.005).abs() < 1e-9, "{waited}");
+    }
+
+    #[test]
+    fn expert_hits_misses_and_host_computes_reach_the_metrics() {
+        let accounting = Arc::new(Accounting::new(&sequential_plan()));
+        let metrics = Metrics::new();
+        let telemetry = Telemetry::new(metrics.clone(), None);
+        telemetry.add_model("m", Arc::clone(&accounting));
+        accounting.record_expert_hits(3);
+        accounting.record_expert_miss(40, Duration::from_millis(1));
+        telemetry.publish();
+        accounting.record_expert_miss(40, Duration::from_millis(1));
+        accounting.record_expert_host(5);
+        telemetry.publish();
+        telemetry.publish();
+        let text = metrics.render();
+        let experts = |kind: &str| {
+            metric_value(
+                &text,
+                &format!("ferry_offload_experts_total{{kind=\"{kind}\"}}"),
+            )
+        };
+        assert_eq!(
+            (experts("hit"), experts("miss"), experts("host")),
+            (3.0, 2.0, 5.0)
+        );
+        let bytes = metric_value(&text, "ferry_offload_expert_bytes_copied_total");
+        assert_eq!(bytes, 80.0);
+        assert_eq!(
+            metric_value(&text, "ferry_offload_bytes_copied_total"),
+            80.0
+        );
     }
 
     fn sequential_plan() -> crate::offload::Plan {

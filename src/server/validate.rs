@@ -3,7 +3,10 @@
 //! failed), runs the [`admission`](super::admission) checks before any work (the prompt's length
 //! in characters, the engine's capacity), tokenises the prompt on the bounded tokeniser pool,
 //! and checks that prompt + `max_tokens` fit the model's context (400
-//! `context_length_exceeded`) before any response starts.
+//! `context_length_exceeded`) before any response starts. For chat with `tools`: every tool's
+//! `parameters` schema must compile (400 naming it), the tools reach the template (or are
+//! folded into the messages when the template does not render them), and `tool_choice:
+//! required` or a named function compiles the grammar that enforces the call.
 
 use std::sync::Arc;
 
@@ -13,8 +16,10 @@ use super::openai::chat::ChatRequest;
 use super::openai::common::SamplingWire;
 use super::openai::completions::{CompletionRequest, PromptWire};
 use super::{AppState, ServerOptions};
+use crate::engine::tool_calls::{constrain, prompt, ToolCallFormat, ToolChoice, ToolSpec};
 use crate::engine::{
-    Backend, EngineError, GenerationParams, GenerationRequest, ModelStatus, SamplingParams,
+    Backend, EngineError, GenerationParams, GenerationRequest, GrammarSpec, ModelStatus,
+    SamplingParams,
 };
 
 /// Most top alternatives a request may ask for per token.
@@ -41,6 +46,16 @@ pub struct ValidRequest {
     n: usize,
     stream: bool,
     include_usage: bool,
+    tool_calls: Option<ToolParsing>,
+}
+
+/// How a chat reply's tool calls are read: the model's format and the offered tools.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolParsing {
+    /// The markup the model writes calls in.
+    pub format: ToolCallFormat,
+    /// The tools offered (Qwen3-Coder's parser reads parameter types from them).
+    pub tools: Arc<[ToolSpec]>,
 }
 
 impl ValidRequest {
@@ -77,6 +92,11 @@ impl ValidRequest {
     /// Whether a stream ends with a usage chunk.
     pub fn include_usage(&self) -> bool {
         self.include_usage
+    }
+
+    /// How to read tool calls from the reply; `None` when no tools are offered.
+    pub fn tool_calls(&self) -> Option<&ToolParsing> {
+        self.tool_calls.as_ref()
     }
 
     /// The request for the engine.
@@ -137,6 +157,7 @@ pub async fn completion(
         n,
         stream: req.sampling.stream,
         include_usage: req.sampling.include_usage,
+        tool_calls: None,
     })
 }
 
@@ -160,21 +181,52 @@ pub async fn chat(state: &AppState, req: ChatRequest) -> Result<ValidRequest, Ap
     let logprobs = req.logprobs.then(|| top.unwrap_or(0));
     let model = resolve_model(&state.backend, options, &req.model)?;
     let max_context = state.backend.max_context(&model)?;
-    let chars = req.messages.iter().map(|m| m.content.chars().count()).sum();
+    let tool_chars: usize = req
+        .tools
+        .tools
+        .iter()
+        .map(|t| t.to_template_value().to_string().chars().count())
+        .sum();
+    let chars = tool_chars
+        + req
+            .messages
+            .iter()
+            .map(|m| m.content.chars().count())
+            .sum::<usize>();
     check_prompt_chars(chars, max_context, "messages")?;
     state.backend.check_capacity(&model)?;
-    let (b, m, messages) = (Arc::clone(&state.backend), model.clone(), req.messages);
+    let tools = Tools::choose(&state.backend, &model, &req)?;
+    let tool_calls = tools.parsing();
+    let (b, m, mut messages) = (Arc::clone(&state.backend), model.clone(), req.messages);
     let parse_special = options.parse_special_in_content;
     let format = req.response_format;
-    // The grammar compiles here, on the tokeniser pool, so a bad schema is a 400 before the
+    // Grammars compile here, on the tokeniser pool, so a bad schema is a 400 before the
     // request is queued (the first one also builds the model's token trie).
     let (prompt, grammar) = state
         .admission
         .tokenize(move || {
-            let grammar = format
-                .map(|spec| b.compile_grammar(&m, &spec))
-                .transpose()?;
-            Ok((b.encode_chat(&m, &messages, true, parse_special)?, grammar))
+            tools.check_schemas(b.as_ref(), &m)?;
+            let grammar = match tools.grammar() {
+                Some(spec) => Some(
+                    b.compile_grammar(&m, &spec)
+                        .map_err(|e| reparam(e, "tools".into()))?,
+                ),
+                None => format
+                    .map(|spec| b.compile_grammar(&m, &spec))
+                    .transpose()?,
+            };
+            let prompt = if tools.renders {
+                let offered: Vec<serde_json::Value> = tools
+                    .offered
+                    .iter()
+                    .map(ToolSpec::to_template_value)
+                    .collect();
+                b.encode_chat_with_tools(&m, &messages, &offered, true, parse_special)?
+            } else {
+                prompt::fold_into_messages(&mut messages, &tools.offered, tools.format);
+                b.encode_chat(&m, &messages, true, parse_special)?
+            };
+            Ok((prompt, grammar))
         })
         .await?;
     let max_tokens = fit(
@@ -195,7 +247,108 @@ pub async fn chat(state: &AppState, req: ChatRequest) -> Result<ValidRequest, Ap
         n,
         stream: req.sampling.stream,
         include_usage: req.sampling.include_usage,
+        tool_calls,
     })
+}
+
+/// A chat request's tools as this model will see them.
+struct Tools {
+    /// Every tool the request lists (their schemas are checked even when not offered).
+    all: Vec<ToolSpec>,
+    /// The tools shown to the model (none for `tool_choice: none`).
+    offered: Vec<ToolSpec>,
+    choice: ToolChoice,
+    parallel: bool,
+    format: ToolCallFormat,
+    /// The template renders `tools` itself.
+    renders: bool,
+}
+
+impl Tools {
+    fn choose(
+        backend: &Arc<dyn Backend>,
+        model: &str,
+        req: &ChatRequest,
+    ) -> Result<Self, ApiError> {
+        let wire = &req.tools;
+        let choice = wire.choice.clone().unwrap_or(if wire.tools.is_empty() {
+            ToolChoice::None
+        } else {
+            ToolChoice::Auto
+        });
+        let forced = matches!(choice, ToolChoice::Required | ToolChoice::Named(_));
+        if forced && req.response_format.is_some() {
+            return Err(ApiError::invalid_value(
+                "tool_choice",
+                "`tool_choice` `required` or a named function cannot be combined with                  `response_format`.",
+            ));
+        }
+        let support = backend.tool_support(model)?;
+        let offered = if choice == ToolChoice::None {
+            Vec::new()
+        } else {
+            wire.tools.clone()
+        };
+        Ok(Self {
+            all: wire.tools.clone(),
+            offered,
+            choice,
+            parallel: wire.parallel,
+            format: support.format,
+            renders: support.template_renders_tools,
+        })
+    }
+
+    /// How the reply is read, when tools are offered.
+    fn parsing(&self) -> Option<ToolParsing> {
+        (!self.offered.is_empty()).then(|| ToolParsing {
+            format: self.format,
+            tools: self.offered.clone().into(),
+        })
+    }
+
+    /// Each tool's `parameters` must be a schema the grammar engine compiles.
+    fn check_schemas(&self, backend: &dyn Backend, model: &str) -> Result<(), EngineError> {
+        for (i, tool) in self.all.iter().enumerate() {
+            if tool.parameters.as_object().is_some_and(|p| p.is_empty()) {
+                continue;
+            }
+            backend
+                .compile_grammar(model, &GrammarSpec::JsonSchema(tool.parameters.clone()))
+                .map_err(|e| reparam(e, format!("tools[{i}].function.parameters")))?;
+        }
+        Ok(())
+    }
+
+    /// The grammar that enforces `required` or a named function.
+    fn grammar(&self) -> Option<GrammarSpec> {
+        let tools: Vec<ToolSpec> = match &self.choice {
+            ToolChoice::Required => self.offered.clone(),
+            ToolChoice::Named(name) => self
+                .offered
+                .iter()
+                .filter(|t| &t.name == name)
+                .cloned()
+                .collect(),
+            ToolChoice::None | ToolChoice::Auto => return None,
+        };
+        Some(GrammarSpec::Lark(constrain::lark(
+            self.format,
+            &tools,
+            self.parallel,
+        )))
+    }
+}
+
+/// An invalid-request error from the engine, blamed on `param` (its message says why).
+fn reparam(err: EngineError, param: String) -> EngineError {
+    match err {
+        EngineError::InvalidRequest { message, .. } => EngineError::InvalidRequest {
+            message: format!("Invalid `{param}`: {message}"),
+            param: Some(param),
+        },
+        other => other,
+    }
 }
 
 /// Maps a client's model name (or alias) to a ready backend model id: unknown is 404

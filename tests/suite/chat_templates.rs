@@ -49,6 +49,7 @@ fn real_templates_render_like_transformers() {
             eos_token: text("eos_token").unwrap_or(""),
             unk_token: text("unk_token"),
             pad_token: text("pad_token"),
+            tools: None,
         });
         let ok = match (&got, case.get("rendered"), case.get("error")) {
             (Ok(out), Some(want), _) => out == want.as_str().unwrap(),
@@ -83,6 +84,7 @@ fn strftime_now_reads_the_clock() {
         eos_token: "",
         unk_token: None,
         pad_token: None,
+        tools: None,
     };
     assert_eq!(
         template.render(&ctx).unwrap(),

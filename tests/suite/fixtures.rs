@@ -37,7 +37,7 @@ pub fn messages(case: &Value) -> Vec<ChatMessage> {
         .map(|m| ChatMessage {
             role: m["role"].as_str().unwrap().into(),
             content: m["content"].as_str().unwrap().into(),
-            name: None,
+            ..Default::default()
         })
         .collect()
 }

@@ -179,12 +179,12 @@ async fn chat_response_has_every_field() {
         ChatMessage {
             role: "system".into(),
             content: "Be brief".into(),
-            name: None,
+            ..Default::default()
         },
         ChatMessage {
             role: "user".into(),
             content: "Hi".into(),
-            name: None,
+            ..Default::default()
         },
     ];
     let prompt = bytes_prompt(&render(&messages), false);

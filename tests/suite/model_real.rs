@@ -199,7 +199,7 @@ fn chat_prompt_greedy_generation_matches_candle() {
             &[ChatMessage {
                 role: "user".into(),
                 content: "What is the capital of France?".into(),
-                name: None,
+                ..Default::default()
             }],
             true,
         )
@@ -224,10 +224,11 @@ fn chat_prompt_greedy_generation_matches_candle() {
 /// and each agrees with candle's `QMatMul` on the same raw blocks, for decode and prefill rows.
 #[test]
 fn cpu_projections_use_ferry_kernels_and_match_candle() {
-    use candle_core::quantized::{GgmlDType, QMatMul};
+    use candle_core::quantized::QMatMul;
     use candle_core::Module;
     use ferry::model::cpu_qmatmul::Kernel;
     use ferry::model::decoder::LayerSource;
+    use ferry::model::header::GgufType;
     use ferry::model::tensors::Part;
     use ferry::model::weights::Linear;
 
@@ -251,12 +252,15 @@ fn cpu_projections_use_ferry_kernels_and_match_candle() {
             panic!("{name}: expected ferry's CPU kernel, got {linear:?}");
         };
         let expected = if name == "head" {
-            GgmlDType::Q8_0
+            GgufType::Q8_0
         } else {
-            GgmlDType::Q4_1
+            GgufType::Q4_1
         };
-        assert_eq!(weight.weight().dtype(), expected, "{name}");
-        let candle = QMatMul::from_arc(weight.weight().clone()).unwrap();
+        assert_eq!(weight.weight().ty(), expected, "{name}");
+        // Loaded in place: the weight is a view of the mapped file.
+        assert!(weight.weight().is_mapped(), "{name}");
+        let copy = weight.weight().to_qtensor(&Device::Cpu).unwrap();
+        let candle = QMatMul::from_arc(std::sync::Arc::new(copy)).unwrap();
         for rows in [1, 7] {
             let x = Tensor::randn(0f32, 1.0, (rows, weight.in_features()), &Device::Cpu).unwrap();
             let want: Vec<f32> = candle

@@ -291,18 +291,26 @@ fn plan_and_loader_refuse_the_same_files() {
     let tiny = Tiny::llama();
     let weights = tiny.random_weights(false, false);
 
-    // IQ4_NL has Q4_0's block layout (32 elements in 18 bytes) but no kernel in candle 0.11.1.
+    // IQ4_NL has Q4_0's block layout (32 elements in 18 bytes) and no kernel in candle 0.11.1;
+    // ferry's own kernels and dequantizer take it, kept as blocks or made dense.
     let iq4 = dir.path().join("iq4_nl.gguf");
     tiny.write_gguf(&iq4, "llama", &weights, GgmlDType::Q4_0, true);
     retype_tensor(&iq4, "blk.1.ffn_down.weight", 20);
     let files = ModelFiles::Gguf { path: iq4 };
-    let refused = agree("iq4_nl", &files, DtypeChoice::Auto, true).expect("refused");
+    assert_eq!(agree("iq4_nl", &files, DtypeChoice::Auto, true), None);
+    assert_eq!(agree("iq4_nl f32", &files, DtypeChoice::F32, true), None);
+    // IQ2_XXS (256 elements in 66 bytes) has no kernel or decoder in ferry or candle: refused
+    // by both, kept quantized or made dense.
+    let iq2 = dir.path().join("iq2_xxs.gguf");
+    tiny.write_gguf(&iq2, "llama", &weights, GgmlDType::Q4_0, true);
+    retype_tensor(&iq2, "blk.1.ffn_down.weight", 16);
+    let files = ModelFiles::Gguf { path: iq2 };
+    let refused = agree("iq2_xxs", &files, DtypeChoice::Auto, true).expect("refused");
     assert!(
-        refused.contains("`blk.1.ffn_down.weight` is stored as IQ4_NL"),
+        refused.contains("`blk.1.ffn_down.weight` is stored as IQ2_XXS"),
         "{refused}"
     );
-    // Dequantizing it to a dense dtype needs candle's dequantizer, which it lacks too.
-    assert!(agree("iq4_nl f32", &files, DtypeChoice::F32, true).is_some());
+    assert!(agree("iq2_xxs f32", &files, DtypeChoice::F32, true).is_some());
 
     let phi = dir.path().join("phi.gguf");
     tiny.write_gguf(&phi, "phi2", &weights, GgmlDType::F32, false);

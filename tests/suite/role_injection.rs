@@ -29,7 +29,7 @@ fn user(content: &str) -> Vec<ChatMessage> {
     vec![ChatMessage {
         role: "user".into(),
         content: content.into(),
-        name: None,
+        ..Default::default()
     }]
 }
 

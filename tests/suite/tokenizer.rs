@@ -157,7 +157,7 @@ fn raise_exception_in_template_is_a_template_error() {
     let msgs = [ChatMessage {
         role: "system".into(),
         content: "x".into(),
-        name: None,
+        ..Default::default()
     }];
     match tok.apply_chat_template(&msgs, true) {
         Err(ModelError::Template(msg)) => assert_eq!(
@@ -245,7 +245,7 @@ fn hf_files_config_bos_eos_and_template_list() {
     let msgs = [ChatMessage {
         role: "user".into(),
         content: "ab".into(),
-        name: None,
+        ..Default::default()
     }];
     assert_eq!(
         tok.apply_chat_template(&msgs, false).unwrap(),

@@ -6,8 +6,14 @@
 //! scale is `max|x| / 127` rounded to f16, values are `round(x / scale)` with the unrounded
 //! scale, and the block sum is stored as `f16(f16(sum) * scale)`. Doing the same keeps this
 //! path's results within float summation order of candle's `QMatMul`.
+//!
+//! The k-quant formats read 256-element blocks instead ([`super::kquants::activation`]);
+//! [`Activations`] holds one input quantized once for each [`ActKind`] its weights need.
 
 use half::f16;
+use rayon::prelude::*;
+
+use super::kquants::activation::{quantize_row_k, Q8KBlock, QK_K};
 
 /// Elements per block, for activations and for every supported weight format.
 pub const BLOCK: usize = 32;
@@ -54,6 +60,96 @@ pub fn quantize_row(x: &[f32], out: &mut [Q8Block]) {
         block.s = (f16::from_f32(sum as f32) * d16).to_f32();
         block.isum = sum;
     }
+}
+
+/// Which quantized activations a weight format's kernel reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActKind {
+    /// 32-element [`Q8Block`]s (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
+    Q8,
+    /// 256-element [`Q8KBlock`]s (the k-quants).
+    Q8K,
+}
+
+/// One matmul input of `m` rows, quantized once for each kind some weight needs (the others
+/// stay empty).
+#[derive(Debug, Default)]
+pub struct Activations {
+    q8: Vec<Q8Block>,
+    q8k: Vec<Q8KBlock>,
+    /// Blocks per row of each kind.
+    per_row: (usize, usize),
+}
+
+/// Input row `i` of an [`Activations`], in every kind it was quantized to.
+#[derive(Debug, Clone, Copy)]
+pub struct ActRow<'a> {
+    /// The 32-element blocks (empty unless [`ActKind::Q8`] was asked for).
+    pub q8: &'a [Q8Block],
+    /// The 256-element blocks (empty unless [`ActKind::Q8K`] was asked for).
+    pub q8k: &'a [Q8KBlock],
+}
+
+impl Activations {
+    /// Quantizes the rows of `x` (each `k` wide; `k` a multiple of 32, and of 256 if
+    /// [`ActKind::Q8K`] is among `kinds`) for each of `kinds`, over rayon's pool when `parallel`.
+    pub fn quantize(
+        x: &[f32],
+        k: usize,
+        kinds: impl IntoIterator<Item = ActKind>,
+        parallel: bool,
+    ) -> Self {
+        let mut out = Activations::default();
+        for kind in kinds {
+            match kind {
+                ActKind::Q8 if out.per_row.0 == 0 => {
+                    out.per_row.0 = k / BLOCK;
+                    out.q8 = quantized(x, k, BLOCK, Q8Block::ZERO, parallel, quantize_row);
+                }
+                ActKind::Q8K if out.per_row.1 == 0 => {
+                    out.per_row.1 = k / QK_K;
+                    out.q8k = quantized(x, k, QK_K, Q8KBlock::ZERO, parallel, quantize_row_k);
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Input row `i`.
+    pub fn row(&self, i: usize) -> ActRow<'_> {
+        let (a, b) = self.per_row;
+        ActRow {
+            q8: self.q8.get(i * a..(i + 1) * a).unwrap_or(&[]),
+            q8k: self.q8k.get(i * b..(i + 1) * b).unwrap_or(&[]),
+        }
+    }
+}
+
+/// Every row of `x` (each `k` wide) quantized by `row` into blocks of `block` elements.
+fn quantized<B: Copy + Send + Sync>(
+    x: &[f32],
+    k: usize,
+    block: usize,
+    zero: B,
+    parallel: bool,
+    row: fn(&[f32], &mut [B]),
+) -> Vec<B> {
+    let per_row = k / block;
+    let mut out = vec![zero; x.len() / block];
+    if per_row == 0 {
+        return out;
+    }
+    if parallel {
+        out.par_chunks_mut(per_row)
+            .zip(x.par_chunks(k))
+            .for_each(|(a, x)| row(x, a));
+    } else {
+        for (a, x) in out.chunks_mut(per_row).zip(x.chunks(k)) {
+            row(x, a);
+        }
+    }
+    out
 }
 
 #[cfg(test)]

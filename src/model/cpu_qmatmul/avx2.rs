@@ -51,12 +51,12 @@ impl Avx2 {
 /// are read once per token from far outside the caches, and on the machines measured the
 /// hardware prefetcher alone left the kernels waiting on memory; 2 KiB ahead (tried 512 B to
 /// 4 KiB) cut the single-thread decode time by about a third.
-const PREFETCH_AHEAD: usize = 2048;
+pub(super) const PREFETCH_AHEAD: usize = 2048;
 
 /// Horizontal sum of eight f32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum(v: __m256) -> f32 {
+pub(super) fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
@@ -69,7 +69,7 @@ fn hsum(v: __m256) -> f32 {
 /// `p..p + 16` must be readable.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles(p: *const u8) -> __m256i {
+pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
     let mask = _mm_set1_epi8(0x0F);
     let q = _mm_loadu_si128(p.cast());
     let lo = _mm_and_si128(q, mask);
@@ -80,7 +80,7 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
 /// Sums of `u8 * i8` products, eight i32 lanes as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_u8_i8(w: __m256i, y: __m256i) -> __m256 {
+pub(super) fn dot_u8_i8(w: __m256i, y: __m256i) -> __m256 {
     let pairs = _mm256_maddubs_epi16(w, y);
     _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
 }
@@ -88,7 +88,7 @@ fn dot_u8_i8(w: __m256i, y: __m256i) -> __m256 {
 /// The activation block's int8 values.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn load_act(a: &Q8Block) -> __m256i {
+pub(super) fn load_act(a: &Q8Block) -> __m256i {
     // SAFETY: `qs` is 32 bytes.
     unsafe { _mm256_loadu_si256(a.qs.as_ptr().cast()) }
 }
@@ -99,7 +99,7 @@ fn load_act(a: &Q8Block) -> __m256i {
 /// `p..p + 2` must be readable.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_at(p: *const u8) -> f32 {
+pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
     let bits = i32::from(p.cast::<u16>().read_unaligned());
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
 }
@@ -187,4 +187,28 @@ unsafe fn q8_0_block(p: *const u8, a: &Q8Block, acc: __m256) -> __m256 {
     // |w| * (y * sign(w)) == w * y, with the unsigned operand first as vpmaddubsw needs.
     let prod = dot_u8_i8(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(yv, wv));
     _mm256_fmadd_ps(_mm256_set1_ps(f16_at(p) * a.d), prod, acc)
+}
+
+/// The 32 signed bytes `table[nibble_j]` for the 16 packed index bytes at `p` (low halves
+/// first): the weights of an IQ4_NL / IQ4_XS / MXFP4 block, looked up with `vpshufb`.
+///
+/// # Safety
+/// `p..p + 16` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn table_block(table: __m128i, p: *const u8) -> __m256i {
+    let mask = _mm_set1_epi8(0x0F);
+    let q = _mm_loadu_si128(p.cast());
+    let lo = _mm_shuffle_epi8(table, _mm_and_si128(q, mask));
+    let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(q), mask));
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Sums of the signed weight bytes `w` times the block's activations, eight i32 lanes as f32
+/// (the sign trick of Q8_0; `w` holds no -128).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn table_product(w: __m256i, a: &Q8Block) -> __m256 {
+    let y = load_act(a);
+    dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w))
 }

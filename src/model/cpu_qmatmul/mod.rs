@@ -1,28 +1,52 @@
-//! A CPU matmul for GGUF block-quantized weights (Q4_0, Q4_1, Q8_0) that reads the raw GGUF
-//! blocks in place: activations are quantized per 32-block to int8 (llama.cpp's Q8_1 scheme,
-//! see [`activation`]), each output is an integer dot product over one weight row
-//! ([`scalar`], or [`avx2`] when the CPU has it), and output rows are split across rayon's
-//! pool (`RAYON_NUM_THREADS`).
+//! A CPU matmul for GGUF block-quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the k-quants
+//! Q2_K..Q6_K, IQ4_NL, IQ4_XS and MXFP4) that reads the raw GGUF blocks in place ([`Blocks`]: on
+//! the CPU a view of the memory-mapped model file, nothing copied): activations are quantized to
+//! int8, per 32-block for the 32-element formats (llama.cpp's Q8_1 scheme, see [`activation`])
+//! and per 256-block for the k-quants ([`kquants::activation`]), once per kind a call needs;
+//! each output is an integer dot product over one weight row ([`scalar`], [`q5`],
+//! [`kquants::scalar`], or their AVX2 twins when the CPU has it), and output rows are split
+//! across rayon's pool (`RAYON_NUM_THREADS`).
 //!
-//! It exists because candle 0.11.1 built without `-C target-cpu` runs Q4_1 (the default
-//! model's format), Q4_0 and Q8_0 through scalar code. The weight stays a candle [`QTensor`]
-//! (shared, e.g. with a tied embedding), so nothing is copied or repacked at load time.
+//! It exists because candle 0.11.1 runs Q4_1 (the default model's format), Q5_0 and Q5_1
+//! through scalar code; its runtime-detected AVX2 kernels (Q4_0, Q8_0, the k-quants) are set
+//! beside these in `benches/qmatmul_kernels.rs`; it has no IQ4_NL, IQ4_XS or MXFP4 at all
+//! ([`iq4`], [`mxfp4`]). The weight is keyed by ferry's [`GgufType`] and shared (e.g. with a
+//! tied embedding, which dequantizes the rows it looks up: [`dequant`]), so nothing is copied or
+//! repacked at load time.
 
 pub mod activation;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2_tile;
+pub mod blocks;
+pub mod dequant;
+#[cfg(test)]
+mod format_tests;
+pub mod iq4;
+#[cfg(test)]
+mod iq_tests;
+pub mod kquants;
+pub mod mxfp4;
+pub mod q5;
 pub mod scalar;
+pub mod scalar_tile;
 #[cfg(test)]
 mod tests;
+pub mod tile;
 
 use std::sync::Arc;
 
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Storage, Tensor};
-use rayon::prelude::*;
 
-use self::activation::{quantize_row, Q8Block, BLOCK};
+pub use self::blocks::Blocks;
+
+use self::activation::{ActKind, ActRow, Activations, BLOCK};
+use self::kquants::activation::QK_K;
+use self::kquants::KFormat;
 use super::error::{ModelError, Result};
+use super::header::GgufType;
 
 /// Which dot-product implementation to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -36,28 +60,53 @@ pub enum Kernel {
 
 /// Weight block formats this matmul handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
 enum Format {
     Q4_0,
     Q4_1,
     Q8_0,
+    Q5_0,
+    Q5_1,
+    /// A k-quant (256-element super-blocks).
+    K(KFormat),
+    IQ4_NL,
+    IQ4_XS,
+    MXFP4,
 }
 
 impl Format {
-    fn of(dtype: GgmlDType) -> Option<Self> {
-        match dtype {
-            GgmlDType::Q4_0 => Some(Format::Q4_0),
-            GgmlDType::Q4_1 => Some(Format::Q4_1),
-            GgmlDType::Q8_0 => Some(Format::Q8_0),
+    fn of(ty: GgufType) -> Option<Self> {
+        match ty {
+            GgufType::Q4_0 => Some(Format::Q4_0),
+            GgufType::Q4_1 => Some(Format::Q4_1),
+            GgufType::Q8_0 => Some(Format::Q8_0),
+            GgufType::Q5_0 => Some(Format::Q5_0),
+            GgufType::Q5_1 => Some(Format::Q5_1),
+            GgufType::Q2_K => Some(Format::K(KFormat::Q2K)),
+            GgufType::Q3_K => Some(Format::K(KFormat::Q3K)),
+            GgufType::Q4_K => Some(Format::K(KFormat::Q4K)),
+            GgufType::Q5_K => Some(Format::K(KFormat::Q5K)),
+            GgufType::Q6_K => Some(Format::K(KFormat::Q6K)),
+            GgufType::IQ4_NL => Some(Format::IQ4_NL),
+            GgufType::IQ4_XS => Some(Format::IQ4_XS),
+            GgufType::MXFP4 => Some(Format::MXFP4),
             _ => None,
         }
     }
 
-    /// Bytes per 32-element block.
-    fn block_bytes(self) -> usize {
+    /// Elements per block of the activations the kernels read ([`activation`](Self::activation)).
+    fn activation_block(self) -> usize {
         match self {
-            Format::Q4_0 => 18,
-            Format::Q4_1 => 20,
-            Format::Q8_0 => 34,
+            Format::K(_) => QK_K,
+            _ => BLOCK,
+        }
+    }
+
+    /// The activations its kernels read.
+    fn activation(self) -> ActKind {
+        match self {
+            Format::K(_) => ActKind::Q8K,
+            _ => ActKind::Q8,
         }
     }
 }
@@ -85,19 +134,31 @@ impl Dot {
 
     /// Dot product of one weight row with one quantized activation row.
     #[inline]
-    fn row(&self, w: &[u8], a: &[Q8Block]) -> f32 {
+    fn row(&self, w: &[u8], a: ActRow<'_>) -> f32 {
         #[cfg(target_arch = "x86_64")]
         if let Some(k) = self.avx2 {
             return match self.format {
-                Format::Q4_0 => k.dot_q4_0(w, a),
-                Format::Q4_1 => k.dot_q4_1(w, a),
-                Format::Q8_0 => k.dot_q8_0(w, a),
+                Format::Q4_0 => k.dot_q4_0(w, a.q8),
+                Format::Q4_1 => k.dot_q4_1(w, a.q8),
+                Format::Q8_0 => k.dot_q8_0(w, a.q8),
+                Format::Q5_0 => q5::avx2::dot_q5_0(k, w, a.q8),
+                Format::Q5_1 => q5::avx2::dot_q5_1(k, w, a.q8),
+                Format::K(f) => kquants::avx2::dot(k, f, w, a.q8k),
+                Format::IQ4_NL => iq4::avx2_dot_iq4_nl(k, w, a.q8),
+                Format::IQ4_XS => iq4::avx2_dot_iq4_xs(k, w, a.q8),
+                Format::MXFP4 => mxfp4::avx2_dot_mxfp4(k, w, a.q8),
             };
         }
         match self.format {
-            Format::Q4_0 => scalar::dot_q4_0(w, a),
-            Format::Q4_1 => scalar::dot_q4_1(w, a),
-            Format::Q8_0 => scalar::dot_q8_0(w, a),
+            Format::Q4_0 => scalar::dot_q4_0(w, a.q8),
+            Format::Q4_1 => scalar::dot_q4_1(w, a.q8),
+            Format::Q8_0 => scalar::dot_q8_0(w, a.q8),
+            Format::Q5_0 => q5::dot_q5_0(w, a.q8),
+            Format::Q5_1 => q5::dot_q5_1(w, a.q8),
+            Format::K(f) => kquants::scalar::dot(f, w, a.q8k),
+            Format::IQ4_NL => iq4::dot_iq4_nl(w, a.q8),
+            Format::IQ4_XS => iq4::dot_iq4_xs(w, a.q8),
+            Format::MXFP4 => mxfp4::dot_mxfp4(w, a.q8),
         }
     }
 }
@@ -108,34 +169,34 @@ const PARALLEL_MIN_BLOCKS: usize = 4096;
 /// `y = x W^T` for a quantized `W` (`[out, in]`) on the CPU.
 #[derive(Debug, Clone)]
 pub struct CpuQMatMul {
-    weight: Arc<QTensor>,
+    weight: Blocks,
     format: Format,
     rows: usize,
     cols: usize,
 }
 
 impl CpuQMatMul {
-    /// Whether `dtype` has a kernel here.
-    pub fn supports(dtype: GgmlDType) -> bool {
-        Format::of(dtype).is_some()
+    /// Whether GGUF type `ty` has a kernel here.
+    pub fn supports(ty: GgufType) -> bool {
+        Format::of(ty).is_some()
     }
 
-    /// Wraps a CPU-resident 2-D quantized weight `[out, in]` (`in` a multiple of 32).
+    /// Wraps a CPU-resident 2-D candle quantized weight `[out, in]` (an offload slot's view).
     pub fn new(weight: Arc<QTensor>) -> Result<Self> {
-        let format = Format::of(weight.dtype()).ok_or_else(|| {
-            ModelError::Unsupported(format!("CPU quantized matmul of {:?}", weight.dtype()))
-        })?;
-        if !weight.device().is_cpu() {
-            return Err(ModelError::Unsupported(
-                "CPU quantized matmul of a weight that is not on the CPU".into(),
-            ));
-        }
-        let (rows, cols) = weight.shape().dims2()?;
-        let bytes = weight.data()?.len();
-        if cols % BLOCK != 0 || bytes != rows * cols / BLOCK * format.block_bytes() {
+        Self::from_blocks(Blocks::from_qtensor(weight)?)
+    }
+
+    /// Wraps raw GGUF blocks of a 2-D weight `[out, in]` (`in` a whole number of the type's
+    /// blocks, and of the activation block: 32, or 256 for the k-quants).
+    pub fn from_blocks(weight: Blocks) -> Result<Self> {
+        let ty = weight.ty();
+        let format = Format::of(ty)
+            .ok_or_else(|| ModelError::Unsupported(format!("CPU quantized matmul of {ty}")))?;
+        let (rows, cols) = (weight.rows(), weight.cols());
+        let block = format.activation_block().max(ty.block_size());
+        if cols % block != 0 {
             return Err(ModelError::Config(format!(
-                "quantized weight {rows}x{cols} of {:?} holds {bytes} bytes",
-                weight.dtype()
+                "quantized weight {rows}x{cols} of {ty}: {cols} is not a multiple of {block}"
             )));
         }
         Ok(Self {
@@ -147,7 +208,7 @@ impl CpuQMatMul {
     }
 
     /// The wrapped weight.
-    pub fn weight(&self) -> &Arc<QTensor> {
+    pub fn weight(&self) -> &Blocks {
         &self.weight
     }
 
@@ -237,6 +298,17 @@ fn matmul_many(
     m: usize,
     kernel: Kernel,
 ) -> Result<()> {
+    matmul_many_with(jobs, x, m, kernel, tile::Tiling::Tiled)
+}
+
+/// [`matmul_many`] with the tiling chosen (the per-row one is the reference in tests).
+fn matmul_many_with(
+    jobs: &mut [(&CpuQMatMul, &mut [f32])],
+    x: &[f32],
+    m: usize,
+    kernel: Kernel,
+    tiling: tile::Tiling,
+) -> Result<()> {
     let Some(k) = jobs.first().map(|(mm, _)| mm.cols) else {
         return Ok(());
     };
@@ -256,86 +328,9 @@ fn matmul_many(
         return Ok(());
     }
     let kb = k / BLOCK;
-    let mut act = vec![Q8Block::ZERO; m * kb];
-    if m * kb >= PARALLEL_MIN_BLOCKS {
-        act.par_chunks_mut(kb)
-            .zip(x.par_chunks(k))
-            .for_each(|(a, x)| quantize_row(x, a));
-    } else {
-        for (a, x) in act.chunks_mut(kb).zip(x.chunks(k)) {
-            quantize_row(x, a);
-        }
-    }
+    let kinds = jobs.iter().map(|(mm, _)| mm.format.activation());
+    let act = Activations::quantize(x, k, kinds, m * kb >= PARALLEL_MIN_BLOCKS);
 
-    // Each task owns a run of weight rows and computes them against every input row, so a
-    // weight row is read from memory once per call; with several input rows the results land
-    // transposed (`[n, m]`) and are put back in place at the end.
-    let mut transposed: Vec<Vec<f32>> = if m == 1 {
-        Vec::new()
-    } else {
-        jobs.iter().map(|(mm, _)| vec![0f32; mm.rows * m]).collect()
-    };
-    let parallel = n_total * kb * m >= PARALLEL_MIN_BLOCKS;
-    let per_task = if parallel {
-        n_total.div_ceil(4 * rayon::current_num_threads()).max(4)
-    } else {
-        n_total
-    };
-    let mats: Vec<&CpuQMatMul> = jobs.iter().map(|(mm, _)| *mm).collect();
-    let datas = mats
-        .iter()
-        .map(|mm| mm.weight.data())
-        .collect::<candle_core::Result<Vec<_>>>()?;
-    let mut tasks: Vec<Task<'_>> = Vec::new();
-    let mut scratch = transposed.iter_mut();
-    for ((mm, out), data) in jobs.iter_mut().zip(&datas) {
-        let dst: &mut [f32] = match scratch.next() {
-            Some(t) => t,
-            None => out,
-        };
-        for (t, dst) in dst.chunks_mut(per_task * m).enumerate() {
-            tasks.push(Task {
-                data,
-                row_bytes: kb * mm.format.block_bytes(),
-                first: t * per_task,
-                dot: Dot::new(mm.format, kernel),
-                dst,
-            });
-        }
-    }
-    let act = &act;
-    let run = |task: Task<'_>| {
-        for (r, dst_row) in task.dst.chunks_mut(m).enumerate() {
-            let row = task.first + r;
-            let w = &task.data[row * task.row_bytes..(row + 1) * task.row_bytes];
-            for (d, a) in dst_row.iter_mut().zip(act.chunks(kb)) {
-                *d = task.dot.row(w, a);
-            }
-        }
-    };
-    if parallel {
-        tasks.into_par_iter().for_each(run);
-    } else {
-        tasks.into_iter().for_each(run);
-    }
-    if m > 1 {
-        for ((mm, out), t) in jobs.iter_mut().zip(&transposed) {
-            let n = mm.rows;
-            for (r, col) in t.chunks(m).enumerate() {
-                for (i, &v) in col.iter().enumerate() {
-                    out[i * n + r] = v;
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A run of consecutive weight rows of one matrix and where their outputs go.
-struct Task<'a> {
-    data: &'a [u8],
-    row_bytes: usize,
-    first: usize,
-    dot: Dot,
-    dst: &'a mut [f32],
+    // The tiled loop (see `tile`): output rectangles of activation rows x weight rows.
+    tile::run(jobs, &act, m, kb, kernel, tiling)
 }

@@ -6,10 +6,11 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
 use super::activation::{quantize_row, Q8Block, BLOCK};
-use super::{CpuQMatMul, Kernel};
+use super::{Blocks, CpuQMatMul, Kernel};
+use crate::model::header::GgufType;
 
 /// Deterministic pseudo-random values in about [-1, 1] plus a per-index drift.
-fn values(n: usize, seed: u64) -> Vec<f32> {
+pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
@@ -24,15 +25,15 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-struct Case {
-    weight: Arc<QTensor>,
+pub(super) struct Case {
+    pub(super) weight: Arc<QTensor>,
     /// Dequantized weight, `[n, k]` row major.
-    w: Vec<f32>,
-    n: usize,
-    k: usize,
+    pub(super) w: Vec<f32>,
+    pub(super) n: usize,
+    pub(super) k: usize,
 }
 
-fn case(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> Case {
+pub(super) fn case(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> Case {
     let raw = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
     let q = QTensor::quantize(&raw, dtype).unwrap();
     let w = q
@@ -51,7 +52,7 @@ fn case(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> Case {
 }
 
 /// `x` with each 32-block replaced by its int8 quantization, dequantized.
-fn dequantized_activations(x: &[f32]) -> Vec<f32> {
+pub(super) fn dequantized_activations(x: &[f32]) -> Vec<f32> {
     let mut blocks = vec![Q8Block::ZERO; x.len() / BLOCK];
     quantize_row(x, &mut blocks);
     blocks
@@ -80,7 +81,7 @@ fn reference(c: &Case, x: &[f32], m: usize) -> Vec<(f32, f32, f32)> {
     out
 }
 
-fn run(c: &Case, x: &[f32], m: usize, kernel: Kernel) -> Vec<f32> {
+pub(super) fn run(c: &Case, x: &[f32], m: usize, kernel: Kernel) -> Vec<f32> {
     let mm = CpuQMatMul::new(c.weight.clone()).unwrap();
     let mut out = vec![f32::NAN; m * c.n];
     mm.matmul_f32(x, m, &mut out, kernel).unwrap();
@@ -224,10 +225,13 @@ fn forward_keeps_leading_dims_and_rejects_bad_input() {
 
 #[test]
 fn rejects_formats_without_a_kernel() {
-    let raw = Tensor::from_vec(values(256, 2), (1, 256), &Device::Cpu).unwrap();
-    let q = QTensor::quantize(&raw, GgmlDType::Q4K).unwrap();
-    assert!(!CpuQMatMul::supports(GgmlDType::Q4K));
-    assert!(CpuQMatMul::new(Arc::new(q)).is_err());
+    // IQ2_XXS: 256 elements in 66 bytes, no kernel here.
+    assert!(!CpuQMatMul::supports(GgufType::IQ2_XXS));
+    let blocks = Blocks::owned(vec![0; 2 * 66], GgufType::IQ2_XXS, &[2, 256]).unwrap();
+    assert!(CpuQMatMul::from_blocks(blocks).is_err());
+    // Blocks must hold exactly their shape's bytes.
+    assert!(Blocks::owned(vec![0; 17], GgufType::Q4_0, &[1, 32]).is_err());
+    assert!(Blocks::owned(vec![0; 18], GgufType::Q4_0, &[1, 33]).is_err());
 }
 
 #[test]

@@ -1,16 +1,20 @@
 //! Causal self-attention with grouped-query heads, RoPE and the in-place key/value cache;
 //! per layer a score scale, an optional soft-cap and global or sliding-window attention.
 //!
-//! Query heads are grouped by the key/value head they share (`[kv_heads, group * seq, dim]`),
-//! so keys and values are never repeated in memory: one batched matmul per key/value head
+//! On the CPU the core runs in tiles with an online softmax ([`super::flash_cpu`]): no
+//! `[queries, keys]` score matrix and no mask tensor, keys and values read in place from the
+//! cache, so long prompts keep their speed. Elsewhere (CUDA) it is candle's matmuls: query
+//! heads are grouped by the key/value head they share (`[kv_heads, group * seq, dim]`), so
+//! keys and values are never repeated in memory and one batched matmul per key/value head
 //! covers its whole group. Scores and softmax run in f32 whatever the compute dtype; the two
 //! matmuls in the KV cache's dtype where the device has that matmul.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 
 use super::block::BatchRows;
+use super::flash_cpu::{self, KvData, KvHeads};
 use super::rope::Rope;
-use crate::model::error::Result;
+use crate::model::error::{ModelError, Result};
 use crate::model::kv_cache::LayerKv;
 use crate::model::spec::ModelSpec;
 
@@ -53,13 +57,51 @@ pub struct Step<'a> {
     pub pos: usize,
     /// Rotary tables.
     pub rope: &'a Rope,
-    /// Additive f32 mask `[seq, pos + seq]` (0 or -inf), `None` when every key is visible.
+    /// Additive f32 mask `[seq, pos + seq]` (0 or -inf) for the matmul path; `None` when
+    /// every key is visible, and on the CPU (whose tiled path masks by position).
     pub mask: Option<Tensor>,
     /// The sliding-window layers' rotary tables, when they differ from `rope` (Gemma 3).
     pub local_rope: Option<&'a Rope>,
     /// The sliding-window layers' mask, for families whose layers alternate between a window
     /// and global attention (Gemma 2/3); `mask` is then the global layers' mask.
     pub local_mask: Option<Tensor>,
+    /// The global layers' sliding window (every layer's, for Mistral), if any.
+    pub window: Option<usize>,
+    /// The sliding-window layers' window (Gemma 2/3).
+    pub local_window: Option<usize>,
+}
+
+impl<'a> Step<'a> {
+    /// The step of `seq` new tokens at `pos`; the masks are built only where the matmul path
+    /// runs (off the CPU).
+    pub fn new(
+        seq: usize,
+        pos: usize,
+        rope: &'a Rope,
+        local_rope: Option<&'a Rope>,
+        window: Option<usize>,
+        local_window: Option<usize>,
+        device: &Device,
+    ) -> Result<Self> {
+        let masks = !device.is_cpu();
+        let mask = match masks {
+            true => causal_mask(seq, pos, window, device)?,
+            false => None,
+        };
+        let local_mask = match (masks, local_window) {
+            (true, Some(w)) => causal_mask(seq, pos, Some(w), device)?,
+            _ => None,
+        };
+        Ok(Self {
+            pos,
+            rope,
+            mask,
+            local_rope,
+            local_mask,
+            window,
+            local_window,
+        })
+    }
 }
 
 /// [`attend`] for every sequence of a step, each on its own rows of the batched projections
@@ -94,6 +136,48 @@ pub fn attend(
     dims: AttentionDims,
 ) -> Result<Tensor> {
     let (b, seq, _) = q.dims3()?;
+    let head_dim = dims.head_dim;
+    let heads = |t: &Tensor, n: usize| -> Result<Tensor> {
+        Ok(t.reshape((b, seq, n, head_dim))?
+            .transpose(1, 2)?
+            .contiguous()?)
+    };
+    let (rope, mask, window) = if dims.sliding {
+        (
+            step.local_rope.unwrap_or(step.rope),
+            &step.local_mask,
+            step.local_window,
+        )
+    } else {
+        (step.rope, &step.mask, step.window)
+    };
+    let q = heads(q, dims.n_heads)?;
+    let k = heads(k, dims.n_kv_heads)?;
+    let v = heads(v, dims.n_kv_heads)?;
+    let q = rope.apply(&q, step.pos)?;
+    let k = rope.apply(&k, step.pos)?;
+    let (k, v) = kv.write(step.pos, &k, &v)?;
+    if q.device().is_cpu() && b == 1 {
+        return tiled_attention(&q, &k, &v, step.pos, window, dims);
+    }
+    let mask = match mask {
+        Some(mask) => Some(mask.clone()),
+        None => causal_mask(seq, step.pos, window, q.device())?,
+    };
+    matmul_attention(&q, &k, &v, mask.as_ref(), dims)
+}
+
+/// The attention core by candle's matmuls: `q` (`[b, heads, seq, dim]`, RoPE applied)
+/// against the cached `k` and `v` (`[b, kv_heads, kv_len, dim]`) under the additive `mask`
+/// (`[seq, kv_len]`, see [`causal_mask`]); returns `[b, seq, heads * dim]` in `q`'s dtype.
+pub fn matmul_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    dims: AttentionDims,
+) -> Result<Tensor> {
+    let (b, _, seq, _) = q.dims4()?;
     let AttentionDims {
         n_heads,
         n_kv_heads,
@@ -102,22 +186,6 @@ pub fn attend(
         softcap,
         ..
     } = dims;
-    let heads = |t: &Tensor, n: usize| -> Result<Tensor> {
-        Ok(t.reshape((b, seq, n, head_dim))?
-            .transpose(1, 2)?
-            .contiguous()?)
-    };
-    let (rope, mask) = if dims.sliding {
-        (step.local_rope.unwrap_or(step.rope), &step.local_mask)
-    } else {
-        (step.rope, &step.mask)
-    };
-    let q = heads(q, n_heads)?;
-    let k = heads(k, n_kv_heads)?;
-    let v = heads(v, n_kv_heads)?;
-    let q = rope.apply(&q, step.pos)?;
-    let k = rope.apply(&k, step.pos)?;
-    let (k, v) = kv.write(step.pos, &k, &v)?;
     let kv_len = k.dim(2)?;
     // The matmuls run in the cache's dtype where the device multiplies it (an f16 or bf16 cache
     // is not read up to f32 on CUDA); candle's CPU matmul has no bf16, so there a bf16 cache is
@@ -149,6 +217,88 @@ pub fn attend(
     Ok(y.reshape((b, n_heads, seq, head_dim))?
         .transpose(1, 2)?
         .reshape((b, seq, n_heads * head_dim))?)
+}
+
+/// The attention core on the CPU in tiles ([`flash_cpu::attend`]), same contract as
+/// [`matmul_attention`] for a batch of one, with the causal mask and `window` applied by
+/// position (the query rows are positions `pos..`). Keys and values are read in place.
+pub fn tiled_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    pos: usize,
+    window: Option<usize>,
+    dims: AttentionDims,
+) -> Result<Tensor> {
+    let (_, n_heads, seq, head_dim) = q.dims4()?;
+    let compute = q.dtype();
+    let q = q.to_dtype(DType::F32)?.contiguous()?;
+    let (k, v) = (in_place(k)?, in_place(v)?);
+    let (q_store, q_layout) = q.storage_and_layout();
+    let (k_store, k_layout) = k.storage_and_layout();
+    let (v_store, v_layout) = v.storage_and_layout();
+    let q_all = cpu_storage(&q_store)?.as_slice::<f32>()?;
+    let q_start = q_layout.start_offset();
+    let q_len = n_heads * seq * head_dim;
+    let q_rows = q_all
+        .get(q_start..q_start + q_len)
+        .ok_or_else(|| candle_core::Error::Msg("attention: query storage too short".into()))?;
+    let shape = flash_cpu::Shape {
+        n_heads,
+        n_kv_heads: dims.n_kv_heads,
+        head_dim,
+        seq,
+        pos,
+        scale: dims.scale as f32,
+        softcap: dims.softcap,
+        window,
+    };
+    let k_heads = kv_heads(cpu_storage(&k_store)?, k_layout)?;
+    let v_heads = kv_heads(cpu_storage(&v_store)?, v_layout)?;
+    let mut out = vec![0f32; q_len];
+    flash_cpu::attend(q_rows, k_heads, v_heads, &shape, &mut out)?;
+    let y = Tensor::from_vec(out, (1, n_heads, seq, head_dim), &Device::Cpu)?;
+    Ok(y.transpose(1, 2)?
+        .reshape((1, seq, n_heads * head_dim))?
+        .to_dtype(compute)?)
+}
+
+/// `t` (`[1, heads, len, dim]`) itself when its rows are contiguous within each head (the
+/// cache's narrowed view), else a contiguous copy.
+fn in_place(t: &Tensor) -> Result<Tensor> {
+    let (_, _, _, dim) = t.dims4()?;
+    let stride = t.layout().stride();
+    if stride[3] == 1 && stride[2] == dim {
+        Ok(t.clone())
+    } else {
+        Ok(t.contiguous()?)
+    }
+}
+
+fn cpu_storage(storage: &Storage) -> Result<&CpuStorage> {
+    match storage {
+        Storage::Cpu(cpu) => Ok(cpu),
+        _ => Err(ModelError::Unsupported(
+            "tiled CPU attention of a tensor that is not on the CPU".into(),
+        )),
+    }
+}
+
+/// The key/value heads of a `[1, heads, len, dim]` view whose rows are contiguous.
+fn kv_heads<'a>(storage: &'a CpuStorage, layout: &candle_core::Layout) -> Result<KvHeads<'a>> {
+    let start = layout.start_offset();
+    let head_stride = layout.stride()[1];
+    let data = match storage {
+        CpuStorage::F32(s) => KvData::F32(&s[start.min(s.len())..]),
+        CpuStorage::F16(s) => KvData::F16(&s[start.min(s.len())..]),
+        CpuStorage::BF16(s) => KvData::BF16(&s[start.min(s.len())..]),
+        _ => {
+            return Err(ModelError::Unsupported(
+                "tiled CPU attention of a key/value cache that is not f32, f16 or bf16".into(),
+            ))
+        }
+    };
+    Ok(KvHeads { data, head_stride })
 }
 
 /// The additive mask for `seq` new tokens at `pos`: a query at position `p` sees keys `j <= p`,

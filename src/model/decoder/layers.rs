@@ -2,9 +2,17 @@
 //! each layer's weights through, and [`ResidentLayers`], the source for layers already in
 //! memory (owned, as the loader returns them, or borrowed, as a swap lease holds them). The
 //! offload engine's `WeightStore` is the other source (a resident prefix plus streamed slots).
+//!
+//! A MoE layer's experts can come separately: the weights a source hands out may carry a
+//! [`RoutedExperts`] handle ([`LayerWeights::with_routed`]), which the MoE forward asks for the
+//! experts its router picked, after routing. Sources without one (such as [`ResidentLayers`])
+//! need nothing: the layer's own expert parts serve. The handle lives in the weights rather
+//! than in this trait because blocks run on the CPU worker pool, where the `&mut` source is
+//! not reachable.
 
 use crate::model::error::{ModelError, Result};
 use crate::model::weights::LayerWeights;
+pub use crate::model::weights::{ExpertWeights, RoutedExperts};
 
 /// Hands out the weights of decoder layer `index` for one forward pass.
 pub trait LayerSource {

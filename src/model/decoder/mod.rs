@@ -12,6 +12,7 @@
 
 pub mod attention;
 pub mod block;
+pub mod flash_cpu;
 pub mod layers;
 pub mod rope;
 
@@ -183,17 +184,15 @@ impl Model {
             let seq = s.tokens.len();
             offsets.push(ids.len());
             ids.extend_from_slice(s.tokens);
-            let local_mask = match local_window {
-                Some(w) => attention::causal_mask(seq, pos, Some(w), &self.device)?,
-                None => None,
-            };
-            steps.push(Step {
+            steps.push(Step::new(
+                seq,
                 pos,
-                rope: &self.rope,
-                mask: attention::causal_mask(seq, pos, global_window, &self.device)?,
-                local_rope: self.local_rope.as_ref(),
-                local_mask,
-            });
+                &self.rope,
+                self.local_rope.as_ref(),
+                global_window,
+                local_window,
+                &self.device,
+            )?);
         }
         let total = ids.len();
         let ids = Tensor::from_vec(ids, (1, total), &self.device)?;

@@ -140,6 +140,29 @@ impl GgufType {
     }
 }
 
+impl GgufType {
+    /// ferry's name for candle's type `dtype` (every candle type is a ggml type).
+    pub fn from_candle(dtype: GgmlDType) -> Self {
+        match dtype {
+            GgmlDType::F32 => GgufType::F32,
+            GgmlDType::F16 => GgufType::F16,
+            GgmlDType::BF16 => GgufType::BF16,
+            GgmlDType::Q4_0 => GgufType::Q4_0,
+            GgmlDType::Q4_1 => GgufType::Q4_1,
+            GgmlDType::Q5_0 => GgufType::Q5_0,
+            GgmlDType::Q5_1 => GgufType::Q5_1,
+            GgmlDType::Q8_0 => GgufType::Q8_0,
+            GgmlDType::Q8_1 => GgufType::Q8_1,
+            GgmlDType::Q2K => GgufType::Q2_K,
+            GgmlDType::Q3K => GgufType::Q3_K,
+            GgmlDType::Q4K => GgufType::Q4_K,
+            GgmlDType::Q5K => GgufType::Q5_K,
+            GgmlDType::Q6K => GgufType::Q6_K,
+            GgmlDType::Q8K => GgufType::Q8_K,
+        }
+    }
+}
+
 impl std::fmt::Display for GgufType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -171,6 +194,7 @@ mod tests {
             known += 1;
             assert_eq!(ty.block_size(), candle.block_size(), "{ty}");
             assert_eq!(ty.type_size(), candle.type_size(), "{ty}");
+            assert_eq!(GgufType::from_candle(candle), ty);
         }
         assert_eq!(known, 15);
         assert_eq!(GgufType::IQ4_NL.to_candle(), None);

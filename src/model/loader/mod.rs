@@ -3,16 +3,22 @@
 //!
 //! - [`holding`]: [`Holding`], how each tensor is held (GGUF blocks or dense, in which dtype);
 //!   the planner sizes models with the same rules.
+//! - [`quantize`]: a dense matrix quantized at load (dtype `q8_0`, `q4_k`, ...), rows split
+//!   over rayon's threads.
 //! - [`reader`]: [`WeightReader`], one reader for both formats, and [`read_prefix`], which reads
 //!   the fixed parts plus a prefix of layers: every layer for [`load_model`], the resident ones
 //!   for the offload engine.
 //!
-//! On the CPU, Q4_0 / Q4_1 / Q8_0 matrices go through ferry's own kernels, everything else (and
-//! every CUDA weight) through candle's `QMatMul` ([`crate::model::weights::Linear::quantized`]).
+//! On the CPU, GGUF matrices are views of the mapped file; Q4_0 / Q4_1 / Q8_0 / IQ4_NL / IQ4_XS /
+//! MXFP4 go through ferry's own kernels in place, everything else (and every CUDA weight) through
+//! candle's `QMatMul` ([`crate::model::weights::Linear::from_blocks`], [`Linear::quantized`]).
+//!
+//! [`Linear::quantized`]: crate::model::weights::Linear::quantized
 //! Setting `FERRY_CPU_QMATMUL=candle` keeps candle's `QMatMul` on the CPU too (for A/B
 //! measurements and as an escape hatch).
 
 pub mod holding;
+pub mod quantize;
 pub mod reader;
 
 pub use holding::{Holding, Role, TensorKind};
@@ -31,10 +37,10 @@ use super::weights::LayerWeights;
 pub use crate::config::DtypeChoice;
 
 impl DtypeChoice {
-    /// The explicit dense dtype, or `None` for [`DtypeChoice::Auto`].
+    /// The explicit dense dtype, or `None` for [`DtypeChoice::Auto`] and a quantized choice.
     pub fn dense(self) -> Option<DType> {
         match self {
-            DtypeChoice::Auto => None,
+            DtypeChoice::Auto | DtypeChoice::Quantize(_) => None,
             DtypeChoice::F32 => Some(DType::F32),
             DtypeChoice::F16 => Some(DType::F16),
             DtypeChoice::BF16 => Some(DType::BF16),

@@ -1,7 +1,8 @@
 //! [`WeightReader`]: reads a [`Checkpoint`]'s tensors into model weights, a tensor group at a
 //! time, in either format: the tensor table says where each tensor is, [`Holding`] how it is held
-//! (GGUF blocks kept for candle's `QMatMul` or ferry's CPU kernels via [`Linear::quantized`], or
-//! dense in the compute dtype). [`read_prefix`] reads the fixed parts plus a prefix of layers:
+//! (GGUF blocks kept, or dense in the compute dtype). On the CPU kept blocks are views of the
+//! mapped file ([`Checkpoint::view_blocks`], for ferry's kernels via [`Linear::from_blocks`] and
+//! for embedding lookups); on CUDA they are copied into candle tensors ([`Linear::quantized`]). [`read_prefix`] reads the fixed parts plus a prefix of layers:
 //! every layer for [`super::load_model`], the resident ones for the offload engine.
 
 use std::sync::Arc;
@@ -12,8 +13,9 @@ use candle_core::{DType, Device, Tensor};
 use super::holding::{Holding, Role, TensorKind};
 use super::{LoadOptions, LoadProgress};
 use crate::model::checkpoint::Checkpoint;
+use crate::model::cpu_qmatmul::Blocks;
 use crate::model::decoder::ModelParts;
-use crate::model::error::Result;
+use crate::model::error::{ModelError, Result};
 use crate::model::spec::ModelSpec;
 use crate::model::tensors::{Part, TensorRecord};
 use crate::model::weights::{Embedding, FixedWeights, LayerWeights, Linear};
@@ -31,9 +33,16 @@ pub struct WeightReader<'a> {
 impl<'a> WeightReader<'a> {
     /// A reader of `checkpoint` for `options` (fails on a dtype the device cannot use).
     pub fn new(checkpoint: &'a Checkpoint, options: &LoadOptions) -> Result<Self> {
+        let holding = Holding::new(checkpoint, options)?;
+        if let Some(ty) = holding.quantize() {
+            tracing::info!(
+                threads = rayon::current_num_threads(),
+                "quantizing matrices to {ty:?} at load"
+            );
+        }
         Ok(Self {
             checkpoint,
-            holding: Holding::new(checkpoint, options)?,
+            holding,
             device: options.device.clone(),
             done: 0,
             total: checkpoint
@@ -65,6 +74,7 @@ impl<'a> WeightReader<'a> {
     pub fn fixed(&mut self) -> Result<FixedWeights> {
         let table = self.checkpoint_ref().tensors();
         let (embedding, tied_head) = match self.read(Role::Embedding, &table.embedding)? {
+            Held::View(b) => (Embedding::Blocks(b.clone()), Linear::from_blocks(b, None)?),
             Held::Blocks(q) => (Embedding::Quantized(q.clone()), Linear::quantized(q, None)?),
             Held::Dense(t) => {
                 let head = Linear::Dense {
@@ -119,6 +129,10 @@ impl<'a> WeightReader<'a> {
     fn vector(&mut self, record: &TensorRecord) -> Result<Tensor> {
         match self.read(Role::Vector, record)? {
             Held::Dense(t) => Ok(t),
+            Held::View(_) => Err(ModelError::Config(format!(
+                "`{}` is a quantized vector",
+                record.name
+            ))),
             Held::Blocks(q) => Ok(q
                 .dequantize(&self.device)?
                 .to_dtype(self.holding.compute())?),
@@ -128,6 +142,7 @@ impl<'a> WeightReader<'a> {
     fn linear(&mut self, weight: &TensorRecord, bias: Option<&TensorRecord>) -> Result<Linear> {
         let bias = bias.map(|b| self.vector(b)).transpose()?;
         Ok(match self.read(Role::Matrix, weight)? {
+            Held::View(b) => Linear::from_blocks(b, bias)?,
             Held::Blocks(q) => Linear::quantized(q, bias)?,
             Held::Dense(weight) => Linear::Dense { weight, bias },
         })
@@ -135,9 +150,23 @@ impl<'a> WeightReader<'a> {
 
     /// Reads `record` as [`Holding`] says a tensor of `role` is held.
     fn read(&mut self, role: Role, record: &TensorRecord) -> Result<Held> {
-        let held = match self.holding.kind(role, record)? {
-            TensorKind::Blocks(dtype) => {
-                let q = self.checkpoint.read_blocks(record, dtype, &self.device)?;
+        let kind = self.holding.kind(role, record)?;
+        super::quantize::log_fallback(&self.holding, role, record, kind);
+        let held = match kind {
+            // On the CPU, blocks kept as the file stores them are views of the mapped file.
+            TensorKind::Blocks(ty)
+                if self.device.is_cpu() && super::holding::stored_as(record, ty) =>
+            {
+                Held::View(self.checkpoint.view_blocks(record)?)
+            }
+            TensorKind::Blocks(ty) => {
+                let dtype = ty.to_candle().ok_or_else(|| {
+                    ModelError::Unsupported(format!(
+                        "tensor `{}`: candle has no {ty} blocks on {:?}",
+                        record.name, self.device
+                    ))
+                })?;
+                let q = super::quantize::read_blocks(self.checkpoint, record, dtype, &self.device)?;
                 Held::Blocks(Arc::new(q))
             }
             TensorKind::Dense(dtype) => {
@@ -171,6 +200,9 @@ impl std::fmt::Debug for WeightReader<'_> {
 
 /// A tensor as read (quantized ones shared, as `Linear` and `Embedding` hold them).
 enum Held {
+    /// CPU: the blocks in place in the mapped file.
+    View(Blocks),
+    /// Elsewhere: a candle tensor on the device.
     Blocks(Arc<QTensor>),
     Dense(Tensor),
 }

@@ -167,7 +167,7 @@ impl ChatEncoder {
                 .map(|(role, content)| ChatMessage {
                     role: (*role).to_owned(),
                     content: (*content).to_owned(),
-                    name: None,
+                    ..ChatMessage::default()
                 })
                 .collect();
             let ctx = TemplateContext {
@@ -177,6 +177,7 @@ impl ChatEncoder {
                 eos_token: "",
                 unk_token: None,
                 pad_token: None,
+                tools: None,
             };
             if let Ok(rendered) = rewritten.render(&ctx) {
                 if finder.find(&rendered).is_some() {

@@ -3,7 +3,8 @@
 //! transformers renders it with Jinja2.
 //!
 //! Like transformers' `apply_chat_template`: `trim_blocks` and `lstrip_blocks` on, a trailing
-//! newline of the template dropped, variables `messages`, `tools` and `documents` (both none),
+//! newline of the template dropped, variables `messages`, `tools` (the tool definitions when
+//! the request offers some, else none) and `documents` (none),
 //! `add_generation_prompt`, `bos_token`, `eos_token` (plus `unk_token`/`pad_token` when known),
 //! and the helpers transformers' `_compile_jinja_template` adds: `raise_exception(msg)` (aborts
 //! rendering with `msg`), `strftime_now(format)` (the local time through Python's `strftime`
@@ -21,7 +22,7 @@ use crate::model::error::{ModelError, Result};
 
 /// One chat message after validation: role and flattened text content (what the HTTP layer hands
 /// the engine, and what the template renders; the engine re-exports it).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct ChatMessage {
     /// "system", "user", "assistant" or "tool".
     pub role: String,
@@ -31,6 +32,14 @@ pub struct ChatMessage {
     /// the template's view when not given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant message's calls, in OpenAI's shape (`{"id", "type": "function",
+    /// "function": {"name", "arguments"}}`) with `arguments` as a JSON object, as templates
+    /// expect them; absent when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool message's `tool_call_id`; absent when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 /// Name of the single template in the environment.
@@ -53,15 +62,16 @@ pub struct TemplateContext<'a> {
     /// The padding token's text, when the model has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pad_token: Option<&'a str>,
+    /// The offered tools (`{"type": "function", "function": {..}}` each), or none.
+    pub tools: Option<&'a [serde_json::Value]>,
 }
 
-/// The variables transformers always passes besides the context (`tools=None, documents=None`),
-/// so `{% if tools is not none %}` reads as it does under Jinja2.
+/// The variable transformers always passes besides the context (`documents=None`), so
+/// `{% if documents is not none %}` reads as it does under Jinja2.
 #[derive(Serialize)]
 struct Rendered<'a> {
     #[serde(flatten)]
     ctx: &'a TemplateContext<'a>,
-    tools: Option<()>,
     documents: Option<()>,
 }
 
@@ -148,7 +158,6 @@ impl ChatTemplate {
         template
             .render(Value::from_serialize(Rendered {
                 ctx,
-                tools: None,
                 documents: None,
             }))
             .map_err(|e| match raised_message(&e) {
@@ -221,12 +230,12 @@ mod tests {
             ChatMessage {
                 role: "system".into(),
                 content: "  Be brief.  ".into(),
-                name: None,
+                ..ChatMessage::default()
             },
             ChatMessage {
                 role: "user".into(),
                 content: "Héllo \"you\"\n".into(),
-                name: None,
+                ..ChatMessage::default()
             },
         ]
     }
@@ -240,6 +249,7 @@ mod tests {
             eos_token: "</s>",
             unk_token: None,
             pad_token: None,
+            tools: None,
         })
     }
 
@@ -293,9 +303,36 @@ mod tests {
                 eos_token: "",
                 unk_token: None,
                 pad_token: None,
+                tools: None,
             })
             .unwrap();
         assert_eq!(out, "system;user(alice);", "absent names stay undefined");
+    }
+
+    #[test]
+    fn tools_and_tool_calls_are_there_for_templates_that_use_them() {
+        let m = vec![ChatMessage {
+            role: "assistant".into(),
+            tool_calls: Some(vec![
+                serde_json::json!({"function": {"name": "f", "arguments": {"a": 1}}}),
+            ]),
+            ..ChatMessage::default()
+        }];
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "f"}})];
+        let src = "{% for t in tools %}{{ t.function.name }};{% endfor %}{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}{{ m.tool_call_id is defined }}{% endfor %}";
+        let out = ChatTemplate::new(src)
+            .unwrap()
+            .render(&TemplateContext {
+                messages: &m,
+                add_generation_prompt: false,
+                bos_token: "",
+                eos_token: "",
+                unk_token: None,
+                pad_token: None,
+                tools: Some(&tools),
+            })
+            .unwrap();
+        assert_eq!(out, "f;f{\"a\": 1}False");
     }
 
     #[test]

@@ -155,6 +155,22 @@ impl TextTokenizer {
         add_generation_prompt: bool,
         parse_special_in_content: bool,
     ) -> Result<Vec<u32>> {
+        self.encode_chat_with_tools(
+            messages,
+            None,
+            add_generation_prompt,
+            parse_special_in_content,
+        )
+    }
+
+    /// [`Self::encode_chat`] with the template's `tools` variable set to `tools`.
+    pub fn encode_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+        parse_special_in_content: bool,
+    ) -> Result<Vec<u32>> {
         if !parse_special_in_content {
             let encoder = self.chat_encoder()?;
             if let Some(template) = encoder.template() {
@@ -168,13 +184,14 @@ impl TextTokenizer {
                     eos_token: eos.as_deref().unwrap_or(""),
                     unk_token: unk.as_deref(),
                     pad_token: pad.as_deref(),
+                    tools,
                 })?;
                 return encoder.encode_rendered(&rendered);
             }
         }
         // Asked to parse them, or no template the guard can follow (or none at all, which
         // apply_chat_template reports).
-        let text = self.apply_chat_template(messages, add_generation_prompt)?;
+        let text = self.render_chat(messages, tools, add_generation_prompt)?;
         self.encode(&text, false)
     }
 
@@ -275,6 +292,20 @@ impl TextTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_chat(messages, None, add_generation_prompt)
+    }
+
+    /// The chat template's source, when the model ships one.
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.chat_template_source.as_deref()
+    }
+
+    fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let template = self.chat_template.as_ref().ok_or_else(|| {
             ModelError::Template(
                 "this model has no chat template (no `tokenizer.chat_template` in the GGUF, no \
@@ -290,6 +321,7 @@ impl TextTokenizer {
             eos_token: self.special.eos_text.as_deref().unwrap_or(""),
             unk_token: self.special.unk_text.as_deref(),
             pad_token: self.special.pad_text.as_deref(),
+            tools,
         })
     }
 

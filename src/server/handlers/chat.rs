@@ -1,23 +1,27 @@
 //! `POST /v1/chat/completions`: validate, submit, then answer with one `chat.completion` or an
 //! SSE stream of `chat.completion.chunk`s (first one role chunk per choice; every chunk names
-//! its choice by `index`).
+//! its choice by `index`). With tools offered, each choice's text goes through its
+//! [`ToolCallStream`]: content chunks carry only what is not call markup, each call's first
+//! chunk its `index`, `id` and name, the next ones its argument fragments.
 
 use axum::extract::State;
 use axum::response::Response;
 use serde_json::{Map, Value};
 
 use super::{respond, usage_of, Collected, ResponseFormatter};
+use crate::engine::tool_calls::{ParsedOutput, ToolCallFormat, ToolCallStream, ToolEvent};
 use crate::engine::{FinishReason, TokenOutput, Usage};
 use crate::server::error::ApiError;
 use crate::server::extract::JsonObject;
 use crate::server::metrics::ModelLabel;
 use crate::server::openai::chat::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse, ChatDelta,
-    ChatLogprobs, ChatRequest, ChatResponseMessage, ChatTokenLogprob,
+    ChatFinishReason, ChatLogprobs, ChatRequest, ChatResponseMessage, ChatTokenLogprob,
 };
 use crate::server::openai::common::{new_id, unix_now};
+use crate::server::openai::tools::{FunctionDelta, FunctionWire, ToolCallDelta, ToolCallWire};
 use crate::server::sse::{to_data, ChunkFormatter};
-use crate::server::validate::{self, ValidRequest};
+use crate::server::validate::{self, ToolParsing, ValidRequest};
 use crate::server::AppState;
 
 /// The handler; its response carries the model label for `ferry_requests_total`.
@@ -44,6 +48,10 @@ struct Formatter {
     logprobs: bool,
     /// How many choices (`n`).
     choices: u32,
+    /// How to read tool calls, when tools are offered.
+    tools: Option<ToolParsing>,
+    /// Per choice (streaming): its reader and its calls' ids.
+    readers: Vec<(ToolCallStream, Vec<String>)>,
 }
 
 impl Formatter {
@@ -55,7 +63,109 @@ impl Formatter {
             include_usage: valid.include_usage(),
             logprobs: valid.params().logprobs.is_some(),
             choices: u32::try_from(valid.n()).unwrap_or(u32::MAX),
+            tools: valid.tool_calls().cloned(),
+            readers: match valid.tool_calls() {
+                Some(t) => (0..valid.n())
+                    .map(|_| (ToolCallStream::new(t.format, t.tools.clone()), Vec::new()))
+                    .collect(),
+                None => Vec::new(),
+            },
         }
+    }
+
+    /// A choice's message: its text, or with tools offered, its content and calls.
+    fn message(&self, text: String) -> (ChatResponseMessage, usize) {
+        let Some(tools) = &self.tools else {
+            return (message(Some(text), None), 0);
+        };
+        let ParsedOutput { content, calls } =
+            ToolCallStream::parse(tools.format, tools.tools.clone(), &text);
+        if calls.is_empty() {
+            return (message(Some(content), None), 0);
+        }
+        let n = calls.len();
+        let wire = calls
+            .into_iter()
+            .map(|call| ToolCallWire {
+                id: call_id(tools.format),
+                kind: "function",
+                function: FunctionWire {
+                    name: call.name,
+                    arguments: call.arguments,
+                },
+            })
+            .collect();
+        (
+            (message((!content.is_empty()).then_some(content), Some(wire))),
+            n,
+        )
+    }
+
+    /// The chunks for a choice's new text: as it is, or through its tool-call reader.
+    fn text_chunks(
+        &mut self,
+        index: u32,
+        text: &str,
+        finished: bool,
+        mut logprobs: Option<ChatLogprobs>,
+    ) -> Vec<String> {
+        let events = match self.readers.get_mut(index as usize) {
+            None if text.is_empty() => Vec::new(),
+            None => vec![ToolEvent::Content(text.to_owned())],
+            Some((reader, _)) => {
+                let mut events = reader.push(text);
+                if finished {
+                    events.extend(reader.finish());
+                }
+                events
+            }
+        };
+        let mut chunks = Vec::with_capacity(events.len().max(1));
+        for event in events {
+            let delta = match event {
+                ToolEvent::Content(content) => ChatDelta {
+                    content: Some(content),
+                    ..ChatDelta::default()
+                },
+                ToolEvent::CallStart { index: call, name } => {
+                    let id = self
+                        .tools
+                        .as_ref()
+                        .map_or_else(String::new, |t| call_id(t.format));
+                    if let Some((_, ids)) = self.readers.get_mut(index as usize) {
+                        ids.push(id.clone());
+                    }
+                    tool_delta(ToolCallDelta {
+                        index: call,
+                        id: Some(id),
+                        kind: Some("function"),
+                        function: FunctionDelta {
+                            name: Some(name),
+                            arguments: String::new(),
+                        },
+                    })
+                }
+                ToolEvent::Arguments {
+                    index: call,
+                    fragment,
+                } => tool_delta(ToolCallDelta {
+                    index: call,
+                    id: None,
+                    kind: None,
+                    function: FunctionDelta {
+                        name: None,
+                        arguments: fragment,
+                    },
+                }),
+            };
+            let choice = self.choice(index, delta, logprobs.take());
+            chunks.push(self.chunk(vec![choice], self.chunk_usage()));
+        }
+        if let Some(logprobs) = logprobs {
+            let choice = self.choice(index, ChatDelta::default(), Some(logprobs));
+            chunks.push(self.chunk(vec![choice], self.chunk_usage()));
+        }
+        chunks
     }
 
     fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Option<Usage>>) -> String {
@@ -96,21 +206,20 @@ impl ResponseFormatter for Formatter {
         let choices = done
             .iter()
             .enumerate()
-            .map(|(index, choice)| ChatChoice {
-                index: index as u32,
-                message: ChatResponseMessage {
-                    role: "assistant",
-                    content: choice.text(),
-                    refusal: None,
-                },
-                logprobs: self.logprobs.then(|| ChatLogprobs {
-                    content: choice
-                        .tokens
-                        .iter()
-                        .filter_map(ChatTokenLogprob::from_output)
-                        .collect(),
-                }),
-                finish_reason: Some(choice.reason),
+            .map(|(index, choice)| {
+                let (message, calls) = self.message(choice.text());
+                ChatChoice {
+                    index: index as u32,
+                    message,
+                    logprobs: self.logprobs.then(|| ChatLogprobs {
+                        content: choice
+                            .tokens
+                            .iter()
+                            .filter_map(ChatTokenLogprob::from_output)
+                            .collect(),
+                    }),
+                    finish_reason: Some(ChatFinishReason::of(choice.reason, calls)),
+                }
             })
             .collect();
         ChatCompletionResponse {
@@ -132,6 +241,7 @@ impl ChunkFormatter for Formatter {
                 let delta = ChatDelta {
                     role: Some("assistant"),
                     content: Some(String::new()),
+                    tool_calls: None,
                 };
                 self.chunk(vec![self.choice(index, delta, None)], self.chunk_usage())
             })
@@ -139,30 +249,31 @@ impl ChunkFormatter for Formatter {
     }
 
     fn token(&mut self, index: u32, out: &TokenOutput) -> Vec<String> {
-        if out.text.is_empty() && !self.logprobs {
-            return Vec::new();
-        }
         let logprobs = self.logprobs.then(|| ChatLogprobs {
             content: ChatTokenLogprob::from_output(out).into_iter().collect(),
         });
-        let delta = ChatDelta {
-            role: None,
-            content: Some(out.text.clone()),
-        };
-        vec![self.chunk(
-            vec![self.choice(index, delta, logprobs)],
-            self.chunk_usage(),
-        )]
+        self.text_chunks(index, &out.text, false, logprobs)
     }
 
     fn finish(&mut self, index: u32, reason: FinishReason, trailing_text: &str) -> Vec<String> {
-        let delta = ChatDelta {
-            role: None,
-            content: (!trailing_text.is_empty()).then(|| trailing_text.to_owned()),
-        };
-        let mut last = self.choice(index, delta, None);
-        last.finish_reason = Some(reason);
-        vec![self.chunk(vec![last], self.chunk_usage())]
+        if self.readers.is_empty() {
+            let delta = ChatDelta {
+                content: (!trailing_text.is_empty()).then(|| trailing_text.to_owned()),
+                ..ChatDelta::default()
+            };
+            let mut last = self.choice(index, delta, None);
+            last.finish_reason = Some(ChatFinishReason::of(reason, 0));
+            return vec![self.chunk(vec![last], self.chunk_usage())];
+        }
+        let mut chunks = self.text_chunks(index, trailing_text, true, None);
+        let calls = self
+            .readers
+            .get(index as usize)
+            .map_or(0, |(reader, _)| reader.calls());
+        let mut last = self.choice(index, ChatDelta::default(), None);
+        last.finish_reason = Some(ChatFinishReason::of(reason, calls));
+        chunks.push(self.chunk(vec![last], self.chunk_usage()));
+        chunks
     }
 
     fn usage(&mut self, usage: Usage) -> Vec<String> {
@@ -170,5 +281,33 @@ impl ChunkFormatter for Formatter {
             .then(|| self.chunk(Vec::new(), Some(Some(usage))))
             .into_iter()
             .collect()
+    }
+}
+
+fn message(content: Option<String>, tool_calls: Option<Vec<ToolCallWire>>) -> ChatResponseMessage {
+    ChatResponseMessage {
+        role: "assistant",
+        content,
+        refusal: None,
+        tool_calls,
+    }
+}
+
+fn tool_delta(call: ToolCallDelta) -> ChatDelta {
+    ChatDelta {
+        tool_calls: Some(vec![call]),
+        ..ChatDelta::default()
+    }
+}
+
+/// A new call id: `call_` and 24 letters or digits; Mistral's templates require exactly nine
+/// letters or digits of the ids they get back in the history, so its calls get those.
+fn call_id(format: ToolCallFormat) -> String {
+    match format {
+        ToolCallFormat::Mistral => {
+            use rand::distr::{Alphanumeric, SampleString};
+            Alphanumeric.sample_string(&mut rand::rng(), 9)
+        }
+        _ => new_id("call_"),
     }
 }

@@ -5,20 +5,25 @@
 //! Accepted: `model`, `messages`, `max_tokens`, `max_completion_tokens`, `logprobs`,
 //! `top_logprobs`, the shared sampling fields ([`super::common::SAMPLING_FIELDS`]: `n` and
 //! `logit_bias` among them, with the ignored ones of [`super::common::IGNORED_FIELDS`]),
-//! `metadata` (ignored), `store` (false only), `response_format` (`text`, `json_object`, `json_schema`).
+//! `metadata` (ignored), `store` (false only), `response_format` (`text`, `json_object`, `json_schema`),
+//! `tools`, `tool_choice`, `parallel_tool_calls` ([`super::tools`]).
 //! Messages: `role` (`system`, `user`, `assistant`, `tool`, and `developer`, treated as
 //! `system`), `content` (a string, an array of `{"type":"text","text"}` parts, or null for an
-//! assistant), `name` (passed to the chat template, which may render it), `tool_call_id`
-//! (ignored). Everything else is rejected with `param` naming it.
+//! assistant), `name` (passed to the chat template, which may render it), an assistant's
+//! `tool_calls` and a tool message's `tool_call_id` (both passed to the template). Everything
+//! else is rejected with `param` naming it.
 //!
 //! The response's message carries `refusal: null` and every choice its `logprobs` (null unless
-//! asked): the fields OpenAI's schema marks required even when empty.
+//! asked): the fields OpenAI's schema marks required even when empty. A reply that called
+//! tools has `tool_calls`, `content` null when there was no other text, and `finish_reason`
+//! `tool_calls`.
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::common::{SamplingWire, SAMPLING_FIELDS};
 use super::fields::Fields;
+use super::tools::{read_message_calls, ToolCallDelta, ToolCallWire, ToolsWire};
 use crate::engine::{ChatMessage, FinishReason, GrammarSpec, TokenLogprob, TokenOutput, Usage};
 use crate::server::error::ApiError;
 
@@ -41,6 +46,8 @@ pub struct ChatRequest {
     pub sampling: SamplingWire,
     /// `response_format`'s grammar, not yet compiled; `None` for plain text.
     pub response_format: Option<GrammarSpec>,
+    /// `tools`, `tool_choice`, `parallel_tool_calls`.
+    pub tools: ToolsWire,
 }
 
 const OWN_FIELDS: &[&str] = &[
@@ -53,13 +60,13 @@ const OWN_FIELDS: &[&str] = &[
     "store",
     "metadata",
     "response_format",
-];
-const UNSUPPORTED: &[&str] = &[
     "tools",
     "tool_choice",
+    "parallel_tool_calls",
+];
+const UNSUPPORTED: &[&str] = &[
     "functions",
     "function_call",
-    "parallel_tool_calls",
     "audio",
     "modalities",
     "prediction",
@@ -78,6 +85,7 @@ impl ChatRequest {
         f.reject_others(&known, UNSUPPORTED)?;
         f.only("store", "a boolean", false)?;
         let response_format = read_response_format(&mut f)?;
+        let tools = ToolsWire::read(&mut f)?;
         let _metadata: Option<Map<String, Value>> = f.optional("metadata", "an object")?;
         let model = f.required("model", "a string")?;
         let messages = match f.take_raw("messages") {
@@ -105,6 +113,7 @@ impl ChatRequest {
             top_logprobs: f.optional("top_logprobs", "an integer")?,
             sampling: SamplingWire::read(&mut f)?,
             response_format,
+            tools,
         })
     }
 }
@@ -170,8 +179,8 @@ fn read_messages(value: Value) -> Result<Vec<ChatMessage>, ApiError> {
 fn read_message(item: Value, param: &str) -> Result<ChatMessage, ApiError> {
     let mut f = Fields::from_value(item, param)?;
     f.reject_others(
-        &["role", "content", "name", "tool_call_id"],
-        &["tool_calls", "function_call", "audio", "refusal"],
+        &["role", "content", "name", "tool_call_id", "tool_calls"],
+        &["function_call", "audio", "refusal"],
     )?;
     let role: String = f.required("role", "a string")?;
     let role = match role.as_str() {
@@ -188,7 +197,18 @@ fn read_message(item: Value, param: &str) -> Result<ChatMessage, ApiError> {
             ))
         }
     };
-    let _tool_call_id: Option<String> = f.optional("tool_call_id", "a string")?;
+    let tool_call_id: Option<String> = f.optional("tool_call_id", "a string")?;
+    let calls_param = f.param("tool_calls");
+    let tool_calls = match f.take_raw("tool_calls") {
+        None => None,
+        Some(_) if role != "assistant" => {
+            return Err(ApiError::invalid_value(
+                &calls_param,
+                "Only assistant messages carry `tool_calls`.",
+            ))
+        }
+        Some(value) => Some(read_message_calls(value, &calls_param)?),
+    };
     let name: Option<String> = f.optional("name", "a string")?;
     let content_param = f.param("content");
     let content = match f.take_raw("content") {
@@ -208,6 +228,8 @@ fn read_message(item: Value, param: &str) -> Result<ChatMessage, ApiError> {
         role: role.to_owned(),
         content,
         name,
+        tool_calls,
+        tool_call_id,
     })
 }
 
@@ -256,7 +278,30 @@ pub struct ChatChoice {
     /// Per-token logprobs when asked for.
     pub logprobs: Option<ChatLogprobs>,
     /// Why generation ended.
-    pub finish_reason: Option<FinishReason>,
+    pub finish_reason: Option<ChatFinishReason>,
+}
+
+/// A chat choice's `finish_reason`: the engine's, or `tool_calls` when the reply called tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChatFinishReason {
+    /// EOS or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The reply ended after calling tools.
+    ToolCalls,
+}
+
+impl ChatFinishReason {
+    /// The reason of a reply that ended for `reason` having made `calls` calls.
+    pub fn of(reason: FinishReason, calls: usize) -> Self {
+        match reason {
+            FinishReason::Length => Self::Length,
+            FinishReason::Stop if calls > 0 => Self::ToolCalls,
+            FinishReason::Stop => Self::Stop,
+        }
+    }
 }
 
 /// `{"role":"assistant","content":...,"refusal":null}`.
@@ -264,10 +309,13 @@ pub struct ChatChoice {
 pub struct ChatResponseMessage {
     /// Always `"assistant"`.
     pub role: &'static str,
-    /// The generated text.
-    pub content: String,
+    /// The generated text; `null` when the reply was only tool calls.
+    pub content: Option<String>,
     /// Always `null` (this server never refuses in words); required by OpenAI's schema.
     pub refusal: Option<String>,
+    /// The reply's tool calls; absent when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallWire>>,
 }
 
 /// One `chat.completion.chunk` event.
@@ -299,7 +347,7 @@ pub struct ChatChunkChoice {
     /// This chunk's token logprobs when asked for.
     pub logprobs: Option<ChatLogprobs>,
     /// Non-null in exactly one chunk per choice, its last.
-    pub finish_reason: Option<FinishReason>,
+    pub finish_reason: Option<ChatFinishReason>,
 }
 
 /// A chunk's delta: the role in the first chunk, then content.
@@ -311,6 +359,9 @@ pub struct ChatDelta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Pieces of tool calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// `{"content": [...]}`.
@@ -370,6 +421,7 @@ impl ChatTokenLogprob {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::tool_calls::ToolChoice;
     use serde_json::json;
 
     fn req(v: Value) -> Result<ChatRequest, ApiError> {
@@ -400,6 +452,43 @@ mod tests {
         .unwrap();
         assert_eq!(r.messages[0].name.as_deref(), Some("bob"));
         assert_eq!(r.messages[0].content, "hi");
+    }
+
+    #[test]
+    fn tools_and_past_calls_are_read() {
+        let r = req(json!({"model": "m",
+            "tools": [{"type": "function", "function": {"name": "get_weather", "description": "d",
+                "parameters": {"type": "object"}, "strict": true}}],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "parallel_tool_calls": false,
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]}))
+        .unwrap();
+        assert_eq!(r.tools.tools[0].name, "get_weather");
+        assert_eq!(
+            r.tools.choice,
+            Some(ToolChoice::Named("get_weather".into()))
+        );
+        assert!(!r.tools.parallel);
+        let calls = r.messages[1].tool_calls.as_ref().unwrap();
+        assert_eq!(
+            calls[0]["function"]["arguments"],
+            json!({"city": "Paris"}),
+            "arguments reach the template as JSON"
+        );
+        assert_eq!(r.messages[2].tool_call_id.as_deref(), Some("call_1"));
+        let r = req(json!({"model": "m", "messages": [{"role": "user", "content": "x"}]})).unwrap();
+        assert_eq!(
+            (
+                r.tools.tools.len(),
+                r.tools.choice.clone(),
+                r.tools.parallel
+            ),
+            (0, None, true)
+        );
     }
 
     #[test]
@@ -446,9 +535,39 @@ mod tests {
                 "invalid_value",
             ),
             (
-                json!({"model": "m", "messages": [], "tools": []}),
-                "tools",
+                json!({"model": "m", "messages": [], "functions": []}),
+                "functions",
                 "unsupported_parameter",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"description": "d"}}]}),
+                "tools[0].function.name",
+                "missing_required_parameter",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "a b"}}]}),
+                "tools[0].function.name",
+                "invalid_value",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}),
+                "tools[0].function.parameters",
+                "invalid_type",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}),
+                "tool_choice",
+                "invalid_value",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+                "tool_choice",
+                "invalid_value",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x", "tool_calls": []}]}),
+                "messages[0].tool_calls",
+                "invalid_value",
             ),
             (
                 json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "max_completion_tokens": 2}),

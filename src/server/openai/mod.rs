@@ -7,3 +7,4 @@ pub mod common;
 pub mod completions;
 pub mod fields;
 pub mod tokenize;
+pub mod tools;

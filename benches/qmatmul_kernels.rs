@@ -1,0 +1,204 @@
+//! Kernel micro-bench of the CPU quantized matmul: for each GGUF block type, ferry's
+//! [`CpuQMatMul`] against candle's `QMatMul` on the same weight bytes, at m = 1 (decode: one
+//! pass over weights that do not fit in the caches) and m = 64 (a prefill chunk), printed as a
+//! markdown table of weight GB/s and the ferry / candle ratio, in one run.
+//!
+//! Usage: `cargo bench --bench qmatmul_kernels -- [OPTIONS]` (`-- --help` lists them). Both
+//! sides run on `--threads` threads (rayon's pool and candle's, via `RAYON_NUM_THREADS`).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::{Device, Module, Tensor};
+use clap::Parser;
+use ferry::model::cpu_qmatmul::{CpuQMatMul, Kernel};
+use half::f16;
+
+/// `cargo bench --bench qmatmul_kernels -- [OPTIONS]`.
+#[derive(Parser)]
+struct Options {
+    /// Threads for both implementations.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Weight rows (output features).
+    #[arg(long, default_value_t = 4096)]
+    rows: usize,
+    /// Weight columns (input features; a multiple of 256).
+    #[arg(long, default_value_t = 4096)]
+    cols: usize,
+    /// Bytes of distinct weights cycled through, so m = 1 reads from memory, in MiB.
+    #[arg(long, default_value_t = 192)]
+    working_set_mib: usize,
+    /// Seconds measured per row of the table and implementation (best of 5 windows).
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// Block types to run (default: all with a ferry kernel).
+    #[arg(long, value_delimiter = ',')]
+    types: Vec<String>,
+    /// Passed by `cargo bench`.
+    #[arg(long = "bench", hide = true)]
+    _bench: bool,
+}
+
+/// The types, their bytes per block, elements per block, and where their f16 scales sit.
+const TYPES: [(&str, GgmlDType, usize, usize, &[usize]); 10] = [
+    ("q4_0", GgmlDType::Q4_0, 18, 32, &[0]),
+    ("q4_1", GgmlDType::Q4_1, 20, 32, &[0, 2]),
+    ("q5_0", GgmlDType::Q5_0, 22, 32, &[0]),
+    ("q5_1", GgmlDType::Q5_1, 24, 32, &[0, 2]),
+    ("q8_0", GgmlDType::Q8_0, 34, 32, &[0]),
+    ("q2_k", GgmlDType::Q2K, 84, 256, &[80, 82]),
+    ("q3_k", GgmlDType::Q3K, 110, 256, &[108]),
+    ("q4_k", GgmlDType::Q4K, 144, 256, &[0, 2]),
+    ("q5_k", GgmlDType::Q5K, 176, 256, &[0, 2]),
+    ("q6_k", GgmlDType::Q6K, 210, 256, &[208]),
+];
+
+/// A `rows x cols` weight of pseudo-random blocks with small finite scales.
+fn weight(
+    dtype: GgmlDType,
+    (bytes, elems, scales): (usize, usize, &[usize]),
+    (rows, cols): (usize, usize),
+    seed: u64,
+) -> Result<Arc<QTensor>, String> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut data: Vec<u8> = (0..rows * cols / elems * bytes)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect();
+    for (b, block) in data.chunks_exact_mut(bytes).enumerate() {
+        for &at in scales {
+            let v = ((b % 13) as f32 - 6.0) * 0.001 + 0.0003;
+            block[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+        }
+    }
+    let storage =
+        QStorage::from_data(Cow::Owned(data), &Device::Cpu, dtype).map_err(|e| e.to_string())?;
+    let q = QTensor::new(storage, (rows, cols)).map_err(|e| e.to_string())?;
+    Ok(Arc::new(q))
+}
+
+/// Calls per second of each of two implementations, `a(i)` and `b(i)` cycling `i` over
+/// `count` weights: after one warm-up call each, `ROUNDS` alternating windows of
+/// `seconds / ROUNDS` each, keeping each side's best window (the machine may be shared, and
+/// alternating keeps a busy spell from landing on one side only).
+fn rates(
+    count: usize,
+    seconds: f64,
+    mut a: impl FnMut(usize) -> Result<(), String>,
+    mut b: impl FnMut(usize) -> Result<(), String>,
+) -> Result<(f64, f64), String> {
+    const ROUNDS: usize = 5;
+    a(0)?;
+    b(0)?;
+    let window = Duration::from_secs_f64(seconds / ROUNDS as f64);
+    let window_rate = |call: &mut dyn FnMut(usize) -> Result<(), String>,
+                       next: &mut usize|
+     -> Result<f64, String> {
+        let started = Instant::now();
+        let mut calls = 0usize;
+        while calls < 1 || started.elapsed() < window {
+            call(*next % count)?;
+            *next += 1;
+            calls += 1;
+        }
+        Ok(calls as f64 / started.elapsed().as_secs_f64())
+    };
+    let (mut best_a, mut best_b) = (0f64, 0f64);
+    let (mut next_a, mut next_b) = (1usize, 1usize);
+    for _ in 0..ROUNDS {
+        best_a = best_a.max(window_rate(&mut a, &mut next_a)?);
+        best_b = best_b.max(window_rate(&mut b, &mut next_b)?);
+    }
+    Ok((best_a, best_b))
+}
+
+fn cpu_name() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let name = info
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let flags: Vec<&str> = ["avx2", "fma", "f16c", "avx512f", "avx512_vnni"]
+        .into_iter()
+        .filter(|f| {
+            info.lines()
+                .find(|l| l.starts_with("flags"))
+                .is_some_and(|l| l.split_whitespace().any(|w| w == *f))
+        })
+        .collect();
+    format!("{name} ({})", flags.join(", "))
+}
+
+fn main() -> Result<(), String> {
+    let options = Options::parse();
+    // Both pools size themselves from this on first use, which is below.
+    std::env::set_var("RAYON_NUM_THREADS", options.threads.to_string());
+    let (rows, cols) = (options.rows, options.cols);
+    if cols % 256 != 0 {
+        return Err(format!("--cols {cols} is not a multiple of 256"));
+    }
+    println!("CPU: {}", cpu_name());
+    println!(
+        "weights {rows} x {cols}, {} threads, {} MiB working set at m = 1, {} s per cell",
+        options.threads, options.working_set_mib, options.seconds
+    );
+    println!();
+    println!("| type | m | ferry GB/s | candle GB/s | ferry / candle |");
+    println!("|---|---|---|---|---|");
+    for &(name, dtype, bytes, elems, scales) in &TYPES {
+        if !options.types.is_empty() && !options.types.iter().any(|t| t == name) {
+            continue;
+        }
+        let matrix_bytes = rows * cols / elems * bytes;
+        let count = (options.working_set_mib << 20)
+            .div_ceil(matrix_bytes)
+            .clamp(1, 64);
+        let weights = (0..count)
+            .map(|i| weight(dtype, (bytes, elems, scales), (rows, cols), i as u64 + 1))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ferry = weights
+            .iter()
+            .map(|w| CpuQMatMul::new(w.clone()).map_err(|e| e.to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let candle = weights
+            .iter()
+            .map(|w| QMatMul::from_arc(w.clone()).map_err(|e| e.to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
+        for m in [1usize, 64] {
+            let x: Vec<f32> = (0..m * cols)
+                .map(|i| ((i * 7919) % 1999) as f32 / 1000.0 - 1.0)
+                .collect();
+            let xt =
+                Tensor::from_vec(x.clone(), (m, cols), &Device::Cpu).map_err(|e| e.to_string())?;
+            let mut out = vec![0f32; m * rows];
+            // m = 64 is compute bound: two weights are enough, and keep the warm-up short.
+            let count = if m == 1 { count } else { count.min(2) };
+            let (ferry_rate, candle_rate) = rates(
+                count,
+                options.seconds,
+                |i| {
+                    ferry[i]
+                        .matmul_f32(&x, m, &mut out, Kernel::Auto)
+                        .map_err(|e| e.to_string())
+                },
+                |i| candle[i].forward(&xt).map(drop).map_err(|e| e.to_string()),
+            )?;
+            let gbs = |r: f64| r * matrix_bytes as f64 / 1e9;
+            println!(
+                "| {name} | {m} | {:.2} | {:.2} | {:.2} |",
+                gbs(ferry_rate),
+                gbs(candle_rate),
+                ferry_rate / candle_rate
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,246 @@
+//! AVX2 dot products of one raw GGUF weight row with four quantized activation rows at once
+//! (the micro-kernels of [`super::tile`]): each weight block is loaded and unpacked once and
+//! multiplied with the four activation rows' blocks while it sits in registers.
+//!
+//! Every output is computed with exactly the operations, in exactly the order, of the
+//! one-row kernel in [`super::avx2`] (same accumulators, same scalar offset sums), so a tiled
+//! matmul returns bit for bit what the row-by-row one does. Where the CPU has AVX-VNNI the
+//! byte products are summed by one `vpdpbusd` instead of `vpmaddubsw` + `vpmaddwd`: both give
+//! the same 32-bit sums of the same four products per lane (the 16-bit stage cannot saturate,
+//! see [`super::avx2`]), so that too leaves every result unchanged.
+
+// The four rows' blocks are indexed in lockstep, by block and by row.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::avx2::{dot_u8_i8, f16_at, hsum, load_act, nibbles, Avx2, PREFETCH_AHEAD};
+use super::tile::Rows4;
+
+fn check(w: &[u8], a: &Rows4<'_>, block_bytes: usize, what: &str) {
+    let kb = a[0].len();
+    assert!(
+        a.iter().all(|r| r.len() == kb),
+        "{what}: activation rows differ in length"
+    );
+    assert!(w.len() >= block_bytes * kb, "{what} row too short");
+}
+
+/// Whether the CPU has AVX-VNNI (CPUID leaf 7, sub-leaf 1, EAX bit 4; read once). The
+/// standard library's detection and intrinsics for it are newer than this crate's MSRV, so
+/// the instruction is issued by `asm!` in [`dot`].
+pub fn has_vnni() -> bool {
+    static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VNNI.get_or_init(|| {
+        // SAFETY: CPUID is available on every x86_64 CPU (the intrinsics are safe functions
+        // in newer Rust, unsafe at the MSRV); leaf 7 is read only when it exists.
+        #[allow(unused_unsafe)]
+        let leaf7 = unsafe { (__cpuid(0).eax >= 7).then(|| __cpuid_count(7, 1).eax) };
+        leaf7.is_some_and(|eax| (eax >> 4) & 1 == 1) && Avx2::detect().is_some()
+    })
+}
+
+/// [`Avx2::dot_q4_0`] of `w` with each of the four rows `a` (with `vnni` where the CPU has
+/// it: [`has_vnni`]).
+pub fn q4_0(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    let _ = k;
+    check(w, &a, 18, "q4_0");
+    let (w, vnni) = (w.as_ptr(), vnni && has_vnni());
+    // SAFETY: the `Avx2` token proves the features (and `has_vnni` AVX-VNNI); `check` bounds
+    // every read of `w`.
+    unsafe {
+        match vnni {
+            true => q4_0_vnni(w, a),
+            false => q4_0_x4(w, a),
+        }
+    }
+}
+
+/// [`Avx2::dot_q4_1`] of `w` with each of the four rows `a` (see [`q4_0`] for `vnni`).
+pub fn q4_1(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    let _ = k;
+    check(w, &a, 20, "q4_1");
+    let (w, vnni) = (w.as_ptr(), vnni && has_vnni());
+    // SAFETY: as in `q4_0`.
+    unsafe {
+        match vnni {
+            true => q4_1_vnni(w, a),
+            false => q4_1_x4(w, a),
+        }
+    }
+}
+
+/// [`Avx2::dot_q8_0`] of `w` with each of the four rows `a` (see [`q4_0`] for `vnni`).
+pub fn q8_0(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    let _ = k;
+    check(w, &a, 34, "q8_0");
+    let (w, vnni) = (w.as_ptr(), vnni && has_vnni());
+    // SAFETY: as in `q4_0`.
+    unsafe {
+        match vnni {
+            true => q8_0_vnni(w, a),
+            false => q8_0_x4(w, a),
+        }
+    }
+}
+
+/// Sums of `u8 * i8` products, eight i32 lanes of four products each, as f32.
+///
+/// # Safety
+/// The CPU must have AVX2 (and AVX-VNNI when `VNNI`); inlined into the callers below.
+#[inline(always)]
+unsafe fn dot<const VNNI: bool>(w: __m256i, y: __m256i) -> __m256 {
+    if VNNI {
+        vnni_dot(w, y)
+    } else {
+        dot_u8_i8(w, y)
+    }
+}
+
+/// [`dot_u8_i8`] by one `vpdpbusd` (AVX-VNNI, VEX encoded).
+///
+/// # Safety
+/// The CPU must have AVX2 and AVX-VNNI.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vnni_dot(w: __m256i, y: __m256i) -> __m256 {
+    let mut sums = _mm256_setzero_si256();
+    // SAFETY: the caller has AVX-VNNI; the instruction reads and writes registers only.
+    std::arch::asm!(
+        "{{vex}} vpdpbusd {acc}, {w}, {y}",
+        acc = inout(ymm_reg) sums,
+        w = in(ymm_reg) w,
+        y = in(ymm_reg) y,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    _mm256_cvtepi32_ps(sums)
+}
+
+/// One pair of entry points per format: the kernel body compiled with and without AVX-VNNI.
+macro_rules! variants {
+    ($body:ident, $plain:ident, $vnni:ident) => {
+        /// # Safety
+        /// The CPU must have AVX2, FMA, F16C; the row's bytes must be readable.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $plain(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+            $body::<false>(w, a)
+        }
+
+        /// # Safety
+        /// As the plain variant, and the CPU must have AVX-VNNI.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $vnni(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+            $body::<true>(w, a)
+        }
+    };
+}
+
+variants!(q4_0_body, q4_0_x4, q4_0_vnni);
+variants!(q4_1_body, q4_1_x4, q4_1_vnni);
+variants!(q8_0_body, q8_0_x4, q8_0_vnni);
+
+/// # Safety
+/// Inlined into its variants (see `variants!`); `w..w + 18 * a[0].len()` must be readable.
+#[inline(always)]
+unsafe fn q4_0_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut offset = [0f32; 4];
+    for i in 0..a[0].len() {
+        let p = w.add(18 * i);
+        if i % 2 == 0 {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
+        }
+        let dw = f16_at(p);
+        let wq = nibbles(p.add(2));
+        for r in 0..4 {
+            let b = &a[r][i];
+            let scale = dw * b.d;
+            let prod = dot::<VNNI>(wq, load_act(b));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scale), prod, acc[r]);
+            offset[r] += scale * (8 * b.isum) as f32;
+        }
+    }
+    std::array::from_fn(|r| hsum(acc[r]) - offset[r])
+}
+
+/// # Safety
+/// Inlined into its variants (see `variants!`); `w..w + 20 * a[0].len()` must be readable.
+#[inline(always)]
+unsafe fn q4_1_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+    let kb = a[0].len();
+    let mut acc0 = [_mm256_setzero_ps(); 4];
+    let mut acc1 = [_mm256_setzero_ps(); 4];
+    let mut offset = [0f32; 4];
+    let mut p = w;
+    for j in 0..kb / 2 {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
+        let dm0 = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
+        let dm1 = _mm_cvtph_ps(_mm_cvtsi32_si128(p.add(20).cast::<i32>().read_unaligned()));
+        let (d0, d1) = (_mm_cvtss_f32(dm0), _mm_cvtss_f32(dm1));
+        let (m0, m1) = (
+            _mm_cvtss_f32(_mm_movehdup_ps(dm0)),
+            _mm_cvtss_f32(_mm_movehdup_ps(dm1)),
+        );
+        let (w0, w1) = (nibbles(p.add(4)), nibbles(p.add(24)));
+        for r in 0..4 {
+            let (b0, b1) = (&a[r][2 * j], &a[r][2 * j + 1]);
+            let prod0 = dot::<VNNI>(w0, load_act(b0));
+            let prod1 = dot::<VNNI>(w1, load_act(b1));
+            acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b0.d), prod0, acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * b1.d), prod1, acc1[r]);
+            offset[r] += m0 * b0.s + m1 * b1.s;
+        }
+        p = p.add(40);
+    }
+    if kb % 2 == 1 {
+        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
+        let (d, m) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
+        let wq = nibbles(p.add(4));
+        for r in 0..4 {
+            let b = &a[r][kb - 1];
+            let prod = dot::<VNNI>(wq, load_act(b));
+            acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), prod, acc0[r]);
+            offset[r] += m * b.s;
+        }
+    }
+    std::array::from_fn(|r| hsum(_mm256_add_ps(acc0[r], acc1[r])) + offset[r])
+}
+
+/// # Safety
+/// Inlined into its variants (see `variants!`); `w..w + 34 * a[0].len()` must be readable.
+#[inline(always)]
+unsafe fn q8_0_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+    let kb = a[0].len();
+    let mut acc0 = [_mm256_setzero_ps(); 4];
+    let mut acc1 = [_mm256_setzero_ps(); 4];
+    let mut p = w;
+    for j in 0..kb / 2 {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD + 64).cast());
+        let (wv0, wv1) = (
+            _mm256_loadu_si256(p.add(2).cast()),
+            _mm256_loadu_si256(p.add(36).cast()),
+        );
+        let (abs0, abs1) = (_mm256_sign_epi8(wv0, wv0), _mm256_sign_epi8(wv1, wv1));
+        let (d0, d1) = (f16_at(p), f16_at(p.add(34)));
+        for r in 0..4 {
+            let (b0, b1) = (&a[r][2 * j], &a[r][2 * j + 1]);
+            let prod0 = dot::<VNNI>(abs0, _mm256_sign_epi8(load_act(b0), wv0));
+            let prod1 = dot::<VNNI>(abs1, _mm256_sign_epi8(load_act(b1), wv1));
+            acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b0.d), prod0, acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * b1.d), prod1, acc1[r]);
+        }
+        p = p.add(68);
+    }
+    if kb % 2 == 1 {
+        let wv = _mm256_loadu_si256(p.add(2).cast());
+        let abs = _mm256_sign_epi8(wv, wv);
+        let d = f16_at(p);
+        for r in 0..4 {
+            let b = &a[r][kb - 1];
+            let prod = dot::<VNNI>(abs, _mm256_sign_epi8(load_act(b), wv));
+            acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), prod, acc0[r]);
+        }
+    }
+    std::array::from_fn(|r| hsum(_mm256_add_ps(acc0[r], acc1[r])))
+}

@@ -1,0 +1,201 @@
+//! The loop of the CPU quantized matmul: how the `m x n` outputs of every weight of a call are
+//! cut into tasks and what runs inside one.
+//!
+//! A task is a rectangle of the output: up to [`ACT_ROWS`] activation rows times a run of
+//! weight rows of one matrix (sized to stay in L2). Inside it, four activation rows at a time
+//! sweep the task's weight rows, each weight row dotted with the four by a micro-kernel that
+//! unpacks every weight block once ([`rows4`]: [`super::avx2_tile`] or
+//! [`super::scalar_tile`]), so a prompt's matmul reads each weight from memory once per
+//! [`ACT_ROWS`] rows instead of once per row and does a quarter of the unpacking; the
+//! activations of the four rows stay in L1. Leftover rows (fewer than four) and formats without
+//! a micro-kernel go through the one-row dot ([`Dot::row`]). Results land in place in the
+//! row-major output (no transposed scratch). The micro-kernels repeat the one-row kernels'
+//! arithmetic exactly, so the tiling never changes a result.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use super::activation::{ActRow, Activations, Q8Block};
+#[cfg(target_arch = "x86_64")]
+use super::avx2_tile;
+use super::{scalar_tile, CpuQMatMul, Dot, Format, Kernel, PARALLEL_MIN_BLOCKS};
+use crate::model::error::Result;
+
+/// Four activation rows of the same number of blocks.
+pub type Rows4<'a> = [&'a [Q8Block]; 4];
+
+/// Activation rows per task.
+pub const ACT_ROWS: usize = 64;
+/// Bytes of weight rows per task at most (a task's weights are swept once per four activation
+/// rows, so they should stay in L2).
+const TASK_WEIGHT_BYTES: usize = 256 * 1024;
+
+/// Whether the many-row path uses the four-row micro-kernels (the default) or only the one-row
+/// dot (the reference the tiled results are tested against).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tiling {
+    /// Four activation rows per weight row where the format has a micro-kernel.
+    Tiled,
+    /// One activation row per dot product.
+    PerRow,
+}
+
+/// The dot products of one weight row with four activation rows, when `dot`'s format has a
+/// four-row micro-kernel (`None`: use [`Dot::row`] four times).
+#[inline]
+#[allow(unreachable_patterns)]
+pub(super) fn rows4(dot: &Dot, w: &[u8], a: Rows4<'_>) -> Option<[f32; 4]> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(k) = dot.avx2 {
+        return match dot.format {
+            Format::Q4_0 => Some(avx2_tile::q4_0(k, true, w, a)),
+            Format::Q4_1 => Some(avx2_tile::q4_1(k, true, w, a)),
+            Format::Q8_0 => Some(avx2_tile::q8_0(k, true, w, a)),
+            _ => None,
+        };
+    }
+    match dot.format {
+        Format::Q4_0 => Some(scalar_tile::q4_0(w, a)),
+        Format::Q4_1 => Some(scalar_tile::q4_1(w, a)),
+        Format::Q8_0 => Some(scalar_tile::q8_0(w, a)),
+        _ => None,
+    }
+}
+
+/// Computes every job's `out = act W^T` (`out` row major `[m, rows]`) from the quantized
+/// activations `act` (`m` rows of `kb` 32-element blocks, in every kind the jobs read).
+pub fn run(
+    jobs: &mut [(&CpuQMatMul, &mut [f32])],
+    act: &Activations,
+    m: usize,
+    kb: usize,
+    kernel: Kernel,
+    tiling: Tiling,
+) -> Result<()> {
+    let n_total: usize = jobs.iter().map(|(mm, _)| mm.rows).sum();
+    let parallel = n_total * kb * m >= PARALLEL_MIN_BLOCKS;
+    let act_chunks = m.div_ceil(ACT_ROWS);
+    // Enough tasks for rayon to balance (four per thread), counting the activation chunks.
+    let weight_chunks = if parallel {
+        (4 * rayon::current_num_threads()).div_ceil(act_chunks)
+    } else {
+        1
+    };
+    let mats: Vec<&CpuQMatMul> = jobs.iter().map(|(mm, _)| *mm).collect();
+    let datas = mats
+        .iter()
+        .map(|mm| mm.weight.bytes())
+        .collect::<Result<Vec<_>>>()?;
+    let mut tasks = Vec::new();
+    for ((mm, out), data) in jobs.iter_mut().zip(&datas) {
+        let row_bytes = mm.weight.row_bytes();
+        let per_task = n_total
+            .div_ceil(weight_chunks)
+            .min(TASK_WEIGHT_BYTES / row_bytes.max(1))
+            .max(4);
+        let out = Out::new(out, mm.rows);
+        let dot = Dot::new(mm.format, kernel);
+        for first in (0..m).step_by(ACT_ROWS) {
+            for w0 in (0..mm.rows).step_by(per_task) {
+                tasks.push(Task {
+                    data,
+                    row_bytes,
+                    dot,
+                    weights: w0..(w0 + per_task).min(mm.rows),
+                    acts: first..(first + ACT_ROWS).min(m),
+                    out,
+                });
+            }
+        }
+    }
+    let run = |task: Task<'_>| task.run(act, tiling);
+    if parallel {
+        tasks.into_par_iter().for_each(run);
+    } else {
+        tasks.into_iter().for_each(run);
+    }
+    Ok(())
+}
+
+/// One rectangle of one matrix's output: activation rows `acts` times weight rows `weights`.
+struct Task<'a> {
+    data: &'a [u8],
+    row_bytes: usize,
+    dot: Dot,
+    weights: Range<usize>,
+    acts: Range<usize>,
+    out: Out<'a>,
+}
+
+impl Task<'_> {
+    fn run(self, act: &Activations, tiling: Tiling) {
+        let row = |i: usize| -> ActRow<'_> { act.row(i) };
+        let weight = |r: usize| &self.data[r * self.row_bytes..(r + 1) * self.row_bytes];
+        let mut i = self.acts.start;
+        if tiling == Tiling::Tiled {
+            while i + 4 <= self.acts.end {
+                let a = [row(i), row(i + 1), row(i + 2), row(i + 3)];
+                let q8: Rows4<'_> = a.map(|a| a.q8);
+                for r in self.weights.clone() {
+                    let w = weight(r);
+                    let y =
+                        rows4(&self.dot, w, q8).unwrap_or_else(|| a.map(|a| self.dot.row(w, a)));
+                    for (di, v) in y.into_iter().enumerate() {
+                        self.out.set(i + di, r, v);
+                    }
+                }
+                i += 4;
+            }
+        }
+        for i in i..self.acts.end {
+            let a = row(i);
+            for r in self.weights.clone() {
+                self.out.set(i, r, self.dot.row(weight(r), a));
+            }
+        }
+    }
+}
+
+/// A row-major `[m, n]` output that tasks write in disjoint rectangles.
+#[derive(Clone, Copy)]
+struct Out<'a> {
+    ptr: *mut f32,
+    len: usize,
+    n: usize,
+    _out: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: `Out` is a `&mut [f32]` split into rectangles: the tasks made from one `Out` write
+// disjoint elements (`run` gives each a distinct activation-row x weight-row rectangle) and
+// nothing reads the slice until every task is done.
+unsafe impl Send for Out<'_> {}
+// SAFETY: as above; a shared `Out` is only used through `set` on its own task's elements.
+unsafe impl Sync for Out<'_> {}
+
+impl<'a> Out<'a> {
+    fn new(out: &'a mut [f32], n: usize) -> Self {
+        Self {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+            n,
+            _out: std::marker::PhantomData,
+        }
+    }
+
+    /// Writes output `(i, r)`.
+    #[inline]
+    fn set(&self, i: usize, r: usize, v: f32) {
+        let at = i * self.n + r;
+        assert!(
+            r < self.n && at < self.len,
+            "quantized matmul output out of range"
+        );
+        // SAFETY: in bounds (checked), and no other task writes element `at` (see `Send`).
+        unsafe { self.ptr.add(at).write(v) }
+    }
+}
+
+#[cfg(test)]
+#[path = "tile_tests.rs"]
+mod tests;

@@ -1,0 +1,378 @@
+//! [`ExpertStore`]: the running side of expert-level offload (issue 13, items 2 and 3). A MoE
+//! model placed by an [`ExpertPlan`] keeps every layer's other parts and its resident experts
+//! on the device; each offloaded expert lives in a host slab of its own (gate, up and down
+//! together), filled once from the file.
+//!
+//! The MoE forward asks for the experts a step's rows were routed to, after its router ran
+//! ([`RoutedExperts`]); for each one the store hands out, in this order:
+//!
+//! - a resident expert as it is;
+//! - an expert already in the device pool (the cache of hot experts, least recently used
+//!   evicted first): a *hit*;
+//! - on tier [`ExpertTier::Host`], the expert computed where it is: views into its host slab,
+//!   so only the activations meet it (on the CPU device the slab is ordinary memory and the
+//!   same kernels run on the same bytes);
+//! - on tier [`ExpertTier::Stream`], the expert copied into a free slot of the pool (a *miss*:
+//!   its bytes cross the link, throttled on the CPU device like the layer ring); when every
+//!   slot is taken by this layer's experts, the rest are computed on the host.
+//!
+//! The pool's slots are allocated once, at start, sized for the largest offloaded expert.
+//! Slots handed out for a layer are pinned until the layer is released (or the next layer asks).
+//! Copies run on the forward loop's thread when the router has picked the experts; a copy
+//! overlapping the same layer's attention is not implemented.
+//!
+//! Expert offload runs on the CPU device; CUDA placements with offloaded experts are refused
+//! at load.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use candle_core::{DType, Device};
+
+use super::accounting::Accounting;
+use super::buffer::HostMemory;
+use super::error::OffloadError;
+use super::experts_plan::ExpertPlan;
+use super::host::{HostLayer, LayerLayout, Result};
+use super::link::throttle;
+use super::slot::SlotBuffers;
+use crate::model::checkpoint::Checkpoint;
+use crate::model::loader::Holding;
+use crate::model::weights::{ExpertWeights, RoutedExperts};
+
+/// How offloaded experts run in a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExpertTier {
+    /// Host compute below [`AUTO_HOST_ROWS`] rows, streaming from there (llama.cpp's fixed
+    /// switch; the measured cost model replaces it).
+    #[default]
+    Auto,
+    /// Copy each routed offloaded expert into the device pool.
+    Stream,
+    /// Compute each routed offloaded expert where it lives, on the host.
+    Host,
+}
+
+/// Rows of a step from which [`ExpertTier::Auto`] streams instead of computing on the host.
+pub const AUTO_HOST_ROWS: usize = 32;
+
+impl ExpertTier {
+    /// The tier a step of `rows` rows uses (never `Auto`).
+    pub fn for_rows(self, rows: usize) -> ExpertTier {
+        match self {
+            ExpertTier::Auto if rows < AUTO_HOST_ROWS => ExpertTier::Host,
+            ExpertTier::Auto => ExpertTier::Stream,
+            tier => tier,
+        }
+    }
+}
+
+/// One offloaded expert: its layout and its host slab (a CPU buffer the expert is computed
+/// from on the host tier and copied from on the stream tier).
+#[derive(Debug)]
+struct HostExpert {
+    layout: LayerLayout,
+    slab: SlotBuffers,
+    /// The expert as views into its slab (the host tier).
+    views: ExpertWeights,
+}
+
+/// One layer's experts: resident ones by index, offloaded ones by index.
+#[derive(Debug, Default)]
+struct LayerExpertSet {
+    resident: Vec<Option<ExpertWeights>>,
+    host: Vec<Option<HostExpert>>,
+}
+
+/// One slot of the device pool.
+#[derive(Debug)]
+struct PoolSlot {
+    buffers: SlotBuffers,
+    /// `(layer, expert)` it holds, with the expert's views into it.
+    holds: Option<((usize, usize), ExpertWeights)>,
+    last_used: u64,
+    /// Handed out for the layer being computed.
+    pinned: bool,
+}
+
+#[derive(Debug)]
+struct Pool {
+    slots: Vec<PoolSlot>,
+    /// `(layer, expert)` -> slot.
+    index: HashMap<(usize, usize), usize>,
+    clock: u64,
+    tier: ExpertTier,
+}
+
+/// Every layer's experts, the device pool and the host tier.
+#[derive(Debug)]
+pub struct ExpertStore {
+    layers: Vec<LayerExpertSet>,
+    pool: Mutex<Pool>,
+    bandwidth: Option<u64>,
+    accounting: Arc<Accounting>,
+}
+
+/// What [`ExpertStore::new`] needs.
+pub struct ExpertStoreInput<'a> {
+    /// The file the offloaded experts are read from.
+    pub checkpoint: &'a Checkpoint,
+    /// How the loader holds its tensors.
+    pub holding: &'a Holding,
+    /// Where every expert goes.
+    pub plan: &'a ExpertPlan,
+    /// Every layer's experts as loaded, in expert order: the resident ones (`None` for the
+    /// offloaded ones, which the loader already dropped).
+    pub loaded: Vec<Vec<Option<ExpertWeights>>>,
+    /// The compute device.
+    pub device: &'a Device,
+    /// Copy throttle in bytes/s on the CPU device.
+    pub link_bandwidth: Option<u64>,
+    /// Device-memory and copy counters.
+    pub accounting: Arc<Accounting>,
+}
+
+impl ExpertStore {
+    /// Fills a host slab per offloaded expert, keeps the resident ones (counting them in the
+    /// accounting), and allocates the plan's pool of expert slots once.
+    pub fn new(input: ExpertStoreInput<'_>) -> Result<Self> {
+        let ExpertStoreInput {
+            checkpoint,
+            holding,
+            plan,
+            loaded,
+            device,
+            link_bandwidth,
+            accounting,
+        } = input;
+        if !device.is_cpu() {
+            return Err(OffloadError::Weights(
+                "offloading single experts is implemented for the CPU device only".into(),
+            ));
+        }
+        let dtype = holding.compute();
+        let layouts = (0..plan.layers.len())
+            .map(|i| LayerLayout::of(checkpoint, holding, i))
+            .collect::<crate::model::Result<Vec<_>>>()?;
+        let mut layers = Vec::with_capacity(plan.layers.len());
+        for ((placed, experts), layout) in plan.layers.iter().zip(loaded).zip(&layouts) {
+            if experts.len() != placed.n_experts() {
+                return Err(OffloadError::Weights(format!(
+                    "layer {}: {} experts loaded, the plan places {}",
+                    placed.index,
+                    experts.len(),
+                    placed.n_experts()
+                )));
+            }
+            let mut set = LayerExpertSet::default();
+            for (e, weights) in experts.into_iter().enumerate() {
+                if placed.is_resident(e) {
+                    let weights = weights.ok_or_else(|| {
+                        OffloadError::Weights(format!(
+                            "layer {}: resident expert {e} was not loaded",
+                            placed.index
+                        ))
+                    })?;
+                    let bytes: usize = weights.iter().map(|l| l.size_in_bytes()).sum();
+                    accounting.add_weights(bytes as u64);
+                    set.resident.push(Some(weights));
+                    set.host.push(None);
+                } else {
+                    set.resident.push(None);
+                    set.host
+                        .push(Some(host_expert(checkpoint, layout, e, dtype)?));
+                }
+            }
+            layers.push(set);
+        }
+        let slot = &plan.slot;
+        let slots = (0..plan.pool_slots)
+            .map(|_| {
+                let buffers = SlotBuffers::new(slot.blocks_bytes, slot.dense_bytes, dtype, device)?;
+                accounting.add_slots(buffers.allocated_bytes());
+                Ok(PoolSlot {
+                    buffers,
+                    holds: None,
+                    last_used: 0,
+                    pinned: false,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            layers,
+            pool: Mutex::new(Pool {
+                slots,
+                index: HashMap::new(),
+                clock: 0,
+                tier: ExpertTier::default(),
+            }),
+            bandwidth: link_bandwidth,
+            accounting,
+        })
+    }
+
+    /// Forces a tier (or `Auto`) for the steps to come.
+    pub fn set_tier(&self, tier: ExpertTier) {
+        self.lock().tier = tier;
+    }
+
+    /// The tier setting.
+    pub fn tier(&self) -> ExpertTier {
+        self.lock().tier
+    }
+
+    /// Slots of the device pool.
+    pub fn pool_slots(&self) -> usize {
+        self.lock().slots.len()
+    }
+
+    /// Experts in host slabs.
+    pub fn host_experts(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| l.host.iter().flatten().count())
+            .sum()
+    }
+
+    /// Whether layer `index` has experts the store hands out.
+    pub fn has_layer(&self, index: usize) -> bool {
+        self.layers
+            .get(index)
+            .is_some_and(|l| !l.resident.is_empty())
+    }
+
+    /// The handle a layer's weights ask for their routed experts.
+    pub fn layer(self: &Arc<Self>, index: usize) -> Arc<dyn RoutedExperts> {
+        Arc::new(LayerHandle {
+            store: self.clone(),
+            layer: index,
+        })
+    }
+
+    /// Unpins the slots handed out for layer `index` (it has been computed).
+    pub fn release(&self, index: usize) {
+        let _ = index;
+        self.lock().slots.iter_mut().for_each(|s| s.pinned = false);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Pool> {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The experts `wanted` of `layer` for a step of `rows` rows (see the module header).
+    fn experts(&self, layer: usize, wanted: &[usize], rows: usize) -> Result<Vec<ExpertWeights>> {
+        let set = self.layers.get(layer).ok_or(OffloadError::NoSuchLayer {
+            index: layer,
+            n_layers: self.layers.len(),
+        })?;
+        let mut pool = self.lock();
+        // One layer is computed at a time: what the previous one pinned is free again.
+        pool.slots.iter_mut().for_each(|s| s.pinned = false);
+        let tier = pool.tier.for_rows(rows);
+        let (mut hits, mut host) = (0, 0);
+        let mut out = Vec::with_capacity(wanted.len());
+        for &e in wanted {
+            let missing = || OffloadError::Weights(format!("layer {layer} has no expert {e}"));
+            if let Some(w) = set.resident.get(e).ok_or_else(missing)? {
+                hits += 1;
+                out.push(w.clone());
+                continue;
+            }
+            let expert = set
+                .host
+                .get(e)
+                .and_then(Option::as_ref)
+                .ok_or_else(missing)?;
+            pool.clock += 1;
+            let now = pool.clock;
+            if let Some(&s) = pool.index.get(&(layer, e)) {
+                let slot = &mut pool.slots[s];
+                slot.last_used = now;
+                slot.pinned = true;
+                if let Some((_, w)) = &slot.holds {
+                    hits += 1;
+                    out.push(w.clone());
+                    continue;
+                }
+            }
+            let victim = match tier {
+                ExpertTier::Stream => pool.victim(),
+                _ => None,
+            };
+            let Some(s) = victim else {
+                host += 1;
+                out.push(expert.views.clone());
+                continue;
+            };
+            let started = Instant::now();
+            let slot = &mut pool.slots[s];
+            let bytes = slot.buffers.copy_from(&expert.slab, &expert.layout)?;
+            throttle(self.bandwidth, bytes, started);
+            let views = experts_of(slot.buffers.views(&expert.layout)?)?;
+            let evicted = slot.holds.replace(((layer, e), views.clone()));
+            slot.last_used = now;
+            slot.pinned = true;
+            if let Some((key, _)) = evicted {
+                pool.index.remove(&key);
+            }
+            pool.index.insert((layer, e), s);
+            self.accounting.record_expert_miss(bytes, started.elapsed());
+            out.push(views);
+        }
+        drop(pool);
+        self.accounting.record_expert_hits(hits);
+        self.accounting.record_expert_host(host);
+        Ok(out)
+    }
+}
+
+impl Pool {
+    /// The slot to fill next: an empty one, else the least recently used unpinned one.
+    fn victim(&self) -> Option<usize> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.pinned)
+            .min_by_key(|(_, s)| (s.holds.is_some(), s.last_used))
+            .map(|(i, _)| i)
+    }
+}
+
+/// The handle one layer's weights carry.
+#[derive(Debug)]
+struct LayerHandle {
+    store: Arc<ExpertStore>,
+    layer: usize,
+}
+
+impl RoutedExperts for LayerHandle {
+    fn experts(&self, wanted: &[usize], rows: usize) -> crate::model::Result<Vec<ExpertWeights>> {
+        Ok(self.store.experts(self.layer, wanted, rows)?)
+    }
+}
+
+/// Expert `e` of `layout` in a host slab of its own, filled from `checkpoint`.
+fn host_expert(
+    checkpoint: &Checkpoint,
+    layout: &LayerLayout,
+    e: usize,
+    dtype: DType,
+) -> Result<HostExpert> {
+    let layer = HostLayer::expert(checkpoint, layout, e, &HostMemory::Heap)?;
+    let slab = SlotBuffers::new(layer.blocks_len, layer.dense_len, dtype, &Device::Cpu)?;
+    slab.fill(&layer)?;
+    let views = experts_of(slab.views(&layer)?)?;
+    Ok(HostExpert {
+        layout: layer.layout().clone(),
+        slab,
+        views,
+    })
+}
+
+/// The one expert of a single-expert layer's weights.
+fn experts_of(mut w: crate::model::weights::LayerWeights) -> Result<ExpertWeights> {
+    w.take_experts()
+        .pop()
+        .ok_or_else(|| OffloadError::Weights("an expert slot without an expert".into()))
+}

@@ -1,0 +1,217 @@
+//! Experts as placement units (issue 13, item 1): the pure side of expert-level offload.
+//!
+//! For a mixture-of-experts model the planner places, in order: the fixed parts, the KV cache,
+//! workspace and reserve, then the non-expert parts of every layer (attention, norms, router),
+//! then a pool of expert slots (at least one token's routed experts), then experts, spread
+//! evenly over the layers (expert 0 of every layer, then expert 1, ...), until the budget. The
+//! remaining experts live in host slabs, one per expert (its gate, up and down together), and
+//! are either copied into a slot of the pool when the router picks them or computed where they
+//! are ([`super::experts`] runs both).
+//!
+//! The bytes moved per decode token follow the routed-expert arithmetic: a token routes to
+//! `n_used` of a layer's `n_experts` experts, so with uniform routing and no cache hits a layer
+//! with `h` of its experts on the host moves `n_used * h / n_experts` experts, where whole-layer
+//! streaming moves the whole layer.
+
+use serde::Serialize;
+
+use super::layout::{expert_units, LayerLayout, SlotKind, SlotLayout};
+
+/// What the planner needs to place experts one by one (set for MoE models).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertInput {
+    /// Experts each token is routed to (top-k).
+    pub n_used: usize,
+    /// Expert slots of the device pool (the cache of hot experts); `None`: `n_used` (one
+    /// token's experts of one layer).
+    pub pool_slots: Option<usize>,
+}
+
+/// One MoE layer's experts in a plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LayerExperts {
+    /// Decoder layer index.
+    pub index: usize,
+    /// Device bytes of the layer's other parts (attention, norms, router): always resident.
+    pub base_bytes: u64,
+    /// Device bytes of each expert (gate, up and down), in expert order.
+    pub expert_bytes: Vec<u64>,
+    /// Experts `0..device_experts` are resident; the rest live in host slabs.
+    pub device_experts: usize,
+}
+
+impl LayerExperts {
+    /// Number of experts of the layer.
+    pub fn n_experts(&self) -> usize {
+        self.expert_bytes.len()
+    }
+
+    /// Experts in host slabs.
+    pub fn host_experts(&self) -> usize {
+        self.n_experts() - self.device_experts
+    }
+
+    /// Whether expert `e` is resident.
+    pub fn is_resident(&self, e: usize) -> bool {
+        e < self.device_experts
+    }
+
+    /// Device bytes: the other parts and the resident experts.
+    pub fn device_bytes(&self) -> u64 {
+        self.base_bytes + self.expert_bytes[..self.device_experts].iter().sum::<u64>()
+    }
+
+    /// Bytes of the experts in host slabs.
+    pub fn host_bytes(&self) -> u64 {
+        self.expert_bytes[self.device_experts..].iter().sum()
+    }
+
+    /// Bytes of the whole layer.
+    pub fn layer_bytes(&self) -> u64 {
+        self.base_bytes + self.expert_bytes.iter().sum::<u64>()
+    }
+
+    /// Expected bytes moved for one token: `n_used` routed experts, each on the host with
+    /// probability `host / n` (uniform routing, no cache hits), at the host experts' mean size.
+    pub fn routed_bytes_per_token(&self, n_used: usize) -> f64 {
+        let n = self.n_experts();
+        let host = self.host_experts();
+        if n == 0 || host == 0 {
+            return 0.0;
+        }
+        let mean = self.host_bytes() as f64 / host as f64;
+        n_used.min(n) as f64 * (host as f64 / n as f64) * mean
+    }
+}
+
+/// Where every expert goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpertPlan {
+    /// Every decoder layer's experts (a dense layer has none).
+    pub layers: Vec<LayerExperts>,
+    /// Experts each token is routed to.
+    pub n_used: usize,
+    /// Expert slots of the device pool (0 when every expert is resident).
+    pub pool_slots: usize,
+    /// What one expert slot holds: enough for any offloaded expert.
+    pub slot: SlotLayout,
+    /// Estimated bytes moved host-to-device per decode token ([`LayerExperts::routed_bytes_per_token`]
+    /// summed over the layers, rounded).
+    pub bytes_per_token: u64,
+    /// What streaming the same layers whole moves per token: every layer with an expert on
+    /// the host.
+    pub whole_layer_bytes_per_token: u64,
+}
+
+impl ExpertPlan {
+    /// Device bytes of the resident parts of every layer.
+    pub fn resident_bytes(&self) -> u64 {
+        self.layers.iter().map(LayerExperts::device_bytes).sum()
+    }
+
+    /// Bytes of every expert in host slabs.
+    pub fn host_bytes(&self) -> u64 {
+        self.layers.iter().map(LayerExperts::host_bytes).sum()
+    }
+
+    /// Device bytes of the pool.
+    pub fn pool_bytes(&self) -> u64 {
+        (self.pool_slots as u64).saturating_mul(self.slot.total_bytes())
+    }
+
+    /// Experts in host slabs, over all layers.
+    pub fn host_experts(&self) -> usize {
+        self.layers.iter().map(LayerExperts::host_experts).sum()
+    }
+}
+
+/// Splits each layer layout into its other parts and its experts, sized as a device of `kind`
+/// holds them; `None` when no layer has experts.
+pub fn layer_experts(layouts: &[LayerLayout], kind: SlotKind) -> Option<Vec<LayerExperts>> {
+    let layers: Vec<LayerExperts> = layouts
+        .iter()
+        .map(|l| LayerExperts {
+            index: l.index,
+            base_bytes: l.without_experts().resident_bytes(kind),
+            expert_bytes: (0..expert_units(l))
+                .map(|e| l.expert(e).resident_bytes(kind))
+                .collect(),
+            device_experts: 0,
+        })
+        .collect();
+    layers.iter().any(|l| l.n_experts() > 0).then_some(layers)
+}
+
+/// Places experts in `available` device bytes (the budget less the fixed parts, KV cache,
+/// workspace and reserve). With `spread` experts fill the room left after the other parts
+/// and the pool, evenly over the layers; without it (mode `sequential`) every expert stays on
+/// the host. `None` when the other parts and the pool do not fit, or nothing is left to offload.
+pub fn place(
+    layouts: &[LayerLayout],
+    kind: SlotKind,
+    input: ExpertInput,
+    available: u64,
+    spread: bool,
+) -> Option<ExpertPlan> {
+    let mut layers = layer_experts(layouts, kind)?;
+    let base: u64 = layers.iter().map(|l| l.base_bytes).sum();
+    let mut left = available.checked_sub(base)?;
+    let pool_slots = input.pool_slots.unwrap_or(input.n_used).max(1);
+    let host_layouts = |layers: &[LayerExperts]| {
+        let mut slot = SlotLayout::new(kind);
+        for (l, layout) in layers.iter().zip(layouts) {
+            for e in l.device_experts..l.n_experts() {
+                slot.add(&layout.expert(e));
+            }
+        }
+        slot
+    };
+    // The pool is sized for the largest expert of any layer (experts are placed evenly, so
+    // every layer keeps some on the host unless all fit).
+    let pool_bytes = (pool_slots as u64).saturating_mul(host_layouts(&layers).total_bytes());
+    left = left.checked_sub(pool_bytes)?;
+    if spread {
+        let most = layers
+            .iter()
+            .map(LayerExperts::n_experts)
+            .max()
+            .unwrap_or(0);
+        'fill: for e in 0..most {
+            for l in layers.iter_mut().filter(|l| e < l.n_experts()) {
+                let bytes = l.expert_bytes[e];
+                if bytes > left {
+                    break 'fill;
+                }
+                left -= bytes;
+                l.device_experts = e + 1;
+            }
+        }
+    }
+    if layers.iter().all(|l| l.host_experts() == 0) {
+        return None;
+    }
+    let slot = host_layouts(&layers);
+    let n_used = input.n_used;
+    let bytes_per_token = layers
+        .iter()
+        .map(|l| l.routed_bytes_per_token(n_used))
+        .sum::<f64>()
+        .round() as u64;
+    let whole_layer_bytes_per_token = layers
+        .iter()
+        .filter(|l| l.host_experts() > 0)
+        .map(LayerExperts::layer_bytes)
+        .sum();
+    Some(ExpertPlan {
+        layers,
+        n_used,
+        pool_slots,
+        slot,
+        bytes_per_token,
+        whole_layer_bytes_per_token,
+    })
+}
+
+#[cfg(test)]
+#[path = "experts_plan_tests.rs"]
+mod tests;
