@@ -8,15 +8,18 @@
 //! each hit against the block's own tokens and its parent's key, so a hash collision cannot
 //! change a result. A sequence's prompt blocks are copied in once its prefill completes
 //! ([`PrefixCache::remember`]); a new sequence starts from the longest cached run of whole
-//! blocks of its prompt ([`PrefixCache::restore`]), at most all but the prompt's last token
-//! (whose logits the first sample needs).
+//! blocks of its prompt that [`reuse_len`] allows ([`PrefixCache::restore`]), at most all but
+//! the prompt's last token (whose logits the first sample needs).
 //!
-//! Only prefilled positions are cached, never the positions of sampled tokens: a decode step
-//! computes a position with one row where a prefill computes it among many, and the two differ
-//! in the last bits (measured on SmolLM2 on the CPU: prefills in chunks of any size from 24
-//! rows up give bit-identical logits, decoding the same positions one by one does not), so a
-//! cached position is always what a prefill of the same prompt computes. The next turn of a
-//! chat still reuses its whole previous prompt, which holds the earlier replies.
+//! Reuse does not change a result: a cached position is what a prefill of the same prompt
+//! computes, bit for bit, on kernels that compute long chunks alike. Measured on SmolLM2 on the CPU, prompt chunks from 24 rows up give
+//! bit-identical logits whatever their length, while shorter chunks and positions decoded one by
+//! one differ in the last bits (which the int8 activations turn into steps). So only prefilled
+//! positions are cached, never those of sampled tokens (the next turn of a chat still reuses
+//! its whole previous prompt, which holds the earlier replies), and only those computed in
+//! chunks of [`EXACT_CHUNK_ROWS`] rows or more; prompt chunks end on multiples of
+//! `prefill_chunk` (the scheduler), and [`reuse_len`] keeps a restored prompt's first chunk long,
+//! or the very chunk an uncached prefill makes.
 //!
 //! Memory: blocks are copies, so the cache holds at most the KV positions the running
 //! sequences leave of the model's KV budget (`max_batch x max_context` positions, what the
@@ -38,6 +41,37 @@ use super::traits::LanguageModel;
 /// Default [`PrefixCacheOptions::block_tokens`].
 pub const DEFAULT_BLOCK_TOKENS: usize = 16;
 
+/// Prompt chunks of at least this many rows compute every position bit for bit alike, however
+/// long the chunk (candle's CPU matmul of the attention probabilities by the values takes
+/// another path below about 72 rows of query heads; measured on SmolLM2, 3 query heads per KV
+/// head, from 24 tokens up). Shorter chunks are exact only where an uncached prefill makes the
+/// same chunk.
+pub const EXACT_CHUNK_ROWS: usize = 64;
+
+/// Where a prompt of `len` tokens whose first `hit` tokens are cached (whole blocks of `block`)
+/// starts computing, so that every position it computes is what a prefill of the whole prompt
+/// in chunks ending on multiples of `chunk` computes: either the position's chunk is long
+/// ([`EXACT_CHUNK_ROWS`]) in both, or it is the same chunk. The first chunk then runs from
+/// the result to the next multiple of `chunk` (or the end): it must be long, or start on that
+/// grid; if it is the prompt's last, the uncached prefill's last chunk must be long too. Long is
+/// `long_rows` rows ([`PrefixCacheOptions::exact_chunk_rows`]).
+pub fn reuse_len(hit: usize, len: usize, chunk: usize, block: usize, long_rows: usize) -> usize {
+    let (chunk, block) = (chunk.max(1), block.max(1));
+    let hit = hit.min(len.saturating_sub(1)) / block * block;
+    let start = hit / chunk * chunk;
+    if hit == start {
+        return hit;
+    }
+    let end = (start + chunk).min(len);
+    let on_grid = start / block * block;
+    if end - start < long_rows {
+        // The uncached prefill's chunk here is short: only the same chunk is exact.
+        return on_grid;
+    }
+    let long = end.saturating_sub(long_rows) / block * block;
+    hit.min(long).max(on_grid)
+}
+
 /// How a model's serving loop caches prompt prefixes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrefixCacheOptions {
@@ -49,6 +83,10 @@ pub struct PrefixCacheOptions {
     /// Tokens per block, the unit of hashing, reuse and eviction. Default
     /// [`DEFAULT_BLOCK_TOKENS`].
     pub block_tokens: usize,
+    /// Prompt chunks at least this long compute alike whatever their length
+    /// ([`EXACT_CHUNK_ROWS`], the default); only positions computed so are cached, and a
+    /// restored prompt's first chunk is kept this long ([`reuse_len`]).
+    pub exact_chunk_rows: usize,
 }
 
 impl Default for PrefixCacheOptions {
@@ -57,6 +95,7 @@ impl Default for PrefixCacheOptions {
             enabled: true,
             max_tokens: None,
             block_tokens: DEFAULT_BLOCK_TOKENS,
+            exact_chunk_rows: EXACT_CHUNK_ROWS,
         }
     }
 }
@@ -95,6 +134,8 @@ struct Entry<B> {
 /// Cached prompt blocks of one model, by chained key, with least-recently-used eviction.
 pub struct PrefixCache<B> {
     block: usize,
+    /// [`PrefixCacheOptions::exact_chunk_rows`].
+    long_rows: usize,
     /// Most tokens held whatever the room ([`PrefixCacheOptions::max_tokens`]).
     limit: usize,
     entries: HashMap<u64, Entry<B>>,
@@ -109,6 +150,7 @@ impl<B> PrefixCache<B> {
     pub fn new(block_tokens: usize, max_tokens: Option<usize>) -> Self {
         Self {
             block: block_tokens.max(1),
+            long_rows: EXACT_CHUNK_ROWS,
             limit: max_tokens.unwrap_or(usize::MAX),
             entries: HashMap::new(),
             order: BTreeSet::new(),
@@ -118,14 +160,21 @@ impl<B> PrefixCache<B> {
 
     /// The cache `options` ask for, if any.
     pub fn from_options(options: &PrefixCacheOptions) -> Option<Self> {
-        options
-            .enabled
-            .then(|| Self::new(options.block_tokens, options.max_tokens))
+        options.enabled.then(|| Self {
+            long_rows: options.exact_chunk_rows,
+            ..Self::new(options.block_tokens, options.max_tokens)
+        })
     }
 
     /// Tokens per block.
     pub fn block_tokens(&self) -> usize {
         self.block
+    }
+
+    /// Rows from which a prompt chunk computes alike whatever its length
+    /// ([`PrefixCacheOptions::exact_chunk_rows`]).
+    pub fn exact_chunk_rows(&self) -> usize {
+        self.long_rows
     }
 
     /// Tokens held (whole blocks).
@@ -244,15 +293,25 @@ impl<B> PrefixCache<B> {
         }
     }
 
-    /// Starts the empty sequence `seq` from the longest cached run of whole blocks of `prompt`,
-    /// leaving at least its last token to compute. Returns the positions restored (0 when
+    /// Starts the empty sequence `seq` from the longest cached run of whole blocks of `prompt`
+    /// that leaves the rest to compute exactly as an uncached prefill in chunks of `chunk` would
+    /// ([`reuse_len`]; at least the last token is left). Returns the positions restored (0 when
     /// nothing matched or the model could not take them, leaving `seq` empty).
-    pub fn restore<M>(&mut self, model: &M, seq: &mut M::Sequence, prompt: &[u32]) -> usize
+    pub fn restore<M>(
+        &mut self,
+        model: &M,
+        seq: &mut M::Sequence,
+        prompt: &[u32],
+        chunk: usize,
+    ) -> usize
     where
         M: LanguageModel<Block = B>,
     {
         let block = self.block;
-        let blocks = self.lookup(prompt, prompt.len().saturating_sub(1));
+        let hit = self.matching(prompt, prompt.len().saturating_sub(1)).len() * block;
+        let reuse = reuse_len(hit, prompt.len(), chunk, block, self.long_rows);
+        let mut blocks = self.lookup(prompt, reuse);
+        blocks.truncate(reuse / block);
         if blocks.is_empty() {
             return 0;
         }
@@ -401,6 +460,43 @@ mod tests {
             (start < 8).then_some(start)
         });
         assert_eq!((added, calls), (8, 3));
+    }
+
+    #[test]
+    fn reuse_leaves_a_long_first_chunk_or_the_uncached_one() {
+        const C: usize = 512;
+        const B: usize = 16;
+        // A second chat turn: 992 of 1033 tokens cached; the rest from 960 is a long chunk.
+        assert_eq!(reuse_len(992, 1033, C, B, EXACT_CHUNK_ROWS), 960);
+        // The whole prompt is cached: at least its last token is computed, in a long chunk.
+        assert_eq!(reuse_len(2000, 1000, C, B, EXACT_CHUNK_ROWS), 928);
+        // A hit on the chunk grid keeps the uncached chunks as they are.
+        assert_eq!(reuse_len(512, 530, C, B, EXACT_CHUNK_ROWS), 512);
+        assert_eq!(reuse_len(1024, 3000, C, B, EXACT_CHUNK_ROWS), 1024);
+        // Inside a chunk whose uncached prefill is short (512..530): back to its start.
+        assert_eq!(reuse_len(528, 530, C, B, EXACT_CHUNK_ROWS), 512);
+        // Inside a full chunk: the rest of it must be long.
+        assert_eq!(reuse_len(496, 3000, C, B, EXACT_CHUNK_ROWS), 448);
+        assert_eq!(reuse_len(304, 3000, C, B, EXACT_CHUNK_ROWS), 304);
+        // Nothing long enough before the grid: start on it.
+        assert_eq!(reuse_len(48, 60, C, B, EXACT_CHUNK_ROWS), 0);
+        assert_eq!(reuse_len(0, 60, C, B, EXACT_CHUNK_ROWS), 0);
+        // Whole blocks only, and never past the prompt's last token.
+        assert_eq!(reuse_len(100, 101, 64, B, EXACT_CHUNK_ROWS), 64);
+        for len in 1..700 {
+            for hit in (0..=len).step_by(16) {
+                let k = reuse_len(hit, len, C, B, EXACT_CHUNK_ROWS);
+                assert!(k <= hit && k < len && k % B == 0, "{hit} {len} -> {k}");
+                let end = (k / C * C + C).min(len);
+                let uncached_last = len - (len - 1) / C * C;
+                assert!(
+                    k % C == 0
+                        || (end - k >= EXACT_CHUNK_ROWS
+                            && (end < len || uncached_last >= EXACT_CHUNK_ROWS)),
+                    "{hit} {len} -> {k}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -13,7 +13,10 @@
 //! feeds its one token first (decodes are never starved by prefill), then prefilling sequences
 //! (oldest first) take prompt chunks of at most [`StepLimits::prefill_chunk`] tokens each from
 //! what the budget leaves. A step therefore never computes more than `max_step_tokens` tokens,
-//! which bounds the gap between a stream's tokens however long the prompts beside it are.
+//! which bounds the gap between a stream's tokens however long the prompts beside it are. A
+//! prompt chunk never crosses a multiple of `prefill_chunk` counted from the prompt's start
+//! ([`Schedulable::prefill_fed`]), so a prompt restored part-way from the prefix cache is cut
+//! where one prefilled from the start is.
 //!
 //! No threads, channels or models here: the entries only need to say whether their client is
 //! gone and how much prompt they have left ([`Schedulable`]), so it is unit-tested directly.
@@ -26,6 +29,12 @@ pub trait Schedulable {
     fn is_cancelled(&self) -> bool;
     /// Prompt tokens not yet through the model (0 once decoding).
     fn prefill_remaining(&self) -> usize;
+    /// Prompt tokens already through the model (or restored): prompt chunks end at multiples
+    /// of `prefill_chunk` counted from the prompt's start, so a prefill that starts part-way
+    /// (from the prefix cache) is cut where one from the start would be. Default 0.
+    fn prefill_fed(&self) -> usize {
+        0
+    }
     /// Places in the batch it takes (more than 1 for a request whose other choices wait to be split
     /// off it). Default 1.
     fn places(&self) -> usize {
@@ -166,7 +175,9 @@ impl<T: Schedulable> Scheduler<T> {
                 0 => shares.push(StepShare { index, budget: 1 }),
                 _ if budget == 0 => {}
                 remaining => {
-                    let take = remaining.min(self.limits.prefill_chunk).min(budget);
+                    let chunk = self.limits.prefill_chunk;
+                    let to_boundary = chunk - entry.prefill_fed() % chunk;
+                    let take = remaining.min(to_boundary).min(budget);
                     budget -= take;
                     shares.push(StepShare {
                         index,
@@ -322,6 +333,32 @@ mod tests {
             [share(0, 1)],
             "zero limits still make progress"
         );
+    }
+
+    #[test]
+    fn prompt_chunks_end_on_the_chunk_grid() {
+        #[derive(Debug)]
+        struct Partway(usize, usize);
+        impl Schedulable for Partway {
+            fn is_cancelled(&self) -> bool {
+                false
+            }
+            fn prefill_remaining(&self) -> usize {
+                self.1
+            }
+            fn prefill_fed(&self) -> usize {
+                self.0
+            }
+        }
+        let mut s = Scheduler::new(limits(2, 8, 100));
+        // 5 of 30 prompt tokens restored: the first chunk ends at 8, then whole chunks.
+        s.push(Partway(5, 25));
+        s.push(Partway(16, 3));
+        s.admit();
+        let share = |index, budget| StepShare { index, budget };
+        assert_eq!(s.plan(), [share(0, 3), share(1, 3)]);
+        s.running_mut()[0] = Partway(8, 22);
+        assert_eq!(s.plan()[0], share(0, 8));
     }
 
     #[test]

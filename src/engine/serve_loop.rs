@@ -63,6 +63,11 @@ struct Active<S> {
     tracker: RequestTracker,
     /// The request's other choices, waiting for this one's prompt to be prefilled.
     forks: Vec<Fork>,
+    /// Prompt positions computed as a prefill of the prompt alone computes them (restored
+    /// ones included): up to the first prompt chunk too short to be
+    /// ([`PrefixCacheOptions::exact_chunk_rows`]).
+    /// Only these are offered to the prefix cache.
+    exact: usize,
 }
 
 /// A choice that starts once its request's first choice has prefilled the prompt.
@@ -96,6 +101,10 @@ impl<S> Schedulable for Active<S> {
 
     fn prefill_remaining(&self) -> usize {
         self.generation.prefill_remaining()
+    }
+
+    fn prefill_fed(&self) -> usize {
+        self.generation.prompt_len() - self.generation.prefill_remaining()
     }
 
     fn places(&self) -> usize {
@@ -203,7 +212,8 @@ fn start_cached<M: LanguageModel>(
     cache: &mut PrefixCache<M::Block>,
     active: &mut Active<M::Sequence>,
 ) {
-    let restored = cache.restore(model, &mut active.seq, active.generation.prompt());
+    let chunk = ctx.limits.prefill_chunk;
+    let restored = cache.restore(model, &mut active.seq, active.generation.prompt(), chunk);
     active.generation.start_cached(restored);
     active.tracker.fed(restored);
     ctx.metrics
@@ -274,6 +284,7 @@ fn accept<M: LanguageModel>(
             seq: model.new_sequence(),
             tracker: first.tracker,
             forks: choices.collect(),
+            exact: usize::MAX,
         });
     }
 }
@@ -298,6 +309,7 @@ fn step<M: LanguageModel>(
     mut prefix: Option<(&mut PrefixCache<M::Block>, usize)>,
 ) -> StepDone<M::Sequence> {
     let plan = scheduler.plan();
+    let exact_rows = prefix.as_ref().map_or(0, |(c, _)| c.exact_chunk_rows());
     let running = scheduler.running_mut();
     let inputs: Vec<Vec<u32>> = plan
         .iter()
@@ -340,11 +352,17 @@ fn step<M: LanguageModel>(
         let active = &mut running[share.index];
         active.tracker.fed(input.len());
         let prefilling = active.generation.prefill_remaining() > 0;
+        if prefilling && input.len() < exact_rows {
+            let start = active.generation.prompt_len() - active.generation.prefill_remaining();
+            active.exact = active.exact.min(start);
+        }
         if !active.generation.fed(input.len()) {
             continue;
         }
         if let (true, Some((cache, room))) = (prefilling, prefix.as_mut()) {
-            cache.remember(&*model, &active.seq, active.generation.prompt(), *room);
+            let prompt = active.generation.prompt();
+            let exact = &prompt[..active.exact.min(prompt.len())];
+            cache.remember(&*model, &active.seq, exact, *room);
         }
         for fork in std::mem::take(&mut active.forks) {
             let prefilled = (&active.seq, active.generation.cached());
@@ -388,6 +406,7 @@ fn split_off<M: LanguageModel>(
                         seq,
                         tracker: fork.tracker,
                         forks: Vec::new(),
+                        exact: usize::MAX,
                     });
                     return;
                 }
@@ -406,6 +425,7 @@ fn split_off<M: LanguageModel>(
             seq: model.new_sequence(),
             tracker: fork.tracker,
             forks: Vec::new(),
+            exact: usize::MAX,
         }),
     }
 }

@@ -167,6 +167,8 @@ fn blocks_of(block_tokens: usize, max_tokens: Option<usize>) -> PrefixCacheOptio
         enabled: true,
         max_tokens,
         block_tokens,
+        // The scripted model computes alike in chunks of any length.
+        exact_chunk_rows: 1,
     }
 }
 
