@@ -314,6 +314,11 @@ impl ExpertStore {
                 },
                 (setting, _) => setting.for_rows(rows),
             };
+            let decided = match tier {
+                ExpertTier::Host => Tier::Host,
+                _ => Tier::Stream,
+            };
+            self.accounting.tier_decisions().record(decided, 1);
             let victim = match tier {
                 ExpertTier::Stream => pool.victim(),
                 _ => None,

@@ -20,7 +20,9 @@ use ferry::model::source::ModelFiles;
 use ferry::model::weights::{ExpertWeights, LayerWeights, RoutedExperts};
 use ferry::offload::plan::{plan, Plan, PlanInput};
 use ferry::offload::sizing::ModelSizes;
-use ferry::offload::{load_placed, CostModel, ExpertInput, ExpertTier, SlotKind, StreamConfig};
+use ferry::offload::{
+    load_placed, CostModel, ExpertInput, ExpertTier, SlotKind, StreamConfig, Tier,
+};
 
 use crate::tiny::{self, Tiny};
 
@@ -258,6 +260,16 @@ fn every_placement_matches_none(path: &Path) {
             }
             let served = after.expert_hits + after.expert_misses + after.expert_host;
             assert_eq!(served, routed, "{what}: every routed expert, once");
+            // One tier decision per routed expert not found on the device.
+            let decisions = placed.store.accounting().tier_decisions();
+            assert_eq!(
+                decisions.get(Tier::Stream) + decisions.get(Tier::Host),
+                after.expert_misses + after.expert_host,
+                "{what}"
+            );
+            if p.tier == ExpertTier::Host {
+                assert_eq!(decisions.get(Tier::Stream), 0, "{what}");
+            }
             assert_eq!(
                 after.expert_bytes,
                 after.expert_misses * expert_slab_bytes(&checkpoint),
