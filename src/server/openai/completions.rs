@@ -4,7 +4,7 @@
 //! Accepted: `model`, `prompt`, `max_tokens`, `logprobs`, the shared sampling fields
 //! ([`super::common::SAMPLING_FIELDS`], which include the ignored ones of
 //! [`super::common::IGNORED_FIELDS`], and `n` and `logit_bias`), `echo` (false only), `best_of`
-//! (1 only). Rejected as unsupported: `suffix`, `max_completion_tokens`, `response_format`; any
+//! (equal to `n`: ferry returns every candidate, it does not rank them). Rejected as unsupported: `suffix`, `max_completion_tokens`, `response_format`; any
 //! other field is unknown.
 
 use serde::ser::SerializeMap;
@@ -57,18 +57,33 @@ impl CompletionRequest {
         let known: Vec<&str> = OWN_FIELDS.iter().chain(SAMPLING_FIELDS).copied().collect();
         f.reject_others(&known, UNSUPPORTED)?;
         f.only("echo", "a boolean", false)?;
-        f.only("best_of", "an integer", 1i64)?;
+        let best_of: Option<i64> = f.optional("best_of", "an integer")?;
         let model = f.required("model", "a string")?;
         let prompt = match f.take_raw("prompt") {
             Some(value) => read_prompt(value)?,
             None => return Err(ApiError::missing("prompt")),
         };
+        let max_tokens = f.optional("max_tokens", "an integer")?;
+        let logprobs = f.optional("logprobs", "an integer")?;
+        let sampling = SamplingWire::read(&mut f)?;
+        // `best_of` candidates of which the `n` best come back: equal to `n`, that is all of
+        // them, which ferry does; more would need ranking by logprob, which it does not do.
+        let n = sampling.n.unwrap_or(1);
+        if let Some(best_of) = best_of.filter(|&b| b != n) {
+            return Err(ApiError::unsupported_value(
+                "best_of",
+                format!(
+                    "`best_of` = {best_of} is not supported by this server; only best_of equal \
+                     to n ({n}) is (every candidate is returned, none is ranked)."
+                ),
+            ));
+        }
         Ok(Self {
             model,
             prompt,
-            max_tokens: f.optional("max_tokens", "an integer")?,
-            logprobs: f.optional("logprobs", "an integer")?,
-            sampling: SamplingWire::read(&mut f)?,
+            max_tokens,
+            logprobs,
+            sampling,
         })
     }
 }
@@ -239,6 +254,20 @@ mod tests {
         let e = req(json!({"model": "m", "prompt": "x", "logit_bias": [1, 2]})).unwrap_err();
         assert_eq!(e.param(), Some("logit_bias"));
         assert!(req(json!({"model": "m", "prompt": "x", "logit_bias": {}, "echo": false})).is_ok());
+        // best_of: equal to n (default 1) only.
+        assert!(req(json!({"model": "m", "prompt": "x", "best_of": 1})).is_ok());
+        assert!(req(json!({"model": "m", "prompt": "x", "n": 3, "best_of": 3})).is_ok());
+        for bad in [json!({"best_of": 2}), json!({"n": 2, "best_of": 3})] {
+            let mut body = json!({"model": "m", "prompt": "x"});
+            body.as_object_mut()
+                .unwrap()
+                .extend(bad.as_object().unwrap().clone());
+            let e = req(body).unwrap_err();
+            assert_eq!(
+                (e.param(), e.code()),
+                (Some("best_of"), Some("unsupported_value"))
+            );
+        }
     }
 
     #[test]
