@@ -204,6 +204,75 @@ pub(super) unsafe fn table_block(table: __m128i, p: *const u8) -> __m256i {
     _mm256_set_m128i(hi, lo)
 }
 
+/// How a table-coded block's header holds its scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum BlockScale {
+    /// An f16 (IQ4_NL: 2 bytes).
+    F16,
+    /// An E8M0 exponent, halved ([`super::mxfp4::e8m0_half`]; MXFP4: 1 byte).
+    E8m0Half,
+}
+
+impl BlockScale {
+    /// Bytes of the header before the 16 index bytes.
+    pub(super) const fn header_bytes(self) -> usize {
+        match self {
+            BlockScale::F16 => 2,
+            BlockScale::E8m0Half => 1,
+        }
+    }
+}
+
+/// The scale in the header at `p`.
+///
+/// # Safety
+/// `p..p + scale.header_bytes()` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_at(scale: BlockScale, p: *const u8) -> f32 {
+    match scale {
+        BlockScale::F16 => f16_at(p),
+        BlockScale::E8m0Half => super::mxfp4::e8m0_half(*p),
+    }
+}
+
+/// Dot product of a row of table-coded 32-element blocks (a scale header, then 16 bytes of
+/// 4-bit indices into `table`: IQ4_NL, MXFP4) with `a`, two blocks per step in two
+/// accumulators.
+///
+/// # Safety
+/// `w..w + (scale.header_bytes() + 16) * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn table_row(
+    table: __m128i,
+    scale: BlockScale,
+    w: *const u8,
+    a: &[Q8Block],
+) -> f32 {
+    let head = scale.header_bytes();
+    let block = head + 16;
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut pairs = a.chunks_exact(2);
+    let mut p = w;
+    for pair in &mut pairs {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
+        let w0 = table_block(table, p.add(head));
+        let w1 = table_block(table, p.add(head + block));
+        let s0 = scale_at(scale, p) * pair[0].d;
+        let s1 = scale_at(scale, p.add(block)) * pair[1].d;
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s0), table_product(w0, &pair[0]), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s1), table_product(w1, &pair[1]), acc1);
+        p = p.add(2 * block);
+    }
+    if let [last] = pairs.remainder() {
+        let w0 = table_block(table, p.add(head));
+        let s0 = scale_at(scale, p) * last.d;
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s0), table_product(w0, last), acc0);
+    }
+    hsum(_mm256_add_ps(acc0, acc1))
+}
+
 /// Sums of the signed weight bytes `w` times the block's activations, eight i32 lanes as f32
 /// (the sign trick of Q8_0; `w` holds no -128).
 #[inline]

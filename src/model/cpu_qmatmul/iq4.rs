@@ -116,7 +116,9 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::activation::Q8Block;
-    use super::super::avx2::{f16_at, hsum, table_block, table_product, Avx2, PREFETCH_AHEAD};
+    use super::super::avx2::{
+        f16_at, hsum, table_block, table_product, table_row, Avx2, BlockScale, PREFETCH_AHEAD,
+    };
     use super::{xs_scale, IQ4_NL_BYTES, IQ4_XS_BYTES, KVALUES, XS_SUB};
 
     /// AVX2 form of [`super::dot_iq4_nl`].
@@ -124,7 +126,10 @@ mod x86 {
         let _ = k;
         assert!(w.len() >= IQ4_NL_BYTES * a.len(), "iq4_nl row too short");
         // SAFETY: `k` proves the CPU features; the assert bounds every read of `w`.
-        unsafe { iq4_nl(w.as_ptr(), a) }
+        unsafe {
+            let table = _mm_loadu_si128(KVALUES.as_ptr().cast());
+            table_row(table, BlockScale::F16, w.as_ptr(), a)
+        }
     }
 
     /// AVX2 form of [`super::dot_iq4_xs`].
@@ -136,33 +141,6 @@ mod x86 {
         );
         // SAFETY: as in `avx2_dot_iq4_nl`.
         unsafe { iq4_xs(w, a) }
-    }
-
-    /// # Safety
-    /// The CPU must have AVX2, FMA, F16C; `w..w + 18 * a.len()` must be readable.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn iq4_nl(w: *const u8, a: &[Q8Block]) -> f32 {
-        let table = _mm_loadu_si128(KVALUES.as_ptr().cast());
-        let mut acc0 = _mm256_setzero_ps();
-        let mut acc1 = _mm256_setzero_ps();
-        let mut pairs = a.chunks_exact(2);
-        let mut p = w;
-        for pair in &mut pairs {
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
-            let w0 = table_block(table, p.add(2));
-            let w1 = table_block(table, p.add(2 + IQ4_NL_BYTES));
-            let s0 = f16_at(p) * pair[0].d;
-            let s1 = f16_at(p.add(IQ4_NL_BYTES)) * pair[1].d;
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s0), table_product(w0, &pair[0]), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s1), table_product(w1, &pair[1]), acc1);
-            p = p.add(2 * IQ4_NL_BYTES);
-        }
-        if let [last] = pairs.remainder() {
-            let w0 = table_block(table, p.add(2));
-            let s0 = f16_at(p) * last.d;
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s0), table_product(w0, last), acc0);
-        }
-        hsum(_mm256_add_ps(acc0, acc1))
     }
 
     /// # Safety

@@ -55,41 +55,17 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::activation::Q8Block;
-    use super::super::avx2::{hsum, table_block, table_product, Avx2, PREFETCH_AHEAD};
-    use super::{e8m0_half, KVALUES, MXFP4_BYTES};
+    use super::super::avx2::{table_row, Avx2, BlockScale};
+    use super::{KVALUES, MXFP4_BYTES};
 
     /// AVX2 form of [`super::dot_mxfp4`].
     pub fn avx2_dot_mxfp4(k: Avx2, w: &[u8], a: &[Q8Block]) -> f32 {
         let _ = k;
         assert!(w.len() >= MXFP4_BYTES * a.len(), "mxfp4 row too short");
         // SAFETY: `k` proves the CPU features; the assert bounds every read of `w`.
-        unsafe { mxfp4(w.as_ptr(), a) }
-    }
-
-    /// # Safety
-    /// The CPU must have AVX2, FMA, F16C; `w..w + 17 * a.len()` must be readable.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn mxfp4(w: *const u8, a: &[Q8Block]) -> f32 {
-        let table = _mm_loadu_si128(KVALUES.as_ptr().cast());
-        let mut acc0 = _mm256_setzero_ps();
-        let mut acc1 = _mm256_setzero_ps();
-        let mut pairs = a.chunks_exact(2);
-        let mut p = w;
-        for pair in &mut pairs {
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
-            let w0 = table_block(table, p.add(1));
-            let w1 = table_block(table, p.add(1 + MXFP4_BYTES));
-            let s0 = e8m0_half(*p) * pair[0].d;
-            let s1 = e8m0_half(*p.add(MXFP4_BYTES)) * pair[1].d;
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s0), table_product(w0, &pair[0]), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s1), table_product(w1, &pair[1]), acc1);
-            p = p.add(2 * MXFP4_BYTES);
+        unsafe {
+            let table = _mm_loadu_si128(KVALUES.as_ptr().cast());
+            table_row(table, BlockScale::E8m0Half, w.as_ptr(), a)
         }
-        if let [last] = pairs.remainder() {
-            let w0 = table_block(table, p.add(1));
-            let s0 = e8m0_half(*p) * last.d;
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s0), table_product(w0, last), acc0);
-        }
-        hsum(_mm256_add_ps(acc0, acc1))
     }
 }
