@@ -20,12 +20,11 @@ use serde_json::Value as Json;
 const GELU_TOL: f32 = 5e-3;
 
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/arch-llamacpp")
+    crate::fixtures::path("arch-llamacpp")
 }
 
 fn expected() -> Json {
-    let text = std::fs::read_to_string(dir().join("expected.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
+    crate::fixtures::json("arch-llamacpp/expected.json")
 }
 
 /// Ids of the `k` largest logits, largest first (ties by lower id, as the script's stable sort).
@@ -64,14 +63,7 @@ fn check(name: &str, tol: f32) {
     let results = model["results"].as_array().unwrap();
     let prompts: Vec<Vec<u32>> = results
         .iter()
-        .map(|r| {
-            r["ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect()
-        })
+        .map(|r| crate::fixtures::ids(&r["ids"]))
         .collect();
     let ours = ferry_logits(model["gguf_file"].as_str().unwrap(), &prompts);
     let (mut top1_equal, mut worst) = (0, 0f32);

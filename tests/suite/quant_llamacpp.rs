@@ -50,12 +50,11 @@ fn logprob_tol(kind: &str) -> f32 {
 }
 
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/quant-llamacpp")
+    crate::fixtures::path("quant-llamacpp")
 }
 
 fn expected() -> Json {
-    let text = std::fs::read_to_string(dir().join("expected.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
+    crate::fixtures::json("quant-llamacpp/expected.json")
 }
 
 fn config(file: &str) -> ModelConfig {
@@ -130,14 +129,7 @@ fn check(kind: &str) {
     let results = model["results"].as_array().unwrap();
     let prompts: Vec<Vec<u32>> = results
         .iter()
-        .map(|r| {
-            r["ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect()
-        })
+        .map(|r| crate::fixtures::ids(&r["ids"]))
         .collect();
     let file = model["gguf_file"].as_str().unwrap();
     let answers = match serve_and_ask(file, &prompts) {
