@@ -35,18 +35,36 @@ pub struct UnitKind {
     pub rows_at_max_batch: usize,
 }
 
-/// The offloaded unit kinds of a model whose decoder layers `layout` (one of the offloaded
-/// ones) describes, `host_layers` of them offloaded, with rows `hidden` wide and `max_batch`
-/// sequences per step. A MoE layer is one `layer` unit (attention, router and its top-k
-/// experts per row) and `n_experts` `expert` units.
+/// What a plan keeps on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offloaded {
+    /// Whole decoder layers (each MoE layer with all its experts).
+    Layers(usize),
+    /// Single experts, every layer's other parts on the device (experts as placement units).
+    Experts(usize),
+}
+
+/// The offloaded unit kinds of a model whose decoder layers `layout` (one of them) describes,
+/// `offloaded` of them on the host, with rows `hidden` wide and `max_batch` sequences per step.
+/// An offloaded MoE layer is one `layer` unit (attention, router and its top-k experts per row)
+/// and `n_experts` `expert` units; offloaded experts are `expert` units only.
 pub fn unit_kinds(
     layout: &LayerLayout,
-    host_layers: usize,
+    offloaded: Offloaded,
     moe: Option<&MoeSpec>,
     hidden: usize,
     max_batch: usize,
 ) -> Vec<UnitKind> {
-    if host_layers == 0 {
+    let host_layers = match offloaded {
+        Offloaded::Layers(n) => n,
+        Offloaded::Experts(_) => 0,
+    };
+    let host_experts = match (offloaded, moe) {
+        (Offloaded::Layers(n), Some(moe)) => n * moe.n_experts,
+        (Offloaded::Experts(n), Some(_)) => n,
+        (_, None) => 0,
+    };
+    if host_layers == 0 && host_experts == 0 {
         return Vec::new();
     }
     let activation = hidden as u64 * ACTIVATION_BYTES;
@@ -73,19 +91,21 @@ pub fn unit_kinds(
             let all_experts = expert_elems * moe.n_experts as u64;
             let per_row =
                 layer_elems.saturating_sub(all_experts) + expert_elems * moe.n_used as u64;
-            kinds.push(UnitKind {
-                name: "layer",
-                count: host_layers,
-                work: UnitWork {
-                    weight_bytes: layer_bytes,
-                    flops_per_row: 2.0 * per_row as f64,
-                    activation_bytes_per_row: activation,
-                },
-                rows_at_max_batch: max_batch.max(1),
-            });
+            if host_layers > 0 {
+                kinds.push(UnitKind {
+                    name: "layer",
+                    count: host_layers,
+                    work: UnitWork {
+                        weight_bytes: layer_bytes,
+                        flops_per_row: 2.0 * per_row as f64,
+                        activation_bytes_per_row: activation,
+                    },
+                    rows_at_max_batch: max_batch.max(1),
+                });
+            }
             kinds.push(UnitKind {
                 name: "expert",
-                count: host_layers * moe.n_experts,
+                count: host_experts,
                 work: UnitWork::matmuls(expert_bytes, expert_elems, activation),
                 rows_at_max_batch: (max_batch * moe.n_used).div_ceil(moe.n_experts).max(1),
             });

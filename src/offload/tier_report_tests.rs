@@ -88,7 +88,7 @@ fn calibration(model: CostModel) -> Calibration {
 
 #[test]
 fn a_dense_layer_is_one_unit_of_all_its_matrices() {
-    let kinds = unit_kinds(&dense_layer(), 20, None, 64, 8);
+    let kinds = unit_kinds(&dense_layer(), Offloaded::Layers(20), None, 64, 8);
     assert_eq!(kinds.len(), 1);
     let layer = &kinds[0];
     assert_eq!(
@@ -102,14 +102,14 @@ fn a_dense_layer_is_one_unit_of_all_its_matrices() {
         (256 + 4 * (64 * 64 / 32 * 34) + 3 * q4_1(256 * 64)) as u64
     );
     assert_eq!(layer.work.activation_bytes_per_row, 64 * 4);
-    assert!(unit_kinds(&dense_layer(), 0, None, 64, 8).is_empty());
+    assert!(unit_kinds(&dense_layer(), Offloaded::Layers(0), None, 64, 8).is_empty());
     // The MLP's Q4_1 holds more bytes than the attention's Q8_0.
     assert_eq!(weight_type(&dense_layer()), GgmlDType::Q4_1);
 }
 
 #[test]
 fn a_moe_layer_has_expert_units_and_computes_only_top_k_of_them() {
-    let kinds = unit_kinds(&moe_layer(), 4, Some(&moe()), 64, 8);
+    let kinds = unit_kinds(&moe_layer(), Offloaded::Layers(4), Some(&moe()), 64, 8);
     let names: Vec<_> = kinds.iter().map(|k| (k.name, k.count)).collect();
     assert_eq!(names, [("layer", 4), ("expert", 32)]);
     let expert = &kinds[1];
@@ -124,7 +124,7 @@ fn a_moe_layer_has_expert_units_and_computes_only_top_k_of_them() {
         2.0 * (dense + 2 * 3 * 32 * 64) as f64
     );
     assert_eq!(
-        unit_kinds(&moe_layer(), 4, Some(&moe()), 64, 1)[1].rows_at_max_batch,
+        unit_kinds(&moe_layer(), Offloaded::Layers(4), Some(&moe()), 64, 1)[1].rows_at_max_batch,
         1
     );
     // The experts' type counts, not the attention's (which here holds as many bytes).
@@ -141,7 +141,7 @@ fn the_report_decides_renders_and_serialises() {
         device_flops_per_s: 1000e9,
         forced: None,
     };
-    let kinds = unit_kinds(&dense_layer(), 20, None, 64, 64);
+    let kinds = unit_kinds(&dense_layer(), Offloaded::Layers(20), None, 64, 64);
     let work = kinds[0].work;
     let report = TierReport::new(calibration(model), 64, kinds);
     let line = &report.lines[0];
@@ -175,7 +175,7 @@ fn the_report_decides_renders_and_serialises() {
             ..model
         }),
         64,
-        unit_kinds(&dense_layer(), 20, None, 64, 64),
+        unit_kinds(&dense_layer(), Offloaded::Layers(20), None, 64, 64),
     );
     assert!(forced
         .render_text()

@@ -14,7 +14,7 @@ use crate::model::loader::{Holding, LoadOptions};
 use crate::offload::calibrate::{calibrate, CalibrationInput, Probe};
 use crate::offload::layout::LayerLayout;
 use crate::offload::plan::{Home, Plan};
-use crate::offload::tier_report::{unit_kinds, weight_type, TierReport, UnitKind};
+use crate::offload::tier_report::{unit_kinds, weight_type, Offloaded, TierReport};
 
 /// The tier report of `model` planned as `plan` from `checkpoint` on `device`; `None` when
 /// nothing is offloaded per unit (no host layers, or mode `model`, which moves whole models).
@@ -57,33 +57,16 @@ pub fn tier_report(
     })?;
     tracing::info!(model = %model.name, "{}", calibration.summary());
     let spec = checkpoint.spec();
-    let kinds = match &plan.experts {
-        // Experts as the units: only the host experts are offloaded, every layer's other parts
-        // stay on the device.
-        Some(experts) => {
-            let host = experts.layers.iter().map(|l| l.host_experts()).sum();
-            unit_kinds(
-                &layout,
-                1,
-                spec.moe.as_ref(),
-                spec.hidden_size,
-                plan.max_batch,
-            )
-            .into_iter()
-            .filter(|kind| kind.name == "expert")
-            .map(|kind| UnitKind {
-                count: host,
-                ..kind
-            })
-            .collect()
-        }
-        None => unit_kinds(
-            &layout,
-            plan.host_layers(),
-            spec.moe.as_ref(),
-            spec.hidden_size,
-            plan.max_batch,
-        ),
+    let offloaded = match &plan.experts {
+        Some(experts) => Offloaded::Experts(experts.layers.iter().map(|l| l.host_experts()).sum()),
+        None => Offloaded::Layers(plan.host_layers()),
     };
+    let kinds = unit_kinds(
+        &layout,
+        offloaded,
+        spec.moe.as_ref(),
+        spec.hidden_size,
+        plan.max_batch,
+    );
     Ok(Some(TierReport::new(calibration, plan.max_batch, kinds)))
 }
