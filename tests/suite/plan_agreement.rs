@@ -7,48 +7,20 @@
 //! mixed-type model also streams on the CPU with the device accounting within its plan.
 
 use crate::real_model::model_path;
-use crate::tiny::{self, Tiny};
+use crate::tiny::{self, config, cpu, Tiny, BIG};
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
-use ferry::config::{
-    DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
-};
+use ferry::config::{DtypeChoice, OffloadMode};
 use ferry::model::checkpoint::Checkpoint;
 use ferry::model::loader::{load_model, LoadOptions};
 use ferry::model::source::{HubOptions, ModelFiles};
 use ferry::offload::plan::Plan;
 use ferry::offload::{load_placed, StreamConfig};
 use ferry::runtime::planning::{plan_checkpoint, plan_model};
-
-const BIG: u64 = 64 << 30;
-
-fn config(source: &Path, dtype: DtypeChoice, mode: OffloadMode) -> ModelConfig {
-    ModelConfig {
-        name: "m".into(),
-        source: source.to_string_lossy().into_owned(),
-        dtype,
-        max_context: Some(64),
-        max_batch: Some(1),
-        offload: OffloadConfig {
-            mode,
-            gpu_memory: MemoryBudget::Bytes(BIG),
-            prefetch: 1,
-            keep_alive: std::time::Duration::from_secs(1),
-        },
-        ..ModelConfig::default()
-    }
-}
-
-fn cpu() -> DeviceConfig {
-    DeviceConfig {
-        kind: DeviceChoice::Cpu,
-        ..DeviceConfig::default()
-    }
-}
 
 /// The source path of `files` (a GGUF file or an HF directory).
 fn source(files: &ModelFiles) -> &Path {

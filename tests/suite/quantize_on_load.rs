@@ -5,17 +5,14 @@
 //! same blocks as resident ones, and the combinations that cannot work are readable errors.
 
 use crate::real_model::model_path;
-use crate::tiny::{self, Tiny};
+use crate::tiny::{self, config, cpu, Tiny, BIG};
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
-use ferry::config::{
-    DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
-    QuantType,
-};
+use ferry::config::{DtypeChoice, OffloadMode, QuantType};
 use ferry::model::checkpoint::Checkpoint;
 use ferry::model::header::GgufType;
 use ferry::model::loader::{load_model, Holding, LoadOptions, Role, TensorKind};
@@ -23,8 +20,6 @@ use ferry::model::source::ModelFiles;
 use ferry::offload::plan::Plan;
 use ferry::offload::{load_placed, StreamConfig};
 use ferry::runtime::planning::plan_checkpoint;
-
-const BIG: u64 = 64 << 30;
 
 /// Widths that are whole k-quant super-blocks (256), so every type applies as asked.
 fn wide() -> Tiny {
@@ -42,30 +37,6 @@ fn wide() -> Tiny {
 
 fn q(ty: QuantType) -> DtypeChoice {
     DtypeChoice::Quantize(ty)
-}
-
-fn config(source: &Path, dtype: DtypeChoice, mode: OffloadMode) -> ModelConfig {
-    ModelConfig {
-        name: "m".into(),
-        source: source.to_string_lossy().into_owned(),
-        dtype,
-        max_context: Some(64),
-        max_batch: Some(1),
-        offload: OffloadConfig {
-            mode,
-            gpu_memory: MemoryBudget::Bytes(BIG),
-            prefetch: 1,
-            keep_alive: std::time::Duration::from_secs(1),
-        },
-        ..ModelConfig::default()
-    }
-}
-
-fn cpu() -> DeviceConfig {
-    DeviceConfig {
-        kind: DeviceChoice::Cpu,
-        ..DeviceConfig::default()
-    }
 }
 
 fn options(dtype: DtypeChoice) -> LoadOptions {

@@ -6,6 +6,9 @@ use std::path::Path;
 
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
+use ferry::config::{
+    DeviceChoice, DeviceConfig, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
+};
 use ferry::model::loader::{load_model, DtypeChoice, LoadOptions};
 use ferry::model::source::ModelFiles;
 
@@ -686,4 +689,34 @@ pub fn ours(files: &ModelFiles, dtype: DtypeChoice) -> Vec<Vec<f32>> {
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+}
+
+/// A device budget every tiny model fits in.
+pub const BIG: u64 = 64 << 30;
+
+/// A model entry for the checkpoint at `source`: one sequence of 64 tokens, prefetch 1, a
+/// budget everything fits in ([`BIG`]).
+pub fn config(source: &Path, dtype: DtypeChoice, mode: OffloadMode) -> ModelConfig {
+    ModelConfig {
+        name: "m".into(),
+        source: source.to_string_lossy().into_owned(),
+        dtype,
+        max_context: Some(64),
+        max_batch: Some(1),
+        offload: OffloadConfig {
+            mode,
+            gpu_memory: MemoryBudget::Bytes(BIG),
+            prefetch: 1,
+            keep_alive: std::time::Duration::from_secs(1),
+        },
+        ..ModelConfig::default()
+    }
+}
+
+/// The CPU device.
+pub fn cpu() -> DeviceConfig {
+    DeviceConfig {
+        kind: DeviceChoice::Cpu,
+        ..DeviceConfig::default()
+    }
 }
