@@ -597,7 +597,7 @@ fn exact_size(bytes: u64) -> String {
     ];
     UNITS
         .iter()
-        .find(|(unit, _)| bytes >= *unit && bytes % unit == 0)
+        .find(|(unit, _)| bytes >= *unit && bytes.is_multiple_of(*unit))
         .map_or_else(
             || bytes.to_string(),
             |(unit, name)| format!("{}{name}", bytes / unit),
@@ -607,13 +607,13 @@ fn exact_size(bytes: u64) -> String {
 /// The shortest exact spelling of a duration: `5m`, `30s`, `250ms`.
 fn exact_duration(duration: Duration) -> String {
     let millis = duration.as_millis();
-    if millis == 0 || millis % 1000 != 0 {
+    if millis == 0 || !millis.is_multiple_of(1000) {
         return format!("{millis}ms");
     }
     let seconds = millis / 1000;
-    if seconds % 3600 == 0 {
+    if seconds.is_multiple_of(3600) {
         format!("{}h", seconds / 3600)
-    } else if seconds % 60 == 0 {
+    } else if seconds.is_multiple_of(60) {
         format!("{}m", seconds / 60)
     } else {
         format!("{seconds}s")

@@ -486,11 +486,14 @@ mod tests {
         for len in 1..700 {
             for hit in (0..=len).step_by(16) {
                 let k = reuse_len(hit, len, C, B, EXACT_CHUNK_ROWS);
-                assert!(k <= hit && k < len && k % B == 0, "{hit} {len} -> {k}");
+                assert!(
+                    k <= hit && k < len && k.is_multiple_of(B),
+                    "{hit} {len} -> {k}"
+                );
                 let end = (k / C * C + C).min(len);
                 let uncached_last = len - (len - 1) / C * C;
                 assert!(
-                    k % C == 0
+                    k.is_multiple_of(C)
                         || (end - k >= EXACT_CHUNK_ROWS
                             && (end < len || uncached_last >= EXACT_CHUNK_ROWS)),
                     "{hit} {len} -> {k}"

@@ -529,13 +529,13 @@ impl ModelSpec {
                 return Err(ModelError::Config(format!("{name} must be positive")));
             }
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(ModelError::Config(format!(
                 "{} attention heads are not a multiple of {} key/value heads",
                 self.n_heads, self.n_kv_heads
             )));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(ModelError::Config(format!(
                 "head_dim {} is odd",
                 self.head_dim
@@ -557,7 +557,7 @@ impl ModelSpec {
     /// The attention window of decoder layer `index` (`None`: global attention).
     pub fn layer_window(&self, index: usize) -> Option<usize> {
         match self.sliding_window_pattern {
-            Some(n) if (index + 1) % n == 0 => None,
+            Some(n) if (index + 1).is_multiple_of(n) => None,
             _ => self.sliding_window,
         }
     }
@@ -569,7 +569,7 @@ impl ModelSpec {
 }
 
 fn div_exact(a: usize, b: usize, what: &str) -> Result<usize> {
-    if b == 0 || a % b != 0 {
+    if b == 0 || !a.is_multiple_of(b) {
         return Err(ModelError::Config(format!(
             "{what} is not an integer ({a} / {b})"
         )));

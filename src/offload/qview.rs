@@ -169,7 +169,9 @@ impl SlotBlocks {
 /// Views `bytes` as blocks of `T`, checking size and alignment.
 fn cast<T: GgmlType>(bytes: &[u8]) -> Result<&[T]> {
     let size = std::mem::size_of::<T>();
-    if bytes.len() % size != 0 || (bytes.as_ptr() as usize) % std::mem::align_of::<T>() != 0 {
+    if !bytes.len().is_multiple_of(size)
+        || !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+    {
         return Err(candle_core::Error::Msg(format!(
             "slot view of {} bytes at {:p} is not a whole, aligned run of {:?} blocks",
             bytes.len(),
@@ -196,7 +198,7 @@ fn embedding_rows<T: GgmlType>(
     rows: usize,
     hidden: usize,
 ) -> Result<CpuStorage> {
-    if hidden % T::BLCK_SIZE != 0 || blocks.len() != rows * (hidden / T::BLCK_SIZE) {
+    if !hidden.is_multiple_of(T::BLCK_SIZE) || blocks.len() != rows * (hidden / T::BLCK_SIZE) {
         return Err(candle_core::Error::Msg(
             "slot view does not hold a [rows, hidden] table".into(),
         ));

@@ -182,7 +182,7 @@ fn find<'a>(matrices: &'a [MatrixBuffer], entry: &TensorEntry) -> Option<&'a Mat
 
 /// A dense region must start at a multiple of [`TENSOR_ALIGN`] (the driver's allocations do).
 fn check_aligned(address: DeviceAddress) -> Result<()> {
-    if address % TENSOR_ALIGN as DeviceAddress != 0 {
+    if !address.is_multiple_of(TENSOR_ALIGN as DeviceAddress) {
         return Err(GpuError::Layout(format!(
             "the slot's dense region starts at {address:#x}, not a multiple of {TENSOR_ALIGN} bytes"
         ))

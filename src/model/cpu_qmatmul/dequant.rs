@@ -23,7 +23,7 @@ pub fn supports(ty: GgufType) -> bool {
 /// values).
 pub fn dequantize(ty: GgufType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
     let (block, size) = (ty.block_size(), ty.type_size());
-    if bytes.len() % size != 0 || bytes.len() / size * block != out.len() {
+    if !bytes.len().is_multiple_of(size) || bytes.len() / size * block != out.len() {
         return Err(ModelError::Config(format!(
             "{} bytes of {ty} do not decode to {} values",
             bytes.len(),

@@ -270,7 +270,7 @@ fn matches_candle_qmatmul() {
         let block = act_block(dtype);
         // candle's Q5 kernels want an even number of blocks per row (and panic otherwise,
         // poisoning its thread pool for every later test).
-        let even = |&(_, k): &(usize, usize)| (k / block) % 2 == 0;
+        let even = |&(_, k): &(usize, usize)| (k / block).is_multiple_of(2);
         for (n, k) in shapes(dtype).into_iter().filter(even) {
             let c = case(dtype, n, k, 3);
             for m in [1, 4] {

@@ -136,7 +136,7 @@ mod x86 {
     pub fn avx2_dot_iq4_xs(k: Avx2, w: &[u8], a: &[Q8Block]) -> f32 {
         let _ = k;
         assert!(
-            a.len() % XS_SUB == 0 && w.len() >= IQ4_XS_BYTES * (a.len() / XS_SUB),
+            a.len().is_multiple_of(XS_SUB) && w.len() >= IQ4_XS_BYTES * (a.len() / XS_SUB),
             "iq4_xs row too short"
         );
         // SAFETY: as in `avx2_dot_iq4_nl`.

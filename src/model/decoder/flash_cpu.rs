@@ -134,7 +134,7 @@ pub fn attend(
 /// Refuses inconsistent shapes and storage too short for them.
 fn check(q: &[f32], k: &KvHeads<'_>, v: &KvHeads<'_>, s: &Shape, out: &[f32]) -> Result<()> {
     let bad = |what: String| Err(ModelError::Config(format!("CPU attention: {what}")));
-    if s.n_kv_heads == 0 || s.n_heads % s.n_kv_heads != 0 {
+    if s.n_kv_heads == 0 || !s.n_heads.is_multiple_of(s.n_kv_heads) {
         return bad(format!(
             "{} query heads cannot share {} key/value heads",
             s.n_heads, s.n_kv_heads

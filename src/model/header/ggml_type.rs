@@ -108,7 +108,9 @@ impl GgufType {
     /// blocks (a malformed tensor).
     pub fn bytes_for(self, elems: u64) -> Option<u64> {
         let block = self.block_size() as u64;
-        (elems % block == 0).then(|| elems / block * self.type_size() as u64)
+        elems
+            .is_multiple_of(block)
+            .then(|| elems / block * self.type_size() as u64)
     }
 
     /// Whether this is a block format (quantized) rather than plain numbers.

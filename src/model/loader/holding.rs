@@ -212,7 +212,7 @@ pub fn fit_row(target: GgmlDType, row: usize) -> Option<GgmlDType> {
     };
     [target, fallback]
         .into_iter()
-        .find(|ty| row > 0 && row % ty.block_size() == 0)
+        .find(|ty| row > 0 && row.is_multiple_of(ty.block_size()))
 }
 
 /// The error for a quantized dtype on a checkpoint that already holds quantized blocks.
