@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use super::activation::{ActRow, Activations, Q8Block};
 #[cfg(target_arch = "x86_64")]
 use super::avx2_tile;
-use super::{scalar_tile, CpuQMatMul, Dot, Format, Kernel, PARALLEL_MIN_BLOCKS};
+use super::{kquants, scalar_tile, CpuQMatMul, Dot, Format, Kernel, PARALLEL_MIN_BLOCKS};
 use crate::model::error::Result;
 
 /// Four activation rows of the same number of blocks.
@@ -61,6 +61,21 @@ pub(super) fn rows4(dot: &Dot, w: &[u8], a: Rows4<'_>) -> Option<[f32; 4]> {
         Format::Q8_0 => Some(scalar_tile::q8_0(w, a)),
         _ => None,
     }
+}
+
+/// [`rows4`] for the k-quants ([`kquants::tile`]: Q4_K, Q5_K, Q6_K on the fastest SIMD path
+/// the CPU has; `None` for the scalar kernel, which then runs four one-row dots).
+#[inline]
+pub(super) fn rows4_k(dot: &Dot, w: &[u8], a: kquants::tile::Rows4K<'_>) -> Option<[f32; 4]> {
+    let Format::K(f) = dot.format else {
+        return None;
+    };
+    #[cfg(target_arch = "x86_64")]
+    if dot.avx2.is_some() {
+        return kquants::tile::rows4(kquants::tile::Path::detect()?, f, w, a);
+    }
+    let _ = (f, w, a);
+    None
 }
 
 /// Computes every job's `out = act W^T` (`out` row major `[m, rows]`) from the quantized
@@ -137,10 +152,12 @@ impl Task<'_> {
             while i + 4 <= self.acts.end {
                 let a = [row(i), row(i + 1), row(i + 2), row(i + 3)];
                 let q8: Rows4<'_> = a.map(|a| a.q8);
+                let q8k = a.map(|a| a.q8k);
                 for r in self.weights.clone() {
                     let w = weight(r);
-                    let y =
-                        rows4(&self.dot, w, q8).unwrap_or_else(|| a.map(|a| self.dot.row(w, a)));
+                    let y = rows4(&self.dot, w, q8)
+                        .or_else(|| rows4_k(&self.dot, w, q8k))
+                        .unwrap_or_else(|| a.map(|a| self.dot.row(w, a)));
                     for (di, v) in y.into_iter().enumerate() {
                         self.out.set(i + di, r, v);
                     }

@@ -48,7 +48,7 @@ fn hsum_i32(v: __m256i) -> i32 {
 /// high half: the scales of chunk `c`'s two 16-element halves.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn pair_scales(sc16: __m256i, c: usize) -> __m256i {
+pub(super) fn pair_scales(sc16: __m256i, c: usize) -> __m256i {
     let pair = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(c as i32));
     let pick = _mm256_setr_epi8(
         0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
@@ -72,7 +72,7 @@ unsafe fn chunk(q: __m256i, y: *const i8, scales: __m256i) -> __m256i {
 /// The activation block's sixteen 16-element sums.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn bsums(a: &Q8KBlock) -> __m256i {
+pub(super) fn bsums(a: &Q8KBlock) -> __m256i {
     // SAFETY: `bsums` is 32 bytes.
     unsafe { _mm256_loadu_si256(a.bsums.as_ptr().cast()) }
 }
@@ -80,7 +80,7 @@ fn bsums(a: &Q8KBlock) -> __m256i {
 /// Eight i16 values, each duplicated into two adjacent lanes (for per-32 scales and mins).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn duplicated(v: [u8; 8]) -> __m256i {
+pub(super) fn duplicated(v: [u8; 8]) -> __m256i {
     let s = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(v)));
     _mm256_set_m128i(_mm_unpackhi_epi16(s, s), _mm_unpacklo_epi16(s, s))
 }
@@ -88,7 +88,7 @@ fn duplicated(v: [u8; 8]) -> __m256i {
 /// Prefetches the block `PREFETCH_AHEAD` bytes past the one at `p`, `bytes` long.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn prefetch(p: *const u8, bytes: usize) {
+pub(super) fn prefetch(p: *const u8, bytes: usize) {
     let mut off = 0;
     while off < bytes {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD + off).cast());
