@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 use clap::Parser;
-use ferry::model::cpu_qmatmul::{CpuQMatMul, Kernel};
+use ferry::model::cpu_qmatmul::{Blocks, CpuQMatMul, Kernel};
+use ferry::model::header::GgufType;
 use half::f16;
 
 /// `cargo bench --bench qmatmul_kernels -- [OPTIONS]`.
@@ -55,6 +56,41 @@ const TYPES: [(&str, GgmlDType, usize, usize, &[usize]); 10] = [
     ("q5_k", GgmlDType::Q5K, 176, 256, &[0, 2]),
     ("q6_k", GgmlDType::Q6K, 210, 256, &[208]),
 ];
+
+/// The types candle has no kernel for (ferry only): name, type, bytes and elements per block,
+/// and the offset of the scale (an f16, or MXFP4's E8M0 byte).
+const FERRY_ONLY: [(&str, GgufType, usize, usize, usize); 3] = [
+    ("iq4_nl", GgufType::IQ4_NL, 18, 32, 0),
+    ("iq4_xs", GgufType::IQ4_XS, 136, 256, 0),
+    ("mxfp4", GgufType::MXFP4, 17, 32, 0),
+];
+
+/// A ferry-only `rows x cols` weight of pseudo-random blocks with small finite scales.
+fn ferry_only_weight(
+    (ty, bytes, elems, at): (GgufType, usize, usize, usize),
+    (rows, cols): (usize, usize),
+    seed: u64,
+) -> Result<CpuQMatMul, String> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut data: Vec<u8> = (0..rows * cols / elems * bytes)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect();
+    for (b, block) in data.chunks_exact_mut(bytes).enumerate() {
+        if ty == GgufType::MXFP4 {
+            block[at] = 118 + (b % 7) as u8;
+        } else {
+            let v = ((b % 13) as f32 - 6.0) * 0.001 + 0.0003;
+            block[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+        }
+    }
+    let blocks = Blocks::owned(data, ty, &[rows, cols]).map_err(|e| e.to_string())?;
+    CpuQMatMul::from_blocks(blocks).map_err(|e| e.to_string())
+}
 
 /// A `rows x cols` weight of pseudo-random blocks with small finite scales.
 fn weight(
@@ -197,6 +233,60 @@ fn main() -> Result<(), String> {
                 gbs(ferry_rate),
                 gbs(candle_rate),
                 ferry_rate / candle_rate
+            );
+        }
+    }
+    ferry_only(&options)
+}
+
+/// The table of the types only ferry computes: ferry's kernels alone (`Auto` against the
+/// portable scalar ones, in one run).
+fn ferry_only(options: &Options) -> Result<(), String> {
+    let (rows, cols) = (options.rows, options.cols);
+    let wanted = |name: &str| options.types.is_empty() || options.types.iter().any(|t| t == name);
+    if !FERRY_ONLY.iter().any(|t| wanted(t.0)) {
+        return Ok(());
+    }
+    println!();
+    println!("| type | m | ferry GB/s | ferry scalar GB/s | ferry / scalar |");
+    println!("|---|---|---|---|---|");
+    for &(name, ty, bytes, elems, at) in &FERRY_ONLY {
+        if !wanted(name) {
+            continue;
+        }
+        let matrix_bytes = rows * cols / elems * bytes;
+        let count = (options.working_set_mib << 20)
+            .div_ceil(matrix_bytes)
+            .clamp(1, 64);
+        let ferry = (0..count)
+            .map(|i| ferry_only_weight((ty, bytes, elems, at), (rows, cols), i as u64 + 1))
+            .collect::<Result<Vec<_>, _>>()?;
+        for m in [1usize, 64] {
+            let x: Vec<f32> = (0..m * cols)
+                .map(|i| ((i * 7919) % 1999) as f32 / 1000.0 - 1.0)
+                .collect();
+            let (mut out, mut out2) = (vec![0f32; m * rows], vec![0f32; m * rows]);
+            let count = if m == 1 { count } else { count.min(2) };
+            let (auto, scalar) = rates(
+                count,
+                options.seconds,
+                |i| {
+                    ferry[i]
+                        .matmul_f32(&x, m, &mut out, Kernel::Auto)
+                        .map_err(|e| e.to_string())
+                },
+                |i| {
+                    ferry[i]
+                        .matmul_f32(&x, m, &mut out2, Kernel::Scalar)
+                        .map_err(|e| e.to_string())
+                },
+            )?;
+            let gbs = |r: f64| r * matrix_bytes as f64 / 1e9;
+            println!(
+                "| {name} | {m} | {:.2} | {:.2} | {:.2} |",
+                gbs(auto),
+                gbs(scalar),
+                auto / scalar
             );
         }
     }

@@ -229,7 +229,7 @@ impl BlockScale {
 /// `p..p + scale.header_bytes()` must be readable.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_at(scale: BlockScale, p: *const u8) -> f32 {
+pub(super) unsafe fn scale_at(scale: BlockScale, p: *const u8) -> f32 {
     match scale {
         BlockScale::F16 => f16_at(p),
         BlockScale::E8m0Half => super::mxfp4::e8m0_half(*p),

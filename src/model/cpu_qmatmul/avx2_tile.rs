@@ -14,7 +14,12 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{dot_u8_i8, f16_at, hsum, load_act, nibbles, Avx2, PREFETCH_AHEAD};
+use super::avx2::{
+    dot_u8_i8, f16_at, hsum, load_act, nibbles, scale_at, table_block, Avx2, BlockScale,
+    PREFETCH_AHEAD,
+};
+use super::iq4::{self, IQ4_NL_BYTES, IQ4_XS_BYTES, XS_SUB};
+use super::mxfp4::{self, MXFP4_BYTES};
 use super::tile::Rows4;
 
 fn check(w: &[u8], a: &Rows4<'_>, block_bytes: usize, what: &str) {
@@ -243,4 +248,149 @@ unsafe fn q8_0_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
         }
     }
     std::array::from_fn(|r| hsum(_mm256_add_ps(acc0[r], acc1[r])))
+}
+
+/// [`super::avx2::table_row`] (IQ4_NL: the f16-scaled table blocks) of `w` with each of the
+/// four rows `a` (see [`q4_0`] for `vnni`).
+pub fn iq4_nl(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    let _ = k;
+    check(w, &a, IQ4_NL_BYTES, "iq4_nl");
+    let (w, vnni) = (w.as_ptr(), vnni && has_vnni());
+    // SAFETY: as in `q4_0`.
+    unsafe {
+        match vnni {
+            true => iq4_nl_vnni(w, a),
+            false => iq4_nl_x4(w, a),
+        }
+    }
+}
+
+/// [`super::avx2::table_row`] (MXFP4: E8M0-scaled table blocks) of `w` with each of the four
+/// rows `a` (see [`q4_0`] for `vnni`).
+pub fn mxfp4(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    let _ = k;
+    check(w, &a, MXFP4_BYTES, "mxfp4");
+    let (w, vnni) = (w.as_ptr(), vnni && has_vnni());
+    // SAFETY: as in `q4_0`.
+    unsafe {
+        match vnni {
+            true => mxfp4_vnni(w, a),
+            false => mxfp4_x4(w, a),
+        }
+    }
+}
+
+/// [`super::iq4::avx2_dot_iq4_xs`] of `w` with each of the four rows `a` (see [`q4_0`] for
+/// `vnni`).
+pub fn iq4_xs(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    let _ = k;
+    assert!(
+        a[0].len().is_multiple_of(XS_SUB),
+        "iq4_xs: activation rows are not whole super-blocks"
+    );
+    check(w, &a, IQ4_XS_BYTES / XS_SUB, "iq4_xs");
+    let (w, vnni) = (w.as_ptr(), vnni && has_vnni());
+    // SAFETY: as in `q4_0`.
+    unsafe {
+        match vnni {
+            true => iq4_xs_vnni(w, a),
+            false => iq4_xs_x4(w, a),
+        }
+    }
+}
+
+variants!(iq4_nl_body, iq4_nl_x4, iq4_nl_vnni);
+variants!(mxfp4_body, mxfp4_x4, mxfp4_vnni);
+variants!(iq4_xs_body, iq4_xs_x4, iq4_xs_vnni);
+
+/// # Safety
+/// Inlined into its variants (see `variants!`); `w..w + 18 * a[0].len()` must be readable.
+#[inline(always)]
+unsafe fn iq4_nl_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+    let table = _mm_loadu_si128(iq4::KVALUES.as_ptr().cast());
+    table_body::<VNNI>(table, BlockScale::F16, w, a)
+}
+
+/// # Safety
+/// Inlined into its variants (see `variants!`); `w..w + 17 * a[0].len()` must be readable.
+#[inline(always)]
+unsafe fn mxfp4_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+    let table = _mm_loadu_si128(mxfp4::KVALUES.as_ptr().cast());
+    table_body::<VNNI>(table, BlockScale::E8m0Half, w, a)
+}
+
+/// The four-row form of [`super::avx2::table_row`]: the same two accumulators per row, the
+/// same scale products, the same block order.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C (and AVX-VNNI when `VNNI`);
+/// `w..w + (scale.header_bytes() + 16) * a[0].len()` must be readable.
+#[inline(always)]
+unsafe fn table_body<const VNNI: bool>(
+    table: __m128i,
+    scale: BlockScale,
+    w: *const u8,
+    a: Rows4<'_>,
+) -> [f32; 4] {
+    let kb = a[0].len();
+    let head = scale.header_bytes();
+    let block = head + 16;
+    let mut acc0 = [_mm256_setzero_ps(); 4];
+    let mut acc1 = [_mm256_setzero_ps(); 4];
+    let mut p = w;
+    for j in 0..kb / 2 {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
+        let w0 = table_block(table, p.add(head));
+        let w1 = table_block(table, p.add(head + block));
+        let (abs0, abs1) = (_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(w1, w1));
+        let (d0, d1) = (scale_at(scale, p), scale_at(scale, p.add(block)));
+        for r in 0..4 {
+            let (b0, b1) = (&a[r][2 * j], &a[r][2 * j + 1]);
+            let prod0 = dot::<VNNI>(abs0, _mm256_sign_epi8(load_act(b0), w0));
+            let prod1 = dot::<VNNI>(abs1, _mm256_sign_epi8(load_act(b1), w1));
+            acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b0.d), prod0, acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * b1.d), prod1, acc1[r]);
+        }
+        p = p.add(2 * block);
+    }
+    if kb % 2 == 1 {
+        let w0 = table_block(table, p.add(head));
+        let abs0 = _mm256_sign_epi8(w0, w0);
+        let d0 = scale_at(scale, p);
+        for r in 0..4 {
+            let b = &a[r][kb - 1];
+            let prod = dot::<VNNI>(abs0, _mm256_sign_epi8(load_act(b), w0));
+            acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b.d), prod, acc0[r]);
+        }
+    }
+    std::array::from_fn(|r| hsum(_mm256_add_ps(acc0[r], acc1[r])))
+}
+
+/// The four-row form of the AVX2 IQ4_XS row kernel: one accumulator per row, sub-blocks in
+/// order, each sub-block's weights and scale `d * (ls - 32)` made once for the four rows.
+///
+/// # Safety
+/// Inlined into its variants (see `variants!`); `w` must hold `a[0].len() / 8` super-blocks.
+#[inline(always)]
+unsafe fn iq4_xs_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+    let table = _mm_loadu_si128(iq4::KVALUES.as_ptr().cast());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for s in 0..a[0].len() / XS_SUB {
+        let p = w.add(IQ4_XS_BYTES * s);
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD + 64).cast());
+        let b = std::slice::from_raw_parts(p, IQ4_XS_BYTES);
+        let d = f16_at(p);
+        for i in 0..XS_SUB {
+            let wv = table_block(table, p.add(8 + 16 * i));
+            let abs = _mm256_sign_epi8(wv, wv);
+            let dw = d * iq4::xs_scale(b, i) as f32;
+            for r in 0..4 {
+                let blk = &a[r][XS_SUB * s + i];
+                let prod = dot::<VNNI>(abs, _mm256_sign_epi8(load_act(blk), wv));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * blk.d), prod, acc[r]);
+            }
+        }
+    }
+    std::array::from_fn(|r| hsum(acc[r]))
 }

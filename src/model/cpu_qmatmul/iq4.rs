@@ -27,7 +27,7 @@ pub const IQ4_NL_BYTES: usize = 18;
 /// Bytes of an IQ4_XS super-block (256 elements).
 pub const IQ4_XS_BYTES: usize = 136;
 /// 32-element sub-blocks per IQ4_XS super-block.
-const XS_SUB: usize = 8;
+pub(super) const XS_SUB: usize = 8;
 
 /// `out[j] = d * table[nibble_j]` for the 16 index bytes `qs` (32 values).
 pub(super) fn decode_nibbles(table: &[i8; 16], d: f32, qs: &[u8], out: &mut [f32]) {
@@ -53,7 +53,7 @@ pub(super) fn table_dot(table: &[i8; 16], qs: &[u8], a: &Q8Block) -> i32 {
 
 /// The signed 6-bit scale of sub-block `i` of the IQ4_XS super-block `b`, minus 32.
 #[inline]
-fn xs_scale(b: &[u8], i: usize) -> i32 {
+pub(super) fn xs_scale(b: &[u8], i: usize) -> i32 {
     let high = u16::from_le_bytes([b[2], b[3]]);
     let low = i32::from((b[4 + i / 2] >> (4 * (i % 2))) & 0x0F);
     (low | (i32::from((high >> (2 * i)) & 3) << 4)) - 32

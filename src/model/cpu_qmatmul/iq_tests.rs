@@ -154,7 +154,7 @@ fn kernels_match_the_gguf_package_then_f32_dot() {
 }
 
 /// Random raw blocks of `ty` for a `[n, k]` matrix, with scales in realistic ranges.
-fn random_blocks(ty: GgufType, n: usize, k: usize, seed: u64) -> Blocks {
+pub(super) fn random_blocks(ty: GgufType, n: usize, k: usize, seed: u64) -> Blocks {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut next = move || {
         s ^= s << 13;

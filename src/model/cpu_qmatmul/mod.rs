@@ -26,6 +26,8 @@ mod format_tests;
 pub mod iq4;
 #[cfg(test)]
 mod iq_tests;
+#[cfg(test)]
+mod iq_tile_tests;
 pub mod kquants;
 pub mod mxfp4;
 pub mod q5;

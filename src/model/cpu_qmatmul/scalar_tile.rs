@@ -1,9 +1,12 @@
 //! Portable dot products of one raw GGUF weight row with four quantized activation rows at
 //! once (the scalar micro-kernels of [`super::tile`]): each weight block is unpacked once for
 //! the four rows. Every output is the same sum, in the same order, as the one-row kernel in
-//! [`super::scalar`] (block layouts are described there), so the results are equal.
+//! [`super::scalar`] (block layouts are described there), or in [`super::iq4`] and
+//! [`super::mxfp4`] for the table-coded formats, so the results are equal.
 
 use super::activation::{Q8Block, BLOCK};
+use super::iq4::{self, IQ4_NL_BYTES, IQ4_XS_BYTES, XS_SUB};
+use super::mxfp4::{self, MXFP4_BYTES};
 use super::scalar::f16_at;
 use super::tile::Rows4;
 
@@ -83,4 +86,63 @@ pub fn q8_0(w: &[u8], a: Rows4<'_>) -> [f32; 4] {
         |b| std::array::from_fn::<i32, BLOCK, _>(|j| i32::from(b[2 + j] as i8)),
         |b, ws, a| f16_at(b, 0) * a.d * int_dot(ws, a) as f32,
     )
+}
+
+/// The 32 table values of a table-coded block's 16 index bytes, low nibbles first.
+#[inline]
+fn unpack_table(table: &[i8; 16], qs: &[u8]) -> [i32; BLOCK] {
+    unpack_nibbles(qs).map(|n| i32::from(table[n as usize]))
+}
+
+/// [`super::iq4::dot_iq4_nl`] of `w` with each of the four rows `a`.
+pub fn iq4_nl(w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    per_block(
+        w,
+        a,
+        IQ4_NL_BYTES,
+        |b| unpack_table(&iq4::KVALUES, &b[2..IQ4_NL_BYTES]),
+        |b, ws, a| f16_at(b, 0) * a.d * int_dot(ws, a) as f32,
+    )
+}
+
+/// [`super::mxfp4::dot_mxfp4`] of `w` with each of the four rows `a`.
+pub fn mxfp4(w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    per_block(
+        w,
+        a,
+        MXFP4_BYTES,
+        |b| unpack_table(&mxfp4::KVALUES, &b[1..MXFP4_BYTES]),
+        |b, ws, a| mxfp4::e8m0_half(b[0]) * a.d * int_dot(ws, a) as f32,
+    )
+}
+
+/// [`super::iq4::dot_iq4_xs`] of `w` with each of the four rows `a`: per super-block the
+/// sub-block terms are summed first, then added to the row's total, as there.
+pub fn iq4_xs(w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    let kb = a[0].len();
+    assert!(
+        a.iter().all(|r| r.len() == kb) && kb.is_multiple_of(XS_SUB),
+        "activation rows differ in length or are not whole super-blocks"
+    );
+    assert!(
+        w.len() >= IQ4_XS_BYTES * (kb / XS_SUB),
+        "weight row too short"
+    );
+    let mut sums = [0f32; 4];
+    for (s, b) in w.chunks_exact(IQ4_XS_BYTES).take(kb / XS_SUB).enumerate() {
+        let d = f16_at(b, 0);
+        let mut parts = [[0f32; XS_SUB]; 4];
+        for i in 0..XS_SUB {
+            let ws = unpack_table(&iq4::KVALUES, &b[8 + 16 * i..8 + 16 * (i + 1)]);
+            let dw = d * iq4::xs_scale(b, i) as f32;
+            for (part, row) in parts.iter_mut().zip(&a) {
+                let blk = &row[XS_SUB * s + i];
+                part[i] = dw * blk.d * int_dot(&ws, blk) as f32;
+            }
+        }
+        for (sum, part) in sums.iter_mut().zip(parts) {
+            *sum += part.into_iter().sum::<f32>();
+        }
+    }
+    sums
 }

@@ -52,6 +52,9 @@ pub(super) fn rows4(dot: &Dot, w: &[u8], a: Rows4<'_>) -> Option<[f32; 4]> {
             Format::Q4_0 => Some(avx2_tile::q4_0(k, true, w, a)),
             Format::Q4_1 => Some(avx2_tile::q4_1(k, true, w, a)),
             Format::Q8_0 => Some(avx2_tile::q8_0(k, true, w, a)),
+            Format::IQ4_NL => Some(avx2_tile::iq4_nl(k, true, w, a)),
+            Format::IQ4_XS => Some(avx2_tile::iq4_xs(k, true, w, a)),
+            Format::MXFP4 => Some(avx2_tile::mxfp4(k, true, w, a)),
             _ => None,
         };
     }
@@ -59,6 +62,9 @@ pub(super) fn rows4(dot: &Dot, w: &[u8], a: Rows4<'_>) -> Option<[f32; 4]> {
         Format::Q4_0 => Some(scalar_tile::q4_0(w, a)),
         Format::Q4_1 => Some(scalar_tile::q4_1(w, a)),
         Format::Q8_0 => Some(scalar_tile::q8_0(w, a)),
+        Format::IQ4_NL => Some(scalar_tile::iq4_nl(w, a)),
+        Format::IQ4_XS => Some(scalar_tile::iq4_xs(w, a)),
+        Format::MXFP4 => Some(scalar_tile::mxfp4(w, a)),
         _ => None,
     }
 }
