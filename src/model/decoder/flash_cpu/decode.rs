@@ -1,0 +1,206 @@
+//! The decode schedule of [`super::attend`] (one query row per head), flash-decoding style:
+//! the visible keys are cut into ranges and each task takes one key/value head and one range
+//! with every query head of the group, so each key and value row is read once per step and a
+//! few heads still keep every thread busy at long contexts. A task keeps its own running
+//! maximum, sum and weighted sum of values per query head; [`merge`] rescales the ranges to
+//! their common maximum and adds them up. The inner loops are [`super::simd`]'s kernels,
+//! inlined into one function per instruction set so the softmax between them vectorizes too.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+#[cfg(target_arch = "x86_64")]
+use super::simd::{Avx2, Avx512};
+use super::simd::{Elem, Kernel, Scalar};
+use super::{first_visible, online_softmax, Isa, KvData, KvHeads, Shape};
+
+/// Keys per tile inside a task (the group's scores of one tile are a small buffer).
+const TILE: usize = 128;
+/// Fewest keys per range when the keys are split.
+const MIN_RANGE: usize = 128;
+/// Ranges per thread to aim for (more than one evens out the heads).
+const RANGES_PER_THREAD: usize = 4;
+/// Below this many (query head, key, column) products a call runs on the calling thread.
+const PARALLEL_MIN: usize = 1 << 16;
+
+/// Runs a one-row call whose shape [`super::check`] accepted.
+pub(super) fn run(
+    isa: Isa,
+    q: &[f32],
+    k: &KvHeads<'_>,
+    v: &KvHeads<'_>,
+    s: &Shape,
+    out: &mut [f32],
+) {
+    let d = s.head_dim;
+    let group = s.n_heads / s.n_kv_heads;
+    let lo = first_visible(s.pos, s.window);
+    let n = s.pos + 1 - lo;
+    let threads = rayon::current_num_threads();
+    let parallel = threads > 1 && s.n_heads * n * d >= PARALLEL_MIN;
+    let ranges = if parallel {
+        (RANGES_PER_THREAD * threads)
+            .div_ceil(s.n_kv_heads)
+            .min(n.div_ceil(MIN_RANGE))
+            .max(1)
+    } else {
+        1
+    };
+    let per = n.div_ceil(ranges);
+    let ranges = n.div_ceil(per);
+    let width = d + 2;
+    let mut partial = vec![0f32; s.n_kv_heads * ranges * group * width];
+    let job = |(i, part): (usize, &mut [f32])| {
+        let kv_head = i / ranges;
+        let a = lo + (i % ranges) * per;
+        let keys = a..(a + per).min(s.pos + 1);
+        let q = &q[kv_head * group * d..(kv_head + 1) * group * d];
+        let task = Task {
+            q,
+            kv_head,
+            keys,
+            part,
+        };
+        match isa {
+            // SAFETY: `attend_with` runs an `Isa` only when the CPU has its features.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { range_avx512(k, v, s, task) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { range_avx2(k, v, s, task) },
+            Isa::Baseline => range::<Scalar>(k, v, s, task),
+        }
+    };
+    if parallel && ranges * s.n_kv_heads > 1 {
+        partial
+            .par_chunks_mut(group * width)
+            .with_max_len(1)
+            .enumerate()
+            .for_each(job);
+    } else {
+        partial.chunks_mut(group * width).enumerate().for_each(job);
+    }
+    merge(&partial, ranges, group, d, out);
+}
+
+/// One task: a key/value head's range of keys against every query head of its group.
+struct Task<'a> {
+    /// The group's query rows (`[group, head_dim]`).
+    q: &'a [f32],
+    kv_head: usize,
+    keys: std::ops::Range<usize>,
+    /// Per query head of the group: its weighted sum of values (`head_dim`), then its
+    /// maximum and its sum of exponentials.
+    part: &'a mut [f32],
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn range_avx512(k: &KvHeads<'_>, v: &KvHeads<'_>, s: &Shape, task: Task<'_>) {
+    range::<Avx512>(k, v, s, task)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn range_avx2(k: &KvHeads<'_>, v: &KvHeads<'_>, s: &Shape, task: Task<'_>) {
+    range::<Avx2>(k, v, s, task)
+}
+
+/// [`range_typed`] with the keys' and values' element types.
+#[inline(always)]
+fn range<K: Kernel>(k: &KvHeads<'_>, v: &KvHeads<'_>, s: &Shape, task: Task<'_>) {
+    let (d, r) = (s.head_dim, task.keys.clone());
+    let keys_at = task.kv_head * k.head_stride;
+    let values_at = task.kv_head * v.head_stride;
+    let rows = |at: usize| at + r.start * d..at + r.end * d;
+    match k.data {
+        KvData::F32(x) => with_values::<K, f32>(&x[rows(keys_at)], v, rows(values_at), s, task),
+        KvData::F16(x) => with_values::<K, f16>(&x[rows(keys_at)], v, rows(values_at), s, task),
+        KvData::BF16(x) => with_values::<K, bf16>(&x[rows(keys_at)], v, rows(values_at), s, task),
+    }
+}
+
+#[inline(always)]
+fn with_values<K: Kernel, TK: Elem>(
+    keys: &[TK],
+    v: &KvHeads<'_>,
+    at: std::ops::Range<usize>,
+    s: &Shape,
+    task: Task<'_>,
+) {
+    match v.data {
+        KvData::F32(x) => range_typed::<K, TK, f32>(keys, &x[at], s, task),
+        KvData::F16(x) => range_typed::<K, TK, f16>(keys, &x[at], s, task),
+        KvData::BF16(x) => range_typed::<K, TK, bf16>(keys, &x[at], s, task),
+    }
+}
+
+/// The task on its keys' and values' rows (`[range, head_dim]` each).
+#[inline(always)]
+fn range_typed<K: Kernel, TK: Elem, TV: Elem>(
+    keys: &[TK],
+    values: &[TV],
+    s: &Shape,
+    task: Task<'_>,
+) {
+    let d = s.head_dim;
+    let width = d + 2;
+    let group = task.q.len() / d;
+    let part = task.part;
+    for state in part.chunks_exact_mut(width) {
+        state[..d].fill(0.0);
+        state[d] = f32::NEG_INFINITY;
+        state[d + 1] = 0.0;
+    }
+    let mut scores = vec![0f32; group * TILE];
+    let n_keys = keys.len() / d;
+    let mut t0 = 0;
+    while t0 < n_keys {
+        let n = (n_keys - t0).min(TILE);
+        let (k_tile, v_tile) = (&keys[t0 * d..(t0 + n) * d], &values[t0 * d..(t0 + n) * d]);
+        // SAFETY: `range`'s callers run a kernel only on a CPU with its features.
+        unsafe { K::dots(task.q, group, k_tile, d, &mut scores, TILE) };
+        for (g, state) in part.chunks_exact_mut(width).enumerate() {
+            let (acc, running) = state.split_at_mut(d);
+            let (max, sum) = running.split_at_mut(1);
+            let row = &mut scores[g * TILE..g * TILE + n];
+            let correction = online_softmax(s, row, &mut max[0], &mut sum[0]);
+            if correction != 1.0 {
+                for o in acc.iter_mut() {
+                    *o *= correction;
+                }
+            }
+        }
+        // SAFETY: as above.
+        unsafe { K::weighted(&scores, TILE, group, v_tile, d, part, width) };
+        t0 += n;
+    }
+}
+
+/// Writes each query head's output from its ranges' partial results (`partial`: per key/value
+/// head, per range, per query head of the group, `head_dim + 2` values as [`Task::part`]).
+fn merge(partial: &[f32], ranges: usize, group: usize, d: usize, out: &mut [f32]) {
+    let width = d + 2;
+    for (head, out) in out.chunks_exact_mut(d).enumerate() {
+        let (kv_head, g) = (head / group, head % group);
+        let part = |r: usize| {
+            let at = ((kv_head * ranges + r) * group + g) * width;
+            &partial[at..at + width]
+        };
+        let max = (0..ranges).fold(f32::NEG_INFINITY, |m, r| m.max(part(r)[d]));
+        out.fill(0.0);
+        let mut sum = 0.0;
+        for r in 0..ranges {
+            let p = part(r);
+            let scale = (p[d] - max).exp();
+            sum += p[d + 1] * scale;
+            for (o, &x) in out.iter_mut().zip(&p[..d]) {
+                *o += x * scale;
+            }
+        }
+        let inv = 1.0 / sum;
+        for o in out.iter_mut() {
+            *o *= inv;
+        }
+    }
+}
