@@ -71,7 +71,8 @@ pub fn forward(h: &Tensor, w: &LayerWeights, moe: MoeSpec) -> Result<Tensor> {
     let wanted: Vec<usize> = (0..moe.n_experts)
         .filter(|&e| !routing.rows[e].is_empty())
         .collect();
-    let experts = w.routed_experts(&wanted, probs.len())?;
+    let rows: Vec<usize> = wanted.iter().map(|&e| routing.rows[e].len()).collect();
+    let experts = w.routed_experts(&wanted, &rows)?;
     if experts.len() != wanted.len() {
         return Err(ModelError::MissingTensor(format!(
             "{} of {} routed experts",

@@ -258,9 +258,9 @@ pub type ExpertWeights = [Linear; 3];
 /// (resident, copied into a device slot, or computed from its host slab). A layer built with
 /// [`LayerWeights::with_routed`] asks it instead of reading its own expert parts.
 pub trait RoutedExperts: fmt::Debug + Send + Sync {
-    /// The weights of experts `wanted` (ascending expert indices), in that order, for a step
-    /// of `rows` rows.
-    fn experts(&self, wanted: &[usize], rows: usize) -> Result<Vec<ExpertWeights>>;
+    /// The weights of experts `wanted` (ascending expert indices), in that order; `rows[i]` is
+    /// the number of the step's rows routed to `wanted[i]` (what a per-expert tier decides by).
+    fn experts(&self, wanted: &[usize], rows: &[usize]) -> Result<Vec<ExpertWeights>>;
 }
 
 impl LayerWeights {
@@ -307,9 +307,9 @@ impl LayerWeights {
         experts
     }
 
-    /// The weights of experts `wanted` (ascending), for a step of `rows` rows: from the
-    /// layer's routed source if it has one, else its own expert parts.
-    pub fn routed_experts(&self, wanted: &[usize], rows: usize) -> Result<Vec<ExpertWeights>> {
+    /// The weights of experts `wanted` (ascending), `rows[i]` rows routed to `wanted[i]`: from
+    /// the layer's routed source if it has one, else its own expert parts.
+    pub fn routed_experts(&self, wanted: &[usize], rows: &[usize]) -> Result<Vec<ExpertWeights>> {
         if let Some(routed) = &self.routed {
             return routed.experts(wanted, rows);
         }

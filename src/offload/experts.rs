@@ -4,11 +4,15 @@
 //! together), filled once from the file.
 //!
 //! The MoE forward asks for the experts a step's rows were routed to, after its router ran
-//! ([`RoutedExperts`]); for each one the store hands out, in this order:
+//! ([`RoutedExperts`]), with the number of rows routed to each; for each one the store hands
+//! out, in this order:
 //!
 //! - a resident expert as it is;
 //! - an expert already in the device pool (the cache of hot experts, least recently used
 //!   evicted first): a *hit*;
+//! - otherwise a tier decided for that expert alone, from the rows routed to it ([`decide`]:
+//!   the cost model, or a forced tier), recorded per expert ([`ExpertStore::last_decisions`],
+//!   the tier decision counters);
 //! - on tier [`ExpertTier::Host`], the expert computed where it is: views into its host slab,
 //!   so only the activations meet it (on the CPU device the slab is ordinary memory and the
 //!   same kernels run on the same bytes);
@@ -46,8 +50,8 @@ use crate::model::weights::{ExpertWeights, RoutedExperts};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ExpertTier {
     /// Per expert and step, what the cost model ([`ExpertStore::set_cost_model`]) chooses for
-    /// the step's rows; without one, host compute below [`AUTO_HOST_ROWS`] rows and streaming
-    /// from there (llama.cpp's fixed switch).
+    /// the rows routed to that expert ([`decide`]); without one, host compute below
+    /// [`AUTO_HOST_ROWS`] such rows and streaming from there (llama.cpp's fixed switch).
     #[default]
     Auto,
     /// Copy each routed offloaded expert into the device pool.
@@ -56,11 +60,11 @@ pub enum ExpertTier {
     Host,
 }
 
-/// Rows of a step from which [`ExpertTier::Auto`] streams instead of computing on the host.
+/// Rows routed to an expert from which [`ExpertTier::Auto`] (without a cost model) streams instead of computing on the host.
 pub const AUTO_HOST_ROWS: usize = 32;
 
 impl ExpertTier {
-    /// The tier a step of `rows` rows uses (never `Auto`).
+    /// The tier an expert `rows` rows of a step were routed to uses (never `Auto`).
     pub fn for_rows(self, rows: usize) -> ExpertTier {
         match self {
             ExpertTier::Auto if rows < AUTO_HOST_ROWS => ExpertTier::Host,
@@ -108,6 +112,8 @@ struct Pool {
     clock: u64,
     tier: ExpertTier,
     cost: Option<CostModel>,
+    /// Per layer, its last step's routed experts ([`ExpertStore::last_decisions`]).
+    last: Vec<Vec<ExpertDecision>>,
 }
 
 /// Every layer's experts, the device pool and the host tier.
@@ -191,6 +197,7 @@ impl ExpertStore {
             }
             layers.push(set);
         }
+        let n_layers = layers.len();
         let slot = &plan.slot;
         let slots = (0..plan.pool_slots)
             .map(|_| {
@@ -212,6 +219,7 @@ impl ExpertStore {
                 clock: 0,
                 tier: ExpertTier::default(),
                 cost: None,
+                last: vec![Vec::new(); n_layers],
             }),
             bandwidth: link_bandwidth,
             accounting,
@@ -271,23 +279,44 @@ impl ExpertStore {
         self.pool.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The experts `wanted` of `layer` for a step of `rows` rows (see the module header).
-    fn experts(&self, layer: usize, wanted: &[usize], rows: usize) -> Result<Vec<ExpertWeights>> {
+    /// The experts `wanted` of `layer`, `rows[i]` rows routed to `wanted[i]` (see the module
+    /// header); each offloaded one not on the device gets its own tier decision.
+    fn experts(
+        &self,
+        layer: usize,
+        wanted: &[usize],
+        rows: &[usize],
+    ) -> Result<Vec<ExpertWeights>> {
         let set = self.layers.get(layer).ok_or(OffloadError::NoSuchLayer {
             index: layer,
             n_layers: self.layers.len(),
         })?;
+        if rows.len() != wanted.len() {
+            return Err(OffloadError::Weights(format!(
+                "layer {layer}: {} experts asked for with {} row counts",
+                wanted.len(),
+                rows.len()
+            )));
+        }
         let mut pool = self.lock();
         // One layer is computed at a time: what the previous one pinned is free again.
         pool.slots.iter_mut().for_each(|s| s.pinned = false);
         let (setting, cost) = (pool.tier, pool.cost);
         let (mut hits, mut host) = (0, 0);
         let mut out = Vec::with_capacity(wanted.len());
-        for &e in wanted {
+        let mut log = Vec::with_capacity(wanted.len());
+        for (&e, &n) in wanted.iter().zip(rows) {
             let missing = || OffloadError::Weights(format!("layer {layer} has no expert {e}"));
+            let record = |tier, served| ExpertDecision {
+                expert: e,
+                rows: n,
+                tier,
+                served,
+            };
             if let Some(w) = set.resident.get(e).ok_or_else(missing)? {
                 hits += 1;
                 out.push(w.clone());
+                log.push(record(None, Served::Resident));
                 continue;
             }
             let expert = set
@@ -304,28 +333,20 @@ impl ExpertStore {
                 if let Some((_, w)) = &slot.holds {
                     hits += 1;
                     out.push(w.clone());
+                    log.push(record(None, Served::Hit));
                     continue;
                 }
             }
-            let tier = match (setting, cost) {
-                (ExpertTier::Auto, Some(cost)) => match cost.choose(&expert.work, rows) {
-                    Tier::Stream => ExpertTier::Stream,
-                    Tier::Host => ExpertTier::Host,
-                },
-                (setting, _) => setting.for_rows(rows),
-            };
-            let decided = match tier {
-                ExpertTier::Host => Tier::Host,
-                _ => Tier::Stream,
-            };
+            let decided = decide(setting, cost.as_ref(), &expert.work, n);
             self.accounting.tier_decisions().record(decided, 1);
-            let victim = match tier {
-                ExpertTier::Stream => pool.victim(),
-                _ => None,
+            let victim = match decided {
+                Tier::Stream => pool.victim(),
+                Tier::Host => None,
             };
             let Some(s) = victim else {
                 host += 1;
                 out.push(expert.views.clone());
+                log.push(record(Some(decided), Served::Host));
                 continue;
             };
             let started = Instant::now();
@@ -342,12 +363,71 @@ impl ExpertStore {
             pool.index.insert((layer, e), s);
             self.accounting.record_expert_miss(bytes, started.elapsed());
             out.push(views);
+            log.push(record(Some(decided), Served::Copied));
+        }
+        if let Some(last) = pool.last.get_mut(layer) {
+            *last = log;
         }
         drop(pool);
         self.accounting.record_expert_hits(hits);
         self.accounting.record_expert_host(host);
         Ok(out)
     }
+
+    /// What layer `layer`'s last step did with each routed expert, in expert order (empty
+    /// before its first step).
+    pub fn last_decisions(&self, layer: usize) -> Vec<ExpertDecision> {
+        self.lock().last.get(layer).cloned().unwrap_or_default()
+    }
+
+    /// The work per row of offloaded expert `expert` of `layer` (what its tier is decided by);
+    /// `None` for a resident expert.
+    pub fn expert_work(&self, layer: usize, expert: usize) -> Option<UnitWork> {
+        let set = self.layers.get(layer)?;
+        set.host.get(expert)?.as_ref().map(|h| h.work)
+    }
+}
+
+/// The tier of an offloaded expert not on the device, for the `rows` rows of a step routed to
+/// *that expert* (not the step's rows: in a batch of 8, an expert one row picked may be
+/// computed on the host while one six rows picked is streamed). `Auto` with a cost model asks
+/// it; `Auto` without one computes on the host below [`AUTO_HOST_ROWS`] rows; a forced tier
+/// decides alone.
+pub fn decide(setting: ExpertTier, cost: Option<&CostModel>, work: &UnitWork, rows: usize) -> Tier {
+    match (setting, cost) {
+        (ExpertTier::Auto, Some(cost)) => cost.choose(work, rows),
+        (setting, _) => match setting.for_rows(rows) {
+            ExpertTier::Host => Tier::Host,
+            _ => Tier::Stream,
+        },
+    }
+}
+
+/// Where a routed expert came from in a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// Resident on the device.
+    Resident,
+    /// Found in the device pool.
+    Hit,
+    /// Copied into a pool slot.
+    Copied,
+    /// Computed on the host, from its slab.
+    Host,
+}
+
+/// One routed expert of one layer's step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertDecision {
+    /// The expert's index in its layer.
+    pub expert: usize,
+    /// Rows of the step routed to it.
+    pub rows: usize,
+    /// The tier decided for it (`None`: it was on the device, nothing to decide). A stream
+    /// decision is served on the host when every pool slot is pinned by the layer.
+    pub tier: Option<Tier>,
+    /// Where it was served from.
+    pub served: Served,
 }
 
 impl Pool {
@@ -370,7 +450,11 @@ struct LayerHandle {
 }
 
 impl RoutedExperts for LayerHandle {
-    fn experts(&self, wanted: &[usize], rows: usize) -> crate::model::Result<Vec<ExpertWeights>> {
+    fn experts(
+        &self,
+        wanted: &[usize],
+        rows: &[usize],
+    ) -> crate::model::Result<Vec<ExpertWeights>> {
         Ok(self.store.experts(self.layer, wanted, rows)?)
     }
 }
@@ -408,3 +492,7 @@ fn experts_of(mut w: crate::model::weights::LayerWeights) -> Result<ExpertWeight
         .pop()
         .ok_or_else(|| OffloadError::Weights("an expert slot without an expert".into()))
 }
+
+#[cfg(test)]
+#[path = "experts_tests.rs"]
+mod tests;

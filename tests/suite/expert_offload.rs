@@ -21,7 +21,7 @@ use ferry::model::weights::{ExpertWeights, LayerWeights, RoutedExperts};
 use ferry::offload::plan::{plan, Plan, PlanInput};
 use ferry::offload::sizing::ModelSizes;
 use ferry::offload::{
-    load_placed, CostModel, ExpertInput, ExpertTier, SlotKind, StreamConfig, Tier,
+    load_placed, CostModel, ExpertInput, ExpertTier, Served, SlotKind, StreamConfig, Tier,
 };
 
 use crate::tiny::{self, Tiny};
@@ -89,6 +89,16 @@ fn expert_slab_bytes(checkpoint: &Checkpoint) -> u64 {
 
 /// Greedy tokens of every prompt, decoded together, `NEW_TOKENS` each.
 fn greedy(model: &Model, layers: &mut dyn LayerSource, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    greedy_watching(model, layers, prompts, &mut || {})
+}
+
+/// [`greedy`], calling `after_step` after every step.
+fn greedy_watching(
+    model: &Model,
+    layers: &mut dyn LayerSource,
+    prompts: &[Vec<u32>],
+    after_step: &mut dyn FnMut(),
+) -> Vec<Vec<u32>> {
     let mut caches: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
     let mut inputs = prompts.to_vec();
     let mut out = vec![Vec::new(); prompts.len()];
@@ -99,6 +109,7 @@ fn greedy(model: &Model, layers: &mut dyn LayerSource, prompts: &[Vec<u32>]) -> 
             .map(|(tokens, cache)| SeqInput { tokens, cache })
             .collect();
         let logits = model.forward_batch(&mut batch, layers).unwrap();
+        after_step();
         let next = logits.argmax(1).unwrap().to_vec1::<u32>().unwrap();
         for (o, &t) in out.iter_mut().zip(&next) {
             o.push(t);
@@ -130,7 +141,11 @@ struct Recorder {
 }
 
 impl RoutedExperts for Recorder {
-    fn experts(&self, wanted: &[usize], rows: usize) -> ferry::model::Result<Vec<ExpertWeights>> {
+    fn experts(
+        &self,
+        wanted: &[usize],
+        rows: &[usize],
+    ) -> ferry::model::Result<Vec<ExpertWeights>> {
         let log = (self.step, self.layer, wanted.to_vec());
         self.log.lock().unwrap().push(log);
         self.own.routed_experts(wanted, rows)
@@ -406,4 +421,90 @@ fn auto_tier_follows_the_cost_model() {
         assert_eq!(s.expert_misses > 0, streams, "{s:?}");
         assert_eq!(s.expert_host > 0, !streams || s.expert_misses > 0, "{s:?}");
     }
+}
+
+/// Each routed expert's tier is decided by the rows routed to *it*: with a cost model that
+/// computes on the host below a few rows and streams from there, a batch of 4 (prompts and
+/// decode) sends its lightly routed experts to the host and its heavily routed ones through
+/// the pool in the same step, every decision the cost model's for that expert's rows; tokens
+/// equal mode `none`'s.
+#[test]
+fn each_routed_expert_gets_the_tier_of_its_own_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = ModelFiles::Gguf {
+        path: qwen3_moe(dir.path()),
+    };
+    let checkpoint = Checkpoint::open(&files).unwrap();
+    let n_layers = checkpoint.spec().n_layers;
+    let prompts = prompts();
+    let (expected, _) = reference(&files, &prompts);
+    let plan = plan_for(&checkpoint, OffloadMode::Sequential, 1 << 32, EXPERTS);
+    let stream = StreamConfig {
+        prefetch: 0,
+        link_bandwidth: None,
+    };
+    let mut placed = load_placed(&checkpoint, &options(), &plan, stream, &mut |_| {}).unwrap();
+    let experts = placed.store.experts().unwrap().clone();
+    let work = experts.expert_work(0, 0).unwrap();
+    // A copy costs 1 ms, a row on the host 0.4 ms (plus its activations): streaming from 3.
+    let cost = CostModel {
+        link_bytes_per_s: work.weight_bytes as f64 * 1e3,
+        host_flops_per_s: work.flops_per_row / 4e-4,
+        host_read_bytes_per_s: 1e15,
+        device_flops_per_s: 1e15,
+        forced: None,
+    };
+    let crossover = cost.crossover(&work).unwrap();
+    assert!((2..=4).contains(&crossover), "{crossover}");
+    experts.set_tier(ExpertTier::Auto);
+    experts.set_cost_model(Some(cost));
+    // Per step and layer, its routed experts.
+    let mut steps = Vec::new();
+    let tokens = greedy_watching(&placed.model, &mut placed.store, &prompts, &mut || {
+        for layer in 0..n_layers {
+            steps.push(experts.last_decisions(layer));
+        }
+    });
+    assert_eq!(tokens, expected);
+    let decided: Vec<_> = steps.iter().flatten().copied().collect();
+    let mut mixed_steps = 0;
+    for d in &decided {
+        let Some(tier) = d.tier else {
+            assert!(matches!(d.served, Served::Resident | Served::Hit), "{d:?}");
+            continue;
+        };
+        assert_eq!(tier, cost.choose(&work, d.rows), "{d:?}");
+        let want = if d.rows >= crossover {
+            Tier::Stream
+        } else {
+            Tier::Host
+        };
+        assert_eq!(tier, want, "{d:?}");
+        // The pool holds a whole layer's experts: a stream decision is a copy.
+        let served = if tier == Tier::Stream {
+            Served::Copied
+        } else {
+            Served::Host
+        };
+        assert_eq!(d.served, served, "{d:?}");
+    }
+    for step in &steps {
+        let tiers: BTreeSet<_> = step.iter().filter_map(|d| d.tier.map(Tier::name)).collect();
+        mixed_steps += usize::from(tiers.len() == 2);
+    }
+    let of = |tier| decided.iter().filter(|d| d.tier == Some(tier)).count();
+    assert!(of(Tier::Host) > 0 && of(Tier::Stream) > 0, "{decided:?}");
+    assert!(
+        mixed_steps > 0,
+        "no layer step used both tiers: {decided:?}"
+    );
+    let s = experts_snapshot(&placed.store);
+    assert_eq!(s.0 as usize, of(Tier::Stream));
+    assert_eq!(s.1 as usize, of(Tier::Host));
+}
+
+/// (misses, host-computed) so far.
+fn experts_snapshot(store: &ferry::offload::WeightStore) -> (u64, u64) {
+    let s = store.accounting().snapshot();
+    (s.expert_misses, s.expert_host)
 }
