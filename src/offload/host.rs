@@ -10,7 +10,9 @@
 //! few memcpys. No tensor of an offloaded layer is ever loaded whole: at most one tensor is
 //! converted at a time when a dense dtype is asked for, so host memory for offloaded weights is
 //! the slabs and nothing else. On CUDA the slabs are pinned allocations
-//! ([`HostMemory::Pinned`]); on the CPU they are plain heap buffers.
+//! ([`HostMemory::Pinned`]); on the CPU they are heap buffers shaped like a CPU slot (a block
+//! arena and a dense tensor, [`SlotBuffers`]), so an offloaded layer can also be computed where
+//! it lies ([`HostLayer::views`]: the host tier, no copy) instead of being copied into a slot.
 
 use std::borrow::Cow;
 
@@ -20,12 +22,14 @@ use super::buffer::{AlignedBytes, HostMemory};
 use super::error::OffloadError;
 pub use super::layout::{align_up, LayerLayout, TensorEntry, TENSOR_ALIGN};
 use super::layout::{SlotKind, SlotLayout};
+use super::slot::SlotBuffers;
 use crate::model::checkpoint::Checkpoint;
 use crate::model::loader::holding::stored_as;
 pub use crate::model::loader::TensorKind;
 use crate::model::loader::{quantize, Holding};
 pub use crate::model::tensors::Part;
 use crate::model::tensors::{StoredType, TensorRecord};
+use crate::model::weights::LayerWeights;
 
 /// Result alias for the running offload engine.
 pub type Result<T> = std::result::Result<T, OffloadError>;
@@ -35,8 +39,18 @@ pub type Result<T> = std::result::Result<T, OffloadError>;
 #[derive(Debug)]
 pub struct HostLayer {
     layout: LayerLayout,
-    /// Block region followed by the dense region (`blocks_len` is where dense starts).
-    slab: AlignedBytes,
+    slab: Slab,
+}
+
+/// Where a slab's bytes are.
+#[derive(Debug)]
+enum Slab {
+    /// One buffer: the block region followed by the dense region (`blocks_len` is where dense
+    /// starts); pinned memory, which CUDA copies read.
+    Bytes(AlignedBytes),
+    /// CPU memory laid out as a CPU slot: the block region in a block arena, the dense region
+    /// in a tensor of the compute dtype, so the layer's weights can be viewed in place.
+    Cpu(SlotBuffers),
 }
 
 impl std::ops::Deref for HostLayer {
@@ -93,6 +107,30 @@ impl HostLayer {
             })
             .collect();
         placed.sort_by_key(|(start, _, _)| *start);
+        if let HostMemory::Heap = memory {
+            // The dense region's dtype: its tensors' (the compute dtype), any without one.
+            let dtype = layout
+                .entries
+                .iter()
+                .find_map(|e| match e.kind {
+                    TensorKind::Dense(dtype) => Some(dtype),
+                    TensorKind::Blocks(_) => None,
+                })
+                .unwrap_or(DType::F32);
+            let buffers =
+                SlotBuffers::new(layout.blocks_len, layout.dense_len, dtype, &Device::Cpu)?;
+            for (start, entry, record) in placed {
+                let bytes = entry_bytes(checkpoint, record, entry)?;
+                match entry.kind {
+                    TensorKind::Blocks(_) => buffers.put_blocks(start, &bytes)?,
+                    TensorKind::Dense(_) => buffers.put_dense(entry.offset, &bytes)?,
+                }
+            }
+            return Ok(HostLayer {
+                layout,
+                slab: Slab::Cpu(buffers),
+            });
+        }
         let len = layout.blocks_len + layout.dense_len;
         let slab = AlignedBytes::write_once(len, memory, |slab| -> Result<()> {
             for (start, entry, record) in placed {
@@ -101,7 +139,10 @@ impl HostLayer {
             }
             Ok(())
         })?;
-        Ok(HostLayer { layout, slab })
+        Ok(HostLayer {
+            layout,
+            slab: Slab::Bytes(slab),
+        })
     }
 
     /// The layer's layout.
@@ -109,24 +150,61 @@ impl HostLayer {
         &self.layout
     }
 
-    /// The block region's bytes.
-    pub fn blocks(&self) -> &[u8] {
-        &self.slab.as_bytes()[..self.blocks_len]
+    /// The block region's bytes, of a slab in one buffer (pinned memory; a CPU slab is read
+    /// through [`HostLayer::cpu_slab`]).
+    pub fn blocks(&self) -> Result<&[u8]> {
+        Ok(&self.bytes()?[..self.blocks_len])
     }
 
-    /// The dense region's bytes.
-    pub fn dense(&self) -> &[u8] {
-        &self.slab.as_bytes()[self.blocks_len..self.blocks_len + self.dense_len]
+    /// The dense region's bytes, of a slab in one buffer (see [`HostLayer::blocks`]).
+    pub fn dense(&self) -> Result<&[u8]> {
+        Ok(&self.bytes()?[self.blocks_len..self.blocks_len + self.dense_len])
+    }
+
+    fn bytes(&self) -> Result<&[u8]> {
+        match &self.slab {
+            Slab::Bytes(bytes) => Ok(bytes.as_bytes()),
+            Slab::Cpu(_) => Err(OffloadError::Weights(format!(
+                "layer {}: its slab is CPU memory, which CUDA copies do not read",
+                self.index
+            ))),
+        }
+    }
+
+    /// The slab as CPU buffers, when it is in ordinary CPU memory (the CPU device).
+    pub fn cpu_slab(&self) -> Option<&SlotBuffers> {
+        match &self.slab {
+            Slab::Cpu(buffers) => Some(buffers),
+            Slab::Bytes(_) => None,
+        }
+    }
+
+    /// The layer's weights as views into its slab, where it lies (the host tier: no weight
+    /// byte is copied). Only a slab in CPU memory can be computed on.
+    pub fn views(&self) -> Result<LayerWeights> {
+        match &self.slab {
+            Slab::Cpu(buffers) => buffers.views(&self.layout),
+            Slab::Bytes(_) => Err(OffloadError::Weights(format!(
+                "layer {}: a pinned slab (a CUDA device's) cannot be computed on the host yet",
+                self.index
+            ))),
+        }
     }
 
     /// Bytes the slab occupies in host memory.
     pub fn allocated_bytes(&self) -> u64 {
-        self.slab.capacity_bytes() as u64
+        match &self.slab {
+            Slab::Bytes(bytes) => bytes.capacity_bytes() as u64,
+            Slab::Cpu(buffers) => buffers.allocated_bytes(),
+        }
     }
 
     /// Whether the slab is page-locked (CUDA devices).
     pub fn is_pinned(&self) -> bool {
-        self.slab.is_pinned()
+        match &self.slab {
+            Slab::Bytes(bytes) => bytes.is_pinned(),
+            Slab::Cpu(_) => false,
+        }
     }
 }
 

@@ -77,6 +77,6 @@ pub use host::HostStore;
 pub use layout::{LayerLayout, SlotKind, SlotLayout, SlotMatrix};
 pub use load::{load_parked, load_placed, ParkedModel, PlacedModel};
 pub use plan::{plan, CacheOrigins, Home, LayerPlacement, Origin, Plan, PlanInput};
-pub use store::WeightStore;
+pub use store::{LayerTiers, WeightStore};
 pub use stream::{StreamConfig, Streamer};
 pub use swap::{Lease, Location, ModelSwapStats, SwapClient, SwapConfig, SwapManager, SwapStats};

@@ -49,16 +49,49 @@ impl SlotBuffers {
 
     /// Copies `layer`'s slab into the slot (two memcpys) and returns the bytes copied.
     pub fn fill(&self, layer: &HostLayer) -> Result<u64> {
+        if let Some(src) = layer.cpu_slab() {
+            return self.copy_from(src, layer.layout());
+        }
         {
             let mut blocks = self.blocks.write();
-            let src = layer.blocks();
+            let src = layer.blocks()?;
             let dst = blocks.as_bytes_mut().get_mut(..src.len()).ok_or_else(|| {
                 OffloadError::Weights(format!("layer {} does not fit its slot", layer.index))
             })?;
             dst.copy_from_slice(src);
         }
-        self.dense.inplace_op1(&FillDense { src: layer.dense() })?;
+        self.dense.inplace_op1(&FillDense {
+            src: layer.dense()?,
+            at: 0,
+        })?;
         Ok((layer.blocks_len + layer.dense_len) as u64)
+    }
+
+    /// Writes `bytes` into the block region at byte `offset` (filling a host slab in CPU
+    /// memory, tensor by tensor).
+    pub fn put_blocks(&self, offset: usize, bytes: &[u8]) -> Result<()> {
+        let mut blocks = self.blocks.write();
+        let region = blocks.len();
+        let dst = blocks
+            .as_bytes_mut()
+            .get_mut(offset..offset + bytes.len())
+            .ok_or_else(|| {
+                OffloadError::Weights(format!(
+                    "{} bytes at {offset} overflow a block region of {region}",
+                    bytes.len()
+                ))
+            })?;
+        dst.copy_from_slice(bytes);
+        Ok(())
+    }
+
+    /// Writes `bytes` (elements of the compute dtype) into the dense region at byte `offset`.
+    pub fn put_dense(&self, offset: usize, bytes: &[u8]) -> Result<()> {
+        self.dense.inplace_op1(&FillDense {
+            src: bytes,
+            at: offset,
+        })?;
+        Ok(())
     }
 
     /// Copies the regions of `layout` from `src` (a slot of the same dtype that holds it) into
@@ -97,7 +130,10 @@ impl SlotBuffers {
                 _ => return Err(unfit()),
             };
             let src_bytes = bytes.get(..layout.dense_len).ok_or_else(unfit)?;
-            self.dense.inplace_op1(&FillDense { src: src_bytes })?;
+            self.dense.inplace_op1(&FillDense {
+                src: src_bytes,
+                at: 0,
+            })?;
         }
         Ok((layout.blocks_len + layout.dense_len) as u64)
     }
@@ -136,9 +172,10 @@ impl SlotTensors for SlotBuffers {
     }
 }
 
-/// Writes raw bytes of the compute dtype over the start of a dense slot tensor, in place.
+/// Writes raw bytes of the compute dtype into a dense slot tensor at byte `at`, in place.
 struct FillDense<'a> {
     src: &'a [u8],
+    at: usize,
 }
 
 impl InplaceOp1 for FillDense<'_> {
@@ -155,7 +192,7 @@ impl InplaceOp1 for FillDense<'_> {
             _ => return Err(candle_core::Error::Msg("slot dtype is not a float".into())),
         };
         let dst = dst
-            .get_mut(..self.src.len())
+            .get_mut(self.at..self.at + self.src.len())
             .ok_or_else(|| candle_core::Error::Msg("layer does not fit its slot".into()))?;
         dst.copy_from_slice(self.src);
         Ok(())

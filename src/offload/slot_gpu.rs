@@ -120,7 +120,7 @@ impl GpuSlot {
             }
             let m = find(&self.matrices, entry).ok_or_else(|| unfit(layer, entry))?;
             let src = layer
-                .blocks()
+                .blocks()?
                 .get(entry.offset..entry.offset + entry.len)
                 .filter(|_| entry.len <= m.layout.bytes)
                 .ok_or_else(|| unfit(layer, entry))?;
@@ -130,7 +130,7 @@ impl GpuSlot {
             unsafe { link.copy_to_device(m.address, src) }?;
             bytes += src.len() as u64;
         }
-        let dense = layer.dense();
+        let dense = layer.dense()?;
         if dense.len() > self.dense_len {
             return Err(GpuError::Layout(format!(
                 "layer {}'s dense tensors ({} bytes) exceed the slot ({} bytes)",

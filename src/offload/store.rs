@@ -11,18 +11,52 @@
 //!
 //! `layer(i)` calls `prefetch_ahead()` itself, so a loop that only knows `layer` / `release`
 //! (the model's [`LayerSource`]) streams just as well.
+//!
+//! Offloaded dense layers have two tiers (issue 13): *stream* (copied into a slot, as above) or
+//! *host* (computed where its slab lies, through views into it: no weight byte moves, only the
+//! activations). At the start of each step ([`LayerSource::begin_step`], with the step's rows)
+//! the store decides per offloaded layer, by [`LayerTiers`]: a forced tier (`offload.tier`),
+//! else the cost model ([`CostModel::choose`] on the layer's work and rows), else stream. Each
+//! decision is counted in [`Accounting::tier_decisions`]; the streamer is told which layers
+//! stream this step ([`Streamer::select`]), so prefetch skips the host-tier ones.
+//!
+//! The host tier needs the slab in CPU memory: it runs on the CPU device, whose KV cache is
+//! in the same memory already. On CUDA (pinned slabs, the KV cache on the GPU) every
+//! offloaded layer streams: `auto` never picks host there and a forced `host` is refused
+//! ([`WeightStore::set_layer_tiers`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use candle_core::Device;
 
 use super::accounting::Accounting;
+use super::cost::{CostModel, Tier, UnitWork};
 use super::error::OffloadError;
 use super::experts::ExpertStore;
 use super::host::{HostStore, Result};
 use super::stream::{StreamConfig, Streamer};
+use super::tier_report::{unit_kinds, Offloaded};
 use crate::model::decoder::LayerSource;
+use crate::model::spec::MoeSpec;
 use crate::model::weights::LayerWeights;
+
+/// How the store picks the tier of an offloaded dense layer each step.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LayerTiers {
+    /// Decides per layer and step from the layer's work and the step's rows; `None` (and no
+    /// forced tier): every offloaded layer streams.
+    pub cost: Option<CostModel>,
+    /// `offload.tier` = `stream` or `host`: every offloaded layer, every step.
+    pub forced: Option<Tier>,
+}
+
+/// What the store knows of its offloaded layers' tiers.
+#[derive(Debug, Default)]
+struct TierState {
+    tiers: LayerTiers,
+    /// Each offloaded layer's work per row, in offloaded order (empty until tiers are set).
+    works: Vec<UnitWork>,
+}
 
 /// Every decoder layer's weights: a resident prefix and, when some layers are offloaded, a
 /// streamer for the rest.
@@ -30,6 +64,14 @@ use crate::model::weights::LayerWeights;
 pub struct WeightStore {
     resident: Vec<LayerWeights>,
     streamer: Option<Streamer>,
+    /// Each offloaded layer as views into its host slab (the host tier), in offloaded order;
+    /// `None` where the slab cannot be computed on (pinned memory, a CUDA device's).
+    host_views: Vec<Option<LayerWeights>>,
+    /// The offloaded layers' slab layouts, in offloaded order (their work for the cost model).
+    host: Option<Arc<HostStore>>,
+    tier_state: Mutex<TierState>,
+    /// Whether each offloaded layer runs on the host in the current step.
+    on_host: Vec<bool>,
     /// A MoE model placed expert by expert: its offloaded experts, pool and host tier.
     experts: Option<Arc<ExpertStore>>,
     n_layers: usize,
@@ -46,6 +88,10 @@ impl WeightStore {
             n_layers: layers.len(),
             resident: layers,
             streamer: None,
+            host_views: Vec::new(),
+            host: None,
+            tier_state: Mutex::default(),
+            on_host: Vec::new(),
             experts: None,
             accounting,
         }
@@ -88,14 +134,89 @@ impl WeightStore {
         for w in &resident {
             accounting.add_weights(w.size_in_bytes() as u64);
         }
-        let streamer = Streamer::start(host, config, device, accounting.clone())?;
+        // Views only (handles into the slabs), built once: a host slab is never rewritten.
+        let host_views = host
+            .layers()
+            .iter()
+            .map(|l| l.cpu_slab().map(|_| l.views()).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        let streamer = Streamer::start(host.clone(), config, device, accounting.clone())?;
         Ok(Self {
             n_layers: first + streamed.len(),
             resident,
             streamer: Some(streamer),
+            on_host: vec![false; host_views.len()],
+            host_views,
+            host: Some(host),
+            tier_state: Mutex::default(),
             experts: None,
             accounting,
         })
+    }
+
+    /// Sets how offloaded dense layers pick their tier from the next step on. `moe` and
+    /// `hidden` are the model's (a whole MoE layer computes its top-k experts per row; rows
+    /// are `hidden` wide). A forced host tier is refused where a slab cannot be computed on
+    /// (a CUDA device's pinned slabs).
+    pub fn set_layer_tiers(
+        &self,
+        tiers: LayerTiers,
+        moe: Option<&MoeSpec>,
+        hidden: usize,
+    ) -> Result<()> {
+        if tiers.forced == Some(Tier::Host) && self.host_views.iter().any(Option::is_none) {
+            return Err(OffloadError::Weights(
+                "offload.tier = \"host\": computing offloaded dense layers on the host is \
+                 implemented for the CPU device only; use \"stream\" or \"auto\""
+                    .into(),
+            ));
+        }
+        let works = match &self.host {
+            Some(host) => host
+                .layers()
+                .iter()
+                .map(|l| {
+                    unit_kinds(l.layout(), Offloaded::Layers(1), moe, hidden, 1)
+                        .into_iter()
+                        .find(|k| k.name == "layer")
+                        .map(|k| k.work)
+                        .ok_or_else(|| OffloadError::Weights("no layer work".into()))
+                })
+                .collect::<Result<Vec<_>>>()?,
+            None => Vec::new(),
+        };
+        *self.tiers() = TierState { tiers, works };
+        Ok(())
+    }
+
+    /// How offloaded dense layers pick their tier.
+    pub fn layer_tiers(&self) -> LayerTiers {
+        self.tiers().tiers
+    }
+
+    /// The offloaded layers computed on the host in the current (or last) step.
+    pub fn host_tier_layers(&self) -> Vec<usize> {
+        let first = self.resident.len();
+        (0..self.on_host.len())
+            .filter(|&p| self.on_host[p])
+            .map(|p| first + p)
+            .collect()
+    }
+
+    fn tiers(&self) -> MutexGuard<'_, TierState> {
+        self.tier_state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The tier of offloaded layer `p` (in offloaded order) for a step of `rows` rows.
+    fn decide(&self, state: &TierState, p: usize, rows: usize) -> Tier {
+        if self.host_views.get(p).is_none_or(Option::is_none) {
+            return Tier::Stream;
+        }
+        match (state.tiers.forced, &state.tiers.cost, state.works.get(p)) {
+            (Some(tier), _, _) => tier,
+            (None, Some(cost), Some(work)) => cost.choose(work, rows),
+            _ => Tier::Stream,
+        }
     }
 
     /// Number of decoder layers.
@@ -136,6 +257,12 @@ impl WeightStore {
                 _ => w.clone(),
             });
         }
+        let p = index - self.resident.len();
+        if self.on_host.get(p) == Some(&true) {
+            if let Some(Some(w)) = self.host_views.get(p) {
+                return Ok(w.clone());
+            }
+        }
         match self.streamer.as_mut() {
             Some(s) if s.streams(index) => s.acquire(index),
             _ => Err(OffloadError::NoSuchLayer {
@@ -147,6 +274,29 @@ impl WeightStore {
 }
 
 impl LayerSource for WeightStore {
+    fn begin_step(&mut self, rows: usize) -> crate::model::Result<()> {
+        if self.streamer.is_none() {
+            return Ok(());
+        }
+        let on_host: Vec<bool> = {
+            let state = self.tiers();
+            (0..self.on_host.len())
+                .map(|p| self.decide(&state, p, rows) == Tier::Host)
+                .collect()
+        };
+        let hosted = on_host.iter().filter(|&&h| h).count() as u64;
+        let decisions = self.accounting.tier_decisions();
+        decisions.record(Tier::Host, hosted);
+        decisions.record(Tier::Stream, on_host.len() as u64 - hosted);
+        self.on_host = on_host;
+        let first = self.resident.len();
+        let on_host = &self.on_host;
+        if let Some(streamer) = self.streamer.as_mut() {
+            streamer.select(|index| !on_host[index - first])?;
+        }
+        Ok(())
+    }
+
     fn layer(&mut self, index: usize) -> crate::model::Result<LayerWeights> {
         self.prefetch_ahead()?;
         Ok(self.get(index)?)

@@ -6,6 +6,11 @@
 //! forward loop consumes tickets in the same order; at most `slots` tickets are in flight (issued
 //! and not yet released), so a copy never targets a slot still in use.
 //!
+//! Which of the offloaded layers stream is chosen per step ([`Streamer::select`]): a layer the
+//! step computes on the host (the host tier) is left out of the cycle, so no copy is issued for
+//! it. A step that selects another set than the one before drops what was prefetched for the
+//! old set and starts the cycle afresh.
+//!
 //! The copies themselves are done by a backend chosen by the device:
 //!
 //! - the CPU ([`super::stream_thread`]): a copy thread plays the copy stream, slot states behind a
@@ -55,8 +60,12 @@ enum Copies {
 #[derive(Debug)]
 pub struct Streamer {
     copies: Copies,
-    /// Streamed layer indices, in forward order.
+    /// Offloaded layer indices, in forward order (their positions in the host store).
+    offloaded: Vec<usize>,
+    /// Positions (into `offloaded`) of the layers that stream, in forward order.
     order: Vec<usize>,
+    /// The ticket of the first layer of `order` (tickets before it served another selection).
+    base: u64,
     slots: usize,
     /// Tickets issued ahead of the one being consumed: `min(prefetch, slots - 1)`.
     lookahead: u64,
@@ -98,7 +107,9 @@ impl Streamer {
         };
         Ok(Self {
             copies,
-            order,
+            order: (0..order.len()).collect(),
+            offloaded: order,
+            base: 0,
             slots,
             lookahead: (config.prefetch.min(slots - 1)) as u64,
             head: 0,
@@ -111,24 +122,60 @@ impl Streamer {
         self.slots
     }
 
-    /// Streamed layer indices, in forward order.
+    /// Offloaded layer indices, in forward order.
     pub fn order(&self) -> &[usize] {
-        &self.order
+        &self.offloaded
     }
 
-    /// Whether layer `index` is streamed.
+    /// Whether layer `index` is offloaded (streamed, or computed on the host when a step
+    /// selects so).
     pub fn streams(&self, index: usize) -> bool {
-        self.order.contains(&index)
+        self.offloaded.contains(&index)
+    }
+
+    /// The offloaded layers that stream in the current selection, in forward order.
+    pub fn selected(&self) -> Vec<usize> {
+        self.order.iter().map(|&p| self.offloaded[p]).collect()
+    }
+
+    /// Makes the offloaded layers for which `streams(index)` holds the ones that stream from
+    /// now on (the others are computed on the host and get no copy). The same selection as
+    /// before changes nothing (its prefetched copies serve); another one drops what is queued
+    /// or loaded, waits for a copy in progress, and restarts the cycle at its first layer.
+    pub fn select(&mut self, streams: impl Fn(usize) -> bool) -> Result<()> {
+        let order: Vec<usize> = (0..self.offloaded.len())
+            .filter(|&p| streams(self.offloaded[p]))
+            .collect();
+        if order == self.order {
+            return Ok(());
+        }
+        match &mut self.copies {
+            Copies::Thread(t) => t.resync(),
+            Copies::Gpu(g) => g.resync()?,
+        }
+        self.order = order;
+        self.base = self.issued;
+        self.head = self.issued;
+        Ok(())
+    }
+
+    /// Which entry of `order` ticket `ticket` serves.
+    fn nth(&self, ticket: u64) -> usize {
+        ((ticket - self.base) % self.order.len() as u64) as usize
     }
 
     /// Queues copies so that tickets `head..=head + lookahead` are issued. Never waits for a
     /// copy.
     pub fn prefetch(&mut self) -> Result<()> {
+        if self.order.is_empty() {
+            return Ok(());
+        }
         let limit = self.head + self.lookahead;
+        let (slots, base, order) = (self.slots as u64, self.base, &self.order);
         let command = |ticket: u64| Command {
             ticket,
-            slot: (ticket % self.slots as u64) as usize,
-            position: (ticket % self.order.len() as u64) as usize,
+            slot: (ticket % slots) as usize,
+            position: order[((ticket - base) % order.len() as u64) as usize],
         };
         match &mut self.copies {
             Copies::Thread(t) => {
@@ -153,13 +200,14 @@ impl Streamer {
     /// The weights of streamed layer `index`. On the CPU this waits for its copy to land; on
     /// CUDA it makes the compute stream wait, and returns at once.
     pub fn acquire(&mut self, index: usize) -> Result<LayerWeights> {
-        let position = self.position(index)?;
-        if self.head % self.order.len() as u64 != position as u64 {
-            self.resync(position)?;
+        let nth = self.position(index)?;
+        if self.nth(self.head) != nth {
+            self.resync(nth)?;
         }
         self.prefetch()?;
         let ticket = self.head;
         let slot = (ticket % self.slots as u64) as usize;
+        let position = self.order[nth];
         match &mut self.copies {
             Copies::Thread(t) => t.acquire(ticket, slot),
             Copies::Gpu(g) => g.acquire(ticket, slot, position),
@@ -169,8 +217,11 @@ impl Streamer {
     /// Marks streamed layer `index` consumed: its slot may be refilled, and the next copy is
     /// queued.
     pub fn release(&mut self, index: usize) -> Result<()> {
-        let position = self.position(index)?;
-        if self.head % self.order.len() as u64 != position as u64 {
+        let Ok(nth) = self.position(index) else {
+            // Computed on the host this step: no slot to free.
+            return Ok(());
+        };
+        if self.nth(self.head) != nth {
             // Not the layer in flight (e.g. released twice): nothing to do.
             return Ok(());
         }
@@ -186,27 +237,27 @@ impl Streamer {
         Ok(())
     }
 
+    /// Which entry of the selection streams layer `index`.
     fn position(&self, index: usize) -> Result<usize> {
         self.order
             .iter()
-            .position(|&i| i == index)
+            .position(|&p| self.offloaded[p] == index)
             .ok_or(OffloadError::NoSuchLayer {
                 index,
                 n_layers: self.order.len(),
             })
     }
 
-    /// Restarts the stream at `position` after the forward loop left the expected order (a
-    /// step that failed half-way): the backend drops or drains what is in flight and frees every
-    /// slot, and the next ticket is the first one at `position`.
-    fn resync(&mut self, position: usize) -> Result<()> {
+    /// Restarts the stream at entry `nth` of the selection after the forward loop left the
+    /// expected order (a step that failed half-way): the backend drops or drains what is in
+    /// flight and frees every slot, and the next ticket is the first one at `nth`.
+    fn resync(&mut self, nth: usize) -> Result<()> {
         match &mut self.copies {
             Copies::Thread(t) => t.resync(),
             Copies::Gpu(g) => g.resync()?,
         }
-        let n = self.order.len() as u64;
         let mut next = self.issued;
-        while next % n != position as u64 {
+        while self.nth(next) != nth {
             next += 1;
         }
         self.head = next;

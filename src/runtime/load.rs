@@ -20,7 +20,8 @@ use crate::model::loader::{LoadOptions, LoadProgress};
 use crate::model::source::{HubOptions, ModelFiles};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::ModelError;
-use crate::offload::cost::CostModel;
+use crate::offload::cost::{CostModel, Tier};
+use crate::offload::store::LayerTiers;
 use crate::offload::plan::{mode_name, Plan};
 use crate::offload::{load_parked, load_placed, Accounting, StreamConfig, SwapConfig, SwapManager};
 
@@ -106,6 +107,19 @@ pub fn load_planned(
         if let Some(experts) = runner.store().experts() {
             experts.set_cost_model(cost);
         }
+        // Offloaded dense layers: host or stream per step, by the same cost model.
+        let spec = runner.model().spec();
+        let tiers = LayerTiers {
+            cost,
+            forced: Tier::forced_by(config.tier.choice),
+        };
+        runner
+            .store()
+            .set_layer_tiers(tiers, spec.moe.as_ref(), spec.hidden_size)
+            .map_err(|source| RuntimeError::Offload {
+                name: config.name.clone(),
+                source,
+            })?;
         let tokenizer = tokenizer
             .join()
             .map_err(|_| {

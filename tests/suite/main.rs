@@ -17,6 +17,7 @@ mod batch_forward;
 mod bundle_launcher;
 mod chat_templates;
 mod cli;
+mod dense_tiers;
 mod expert_offload;
 mod fit;
 mod gpu_check_dry;

@@ -56,7 +56,7 @@ fn config_from(
     config
 }
 
-fn device_config() -> DeviceConfig {
+pub(crate) fn device_config() -> DeviceConfig {
     DeviceConfig {
         kind: DeviceChoice::Cpu,
         link_bandwidth: None,
@@ -64,14 +64,14 @@ fn device_config() -> DeviceConfig {
     }
 }
 
-fn hub() -> HubOptions {
+pub(crate) fn hub() -> HubOptions {
     HubOptions::from_env(|_| None)
 }
 
 /// Plenty: every mode fits.
 const BIG: MemoryBudget = MemoryBudget::Bytes(64 << 30);
 
-fn plan_for(config: &ModelConfig) -> Plan {
+pub(crate) fn plan_for(config: &ModelConfig) -> Plan {
     plan_model(config, &device_config(), &Device::Cpu, &hub(), 64 << 30).expect("plan")
 }
 
@@ -94,7 +94,7 @@ fn greedy(runner: &mut ModelRunner, prompt: &[u32]) -> Vec<u32> {
 }
 
 /// The budget with which mode `auto` keeps exactly `k` layers resident (given `prefetch`).
-fn budget_for(none: &Plan, k: usize, prefetch: usize) -> u64 {
+pub(crate) fn budget_for(none: &Plan, k: usize, prefetch: usize) -> u64 {
     let layers: Vec<u64> = none.layers.iter().map(|l| l.bytes).collect();
     let base = none.device_bytes - layers.iter().sum::<u64>();
     let streamed = layers.len() - k;

@@ -16,6 +16,13 @@ pub use crate::model::weights::{ExpertWeights, RoutedExperts};
 
 /// Hands out the weights of decoder layer `index` for one forward pass.
 pub trait LayerSource {
+    /// Called once at the start of a forward pass with the rows (tokens, all sequences
+    /// together) it runs, before any [`LayerSource::layer`]: a source that chooses per step
+    /// where a layer runs (the offload engine's tiers) decides here.
+    fn begin_step(&mut self, rows: usize) -> Result<()> {
+        let _ = rows;
+        Ok(())
+    }
     /// The weights of layer `index` (called once per layer per step, in order).
     fn layer(&mut self, index: usize) -> Result<LayerWeights>;
     /// Called when layer `index` has been computed and its weights may be reused.

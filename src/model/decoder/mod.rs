@@ -202,6 +202,7 @@ impl Model {
             let scale = Tensor::new(scale, &self.device)?.to_dtype(self.dtype)?;
             x = x.broadcast_mul(&scale)?;
         }
+        layers.begin_step(total)?;
         for (i, block) in self.blocks.iter().enumerate() {
             let w = layers.layer(i)?;
             let mut rows = Vec::with_capacity(batch.len());
