@@ -19,6 +19,12 @@ pub mod activation;
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_tile;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512_panel;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod avx512_tests;
 pub mod blocks;
 pub mod dequant;
 #[cfg(test)]
@@ -53,9 +59,12 @@ use super::header::GgufType;
 /// Which dot-product implementation to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Kernel {
-    /// The fastest the CPU supports (AVX2 when detected, else scalar).
+    /// The fastest the CPU supports (AVX-512 VNNI, else AVX2, else scalar).
     #[default]
     Auto,
+    /// The AVX2 kernels even where AVX-512 is present (scalar without AVX2): the path of
+    /// AVX2-only CPUs, kept testable and measurable on AVX-512 machines.
+    Avx2,
     /// The portable scalar kernels (the reference; used in tests to cover the fallback).
     Scalar,
 }
@@ -119,6 +128,9 @@ struct Dot {
     format: Format,
     #[cfg(target_arch = "x86_64")]
     avx2: Option<avx2::Avx2>,
+    /// Set when the AVX-512 kernels run this format ([`avx512`], [`avx512_panel`]).
+    #[cfg(target_arch = "x86_64")]
+    avx512: Option<avx512::Avx512>,
 }
 
 impl Dot {
@@ -128,8 +140,13 @@ impl Dot {
             format,
             #[cfg(target_arch = "x86_64")]
             avx2: match kernel {
-                Kernel::Auto => avx2::Avx2::detect(),
+                Kernel::Auto | Kernel::Avx2 => avx2::Avx2::detect(),
                 Kernel::Scalar => None,
+            },
+            #[cfg(target_arch = "x86_64")]
+            avx512: match kernel {
+                Kernel::Auto if avx512::Avx512::supports(format) => avx512::Avx512::detect(),
+                _ => None,
             },
         }
     }
@@ -137,6 +154,10 @@ impl Dot {
     /// Dot product of one weight row with one quantized activation row.
     #[inline]
     fn row(&self, w: &[u8], a: ActRow<'_>) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(y) = self.avx512.and_then(|k| k.row(self.format, w, a.q8)) {
+            return y;
+        }
         #[cfg(target_arch = "x86_64")]
         if let Some(k) = self.avx2 {
             return match self.format {

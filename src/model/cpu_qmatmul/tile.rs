@@ -18,7 +18,7 @@ use rayon::prelude::*;
 
 use super::activation::{ActRow, Activations, Q8Block};
 #[cfg(target_arch = "x86_64")]
-use super::avx2_tile;
+use super::{avx2_tile, avx512_panel};
 use super::{kquants, scalar_tile, CpuQMatMul, Dot, Format, Kernel, PARALLEL_MIN_BLOCKS};
 use crate::model::error::Result;
 
@@ -46,6 +46,11 @@ pub enum Tiling {
 #[inline]
 #[allow(unreachable_patterns)]
 pub(super) fn rows4(dot: &Dot, w: &[u8], a: Rows4<'_>) -> Option<[f32; 4]> {
+    #[cfg(target_arch = "x86_64")]
+    if dot.avx512.is_some() {
+        // Its formats go through `avx512_panel` (or its one-row kernel), never these.
+        return None;
+    }
     #[cfg(target_arch = "x86_64")]
     if let Some(k) = dot.avx2 {
         return match dot.format {
@@ -154,6 +159,31 @@ impl Task<'_> {
         let row = |i: usize| -> ActRow<'_> { act.row(i) };
         let weight = |r: usize| &self.data[r * self.row_bytes..(r + 1) * self.row_bytes];
         let mut i = self.acts.start;
+        #[cfg(target_arch = "x86_64")]
+        if let (Tiling::Tiled, Some(k)) = (tiling, self.dot.avx512) {
+            // The AVX-512 GEMM kernel, equal to `Dot::row` bit for bit (see `avx512_panel`).
+            let rows: Vec<&[Q8Block]> = self.acts.clone().map(|i| row(i).q8).collect();
+            let (first, format) = (self.acts.start, self.dot.format);
+            let mut put = |i: usize, r0: usize, ys: &[f32]| {
+                for (r, &y) in (r0..).zip(ys) {
+                    self.out.set(first + i, r, y);
+                }
+            };
+            let weights = self.weights.clone();
+            if rows.len() >= 4
+                && avx512_panel::run(
+                    k,
+                    format,
+                    self.data,
+                    self.row_bytes,
+                    weights,
+                    &rows,
+                    &mut put,
+                )
+            {
+                return;
+            }
+        }
         if tiling == Tiling::Tiled {
             while i + 4 <= self.acts.end {
                 let a = [row(i), row(i + 1), row(i + 2), row(i + 3)];

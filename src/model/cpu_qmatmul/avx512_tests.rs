@@ -1,0 +1,179 @@
+//! The AVX-512 path (Q4_0, Q8_0, IQ4_NL, IQ4_XS, MXFP4): its one-row kernel against the
+//! f32 dot product of the decoded weights with the same int8 activations, and its GEMM kernel
+//! against the one-row kernel bit for bit, for odd and partial panels and row counts that
+//! leave partial four-row groups. On a CPU without AVX-512 VNNI every test here says so and
+//! passes without running (the scalar and AVX2 paths have their own tests).
+
+use super::activation::{quantize_row, Q8Block};
+use super::avx512::Avx512;
+use super::avx512_panel;
+use super::iq_tests::random_blocks;
+use super::tests::values;
+use super::tile::Tiling;
+use super::{matmul_many_with, Blocks, CpuQMatMul, Format, Kernel};
+use crate::model::header::GgufType;
+
+const TYPES: [GgufType; 5] = [
+    GgufType::Q4_0,
+    GgufType::Q8_0,
+    GgufType::IQ4_NL,
+    GgufType::IQ4_XS,
+    GgufType::MXFP4,
+];
+
+fn detect() -> Option<Avx512> {
+    let k = Avx512::detect();
+    if k.is_none() {
+        eprintln!("skipped: this CPU lacks AVX-512 F/BW/VL/VNNI");
+    }
+    k
+}
+
+fn quantized(x: &[f32], k: usize) -> Vec<Q8Block> {
+    let mut act = vec![Q8Block::ZERO; x.len() / 32];
+    for (a, x) in act.chunks_mut(k / 32).zip(x.chunks(k)) {
+        quantize_row(x, a);
+    }
+    act
+}
+
+fn bytes(blocks: &Blocks) -> Vec<u8> {
+    blocks.bytes().unwrap().into_owned()
+}
+
+#[test]
+fn avx512_row_kernel_is_the_f32_dot_of_the_decoded_blocks() {
+    let Some(k) = detect() else { return };
+    for ty in TYPES {
+        let format = Format::of(ty).unwrap();
+        for (s, &(n, cols)) in [(3, 256), (5, 768), (2, 4096)].iter().enumerate() {
+            let blocks = random_blocks(ty, n, cols, 30 + s as u64);
+            let w = blocks.dequantize().unwrap();
+            let data = bytes(&blocks);
+            let row_bytes = data.len() / n;
+            let act = quantized(&values(cols, 80 + s as u64), cols);
+            let xq: Vec<f32> = act
+                .iter()
+                .flat_map(|b| b.qs.iter().map(move |&q| f32::from(q) * b.d))
+                .collect();
+            for r in 0..n {
+                let got = k
+                    .row(format, &data[r * row_bytes..(r + 1) * row_bytes], &act)
+                    .expect("an AVX-512 kernel");
+                let wr = &w[r * cols..(r + 1) * cols];
+                let want: f64 = wr
+                    .iter()
+                    .zip(&xq)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum();
+                let mag: f64 = wr
+                    .iter()
+                    .zip(&xq)
+                    .map(|(&a, &b)| f64::from((a * b).abs()))
+                    .sum();
+                let tol = 1e-5 * mag + 1e-6;
+                assert!(
+                    (f64::from(got) - want).abs() <= tol,
+                    "{ty} {cols} row {r}: {got} vs {want} (tol {tol})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn avx512_gemm_kernel_equals_the_row_kernel_bit_for_bit() {
+    let Some(k) = detect() else { return };
+    for ty in TYPES {
+        let format = Format::of(ty).unwrap();
+        // 1, 17 and 33 rows leave partial panels; 256 and 1280 columns odd and even blocks.
+        for (s, &(n, cols)) in [(1, 256), (17, 256), (33, 1280), (16, 512)]
+            .iter()
+            .enumerate()
+        {
+            let blocks = random_blocks(ty, n, cols, 40 + s as u64);
+            let data = bytes(&blocks);
+            let row_bytes = data.len() / n;
+            for m in [1, 3, 4, 5, 17, 64] {
+                let act = quantized(&values(m * cols, 90 + m as u64), cols);
+                let rows: Vec<&[Q8Block]> = act.chunks(cols / 32).collect();
+                let mut got = vec![f32::NAN; m * n];
+                let mut put = |i: usize, r0: usize, ys: &[f32]| {
+                    got[i * n + r0..i * n + r0 + ys.len()].copy_from_slice(ys);
+                };
+                // A sub-range of weight rows too, as a task would ask for.
+                let lo = n / 3;
+                assert!(avx512_panel::run(
+                    k,
+                    format,
+                    &data,
+                    row_bytes,
+                    lo..n,
+                    &rows,
+                    &mut put
+                ));
+                for (i, a) in rows.iter().enumerate() {
+                    for r in 0..n {
+                        let want = k
+                            .row(format, &data[r * row_bytes..(r + 1) * row_bytes], a)
+                            .unwrap();
+                        let g = got[i * n + r];
+                        if r < lo {
+                            assert!(g.is_nan(), "{ty} wrote row {r} outside its range");
+                        } else {
+                            assert_eq!(
+                                g.to_bits(),
+                                want.to_bits(),
+                                "{ty} m={m} {cols}->{n} ({i}, {r}): {g} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_path_of_the_tiled_matmul_agrees_with_its_per_row_loop_and_the_others() {
+    // Auto (AVX-512 here), Avx2 and Scalar: each tiled result equal to its own per-row loop,
+    // and the three within float summation order of each other.
+    for ty in TYPES {
+        for (s, &(n, cols)) in [(37, 768), (600, 1024)].iter().enumerate() {
+            let mats = [
+                CpuQMatMul::from_blocks(random_blocks(ty, n, cols, 50 + s as u64)).unwrap(),
+                CpuQMatMul::from_blocks(random_blocks(ty, 5, cols, 60 + s as u64)).unwrap(),
+            ];
+            for m in [1, 5, 64, 67] {
+                let x = values(m * cols, 300 + m as u64);
+                let run = |kernel, tiling| {
+                    let mut outs: Vec<Vec<f32>> = mats
+                        .iter()
+                        .map(|mm| vec![f32::NAN; m * mm.out_features()])
+                        .collect();
+                    let mut jobs: Vec<(&CpuQMatMul, &mut [f32])> = mats
+                        .iter()
+                        .zip(outs.iter_mut().map(Vec::as_mut_slice))
+                        .collect();
+                    matmul_many_with(&mut jobs, &x, m, kernel, tiling).unwrap();
+                    outs
+                };
+                let scalar = run(Kernel::Scalar, Tiling::Tiled);
+                for kernel in [Kernel::Auto, Kernel::Avx2] {
+                    let tiled = run(kernel, Tiling::Tiled);
+                    assert_eq!(
+                        tiled,
+                        run(kernel, Tiling::PerRow),
+                        "{ty} {kernel:?} m={m} {cols}->{n}"
+                    );
+                    for (a, b) in tiled.iter().flatten().zip(scalar.iter().flatten()) {
+                        assert!(
+                            (a - b).abs() <= 1e-5 * (1.0 + b.abs()) * (cols as f32).sqrt(),
+                            "{ty} {kernel:?} m={m}: {a} vs scalar {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
