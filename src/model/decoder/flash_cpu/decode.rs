@@ -33,7 +33,6 @@ pub(super) fn run(
     out: &mut [f32],
 ) {
     let d = s.head_dim;
-    let group = s.n_heads / s.n_kv_heads;
     let lo = first_visible(s.pos, s.window);
     let n = s.pos + 1 - lo;
     let threads = rayon::current_num_threads();
@@ -46,6 +45,27 @@ pub(super) fn run(
     } else {
         1
     };
+    run_split(isa, ranges, parallel, q, k, v, s, out);
+}
+
+/// [`run`] with the visible keys cut into (at most) `ranges` ranges of equal length (the
+/// last one shorter), the tasks on rayon's pool when `parallel`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_split(
+    isa: Isa,
+    ranges: usize,
+    parallel: bool,
+    q: &[f32],
+    k: &KvHeads<'_>,
+    v: &KvHeads<'_>,
+    s: &Shape,
+    out: &mut [f32],
+) {
+    let d = s.head_dim;
+    let group = s.n_heads / s.n_kv_heads;
+    let lo = first_visible(s.pos, s.window);
+    let n = s.pos + 1 - lo;
+    let ranges = ranges.clamp(1, n);
     let per = n.div_ceil(ranges);
     let ranges = n.div_ceil(per);
     let width = d + 2;

@@ -3,6 +3,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::Isa;
 use super::*;
 use crate::model::decoder::attention::{
     causal_mask, matmul_attention, tiled_attention, AttentionDims,
@@ -236,4 +237,314 @@ fn inconsistent_shapes_are_refused() {
     let mut out = [0f32; 16];
     let err = attend(&[0.0; 16], heads, heads, &shape, &mut out).unwrap_err();
     assert!(err.to_string().contains("storage"), "{err}");
+}
+
+/// Keys and values of every key/value head in the cache's layout (`head_stride` apart, with
+/// room past the used rows) in `dtype`, and the same numbers as f32 `[1, kv_heads, len, dim]`
+/// tensors for the reference.
+struct Cache {
+    k: Stored,
+    v: Stored,
+    stride: usize,
+    k32: Tensor,
+    v32: Tensor,
+}
+
+enum Stored {
+    F32(Vec<f32>),
+    F16(Vec<half::f16>),
+    BF16(Vec<half::bf16>),
+}
+
+impl Stored {
+    fn new(values: &[f32], dtype: DType) -> (Self, Vec<f32>) {
+        match dtype {
+            DType::F16 => {
+                let h: Vec<_> = values.iter().map(|&x| half::f16::from_f32(x)).collect();
+                let back = h.iter().map(|x| x.to_f32()).collect();
+                (Stored::F16(h), back)
+            }
+            DType::BF16 => {
+                let h: Vec<_> = values.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                let back = h.iter().map(|x| x.to_f32()).collect();
+                (Stored::BF16(h), back)
+            }
+            _ => (Stored::F32(values.to_vec()), values.to_vec()),
+        }
+    }
+
+    fn data(&self) -> KvData<'_> {
+        match self {
+            Stored::F32(s) => KvData::F32(s),
+            Stored::F16(s) => KvData::F16(s),
+            Stored::BF16(s) => KvData::BF16(s),
+        }
+    }
+}
+
+impl Cache {
+    fn new(c: &Case) -> Self {
+        let len = c.pos + c.seq;
+        let stride = (len + 5) * c.dim;
+        let store = |seed: u64| {
+            let mut all = random(c.kv_heads * stride, seed, c.amp);
+            // Past the used rows: values that would show if read.
+            for h in 0..c.kv_heads {
+                all[h * stride + len * c.dim..(h + 1) * stride].fill(1e4);
+            }
+            let (stored, back) = Stored::new(&all, c.cache);
+            let used: Vec<f32> = (0..c.kv_heads)
+                .flat_map(|h| back[h * stride..h * stride + len * c.dim].to_vec())
+                .collect();
+            let t = Tensor::from_vec(used, (1, c.kv_heads, len, c.dim), &Device::Cpu).unwrap();
+            (stored, t)
+        };
+        let ((k, k32), (v, v32)) = (store(11), store(12));
+        Self {
+            k,
+            v,
+            stride,
+            k32,
+            v32,
+        }
+    }
+
+    fn heads(&self) -> (KvHeads<'_>, KvHeads<'_>) {
+        let stride = self.stride;
+        (
+            KvHeads {
+                data: self.k.data(),
+                head_stride: stride,
+            },
+            KvHeads {
+                data: self.v.data(),
+                head_stride: stride,
+            },
+        )
+    }
+}
+
+fn shape_of(c: &Case) -> Shape {
+    Shape {
+        n_heads: c.heads,
+        n_kv_heads: c.kv_heads,
+        head_dim: c.dim,
+        seq: c.seq,
+        pos: c.pos,
+        scale: 1.0 / (c.dim as f32).sqrt(),
+        softcap: c.softcap,
+        window: c.window,
+    }
+}
+
+/// candle's plain `softmax(q k^T * scale) v` (the matmul path) on the cache's numbers, as
+/// `[heads, seq, dim]`.
+fn reference(c: &Case, q: &[f32], cache: &Cache) -> Vec<f32> {
+    let dims = AttentionDims {
+        n_heads: c.heads,
+        n_kv_heads: c.kv_heads,
+        head_dim: c.dim,
+        scale: 1.0 / (c.dim as f64).sqrt(),
+        softcap: c.softcap,
+        sliding: c.window.is_some(),
+    };
+    let dev = Device::Cpu;
+    let qt = Tensor::from_vec(q.to_vec(), (1, c.heads, c.seq, c.dim), &dev).unwrap();
+    let mask = causal_mask(c.seq, c.pos, c.window, &dev).unwrap();
+    let y = matmul_attention(&qt, &cache.k32, &cache.v32, mask.as_ref(), dims).unwrap();
+    y.reshape((c.seq, c.heads, c.dim))
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+fn max_abs_difference(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The largest difference between candle's reference and each instruction set this CPU runs
+/// (the baseline always; AVX2 and AVX-512 where present), and between each and the baseline;
+/// with the decode split into `ranges` key ranges when given.
+fn isa_differences(c: Case, ranges: Option<usize>) -> Vec<(Isa, f32, f32)> {
+    let cache = Cache::new(&c);
+    let (k, v) = cache.heads();
+    let q = random(c.heads * c.seq * c.dim, 13, c.amp);
+    let s = shape_of(&c);
+    let expected = reference(&c, &q, &cache);
+    let run = |isa: Isa| {
+        let mut out = vec![f32::NAN; q.len()];
+        match ranges {
+            Some(r) => super::decode::run_split(isa, r, r % 2 == 0, &q, &k, &v, &s, &mut out),
+            None => attend_with(isa, &q, k, v, &s, &mut out).unwrap(),
+        }
+        out
+    };
+    let baseline = run(Isa::Baseline);
+    Isa::available()
+        .into_iter()
+        .map(|isa| {
+            let out = run(isa);
+            let vs_reference = max_abs_difference(&out, &expected);
+            (isa, vs_reference, max_abs_difference(&out, &baseline))
+        })
+        .collect()
+}
+
+/// Every instruction set within `2e-5 * max(amp, 1)` (f32 rounding of sums of a few hundred
+/// terms) of candle's reference and of the baseline.
+fn assert_isas_close(c: Case, ranges: Option<usize>) {
+    let tolerance = 2e-5 * c.amp.max(1.0);
+    let results = isa_differences(c, ranges);
+    for (isa, vs_reference, vs_baseline) in &results {
+        assert!(
+            *vs_reference < tolerance && *vs_baseline < tolerance,
+            "{isa:?} {c:?} ranges {ranges:?}: {vs_reference} from the reference, \
+             {vs_baseline} from the baseline"
+        );
+    }
+}
+
+#[test]
+fn every_instruction_set_this_cpu_runs_is_tested() {
+    // Says which paths the other tests compare here (a CPU without AVX-512 or AVX2 skips
+    // those: they are not available, so the loops below cover only what runs).
+    let available = Isa::available();
+    eprintln!("CPU attention paths tested on this CPU: {available:?}");
+    assert_eq!(available.last(), Some(&Isa::Baseline));
+    assert_eq!(Isa::detect(), available[0]);
+}
+
+#[test]
+fn decode_at_many_context_lengths_matches_on_every_instruction_set() {
+    let (heads, kv_heads, dim) = (9, 3, 64);
+    for pos in [0, 1, 15, 16, 63, 127, 128, 129, 300, 1000, 2100] {
+        assert_isas_close(
+            Case {
+                heads,
+                kv_heads,
+                dim,
+                pos,
+                seq: 1,
+                ..BASE
+            },
+            None,
+        );
+    }
+}
+
+#[test]
+fn decode_split_into_key_ranges_matches_with_a_partial_last_range() {
+    for (pos, ranges) in [(9, 2), (100, 3), (299, 7), (500, 4), (999, 16), (40, 41)] {
+        for cache in [DType::F32, DType::F16, DType::BF16] {
+            assert_isas_close(
+                Case {
+                    heads: 8,
+                    kv_heads: 2,
+                    dim: 32,
+                    pos,
+                    seq: 1,
+                    cache,
+                    ..BASE
+                },
+                Some(ranges),
+            );
+        }
+    }
+}
+
+#[test]
+fn decode_of_odd_dims_and_wide_groups_matches_on_every_instruction_set() {
+    // Groups past the kernels' four rows per pass, and widths with a scalar tail.
+    for (heads, kv_heads, dim) in [(7, 1, 64), (12, 2, 80), (6, 3, 33), (5, 5, 7), (16, 2, 128)] {
+        assert_isas_close(
+            Case {
+                heads,
+                kv_heads,
+                dim,
+                pos: 260,
+                seq: 1,
+                ..BASE
+            },
+            Some(3),
+        );
+    }
+}
+
+#[test]
+fn decode_windows_soft_cap_and_half_caches_match_on_every_instruction_set() {
+    for window in [1, 5, 100, 700] {
+        assert_isas_close(
+            Case {
+                pos: 600,
+                seq: 1,
+                window: Some(window),
+                ..BASE
+            },
+            Some(5),
+        );
+    }
+    assert_isas_close(
+        Case {
+            pos: 400,
+            seq: 1,
+            softcap: Some(5.0),
+            amp: 3.0,
+            ..BASE
+        },
+        Some(3),
+    );
+    for cache in [DType::F16, DType::BF16] {
+        assert_isas_close(
+            Case {
+                heads: 9,
+                kv_heads: 3,
+                dim: 64,
+                pos: 777,
+                seq: 1,
+                cache,
+                ..BASE
+            },
+            None,
+        );
+    }
+}
+
+#[test]
+fn prefill_matches_on_every_instruction_set() {
+    for (heads, kv_heads, dim, pos, seq) in
+        [(9, 3, 64, 0, 100), (8, 2, 33, 7, 40), (4, 1, 16, 0, 17)]
+    {
+        for cache in [DType::F32, DType::F16, DType::BF16] {
+            assert_isas_close(
+                Case {
+                    heads,
+                    kv_heads,
+                    dim,
+                    pos,
+                    seq,
+                    cache,
+                    ..BASE
+                },
+                None,
+            );
+        }
+    }
+    assert_isas_close(
+        Case {
+            seq: 90,
+            window: Some(20),
+            softcap: Some(30.0),
+            amp: 2.0,
+            ..BASE
+        },
+        None,
+    );
 }
