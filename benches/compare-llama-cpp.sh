@@ -3,7 +3,9 @@
 # the default model (SmolLM2-135M Q4_1) and the synthetic 2048-wide Llama of
 # scripts/make-quant-models.py in Q4_K_M, Q6_K, Q8_0 and IQ4_XS; prefill and decode after a
 # prompt of 512 and of 4,096 tokens; plus each engine's load-to-ready time against one warm read
-# of the file, and its resident set after loading against the file's size. A row whose model
+# of the file, and its resident set after loading against the file's size; for ferry also the
+# resident set after a request against the file's size plus the KV cache it holds, split into
+# anonymous memory and file pages (the model's mapped pages, the binary's own). A row whose model
 # ferry cannot load yet says so and the run goes on. Prints one markdown table at the end
 # (name the CPU with it: AVX2-only and AVX-512 machines differ).
 #
@@ -111,10 +113,13 @@ def fmt(x, spec=".1f"):
 def ratio(a, b):
     return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}"
 print(f"\n{threads} threads, ferry built with cargo profile {sys.argv[3]}; load = load-to-ready / one warm read of the file; "
-      "RSS = resident set after loading / file size (llama.cpp's includes the Python interpreter)\n")
+      "RSS = resident set after loading / file size (llama.cpp's includes the Python interpreter); "
+      "after req = ferry's resident set after a request / (file size + KV cache bytes), split into "
+      "anonymous memory, the model file's mapped pages and the binary's own pages\n")
 print("| model | prompt | prefill tok/s ferry / llama.cpp | = | decode tok/s ferry / llama.cpp | = "
-      "| load s ferry / llama.cpp (warm read) | load x ferry / llama.cpp | RSS MiB ferry / llama.cpp (file) | RSS x ferry / llama.cpp |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+      "| load s ferry / llama.cpp (warm read) | load x ferry / llama.cpp | RSS MiB ferry / llama.cpp (file) | RSS x ferry / llama.cpp "
+      "| after req MiB ferry (file + KV) | after req x | anon / model / binary MiB |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for line in open(path):
     r = json.loads(line)
     f, p, warm, size = r["ferry"], r["peer"], r["warm_read_s"], r["size"]
@@ -123,15 +128,21 @@ for line in open(path):
     fd, pd = med(f, "decode_tok_s"), med(p, "decode_tok_s")
     fl, pl = med(f, "load_s"), med(p, "load_s")
     fr, pr = med(f, "rss_after_load"), med(p, "rss_after_load")
+    # After a request (ferry only): total, its anonymous part, the model's and the binary's pages.
+    have = lambda key: [x for x in f if key in x]
+    fq, kv = med(have("rss_after_request"), "rss_after_request"), med(have("kv_bytes"), "kv_bytes")
+    fa, fm, fb = (med(have(k), k) for k in ("rss_anon", "rss_model", "rss_binary"))
     if not f:
         why = r["ferry_error"] or "failed"
         note = "not loadable by ferry yet" if "cannot compute yet" in why else f"ferry failed: {why}"
         print(f"| {r['model']} | {r['prompt']} | {note} ({fmt(pp)} llama.cpp) | | "
-              f"({fmt(pd)} llama.cpp) | | ({fmt(pl, '.3f')} llama.cpp, {warm:.3f}) | | | |")
+              f"({fmt(pd)} llama.cpp) | | ({fmt(pl, '.3f')} llama.cpp, {warm:.3f}) | | | | | | |")
         continue
     mb = lambda b: None if b is None else b / 2**20
     print(f"| {r['model']} | {r['prompt']} | {fmt(fp)} / {fmt(pp)} | {ratio(fp, pp)} | {fmt(fd)} / {fmt(pd)} "
           f"| {ratio(fd, pd)} | {fmt(fl, '.3f')} / {fmt(pl, '.3f')} ({warm:.3f}) "
           f"| {ratio(fl, warm)} / {ratio(pl, warm)} | {fmt(mb(fr), '.0f')} / {fmt(mb(pr), '.0f')} ({mib:.0f}) "
-          f"| {ratio(fr, size)} / {ratio(pr, size)} |")
+          f"| {ratio(fr, size)} / {ratio(pr, size)} "
+          f"| {fmt(mb(fq), '.0f')} ({fmt(mb(size + kv), '.0f')}) | {ratio(fq, None if kv is None else size + kv)} "
+          f"| {fmt(mb(fa), '.0f')} / {fmt(mb(fm), '.0f')} / {fmt(mb(fb), '.0f')} |")
 PY

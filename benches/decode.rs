@@ -1,6 +1,10 @@
 //! Prefill and decode throughput of ferry's model path on one GGUF (default: the embedded
 //! SmolLM2-135M-Instruct Q4_1), greedy, batch 1, printed as one JSON line per run so
 //! `benches/compare-llama-cpp.sh` can set it beside llama.cpp on the same file and threads.
+//! Each line also carries the load-to-ready time and the resident set after loading and after
+//! the run's request (with the sequence and its KV cache still alive), split into file-backed
+//! pages (the mapped weights, the binary) and anonymous memory (heap, stacks), and the bytes
+//! the KV cache holds.
 //!
 //! Usage: cargo bench --bench decode -- [OPTIONS] (`-- --help` lists them).
 //! Threads: candle's CPU kernels use RAYON_NUM_THREADS (set it to compare at a fixed count).
@@ -60,7 +64,7 @@ fn main() -> Result<(), String> {
         load_for_serving(&config, &candle_core::Device::Cpu, &hub).map_err(|e| e.to_string())?;
     // Load-to-ready (plan, weights, tokenizer) and the resident set right after it (no KV yet).
     let load_seconds = load_started.elapsed().as_secs_f64();
-    let rss_after_load = resident_bytes();
+    let rss_after_load = Rss::now().total;
     let mut runner = loaded.runner;
 
     // A prompt of exactly `prompt_tokens` ids: a plain English passage, repeated as needed.
@@ -93,26 +97,85 @@ fn main() -> Result<(), String> {
             next = argmax(&logits);
         }
         let decode_seconds = decode_started.elapsed().as_secs_f64();
+        // After the request, with its KV cache still held.
+        let rss = Rss::now();
+        let (rss_model, rss_binary) = mapped_rss(&options.model.source);
+        let kv_bytes = sequence.kv_bytes();
         println!(
-            "{{\"engine\":\"ferry\",\"run\":{run},\"prompt_tokens\":{},\"gen_tokens\":{},\"prefill_tok_s\":{:.2},\"decode_tok_s\":{:.2},\"load_s\":{load_seconds:.4},\"rss_after_load\":{rss_after_load},\"prompt_ids\":{:?}}}",
+            "{{\"engine\":\"ferry\",\"run\":{run},\"prompt_tokens\":{},\"gen_tokens\":{},\"prefill_tok_s\":{:.2},\"decode_tok_s\":{:.2},\"load_s\":{load_seconds:.4},\"rss_after_load\":{rss_after_load},\"rss_after_request\":{},\"rss_file\":{},\"rss_anon\":{},\"rss_model\":{rss_model},\"rss_binary\":{rss_binary},\"kv_bytes\":{kv_bytes},\"prompt_ids\":{:?}}}",
             prompt.len(),
             options.gen_tokens,
             prompt.len() as f64 / prefill_seconds,
             options.gen_tokens as f64 / decode_seconds,
+            rss.total,
+            rss.file,
+            rss.anon,
             if run == 0 { prompt.clone() } else { Vec::new() },
         );
     }
     Ok(())
 }
 
-/// The process's resident set in bytes (`VmRSS` of /proc/self/status; 0 where there is none).
-fn resident_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kib * 1024)
-        })
-        .unwrap_or(0)
+/// The process's resident set (/proc/self/status; zeros where there is none): `VmRSS`, and
+/// its file-backed (`RssFile`: mapped weights, the binary and its libraries) and anonymous
+/// (`RssAnon`: heap, stacks) parts. (`RssShmem`, the third part, is not used here.)
+struct Rss {
+    total: u64,
+    file: u64,
+    anon: u64,
+}
+
+impl Rss {
+    fn now() -> Self {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+                .map_or(0, |kib| kib * 1024)
+        };
+        Rss {
+            total: field("VmRSS:"),
+            file: field("RssFile:"),
+            anon: field("RssAnon:"),
+        }
+    }
+}
+
+/// Resident bytes of the mappings of the model file at `model` and of this binary itself
+/// (/proc/self/smaps; zeros where there is none): the weights' pages, and the floor no load can
+/// cut (the binary's code and data).
+fn mapped_rss(model: &str) -> (u64, u64) {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+    let model = std::fs::canonicalize(model).ok();
+    let exe = std::env::current_exe().ok();
+    let (mut in_model, mut in_exe) = (0u64, 0u64);
+    let mut current: Option<std::path::PathBuf> = None;
+    for line in smaps.lines() {
+        if let Some(rest) = line.strip_prefix("Rss:") {
+            let kib: u64 = rest
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            if current.is_some() && current == model {
+                in_model += kib * 1024;
+            } else if current.is_some() && current == exe {
+                in_exe += kib * 1024;
+            }
+        } else if line
+            .split_whitespace()
+            .next()
+            .is_some_and(|a| a.contains('-'))
+        {
+            // A mapping's header: `start-end perms offset dev inode [path]`.
+            current = line
+                .split_whitespace()
+                .nth(5)
+                .filter(|p| p.starts_with('/'))
+                .map(std::path::PathBuf::from);
+        }
+    }
+    (in_model, in_exe)
 }

@@ -20,6 +20,12 @@ pub trait SlotTensors {
     fn dense(&self, entry: &TensorEntry) -> Result<Tensor>;
     /// A block-quantized matrix of the slot (no copy of the weight bytes).
     fn blocks(&self, entry: &TensorEntry) -> Result<Arc<QTensor>>;
+    /// A block-quantized matrix of the slot as a projection with `bias`: [`Self::blocks`]
+    /// through [`Linear::quantized`] unless the slot overrides it (the CPU slot does for the
+    /// types candle has no block type for).
+    fn quantized(&self, entry: &TensorEntry, bias: Option<Tensor>) -> Result<Linear> {
+        Ok(Linear::quantized(self.blocks(entry)?, bias)?)
+    }
 }
 
 /// The weights of `layer` as the tensors of `slot` (call once the slot holds the layer).
@@ -33,7 +39,7 @@ pub fn layer_weights(layer: &LayerLayout, slot: &dyn SlotTensors) -> Result<Laye
         let entry = entry(w);
         Ok(match entry.kind {
             // The same kernel choice as resident layers, so every mode rounds alike.
-            TensorKind::Blocks(_) => Linear::quantized(slot.blocks(entry)?, bias)?,
+            TensorKind::Blocks(_) => slot.quantized(entry, bias)?,
             TensorKind::Dense(_) => Linear::Dense {
                 weight: slot.dense(entry)?,
                 bias,

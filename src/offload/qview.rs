@@ -10,6 +10,10 @@
 //! A new `QTensor` wraps the view at every slot fill (three small handle allocations per matrix,
 //! never the weight bytes): a `QTensor` caches repacked copies of its blocks for some types on
 //! some CPUs, and a fresh one guarantees that cache never describes a previous layer.
+//!
+//! The types candle has no block type for (IQ4_NL, IQ4_XS, MXFP4) cannot be a `QTensor`; their
+//! matrices are [`ArenaBytes`] views instead, read in place by ferry's own CPU kernels
+//! ([`arena_linear`]), so their layers stream like the others.
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -22,6 +26,10 @@ use candle_core::{CpuStorage, Result};
 use half::{bf16, f16};
 
 use super::buffer::AlignedBytes;
+use crate::model::cpu_qmatmul::blocks::ExternalBytes;
+use crate::model::cpu_qmatmul::Blocks;
+use crate::model::header::GgufType;
+use crate::model::weights::Linear;
 
 /// Runs `$body` with `$t` bound to the block type of `$dtype`.
 macro_rules! with_block_type {
@@ -289,4 +297,52 @@ impl QuantizedType for SlotBlocks {
     fn size(&self) -> usize {
         self.len
     }
+}
+
+/// `len` bytes at `offset` of a slot's block region, as raw GGUF blocks for ferry's kernels.
+#[derive(Debug)]
+pub struct ArenaBytes {
+    arena: Arc<BlockArena>,
+    offset: usize,
+    len: usize,
+}
+
+impl ArenaBytes {
+    /// A view of `arena[offset..offset + len]`; `None` if the range lies outside the region.
+    pub fn new(arena: Arc<BlockArena>, offset: usize, len: usize) -> Option<Self> {
+        let end = offset.checked_add(len)?;
+        (end <= arena.len()).then_some(Self { arena, offset, len })
+    }
+}
+
+impl ExternalBytes for ArenaBytes {
+    /// Valid while the slot holds this layer, as [`SlotBlocks::as_ptr`]: the region is allocated
+    /// once and never resized, and the copy engine rewrites it only after the forward loop has
+    /// released the layer.
+    fn bytes(&self) -> &[u8] {
+        let guard = self.arena.read();
+        let start = guard.as_bytes()[self.offset..].as_ptr();
+        // SAFETY: `new` checked the range against the region, which is never reallocated while
+        // `self.arena` keeps it alive; the bytes are plain data.
+        unsafe { std::slice::from_raw_parts(start, self.len) }
+    }
+}
+
+/// A linear layer over `len` bytes of `ty` blocks at `offset` of `arena`, shaped `shape`
+/// (`[out, in]`), computed by ferry's CPU kernels in place.
+pub fn arena_linear(
+    arena: &Arc<BlockArena>,
+    offset: usize,
+    len: usize,
+    ty: GgufType,
+    shape: &[usize],
+    bias: Option<candle_core::Tensor>,
+) -> std::result::Result<Linear, crate::model::ModelError> {
+    let bytes = ArenaBytes::new(arena.clone(), offset, len).ok_or_else(|| {
+        crate::model::ModelError::Config(format!(
+            "{ty} matrix at {offset}+{len} lies outside its slot's {}-byte block region",
+            arena.len()
+        ))
+    })?;
+    Linear::from_blocks(Blocks::external(Arc::new(bytes), ty, shape)?, bias)
 }

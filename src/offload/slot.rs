@@ -14,8 +14,8 @@ use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
 use super::assemble::{dense_region_view, layer_weights, SlotTensors};
 use super::error::OffloadError;
 use super::host::{HostLayer, LayerLayout, Result, TensorEntry, TensorKind};
-use super::qview::{BlockArena, SlotBlocks};
-use crate::model::weights::LayerWeights;
+use super::qview::{arena_linear, BlockArena, SlotBlocks};
+use crate::model::weights::{LayerWeights, Linear};
 
 /// The buffers of one slot.
 #[derive(Debug)]
@@ -156,19 +156,30 @@ impl SlotTensors for SlotBuffers {
                 entry.name
             )));
         };
-        // A slot views its arena through candle's block types; ferry's own types (IQ4_NL,
-        // IQ4_XS, MXFP4) have none, so their layers stay resident.
+        // candle's view needs candle's block type; ferry's own types (IQ4_NL, IQ4_XS, MXFP4)
+        // come through `quantized` below instead.
         let dtype = ty.to_candle().ok_or_else(|| {
-            OffloadError::Weights(format!(
-                "`{}`: {ty} layers cannot be streamed through a CPU slot yet",
-                entry.name
-            ))
+            OffloadError::Weights(format!("`{}`: candle has no {ty} blocks", entry.name))
         })?;
         let view = SlotBlocks::new(self.blocks.clone(), entry.offset, entry.len, dtype)?;
         Ok(Arc::new(QTensor::new(
             QStorage::Cpu(Box::new(view)),
             entry.shape.clone(),
         )?))
+    }
+
+    fn quantized(&self, entry: &TensorEntry, bias: Option<Tensor>) -> Result<Linear> {
+        match entry.kind {
+            TensorKind::Blocks(ty) if ty.to_candle().is_none() => Ok(arena_linear(
+                &self.blocks,
+                entry.offset,
+                entry.len,
+                ty,
+                &entry.shape,
+                bias,
+            )?),
+            _ => Ok(Linear::quantized(self.blocks(entry)?, bias)?),
+        }
     }
 }
 

@@ -68,6 +68,11 @@ impl RunnerSequence {
     pub fn holds_lease(&self) -> bool {
         self.lease.is_some()
     }
+
+    /// Bytes this sequence's KV cache has allocated so far.
+    pub fn kv_bytes(&self) -> usize {
+        self.cache.allocated_bytes()
+    }
 }
 
 impl ModelRunner {

@@ -382,3 +382,62 @@ fn cuda_slots_give_every_expert_its_own_buffer() {
     // q, k, v, o, the router and 4 experts x (gate, up, down): one buffer each.
     assert_eq!(slot.matrices.len(), 5 + 12, "{:?}", slot.matrices);
 }
+
+/// Layers of IQ4_NL, IQ4_XS and MXFP4 (types candle has no block type for) stream through CPU
+/// slots, read in place by ferry's kernels, and decode what mode `none` decodes: the tiny
+/// llama.cpp-quantized fixtures (2 layers) in mode `auto` with no layer resident (with 2 layers,
+/// one resident and a slot is as big as both resident) and in mode `sequential`.
+#[test]
+fn iq4_and_mxfp4_layers_stream_like_none() {
+    use ferry::model::header::GgufType;
+    use ferry::model::loader::TensorKind;
+    use ferry::offload::LayerLayout;
+
+    let cases = [(Resident::Exactly(0), 0)];
+    for (file, ty) in [
+        ("tiny-iq4_nl.gguf", GgufType::IQ4_NL),
+        ("tiny-iq4_xs.gguf", GgufType::IQ4_XS),
+        ("tiny-mxfp4.gguf", GgufType::MXFP4),
+    ] {
+        let path = crate::fixtures::path("quant-llamacpp").join(file);
+        // The streamed layers really hold blocks of the type (else this tests nothing new).
+        let checkpoint = Checkpoint::open(&ModelFiles::Gguf { path: path.clone() }).expect("opens");
+        let options = LoadOptions {
+            device: Device::Cpu,
+            dtype: DtypeChoice::Auto,
+        };
+        let holding = Holding::new(&checkpoint, &options).expect("holding");
+        let layout = LayerLayout::of(&checkpoint, &holding, 1).expect("layout");
+        assert!(
+            layout
+                .entries
+                .iter()
+                .any(|e| e.kind == TensorKind::Blocks(ty)),
+            "{file}: layer 1 holds no {ty} blocks: {:?}",
+            layout.entries
+        );
+        drop(checkpoint);
+        println!("{file}");
+        let source = path.to_string_lossy().into_owned();
+        let layer = plan_for(&config_from(
+            source.clone(),
+            64,
+            DtypeChoice::Auto,
+            OffloadMode::None,
+            BIG,
+            0,
+        ))
+        .layers[0]
+            .bytes;
+        let prompt = Some(crate::tiny::PROMPT);
+        check_modes_of(
+            &source,
+            64,
+            prompt,
+            layer / 4,
+            DtypeChoice::Auto,
+            &cases,
+            &[0, 1],
+        );
+    }
+}

@@ -1,8 +1,9 @@
 //! [`Blocks`]: the raw GGUF blocks of one 2-D quantized matrix `[rows, cols]`, keyed by ferry's
 //! own [`GgufType`], wherever the bytes live: a range of the memory-mapped model file (the CPU
 //! loader's views: nothing is copied, and the map stays alive as long as any view of it), bytes
-//! of its own (tests, conversions) or a CPU candle [`QTensor`] (the offload engine's slots, which
-//! view their block arena through one).
+//! of its own (tests, conversions), a CPU candle [`QTensor`] (the offload engine's slots, which
+//! view their block arena through one) or bytes another owner keeps ([`ExternalBytes`]: a slot's
+//! arena for the types candle has no block type for).
 //!
 //! The kernels of [`super::CpuQMatMul`] read [`Blocks::bytes`]; an embedding table dequantizes
 //! the rows it looks up ([`Blocks::dequantize_rows`], through [`super::dequant`]).
@@ -28,6 +29,15 @@ enum Bytes {
     Owned(Arc<[u8]>),
     /// A CPU candle tensor's blocks.
     Candle(Arc<QTensor>),
+    /// Bytes another owner keeps.
+    External(Arc<dyn ExternalBytes>),
+}
+
+/// Bytes of GGUF blocks that another owner keeps (an offload slot's block region), seen in place.
+pub trait ExternalBytes: std::fmt::Debug + Send + Sync {
+    /// The blocks, row after row. The owner keeps them valid and unchanged while any [`Blocks`]
+    /// holds this source.
+    fn bytes(&self) -> &[u8];
 }
 
 /// The GGUF blocks of a `[rows, cols]` matrix of type `ty` (cheap to clone: the bytes are
@@ -74,6 +84,12 @@ impl Blocks {
         let shape = weight.shape().dims().to_vec();
         let len = weight.data()?.len();
         Self::checked(ty, &shape, len, Bytes::Candle(weight))
+    }
+
+    /// Blocks that `source` keeps (no copy).
+    pub fn external(source: Arc<dyn ExternalBytes>, ty: GgufType, shape: &[usize]) -> Result<Self> {
+        let len = source.bytes().len();
+        Self::checked(ty, shape, len, Bytes::External(source))
     }
 
     fn checked(ty: GgufType, shape: &[usize], len: usize, bytes: Bytes) -> Result<Self> {
@@ -138,6 +154,7 @@ impl Blocks {
             Bytes::Mapped { map, range } => Cow::Borrowed(&map[range.clone()]),
             Bytes::Owned(bytes) => Cow::Borrowed(bytes),
             Bytes::Candle(q) => q.data()?,
+            Bytes::External(source) => Cow::Borrowed(source.bytes()),
         })
     }
 

@@ -9,7 +9,7 @@ use tokenizers::Tokenizer;
 
 use super::gguf_meta::Meta;
 use super::gguf_vocab::GgufVocab;
-use super::pretokenizers::{byte_level_bytes, for_gguf_pre, spell_bytes, PreDefaults};
+use super::pretokenizers::{for_gguf_pre, is_byte_level, spell_bytes, PreDefaults};
 use crate::model::error::{ModelError, Result};
 
 /// The BPE pipeline (model, pre-tokenizer, decoder; no added tokens yet) and what the pre type
@@ -22,27 +22,29 @@ pub(super) fn build(meta: &Meta<'_>, vocab: &GgufVocab<'_>) -> Result<(Tokenizer
 
     // Tokens are stored in the byte alphabet; the odd one that is not (raw text) is respelled so
     // the BPE model can reach it, as Hugging Face's GGUF conversion does. Later duplicates win.
-    let bpe_vocab: Vocab = vocab
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(id, t)| {
-            let key = if byte_level_bytes(t).is_some() {
-                t.to_string()
-            } else {
-                spell_bytes(t)
-            };
-            (key, id as u32)
-        })
-        .collect();
-    let merges: Merges = merges
-        .iter()
-        .map(|m| {
-            m.split_once(' ')
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .ok_or_else(|| ModelError::Config(format!("GGUF merge `{m}` is not `a b`")))
-        })
-        .collect::<Result<_>>()?;
+    // The two tables (tens of thousands of strings each) are made on two threads: this is most
+    // of a small model's load time.
+    let spelled = |t: &&str| {
+        if is_byte_level(t) {
+            t.to_string()
+        } else {
+            spell_bytes(t)
+        }
+    };
+    let (bpe_vocab, merges) = std::thread::scope(|scope| {
+        let merges = scope.spawn(|| split_merges(&merges));
+        let bpe_vocab: Vocab = vocab
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(id, t)| (spelled(t), id as u32))
+            .collect();
+        let merges = merges
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (bpe_vocab, merges)
+    });
+    let merges = merges?;
     let bpe = BPE::builder()
         .vocab_and_merges(bpe_vocab, merges)
         .ignore_merges(defaults.ignore_merges)
@@ -55,8 +57,20 @@ pub(super) fn build(meta: &Meta<'_>, vocab: &GgufVocab<'_>) -> Result<(Tokenizer
     Ok((tokenizer, defaults))
 }
 
+/// `tokenizer.ggml.merges` entries (`"a b"`) as pairs.
+fn split_merges(merges: &[&str]) -> Result<Merges> {
+    merges
+        .iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| ModelError::Config(format!("GGUF merge `{m}` is not `a b`")))
+        })
+        .collect()
+}
+
 /// Whether an added token can be matched: ones spelled outside the byte alphabet are llama.cpp
 /// mislabels that BPE could not produce anyway; they are skipped (as Hugging Face does).
 pub(super) fn is_spelled(token: &str) -> bool {
-    byte_level_bytes(token).is_some()
+    is_byte_level(token)
 }

@@ -128,6 +128,11 @@ const FIM_TOKENS: &[(&str, &[&str], bool)] = &[
     ("tokenizer.ggml.fim_sep_token_id", &["<|file_sep|>"], true),
 ];
 
+/// Whether `text` starts as every text of [`END_OF_GENERATION_TEXTS`] and [`FIM_TOKENS`] does.
+fn starts_like_special(text: &str) -> bool {
+    matches!(text.as_bytes().first(), Some(b'<' | b'[' | b'_' | 0xE2))
+}
+
 /// The tokens of a GGUF vocabulary with their (fixed) kinds.
 pub(super) struct GgufVocab<'a> {
     pub tokens: Vec<&'a str>,
@@ -160,12 +165,23 @@ impl<'a> GgufVocab<'a> {
         };
         kinds.truncate(tokens.len());
 
+        // Every text looked for below starts with one of these bytes (`▁` with 0xE2): scanning a
+        // large vocabulary once for them keeps the searches off its other tokens.
+        let candidates: Vec<usize> = tokens
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| starts_like_special(t))
+            .map(|(id, _)| id)
+            .collect();
         let mut end_of_generation = Vec::new();
         for (key, texts, ends) in FIM_TOKENS {
             let id = match meta.u32(key)?.filter(|&i| (i as usize) < tokens.len()) {
                 Some(id) => Some(id as usize),
                 None => {
-                    let found = tokens.iter().position(|t| texts.contains(t));
+                    let found = candidates
+                        .iter()
+                        .copied()
+                        .find(|&id| texts.contains(&tokens[id]));
                     // Found by text: llama.cpp makes it a control token.
                     if let Some(id) = found {
                         kinds[id] = TokenKind::Control;
@@ -177,8 +193,8 @@ impl<'a> GgufVocab<'a> {
                 end_of_generation.push(id as u32);
             }
         }
-        for (id, token) in tokens.iter().enumerate() {
-            if END_OF_GENERATION_TEXTS.contains(token) {
+        for &id in &candidates {
+            if END_OF_GENERATION_TEXTS.contains(&tokens[id]) {
                 end_of_generation.push(id as u32);
                 if !matches!(kinds[id], TokenKind::Control) {
                     kinds[id] = TokenKind::Control;
@@ -266,5 +282,21 @@ impl<'a> GgufVocab<'a> {
     pub fn text(&self, id: Option<u32>) -> Option<String> {
         id.and_then(|i| self.tokens.get(i as usize))
             .map(|t| t.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_searched_text_passes_the_first_byte_filter() {
+        let texts = END_OF_GENERATION_TEXTS
+            .iter()
+            .chain(FIM_TOKENS.iter().flat_map(|(_, texts, _)| texts.iter()));
+        for text in texts {
+            assert!(starts_like_special(text), "{text}");
+        }
+        assert!(!starts_like_special("hello") && !starts_like_special(""));
     }
 }

@@ -9,7 +9,6 @@
 //! (`\p{Lu}`, `\p{Ll}`, ...) by ASCII, so a run of non-ASCII capitals (`ÀÇÇÉNTS`) is cut
 //! differently there; ferry keeps the model's own regex.
 
-use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -267,22 +266,36 @@ pub fn byte_to_char() -> &'static [char; 256] {
 }
 
 /// The inverse of [`byte_to_char`].
-pub fn char_to_byte() -> &'static HashMap<char, u8> {
-    static MAP: OnceLock<HashMap<char, u8>> = OnceLock::new();
-    MAP.get_or_init(|| {
-        byte_to_char()
-            .iter()
-            .enumerate()
-            .map(|(b, c)| (*c, b as u8))
-            .collect()
+pub fn char_to_byte() -> &'static [Option<u8>; ALPHABET_END] {
+    static TABLE: OnceLock<[Option<u8>; ALPHABET_END]> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut table = [None; ALPHABET_END];
+        for (b, c) in byte_to_char().iter().enumerate() {
+            table[*c as usize] = Some(b as u8);
+        }
+        table
     })
+}
+
+/// One past the largest character of the byte alphabet (the shifted bytes end below U+0200).
+const ALPHABET_END: usize = 512;
+
+/// The byte a character of the byte alphabet stands for (`None` outside the alphabet): a table
+/// lookup, as every token of a vocabulary goes through it at load.
+fn byte_of(c: char) -> Option<u8> {
+    char_to_byte().get(c as usize).copied().flatten()
 }
 
 /// The raw bytes a byte-level token stands for, or `None` when it uses a character outside the
 /// byte alphabet (such tokens, e.g. added ones, stand for their own UTF-8 text).
 pub fn byte_level_bytes(token: &str) -> Option<Vec<u8>> {
-    let map = char_to_byte();
-    token.chars().map(|c| map.get(&c).copied()).collect()
+    token.chars().map(byte_of).collect()
+}
+
+/// Whether `token` is spelled in the byte alphabet ([`byte_level_bytes`] is `Some`), without
+/// building the bytes.
+pub fn is_byte_level(token: &str) -> bool {
+    token.chars().all(|c| byte_of(c).is_some())
 }
 
 /// Spell raw text in the byte alphabet (how byte-level vocabularies store tokens).
@@ -301,7 +314,9 @@ mod tests {
         assert_eq!(byte_to_char()[b' ' as usize], 'Ġ');
         assert_eq!(byte_to_char()[b'\n' as usize], 'Ċ');
         assert_eq!(byte_to_char()[b'a' as usize], 'a');
-        assert_eq!(char_to_byte().len(), 256);
+        assert_eq!(char_to_byte().iter().flatten().count(), 256);
+        assert!(is_byte_level("ĠÃ©") && !is_byte_level("\n") && !is_byte_level("a日"));
+        assert!(is_byte_level("<|im_start|>"));
         assert_eq!(spell_bytes(" é"), "ĠÃ©");
         assert_eq!(byte_level_bytes("ĠÃ©"), Some(" é".as_bytes().to_vec()));
         assert_eq!(byte_level_bytes("\n"), None);
