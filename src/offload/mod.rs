@@ -49,6 +49,7 @@ pub mod calibrate_cache;
 pub mod cost;
 pub mod error;
 pub mod experts;
+mod experts_copy;
 pub mod experts_plan;
 pub mod fit;
 pub mod host;
