@@ -4,11 +4,18 @@
 //!
 //! - `whole layers`: half the layers streamed whole through the slot ring (prefetch 1);
 //! - `routed experts (stream)`: half of every layer's experts in host slabs, the routed ones
-//!   copied into a pool of expert slots (with its LRU cache of hot experts);
-//! - `routed experts (host)`: the same placement, offloaded experts computed where they are.
+//!   copied into a pool of expert slots (with its LRU cache of hot experts), prefetch 0: each
+//!   copy issued after the router, overlapping the compute of the experts on the device;
+//! - `routed experts (stream, prefetch 1)`: the same, with each layer's experts also predicted
+//!   before its attention (pre-gating) and copied while it runs;
+//! - `routed experts (host)`: the same placement, offloaded experts computed where they are;
+//! - `routed experts (auto, per expert)`: each routed expert's tier chosen by the calibrated
+//!   cost model from the rows routed to it (prefetch 1).
 //!
 //! Batch 1 and 8 (8 sequences decoded together). The link is `device.link_bandwidth`
-//! (`--link`, default 4 GB/s). Prints a markdown table with the bytes copied per decode step.
+//! (`--link`, default 4 GB/s). Prints a markdown table with the bytes copied per decode step
+//! and, per decode step, the routed experts found on the device / copied / computed on the
+//! host, and the predicted copies / the routed experts they supplied.
 //!
 //! Usage: cargo bench --bench moe_offload -- [--layers N] [--experts N] [--link BYTES_PER_S]
 //! [--steps N].
@@ -19,15 +26,17 @@ use std::time::Instant;
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use clap::Parser;
+use ferry::config::TierConfig;
 use ferry::config::{DtypeChoice, OffloadMode};
 use ferry::model::checkpoint::Checkpoint;
 use ferry::model::decoder::SeqInput;
 use ferry::model::loader::{Holding, LoadOptions};
 use ferry::model::source::ModelFiles;
+use ferry::offload::calibrate::{calibrate, CalibrationInput, Probe};
 use ferry::offload::plan::{plan, Plan, PlanInput};
 use ferry::offload::sizing::ModelSizes;
 use ferry::offload::units::{format_bandwidth, format_bytes};
-use ferry::offload::{load_placed, ExpertInput, ExpertTier, SlotKind, StreamConfig};
+use ferry::offload::{load_placed, CostModel, ExpertInput, ExpertTier, SlotKind, StreamConfig};
 
 /// `cargo bench --bench moe_offload -- [OPTIONS]`.
 #[derive(Parser)]
@@ -158,16 +167,33 @@ fn plans(checkpoint: &Checkpoint, link: u64) -> Result<(Plan, Plan), String> {
     Ok((experts, layers))
 }
 
-/// Decode tokens/s of `batch` sequences and bytes copied per step.
+/// One row of the table.
+struct Case<'a> {
+    name: &'static str,
+    plan: &'a Plan,
+    tier: Option<ExpertTier>,
+    prefetch: usize,
+    cost: Option<CostModel>,
+}
+
+/// What one case measured: decode tokens/s, bytes copied per step, and per step the routed
+/// experts hit / missed / host-computed and the predicted copies / prefetch hits.
+struct Measured {
+    tok_s: f64,
+    copied: u64,
+    experts: [f64; 5],
+}
+
+/// Decodes `batch` sequences as `case` places them.
 fn decode(
     checkpoint: &Checkpoint,
-    plan: &Plan,
-    tier: Option<ExpertTier>,
+    case: &Case<'_>,
     batch: usize,
     o: &Options,
-) -> Result<(f64, u64), String> {
+) -> Result<Measured, String> {
+    let (plan, tier) = (case.plan, case.tier);
     let stream = StreamConfig {
-        prefetch: 1,
+        prefetch: case.prefetch,
         link_bandwidth: Some(o.link),
     };
     let err = |e: &dyn std::fmt::Display| e.to_string();
@@ -175,7 +201,9 @@ fn decode(
         load_placed(checkpoint, &options(), plan, stream, &mut |_| {}).map_err(|e| err(&e))?;
     if let (Some(store), Some(tier)) = (placed.store.experts(), tier) {
         store.set_tier(tier);
+        store.set_cost_model(case.cost);
     }
+    let experts = placed.store.experts().cloned();
     let accounting = placed.store.accounting().clone();
     let model = &placed.model;
     let mut caches: Vec<_> = (0..batch).map(|_| model.new_cache()).collect();
@@ -200,14 +228,32 @@ fn decode(
     };
     step(&mut inputs)?;
     step(&mut inputs)?;
-    let before = accounting.snapshot().bytes_copied;
+    let settle = || {
+        if let Some(e) = &experts {
+            e.settle();
+        }
+    };
+    settle();
+    let before = accounting.snapshot();
     let started = Instant::now();
     for _ in 0..o.steps {
         step(&mut inputs)?;
     }
     let secs = started.elapsed().as_secs_f64();
-    let copied = accounting.snapshot().bytes_copied - before;
-    Ok(((o.steps * batch) as f64 / secs, copied / o.steps as u64))
+    settle();
+    let after = accounting.snapshot();
+    let per_step = |a: u64, b: u64| (a - b) as f64 / o.steps as f64;
+    Ok(Measured {
+        tok_s: (o.steps * batch) as f64 / secs,
+        copied: (after.bytes_copied - before.bytes_copied) / o.steps as u64,
+        experts: [
+            per_step(after.expert_hits, before.expert_hits),
+            per_step(after.expert_misses, before.expert_misses),
+            per_step(after.expert_host, before.expert_host),
+            per_step(after.expert_prefetched, before.expert_prefetched),
+            per_step(after.expert_prefetch_hits, before.expert_prefetch_hits),
+        ],
+    })
 }
 
 fn main() -> Result<(), String> {
@@ -237,23 +283,61 @@ fn main() -> Result<(), String> {
         o.layers,
         format_bytes(layers.host_bytes),
     );
-    println!("| batch | placement | decode tok/s | copied per step |");
-    println!("|---:|---|---:|---:|");
+    // The per-expert tier decides by the calibrated rates, the link as throttled.
+    let tier_config = TierConfig::default();
+    let calibration = calibrate(&CalibrationInput {
+        device: &Device::Cpu,
+        weight_type: GgmlDType::Q8_0,
+        link_bandwidth: Some(o.link),
+        tier: &tier_config,
+        probe: Probe::default(),
+    })
+    .map_err(|e| e.to_string())?;
+    println!("{}\n", calibration.summary());
+    println!("| batch | placement | decode tok/s | copied per step | experts per step: device / copied / host | predicted / prefetch hits |");
+    println!("|---:|---|---:|---:|---:|---:|");
     for batch in [1usize, 8] {
+        let case = |name, plan, tier, prefetch, cost| Case {
+            name,
+            plan,
+            tier,
+            prefetch,
+            cost,
+        };
+        let stream = Some(ExpertTier::Stream);
         let cases = [
-            ("whole layers", &layers, None),
-            (
-                "routed experts (stream)",
+            case("whole layers", &layers, None, 1, None),
+            case("routed experts (stream)", &experts, stream, 0, None),
+            case(
+                "routed experts (stream, prefetch 1)",
                 &experts,
-                Some(ExpertTier::Stream),
+                stream,
+                1,
+                None,
             ),
-            ("routed experts (host)", &experts, Some(ExpertTier::Host)),
+            case(
+                "routed experts (host)",
+                &experts,
+                Some(ExpertTier::Host),
+                1,
+                None,
+            ),
+            case(
+                "routed experts (auto, per expert)",
+                &experts,
+                Some(ExpertTier::Auto),
+                1,
+                Some(calibration.model),
+            ),
         ];
-        for (name, plan, tier) in cases {
-            let (tok_s, copied) = decode(&checkpoint, plan, tier, batch, &o)?;
+        for case in &cases {
+            let m = decode(&checkpoint, case, batch, &o)?;
+            let [hit, miss, host, predicted, prefetch_hit] = m.experts;
             println!(
-                "| {batch} | {name} | {tok_s:.1} | {} |",
-                format_bytes(copied)
+                "| {batch} | {} | {:.1} | {} | {hit:.1} / {miss:.1} / {host:.1} | {predicted:.1} / {prefetch_hit:.1} |",
+                case.name,
+                m.tok_s,
+                format_bytes(m.copied),
             );
         }
     }

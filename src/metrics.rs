@@ -21,7 +21,7 @@
 //! | `ferry_device_memory_budget_bytes` | gauge | offload engine |
 //! | `ferry_offload_bytes_copied_total` | counter | offload engine: bytes copied host -> device |
 //! | `ferry_offload_wait_seconds_total` | counter | offload engine: time compute waited for a copy |
-//! | `ferry_offload_experts_total{kind}` | counter | offload engine: routed MoE experts by where they came from (`kind` = hit: on the device, miss: copied into the expert pool, host: computed on the host) |
+//! | `ferry_offload_experts_total{kind}` | counter | offload engine: routed MoE experts by where they came from (`kind` = hit: on the device, miss: copied into the expert pool, host: computed on the host; and prefetched: copied ahead on a prediction, prefetch_hit: a hit a prediction supplied) |
 //! | `ferry_offload_expert_bytes_copied_total` | counter | offload engine: bytes of expert copies (part of `ferry_offload_bytes_copied_total`) |
 //! | `ferry_offload_tier_decisions_total{tier}` | counter | offload engine: one per offloaded unit and step, by the tier the cost model chose (`stream`, `host`) |
 //! | `ferry_model_swaps_total` | counter | residency manager (mode `model`) |
@@ -237,7 +237,7 @@ impl Metrics {
         let offload_bytes = Counter::default();
         let offload_wait = Counter::<f64, AtomicU64>::default();
         let offload_experts = Family::<KindLabels, Counter>::default();
-        for kind in ["hit", "miss", "host"] {
+        for kind in ["hit", "miss", "host", "prefetched", "prefetch_hit"] {
             drop(offload_experts.get_or_create(&KindLabels {
                 kind: kind.to_owned(),
             }));
@@ -636,6 +636,18 @@ impl Metrics {
                 .inc_by(n);
         }
         self.inner.offload_expert_bytes.inc_by(bytes);
+    }
+
+    /// Adds experts copied on a prediction and routed experts such copies supplied.
+    pub fn add_offload_expert_prefetch(&self, prefetched: u64, hits: u64) {
+        for (kind, n) in [("prefetched", prefetched), ("prefetch_hit", hits)] {
+            self.inner
+                .offload_experts
+                .get_or_create(&KindLabels {
+                    kind: kind.to_owned(),
+                })
+                .inc_by(n);
+        }
     }
 
     /// Adds `n` tier decisions for `tier` (one of [`TIER_LABELS`]).

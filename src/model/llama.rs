@@ -49,6 +49,12 @@ impl Block for LlamaBlock {
         w: &LayerWeights,
         seqs: &mut [BatchRows<'_, '_>],
     ) -> Result<Tensor> {
+        if let Some(moe) = self.moe.filter(|_| w.predicts_experts()) {
+            // Predict this layer's experts from the state entering it: their copies overlap
+            // the attention below.
+            let normed = rms_norm(x, w.vector(Part::FfnNorm)?, self.layer.eps)?;
+            moe::pregate(&normed, w, moe)?;
+        }
         let h = rms_norm(x, w.vector(Part::AttnNorm)?, self.layer.eps)?;
         let [mut q, mut k, v] = projections(
             &[w.linear(Part::Q)?, w.linear(Part::K)?, w.linear(Part::V)?],

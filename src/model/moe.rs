@@ -51,14 +51,14 @@ pub fn route(probs: &[Vec<f32>], moe: MoeSpec) -> Routing {
     routing
 }
 
-/// The MoE MLP of layer `w` on `h` (`[1, rows, hidden]`). After the router ran, the layer is
-/// asked for only the experts some row was routed to ([`LayerWeights::routed_experts`]: its
-/// own expert parts, or the offload engine's expert store behind it).
-pub fn forward(h: &Tensor, w: &LayerWeights, moe: MoeSpec) -> Result<Tensor> {
-    let dims = h.dims().to_vec();
-    let hidden = *dims.last().unwrap_or(&0);
-    let x = h.reshape(((), hidden))?;
-    let logits = w.linear(Part::Router)?.forward(&x)?.to_dtype(DType::F32)?;
+/// The routing of `x` (`[rows, hidden]`) by layer `w`'s router: the routing, the experts
+/// some row went to (ascending) and how many rows went to each.
+fn route_rows(
+    x: &Tensor,
+    w: &LayerWeights,
+    moe: MoeSpec,
+) -> Result<(Routing, Vec<usize>, Vec<usize>)> {
+    let logits = w.linear(Part::Router)?.forward(x)?.to_dtype(DType::F32)?;
     if logits.dim(1)? != moe.n_experts {
         return Err(ModelError::MissingTensor(format!(
             "a router over {} of {} experts",
@@ -72,27 +72,54 @@ pub fn forward(h: &Tensor, w: &LayerWeights, moe: MoeSpec) -> Result<Tensor> {
         .filter(|&e| !routing.rows[e].is_empty())
         .collect();
     let rows: Vec<usize> = wanted.iter().map(|&e| routing.rows[e].len()).collect();
-    let experts = w.routed_experts(&wanted, &rows)?;
-    if experts.len() != wanted.len() {
-        return Err(ModelError::MissingTensor(format!(
-            "{} of {} routed experts",
-            experts.len(),
-            wanted.len()
-        )));
-    }
-    let mut out = x.zeros_like()?;
-    for (&e, [gate, up, down]) in wanted.iter().zip(&experts) {
-        let rows = &routing.rows[e];
-        let idx = Tensor::new(rows.as_slice(), x.device())?;
+    Ok((routing, wanted, rows))
+}
+
+/// The MoE MLP of layer `w` on `h` (`[1, rows, hidden]`). After the router ran, the layer is
+/// asked for only the experts some row was routed to, with the rows routed to each
+/// ([`LayerWeights::each_routed_expert`]: its own expert parts, or the offload engine's expert
+/// store behind it, which hands out the experts on the device first while the others copy).
+/// The experts' outputs are summed in expert order whatever order they came in, so the result
+/// does not depend on where each expert was.
+pub fn forward(h: &Tensor, w: &LayerWeights, moe: MoeSpec) -> Result<Tensor> {
+    let dims = h.dims().to_vec();
+    let hidden = *dims.last().unwrap_or(&0);
+    let x = h.reshape(((), hidden))?;
+    let (routing, wanted, rows) = route_rows(&x, w, moe)?;
+    let mut outputs: Vec<Option<Tensor>> = vec![None; wanted.len()];
+    w.each_routed_expert(&wanted, &rows, &mut |i, [gate, up, down]| {
+        let e = wanted[i];
+        let idx = Tensor::new(routing.rows[e].as_slice(), x.device())?;
         let xe = x.index_select(&idx, 0)?;
         let [g, u] = projections(&[gate, up], &xe)?;
         let y = down.forward(&(candle_nn::ops::silu(&g)? * u)?)?;
         let weights = Tensor::new(routing.weights[e].as_slice(), x.device())?
             .to_dtype(y.dtype())?
             .unsqueeze(1)?;
-        out = out.index_add(&idx, &y.broadcast_mul(&weights)?, 0)?;
+        outputs[i] = Some(y.broadcast_mul(&weights)?);
+        Ok(())
+    })?;
+    let mut out = x.zeros_like()?;
+    for (&e, y) in wanted.iter().zip(outputs) {
+        let y = y.ok_or_else(|| {
+            ModelError::MissingTensor(format!("routed expert {e} was not handed out"))
+        })?;
+        let idx = Tensor::new(routing.rows[e].as_slice(), x.device())?;
+        out = out.index_add(&idx, &y, 0)?;
     }
     Ok(out.reshape(dims)?)
+}
+
+/// Pre-gating: before layer `w`'s attention runs, its router applied to `normed` (the hidden
+/// state entering the layer, through the layer's FFN norm) predicts the experts its MoE will
+/// route to, and the layer's expert source may start copying them
+/// ([`LayerWeights::predict_experts`]). Only a hint: the real routing after attention
+/// decides; a wrong guess costs a copy, never a different result.
+pub fn pregate(normed: &Tensor, w: &LayerWeights, moe: MoeSpec) -> Result<()> {
+    let hidden = *normed.dims().last().unwrap_or(&0);
+    let x = normed.reshape(((), hidden))?;
+    let (_, wanted, rows) = route_rows(&x, w, moe)?;
+    w.predict_experts(&wanted, &rows)
 }
 
 #[cfg(test)]

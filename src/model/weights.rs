@@ -261,6 +261,36 @@ pub trait RoutedExperts: fmt::Debug + Send + Sync {
     /// The weights of experts `wanted` (ascending expert indices), in that order; `rows[i]` is
     /// the number of the step's rows routed to `wanted[i]` (what a per-expert tier decides by).
     fn experts(&self, wanted: &[usize], rows: &[usize]) -> Result<Vec<ExpertWeights>>;
+
+    /// [`RoutedExperts::experts`] handed out one by one as each becomes available:
+    /// `each(i, weights of wanted[i])` once per `i`, in any order (a source that copies
+    /// experts hands out the ones already on the device first, so their compute overlaps the
+    /// copies).
+    fn each_expert(
+        &self,
+        wanted: &[usize],
+        rows: &[usize],
+        each: &mut dyn FnMut(usize, &ExpertWeights) -> Result<()>,
+    ) -> Result<()> {
+        for (i, w) in self.experts(wanted, rows)?.iter().enumerate() {
+            each(i, w)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the source takes predictions ([`RoutedExperts::predict`]); computing one costs
+    /// a router pass, so the MoE forward asks first.
+    fn predicts(&self) -> bool {
+        false
+    }
+
+    /// A prediction of the experts this layer's step will ask for (`rows[i]` rows for
+    /// `wanted[i]`), made before its attention runs, so their copies can start early. Only a
+    /// hint: what [`RoutedExperts::experts`] is asked for decides.
+    fn predict(&self, wanted: &[usize], rows: &[usize]) -> Result<()> {
+        let _ = (wanted, rows);
+        Ok(())
+    }
 }
 
 impl LayerWeights {
@@ -322,6 +352,39 @@ impl LayerWeights {
                 })
             })
             .collect()
+    }
+
+    /// [`LayerWeights::routed_experts`] one by one as each becomes available
+    /// ([`RoutedExperts::each_expert`]).
+    pub fn each_routed_expert(
+        &self,
+        wanted: &[usize],
+        rows: &[usize],
+        each: &mut dyn FnMut(usize, &ExpertWeights) -> Result<()>,
+    ) -> Result<()> {
+        match &self.routed {
+            Some(routed) => routed.each_expert(wanted, rows, each),
+            None => {
+                for (i, w) in self.routed_experts(wanted, rows)?.iter().enumerate() {
+                    each(i, w)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether the layer's expert source takes predictions ([`RoutedExperts::predicts`]).
+    pub fn predicts_experts(&self) -> bool {
+        self.routed.as_ref().is_some_and(|r| r.predicts())
+    }
+
+    /// Passes a prediction of this layer's routed experts to its source
+    /// ([`RoutedExperts::predict`]).
+    pub fn predict_experts(&self, wanted: &[usize], rows: &[usize]) -> Result<()> {
+        match &self.routed {
+            Some(routed) => routed.predict(wanted, rows),
+            None => Ok(()),
+        }
     }
 
     /// The experts' `[gate, up, down]`, in expert order (empty for a dense layer).

@@ -59,6 +59,8 @@ pub struct Accounting {
     expert_misses: AtomicU64,
     expert_host: AtomicU64,
     expert_bytes: AtomicU64,
+    expert_prefetched: AtomicU64,
+    expert_prefetch_hits: AtomicU64,
     tier_decisions: TierCounts,
 }
 
@@ -91,8 +93,12 @@ pub struct AccountingSnapshot {
     pub expert_misses: u64,
     /// Routed experts computed where they live, on the host.
     pub expert_host: u64,
-    /// Bytes of the expert copies (also counted in `bytes_copied`).
+    /// Bytes of the expert copies, routed and predicted (also counted in `bytes_copied`).
     pub expert_bytes: u64,
+    /// Experts copied ahead of their layer's router, on a prediction (pre-gating).
+    pub expert_prefetched: u64,
+    /// Routed experts found on the device because a prediction copied them (also hits).
+    pub expert_prefetch_hits: u64,
 }
 
 impl AccountingSnapshot {
@@ -150,6 +156,8 @@ impl Accounting {
             expert_misses: AtomicU64::new(0),
             expert_host: AtomicU64::new(0),
             expert_bytes: AtomicU64::new(0),
+            expert_prefetched: AtomicU64::new(0),
+            expert_prefetch_hits: AtomicU64::new(0),
             tier_decisions: TierCounts::default(),
         }
     }
@@ -203,6 +211,18 @@ impl Accounting {
         self.record_copy(bytes, took);
     }
 
+    /// Records one expert copied on a prediction (`bytes` in `took`, counted as a copy).
+    pub fn record_expert_prefetch(&self, bytes: u64, took: Duration) {
+        self.expert_prefetched.fetch_add(1, Ordering::Relaxed);
+        self.expert_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.record_copy(bytes, took);
+    }
+
+    /// Records routed experts found on the device thanks to a prediction.
+    pub fn record_expert_prefetch_hits(&self, n: u64) {
+        self.expert_prefetch_hits.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Records routed experts computed on the host.
     pub fn record_expert_host(&self, n: u64) {
         self.expert_host.fetch_add(n, Ordering::Relaxed);
@@ -238,6 +258,8 @@ impl Accounting {
             expert_misses: load(&self.expert_misses),
             expert_host: load(&self.expert_host),
             expert_bytes: load(&self.expert_bytes),
+            expert_prefetched: load(&self.expert_prefetched),
+            expert_prefetch_hits: load(&self.expert_prefetch_hits),
         }
     }
 

@@ -15,13 +15,17 @@
 //!   kernels); on CUDA the same probe matrix resident on the device, at more rows.
 //!
 //! Each measurement takes the best of a few repetitions (a loaded machine only slows a run).
+//! [`calibrate_cached`] measures only what [`super::calibrate_cache`] does not already hold for
+//! this machine and build, so a start after the first measures nothing.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
+use super::calibrate_cache::{CacheKey, CalibrationCache, MeasuredRates};
 use super::cost::{CostModel, Tier};
 use super::error::OffloadError;
 use super::units::format_bandwidth;
@@ -79,6 +83,8 @@ pub enum Source {
     Set,
     /// Taken from another measured rate (the CPU device's compute is the host's).
     SameAsHost,
+    /// Measured by an earlier start on this machine and build ([`super::calibrate_cache`]).
+    Cached,
 }
 
 /// The calibrated cost model, where each rate came from, and how long measuring took.
@@ -90,8 +96,12 @@ pub struct Calibration {
     pub weight_type: GgmlDType,
     /// Sources of link, host compute, host read and device compute, in that order.
     pub sources: [Source; 4],
-    /// Time spent measuring.
+    /// Time spent measuring (and reading the cache).
     pub elapsed: Duration,
+    /// The cache file some rates were read from.
+    pub cached_from: Option<PathBuf>,
+    /// The cache file this run's measurements were written to.
+    pub saved_to: Option<PathBuf>,
 }
 
 impl Calibration {
@@ -103,6 +113,7 @@ impl Calibration {
             Source::Measured => "",
             Source::Set => " (set)",
             Source::SameAsHost => " (the host's)",
+            Source::Cached => " (cached)",
         };
         let tier = m.forced.map_or("auto", Tier::name);
         format!(
@@ -119,13 +130,28 @@ impl Calibration {
         )
     }
 
-    /// The log line: `calibration: ` + [`Calibration::rates`] + `, in 85 ms`.
+    /// The log line, once per start: `calibration: cached from PATH: ` + the rates when the
+    /// cache had them all, `calibration: ` + the rates + `, measured in 85 ms` (`, saved to
+    /// PATH` when written to the cache) when some were measured, `, nothing measured` when all
+    /// are set.
     pub fn summary(&self) -> String {
-        format!(
-            "calibration: {}, in {} ms",
-            self.rates(),
-            self.elapsed.as_millis()
-        )
+        let rates = self.rates();
+        let measured = self.sources.contains(&Source::Measured);
+        let ms = self.elapsed.as_millis();
+        let saved = self
+            .saved_to
+            .as_ref()
+            .map(|p| format!(", saved to {}", p.display()))
+            .unwrap_or_default();
+        match (&self.cached_from, measured) {
+            (Some(path), false) => format!("calibration: cached from {}: {rates}", path.display()),
+            (Some(path), true) => format!(
+                "calibration: cached from {}, the rest measured in {ms} ms{saved}: {rates}",
+                path.display()
+            ),
+            (None, true) => format!("calibration: {rates}, measured in {ms} ms{saved}"),
+            (None, false) => format!("calibration: {rates}, nothing measured"),
+        }
     }
 }
 
@@ -137,59 +163,144 @@ pub fn type_name(dtype: GgmlDType) -> String {
 /// Measures what `input.tier` does not set and builds the cost model (the forced tier from
 /// `offload.tier`). Runs on the calling thread; well under a second with [`Probe::default`].
 pub fn calibrate(input: &CalibrationInput<'_>) -> Result<Calibration, OffloadError> {
+    run(input, None)
+}
+
+/// [`calibrate`], taking the rates `cache` holds for this machine, build and probe
+/// ([`CacheKey::current`]) instead of measuring them, and storing what it had to measure
+/// (a failed write is logged and otherwise ignored). Set rates still override cached ones.
+pub fn calibrate_cached(
+    input: &CalibrationInput<'_>,
+    cache: &CalibrationCache,
+) -> Result<Calibration, OffloadError> {
+    run(input, Some(cache))
+}
+
+fn run(
+    input: &CalibrationInput<'_>,
+    cache: Option<&CalibrationCache>,
+) -> Result<Calibration, OffloadError> {
     let started = Instant::now();
     let tier = input.tier;
     let probe = input.probe;
-    let link = match input.link_bandwidth {
-        Some(rate) => (rate as f64, Source::Set),
-        None => (measure_link(input.device, probe)?, Source::Measured),
+    let on_cpu = input.device.is_cpu();
+    // What the configuration leaves to measure (the CPU device's compute is the host's).
+    let need_link = input.link_bandwidth.is_none();
+    let need_flops = tier.host_gflops.is_none();
+    let need_read = tier.host_bandwidth.is_none();
+    let need_device = tier.device_gflops.is_none() && !on_cpu;
+    let any_needed = need_link || need_flops || need_read || need_device;
+    let key = match cache {
+        Some(_) if any_needed => Some(CacheKey::current(
+            input.device,
+            input.weight_type,
+            kernels(input.weight_type, probe)?,
+            [
+                probe.bytes,
+                probe.in_features,
+                probe.host_rows,
+                probe.device_rows,
+                probe.repeats,
+            ],
+        )),
+        _ => None,
     };
-    let need_host = tier.host_gflops.is_none() || tier.host_bandwidth.is_none();
-    let need_device = tier.device_gflops.is_none() && !input.device.is_cpu();
-    let matrix = if need_host || need_device {
+    let cached = match (cache, &key) {
+        (Some(cache), Some(key)) => cache.load(key),
+        _ => MeasuredRates::default(),
+    };
+    let mut fresh = MeasuredRates::default();
+    if need_link && cached.link_bytes_per_s.is_none() {
+        fresh.link_bytes_per_s = Some(measure_link(input.device, probe)?);
+    }
+    let host_missing = (need_flops && cached.host_flops_per_s.is_none())
+        || (need_read && cached.host_read_bytes_per_s.is_none());
+    let device_missing = need_device && cached.device_flops_per_s.is_none();
+    let matrix = if host_missing || device_missing {
         Some(probe_matrix(input.weight_type, probe)?)
     } else {
         None
     };
-    let host = match &matrix {
-        Some(matrix) if need_host => Some(measure_matmul(
-            matrix,
-            &Device::Cpu,
-            probe.host_rows,
-            probe,
-        )?),
-        _ => None,
+    if let (Some(matrix), true) = (&matrix, host_missing) {
+        let host = measure_matmul(matrix, &Device::Cpu, probe.host_rows, probe)?;
+        fresh.host_flops_per_s = Some(host.flops_per_s);
+        fresh.host_read_bytes_per_s = Some(host.read_bytes_per_s);
+    }
+    if let (Some(matrix), true) = (&matrix, device_missing) {
+        let device = measure_matmul(matrix, input.device, probe.device_rows, probe)?;
+        fresh.device_flops_per_s = Some(device.flops_per_s);
+    }
+    // Whole units per second: a rate reads back from the cache's JSON exactly as measured.
+    let fresh = fresh.rounded();
+    let measured_any = fresh != MeasuredRates::default();
+    let mut saved_to = None;
+    if let (Some(cache), Some(key), true) = (cache, &key, measured_any) {
+        match cache.store(key, fresh) {
+            Ok(()) => saved_to = Some(cache.path().to_path_buf()),
+            Err(e) => tracing::warn!(
+                "calibration: could not write the cache {}: {e}",
+                cache.path().display()
+            ),
+        }
+    }
+    // A set rate wins; else this run's measurement; else the cache's. A rate left at 0 is
+    // infinitely slow to the cost model; none is: every unset rate is measured or cached.
+    let pick = |set: Option<f64>, fresh: Option<f64>, cached: Option<f64>| match (set, fresh) {
+        (Some(rate), _) => (rate, Source::Set),
+        (None, Some(rate)) => (rate, Source::Measured),
+        (None, None) => cached.map_or((0.0, Source::Measured), |rate| (rate, Source::Cached)),
     };
-    // A rate left at 0 is infinitely slow to the cost model; none is: a probe runs for every
-    // rate the configuration leaves unset.
-    let (host_flops, host_flops_source) = match tier.host_gflops {
-        Some(gflops) => (gflops * 1e9, Source::Set),
-        None => (host.map_or(0.0, |m| m.flops_per_s), Source::Measured),
-    };
-    let (host_read, host_read_source) = match tier.host_bandwidth {
-        Some(rate) => (rate as f64, Source::Set),
-        None => (host.map_or(0.0, |m| m.read_bytes_per_s), Source::Measured),
-    };
-    let (device_flops, device_source) = match (tier.device_gflops, &matrix) {
-        (Some(gflops), _) => (gflops * 1e9, Source::Set),
-        (None, _) if input.device.is_cpu() => (host_flops, Source::SameAsHost),
-        (None, Some(matrix)) => (
-            measure_matmul(matrix, input.device, probe.device_rows, probe)?.flops_per_s,
-            Source::Measured,
+    let link = pick(
+        input.link_bandwidth.map(|r| r as f64),
+        fresh.link_bytes_per_s,
+        cached.link_bytes_per_s,
+    );
+    let host_flops = pick(
+        tier.host_gflops.map(|g| g * 1e9),
+        fresh.host_flops_per_s,
+        cached.host_flops_per_s,
+    );
+    let host_read = pick(
+        tier.host_bandwidth.map(|r| r as f64),
+        fresh.host_read_bytes_per_s,
+        cached.host_read_bytes_per_s,
+    );
+    let device = match tier.device_gflops {
+        None if on_cpu => (host_flops.0, Source::SameAsHost),
+        set => pick(
+            set.map(|g| g * 1e9),
+            fresh.device_flops_per_s,
+            cached.device_flops_per_s,
         ),
-        (None, None) => (0.0, Source::Measured),
+    };
+    let sources = [link.1, host_flops.1, host_read.1, device.1];
+    let cached_from = match cache {
+        Some(cache) if sources.contains(&Source::Cached) => Some(cache.path().to_path_buf()),
+        _ => None,
     };
     Ok(Calibration {
         model: CostModel {
             link_bytes_per_s: link.0,
-            host_flops_per_s: host_flops,
-            host_read_bytes_per_s: host_read,
-            device_flops_per_s: device_flops,
+            host_flops_per_s: host_flops.0,
+            host_read_bytes_per_s: host_read.0,
+            device_flops_per_s: device.0,
             forced: Tier::forced_by(tier.choice),
         },
         weight_type: input.weight_type,
-        sources: [link.1, host_flops_source, host_read_source, device_source],
+        sources,
         elapsed: started.elapsed(),
+        cached_from,
+        saved_to,
+    })
+}
+
+/// Which CPU kernels multiply `dtype` (part of the cache key): `ferry`, `candle` or `dense`.
+fn kernels(dtype: GgmlDType, probe: Probe) -> Result<&'static str, OffloadError> {
+    let tiny = probe_matrix(dtype, Probe { bytes: 1, ..probe })?;
+    Ok(match tiny.linear(&Device::Cpu)? {
+        Linear::CpuQuantized { .. } => "ferry",
+        Linear::Quantized { .. } => "candle",
+        Linear::Dense { .. } => "dense",
     })
 }
 

@@ -1,8 +1,11 @@
 //! The calibration on the CPU device: real probes (small ones, so the tests stay quick), the
 //! configured rates taking the place of measurements, and the log line.
 
+use std::path::PathBuf;
+
 use super::*;
 use crate::config::TierChoice;
+use crate::offload::calibrate_cache::{CacheKey, CalibrationCache, MeasuredRates, CACHE_VERSION};
 
 /// A small probe: 1 MiB matrices, 2 repetitions.
 fn small() -> Probe {
@@ -84,8 +87,7 @@ fn configured_rates_replace_measurements() {
     assert_eq!(
         calibration.summary(),
         format!(
-            "calibration: link 8 GB/s (set), host 120.0 GFLOP/s (set) for q4_0 (reads 40 GB/s (set)), device 20000.0 GFLOP/s (set), tier host, in {} ms",
-            calibration.elapsed.as_millis()
+            "calibration: link 8 GB/s (set), host 120.0 GFLOP/s (set) for q4_0 (reads 40 GB/s (set)), device 20000.0 GFLOP/s (set), tier host, nothing measured",
         )
     );
 }
@@ -119,7 +121,7 @@ fn the_cpu_device_link_is_its_throttle_and_its_compute_the_hosts() {
         "{line}"
     );
     assert!(
-        line.contains("device 50.0 GFLOP/s (the host's), tier auto"),
+        line.contains("device 50.0 GFLOP/s (the host's), tier auto, measured in "),
         "{line}"
     );
 }
@@ -136,4 +138,197 @@ fn the_probe_matrix_has_the_asked_type_and_size() {
         .forward(&Tensor::ones((2, 1024), DType::F32, &Device::Cpu).unwrap())
         .unwrap();
     assert_eq!(y.dims(), &[2, matrix.rows]);
+}
+
+/// A cache file in a fresh temporary directory (kept alive by the returned guard).
+fn temp_cache() -> (tempfile::TempDir, CalibrationCache) {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = CalibrationCache::at(dir.path().join("ferry").join("calibration.json"));
+    (dir, cache)
+}
+
+#[test]
+fn the_second_calibration_reads_the_first_ones_rates_from_the_cache() {
+    let (_dir, cache) = temp_cache();
+    let tier = TierConfig::default();
+    let first = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache).unwrap();
+    assert_eq!(
+        first.sources,
+        [
+            Source::Measured,
+            Source::Measured,
+            Source::Measured,
+            Source::SameAsHost
+        ]
+    );
+    assert_eq!(first.cached_from, None);
+    assert_eq!(first.saved_to.as_deref(), Some(cache.path()));
+    assert!(cache.path().is_file());
+    let line = first.summary();
+    assert!(
+        line.contains(", measured in ") && line.contains(", saved to "),
+        "{line}"
+    );
+
+    let second = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache).unwrap();
+    assert_eq!(second.model, first.model, "the same rates, bit for bit");
+    assert_eq!(
+        second.sources,
+        [
+            Source::Cached,
+            Source::Cached,
+            Source::Cached,
+            Source::SameAsHost
+        ]
+    );
+    assert_eq!(second.cached_from.as_deref(), Some(cache.path()));
+    assert_eq!(second.saved_to, None, "nothing measured, nothing written");
+    assert_eq!(
+        second.summary(),
+        format!(
+            "calibration: cached from {}: {}",
+            cache.path().display(),
+            second.rates()
+        )
+    );
+}
+
+#[test]
+fn set_rates_override_cached_ones() {
+    let (_dir, cache) = temp_cache();
+    let measured = calibrate_cached(
+        &input(&TierConfig::default(), GgmlDType::Q8_0, None),
+        &cache,
+    )
+    .unwrap()
+    .model;
+    let tier = TierConfig {
+        host_gflops: Some(7.0),
+        ..TierConfig::default()
+    };
+    let c = calibrate_cached(&input(&tier, GgmlDType::Q8_0, Some(3_000_000_000)), &cache).unwrap();
+    assert_eq!(c.model.link_bytes_per_s, 3e9);
+    assert_eq!(c.model.host_flops_per_s, 7e9);
+    assert_eq!(c.model.device_flops_per_s, 7e9);
+    assert_eq!(
+        c.model.host_read_bytes_per_s,
+        measured.host_read_bytes_per_s
+    );
+    assert_eq!(
+        c.sources,
+        [Source::Set, Source::Set, Source::Cached, Source::SameAsHost]
+    );
+    // The set rates were not written over the measured ones.
+    let again = calibrate_cached(
+        &input(&TierConfig::default(), GgmlDType::Q8_0, None),
+        &cache,
+    )
+    .unwrap();
+    assert_eq!(again.model, measured);
+}
+
+#[test]
+fn a_rate_the_cache_lacks_is_measured_and_added() {
+    let (_dir, cache) = temp_cache();
+    let tier = TierConfig::default();
+    // The first start had the link set: only the host was measured.
+    let first =
+        calibrate_cached(&input(&tier, GgmlDType::Q8_0, Some(1_000_000_000)), &cache).unwrap();
+    assert_eq!(first.sources[0], Source::Set);
+    let second = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache).unwrap();
+    assert_eq!(
+        second.sources,
+        [
+            Source::Measured,
+            Source::Cached,
+            Source::Cached,
+            Source::SameAsHost
+        ]
+    );
+    assert_eq!(second.model.host_flops_per_s, first.model.host_flops_per_s);
+    let line = second.summary();
+    assert!(line.contains("the rest measured in "), "{line}");
+    let third = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache).unwrap();
+    assert_eq!(third.sources[0], Source::Cached);
+    assert_eq!(third.model, second.model);
+}
+
+#[test]
+fn another_key_or_a_bad_file_measures_again() {
+    let (_dir, cache) = temp_cache();
+    let tier = TierConfig::default();
+    calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache).unwrap();
+    // Another weight type is another key: measured, and both entries kept.
+    let q4 = calibrate_cached(&input(&tier, GgmlDType::Q4_1, None), &cache).unwrap();
+    assert_eq!(q4.sources[1], Source::Measured);
+    let q8 = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache).unwrap();
+    assert_eq!(q8.sources[1], Source::Cached);
+    // Other probe sizes (and so the start-up probe against a test's) are another key.
+    let mut bigger = input(&tier, GgmlDType::Q8_0, None);
+    bigger.probe.repeats = 3;
+    assert_eq!(
+        calibrate_cached(&bigger, &cache).unwrap().sources[1],
+        Source::Measured
+    );
+
+    // An entry of another cache version (or build, CPU, thread count) is not used.
+    let key = |version| {
+        let mut key = CacheKey::current(&Device::Cpu, GgmlDType::Q8_0, "ferry", [1, 2, 3, 4, 5]);
+        key.version = version;
+        key
+    };
+    let rates = MeasuredRates {
+        host_flops_per_s: Some(1e9),
+        ..MeasuredRates::default()
+    };
+    cache.store(&key(CACHE_VERSION + 1), rates).unwrap();
+    assert_eq!(cache.load(&key(CACHE_VERSION)), MeasuredRates::default());
+    assert_eq!(cache.load(&key(CACHE_VERSION + 1)), rates);
+    let mut other_cpu = key(CACHE_VERSION + 1);
+    other_cpu.cpu.push_str(" (another)");
+    assert_eq!(cache.load(&other_cpu), MeasuredRates::default());
+    // A stored zero is no rate.
+    let zero = MeasuredRates {
+        link_bytes_per_s: Some(0.0),
+        ..MeasuredRates::default()
+    };
+    cache.store(&key(7), zero).unwrap();
+    assert_eq!(cache.load(&key(7)), MeasuredRates::default());
+
+    // A malformed file is a miss, and is rewritten whole.
+    std::fs::write(cache.path(), "{ not json").unwrap();
+    let c = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache).unwrap();
+    assert_eq!(c.sources[1], Source::Measured);
+    let text = std::fs::read_to_string(cache.path()).unwrap();
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&text).is_ok(),
+        "{text}"
+    );
+    assert_eq!(
+        calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache)
+            .unwrap()
+            .sources[1],
+        Source::Cached
+    );
+}
+
+#[test]
+fn the_user_cache_follows_xdg_then_home() {
+    let at = |vars: &[(&str, &str)]| {
+        let vars: Vec<(String, PathBuf)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), PathBuf::from(v)))
+            .collect();
+        CalibrationCache::user_from(|k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+            .map(|c| c.path().to_path_buf())
+    };
+    assert_eq!(
+        at(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]),
+        Some(PathBuf::from("/x/ferry/calibration.json"))
+    );
+    assert_eq!(
+        at(&[("XDG_CACHE_HOME", ""), ("HOME", "/h")]),
+        Some(PathBuf::from("/h/.cache/ferry/calibration.json"))
+    );
+    assert_eq!(at(&[]), None);
 }

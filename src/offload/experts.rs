@@ -22,25 +22,32 @@
 //!
 //! The pool's slots are allocated once, at start, sized for the largest offloaded expert.
 //! Slots handed out for a layer are pinned until the layer is released (or the next layer asks).
-//! Copies run on the forward loop's thread when the router has picked the experts; a copy
-//! overlapping the same layer's attention is not implemented.
+//!
+//! Copies run on the pool's copy thread ([`super::experts_copy`]): as soon as the router has
+//! picked the experts, every miss's copy is issued, then the experts already on the device
+//! (resident, hits) and the host-computed ones are handed out first, while the copies run, and
+//! each miss as its copy lands ([`RoutedExperts::each_expert`]). With prefetch depth >= 1
+//! (`offload.prefetch`) a layer's experts are also *predicted* before its attention runs
+//! (pre-gating: the layer's router applied to the hidden state entering it,
+//! [`RoutedExperts::predict`]) and the streamed ones among them copied while the attention
+//! computes; a routed expert found so is a *prefetch hit*, a wrong guess only costs its copy
+//! (and its slot until the layer is released). The depth beyond 1 changes nothing: only the
+//! next layer is predicted.
 //!
 //! Expert offload runs on the CPU device; CUDA placements with offloaded experts are refused
 //! at load.
 
+use candle_core::{DType, Device};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
-
-use candle_core::{DType, Device};
 
 use super::accounting::Accounting;
 use super::buffer::HostMemory;
 use super::cost::{CostModel, Tier, UnitWork};
 use super::error::OffloadError;
+use super::experts_copy::{CopyJob, CopyKind, ExpertCopier};
 use super::experts_plan::ExpertPlan;
 use super::host::{HostLayer, LayerLayout, Result};
-use super::link::throttle;
 use super::slot::SlotBuffers;
 use crate::model::checkpoint::Checkpoint;
 use crate::model::loader::Holding;
@@ -78,10 +85,10 @@ impl ExpertTier {
 /// from on the host tier and copied from on the stream tier).
 #[derive(Debug)]
 struct HostExpert {
-    layout: LayerLayout,
+    layout: Arc<LayerLayout>,
     /// Its work per row, for the cost model.
     work: UnitWork,
-    slab: SlotBuffers,
+    slab: Arc<SlotBuffers>,
     /// The expert as views into its slab (the host tier).
     views: ExpertWeights,
 }
@@ -93,15 +100,34 @@ struct LayerExpertSet {
     host: Vec<Option<HostExpert>>,
 }
 
+/// What a slot of the device pool holds.
+#[derive(Debug)]
+enum Content {
+    Empty,
+    /// `(layer, expert)` being copied in by copy `ticket`; `predicted`: by a prefetch.
+    Loading {
+        key: (usize, usize),
+        ticket: u64,
+        predicted: bool,
+    },
+    /// `(layer, expert)` landed, with its views; `predicted`: by a prefetch, not used since.
+    Loaded {
+        key: (usize, usize),
+        views: ExpertWeights,
+        predicted: bool,
+    },
+}
+
 /// One slot of the device pool.
 #[derive(Debug)]
 struct PoolSlot {
-    buffers: SlotBuffers,
-    /// `(layer, expert)` it holds, with the expert's views into it.
-    holds: Option<((usize, usize), ExpertWeights)>,
+    buffers: Arc<SlotBuffers>,
+    content: Content,
+    /// The layout of the expert it holds or receives.
+    layout: Option<Arc<LayerLayout>>,
     last_used: u64,
-    /// Handed out for the layer being computed.
-    pinned: bool,
+    /// The layer it was handed out (or predicted) for, until that layer is released.
+    pinned: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -114,6 +140,8 @@ struct Pool {
     cost: Option<CostModel>,
     /// Per layer, its last step's routed experts ([`ExpertStore::last_decisions`]).
     last: Vec<Vec<ExpertDecision>>,
+    /// Prefetch depth: 0 predicts nothing.
+    prefetch: usize,
 }
 
 /// Every layer's experts, the device pool and the host tier.
@@ -121,8 +149,16 @@ struct Pool {
 pub struct ExpertStore {
     layers: Vec<LayerExpertSet>,
     pool: Mutex<Pool>,
-    bandwidth: Option<u64>,
+    copier: ExpertCopier,
     accounting: Arc<Accounting>,
+}
+
+/// A routed expert as [`ExpertStore::each_expert`] hands it out.
+enum Handout {
+    /// On the device or computed on the host: ready now.
+    Ready(ExpertWeights),
+    /// Copy `ticket` into pool slot `.1` must land first.
+    Copying(u64, usize),
 }
 
 /// What [`ExpertStore::new`] needs.
@@ -140,6 +176,9 @@ pub struct ExpertStoreInput<'a> {
     pub device: &'a Device,
     /// Copy throttle in bytes/s on the CPU device.
     pub link_bandwidth: Option<u64>,
+    /// Prefetch depth (`offload.prefetch`): from 1, each layer's experts are predicted and
+    /// copied ahead of its router.
+    pub prefetch: usize,
     /// Device-memory and copy counters.
     pub accounting: Arc<Accounting>,
 }
@@ -155,6 +194,7 @@ impl ExpertStore {
             loaded,
             device,
             link_bandwidth,
+            prefetch,
             accounting,
         } = input;
         if !device.is_cpu() {
@@ -204,10 +244,11 @@ impl ExpertStore {
                 let buffers = SlotBuffers::new(slot.blocks_bytes, slot.dense_bytes, dtype, device)?;
                 accounting.add_slots(buffers.allocated_bytes());
                 Ok(PoolSlot {
-                    buffers,
-                    holds: None,
+                    buffers: Arc::new(buffers),
+                    content: Content::Empty,
+                    layout: None,
                     last_used: 0,
-                    pinned: false,
+                    pinned: None,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -220,8 +261,9 @@ impl ExpertStore {
                 tier: ExpertTier::default(),
                 cost: None,
                 last: vec![Vec::new(); n_layers],
+                prefetch,
             }),
-            bandwidth: link_bandwidth,
+            copier: ExpertCopier::start(link_bandwidth, accounting.clone())?,
             accounting,
         })
     }
@@ -271,38 +313,59 @@ impl ExpertStore {
 
     /// Unpins the slots handed out for layer `index` (it has been computed).
     pub fn release(&self, index: usize) {
-        let _ = index;
-        self.lock().slots.iter_mut().for_each(|s| s.pinned = false);
+        self.lock()
+            .slots
+            .iter_mut()
+            .filter(|s| s.pinned == Some(index))
+            .for_each(|s| s.pinned = None);
+    }
+
+    /// Waits until every copy issued so far has landed (the counters then include them).
+    pub fn settle(&self) {
+        self.copier.settle();
+    }
+
+    /// Whether layers are predicted (prefetch depth >= 1).
+    pub fn predicts(&self) -> bool {
+        self.lock().prefetch > 0
     }
 
     fn lock(&self) -> MutexGuard<'_, Pool> {
         self.pool.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The experts `wanted` of `layer`, `rows[i]` rows routed to `wanted[i]` (see the module
-    /// header); each offloaded one not on the device gets its own tier decision.
-    fn experts(
+    /// Hands out the experts `wanted` of `layer`, `rows[i]` rows routed to `wanted[i]` (see
+    /// the module header), through `each(i, weights)`: every miss's copy issued first, then the
+    /// ready ones, then each miss as it lands. Each offloaded one not on the device gets its
+    /// own tier decision.
+    fn each_expert(
         &self,
         layer: usize,
         wanted: &[usize],
         rows: &[usize],
-    ) -> Result<Vec<ExpertWeights>> {
-        let set = self.layers.get(layer).ok_or(OffloadError::NoSuchLayer {
-            index: layer,
-            n_layers: self.layers.len(),
-        })?;
+        each: &mut dyn FnMut(usize, &ExpertWeights) -> crate::model::Result<()>,
+    ) -> crate::model::Result<()> {
+        let set = self.set(layer)?;
         if rows.len() != wanted.len() {
             return Err(OffloadError::Weights(format!(
                 "layer {layer}: {} experts asked for with {} row counts",
                 wanted.len(),
                 rows.len()
-            )));
+            ))
+            .into());
         }
         let mut pool = self.lock();
-        // One layer is computed at a time: what the previous one pinned is free again.
-        pool.slots.iter_mut().for_each(|s| s.pinned = false);
+        self.begin(&mut pool, layer);
+        // What this layer predicted and did not route gives its slot back.
+        for slot in pool.slots.iter_mut().filter(|s| s.pinned == Some(layer)) {
+            if let Some((_, e)) = slot.key() {
+                if wanted.binary_search(&e).is_err() {
+                    slot.pinned = None;
+                }
+            }
+        }
         let (setting, cost) = (pool.tier, pool.cost);
-        let (mut hits, mut host) = (0, 0);
+        let (mut hits, mut host, mut prefetch_hits) = (0, 0, 0);
         let mut out = Vec::with_capacity(wanted.len());
         let mut log = Vec::with_capacity(wanted.len());
         for (&e, &n) in wanted.iter().zip(rows) {
@@ -315,7 +378,7 @@ impl ExpertStore {
             };
             if let Some(w) = set.resident.get(e).ok_or_else(missing)? {
                 hits += 1;
-                out.push(w.clone());
+                out.push(Handout::Ready(w.clone()));
                 log.push(record(None, Served::Resident));
                 continue;
             }
@@ -326,16 +389,25 @@ impl ExpertStore {
                 .ok_or_else(missing)?;
             pool.clock += 1;
             let now = pool.clock;
-            if let Some(&s) = pool.index.get(&(layer, e)) {
+            let held = pool.index.get(&(layer, e)).copied();
+            if let Some(s) = held.filter(|&s| !matches!(pool.slots[s].content, Content::Empty)) {
                 let slot = &mut pool.slots[s];
                 slot.last_used = now;
-                slot.pinned = true;
-                if let Some((_, w)) = &slot.holds {
-                    hits += 1;
-                    out.push(w.clone());
-                    log.push(record(None, Served::Hit));
-                    continue;
-                }
+                slot.pinned = Some(layer);
+                let (handout, predicted) = match &mut slot.content {
+                    Content::Loaded {
+                        views, predicted, ..
+                    } => (Handout::Ready(views.clone()), std::mem::take(predicted)),
+                    Content::Loading {
+                        ticket, predicted, ..
+                    } => (Handout::Copying(*ticket, s), std::mem::take(predicted)),
+                    Content::Empty => continue,
+                };
+                hits += 1;
+                prefetch_hits += u64::from(predicted);
+                out.push(handout);
+                log.push(record(None, Served::Hit));
+                continue;
             }
             let decided = decide(setting, cost.as_ref(), &expert.work, n);
             self.accounting.tier_decisions().record(decided, 1);
@@ -345,24 +417,13 @@ impl ExpertStore {
             };
             let Some(s) = victim else {
                 host += 1;
-                out.push(expert.views.clone());
+                out.push(Handout::Ready(expert.views.clone()));
                 log.push(record(Some(decided), Served::Host));
                 continue;
             };
-            let started = Instant::now();
-            let slot = &mut pool.slots[s];
-            let bytes = slot.buffers.copy_from(&expert.slab, &expert.layout)?;
-            throttle(self.bandwidth, bytes, started);
-            let views = experts_of(slot.buffers.views(&expert.layout)?)?;
-            let evicted = slot.holds.replace(((layer, e), views.clone()));
-            slot.last_used = now;
-            slot.pinned = true;
-            if let Some((key, _)) = evicted {
-                pool.index.remove(&key);
-            }
-            pool.index.insert((layer, e), s);
-            self.accounting.record_expert_miss(bytes, started.elapsed());
-            out.push(views);
+            let ticket = self.load(&mut pool, s, (layer, e), expert, layer, CopyKind::Routed);
+            pool.slots[s].last_used = now;
+            out.push(Handout::Copying(ticket, s));
             log.push(record(Some(decided), Served::Copied));
         }
         if let Some(last) = pool.last.get_mut(layer) {
@@ -371,7 +432,134 @@ impl ExpertStore {
         drop(pool);
         self.accounting.record_expert_hits(hits);
         self.accounting.record_expert_host(host);
-        Ok(out)
+        self.accounting.record_expert_prefetch_hits(prefetch_hits);
+        // The ready ones compute while the copies run.
+        let mut copying = Vec::new();
+        for (i, handout) in out.into_iter().enumerate() {
+            match handout {
+                Handout::Ready(w) => each(i, &w)?,
+                Handout::Copying(ticket, s) => copying.push((i, ticket, s)),
+            }
+        }
+        for (i, ticket, s) in copying {
+            let w = self.landed(ticket, s)?;
+            each(i, &w)?;
+        }
+        Ok(())
+    }
+
+    /// The experts `wanted` of `layer` ([`ExpertStore::each_expert`]), all at once.
+    fn experts(
+        &self,
+        layer: usize,
+        wanted: &[usize],
+        rows: &[usize],
+    ) -> crate::model::Result<Vec<ExpertWeights>> {
+        let mut out: Vec<Option<ExpertWeights>> = vec![None; wanted.len()];
+        self.each_expert(layer, wanted, rows, &mut |i, w| {
+            out[i] = Some(w.clone());
+            Ok(())
+        })?;
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// Copies the predicted experts `wanted` of `layer` (`rows[i]` rows predicted for
+    /// `wanted[i]`) that are offloaded, not on the device and that the tier decision would
+    /// stream, into free pool slots, without waiting; pinned for the layer.
+    fn predict(&self, layer: usize, wanted: &[usize], rows: &[usize]) -> Result<()> {
+        let set = self.set(layer)?;
+        let mut pool = self.lock();
+        if pool.prefetch == 0 {
+            return Ok(());
+        }
+        self.begin(&mut pool, layer);
+        let (setting, cost) = (pool.tier, pool.cost);
+        for (&e, &n) in wanted.iter().zip(rows) {
+            let Some(expert) = set.host.get(e).and_then(Option::as_ref) else {
+                continue;
+            };
+            if let Some(&s) = pool.index.get(&(layer, e)) {
+                pool.slots[s].pinned = Some(layer);
+                continue;
+            }
+            if decide(setting, cost.as_ref(), &expert.work, n) != Tier::Stream {
+                continue;
+            }
+            let Some(s) = pool.victim() else { break };
+            self.load(&mut pool, s, (layer, e), expert, layer, CopyKind::Predicted);
+        }
+        Ok(())
+    }
+
+    fn set(&self, layer: usize) -> Result<&LayerExpertSet> {
+        self.layers.get(layer).ok_or(OffloadError::NoSuchLayer {
+            index: layer,
+            n_layers: self.layers.len(),
+        })
+    }
+
+    /// Starts work on `layer`: what other layers pinned is free again (one layer is computed
+    /// at a time), and copies that landed are taken in.
+    fn begin(&self, pool: &mut Pool, layer: usize) {
+        for slot in &mut pool.slots {
+            if slot.pinned.is_some_and(|l| l != layer) {
+                slot.pinned = None;
+            }
+            if let Content::Loading { key, ticket, .. } = slot.content {
+                // A failed copy empties its slot (to be refilled): a prediction's error is
+                // dropped, a routed expert's is its waiter's.
+                if self.copier.is_done(ticket) && slot.take_in(&self.copier).is_err() {
+                    pool.index.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Issues the copy of `expert` (`key`) into slot `s`, evicting what it held; pinned for
+    /// `layer`. Returns the copy's ticket.
+    fn load(
+        &self,
+        pool: &mut Pool,
+        s: usize,
+        key: (usize, usize),
+        expert: &HostExpert,
+        layer: usize,
+        kind: CopyKind,
+    ) -> u64 {
+        let slot = &mut pool.slots[s];
+        let evicted = slot.key();
+        let ticket = self.copier.issue(CopyJob {
+            dst: slot.buffers.clone(),
+            src: expert.slab.clone(),
+            layout: expert.layout.clone(),
+            kind,
+        });
+        slot.content = Content::Loading {
+            key,
+            ticket,
+            predicted: kind == CopyKind::Predicted,
+        };
+        slot.layout = Some(expert.layout.clone());
+        slot.pinned = Some(layer);
+        if let Some(old) = evicted {
+            pool.index.remove(&old);
+        }
+        pool.index.insert(key, s);
+        ticket
+    }
+
+    /// Waits for copy `ticket` into slot `s` and returns the expert's views there.
+    fn landed(&self, ticket: u64, s: usize) -> Result<ExpertWeights> {
+        self.copier.wait(ticket)?;
+        let mut pool = self.lock();
+        let slot = &mut pool.slots[s];
+        match &slot.content {
+            Content::Loaded { views, .. } => Ok(views.clone()),
+            Content::Loading { ticket: t, .. } if *t == ticket => slot.take_in(&self.copier),
+            _ => Err(OffloadError::Weights(
+                "an expert slot was refilled while its layer used it".into(),
+            )),
+        }
     }
 
     /// What layer `layer`'s last step did with each routed expert, in expert order (empty
@@ -431,14 +619,54 @@ pub struct ExpertDecision {
 }
 
 impl Pool {
-    /// The slot to fill next: an empty one, else the least recently used unpinned one.
+    /// The slot to fill next: an empty one, else the least recently used one neither pinned
+    /// nor receiving a copy.
     fn victim(&self) -> Option<usize> {
         self.slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| !s.pinned)
-            .min_by_key(|(_, s)| (s.holds.is_some(), s.last_used))
+            .filter(|(_, s)| s.pinned.is_none() && !matches!(s.content, Content::Loading { .. }))
+            .min_by_key(|(_, s)| (!matches!(s.content, Content::Empty), s.last_used))
             .map(|(i, _)| i)
+    }
+}
+
+impl PoolSlot {
+    /// The `(layer, expert)` it holds or receives.
+    fn key(&self) -> Option<(usize, usize)> {
+        match &self.content {
+            Content::Empty => None,
+            Content::Loading { key, .. } | Content::Loaded { key, .. } => Some(*key),
+        }
+    }
+
+    /// A landed copy taken in: the expert's views into the slot (`Empty` again if it failed).
+    fn take_in(&mut self, copier: &ExpertCopier) -> Result<ExpertWeights> {
+        let Content::Loading {
+            key,
+            ticket,
+            predicted,
+        } = self.content
+        else {
+            return Err(OffloadError::Weights(
+                "no copy into this expert slot".into(),
+            ));
+        };
+        let views = copier
+            .wait(ticket)
+            .and_then(|()| {
+                let layout = self.layout.as_ref().ok_or_else(|| {
+                    OffloadError::Weights("an expert slot without a layout".into())
+                })?;
+                experts_of(self.buffers.views(layout)?)
+            })
+            .inspect_err(|_| self.content = Content::Empty)?;
+        self.content = Content::Loaded {
+            key,
+            views: views.clone(),
+            predicted,
+        };
+        Ok(views)
     }
 }
 
@@ -455,7 +683,24 @@ impl RoutedExperts for LayerHandle {
         wanted: &[usize],
         rows: &[usize],
     ) -> crate::model::Result<Vec<ExpertWeights>> {
-        Ok(self.store.experts(self.layer, wanted, rows)?)
+        self.store.experts(self.layer, wanted, rows)
+    }
+
+    fn each_expert(
+        &self,
+        wanted: &[usize],
+        rows: &[usize],
+        each: &mut dyn FnMut(usize, &ExpertWeights) -> crate::model::Result<()>,
+    ) -> crate::model::Result<()> {
+        self.store.each_expert(self.layer, wanted, rows, each)
+    }
+
+    fn predicts(&self) -> bool {
+        self.store.predicts()
+    }
+
+    fn predict(&self, wanted: &[usize], rows: &[usize]) -> crate::model::Result<()> {
+        Ok(self.store.predict(self.layer, wanted, rows)?)
     }
 }
 
@@ -479,9 +724,9 @@ fn host_expert(
         4 * hidden.unwrap_or(0) as u64,
     );
     Ok(HostExpert {
-        layout: layer.layout().clone(),
+        layout: Arc::new(layer.layout().clone()),
         work,
-        slab,
+        slab: Arc::new(slab),
         views,
     })
 }

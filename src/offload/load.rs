@@ -109,6 +109,7 @@ fn load_experts(
         loaded,
         device: &options.device,
         link_bandwidth: stream.link_bandwidth,
+        prefetch: stream.prefetch,
         accounting: accounting.clone(),
     })?;
     let store = WeightStore::with_experts(layers, store, accounting);

@@ -16,7 +16,8 @@
 //!   layer leaves the device (llama.cpp's `--fit` order), or names them when set ones do not fit.
 //! - [`cost`]: the tier cost model, per offloaded unit (an expert or a dense layer) and step:
 //!   stream its weights to the device or compute it on the host where they live;
-//!   [`calibrate`]: the start-up measurement of its rates (link, host and device compute).
+//!   [`calibrate`]: the start-up measurement of its rates (link, host and device compute),
+//!   [`calibrate_cache`]: the per-machine cache of what it measured.
 //! - [`render`]: the human table and the JSON document that `ferry plan` prints; [`units`]: byte
 //!   and bandwidth formatting shared by errors, logs and the renderer.
 //!
@@ -44,9 +45,11 @@ pub mod accounting;
 pub mod assemble;
 pub mod buffer;
 pub mod calibrate;
+pub mod calibrate_cache;
 pub mod cost;
 pub mod error;
 pub mod experts;
+mod experts_copy;
 pub mod experts_plan;
 pub mod fit;
 pub mod host;

@@ -83,6 +83,8 @@ fn calibration(model: CostModel) -> Calibration {
         weight_type: GgmlDType::Q4_1,
         sources: [Source::Set; 4],
         elapsed: Duration::ZERO,
+        cached_from: None,
+        saved_to: None,
     }
 }
 

@@ -48,8 +48,8 @@ pub struct Throughput {
 struct Published {
     bytes_copied: u64,
     wait: Duration,
-    /// MoE experts: hits, misses, host-computed, bytes copied.
-    experts: [u64; 4],
+    /// MoE experts: hits, misses, host-computed, bytes copied, prefetched, prefetch hits.
+    experts: [u64; 6],
     swaps: u64,
     /// Tier decisions, in [`Tier::ALL`] order.
     tier_decisions: [u64; 2],
@@ -156,7 +156,7 @@ impl Telemetry {
         let mut sources = self.lock();
         let (mut weights, mut slots, mut kv, mut workspace, mut budget) = (0, 0, 0, 0, 0);
         let (mut copied, mut wait) = (0, Duration::ZERO);
-        let mut experts = [0u64; 4];
+        let mut experts = [0u64; 6];
         let mut tiers = [0u64; 2];
         for (_, accounting) in &sources.models {
             for (i, tier) in Tier::ALL.into_iter().enumerate() {
@@ -175,6 +175,8 @@ impl Telemetry {
                 snapshot.expert_misses,
                 snapshot.expert_host,
                 snapshot.expert_bytes,
+                snapshot.expert_prefetched,
+                snapshot.expert_prefetch_hits,
             ];
             experts.iter_mut().zip(e).for_each(|(t, n)| *t += n);
         }
@@ -198,6 +200,7 @@ impl Telemetry {
             .collect();
         self.metrics
             .add_offload_experts(new[0], new[1], new[2], new[3]);
+        self.metrics.add_offload_expert_prefetch(new[4], new[5]);
         for (then, now) in published.experts.iter_mut().zip(experts) {
             *then = (*then).max(now);
         }
@@ -302,6 +305,8 @@ mod tests {
         telemetry.publish();
         accounting.record_expert_miss(40, Duration::from_millis(1));
         accounting.record_expert_host(5);
+        accounting.record_expert_prefetch(40, Duration::from_millis(1));
+        accounting.record_expert_prefetch_hits(1);
         telemetry.publish();
         telemetry.publish();
         let text = metrics.render();
@@ -315,11 +320,12 @@ mod tests {
             (experts("hit"), experts("miss"), experts("host")),
             (3.0, 2.0, 5.0)
         );
+        assert_eq!((experts("prefetched"), experts("prefetch_hit")), (1.0, 1.0));
         let bytes = metric_value(&text, "ferry_offload_expert_bytes_copied_total");
-        assert_eq!(bytes, 80.0);
+        assert_eq!(bytes, 120.0);
         assert_eq!(
             metric_value(&text, "ferry_offload_bytes_copied_total"),
-            80.0
+            120.0
         );
     }
 

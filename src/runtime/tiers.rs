@@ -1,8 +1,9 @@
 //! The tier cost model of a planned model, made at start-up: when the plan offloads decoder
 //! layers (modes `auto` and `sequential`), one offloaded layer's slab layout names the unit
 //! kinds and the weight type, a short calibration ([`crate::offload::calibrate`]) measures the
-//! rates the configuration leaves unset (logged at info), and the [`TierReport`] holds the
-//! cost model with its decisions: `ferry plan` prints them, `serve` computes them once before
+//! rates the configuration leaves unset, or reads them from the user's calibration cache
+//! ([`crate::offload::calibrate_cache`]) after the first start (logged at info, once), and
+//! the [`TierReport`] holds the cost model with its decisions: `ferry plan` prints them, `serve` computes them once before
 //! loading (as part of [`super::device_plan::DevicePlan`]).
 
 use candle_core::Device;
@@ -11,7 +12,8 @@ use super::RuntimeError;
 use crate::config::{DeviceConfig, ModelConfig, OffloadMode};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::loader::{Holding, LoadOptions};
-use crate::offload::calibrate::{calibrate, CalibrationInput, Probe};
+use crate::offload::calibrate::{calibrate, calibrate_cached, CalibrationInput, Probe};
+use crate::offload::calibrate_cache::CalibrationCache;
 use crate::offload::layout::LayerLayout;
 use crate::offload::plan::{Home, Plan};
 use crate::offload::tier_report::{unit_kinds, weight_type, Offloaded, TierReport};
@@ -44,13 +46,18 @@ pub fn tier_report(
     };
     let holding = Holding::new(checkpoint, &options).map_err(wrap)?;
     let layout = LayerLayout::of(checkpoint, &holding, first).map_err(wrap)?;
-    let calibration = calibrate(&CalibrationInput {
+    let input = CalibrationInput {
         device,
         weight_type: weight_type(&layout),
         link_bandwidth: device_config.link_bandwidth,
         tier: &model.tier,
         probe: Probe::default(),
-    })
+    };
+    // Measured once per machine and build, then read from the user's cache.
+    let calibration = match CalibrationCache::user() {
+        Some(cache) => calibrate_cached(&input, &cache),
+        None => calibrate(&input),
+    }
     .map_err(|source| RuntimeError::Offload {
         name: model.name.clone(),
         source,

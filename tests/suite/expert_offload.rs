@@ -215,22 +215,21 @@ fn placements(checkpoint: &Checkpoint) -> Vec<Placement> {
         tier: ExpertTier::Stream,
         prefetch: 0,
     }];
-    for (i, tier) in [ExpertTier::Stream, ExpertTier::Host, ExpertTier::Auto]
-        .into_iter()
-        .enumerate()
-    {
-        out.push(Placement {
-            name: "all offloaded",
-            plan: all.clone(),
-            tier,
-            prefetch: i,
-        });
-        out.push(Placement {
-            name: "mixed, tiny cache",
-            plan: mixed.clone(),
-            tier,
-            prefetch: 2 - i,
-        });
+    for tier in [ExpertTier::Stream, ExpertTier::Host, ExpertTier::Auto] {
+        for prefetch in 0..=2 {
+            out.push(Placement {
+                name: "all offloaded",
+                plan: all.clone(),
+                tier,
+                prefetch,
+            });
+            out.push(Placement {
+                name: "mixed, tiny cache",
+                plan: mixed.clone(),
+                tier,
+                prefetch,
+            });
+        }
     }
     out
 }
@@ -263,6 +262,9 @@ fn every_placement_matches_none(path: &Path) {
             let before = placed.store.accounting().snapshot();
             let tokens = greedy(&placed.model, &mut placed.store, prompts);
             assert_eq!(tokens, expected, "{what}");
+            if let Some(experts) = placed.store.experts() {
+                experts.settle();
+            }
             let after = placed.store.accounting().snapshot();
             after
                 .check_within_plan()
@@ -285,14 +287,34 @@ fn every_placement_matches_none(path: &Path) {
             if p.tier == ExpertTier::Host {
                 assert_eq!(decisions.get(Tier::Stream), 0, "{what}");
             }
+            // Routed misses and predictions are the only copies.
             assert_eq!(
                 after.expert_bytes,
-                after.expert_misses * expert_slab_bytes(&checkpoint),
+                (after.expert_misses + after.expert_prefetched) * expert_slab_bytes(&checkpoint),
                 "{what}"
             );
+            assert!(after.expert_prefetch_hits <= after.expert_hits, "{what}");
+            assert!(
+                after.expert_prefetch_hits <= after.expert_prefetched,
+                "{what}"
+            );
+            if p.prefetch == 0 {
+                assert_eq!(after.expert_prefetched, 0, "{what}");
+            }
             match p.tier {
-                ExpertTier::Host => assert_eq!(after.expert_misses, 0, "{what}"),
-                ExpertTier::Stream => assert!(after.expert_misses > 0, "{what}"),
+                ExpertTier::Host => {
+                    assert_eq!(after.expert_misses, 0, "{what}");
+                    assert_eq!(after.expert_prefetched, 0, "{what}: nothing to stream");
+                }
+                ExpertTier::Stream => {
+                    assert!(
+                        after.expert_misses + after.expert_prefetch_hits > 0,
+                        "{what}"
+                    );
+                    if p.prefetch > 0 {
+                        assert!(after.expert_prefetched > 0, "{what}");
+                    }
+                }
                 ExpertTier::Auto => {}
             }
         }
@@ -323,8 +345,9 @@ fn bytes_moved_are_the_routed_expert_arithmetic() {
     let checkpoint = Checkpoint::open(&files).unwrap();
     let expert = expert_slab_bytes(&checkpoint);
     let n_layers = checkpoint.spec().n_layers;
+    // No predictions: only routed experts move (predicted copies: the next test).
     let stream = StreamConfig {
-        prefetch: 1,
+        prefetch: 0,
         link_bandwidth: None,
     };
 
@@ -507,4 +530,67 @@ fn each_routed_expert_gets_the_tier_of_its_own_rows() {
 fn experts_snapshot(store: &ferry::offload::WeightStore) -> (u64, u64) {
     let s = store.accounting().snapshot();
     (s.expert_misses, s.expert_host)
+}
+
+/// With prefetch depth 1 and 2 each layer's experts are predicted from the state entering it
+/// and copied while its attention runs: tokens equal mode `none`'s at batch 1 and 4, the
+/// prefetch hit counter moves, and the bytes moved are exactly the routed misses' and the
+/// predictions' copies, within the plan; with depth 0 nothing is predicted.
+#[test]
+fn predicted_experts_are_copied_ahead_and_hit() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = ModelFiles::Gguf {
+        path: qwen3_moe(dir.path()),
+    };
+    let checkpoint = Checkpoint::open(&files).unwrap();
+    let expert = expert_slab_bytes(&checkpoint);
+    for batch in [1, 4] {
+        let prompts = &prompts()[..batch];
+        let (expected, routes) = reference(&files, prompts);
+        let routed: u64 = routes.iter().map(|(_, _, w)| w.len() as u64).sum();
+        for (pool, prefetch) in [(EXPERTS, 0), (EXPERTS, 1), (2 * EXPERTS, 2), (4, 1)] {
+            let what = format!("pool {pool}, prefetch {prefetch}, batch {batch}");
+            let plan = plan_for(&checkpoint, OffloadMode::Sequential, 1 << 32, pool);
+            let stream = StreamConfig {
+                prefetch,
+                link_bandwidth: Some(20_000_000_000),
+            };
+            let mut placed =
+                load_placed(&checkpoint, &options(), &plan, stream, &mut |_| {}).unwrap();
+            let experts = placed.store.experts().unwrap().clone();
+            experts.set_tier(ExpertTier::Stream);
+            assert_eq!(experts.predicts(), prefetch > 0, "{what}");
+            let tokens = greedy(&placed.model, &mut placed.store, prompts);
+            assert_eq!(tokens, expected, "{what}");
+            experts.settle();
+            let s = placed.store.accounting().snapshot();
+            s.check_within_plan()
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(s.slots, plan.slot_ring_bytes(), "{what}");
+            assert_eq!(
+                s.expert_hits + s.expert_misses + s.expert_host,
+                routed,
+                "{what}"
+            );
+            assert_eq!(
+                s.expert_bytes,
+                (s.expert_misses + s.expert_prefetched) * expert,
+                "{what}"
+            );
+            assert_eq!(s.bytes_copied, s.expert_bytes, "{what}: only experts move");
+            if prefetch == 0 {
+                assert_eq!(
+                    (s.expert_prefetched, s.expert_prefetch_hits),
+                    (0, 0),
+                    "{what}"
+                );
+            } else {
+                assert!(s.expert_prefetch_hits > 0, "{what}: {s:?}");
+                assert!(
+                    s.expert_prefetch_hits <= s.expert_prefetched,
+                    "{what}: {s:?}"
+                );
+            }
+        }
+    }
 }

@@ -28,8 +28,15 @@ const RATES: [&str; 8] = [
     "1000",
 ];
 
-/// `ferry plan --json` of `model` on the CPU with `extra` flags: the JSON document and stderr.
+/// `ferry plan --json` of `model` on the CPU with `extra` flags and an empty calibration
+/// cache: the JSON document and stderr.
 fn plan(model: &Path, extra: &[&str]) -> (Value, String) {
+    let cache = tempfile::tempdir().unwrap();
+    plan_cached(model, extra, cache.path())
+}
+
+/// [`plan`] with the calibration cache under `cache_home` (`XDG_CACHE_HOME`).
+fn plan_cached(model: &Path, extra: &[&str], cache_home: &Path) -> (Value, String) {
     let (ok, stdout, stderr) = run_plan(
         Command::new(env!("CARGO_BIN_EXE_ferry"))
             .arg("plan")
@@ -37,21 +44,24 @@ fn plan(model: &Path, extra: &[&str]) -> (Value, String) {
             .arg(model)
             .args(["--device", "cpu", "--json"])
             .args(extra)
-            .env("RUST_LOG", "info"),
+            .env("RUST_LOG", "info")
+            .env("XDG_CACHE_HOME", cache_home),
     );
     assert!(ok, "{stderr}");
     (serde_json::from_str(&stdout).expect("JSON"), stderr)
 }
 
-/// The human `ferry plan` of `model` with `extra` flags.
+/// The human `ferry plan` of `model` with `extra` flags (an empty calibration cache).
 fn plan_text(model: &Path, extra: &[&str]) -> String {
+    let cache = tempfile::tempdir().unwrap();
     let (ok, stdout, stderr) = run_plan(
         Command::new(env!("CARGO_BIN_EXE_ferry"))
             .arg("plan")
             .arg("--model")
             .arg(model)
             .args(["--device", "cpu"])
-            .args(extra),
+            .args(extra)
+            .env("XDG_CACHE_HOME", cache.path()),
     );
     assert!(ok, "{stderr}");
     stdout
@@ -217,7 +227,8 @@ fn a_moe_model_has_expert_units_and_a_forced_tier_decides_all() {
 #[test]
 fn measured_rates_are_logged_and_nothing_offloaded_has_no_tiers() {
     let model = model_path();
-    let (doc, stderr) = plan(&model, &["--offload", "sequential"]);
+    let cache_home = tempfile::tempdir().unwrap();
+    let (doc, stderr) = plan_cached(&model, &["--offload", "sequential"], cache_home.path());
     let tiers = &doc["models"][0]["tiers"];
     for key in [
         "link_bytes_per_s",
@@ -236,9 +247,42 @@ fn measured_rates_are_logged_and_nothing_offloaded_has_no_tiers() {
         .find(|l| l.contains("calibration: link "))
         .unwrap_or_else(|| panic!("no calibration line in {stderr}"));
     assert!(
-        line.contains("for q4_1 (reads ") && line.contains("(the host's), tier auto, in "),
+        line.contains("for q4_1 (reads ") && line.contains("(the host's), tier auto, measured in "),
         "{line}"
     );
+    let cache = cache_home.path().join("ferry").join("calibration.json");
+    assert!(
+        line.contains(&format!(", saved to {}", cache.display())),
+        "{line}"
+    );
+    assert_eq!(
+        stderr.matches("calibration:").count(),
+        1,
+        "logged once: {stderr}"
+    );
+
+    // The next start reads the same rates from the cache and measures nothing.
+    let (again, stderr) = plan_cached(&model, &["--offload", "sequential"], cache_home.path());
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("calibration: "))
+        .unwrap_or_else(|| panic!("no calibration line in {stderr}"));
+    assert!(
+        line.contains(&format!(
+            "calibration: cached from {}: link ",
+            cache.display()
+        )),
+        "{line}"
+    );
+    assert!(!line.contains("measured in"), "{line}");
+    let again = &again["models"][0]["tiers"];
+    for key in [
+        "link_bytes_per_s",
+        "host_flops_per_s",
+        "host_read_bytes_per_s",
+    ] {
+        assert_eq!(again[key], tiers[key], "{key}");
+    }
 
     let (doc, stderr) = plan(&model, &["--offload", "none"]);
     assert_eq!(doc["models"][0]["tiers"], Value::Null);
