@@ -15,9 +15,14 @@
 #                  sequential, against the PCIe bound; device memory (driver) against the plan
 #   e prefill      2k-token prefill time to first token, auto vs none
 #   f accelerate   device_map="auto" with the same max_memory: decode tok/s, ferry / accelerate
+#   g moe          a Qwen3-30B-A3B-shaped MoE (4 of 48 layers, 128 experts, top 8): decode tok/s
+#                  per offload tier (stream / host / auto) with half the experts offloaded
+#                  (offload.experts) and with half the layers (experts false), against the
+#                  PCIe bound (link bandwidth / bytes moved per token)
 # The models are generated on the machine first (seeded bf16 HF checkpoints with the real
 # Llama-3.2-1B / Llama-3.1-8B layer shapes and fewer layers: 4 of 16 and 8 of 32, --full: 16 of 16
-# and 16 of 32), the small one before (a), the large one before (d).
+# and 16 of 32), the small one before (a), the large one before (d); the MoE one (transformers'
+# Qwen3MoeConfig, seeded) before (g).
 #
 # Profiles: quick (default) fits in 6 minutes including model generation and the first CUDA
 # JIT (deadline 330 s); --full: more tokens, the 2k prefill, larger models (deadline 470 s).
@@ -50,7 +55,7 @@ BUNDLE="$ROOT/dist/ferry-cuda.tar.xz"
 OUT_DIR="${OUT:-}"
 WORK="${FERRY_GPU_CHECK_WORK:-}"
 DEADLINE_S=""
-STEPS="a,b,c,d,e,f"
+STEPS="a,b,c,d,e,f,g"
 PY="${FERRY_PYTHON:-python3}"
 
 usage() {
@@ -89,7 +94,7 @@ else
     if ((QUICK)); then : "${DEADLINE_S:=330}"; else : "${DEADLINE_S:=470}"; fi
 fi
 [[ $DEADLINE_S =~ ^[0-9]+$ ]] || die "--deadline must be whole seconds, got '$DEADLINE_S'"
-[[ $STEPS =~ ^[a-f](,[a-f])*$ ]] || die "--steps must be a list of a-f like c,d, got '$STEPS'"
+[[ $STEPS =~ ^[a-g](,[a-g])*$ ]] || die "--steps must be a list of a-g like c,d, got '$STEPS'"
 
 mkdir -p "$OUT_DIR" "$WORK"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
@@ -309,12 +314,15 @@ elif ((QUICK)); then
 else
     SMALL=1B BIG=8B-16L MODEL_DTYPE=bf16 FERRY_DEVICE=cuda:0 TORCH_DEVICE=cuda
 fi
+MOE=30B-A3B-4L
+((DRY_RUN)) && MOE=tiny-moe
 SMALL_DIR="$WORK/models/$SMALL"
 BIG_DIR="$WORK/models/$BIG"
+MOE_DIR="$WORK/models/$MOE"
 if ((QUICK)); then
-    TOKENS=16 PREFILL=1024 ACCEL_TOKENS=4 BW_REPS=3
+    TOKENS=16 PREFILL=1024 ACCEL_TOKENS=4 BW_REPS=3 MOE_TOKENS=8
 else
-    TOKENS=64 PREFILL=2000 ACCEL_TOKENS=8 BW_REPS=5
+    TOKENS=64 PREFILL=2000 ACCEL_TOKENS=8 BW_REPS=5 MOE_TOKENS=32
 fi
 ((DRY_RUN)) && ((!QUICK)) && TOKENS=32
 
@@ -328,6 +336,16 @@ make_models() {
         --model "$name:$dir" --dtype "$MODEL_DTYPE" --tokenizer "$TOKENIZER" --device auto
 }
 wants() { [[ ",$STEPS," == *",$1,"* ]]; }
+make_moe() {
+    model_ready "$MOE_DIR" && return 0
+    # transformers' Qwen3MoeConfig and safetensors; torch draws the weights, else numpy (f32).
+    if ! "$PY" -c 'import transformers, safetensors, numpy' >/dev/null 2>&1; then
+        skip "0 moe model" "transformers/safetensors/numpy not importable in $PY (set FERRY_PYTHON)"
+        return 0
+    fi
+    run_step "0 moe model" 150 "$PY" "$HELPERS/make_moe_model.py" --out "$REPORT" \
+        --model "$MOE:$MOE_DIR" --dtype "$MODEL_DTYPE" --tokenizer "$TOKENIZER" --device auto
+}
 
 wants a || wants b && make_models "0 small model" "$SMALL" "$SMALL_DIR"
 if wants a; then
@@ -392,6 +410,18 @@ if wants f; then
         run_step "$L" 90 "$PY" "$HELPERS/accel_bench.py" --out "$REPORT" --model "$BIG_DIR" \
             --decode-data "$DATA/decode.json" --dtype "$MODEL_DTYPE" --tokens "$ACCEL_TOKENS" \
             ${cpu[@]+"${cpu[@]}"}
+    fi
+fi
+if wants g; then
+    L="g moe"
+    make_moe
+    if [[ -z $FERRY ]]; then skip "$L" "no ferry binary"
+    elif ! model_ready "$MOE_DIR"; then skip "$L" "no $MOE model"
+    else
+        run_step "$L" 150 "$PY" "$HELPERS/moe_bench.py" --out "$REPORT" --ferry "$FERRY" \
+            --model "$MOE_DIR" --device "$FERRY_DEVICE" --dtype "$MODEL_DTYPE" \
+            ${link[@]+"${link[@]}"} --bandwidth-json "$DATA/bandwidth.json" --logs "$LOGS" \
+            --tokens "$MOE_TOKENS" --data "$DATA/moe.json"
     fi
 fi
 

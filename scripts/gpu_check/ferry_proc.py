@@ -29,6 +29,9 @@ class ServeConfig:
     max_context: int = 4096
     port: int = 8080
     link_bandwidth: Optional[str] = None
+    # offload.tier (auto / stream / host) and offload.experts; None: ferry's defaults.
+    tier: Optional[str] = None
+    experts: Optional[bool] = None
 
     def toml(self):
         q = json.dumps  # TOML basic strings accept JSON string escapes
@@ -61,6 +64,10 @@ class ServeConfig:
         ]
         if self.gpu_memory:
             lines.append(f"gpu_memory = {q(self.gpu_memory)}")
+        if self.tier:
+            lines.append(f"tier = {q(self.tier)}")
+        if self.experts is not None:
+            lines.append(f"experts = {'true' if self.experts else 'false'}")
         return "\n".join(lines) + "\n"
 
     def write(self, path):

@@ -21,8 +21,8 @@ use crate::model::source::{HubOptions, ModelFiles};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::ModelError;
 use crate::offload::cost::{CostModel, Tier};
-use crate::offload::store::LayerTiers;
 use crate::offload::plan::{mode_name, Plan};
+use crate::offload::store::LayerTiers;
 use crate::offload::{load_parked, load_placed, Accounting, StreamConfig, SwapConfig, SwapManager};
 
 /// A model ready to hand to the engine.

@@ -126,7 +126,12 @@ enum Case {
 
 /// Loads `config` (offloading `host_layers` layers), sets the tier of `case`, decodes
 /// `prompts` in one batch and checks the accounting; returns the tokens.
-fn run(config: &ModelConfig, case: Case, prompts: &[Vec<u32>], host_layers: usize) -> Vec<Vec<u32>> {
+fn run(
+    config: &ModelConfig,
+    case: Case,
+    prompts: &[Vec<u32>],
+    host_layers: usize,
+) -> Vec<Vec<u32>> {
     let mut config = config.clone();
     config.tier.choice = match case {
         Case::Stream => TierChoice::Stream,
@@ -157,7 +162,11 @@ fn run(config: &ModelConfig, case: Case, prompts: &[Vec<u32>], host_layers: usiz
             .expect("tiers");
     }
     let (tokens, after_first) = greedy_batch(&mut runner, prompts);
-    let what = format!("{case:?} prefetch {} batch {}", config.offload.prefetch, prompts.len());
+    let what = format!(
+        "{case:?} prefetch {} batch {}",
+        config.offload.prefetch,
+        prompts.len()
+    );
     let acc = runner.accounting();
     assert_eq!(acc.check_within_plan(), Ok(()), "{what}: {acc:?}");
     assert!(acc.device_bytes() <= plan.device_bytes, "{what}");
@@ -168,7 +177,11 @@ fn run(config: &ModelConfig, case: Case, prompts: &[Vec<u32>], host_layers: usiz
     let (streamed, hosted) = (decisions.get(Tier::Stream), decisions.get(Tier::Host));
     let passes = NEW_TOKENS as u64 + 1;
     let per_pass = host_layers as u64;
-    assert_eq!(streamed + hosted, passes * per_pass, "{what}: one decision a layer-step");
+    assert_eq!(
+        streamed + hosted,
+        passes * per_pass,
+        "{what}: one decision a layer-step"
+    );
     let bytes_per_pass = plan.streamed_bytes_per_step;
     // Decode steps of one row run on the host in `Auto`; every other step of `Auto` streams.
     let host_decode = case == Case::Host || (case == Case::Auto && prompts.len() == 1);
