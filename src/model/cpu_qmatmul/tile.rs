@@ -89,6 +89,22 @@ pub(super) fn rows4_k(dot: &Dot, w: &[u8], a: kquants::tile::Rows4K<'_>) -> Opti
     None
 }
 
+/// The path and format of `dot`'s eight-row k-quant kernel, if it has one
+/// ([`kquants::tile::rows8`]).
+#[inline]
+fn rows8_k(dot: &Dot) -> Option<(kquants::tile::Path, kquants::KFormat)> {
+    let Format::K(f) = dot.format else {
+        return None;
+    };
+    #[cfg(target_arch = "x86_64")]
+    if dot.avx2.is_some() {
+        let path = kquants::tile::Path::detect()?;
+        return kquants::tile::has_rows8(path, f).then_some((path, f));
+    }
+    let _ = f;
+    None
+}
+
 /// Computes every job's `out = act W^T` (`out` row major `[m, rows]`) from the quantized
 /// activations `act` (`m` rows of `kb` 32-element blocks, in every kind the jobs read).
 pub fn run(
@@ -182,6 +198,21 @@ impl Task<'_> {
                 )
             {
                 return;
+            }
+        }
+        if tiling == Tiling::Tiled && rows8_k(&self.dot).is_some() {
+            // k-quants on AVX-512: eight activation rows per weight block.
+            while i + 8 <= self.acts.end {
+                let q8k: kquants::tile::Rows8K<'_> = std::array::from_fn(|d| row(i + d).q8k);
+                for r in self.weights.clone() {
+                    let w = weight(r);
+                    let y =
+                        rows8_k(&self.dot).and_then(|(p, f)| kquants::tile::rows8(p, f, w, q8k));
+                    for (di, v) in y.expect("an eight-row kernel").into_iter().enumerate() {
+                        self.out.set(i + di, r, v);
+                    }
+                }
+                i += 8;
             }
         }
         if tiling == Tiling::Tiled {

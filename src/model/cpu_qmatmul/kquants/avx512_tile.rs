@@ -46,10 +46,29 @@ impl Avx512 {
 /// long and `w..w + format.block_bytes() * a[0].len()` readable.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn rows4(format: KFormat, w: *const u8, a: Rows4K<'_>) -> [f32; 4] {
+    rows::<4>(format, w, a)
+}
+
+/// [`rows4`] for eight activation rows (the 32 zmm registers hold eight accumulators).
+///
+/// # Safety
+/// As [`rows4`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn rows8(format: KFormat, w: *const u8, a: [&[Q8KBlock]; 8]) -> [f32; 8] {
+    rows::<8>(format, w, a)
+}
+
+/// The kernel of `format` for `R` rows (a multiple of four).
+///
+/// # Safety
+/// As [`rows4`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn rows<const R: usize>(format: KFormat, w: *const u8, a: [&[Q8KBlock]; R]) -> [f32; R] {
     match format {
-        KFormat::Q4K => k4::<144, false>(w, a),
-        KFormat::Q5K => k4::<176, true>(w, a),
-        KFormat::Q6K => q6_k(w, a),
+        KFormat::Q4K => k4::<144, false, R>(w, a),
+        KFormat::Q5K => k4::<176, true, R>(w, a),
+        KFormat::Q6K => q6_k::<R>(w, a),
         KFormat::Q2K | KFormat::Q3K => unreachable!("{format:?} has no four-row kernel"),
     }
 }
@@ -123,10 +142,39 @@ fn q6_high(qh: __m512i, shift: __m512i) -> __m512i {
     _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi16(qh, shift), m3))
 }
 
-/// The four rows' blocks `i`.
+/// The rows' blocks `i`.
 #[inline(always)]
-fn blocks<'a>(a: &Rows4K<'a>, i: usize) -> [&'a Q8KBlock; 4] {
-    [&a[0][i], &a[1][i], &a[2][i], &a[3][i]]
+fn blocks<'a, const R: usize>(a: &[&'a [Q8KBlock]; R], i: usize) -> [&'a Q8KBlock; R] {
+    std::array::from_fn(|r| &a[r][i])
+}
+
+/// The block values of `R` rows (four at a time, [`add_block_values`]) added to `acc`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn add_rows<const R: usize>(
+    acc: &mut [__m128; 2],
+    d: (f32, f32),
+    b: &[&Q8KBlock; R],
+    sumi: &[__m256i; R],
+    summ: Option<&[__m256i; R]>,
+) {
+    for g in 0..R / 4 {
+        let four = |v: &[__m256i; R]| [v[4 * g], v[4 * g + 1], v[4 * g + 2], v[4 * g + 3]];
+        let bg = [b[4 * g], b[4 * g + 1], b[4 * g + 2], b[4 * g + 3]];
+        let mm = match summ {
+            Some(m) => hsum4(four(m)),
+            None => _mm_setzero_si128(),
+        };
+        acc[g] = add_block_values(acc[g], d, bg, hsum4(four(sumi)), mm);
+    }
+}
+
+/// The `R` results in `acc`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn results<const R: usize>(acc: [__m128; 2]) -> [f32; R] {
+    let (lo, hi) = (lanes(acc[0]), lanes(acc[1]));
+    std::array::from_fn(|r| if r < 4 { lo[r] } else { hi[r - 4] })
 }
 
 /// Q4_K (`HIGH = false`, quants at byte 16) and Q5_K (`HIGH = true`, high bits at byte 16,
@@ -136,7 +184,10 @@ fn blocks<'a>(a: &Rows4K<'a>, i: usize) -> [&'a Q8KBlock; 4] {
 /// As [`rows4`] with `BYTES`-byte blocks.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn k4<const BYTES: usize, const HIGH: bool>(w: *const u8, a: Rows4K<'_>) -> [f32; 4] {
+unsafe fn k4<const BYTES: usize, const HIGH: bool, const R: usize>(
+    w: *const u8,
+    a: [&[Q8KBlock]; R],
+) -> [f32; R] {
     let m4 = _mm512_set1_epi8(0x0F);
     let sixteen = _mm512_set1_epi8(0x10);
     // Low half: the low nibbles (chunk 2 j), high half: the high nibbles (chunk 2 j + 1).
@@ -144,7 +195,7 @@ unsafe fn k4<const BYTES: usize, const HIGH: bool>(w: *const u8, a: Rows4K<'_>) 
     // Q5_K: chunk `c`'s fifth bit is bit `c` of its high-bit byte.
     let bits = [high_bit(0), high_bit(1), high_bit(2), high_bit(3)];
     let qs_at = if HIGH { 48 } else { 16 };
-    let mut acc = _mm_setzero_ps();
+    let mut acc = [_mm_setzero_ps(); 2];
     for i in 0..a[0].len() {
         let p = w.add(BYTES * i);
         prefetch(p, BYTES);
@@ -156,7 +207,7 @@ unsafe fn k4<const BYTES: usize, const HIGH: bool>(w: *const u8, a: Rows4K<'_>) 
         } else {
             _mm512_setzero_si512()
         };
-        let mut sum = [_mm512_setzero_si512(); 4];
+        let mut sum = [_mm512_setzero_si512(); R];
         for j in 0..4 {
             let q = broadcast32(p.add(qs_at + 32 * j));
             let mut q = _mm512_and_si512(_mm512_srlv_epi16(q, nibble_shift), m4);
@@ -165,21 +216,20 @@ unsafe fn k4<const BYTES: usize, const HIGH: bool>(w: *const u8, a: Rows4K<'_>) 
                 q = _mm512_mask_add_epi8(q, set, q, sixteen);
             }
             let s = group_scales(sc16, j);
-            for r in 0..4 {
+            for r in 0..R {
                 sum[r] = chunks2(sum[r], q, b[r].qs.as_ptr().add(64 * j), s);
             }
         }
-        let summ = [
-            _mm256_madd_epi16(mn16, bsums(b[0])),
-            _mm256_madd_epi16(mn16, bsums(b[1])),
-            _mm256_madd_epi16(mn16, bsums(b[2])),
-            _mm256_madd_epi16(mn16, bsums(b[3])),
-        ];
-        let sumi = [fold(sum[0]), fold(sum[1]), fold(sum[2]), fold(sum[3])];
+        let mut summ = [_mm256_setzero_si256(); R];
+        let mut sumi = [_mm256_setzero_si256(); R];
+        for r in 0..R {
+            summ[r] = _mm256_madd_epi16(mn16, bsums(b[r]));
+            sumi[r] = fold(sum[r]);
+        }
         let d = (f16_at(p), f16_at(p.add(2)));
-        acc = add_block_values(acc, d, b, hsum4(sumi), hsum4(summ));
+        add_rows(&mut acc, d, &b, &sumi, Some(&summ));
     }
-    lanes(acc)
+    results(acc)
 }
 
 /// Q6_K.
@@ -188,19 +238,19 @@ unsafe fn k4<const BYTES: usize, const HIGH: bool>(w: *const u8, a: Rows4K<'_>) 
 /// As [`rows4`] with 210-byte blocks.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6_k(w: *const u8, a: Rows4K<'_>) -> [f32; 4] {
+unsafe fn q6_k<const R: usize>(w: *const u8, a: [&[Q8KBlock]; R]) -> [f32; R] {
     let m4 = _mm512_set1_epi8(0x0F);
     // Chunks 4 n and 4 n + 1 take high bits 0-1 and 2-3, chunks 4 n + 2 and 4 n + 3 bits 4-5
     // and 6-7.
     let (shift_a, shift_b) = (halves_epi16(0, 2), halves_epi16(4, 6));
-    let mut acc = _mm_setzero_ps();
+    let mut acc = [_mm_setzero_ps(); 2];
     for i in 0..a[0].len() {
         let p = w.add(210 * i);
         prefetch(p, 210);
         let b = blocks(&a, i);
         let sc16y = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192).cast()));
         let sc16 = _mm512_castsi256_si512(sc16y);
-        let mut sum = [_mm512_setzero_si512(); 4];
+        let mut sum = [_mm512_setzero_si512(); R];
         for n in 0..2 {
             // Low half `ql[64 n..64 n + 32]`, high half the next 32: chunks 4 n (+2), 4 n + 1 (+2).
             let ql = _mm512_loadu_si512(p.add(64 * n).cast());
@@ -211,19 +261,19 @@ unsafe fn q6_k(w: *const u8, a: Rows4K<'_>) -> [f32; 4] {
                 q6_high(qh, shift_b),
             );
             let (sa, sb) = (group_scales(sc16, 2 * n), group_scales(sc16, 2 * n + 1));
-            for r in 0..4 {
+            for r in 0..R {
                 let y = b[r].qs.as_ptr().add(128 * n);
                 sum[r] = chunks2(sum[r], qa, y, sa);
                 sum[r] = chunks2(sum[r], qb, y.add(64), sb);
             }
         }
-        let mut sumi = [_mm256_setzero_si256(); 4];
-        for r in 0..4 {
+        let mut sumi = [_mm256_setzero_si256(); R];
+        for r in 0..R {
             let offset = _mm256_madd_epi16(sc16y, bsums(b[r]));
             sumi[r] = _mm256_sub_epi32(fold(sum[r]), _mm256_slli_epi32::<5>(offset));
         }
         let d = (f16_at(p.add(208)), 0.0);
-        acc = add_block_values(acc, d, b, hsum4(sumi), _mm_setzero_si128());
+        add_rows(&mut acc, d, &b, &sumi, None);
     }
-    lanes(acc)
+    results(acc)
 }

@@ -94,6 +94,40 @@ pub fn rows4(path: Path, format: KFormat, w: &[u8], a: Rows4K<'_>) -> Option<[f3
     None
 }
 
+/// Eight activation rows of the same number of super-blocks.
+pub type Rows8K<'a> = [&'a [Q8KBlock]; 8];
+
+/// Whether `format` has an eight-row kernel on `path` (AVX-512 only: eight zmm accumulators
+/// fit its 32 registers, eight ymm ones do not fit AVX2's 16).
+pub fn has_rows8(path: Path, format: KFormat) -> bool {
+    path == Path::Avx512 && has_tile(format) && path.available()
+}
+
+/// [`rows4`] for eight rows: one weight block unpacked for eight activation rows (`None`
+/// where [`has_rows8`] is false).
+pub fn rows8(path: Path, format: KFormat, w: &[u8], a: Rows8K<'_>) -> Option<[f32; 8]> {
+    if !has_rows8(path, format) {
+        return None;
+    }
+    let kb = a[0].len();
+    assert!(
+        a.iter().all(|r| r.len() == kb),
+        "{format:?}: activation rows differ in length"
+    );
+    assert!(
+        w.len() >= format.block_bytes() * kb,
+        "{format:?} row too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `has_rows8` proves AVX-512 (and AVX2); the asserts bound every read of `w`
+        // and make the rows equally long.
+        unsafe { Some(super::avx512_tile::rows8(format, w.as_ptr(), a)) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
 #[cfg(test)]
 #[path = "tile_tests.rs"]
 mod tests;

@@ -10,7 +10,7 @@ use half::f16;
 
 use super::super::activation::{quantize_row_k, Q8KBlock, QK_K};
 use super::super::{scalar, KFormat};
-use super::{has_tile, rows4, Path, Rows4K};
+use super::{has_rows8, has_tile, rows4, rows8, Path, Rows4K, Rows8K};
 use crate::model::cpu_qmatmul::tile::Tiling;
 use crate::model::cpu_qmatmul::{matmul_many_with, CpuQMatMul, Kernel};
 
@@ -95,6 +95,38 @@ fn four_row_kernels_equal_four_scalar_one_row_dots_on_every_path() {
                         got.map(f32::to_bits),
                         want.map(f32::to_bits),
                         "{format:?} {path:?} {kb} blocks, seed {seed}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn eight_row_kernels_equal_eight_scalar_one_row_dots() {
+    if !Path::Avx512.available() {
+        eprintln!("eight-row k-quant kernels skipped: no AVX-512 on this CPU");
+    }
+    for format in TILED {
+        for kb in [1, 3, 16] {
+            let w = random_row(format, kb, 90 + kb as u64);
+            let mut act = activations(kb, 11, false);
+            act.extend(activations(kb, 12, true));
+            let r: Vec<&[Q8KBlock]> = act.chunks(kb).collect();
+            let a: Rows8K<'_> = std::array::from_fn(|i| r[i]);
+            let want = a.map(|a| scalar::dot(format, &w, a).to_bits());
+            for path in Path::all() {
+                let got = rows8(path, format, &w, a);
+                assert_eq!(
+                    got.is_some(),
+                    has_rows8(path, format),
+                    "{format:?} {path:?}"
+                );
+                if let Some(got) = got {
+                    assert_eq!(
+                        got.map(f32::to_bits),
+                        want,
+                        "{format:?} {path:?} {kb} blocks"
                     );
                 }
             }
