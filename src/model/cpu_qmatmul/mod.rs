@@ -155,7 +155,11 @@ impl Dot {
     #[inline]
     fn row(&self, w: &[u8], a: ActRow<'_>) -> f32 {
         #[cfg(target_arch = "x86_64")]
-        if let Some(y) = self.avx512.and_then(|k| k.row(self.format, w, a.q8)) {
+        if let Some(y) = self
+            .avx512
+            .filter(|_| avx512::Avx512::row_wins(self.format))
+            .and_then(|k| k.row(self.format, w, a.q8))
+        {
             return y;
         }
         #[cfg(target_arch = "x86_64")]
