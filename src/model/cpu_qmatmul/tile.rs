@@ -11,6 +11,13 @@
 //! a micro-kernel go through the one-row dot ([`Dot::row`]). Results land in place in the
 //! row-major output (no transposed scratch). The micro-kernels repeat the one-row kernels'
 //! arithmetic exactly, so the tiling never changes a result.
+//!
+//! On AVX-512 VNNI CPUs a call of at least [`GEMM_MIN_ROWS`] rows of a format
+//! [`super::avx512_panel`] has runs each task through that GEMM kernel instead (sixteen weight
+//! rows decoded once per task, every activation row swept over them). It equals the AVX-512
+//! one-row kernel bit for bit; where the row-at-a-time products keep the AVX2 kernel
+//! ([`super::avx512::Avx512::row_wins`]) the prompt's and the decode's results differ by
+//! float summation order only.
 
 use std::ops::Range;
 
