@@ -118,8 +118,8 @@ unsafe fn panels<C: Codec>(
             }
             i += 4;
         }
-        for i in i..acts.len() {
-            let [acc] = sweep::<1>(&packed, &scales, [acts[i]], C::OFFSET);
+        for (i, &a) in acts.iter().enumerate().skip(i) {
+            let [acc] = sweep::<1>(&packed, &scales, [a], C::OFFSET);
             emit(i, acc);
         }
     }

@@ -4,8 +4,9 @@
 //! int8, per 32-block for the 32-element formats (llama.cpp's Q8_1 scheme, see [`activation`])
 //! and per 256-block for the k-quants ([`kquants::activation`]), once per kind a call needs;
 //! each output is an integer dot product over one weight row ([`scalar`], [`q5`],
-//! [`kquants::scalar`], or their AVX2 twins when the CPU has it), and output rows are split
-//! across rayon's pool (`RAYON_NUM_THREADS`).
+//! [`kquants::scalar`], or their AVX2 twins when the CPU has it), several activation rows per
+//! weight row at once for prompts ([`tile`]; on AVX-512 VNNI CPUs a GEMM kernel,
+//! [`avx512_panel`]), and output rows are split across rayon's pool (`RAYON_NUM_THREADS`).
 //!
 //! It exists because candle 0.11.1 runs Q4_1 (the default model's format), Q5_0 and Q5_1
 //! through scalar code; its runtime-detected AVX2 kernels (Q4_0, Q8_0, the k-quants) are set
@@ -155,7 +156,11 @@ impl Dot {
     #[inline]
     fn row(&self, w: &[u8], a: ActRow<'_>) -> f32 {
         #[cfg(target_arch = "x86_64")]
-        if let Some(y) = self.avx512.and_then(|k| k.row(self.format, w, a.q8)) {
+        if let Some(y) = self
+            .avx512
+            .filter(|_| avx512::Avx512::row_wins(self.format))
+            .and_then(|k| k.row(self.format, w, a.q8))
+        {
             return y;
         }
         #[cfg(target_arch = "x86_64")]

@@ -11,6 +11,13 @@
 //! a micro-kernel go through the one-row dot ([`Dot::row`]). Results land in place in the
 //! row-major output (no transposed scratch). The micro-kernels repeat the one-row kernels'
 //! arithmetic exactly, so the tiling never changes a result.
+//!
+//! On AVX-512 VNNI CPUs a call of at least [`GEMM_MIN_ROWS`] rows of a format
+//! [`super::avx512_panel`] has runs each task through that GEMM kernel instead (sixteen weight
+//! rows decoded once per task, every activation row swept over them). It equals the AVX-512
+//! one-row kernel bit for bit; where the row-at-a-time products keep the AVX2 kernel
+//! ([`super::avx512::Avx512::row_wins`]) the prompt's and the decode's results differ by
+//! float summation order only.
 
 use std::ops::Range;
 
@@ -24,6 +31,10 @@ use crate::model::error::Result;
 
 /// Four activation rows of the same number of blocks.
 pub type Rows4<'a> = [&'a [Q8Block]; 4];
+
+/// Calls of at least this many activation rows take the AVX-512 GEMM kernel where the CPU
+/// and format have it (all of the call's rows, so one call never mixes kernels).
+pub const GEMM_MIN_ROWS: usize = 4;
 
 /// Activation rows per task.
 pub const ACT_ROWS: usize = 64;
@@ -141,6 +152,7 @@ pub fn run(
         for first in (0..m).step_by(ACT_ROWS) {
             for w0 in (0..mm.rows).step_by(per_task) {
                 tasks.push(Task {
+                    gemm: m >= GEMM_MIN_ROWS,
                     data,
                     row_bytes,
                     dot,
@@ -162,6 +174,8 @@ pub fn run(
 
 /// One rectangle of one matrix's output: activation rows `acts` times weight rows `weights`.
 struct Task<'a> {
+    /// Whether the call is long enough for the GEMM kernel ([`GEMM_MIN_ROWS`]).
+    gemm: bool,
     data: &'a [u8],
     row_bytes: usize,
     dot: Dot,
@@ -176,8 +190,9 @@ impl Task<'_> {
         let weight = |r: usize| &self.data[r * self.row_bytes..(r + 1) * self.row_bytes];
         let mut i = self.acts.start;
         #[cfg(target_arch = "x86_64")]
-        if let (Tiling::Tiled, Some(k)) = (tiling, self.dot.avx512) {
-            // The AVX-512 GEMM kernel, equal to `Dot::row` bit for bit (see `avx512_panel`).
+        if let (Tiling::Tiled, true, Some(k)) = (tiling, self.gemm, self.dot.avx512) {
+            // The AVX-512 GEMM kernel (equal bit for bit to `Avx512::row`; to `Dot::row`
+            // where that is it, see `Avx512::row_wins`).
             let rows: Vec<&[Q8Block]> = self.acts.clone().map(|i| row(i).q8).collect();
             let (first, format) = (self.acts.start, self.dot.format);
             let mut put = |i: usize, r0: usize, ys: &[f32]| {
@@ -186,17 +201,15 @@ impl Task<'_> {
                 }
             };
             let weights = self.weights.clone();
-            if rows.len() >= 4
-                && avx512_panel::run(
-                    k,
-                    format,
-                    self.data,
-                    self.row_bytes,
-                    weights,
-                    &rows,
-                    &mut put,
-                )
-            {
+            if avx512_panel::run(
+                k,
+                format,
+                self.data,
+                self.row_bytes,
+                weights,
+                &rows,
+                &mut put,
+            ) {
                 return;
             }
         }
