@@ -2,7 +2,7 @@
 //! and `ferry plan` measure once per machine instead of at every start: a JSON file
 //! (`$XDG_CACHE_HOME/ferry/calibration.json`, else `~/.cache/ferry/calibration.json`) of
 //! entries, each the rates measured under one [`CacheKey`]: the cache format's version,
-//! ferry's version and build profile, the CPU model, the compute thread count, the device,
+//! ferry's version, build profile and executable, the CPU model, the compute thread count, the device,
 //! the weight type and the CPU kernels that multiply it, and the probe sizes. An entry whose
 //! key differs in any of them is not used (a new CPU, a release build, another thread count
 //! measure again), and is kept beside the new one.
@@ -33,6 +33,9 @@ pub struct CacheKey {
     pub ferry: String,
     /// `release` or `debug` (the kernels' speed differs by an order of magnitude).
     pub profile: String,
+    /// The running executable's modification time (seconds since the epoch; 0 unknown): a
+    /// rebuilt binary, whose kernels may have changed, measures again.
+    pub build: u64,
     /// The CPU model (`/proc/cpuinfo`'s `model name`, else the architecture).
     pub cpu: String,
     /// Threads the CPU kernels run on.
@@ -65,6 +68,7 @@ impl CacheKey {
                 "release"
             }
             .to_string(),
+            build: executable_mtime(),
             cpu: cpu_model(),
             threads: candle_core::utils::get_num_threads(),
             device: crate::gpu::describe(device),
@@ -208,6 +212,16 @@ impl CalibrationCache {
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
             .unwrap_or_default()
     }
+}
+
+/// The running executable's modification time in seconds since the epoch (0 when unknown).
+fn executable_mtime() -> u64 {
+    std::env::current_exe()
+        .and_then(std::fs::metadata)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The CPU's model name, else the architecture.

@@ -271,7 +271,7 @@ fn another_key_or_a_bad_file_measures_again() {
         Source::Measured
     );
 
-    // An entry of another cache version (or build, CPU, thread count) is not used.
+    // An entry of another cache version, CPU, build or thread count is not used.
     let key = |version| {
         let mut key = CacheKey::current(&Device::Cpu, GgmlDType::Q8_0, "ferry", [1, 2, 3, 4, 5]);
         key.version = version;
@@ -287,6 +287,12 @@ fn another_key_or_a_bad_file_measures_again() {
     let mut other_cpu = key(CACHE_VERSION + 1);
     other_cpu.cpu.push_str(" (another)");
     assert_eq!(cache.load(&other_cpu), MeasuredRates::default());
+    let mut rebuilt = key(CACHE_VERSION + 1);
+    rebuilt.build += 1;
+    assert_eq!(cache.load(&rebuilt), MeasuredRates::default());
+    let mut fewer_threads = key(CACHE_VERSION + 1);
+    fewer_threads.threads += 1;
+    assert_eq!(cache.load(&fewer_threads), MeasuredRates::default());
     // A stored zero is no rate.
     let zero = MeasuredRates {
         link_bytes_per_s: Some(0.0),

@@ -113,7 +113,7 @@ enum Content {
     /// `(layer, expert)` landed, with its views; `predicted`: by a prefetch, not used since.
     Loaded {
         key: (usize, usize),
-        views: ExpertWeights,
+        views: Box<ExpertWeights>,
         predicted: bool,
     },
 }
@@ -156,7 +156,7 @@ pub struct ExpertStore {
 /// A routed expert as [`ExpertStore::each_expert`] hands it out.
 enum Handout {
     /// On the device or computed on the host: ready now.
-    Ready(ExpertWeights),
+    Ready(Box<ExpertWeights>),
     /// Copy `ticket` into pool slot `.1` must land first.
     Copying(u64, usize),
 }
@@ -378,7 +378,7 @@ impl ExpertStore {
             };
             if let Some(w) = set.resident.get(e).ok_or_else(missing)? {
                 hits += 1;
-                out.push(Handout::Ready(w.clone()));
+                out.push(Handout::Ready(Box::new(w.clone())));
                 log.push(record(None, Served::Resident));
                 continue;
             }
@@ -417,7 +417,7 @@ impl ExpertStore {
             };
             let Some(s) = victim else {
                 host += 1;
-                out.push(Handout::Ready(expert.views.clone()));
+                out.push(Handout::Ready(Box::new(expert.views.clone())));
                 log.push(record(Some(decided), Served::Host));
                 continue;
             };
@@ -554,7 +554,7 @@ impl ExpertStore {
         let mut pool = self.lock();
         let slot = &mut pool.slots[s];
         match &slot.content {
-            Content::Loaded { views, .. } => Ok(views.clone()),
+            Content::Loaded { views, .. } => Ok((**views).clone()),
             Content::Loading { ticket: t, .. } if *t == ticket => slot.take_in(&self.copier),
             _ => Err(OffloadError::Weights(
                 "an expert slot was refilled while its layer used it".into(),
@@ -663,7 +663,7 @@ impl PoolSlot {
             .inspect_err(|_| self.content = Content::Empty)?;
         self.content = Content::Loaded {
             key,
-            views: views.clone(),
+            views: Box::new(views.clone()),
             predicted,
         };
         Ok(views)
