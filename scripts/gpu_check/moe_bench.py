@@ -13,7 +13,9 @@ The PCIe bound of a case is the link bandwidth (step c's measurement, capped by 
 ``link_bandwidth``) over the bytes its plan moves per decode token: the routed-expert estimate
 (``experts.bytes_per_token``) with experts, ``streamed_bytes_per_step`` with whole layers. The
 host tier moves only activations, so it has no such bound (its row says so). A case ferry
-refuses to load (e.g. a tier not implemented on this device) is a SKIP row with ferry's reason.
+refuses to load (e.g. a tier not implemented on this device: on CUDA a forced host tier for
+dense layers) is a SKIP row with ferry's reason. On CUDA the planner places whole layers even
+with ``offload.experts`` (no CUDA expert pool yet); each row names what its plan placed.
 """
 
 import argparse
