@@ -24,7 +24,7 @@ import report
 from common import REPORTED, log, run_step
 from make_model import TOKENIZER_FILES, VOCAB, dir_bytes, draw, is_cached, plan_shards
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 MARKER = ".ferry-gpu-check.json"
 
 SHAPES = {
@@ -63,6 +63,10 @@ def hf_config(shape, dtype):
         eos_token_id=2,
     )
     d = config.to_dict()
+    # transformers >= 5 writes `num_local_experts` and `rope_parameters`; the checkpoints people
+    # bring (and ferry) use the classic keys, so both are written.
+    d["num_experts"] = s["experts"]
+    d["rope_theta"] = 1000000.0
     d["architectures"] = ["Qwen3MoeForCausalLM"]
     d["torch_dtype"] = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[dtype]
     return d

@@ -13,7 +13,9 @@ The PCIe bound of a case is the link bandwidth (step c's measurement, capped by 
 ``link_bandwidth``) over the bytes its plan moves per decode token: the routed-expert estimate
 (``experts.bytes_per_token``) with experts, ``streamed_bytes_per_step`` with whole layers. The
 host tier moves only activations, so it has no such bound (its row says so). A case ferry
-refuses to load (e.g. a tier not implemented on this device) is a SKIP row with ferry's reason.
+refuses to load (e.g. a tier not implemented on this device: on CUDA a forced host tier for
+dense layers) is a SKIP row with ferry's reason. On CUDA the planner places whole layers even
+with ``offload.experts`` (no CUDA expert pool yet); each row names what its plan placed.
 """
 
 import argparse
@@ -63,7 +65,8 @@ def main():
 
     with open(os.path.join(args.model, "config.json"), encoding="utf-8") as f:
         hf = json.load(f)
-    n_layers, n_experts = hf["num_hidden_layers"], hf["num_experts"]
+    n_layers = hf["num_hidden_layers"]
+    n_experts = hf.get("num_experts") or hf["num_local_experts"]
     expert_bytes = 3 * hf["hidden_size"] * hf["moe_intermediate_size"] * ELEM[args.dtype]
     base = dict(model_dir=args.model, name="moe", device=args.device, dtype=args.dtype,
                 prefetch=args.prefetch, max_batch=1, max_context=512,
@@ -74,7 +77,13 @@ def main():
     half = n_layers * n_experts // 2
     pool = hf["num_experts_per_tok"]
     experts_budget = none_plan["device_bytes"] - half * expert_bytes + pool * expert_bytes
-    layers_budget = budget_for_resident(none_plan, n_layers // 2, args.prefetch)
+    # Half the layers resident; with few layers the ring would hold the rest (k resident and
+    # prefetch p offload anything only when k + p + 1 < n), so whole layers prefetch less.
+    layers_prefetch = max(0, min(args.prefetch, n_layers - n_layers // 2 - 2))
+    # A quarter layer of slack: slot padding fits, another layer does not.
+    layer_bytes = max(layer["bytes"] for layer in none_plan["layers"])
+    layers_budget = (budget_for_resident(none_plan, n_layers // 2, layers_prefetch)
+                     + layer_bytes // 4)
 
     bw = read_json(args.bandwidth_json, {}).get("bytes_per_s")
     link = none_plan.get("link_bandwidth") if args.link_bandwidth else None
@@ -83,20 +92,21 @@ def main():
                  else f"emulated link {args.link_bandwidth}" if link else "none")
 
     cases = []
-    for experts, budget in ((True, experts_budget), (False, layers_budget)):
+    for experts, budget, prefetch in ((True, experts_budget, args.prefetch),
+                                      (False, layers_budget, layers_prefetch)):
         for tier in ("stream", "host", "auto"):
-            cases.append((experts, tier, budget))
+            cases.append((experts, tier, budget, prefetch))
     data = {"n_layers": n_layers, "n_experts": n_experts, "expert_bytes": expert_bytes,
             "bound_bytes_per_s": bound_bw, "bound_source": bound_src, "cases": {}}
     write_json(args.data, data)
     prompt = prompt_ids(16, 7)
     failed = False
-    for experts, tier, budget in cases:
+    for experts, tier, budget, prefetch in cases:
         unit = "experts" if experts else "layers"
         name = f"{unit} {tier}"
         result = data["cases"].setdefault(name, {})
         cfg = ServeConfig(mode="auto", gpu_memory=str(budget), tier=tier, experts=experts,
-                          **base)
+                          **dict(base, prefetch=prefetch))
         tag = f"moe-{unit}-{tier}"
         try:
             case_plan = plan(args.ferry, cfg.write(os.path.join(cfg_dir, f"{tag}-plan.toml")),
@@ -113,7 +123,7 @@ def main():
             moved = ex.get("bytes_per_token")
         else:
             resident = sum(1 for layer in case_plan["layers"] if layer["home"] == "device")
-            where = f"{resident}/{n_layers} layers on the device"
+            where = f"{resident}/{n_layers} layers on the device, prefetch {prefetch}"
             moved = case_plan.get("streamed_bytes_per_step")
         result.update(where=where, bytes_moved_per_token=moved)
         cfg.port = free_port()

@@ -63,8 +63,8 @@ pub struct Streamer {
     /// Offloaded layer indices, in forward order (their positions in the host store).
     offloaded: Vec<usize>,
     /// Positions (into `offloaded`) of the layers that stream, in forward order.
-    order: Vec<usize>,
-    /// The ticket of the first layer of `order` (tickets before it served another selection).
+    cycle: Vec<usize>,
+    /// The ticket of the first layer of `cycle` (tickets before it served another selection).
     base: u64,
     slots: usize,
     /// Tickets issued ahead of the one being consumed: `min(prefetch, slots - 1)`.
@@ -107,7 +107,7 @@ impl Streamer {
         };
         Ok(Self {
             copies,
-            order: (0..order.len()).collect(),
+            cycle: (0..order.len()).collect(),
             offloaded: order,
             base: 0,
             slots,
@@ -135,7 +135,7 @@ impl Streamer {
 
     /// The offloaded layers that stream in the current selection, in forward order.
     pub fn selected(&self) -> Vec<usize> {
-        self.order.iter().map(|&p| self.offloaded[p]).collect()
+        self.cycle.iter().map(|&p| self.offloaded[p]).collect()
     }
 
     /// Makes the offloaded layers for which `streams(index)` holds the ones that stream from
@@ -146,36 +146,36 @@ impl Streamer {
         let order: Vec<usize> = (0..self.offloaded.len())
             .filter(|&p| streams(self.offloaded[p]))
             .collect();
-        if order == self.order {
+        if order == self.cycle {
             return Ok(());
         }
         match &mut self.copies {
             Copies::Thread(t) => t.resync(),
             Copies::Gpu(g) => g.resync()?,
         }
-        self.order = order;
+        self.cycle = order;
         self.base = self.issued;
         self.head = self.issued;
         Ok(())
     }
 
-    /// Which entry of `order` ticket `ticket` serves.
+    /// Which entry of `cycle` ticket `ticket` serves.
     fn nth(&self, ticket: u64) -> usize {
-        ((ticket - self.base) % self.order.len() as u64) as usize
+        ((ticket - self.base) % self.cycle.len() as u64) as usize
     }
 
     /// Queues copies so that tickets `head..=head + lookahead` are issued. Never waits for a
     /// copy.
     pub fn prefetch(&mut self) -> Result<()> {
-        if self.order.is_empty() {
+        if self.cycle.is_empty() {
             return Ok(());
         }
         let limit = self.head + self.lookahead;
-        let (slots, base, order) = (self.slots as u64, self.base, &self.order);
+        let (slots, base, cycle) = (self.slots as u64, self.base, &self.cycle);
         let command = |ticket: u64| Command {
             ticket,
             slot: (ticket % slots) as usize,
-            position: order[((ticket - base) % order.len() as u64) as usize],
+            position: cycle[((ticket - base) % cycle.len() as u64) as usize],
         };
         match &mut self.copies {
             Copies::Thread(t) => {
@@ -207,7 +207,7 @@ impl Streamer {
         self.prefetch()?;
         let ticket = self.head;
         let slot = (ticket % self.slots as u64) as usize;
-        let position = self.order[nth];
+        let position = self.cycle[nth];
         match &mut self.copies {
             Copies::Thread(t) => t.acquire(ticket, slot),
             Copies::Gpu(g) => g.acquire(ticket, slot, position),
@@ -239,12 +239,12 @@ impl Streamer {
 
     /// Which entry of the selection streams layer `index`.
     fn position(&self, index: usize) -> Result<usize> {
-        self.order
+        self.cycle
             .iter()
             .position(|&p| self.offloaded[p] == index)
             .ok_or(OffloadError::NoSuchLayer {
                 index,
-                n_layers: self.order.len(),
+                n_layers: self.cycle.len(),
             })
     }
 
