@@ -270,22 +270,26 @@ fn smollm2_host_tier_decodes_like_none() {
     check(&base, &prompts, &[0, 1, 2], 0);
 }
 
-/// The tiny families of tests/suite/offload_modes.rs (3 layers, one resident), quantized.
+/// The tiny families of tests/suite/offload_modes.rs (3 layers), quantized (the slab's block
+/// region viewed in place) and dequantized to f32 (every weight a view of its dense region).
 #[test]
 fn tiny_families_host_tier_decodes_like_none() {
     let dir = tempfile::tempdir().unwrap();
     for arch in ["qwen3", "gemma3", "phi3", "qwen3moe"] {
         let path = dir.path().join(format!("{arch}.gguf"));
         crate::tiny::family_gguf(&path, arch, candle_core::quantized::GgmlDType::Q8_0);
-        let mut base = tiny_base(&path);
-        base.tier.experts = false;
-        let prompts: Vec<Vec<u32>> = (0..4)
-            .map(|i| crate::tiny::PROMPT[..crate::tiny::PROMPT.len() - i].to_vec())
-            .collect();
-        // A quarter layer of slack: slot padding fits, another layer does not.
-        let layer = plan_for(&base).layers[0].bytes;
-        println!("{arch}");
-        check(&base, &prompts, &[0, 1], layer / 4);
+        for dtype in [DtypeChoice::Auto, DtypeChoice::F32] {
+            let mut base = tiny_base(&path);
+            base.dtype = dtype;
+            base.tier.experts = false;
+            let prompts: Vec<Vec<u32>> = (0..4)
+                .map(|i| crate::tiny::PROMPT[..crate::tiny::PROMPT.len() - i].to_vec())
+                .collect();
+            // A quarter layer of slack: slot padding fits, another layer does not.
+            let layer = plan_for(&base).layers[0].bytes;
+            println!("{arch} {dtype:?}");
+            check(&base, &prompts, &[0, 1], layer / 4);
+        }
     }
 }
 
