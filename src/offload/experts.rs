@@ -325,9 +325,11 @@ impl ExpertStore {
         self.copier.settle();
     }
 
-    /// Whether layers are predicted (prefetch depth >= 1).
+    /// Whether layers are predicted: prefetch depth >= 1 and a tier that may stream (a forced
+    /// host tier copies nothing, so it skips the prediction's router pass).
     pub fn predicts(&self) -> bool {
-        self.lock().prefetch > 0
+        let pool = self.lock();
+        pool.prefetch > 0 && pool.tier != ExpertTier::Host
     }
 
     fn lock(&self) -> MutexGuard<'_, Pool> {

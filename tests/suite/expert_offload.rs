@@ -560,6 +560,9 @@ fn predicted_experts_are_copied_ahead_and_hit() {
             let experts = placed.store.experts().unwrap().clone();
             experts.set_tier(ExpertTier::Stream);
             assert_eq!(experts.predicts(), prefetch > 0, "{what}");
+            experts.set_tier(ExpertTier::Host);
+            assert!(!experts.predicts(), "{what}: the host tier copies nothing");
+            experts.set_tier(ExpertTier::Stream);
             let tokens = greedy(&placed.model, &mut placed.store, prompts);
             assert_eq!(tokens, expected, "{what}");
             experts.settle();
