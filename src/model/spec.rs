@@ -435,7 +435,12 @@ impl ModelSpec {
                 "hidden_size / heads",
             )?,
         };
-        let rope = match &raw.rope_scaling {
+        let rope_parameters = RopeParameters::of(raw.rope_parameters.as_ref())?;
+        let rope = match raw
+            .rope_scaling
+            .as_ref()
+            .or(rope_parameters.global.as_ref())
+        {
             None => RopeScalings::default(),
             Some(s) => parse_rope_scaling(
                 s,
@@ -468,7 +473,10 @@ impl ModelSpec {
             vocab_size: raw.vocab_size,
             max_context: raw.max_position_embeddings,
             rms_norm_eps: raw.rms_norm_eps,
-            rope_theta: raw.rope_theta.unwrap_or(10_000.0) as f32,
+            rope_theta: raw
+                .rope_theta
+                .or(rope_parameters.global.as_ref().and_then(|p| p.rope_theta))
+                .unwrap_or(10_000.0) as f32,
             rope_scaling: rope.llama3,
             rope_interleaved: false,
             // transformers' Gemma configs tie by default.
@@ -477,8 +485,11 @@ impl ModelSpec {
                 || raw.attention_bias.unwrap_or(false),
             sliding_window,
             sliding_window_pattern,
-            rope_local_theta: (architecture == Architecture::Gemma3)
-                .then(|| raw.rope_local_base_freq.unwrap_or(10_000.0) as f32),
+            rope_local_theta: (architecture == Architecture::Gemma3).then(|| {
+                raw.rope_local_base_freq
+                    .or(rope_parameters.local.as_ref().and_then(|p| p.rope_theta))
+                    .unwrap_or(10_000.0) as f32
+            }),
             rope_linear_factor: rope.linear,
             rope_freq_factors: rope.freq_factors,
             rope_attn_factor: rope.attn_factor,
@@ -587,7 +598,8 @@ fn hf_moe(raw: &HfConfig, architecture: Architecture) -> Result<Option<MoeSpec>>
                 ));
             }
             MoeSpec {
-                n_experts: raw.num_experts.unwrap_or(0),
+                // transformers 5 writes `num_local_experts` for Qwen3-MoE too.
+                n_experts: raw.num_experts.or(raw.num_local_experts).unwrap_or(0),
                 n_used: raw.num_experts_per_tok.unwrap_or(0),
                 expert_ff: raw.moe_intermediate_size.unwrap_or(0),
                 norm_topk: raw.norm_topk_prob.unwrap_or(false),
@@ -743,6 +755,9 @@ struct HfConfig {
     rms_norm_eps: f64,
     rope_theta: Option<f64>,
     rope_scaling: Option<RawRopeScaling>,
+    /// transformers 5's form of `rope_theta` + `rope_scaling`: one object, or one per layer
+    /// type (`full_attention`, `sliding_attention`) for Gemma 3.
+    rope_parameters: Option<serde_json::Value>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
     sliding_window: Option<usize>,
@@ -780,6 +795,38 @@ struct RawRopeScaling {
     short_factor: Option<Vec<f32>>,
     long_factor: Option<Vec<f32>>,
     attention_factor: Option<f32>,
+    /// Only in transformers 5's `rope_parameters`.
+    rope_theta: Option<f64>,
+}
+
+/// transformers 5's `rope_parameters`, split into the global (full-attention) layers' and the
+/// sliding-window layers' parameters.
+#[derive(Debug, Default)]
+struct RopeParameters {
+    global: Option<RawRopeScaling>,
+    local: Option<RawRopeScaling>,
+}
+
+impl RopeParameters {
+    fn of(value: Option<&serde_json::Value>) -> Result<Self> {
+        let parse = |v: &serde_json::Value| {
+            serde_json::from_value::<RawRopeScaling>(v.clone())
+                .map_err(|e| ModelError::Config(format!("config.json rope_parameters: {e}")))
+        };
+        let Some(value) = value else {
+            return Ok(Self::default());
+        };
+        match (value.get("full_attention"), value.get("sliding_attention")) {
+            (None, None) => Ok(Self {
+                global: Some(parse(value)?),
+                local: None,
+            }),
+            (global, local) => Ok(Self {
+                global: global.map(parse).transpose()?,
+                local: local.map(parse).transpose()?,
+            }),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

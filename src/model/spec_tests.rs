@@ -236,3 +236,49 @@ fn moe_configs_give_their_experts() {
         Err(ModelError::Config(_))
     ));
 }
+
+#[test]
+fn transformers5_rope_parameters_and_qwen3_moe_expert_count() {
+    // transformers 5 folds `rope_theta` and `rope_scaling` into `rope_parameters` and writes
+    // Qwen3-MoE's expert count as `num_local_experts`.
+    let json = SMOL_LIKE
+        .replace("\"model_type\": \"llama\"", "\"model_type\": \"qwen3_moe\"")
+        .replace(
+            "\"rope_theta\": 100000.0",
+            "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000000.0}",
+        )
+        .replace(
+            "\"hidden_act\"",
+            "\"num_local_experts\": 16, \"num_experts_per_tok\": 2,
+             \"moe_intermediate_size\": 64, \"hidden_act\"",
+        );
+    let spec = ModelSpec::from_hf_config(&json).unwrap();
+    assert_eq!(spec.rope_theta, 1_000_000.0);
+    assert_eq!(spec.moe.unwrap().n_experts, 16);
+
+    let llama3 = SMOL_LIKE.replace(
+        "\"rope_theta\": 100000.0",
+        "\"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": 500000.0,
+         \"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,
+         \"original_max_position_embeddings\": 8192}",
+    );
+    let spec = ModelSpec::from_hf_config(&llama3).unwrap();
+    assert_eq!(spec.rope_theta, 500_000.0);
+    assert_eq!(spec.rope_scaling.unwrap().factor, 8.0);
+
+    // Gemma 3: one object per layer type.
+    let gemma = SMOL_LIKE
+        .replace("\"model_type\": \"llama\"", "\"model_type\": \"gemma3_text\"")
+        .replace("\"silu\"", "\"gelu_pytorch_tanh\"")
+        .replace(
+            "\"rope_theta\": 100000.0",
+            "\"sliding_window\": 512, \"sliding_window_pattern\": 6,
+             \"rope_parameters\": {
+                \"full_attention\": {\"rope_type\": \"linear\", \"factor\": 8.0, \"rope_theta\": 1000000.0},
+                \"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0}}",
+        );
+    let spec = ModelSpec::from_hf_config(&gemma).unwrap();
+    assert_eq!(spec.rope_theta, 1_000_000.0);
+    assert_eq!(spec.rope_local_theta, Some(10_000.0));
+    assert_eq!(spec.rope_linear_factor, Some(8.0));
+}
