@@ -9,7 +9,9 @@
 //! [`ACT_ROWS`] rows instead of once per row and does a quarter of the unpacking; the
 //! activations of the four rows stay in L1. Leftover rows (fewer than four) and formats without
 //! a micro-kernel go through the one-row dot ([`Dot::row`]). Results land in place in the
-//! row-major output (no transposed scratch). The micro-kernels repeat the one-row kernels'
+//! row-major output (no transposed scratch). The k-quants (Q4_K, Q5_K, Q6_K) have their own
+//! four-row kernels ([`rows4_k`]) and, on AVX-512, eight-row ones ([`kquants::tile::rows8`]).
+//! The micro-kernels repeat the one-row kernels'
 //! arithmetic exactly, so the tiling never changes a result.
 //!
 //! On AVX-512 VNNI CPUs a call of at least [`GEMM_MIN_ROWS`] rows of a format
@@ -213,15 +215,16 @@ impl Task<'_> {
                 return;
             }
         }
-        if tiling == Tiling::Tiled && rows8_k(&self.dot).is_some() {
+        if let (Tiling::Tiled, Some((path, f))) = (tiling, rows8_k(&self.dot)) {
             // k-quants on AVX-512: eight activation rows per weight block.
             while i + 8 <= self.acts.end {
-                let q8k: kquants::tile::Rows8K<'_> = std::array::from_fn(|d| row(i + d).q8k);
+                let a: [ActRow<'_>; 8] = std::array::from_fn(|d| row(i + d));
+                let q8k = a.map(|a| a.q8k);
                 for r in self.weights.clone() {
                     let w = weight(r);
-                    let y =
-                        rows8_k(&self.dot).and_then(|(p, f)| kquants::tile::rows8(p, f, w, q8k));
-                    for (di, v) in y.expect("an eight-row kernel").into_iter().enumerate() {
+                    let y = kquants::tile::rows8(path, f, w, q8k)
+                        .unwrap_or_else(|| a.map(|a| self.dot.row(w, a)));
+                    for (di, v) in y.into_iter().enumerate() {
                         self.out.set(i + di, r, v);
                     }
                 }

@@ -1,6 +1,7 @@
 //! The k-quant micro-kernels of the tiled matmul ([`crate::model::cpu_qmatmul::tile`]): one
-//! raw GGUF weight row dotted with four rows of [`Q8KBlock`]s at once, each weight super-block
-//! (its quants and its scales) unpacked once for the four.
+//! raw GGUF weight row dotted with four rows of [`Q8KBlock`]s at once ([`rows4`]; eight on
+//! AVX-512, [`rows8`]), each weight super-block (its quants and its scales) unpacked once for
+//! all of them.
 //!
 //! Three implementations, picked at run time by [`Path::detect`]: AVX-512 (BW + VNNI, zmm:
 //! [`super::avx512_tile`]), AVX2 with AVX-VNNI's `vpdpwssd` and plain AVX2
