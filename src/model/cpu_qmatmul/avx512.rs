@@ -1,6 +1,6 @@
 //! AVX-512 (F, BW, VL, VNNI) dot products of one raw GGUF weight row with one quantized
 //! activation row, for the formats whose blocks are 32 integer weights times one scale (Q4_0,
-//! Q8_0, IQ4_NL, IQ4_XS, MXFP4), and the block decoders they share with the multi-row GEMM
+//! Q8_0, IQ4_NL, IQ4_XS, MXFP4; Q4_1 with its minimum), and the block decoders they share with the multi-row GEMM
 //! kernel in [`super::avx512_panel`].
 //!
 //! Each block is decoded to 32 *unsigned* bytes `u_j = w_j + offset` ([`Codec`]: the signed
@@ -9,7 +9,8 @@
 //! `sum_j u_j a_j - offset * sum_j a_j` is the block's exact integer dot product. The row's
 //! result is then, in block order, `acc = fma(sumi_b, d_b * a.d_b, acc)` from `acc = 0`: one
 //! rounding per block, no lane partial sums. The GEMM kernel computes each output with exactly
-//! this sequence (one lane per weight row), so the two are equal bit for bit, whichever of
+//! this sequence (Q4_1 adds `acc = fma(m_b, a.s_b, acc)` after each block's term; one lane
+//! per weight row), so the two are equal bit for bit, whichever of
 //! them the tiled loop uses for a row. Against the AVX2 and scalar kernels the results differ
 //! by float summation order only (the integer block sums are the same). Which formats use
 //! this row kernel outside the GEMM is [`Avx512::row_wins`].
@@ -41,7 +42,12 @@ impl Avx512 {
     pub(super) fn supports(format: Format) -> bool {
         matches!(
             format,
-            Format::Q4_0 | Format::Q8_0 | Format::IQ4_NL | Format::IQ4_XS | Format::MXFP4
+            Format::Q4_0
+                | Format::Q4_1
+                | Format::Q8_0
+                | Format::IQ4_NL
+                | Format::IQ4_XS
+                | Format::MXFP4
         )
     }
 
@@ -52,7 +58,7 @@ impl Avx512 {
     /// the AVX2 lane sums; those keep their AVX2 row kernels, and only their prompts take the
     /// GEMM kernel.
     pub(super) fn row_wins(format: Format) -> bool {
-        matches!(format, Format::Q4_0 | Format::Q8_0)
+        matches!(format, Format::Q4_0 | Format::Q4_1 | Format::Q8_0)
     }
 
     /// Dot product of one weight row `w` of `format` with `a` (`None`: no kernel here).
@@ -67,6 +73,7 @@ impl Avx512 {
         unsafe {
             Some(match format {
                 Format::Q4_0 => row::<Q4_0>(w, a),
+                Format::Q4_1 => row::<Q4_1>(w, a),
                 Format::Q8_0 => row::<Q8_0>(w, a),
                 Format::IQ4_NL => row::<Iq4Nl>(w, a),
                 Format::IQ4_XS => row::<Iq4Xs>(w, a),
@@ -82,6 +89,7 @@ impl Avx512 {
 pub(super) fn row_bytes(format: Format, kb: usize) -> Option<usize> {
     Some(match format {
         Format::Q4_0 => 18 * kb,
+        Format::Q4_1 => 20 * kb,
         Format::Q8_0 => 34 * kb,
         Format::IQ4_NL => IQ4_NL_BYTES * kb,
         Format::MXFP4 => MXFP4_BYTES * kb,
@@ -102,6 +110,18 @@ pub(super) trait Codec {
     /// # Safety
     /// The CPU must have the features of [`Avx512`]; the row must hold block `b`.
     unsafe fn block(row: *const u8, b: usize) -> (__m256i, f32);
+    /// Whether blocks also carry a minimum `m` (Q4_1: element `j` is `d * u_j + m`), whose
+    /// term `m * a.s` follows the block's in the sum.
+    const MIN: bool = false;
+    /// Block `b`'s minimum (when [`MIN`](Self::MIN)).
+    ///
+    /// # Safety
+    /// As [`block`](Self::block).
+    #[inline(always)]
+    unsafe fn min(row: *const u8, b: usize) -> f32 {
+        let _ = (row, b);
+        0.0
+    }
     /// Prefetches the weights some way ahead of block `b`.
     ///
     /// # Safety
@@ -179,6 +199,32 @@ impl Codec for Q4_0 {
     unsafe fn prefetch(row: *const u8, b: usize) {
         if b.is_multiple_of(2) {
             prefetch_at(row.wrapping_add(18 * b));
+        }
+    }
+}
+
+/// Q4_1: `d: f16`, `m: f16`, 16 bytes of nibbles; element `j` is `d * nibble_j + m`.
+pub(super) struct Q4_1;
+impl Codec for Q4_1 {
+    const OFFSET: i32 = 0;
+    const MIN: bool = true;
+    #[inline(always)]
+    unsafe fn block(row: *const u8, b: usize) -> (__m256i, f32) {
+        let p = row.add(20 * b);
+        let mask = _mm_set1_epi8(0x0F);
+        let q = _mm_loadu_si128(p.add(4).cast());
+        let lo = _mm_and_si128(q, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), mask);
+        (_mm256_set_m128i(hi, lo), f16_at(p))
+    }
+    #[inline(always)]
+    unsafe fn min(row: *const u8, b: usize) -> f32 {
+        f16_at(row.add(20 * b + 2))
+    }
+    #[inline(always)]
+    unsafe fn prefetch(row: *const u8, b: usize) {
+        if b.is_multiple_of(2) {
+            prefetch_at(row.wrapping_add(20 * b));
         }
     }
 }
@@ -266,6 +312,9 @@ unsafe fn row<C: Codec>(w: *const u8, a: &[Q8Block]) -> f32 {
         let (u, d) = C::block(w, b);
         let sumi = block_sum(u, C::OFFSET, a);
         acc = (sumi as f32).mul_add(d * a.d, acc);
+        if C::MIN {
+            acc = C::min(w, b).mul_add(a.s, acc);
+        }
     }
     acc
 }

@@ -1,4 +1,4 @@
-//! The multi-row GEMM kernel of the AVX-512 path (Q4_0, Q8_0, IQ4_NL, IQ4_XS, MXFP4): a
+//! The multi-row GEMM kernel of the AVX-512 path (Q4_0, Q4_1, Q8_0, IQ4_NL, IQ4_XS, MXFP4): a
 //! prompt's matmul computed as int8 outer products instead of one dot product per output.
 //!
 //! A task's weight rows are taken sixteen at a time (a panel): every block of the sixteen
@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::activation::Q8Block;
-use super::avx512::{row_bytes, Avx512, Codec, Iq4Nl, Iq4Xs, Mxfp4, Q4_0, Q8_0};
+use super::avx512::{row_bytes, Avx512, Codec, Iq4Nl, Iq4Xs, Mxfp4, Q4_0, Q4_1, Q8_0};
 use super::Format;
 
 /// Weight rows per panel (the lanes of one register of i32).
@@ -57,6 +57,7 @@ pub(super) fn run(
         let data = data.as_ptr();
         match format {
             Format::Q4_0 => panels::<Q4_0>(data, row_stride, weights, acts, out),
+            Format::Q4_1 => panels::<Q4_1>(data, row_stride, weights, acts, out),
             Format::Q8_0 => panels::<Q8_0>(data, row_stride, weights, acts, out),
             Format::IQ4_NL => panels::<Iq4Nl>(data, row_stride, weights, acts, out),
             Format::IQ4_XS => panels::<Iq4Xs>(data, row_stride, weights, acts, out),
@@ -82,12 +83,14 @@ unsafe fn panels<C: Codec>(
     // Block b's word w of lane (row) r at [(b * WORDS + w) * PANEL + r]; scales at [b * PANEL + r].
     let mut packed = vec![0u32; kb * WORDS * PANEL];
     let mut scales = vec![0f32; kb * PANEL];
+    let mut mins = vec![0f32; if C::MIN { kb * PANEL } else { 0 }];
     let mut lanes = [0f32; PANEL];
     for first in weights.clone().step_by(PANEL) {
         let n = (weights.end - first).min(PANEL);
         if n < PANEL {
             packed.fill(0);
             scales.fill(0.0);
+            mins.fill(0.0);
         }
         for r in 0..n {
             let row = data.add((first + r) * row_stride);
@@ -99,6 +102,9 @@ unsafe fn panels<C: Codec>(
                     packed[(b * WORDS + w) * PANEL + r] = word;
                 }
                 scales[b * PANEL + r] = d;
+                if C::MIN {
+                    mins[b * PANEL + r] = C::min(row, b);
+                }
             }
         }
         let mut emit = |i: usize, acc: __m512| {
@@ -107,11 +113,11 @@ unsafe fn panels<C: Codec>(
         };
         let mut i = 0;
         while i + 4 <= acts.len() {
-            let acc = sweep::<4>(
+            let acc = sweep::<4, C>(
                 &packed,
                 &scales,
+                &mins,
                 [acts[i], acts[i + 1], acts[i + 2], acts[i + 3]],
-                C::OFFSET,
             );
             for (di, acc) in acc.into_iter().enumerate() {
                 emit(i + di, acc);
@@ -119,7 +125,7 @@ unsafe fn panels<C: Codec>(
             i += 4;
         }
         for (i, &a) in acts.iter().enumerate().skip(i) {
-            let [acc] = sweep::<1>(&packed, &scales, [a], C::OFFSET);
+            let [acc] = sweep::<1, C>(&packed, &scales, &mins, [a]);
             emit(i, acc);
         }
     }
@@ -131,12 +137,13 @@ unsafe fn panels<C: Codec>(
 /// The CPU must have the features of [`Avx512`]; `packed` and `scales` hold `a[0].len()`
 /// blocks (see [`panels`]).
 #[inline(always)]
-unsafe fn sweep<const R: usize>(
+unsafe fn sweep<const R: usize, C: Codec>(
     packed: &[u32],
     scales: &[f32],
+    mins: &[f32],
     a: [&[Q8Block]; R],
-    offset: i32,
 ) -> [__m512; R] {
+    let offset = C::OFFSET;
     let kb = a[0].len();
     debug_assert!(packed.len() >= kb * WORDS * PANEL && scales.len() >= kb * PANEL);
     let mut acc = [_mm512_setzero_ps(); R];
@@ -145,6 +152,10 @@ unsafe fn sweep<const R: usize>(
         let w: [__m512i; WORDS] =
             std::array::from_fn(|j| _mm512_loadu_si512(base.add(j * PANEL).cast()));
         let ws = _mm512_loadu_ps(scales.as_ptr().add(b * PANEL));
+        let wm = match C::MIN {
+            true => _mm512_loadu_ps(mins.as_ptr().add(b * PANEL)),
+            false => _mm512_setzero_ps(),
+        };
         for r in 0..R {
             let blk = a[r].get_unchecked(b);
             let q = blk.qs.as_ptr().cast::<i32>();
@@ -161,6 +172,9 @@ unsafe fn sweep<const R: usize>(
             let sumi = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
             let scale = _mm512_mul_ps(ws, _mm512_set1_ps(blk.d));
             acc[r] = _mm512_fmadd_ps(sumi, scale, acc[r]);
+            if C::MIN {
+                acc[r] = _mm512_fmadd_ps(wm, _mm512_set1_ps(blk.s), acc[r]);
+            }
         }
     }
     acc

@@ -1,4 +1,4 @@
-//! The AVX-512 path (Q4_0, Q8_0, IQ4_NL, IQ4_XS, MXFP4): its one-row kernel against the
+//! The AVX-512 path (Q4_0, Q4_1, Q8_0, IQ4_NL, IQ4_XS, MXFP4): its one-row kernel against the
 //! f32 dot product of the decoded weights with the same int8 activations, and its GEMM kernel
 //! against the one-row kernel bit for bit, for odd and partial panels and row counts that
 //! leave partial four-row groups; and every path of the tiled matmul against its per-row loop
@@ -14,8 +14,9 @@ use super::tile::{Tiling, GEMM_MIN_ROWS};
 use super::{matmul_many_with, Blocks, CpuQMatMul, Format, Kernel};
 use crate::model::header::GgufType;
 
-const TYPES: [GgufType; 5] = [
+const TYPES: [GgufType; 6] = [
     GgufType::Q4_0,
+    GgufType::Q4_1,
     GgufType::Q8_0,
     GgufType::IQ4_NL,
     GgufType::IQ4_XS,
@@ -91,7 +92,22 @@ fn avx512_row_kernel_is_the_f32_dot_of_the_decoded_blocks() {
                     .zip(&xq)
                     .map(|(&a, &b)| f64::from((a * b).abs()))
                     .sum();
-                let tol = 1e-5 * mag + 1e-6;
+                // Q4_1's offset term reads `a.s`, which is `d * sum(qs)` rounded through f16
+                // (as ggml stores it): allow that rounding times the blocks' minimums.
+                let row = &data[r * row_bytes..(r + 1) * row_bytes];
+                let s_rounding: f64 = match ty {
+                    GgufType::Q4_1 => act
+                        .iter()
+                        .enumerate()
+                        .map(|(b, a)| {
+                            let m = half::f16::from_le_bytes([row[20 * b + 2], row[20 * b + 3]]);
+                            let exact = f64::from(a.d) * f64::from(a.isum);
+                            f64::from(m.to_f32().abs()) * (f64::from(a.s) - exact).abs()
+                        })
+                        .sum(),
+                    _ => 0.0,
+                };
+                let tol = 1e-5 * mag + s_rounding + 1e-6;
                 assert!(
                     (f64::from(got) - want).abs() <= tol,
                     "{ty} {cols} row {r}: {got} vs {want} (tol {tol})"
