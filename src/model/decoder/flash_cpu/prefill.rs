@@ -156,12 +156,29 @@ fn tile<const FMA: bool>(
                     (true, false) => row_scores::<FMA>(&q[r * d..(r + 1) * d], &kt, &mut scores),
                     (false, false) => {}
                 }
-                for (i, range, scores) in [(r, first, &mut scores), (r + 1, second, &mut scores2)] {
-                    if let Some((a, b)) = range {
-                        let out = &mut acc[i * d..(i + 1) * d];
-                        let at = g * TILE_Q + i;
-                        let state = (&mut max[at], &mut sum[at]);
-                        absorb::<FMA>(s, &mut scores[a..b], state, out, &vt[a * d..b * d]);
+                let at = g * TILE_Q + r;
+                match (first, second) {
+                    // Both rows see the same keys (every tile but the diagonal one): one pass
+                    // over the value rows serves both.
+                    (Some((a, b)), Some(same)) if same == (a, b) => {
+                        let (o0, o1) = acc[r * d..(r + 2) * d].split_at_mut(d);
+                        let (w0, w1) = (&mut scores[a..b], &mut scores2[a..b]);
+                        let c0 = online_softmax(s, w0, &mut max[at], &mut sum[at]);
+                        let c1 = online_softmax(s, w1, &mut max[at + 1], &mut sum[at + 1]);
+                        rescale(o0, c0);
+                        rescale(o1, c1);
+                        add_weighted2::<FMA>([o0, o1], [w0, w1], &vt[a * d..b * d]);
+                    }
+                    _ => {
+                        let rows = [(r, first, &mut scores), (r + 1, second, &mut scores2)];
+                        for (i, range, scores) in rows {
+                            if let Some((a, b)) = range {
+                                let out = &mut acc[i * d..(i + 1) * d];
+                                let at = g * TILE_Q + i;
+                                let state = (&mut max[at], &mut sum[at]);
+                                absorb::<FMA>(s, &mut scores[a..b], state, out, &vt[a * d..b * d]);
+                            }
+                        }
                     }
                 }
                 r += 2;
@@ -190,12 +207,46 @@ fn absorb<const FMA: bool>(
     values: &[f32],
 ) {
     let correction = online_softmax(s, scores, max, sum);
-    if correction != 1.0 {
+    rescale(out, correction);
+    add_weighted::<FMA>(out, scores, values);
+}
+
+/// `out *= factor` (skipped when the running maximum did not move).
+#[inline(always)]
+fn rescale(out: &mut [f32], factor: f32) {
+    if factor != 1.0 {
         for o in out.iter_mut() {
-            *o *= correction;
+            *o *= factor;
         }
     }
-    add_weighted::<FMA>(out, scores, values);
+}
+
+/// [`add_weighted`] of two output rows with their own weights over the same value rows (each
+/// value loaded once for both).
+#[inline(always)]
+fn add_weighted2<const FMA: bool>(out: [&mut [f32]; 2], w: [&[f32]; 2], rows: &[f32]) {
+    let [o0, o1] = out;
+    let d = o0.len();
+    let (mut w0, mut w1) = (w[0].chunks_exact(4), w[1].chunks_exact(4));
+    let mut vs = rows.chunks_exact(4 * d);
+    for ((a, b), v4) in (&mut w0).zip(&mut w1).zip(&mut vs) {
+        let (v0, rest) = v4.split_at(d);
+        let (v1, rest) = rest.split_at(d);
+        let (v2, v3) = rest.split_at(d);
+        for (c, (x, y)) in o0.iter_mut().zip(o1.iter_mut()).enumerate() {
+            let p = madd::<FMA>(a[1], v1[c], madd::<FMA>(a[0], v0[c], *x));
+            *x = madd::<FMA>(a[3], v3[c], madd::<FMA>(a[2], v2[c], p));
+            let q = madd::<FMA>(b[1], v1[c], madd::<FMA>(b[0], v0[c], *y));
+            *y = madd::<FMA>(b[3], v3[c], madd::<FMA>(b[2], v2[c], q));
+        }
+    }
+    let rest = w0.remainder().iter().zip(w1.remainder());
+    for ((&a, &b), v) in rest.zip(vs.remainder().chunks_exact(d)) {
+        for ((x, y), &v) in o0.iter_mut().zip(o1.iter_mut()).zip(v) {
+            *x = madd::<FMA>(a, v, *x);
+            *y = madd::<FMA>(b, v, *y);
+        }
+    }
 }
 
 /// `a * b + c`, fused where the caller was compiled with FMA (`FMA`), else plain (a fused
