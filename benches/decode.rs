@@ -43,6 +43,8 @@ struct Options {
 
 fn main() -> Result<(), String> {
     let options = Options::parse();
+    // The allocator settings `ferry serve` runs with, so the resident sets below are the server's.
+    ferry::server::limits::tune_allocator();
     let config = ModelConfig {
         name: "bench".to_string(),
         source: options.model.source.clone(),

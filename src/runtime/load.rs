@@ -71,7 +71,7 @@ pub fn load_for_serving_shared(
     let checkpoint = open_checkpoint(config, hub)?;
     let free = free_bytes(device)?;
     let plan = plan_checkpoint(config, device_config, device, &checkpoint, free)?;
-    load_planned(
+    let loaded = load_planned(
         config,
         device_config,
         device,
@@ -79,7 +79,25 @@ pub fn load_for_serving_shared(
         &plan,
         None,
         swap,
-    )
+    )?;
+    release_after_load(checkpoint);
+    Ok(loaded)
+}
+
+/// Drops `checkpoint` once its model is loaded and gives back to the OS what loading freed (the
+/// header's metadata, the tokenizer's build tables: megabytes glibc would keep in its heaps), on
+/// a thread of its own so neither is part of the load's time.
+pub fn release_after_load(checkpoint: Checkpoint) {
+    let release = move || {
+        drop(checkpoint);
+        crate::server::limits::release_freed_memory();
+    };
+    if let Err(err) = std::thread::Builder::new()
+        .name("ferry-release".into())
+        .spawn(release)
+    {
+        tracing::debug!(error = %err, "no thread to release the load's memory");
+    }
 }
 
 /// Loads a model `serve` has already opened and planned (`runtime::device_plan`): the same

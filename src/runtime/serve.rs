@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 
 use super::device::{describe, select_device};
 use super::device_plan::prepare_serving;
-use super::load::load_planned;
+use super::load::{load_planned, release_after_load};
 use super::telemetry::Telemetry;
 use super::RuntimeError;
 use crate::config::{Config, ServerConfig};
@@ -164,6 +164,7 @@ pub async fn serve(
                     cost,
                     swap.as_ref(),
                 );
+                release_after_load(checkpoint);
                 if let Ok(loaded) = &outcome {
                     telemetry
                         .add_model(&model.name, Arc::clone(loaded.runner.store().accounting()));
