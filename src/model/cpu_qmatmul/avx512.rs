@@ -51,6 +51,19 @@ impl Avx512 {
         )
     }
 
+    /// Whether `Kernel::Auto` runs `format` on this path: Q4_0 and the table-coded formats.
+    /// Q4_1 and Q8_0 have kernels here ([`supports`](Self::supports)) but stay on AVX2: the
+    /// suite's parity checks against candle (the default Q4_1 model's greedy tokens, the
+    /// quantized Phi-3's logits within 1e-3) follow candle's AVX2 float summation order, and
+    /// a one-ulp change before an activation is re-quantized to int8 can move it by a whole
+    /// step, which those checks see (measured: 7.4e-3 on Phi-3 against 2.4e-7 on AVX2).
+    pub(super) fn enabled(format: Format) -> bool {
+        matches!(
+            format,
+            Format::Q4_0 | Format::IQ4_NL | Format::IQ4_XS | Format::MXFP4
+        )
+    }
+
     /// Whether the one-row kernel also serves `format`'s row-at-a-time products (decode, and
     /// calls of fewer than [`super::tile::GEMM_MIN_ROWS`] rows). Measured (2 threads, 4096 x
     /// 4096, m = 1): on par with the AVX2 kernels for Q4_0 and Q8_0, 0.45-0.75x of them for

@@ -39,7 +39,7 @@ pub(super) fn exact_per_row(ty: GgufType, kernel: Kernel, m: usize) -> bool {
     let format = Format::of(ty).unwrap();
     !(kernel == Kernel::Auto
         && m >= GEMM_MIN_ROWS
-        && Avx512::supports(format)
+        && Avx512::enabled(format)
         && !Avx512::row_wins(format)
         && Avx512::detect().is_some())
 }

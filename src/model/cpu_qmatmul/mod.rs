@@ -146,7 +146,7 @@ impl Dot {
             },
             #[cfg(target_arch = "x86_64")]
             avx512: match kernel {
-                Kernel::Auto if avx512::Avx512::supports(format) => avx512::Avx512::detect(),
+                Kernel::Auto if avx512::Avx512::enabled(format) => avx512::Avx512::detect(),
                 _ => None,
             },
         }
