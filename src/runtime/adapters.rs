@@ -55,11 +55,6 @@ pub struct ModelRunner {
     max_context: usize,
 }
 
-/// Tokens in one step from which the step's freed activations are given back to the OS on the
-/// CPU (a few milliseconds of `malloc_trim` after a step of hundreds of tokens; the next long
-/// step faults the pages in again).
-const RELEASE_AFTER_TOKENS: usize = 256;
-
 /// One request's state: its KV cache and, in mode `model`, the lease that keeps the model
 /// resident while the request runs.
 #[derive(Debug)]
@@ -205,12 +200,6 @@ impl LanguageModel for ModelRunner {
             self.layers
                 .accounting()
                 .observe_kv(seq.cache.allocated_bytes() as u64);
-        }
-        // A long step's activations (a prompt's prefill) are freed by now, but glibc keeps them
-        // in its heaps: hand them back so the resident set returns to weights + KV cache.
-        let tokens: usize = batch.iter().map(|(_, t)| t.len()).sum();
-        if tokens >= RELEASE_AFTER_TOKENS && self.model.device().is_cpu() {
-            crate::server::limits::release_freed_memory();
         }
         logits
             .to_vec2::<f32>()
