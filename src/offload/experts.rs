@@ -34,8 +34,13 @@
 //! (and its slot until the layer is released). The depth beyond 1 changes nothing: only the
 //! next layer is predicted.
 //!
-//! Expert offload runs on the CPU device; CUDA placements with offloaded experts are refused
-//! at load.
+//! On a CUDA device ([`super::experts_gpu`]) the pool's slots are device buffers and each
+//! offloaded expert's slab is pinned host memory; a copy is queued on the copy stream (behind
+//! the compute queued so far) instead of the copy thread, and the compute stream waits for its
+//! event before the expert computes, so nothing blocks the host. Offloaded experts always
+//! stream there (no host tier: its slabs are pinned, not computed on): when every slot is taken
+//! by a layer's experts, the rest are copied in further rounds, each after the previous round's
+//! kernels were queued.
 
 use candle_core::{DType, Device};
 use std::collections::HashMap;
@@ -46,6 +51,7 @@ use super::buffer::HostMemory;
 use super::cost::{CostModel, Tier, UnitWork};
 use super::error::OffloadError;
 use super::experts_copy::{CopyJob, CopyKind, ExpertCopier};
+use super::experts_gpu::GpuExpertPool;
 use super::experts_plan::ExpertPlan;
 use super::host::{HostLayer, LayerLayout, Result};
 use super::slot::SlotBuffers;
@@ -81,16 +87,45 @@ impl ExpertTier {
     }
 }
 
-/// One offloaded expert: its layout and its host slab (a CPU buffer the expert is computed
-/// from on the host tier and copied from on the stream tier).
+/// One offloaded expert: its layout and its host slab.
 #[derive(Debug)]
 struct HostExpert {
     layout: Arc<LayerLayout>,
     /// Its work per row, for the cost model.
     work: UnitWork,
-    slab: Arc<SlotBuffers>,
-    /// The expert as views into its slab (the host tier).
-    views: ExpertWeights,
+    slab: HostSlab,
+}
+
+/// Where an offloaded expert's bytes live.
+#[derive(Debug)]
+enum HostSlab {
+    /// A CPU buffer the expert is computed from on the host tier and copied from on the stream
+    /// tier, with the expert as views into it (the host tier).
+    Cpu {
+        slab: Arc<SlotBuffers>,
+        views: ExpertWeights,
+    },
+    /// Pinned memory a CUDA pool slot is filled from.
+    Pinned(HostLayer),
+}
+
+impl HostExpert {
+    /// The expert as views into its slab, where it can be computed on (the CPU device).
+    fn host_views(&self) -> Option<&ExpertWeights> {
+        match &self.slab {
+            HostSlab::Cpu { views, .. } => Some(views),
+            HostSlab::Pinned(_) => None,
+        }
+    }
+}
+
+/// How the pool's slots are filled.
+#[derive(Debug)]
+enum Copies {
+    /// CPU slots, filled by the copy thread.
+    Cpu(ExpertCopier),
+    /// CUDA slots, filled on the copy stream.
+    Cuda(GpuExpertPool),
 }
 
 /// One layer's experts: resident ones by index, offloaded ones by index.
@@ -121,7 +156,8 @@ enum Content {
 /// One slot of the device pool.
 #[derive(Debug)]
 struct PoolSlot {
-    buffers: Arc<SlotBuffers>,
+    /// The slot's CPU buffers (`None` on CUDA: the slot is [`GpuExpertPool`]'s of its index).
+    buffers: Option<Arc<SlotBuffers>>,
     content: Content,
     /// The layout of the expert it holds or receives.
     layout: Option<Arc<LayerLayout>>,
@@ -147,9 +183,11 @@ struct Pool {
 /// Every layer's experts, the device pool and the host tier.
 #[derive(Debug)]
 pub struct ExpertStore {
+    /// First field: dropped first, it stops the copy thread or drains the copy stream before
+    /// the slabs it copies from are freed.
+    copies: Copies,
     layers: Vec<LayerExpertSet>,
     pool: Mutex<Pool>,
-    copier: ExpertCopier,
     accounting: Arc<Accounting>,
 }
 
@@ -197,9 +235,9 @@ impl ExpertStore {
             prefetch,
             accounting,
         } = input;
-        if !device.is_cpu() {
+        if !device.is_cpu() && !device.is_cuda() {
             return Err(OffloadError::Weights(
-                "offloading single experts is implemented for the CPU device only".into(),
+                "offloading single experts is implemented for the CPU and CUDA devices only".into(),
             ));
         }
         let dtype = holding.compute();
@@ -232,27 +270,44 @@ impl ExpertStore {
                 } else {
                     set.resident.push(None);
                     set.host
-                        .push(Some(host_expert(checkpoint, layout, e, dtype)?));
+                        .push(Some(host_expert(checkpoint, layout, e, dtype, device)?));
                 }
             }
             layers.push(set);
         }
         let n_layers = layers.len();
         let slot = &plan.slot;
-        let slots = (0..plan.pool_slots)
-            .map(|_| {
-                let buffers = SlotBuffers::new(slot.blocks_bytes, slot.dense_bytes, dtype, device)?;
-                accounting.add_slots(buffers.allocated_bytes());
-                Ok(PoolSlot {
-                    buffers: Arc::new(buffers),
-                    content: Content::Empty,
-                    layout: None,
-                    last_used: 0,
-                    pinned: None,
+        let empty = |buffers| PoolSlot {
+            buffers,
+            content: Content::Empty,
+            layout: None,
+            last_used: 0,
+            pinned: None,
+        };
+        let (copies, slots) = if device.is_cuda() {
+            let offloaded = layers.iter().any(|l| l.host.iter().any(Option::is_some));
+            if offloaded && plan.pool_slots == 0 {
+                return Err(OffloadError::Weights(
+                    "offloaded experts on a CUDA device need at least one pool slot".into(),
+                ));
+            }
+            let gpu = GpuExpertPool::new(device, slot, dtype, plan.pool_slots, accounting.clone())?;
+            let slots = (0..gpu.len()).map(|_| empty(None)).collect();
+            (Copies::Cuda(gpu), slots)
+        } else {
+            let slots = (0..plan.pool_slots)
+                .map(|_| {
+                    let buffers =
+                        SlotBuffers::new(slot.blocks_bytes, slot.dense_bytes, dtype, device)?;
+                    accounting.add_slots(buffers.allocated_bytes());
+                    Ok(empty(Some(Arc::new(buffers))))
                 })
-            })
-            .collect::<Result<Vec<_>>>()?;
+                .collect::<Result<Vec<_>>>()?;
+            let copier = ExpertCopier::start(link_bandwidth, accounting.clone())?;
+            (Copies::Cpu(copier), slots)
+        };
         Ok(Self {
+            copies,
             layers,
             pool: Mutex::new(Pool {
                 slots,
@@ -263,7 +318,6 @@ impl ExpertStore {
                 last: vec![Vec::new(); n_layers],
                 prefetch,
             }),
-            copier: ExpertCopier::start(link_bandwidth, accounting.clone())?,
             accounting,
         })
     }
@@ -322,7 +376,44 @@ impl ExpertStore {
 
     /// Waits until every copy issued so far has landed (the counters then include them).
     pub fn settle(&self) {
-        self.copier.settle();
+        if let Copies::Cpu(copier) = &self.copies {
+            copier.settle();
+        }
+    }
+
+    /// Whether offloaded experts can be computed where they live (the CPU device; on CUDA
+    /// the slabs are pinned and every offloaded expert streams).
+    pub fn computes_on_host(&self) -> bool {
+        matches!(self.copies, Copies::Cpu(_))
+    }
+
+    /// The tier decision for an offloaded expert: [`decide`] where the host tier exists,
+    /// streaming on CUDA.
+    fn decide(
+        &self,
+        setting: ExpertTier,
+        cost: Option<&CostModel>,
+        work: &UnitWork,
+        rows: usize,
+    ) -> Tier {
+        match self.copies {
+            Copies::Cpu(_) => decide(setting, cost, work, rows),
+            Copies::Cuda(_) => Tier::Stream,
+        }
+    }
+
+    /// How a slot that holds or receives an expert hands it out: on CUDA the compute stream
+    /// waits for the slot's fill first.
+    fn hand_out(&self, slot: &PoolSlot, s: usize) -> Result<Handout> {
+        match (&self.copies, &slot.content) {
+            (Copies::Cuda(gpu), Content::Loaded { views, .. }) => {
+                gpu.ready(s)?;
+                Ok(Handout::Ready(views.clone()))
+            }
+            (Copies::Cpu(_), Content::Loaded { views, .. }) => Ok(Handout::Ready(views.clone())),
+            (_, Content::Loading { ticket, .. }) => Ok(Handout::Copying(*ticket, s)),
+            (_, Content::Empty) => Err(OffloadError::Weights(format!("expert slot {s} is empty"))),
+        }
     }
 
     /// Whether layers are predicted: prefetch depth >= 1 and a tier that may stream (a forced
@@ -345,6 +436,19 @@ impl ExpertStore {
         layer: usize,
         wanted: &[usize],
         rows: &[usize],
+        each: &mut dyn FnMut(usize, &ExpertWeights) -> crate::model::Result<()>,
+    ) -> crate::model::Result<()> {
+        self.each_expert_in(layer, wanted, rows, true, each)
+    }
+
+    /// [`ExpertStore::each_expert`]; without `rounds` (every expert wanted at once) a CUDA
+    /// pool too small for the layer's missing experts is an error instead of further rounds.
+    fn each_expert_in(
+        &self,
+        layer: usize,
+        wanted: &[usize],
+        rows: &[usize],
+        rounds: bool,
         each: &mut dyn FnMut(usize, &ExpertWeights) -> crate::model::Result<()>,
     ) -> crate::model::Result<()> {
         let set = self.set(layer)?;
@@ -370,7 +474,9 @@ impl ExpertStore {
         let (mut hits, mut host, mut prefetch_hits) = (0, 0, 0);
         let mut out = Vec::with_capacity(wanted.len());
         let mut log = Vec::with_capacity(wanted.len());
-        for (&e, &n) in wanted.iter().zip(rows) {
+        // Experts no slot was free for and no host tier can compute (CUDA): later rounds.
+        let mut deferred = Vec::new();
+        for (i, (&e, &n)) in wanted.iter().zip(rows).enumerate() {
             let missing = || OffloadError::Weights(format!("layer {layer} has no expert {e}"));
             let record = |tier, served| ExpertDecision {
                 expert: e,
@@ -380,7 +486,7 @@ impl ExpertStore {
             };
             if let Some(w) = set.resident.get(e).ok_or_else(missing)? {
                 hits += 1;
-                out.push(Handout::Ready(Box::new(w.clone())));
+                out.push((i, Handout::Ready(Box::new(w.clone()))));
                 log.push(record(None, Served::Resident));
                 continue;
             }
@@ -396,36 +502,42 @@ impl ExpertStore {
                 let slot = &mut pool.slots[s];
                 slot.last_used = now;
                 slot.pinned = Some(layer);
-                let (handout, predicted) = match &mut slot.content {
-                    Content::Loaded {
-                        views, predicted, ..
-                    } => (Handout::Ready(views.clone()), std::mem::take(predicted)),
-                    Content::Loading {
-                        ticket, predicted, ..
-                    } => (Handout::Copying(*ticket, s), std::mem::take(predicted)),
-                    Content::Empty => continue,
+                let predicted = match &mut slot.content {
+                    Content::Loaded { predicted, .. } | Content::Loading { predicted, .. } => {
+                        std::mem::take(predicted)
+                    }
+                    Content::Empty => false,
                 };
+                let handout = self.hand_out(&pool.slots[s], s)?;
                 hits += 1;
                 prefetch_hits += u64::from(predicted);
-                out.push(handout);
+                out.push((i, handout));
                 log.push(record(None, Served::Hit));
                 continue;
             }
-            let decided = decide(setting, cost.as_ref(), &expert.work, n);
+            let decided = self.decide(setting, cost.as_ref(), &expert.work, n);
             self.accounting.tier_decisions().record(decided, 1);
             let victim = match decided {
                 Tier::Stream => pool.victim(),
                 Tier::Host => None,
             };
             let Some(s) = victim else {
-                host += 1;
-                out.push(Handout::Ready(Box::new(expert.views.clone())));
-                log.push(record(Some(decided), Served::Host));
+                match expert.host_views() {
+                    Some(views) => {
+                        host += 1;
+                        out.push((i, Handout::Ready(Box::new(views.clone()))));
+                        log.push(record(Some(decided), Served::Host));
+                    }
+                    None => {
+                        deferred.push((i, e));
+                        log.push(record(Some(decided), Served::Copied));
+                    }
+                }
                 continue;
             };
-            let ticket = self.load(&mut pool, s, (layer, e), expert, layer, CopyKind::Routed);
+            self.load(&mut pool, s, (layer, e), expert, layer, CopyKind::Routed)?;
             pool.slots[s].last_used = now;
-            out.push(Handout::Copying(ticket, s));
+            out.push((i, self.hand_out(&pool.slots[s], s)?));
             log.push(record(Some(decided), Served::Copied));
         }
         if let Some(last) = pool.last.get_mut(layer) {
@@ -437,7 +549,7 @@ impl ExpertStore {
         self.accounting.record_expert_prefetch_hits(prefetch_hits);
         // The ready ones compute while the copies run.
         let mut copying = Vec::new();
-        for (i, handout) in out.into_iter().enumerate() {
+        for (i, handout) in out {
             match handout {
                 Handout::Ready(w) => each(i, &w)?,
                 Handout::Copying(ticket, s) => copying.push((i, ticket, s)),
@@ -447,7 +559,62 @@ impl ExpertStore {
             let w = self.landed(ticket, s)?;
             each(i, &w)?;
         }
+        while !deferred.is_empty() {
+            deferred = self.next_round(layer, set, deferred, rounds, each)?;
+        }
         Ok(())
+    }
+
+    /// One more round of the experts of `layer` no slot was free for (CUDA, every slot taken by
+    /// the layer): the kernels of the experts handed out so far are queued, so their slots are
+    /// free again (a fill waits for the compute queued before it); as many as fit are copied and
+    /// handed out. Returns the ones left for the next round.
+    fn next_round(
+        &self,
+        layer: usize,
+        set: &LayerExpertSet,
+        deferred: Vec<(usize, usize)>,
+        rounds: bool,
+        each: &mut dyn FnMut(usize, &ExpertWeights) -> crate::model::Result<()>,
+    ) -> crate::model::Result<Vec<(usize, usize)>> {
+        let too_small = || {
+            OffloadError::Weights(format!(
+                "layer {layer}: the expert pool has too few slots for the experts asked for at once"
+            ))
+        };
+        if !rounds {
+            return Err(too_small().into());
+        }
+        let mut pool = self.lock();
+        for slot in pool.slots.iter_mut().filter(|s| s.pinned == Some(layer)) {
+            slot.pinned = None;
+        }
+        let (mut round, mut rest) = (Vec::new(), Vec::new());
+        for (i, e) in deferred {
+            let expert =
+                set.host.get(e).and_then(Option::as_ref).ok_or_else(|| {
+                    OffloadError::Weights(format!("layer {layer} has no expert {e}"))
+                })?;
+            let Some(s) = pool.victim() else {
+                rest.push((i, e));
+                continue;
+            };
+            self.load(&mut pool, s, (layer, e), expert, layer, CopyKind::Routed)?;
+            pool.clock += 1;
+            pool.slots[s].last_used = pool.clock;
+            round.push((i, self.hand_out(&pool.slots[s], s)?));
+        }
+        drop(pool);
+        if round.is_empty() {
+            return Err(too_small().into());
+        }
+        for (i, handout) in round {
+            match handout {
+                Handout::Ready(w) => each(i, &w)?,
+                Handout::Copying(ticket, s) => each(i, &self.landed(ticket, s)?)?,
+            }
+        }
+        Ok(rest)
     }
 
     /// The experts `wanted` of `layer` ([`ExpertStore::each_expert`]), all at once.
@@ -458,7 +625,7 @@ impl ExpertStore {
         rows: &[usize],
     ) -> crate::model::Result<Vec<ExpertWeights>> {
         let mut out: Vec<Option<ExpertWeights>> = vec![None; wanted.len()];
-        self.each_expert(layer, wanted, rows, &mut |i, w| {
+        self.each_expert_in(layer, wanted, rows, false, &mut |i, w| {
             out[i] = Some(w.clone());
             Ok(())
         })?;
@@ -484,11 +651,11 @@ impl ExpertStore {
                 pool.slots[s].pinned = Some(layer);
                 continue;
             }
-            if decide(setting, cost.as_ref(), &expert.work, n) != Tier::Stream {
+            if self.decide(setting, cost.as_ref(), &expert.work, n) != Tier::Stream {
                 continue;
             }
             let Some(s) = pool.victim() else { break };
-            self.load(&mut pool, s, (layer, e), expert, layer, CopyKind::Predicted);
+            self.load(&mut pool, s, (layer, e), expert, layer, CopyKind::Predicted)?;
         }
         Ok(())
     }
@@ -507,10 +674,14 @@ impl ExpertStore {
             if slot.pinned.is_some_and(|l| l != layer) {
                 slot.pinned = None;
             }
+            // Only the copy thread leaves slots loading (CUDA fills are stream-ordered).
+            let Copies::Cpu(copier) = &self.copies else {
+                continue;
+            };
             if let Content::Loading { key, ticket, .. } = slot.content {
                 // A failed copy empties its slot (to be refilled): a prediction's error is
                 // dropped, a routed expert's is its waiter's.
-                if self.copier.is_done(ticket) && slot.take_in(&self.copier).is_err() {
+                if copier.is_done(ticket) && slot.take_in(copier).is_err() {
                     pool.index.remove(&key);
                 }
             }
@@ -518,7 +689,8 @@ impl ExpertStore {
     }
 
     /// Issues the copy of `expert` (`key`) into slot `s`, evicting what it held; pinned for
-    /// `layer`. Returns the copy's ticket.
+    /// `layer`. Returns the copy's ticket (on CUDA 0: the fill is queued on the copy stream and
+    /// the slot holds the expert's views at once).
     fn load(
         &self,
         pool: &mut Pool,
@@ -527,37 +699,62 @@ impl ExpertStore {
         expert: &HostExpert,
         layer: usize,
         kind: CopyKind,
-    ) -> u64 {
+    ) -> Result<u64> {
+        if let Some(old) = pool.slots[s].key() {
+            pool.index.remove(&old);
+        }
         let slot = &mut pool.slots[s];
-        let evicted = slot.key();
-        let ticket = self.copier.issue(CopyJob {
-            dst: slot.buffers.clone(),
-            src: expert.slab.clone(),
-            layout: expert.layout.clone(),
-            kind,
-        });
-        slot.content = Content::Loading {
-            key,
-            ticket,
-            predicted: kind == CopyKind::Predicted,
+        slot.content = Content::Empty;
+        let predicted = kind == CopyKind::Predicted;
+        let ticket = match (&self.copies, &expert.slab, &slot.buffers) {
+            (Copies::Cpu(copier), HostSlab::Cpu { slab, .. }, Some(dst)) => {
+                let ticket = copier.issue(CopyJob {
+                    dst: dst.clone(),
+                    src: slab.clone(),
+                    layout: expert.layout.clone(),
+                    kind,
+                });
+                slot.content = Content::Loading {
+                    key,
+                    ticket,
+                    predicted,
+                };
+                ticket
+            }
+            (Copies::Cuda(gpu), HostSlab::Pinned(host), None) => {
+                let views = gpu.fill(s, host, kind)?;
+                slot.content = Content::Loaded {
+                    key,
+                    views: Box::new(views),
+                    predicted,
+                };
+                0
+            }
+            _ => {
+                return Err(OffloadError::Weights(
+                    "an expert slab and its pool slot live on different devices".into(),
+                ))
+            }
         };
         slot.layout = Some(expert.layout.clone());
         slot.pinned = Some(layer);
-        if let Some(old) = evicted {
-            pool.index.remove(&old);
-        }
         pool.index.insert(key, s);
-        ticket
+        Ok(ticket)
     }
 
     /// Waits for copy `ticket` into slot `s` and returns the expert's views there.
     fn landed(&self, ticket: u64, s: usize) -> Result<ExpertWeights> {
-        self.copier.wait(ticket)?;
+        let Copies::Cpu(copier) = &self.copies else {
+            return Err(OffloadError::Weights(
+                "a CUDA expert slot has no copy to wait for".into(),
+            ));
+        };
+        copier.wait(ticket)?;
         let mut pool = self.lock();
         let slot = &mut pool.slots[s];
         match &slot.content {
             Content::Loaded { views, .. } => Ok((**views).clone()),
-            Content::Loading { ticket: t, .. } if *t == ticket => slot.take_in(&self.copier),
+            Content::Loading { ticket: t, .. } if *t == ticket => slot.take_in(copier),
             _ => Err(OffloadError::Weights(
                 "an expert slot was refilled while its layer used it".into(),
             )),
@@ -660,7 +857,10 @@ impl PoolSlot {
                 let layout = self.layout.as_ref().ok_or_else(|| {
                     OffloadError::Weights("an expert slot without a layout".into())
                 })?;
-                experts_of(self.buffers.views(layout)?)
+                let buffers = self.buffers.as_ref().ok_or_else(|| {
+                    OffloadError::Weights("an expert slot without CPU buffers".into())
+                })?;
+                experts_of(buffers.views(layout)?)
             })
             .inspect_err(|_| self.content = Content::Empty)?;
         self.content = Content::Loaded {
@@ -706,17 +906,17 @@ impl RoutedExperts for LayerHandle {
     }
 }
 
-/// Expert `e` of `layout` in a host slab of its own, filled from `checkpoint`.
+/// Expert `e` of `layout` in a host slab of its own, filled from `checkpoint`: CPU memory the
+/// expert computes from on the CPU `device`, pinned memory a pool slot is filled from on CUDA.
 fn host_expert(
     checkpoint: &Checkpoint,
     layout: &LayerLayout,
     e: usize,
     dtype: DType,
+    device: &Device,
 ) -> Result<HostExpert> {
-    let layer = HostLayer::expert(checkpoint, layout, e, &HostMemory::Heap)?;
-    let slab = SlotBuffers::new(layer.blocks_len, layer.dense_len, dtype, &Device::Cpu)?;
-    slab.fill(&layer)?;
-    let views = experts_of(slab.views(&layer)?)?;
+    let memory = HostMemory::for_device(device);
+    let layer = HostLayer::expert(checkpoint, layout, e, &memory)?;
     let elems: usize = layer.entries.iter().map(|e| e.elem_count()).sum();
     // Rows in and out are hidden-wide f32 activations (the gate's input width).
     let hidden = layer.entries.first().and_then(|e| e.shape.last()).copied();
@@ -725,16 +925,23 @@ fn host_expert(
         elems as u64,
         4 * hidden.unwrap_or(0) as u64,
     );
-    Ok(HostExpert {
-        layout: Arc::new(layer.layout().clone()),
-        work,
-        slab: Arc::new(slab),
-        views,
-    })
+    let layout = Arc::new(layer.layout().clone());
+    let slab = if device.is_cuda() {
+        HostSlab::Pinned(layer)
+    } else {
+        let slab = SlotBuffers::new(layer.blocks_len, layer.dense_len, dtype, &Device::Cpu)?;
+        slab.fill(&layer)?;
+        let views = experts_of(slab.views(&layer)?)?;
+        HostSlab::Cpu {
+            slab: Arc::new(slab),
+            views,
+        }
+    };
+    Ok(HostExpert { layout, work, slab })
 }
 
 /// The one expert of a single-expert layer's weights.
-fn experts_of(mut w: crate::model::weights::LayerWeights) -> Result<ExpertWeights> {
+pub(super) fn experts_of(mut w: crate::model::weights::LayerWeights) -> Result<ExpertWeights> {
     w.take_experts()
         .pop()
         .ok_or_else(|| OffloadError::Weights("an expert slot without an expert".into()))

@@ -50,6 +50,7 @@ pub mod cost;
 pub mod error;
 pub mod experts;
 mod experts_copy;
+mod experts_gpu;
 pub mod experts_plan;
 pub mod fit;
 pub mod host;

@@ -171,6 +171,16 @@ impl WeightStore {
                     .into(),
             ));
         }
+        if tiers.forced == Some(Tier::Host)
+            && self.experts.as_ref().is_some_and(|e| !e.computes_on_host())
+        {
+            return Err(OffloadError::Weights(
+                "offload.tier = \"host\": computing offloaded experts on the host is \
+                 implemented for the CPU device only (on CUDA they stream); use \"stream\" or \
+                 \"auto\""
+                    .into(),
+            ));
+        }
         let works = match &self.host {
             Some(host) => host
                 .layers()

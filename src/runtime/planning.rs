@@ -114,11 +114,11 @@ pub fn plan_checkpoint(
         input.link_bandwidth = Some(link_bandwidth);
         input.layer_layouts = sizes.layouts.clone();
         input.slot_kind = slot_kind;
-        // A mixture of experts is placed expert by expert (`offload.experts`); the expert pool
-        // runs on the CPU device so far, so CUDA keeps streaming whole layers.
+        // A mixture of experts is placed expert by expert (`offload.experts`), on the CPU and
+        // CUDA devices alike (the pool's slots sized as `slot_kind` holds them).
         input.experts = spec
             .moe
-            .filter(|_| model.tier.experts && slot_kind == SlotKind::Cpu)
+            .filter(|_| model.tier.experts)
             .map(|moe| ExpertInput {
                 n_used: moe.n_used,
                 pool_slots: None,

@@ -597,3 +597,79 @@ fn predicted_experts_are_copied_ahead_and_hit() {
         }
     }
 }
+
+/// A plan for a CUDA device (its slot kind, planned here without one): experts are placement
+/// units there too. The pool's slots hold one device buffer per (part, type, shape) of an
+/// offloaded expert, as candle pads them, counted once per slot; the placement and the routed
+/// bytes per token are the CPU plan's, and `ferry plan` shows the expert tiers.
+#[test]
+fn a_cuda_plan_places_experts_and_counts_the_pool() {
+    use ferry::offload::render::{plan_json, render_text};
+    let dir = tempfile::tempdir().unwrap();
+    let path = qwen3_moe(dir.path());
+    let checkpoint = Checkpoint::open(&ModelFiles::Gguf { path }).unwrap();
+    let holding = Holding::new(&checkpoint, &options()).unwrap();
+    let plan_of = |kind: SlotKind, budget: u64| {
+        let sizes = ModelSizes::of(&checkpoint, &holding, kind).unwrap();
+        let mut input = PlanInput::new(OffloadMode::Auto, sizes.layers, sizes.fixed, budget);
+        input.layer_layouts = sizes.layouts;
+        input.slot_kind = kind;
+        input.experts = Some(ExpertInput {
+            n_used: 2,
+            pool_slots: Some(3),
+        });
+        plan(&input).unwrap()
+    };
+    // Whole, then with room for about half the experts.
+    let whole = plan_of(SlotKind::Cuda, 1 << 40);
+    assert!(whole.experts.is_none(), "everything fits: no expert plan");
+    let all_experts: u64 = {
+        let sizes = ModelSizes::of(&checkpoint, &holding, SlotKind::Cuda).unwrap();
+        sizes
+            .layouts
+            .iter()
+            .map(|l| {
+                (0..EXPERTS)
+                    .map(|e| l.expert(e).resident_bytes(SlotKind::Cuda))
+                    .sum::<u64>()
+            })
+            .sum()
+    };
+    let budget = whole.device_bytes - all_experts / 2;
+    let cuda = plan_of(SlotKind::Cuda, budget);
+    let experts = cuda.experts.as_ref().expect("a CUDA plan places experts");
+    assert!(cuda.device_bytes <= cuda.budget_bytes, "{cuda:?}");
+    assert_eq!(experts.pool_slots, 3);
+    assert_eq!(experts.slot.kind, SlotKind::Cuda);
+    // Q8_0 experts: block matrices in buffers of their own (gate, up, down).
+    assert_eq!(experts.slot.matrices.len(), 3, "{:?}", experts.slot);
+    assert_eq!(cuda.slots, 3);
+    assert_eq!(cuda.slot_bytes, experts.slot.total_bytes());
+    assert_eq!(cuda.slot_layout.as_ref(), Some(&experts.slot));
+    assert_eq!(experts.pool_bytes(), 3 * experts.slot.total_bytes());
+    // The device holds the fixed parts, KV cache, workspace and reserve (as in the whole
+    // plan), every layer's other parts and resident experts, and the pool.
+    assert_eq!(
+        cuda.device_bytes - experts.resident_bytes() - experts.pool_bytes(),
+        whole.device_bytes - whole.resident_layer_bytes,
+        "{cuda:?}"
+    );
+    let resident: u64 = experts.layers.iter().map(|l| l.device_bytes()).sum();
+    assert_eq!(experts.resident_bytes(), resident);
+    let host: usize = experts.layers.iter().map(|l| l.host_experts()).sum();
+    assert!(
+        host > 0 && host < EXPERTS * experts.layers.len(),
+        "some experts resident, some on the host: {host}"
+    );
+    assert!(experts.bytes_per_token > 0);
+    assert!(experts.bytes_per_token < experts.whole_layer_bytes_per_token);
+    let text = render_text(&cuda);
+    for line in [
+        "experts top 2 of 8 per token",
+        "expert pool  3 x",
+        "routed experts",
+    ] {
+        assert!(text.contains(line), "{line:?} not in\n{text}");
+    }
+    assert_eq!(plan_json(&cuda)["experts"]["pool_slots"], 3);
+}
