@@ -8,7 +8,9 @@
 //! - the device memory ferry takes, as the driver reports it, stays within the plan, and the
 //!   slot ring is not reallocated while decoding;
 //! - a CUDA out-of-memory error fails the step with `OutOfMemory` (HTTP 503) and the next step
-//!   on the same runner succeeds.
+//!   on the same runner succeeds;
+//! - a tiny Qwen3-MoE with its experts offloaded (streamed through the expert pool, or half
+//!   resident) decodes the tokens of `none`.
 
 #[allow(dead_code)]
 #[path = "suite/tiny.rs"]
@@ -533,4 +535,94 @@ fn a_mixed_type_gguf_streams_within_the_plans_slot_bytes() {
         "the driver reports {used} bytes used, the plan {}",
         plan.device_bytes
     );
+}
+
+/// A tiny Qwen3-MoE (8 experts, top 2, Q8_0 GGUF), written by the test.
+fn qwen3_moe(dir: &Path) -> PathBuf {
+    use candle_core::quantized::gguf_file::Value;
+    let mut tiny = Tiny::llama();
+    tiny.gguf_meta = vec![("general.dtype", Value::U32(0))];
+    tiny.gguf_meta.extend(tiny::moe_meta(8, 32));
+    let mut weights = tiny.qwen3_weights(true);
+    tiny.add_experts(&mut weights, 8, 32, false);
+    let path = dir.join("qwen3moe-q8.gguf");
+    tiny.write_gguf(&path, "qwen3moe", &weights, GgmlDType::Q8_0, false);
+    path
+}
+
+/// Experts as placement units on the GPU: every expert streamed through a pool of 2 slots (and
+/// of 1: a prompt routes to more experts than that, so the pool is refilled in rounds), with
+/// prefetch 0 and 1, and half of them resident with a pool of 3, decode the greedy tokens of
+/// mode `none`; the pool has the plan's slots and the device memory stays within the plan.
+#[test]
+fn offloaded_experts_decode_like_none_on_the_gpu() {
+    use ferry::model::loader::Holding;
+    use ferry::offload::plan::{plan, PlanInput};
+    use ferry::offload::sizing::ModelSizes;
+    use ferry::offload::{ExpertInput, SlotKind};
+
+    let device = gpu();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files = ModelFiles::Gguf {
+        path: qwen3_moe(dir.path()),
+    };
+    let checkpoint = Checkpoint::open(&files).expect("checkpoint");
+    let options = LoadOptions {
+        device: device.clone(),
+        dtype: DtypeChoice::Auto,
+    };
+    let holding = Holding::new(&checkpoint, &options).expect("holding");
+    let sizes = ModelSizes::of(&checkpoint, &holding, SlotKind::Cuda).expect("sizes");
+    let plan_with = |mode: OffloadMode, budget: u64, pool: usize| {
+        let mut input = PlanInput::new(mode, sizes.layers.clone(), sizes.fixed, budget);
+        input.layer_layouts = sizes.layouts.clone();
+        input.slot_kind = SlotKind::Cuda;
+        input.experts = Some(ExpertInput {
+            n_used: 2,
+            pool_slots: Some(pool),
+        });
+        plan(&input).expect("plan")
+    };
+    let decode = |plan: &Plan, prefetch: usize, what: &str| {
+        let stream = StreamConfig {
+            prefetch,
+            link_bandwidth: None,
+        };
+        let mut placed = load_placed(&checkpoint, &options, plan, stream, &mut |_| {})
+            .unwrap_or_else(|e| panic!("{what}: load: {e}"));
+        placed.model.set_kv_dtype(plan.kv_dtype);
+        let mut runner = ModelRunner::new(placed.model, placed.store, Some(MAX_CONTEXT));
+        if let Some(experts) = runner.store().experts() {
+            assert_eq!(experts.pool_slots(), plan.slots, "{what}");
+            assert!(!experts.computes_on_host(), "{what}: CUDA experts stream");
+        }
+        let (tokens, _) = greedy(&mut runner, PROMPT);
+        let acc = runner.accounting();
+        assert_eq!(acc.check_within_plan(), Ok(()), "{what}: {acc:?}");
+        tokens
+    };
+    let none = plan_with(OffloadMode::None, 8 << 30, 2);
+    assert!(none.experts.is_none());
+    let reference = decode(&none, 0, "none");
+    let all_experts: u64 = sizes
+        .layouts
+        .iter()
+        .map(|l| {
+            (0..8)
+                .map(|e| l.expert(e).resident_bytes(SlotKind::Cuda))
+                .sum::<u64>()
+        })
+        .sum();
+    let half = none.device_bytes - all_experts / 2;
+    for (mode, budget, pool, prefetch) in [
+        (OffloadMode::Sequential, 8 << 30, 2, 0),
+        (OffloadMode::Sequential, 8 << 30, 2, 1),
+        (OffloadMode::Sequential, 8 << 30, 1, 0),
+        (OffloadMode::Auto, half, 3, 1),
+    ] {
+        let what = format!("{mode:?} pool {pool} prefetch {prefetch}");
+        let plan = plan_with(mode, budget, pool);
+        assert!(plan.experts.is_some(), "{what}: experts offloaded");
+        assert_eq!(decode(&plan, prefetch, &what), reference, "{what}");
+    }
 }
