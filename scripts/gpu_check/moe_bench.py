@@ -13,9 +13,10 @@ The PCIe bound of a case is the link bandwidth (step c's measurement, capped by 
 ``link_bandwidth``) over the bytes its plan moves per decode token: the routed-expert estimate
 (``experts.bytes_per_token``) with experts, ``streamed_bytes_per_step`` with whole layers. The
 host tier moves only activations, so it has no such bound (its row says so). A case ferry
-refuses to load (e.g. a tier not implemented on this device: on CUDA a forced host tier for
-dense layers) is a SKIP row with ferry's reason. On CUDA the planner places whole layers even
-with ``offload.experts`` (no CUDA expert pool yet); each row names what its plan placed.
+refuses to load (e.g. a tier not implemented on this device: on CUDA a forced host tier, for
+dense layers and for experts) is a SKIP row with ferry's reason. On CUDA ``offload.experts``
+places experts (the CUDA expert pool; offloaded experts always stream there, so tier auto
+streams too); each row names what its plan placed.
 """
 
 import argparse

@@ -4,7 +4,8 @@
 //! rates the configuration leaves unset, or reads them from the user's calibration cache
 //! ([`crate::offload::calibrate_cache`]) after the first start (logged at info, once), and
 //! the [`TierReport`] holds the cost model with its decisions: `ferry plan` prints them, `serve` computes them once before
-//! loading (as part of [`super::device_plan::DevicePlan`]).
+//! loading (as part of [`super::device_plan::DevicePlan`]). On a CUDA device the decisions
+//! are `stream` (no host tier there yet).
 
 use candle_core::Device;
 
@@ -14,6 +15,7 @@ use crate::model::checkpoint::Checkpoint;
 use crate::model::loader::{Holding, LoadOptions};
 use crate::offload::calibrate::{calibrate, calibrate_cached, CalibrationInput, Probe};
 use crate::offload::calibrate_cache::CalibrationCache;
+use crate::offload::cost::Tier;
 use crate::offload::layout::LayerLayout;
 use crate::offload::plan::{Home, Plan};
 use crate::offload::tier_report::{unit_kinds, weight_type, Offloaded, TierReport};
@@ -62,6 +64,13 @@ pub fn tier_report(
         name: model.name.clone(),
         source,
     })?;
+    // On CUDA offloaded units only stream (host slabs are pinned, not computed on:
+    // `ExpertStore::computes_on_host`, `WeightStore::set_layer_tiers`), so the report shows
+    // what runs; a forced `host` is refused at load.
+    let mut calibration = calibration;
+    if !device.is_cpu() && calibration.model.forced.is_none() {
+        calibration.model.forced = Some(Tier::Stream);
+    }
     tracing::info!(model = %model.name, "{}", calibration.summary());
     let spec = checkpoint.spec();
     let offloaded = match &plan.experts {
