@@ -178,6 +178,9 @@ struct Pool {
     last: Vec<Vec<ExpertDecision>>,
     /// Prefetch depth: 0 predicts nothing.
     prefetch: usize,
+    /// When every slot is taken by a layer's experts, refill the pool in rounds instead of
+    /// computing the rest on the host (always on CUDA; [`ExpertStore::set_rounds`]).
+    rounds: bool,
 }
 
 /// Every layer's experts, the device pool and the host tier.
@@ -284,7 +287,8 @@ impl ExpertStore {
             last_used: 0,
             pinned: None,
         };
-        let (copies, slots) = if device.is_cuda() {
+        let cuda = device.is_cuda();
+        let (copies, slots) = if cuda {
             let offloaded = layers.iter().any(|l| l.host.iter().any(Option::is_some));
             if offloaded && plan.pool_slots == 0 {
                 return Err(OffloadError::Weights(
@@ -317,6 +321,7 @@ impl ExpertStore {
                 cost: None,
                 last: vec![Vec::new(); n_layers],
                 prefetch,
+                rounds: cuda,
             }),
             accounting,
         })
@@ -325,6 +330,15 @@ impl ExpertStore {
     /// Forces a tier (or `Auto`) for the steps to come.
     pub fn set_tier(&self, tier: ExpertTier) {
         self.lock().tier = tier;
+    }
+
+    /// Whether a layer whose streamed experts outnumber the free slots refills the pool in
+    /// rounds (each round after the previous one computed) rather than computing the rest on
+    /// the host: CUDA's way, always on there (no host tier); on the CPU off by default, and
+    /// on here to check the rounds on the CPU.
+    pub fn set_rounds(&self, on: bool) {
+        let mut pool = self.lock();
+        pool.rounds = on || !self.computes_on_host();
     }
 
     /// The cost model tier `Auto` decides by (`None`: the fixed row switch).
@@ -441,8 +455,9 @@ impl ExpertStore {
         self.each_expert_in(layer, wanted, rows, true, each)
     }
 
-    /// [`ExpertStore::each_expert`]; without `rounds` (every expert wanted at once) a CUDA
-    /// pool too small for the layer's missing experts is an error instead of further rounds.
+    /// [`ExpertStore::each_expert`]; without `rounds` (every expert wanted at once) the
+    /// experts no slot is free for are computed on the host, and on CUDA a pool too small for
+    /// them is an error instead of further rounds.
     fn each_expert_in(
         &self,
         layer: usize,
@@ -470,11 +485,11 @@ impl ExpertStore {
                 }
             }
         }
-        let (setting, cost) = (pool.tier, pool.cost);
+        let (setting, cost, in_rounds) = (pool.tier, pool.cost, pool.rounds);
         let (mut hits, mut host, mut prefetch_hits) = (0, 0, 0);
         let mut out = Vec::with_capacity(wanted.len());
         let mut log = Vec::with_capacity(wanted.len());
-        // Experts no slot was free for and no host tier can compute (CUDA): later rounds.
+        // Streamed experts no slot was free for, in rounds (CUDA; `set_rounds` on the CPU).
         let mut deferred = Vec::new();
         for (i, (&e, &n)) in wanted.iter().zip(rows).enumerate() {
             let missing = || OffloadError::Weights(format!("layer {layer} has no expert {e}"));
@@ -522,7 +537,8 @@ impl ExpertStore {
                 Tier::Host => None,
             };
             let Some(s) = victim else {
-                match expert.host_views() {
+                let round = in_rounds && rounds && decided == Tier::Stream;
+                match expert.host_views().filter(|_| !round) {
                     Some(views) => {
                         host += 1;
                         out.push((i, Handout::Ready(Box::new(views.clone()))));

@@ -673,3 +673,50 @@ fn a_cuda_plan_places_experts_and_counts_the_pool() {
     }
     assert_eq!(plan_json(&cuda)["experts"]["pool_slots"], 3);
 }
+
+/// The CUDA pool's way with a layer whose streamed experts outnumber the free slots (refill the
+/// pool in rounds, no host tier), checked on the CPU: a pool of 1 streams every routed expert,
+/// round after round, and decodes the tokens of `none` at batch 1 and 4, prefetch 0 and 1,
+/// with nothing computed on the host and one miss or hit per routed expert.
+#[test]
+fn a_pool_refilled_in_rounds_decodes_the_tokens_of_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = qwen3_moe(dir.path());
+    let files = ModelFiles::Gguf { path };
+    let checkpoint = Checkpoint::open(&files).unwrap();
+    let plan = plan_for(&checkpoint, OffloadMode::Sequential, 1 << 32, 1);
+    for batch in [1, 4] {
+        let prompts = &prompts()[..batch];
+        let (expected, routes) = reference(&files, prompts);
+        let routed: u64 = routes.iter().map(|(_, _, w)| w.len() as u64).sum();
+        for prefetch in [0, 1] {
+            let what = format!("batch {batch}, prefetch {prefetch}");
+            let stream = StreamConfig {
+                prefetch,
+                link_bandwidth: None,
+            };
+            let mut placed = load_placed(&checkpoint, &options(), &plan, stream, &mut |_| {})
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let experts = placed.store.experts().unwrap().clone();
+            experts.set_tier(ExpertTier::Stream);
+            experts.set_rounds(true);
+            assert!(experts.computes_on_host());
+            assert_eq!(experts.pool_slots(), 1);
+            let tokens = greedy(&placed.model, &mut placed.store, prompts);
+            assert_eq!(tokens, expected, "{what}");
+            experts.settle();
+            let after = placed.store.accounting().snapshot();
+            after
+                .check_within_plan()
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(after.expert_host, 0, "{what}: nothing on the host");
+            assert_eq!(
+                after.expert_hits + after.expert_misses,
+                routed,
+                "{what}: every routed expert, once"
+            );
+            // The prompt routes more experts per layer than the pool holds: rounds happened.
+            assert!(after.expert_misses > routes.len() as u64, "{what}");
+        }
+    }
+}
