@@ -54,6 +54,7 @@ use super::experts_copy::{CopyJob, CopyKind, ExpertCopier};
 use super::experts_gpu::GpuExpertPool;
 use super::experts_plan::ExpertPlan;
 use super::host::{HostLayer, LayerLayout, Result};
+use super::layout::SlotKind;
 use super::slot::SlotBuffers;
 use crate::model::checkpoint::Checkpoint;
 use crate::model::loader::Holding;
@@ -299,6 +300,13 @@ impl ExpertStore {
             let slots = (0..gpu.len()).map(|_| empty(None)).collect();
             (Copies::Cuda(gpu), slots)
         } else {
+            if slot.kind != SlotKind::Cpu {
+                return Err(OffloadError::Weights(format!(
+                    "the expert pool on the CPU device needs a cpu slot layout, got {} (plan \
+                     for the CPU device)",
+                    slot.kind.as_str()
+                )));
+            }
             let slots = (0..plan.pool_slots)
                 .map(|_| {
                     let buffers =

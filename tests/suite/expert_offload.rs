@@ -672,6 +672,14 @@ fn a_cuda_plan_places_experts_and_counts_the_pool() {
         assert!(text.contains(line), "{line:?} not in\n{text}");
     }
     assert_eq!(plan_json(&cuda)["experts"]["pool_slots"], 3);
+    // A CUDA plan loaded on the CPU device says so (the pool's slots differ).
+    let stream = StreamConfig {
+        prefetch: 0,
+        link_bandwidth: None,
+    };
+    let err = load_placed(&checkpoint, &options(), &cuda, stream, &mut |_| {})
+        .expect_err("a CUDA plan on the CPU device");
+    assert!(err.to_string().contains("cpu slot layout"), "{err}");
 }
 
 /// The CUDA pool's way with a layer whose streamed experts outnumber the free slots (refill the
