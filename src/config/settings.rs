@@ -494,7 +494,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("true"),
         default_note: "",
         example: "false",
-        help: "Offload a mixture of experts expert by expert: attention, norms and routers stay on the device, then experts until the budget; the rest are streamed into an expert cache or computed on the host each step (CPU device so far; CUDA streams whole layers). false: stream whole layers.",
+        help: "Offload a mixture of experts expert by expert: attention, norms and routers stay on the device, then experts until the budget; the rest are streamed into an expert cache or computed on the host each step (on CUDA they always stream). false: stream whole layers.",
         field: field!(Model, Switch, tier.experts),
     },
     Setting {
@@ -505,7 +505,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("auto"),
         default_note: "",
         example: "host",
-        help: "Where offloaded experts and layers run each step: auto (the cost model picks streaming to the device or computing on the host), stream or host.",
+        help: "Where offloaded experts and layers run each step: auto (the cost model picks streaming to the device or computing on the host), stream or host (host: CPU device only).",
         field: field!(Model, Tiers, tier.choice),
     },
     Setting {

@@ -31,7 +31,8 @@
 //!   [`stream_thread`] (a copy thread, the CPU device) and [`stream_gpu`] (a CUDA copy stream and
 //!   events; the CUDA primitives themselves live in [`crate::gpu`]).
 //! - [`experts`]: [`ExpertStore`], a MoE model's offloaded experts: host slabs one per expert,
-//!   a pool of expert slots with an LRU cache of hot experts, and the host-compute tier.
+//!   a pool of expert slots with an LRU cache of hot experts, and the host-compute tier;
+//!   `experts_gpu` is the pool's CUDA side (device slots filled on a copy stream).
 //! - [`store`]: [`WeightStore`], the model's `LayerSource` in every mode.
 //! - [`load`]: loads a model as its plan places it, or parks it whole on the host (mode `model`).
 //! - [`swap`]: [`SwapManager`], whole-model residency across the models of a server (mode `model`);
