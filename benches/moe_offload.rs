@@ -26,6 +26,7 @@ use std::time::Instant;
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use clap::Parser;
+use ferry::config::TierChoice;
 use ferry::config::TierConfig;
 use ferry::config::{DtypeChoice, OffloadMode};
 use ferry::model::checkpoint::Checkpoint;
@@ -36,7 +37,7 @@ use ferry::offload::calibrate::{calibrate, CalibrationInput, Probe};
 use ferry::offload::plan::{plan, Plan, PlanInput};
 use ferry::offload::sizing::ModelSizes;
 use ferry::offload::units::{format_bandwidth, format_bytes};
-use ferry::offload::{load_placed, CostModel, ExpertInput, ExpertTier, SlotKind, StreamConfig};
+use ferry::offload::{load_placed, CostModel, ExpertInput, SlotKind, StreamConfig};
 
 /// `cargo bench --bench moe_offload -- [OPTIONS]`.
 #[derive(Parser)]
@@ -171,7 +172,7 @@ fn plans(checkpoint: &Checkpoint, link: u64) -> Result<(Plan, Plan), String> {
 struct Case<'a> {
     name: &'static str,
     plan: &'a Plan,
-    tier: Option<ExpertTier>,
+    tier: Option<TierChoice>,
     prefetch: usize,
     cost: Option<CostModel>,
 }
@@ -304,7 +305,7 @@ fn main() -> Result<(), String> {
             prefetch,
             cost,
         };
-        let stream = Some(ExpertTier::Stream);
+        let stream = Some(TierChoice::Stream);
         let cases = [
             case("whole layers", &layers, None, 1, None),
             case("routed experts (stream)", &experts, stream, 0, None),
@@ -318,14 +319,14 @@ fn main() -> Result<(), String> {
             case(
                 "routed experts (host)",
                 &experts,
-                Some(ExpertTier::Host),
+                Some(TierChoice::Host),
                 1,
                 None,
             ),
             case(
                 "routed experts (auto, per expert)",
                 &experts,
-                Some(ExpertTier::Auto),
+                Some(TierChoice::Auto),
                 1,
                 Some(calibration.model),
             ),

@@ -13,10 +13,10 @@
 //! - otherwise a tier decided for that expert alone, from the rows routed to it ([`decide`]:
 //!   the cost model, or a forced tier), recorded per expert ([`ExpertStore::last_decisions`],
 //!   the tier decision counters);
-//! - on tier [`ExpertTier::Host`], the expert computed where it is: views into its host slab,
+//! - on tier [`TierChoice::Host`], the expert computed where it is: views into its host slab,
 //!   so only the activations meet it (on the CPU device the slab is ordinary memory and the
 //!   same kernels run on the same bytes);
-//! - on tier [`ExpertTier::Stream`], the expert copied into a free slot of the pool (a *miss*:
+//! - on tier [`TierChoice::Stream`], the expert copied into a free slot of the pool (a *miss*:
 //!   its bytes cross the link, throttled on the CPU device like the layer ring); when every
 //!   slot is taken by this layer's experts, the rest are computed on the host.
 //!
@@ -56,33 +56,20 @@ use super::experts_plan::ExpertPlan;
 use super::host::{HostLayer, LayerLayout, Result};
 use super::layout::SlotKind;
 use super::slot::SlotBuffers;
+use crate::config::TierChoice;
 use crate::model::checkpoint::Checkpoint;
 use crate::model::loader::Holding;
 use crate::model::weights::{ExpertWeights, RoutedExperts};
 
-/// How offloaded experts run in a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ExpertTier {
-    /// Per expert and step, what the cost model ([`ExpertStore::set_cost_model`]) chooses for
-    /// the rows routed to that expert ([`decide`]); without one, host compute below
-    /// [`AUTO_HOST_ROWS`] such rows and streaming from there (llama.cpp's fixed switch).
-    #[default]
-    Auto,
-    /// Copy each routed offloaded expert into the device pool.
-    Stream,
-    /// Compute each routed offloaded expert where it lives, on the host.
-    Host,
-}
-
-/// Rows routed to an expert from which [`ExpertTier::Auto`] (without a cost model) streams instead of computing on the host.
+/// Rows routed to an expert from which [`TierChoice::Auto`] (without a cost model) streams instead of computing on the host.
 pub const AUTO_HOST_ROWS: usize = 32;
 
-impl ExpertTier {
+impl TierChoice {
     /// The tier an expert `rows` rows of a step were routed to uses (never `Auto`).
-    pub fn for_rows(self, rows: usize) -> ExpertTier {
+    pub fn for_rows(self, rows: usize) -> TierChoice {
         match self {
-            ExpertTier::Auto if rows < AUTO_HOST_ROWS => ExpertTier::Host,
-            ExpertTier::Auto => ExpertTier::Stream,
+            TierChoice::Auto if rows < AUTO_HOST_ROWS => TierChoice::Host,
+            TierChoice::Auto => TierChoice::Stream,
             tier => tier,
         }
     }
@@ -173,7 +160,7 @@ struct Pool {
     /// `(layer, expert)` -> slot.
     index: HashMap<(usize, usize), usize>,
     clock: u64,
-    tier: ExpertTier,
+    tier: TierChoice,
     cost: Option<CostModel>,
     /// Per layer, its last step's routed experts ([`ExpertStore::last_decisions`]).
     last: Vec<Vec<ExpertDecision>>,
@@ -325,7 +312,7 @@ impl ExpertStore {
                 slots,
                 index: HashMap::new(),
                 clock: 0,
-                tier: ExpertTier::default(),
+                tier: TierChoice::default(),
                 cost: None,
                 last: vec![Vec::new(); n_layers],
                 prefetch,
@@ -336,7 +323,7 @@ impl ExpertStore {
     }
 
     /// Forces a tier (or `Auto`) for the steps to come.
-    pub fn set_tier(&self, tier: ExpertTier) {
+    pub fn set_tier(&self, tier: TierChoice) {
         self.lock().tier = tier;
     }
 
@@ -355,7 +342,7 @@ impl ExpertStore {
     }
 
     /// The tier setting.
-    pub fn tier(&self) -> ExpertTier {
+    pub fn tier(&self) -> TierChoice {
         self.lock().tier
     }
 
@@ -413,7 +400,7 @@ impl ExpertStore {
     /// streaming on CUDA.
     fn decide(
         &self,
-        setting: ExpertTier,
+        setting: TierChoice,
         cost: Option<&CostModel>,
         work: &UnitWork,
         rows: usize,
@@ -442,7 +429,7 @@ impl ExpertStore {
     /// host tier copies nothing, so it skips the prediction's router pass).
     pub fn predicts(&self) -> bool {
         let pool = self.lock();
-        pool.prefetch > 0 && pool.tier != ExpertTier::Host
+        pool.prefetch > 0 && pool.tier != TierChoice::Host
     }
 
     fn lock(&self) -> MutexGuard<'_, Pool> {
@@ -804,11 +791,11 @@ impl ExpertStore {
 /// computed on the host while one six rows picked is streamed). `Auto` with a cost model asks
 /// it; `Auto` without one computes on the host below [`AUTO_HOST_ROWS`] rows; a forced tier
 /// decides alone.
-pub fn decide(setting: ExpertTier, cost: Option<&CostModel>, work: &UnitWork, rows: usize) -> Tier {
+pub fn decide(setting: TierChoice, cost: Option<&CostModel>, work: &UnitWork, rows: usize) -> Tier {
     match (setting, cost) {
-        (ExpertTier::Auto, Some(cost)) => cost.choose(work, rows),
+        (TierChoice::Auto, Some(cost)) => cost.choose(work, rows),
         (setting, _) => match setting.for_rows(rows) {
-            ExpertTier::Host => Tier::Host,
+            TierChoice::Host => Tier::Host,
             _ => Tier::Stream,
         },
     }

@@ -29,21 +29,21 @@ fn each_expert_is_decided_by_the_rows_routed_to_it() {
     assert_eq!(cost.crossover(&unit()), Some(3));
     // A batch of 8 rows: one expert picked by 1 row, one by 6; the step's 8 rows would have
     // streamed both.
-    let table: &[(ExpertTier, Option<&CostModel>, usize, Tier)] = &[
-        (ExpertTier::Auto, Some(&cost), 1, Tier::Host),
-        (ExpertTier::Auto, Some(&cost), 2, Tier::Host),
-        (ExpertTier::Auto, Some(&cost), 3, Tier::Stream),
-        (ExpertTier::Auto, Some(&cost), 6, Tier::Stream),
-        (ExpertTier::Auto, Some(&cost), 8, Tier::Stream),
+    let table: &[(TierChoice, Option<&CostModel>, usize, Tier)] = &[
+        (TierChoice::Auto, Some(&cost), 1, Tier::Host),
+        (TierChoice::Auto, Some(&cost), 2, Tier::Host),
+        (TierChoice::Auto, Some(&cost), 3, Tier::Stream),
+        (TierChoice::Auto, Some(&cost), 6, Tier::Stream),
+        (TierChoice::Auto, Some(&cost), 8, Tier::Stream),
         // Without a cost model: the fixed switch, per expert.
-        (ExpertTier::Auto, None, 1, Tier::Host),
-        (ExpertTier::Auto, None, AUTO_HOST_ROWS - 1, Tier::Host),
-        (ExpertTier::Auto, None, AUTO_HOST_ROWS, Tier::Stream),
+        (TierChoice::Auto, None, 1, Tier::Host),
+        (TierChoice::Auto, None, AUTO_HOST_ROWS - 1, Tier::Host),
+        (TierChoice::Auto, None, AUTO_HOST_ROWS, Tier::Stream),
         // A forced setting decides alone, whatever the cost model says.
-        (ExpertTier::Host, Some(&cost), 6, Tier::Host),
-        (ExpertTier::Host, None, 64, Tier::Host),
-        (ExpertTier::Stream, Some(&cost), 1, Tier::Stream),
-        (ExpertTier::Stream, None, 1, Tier::Stream),
+        (TierChoice::Host, Some(&cost), 6, Tier::Host),
+        (TierChoice::Host, None, 64, Tier::Host),
+        (TierChoice::Stream, Some(&cost), 1, Tier::Stream),
+        (TierChoice::Stream, None, 1, Tier::Stream),
     ];
     for &(setting, cost, rows, want) in table {
         assert_eq!(
@@ -63,7 +63,7 @@ fn a_forced_cost_model_decides_every_expert() {
             ..model()
         };
         for rows in [1, 6, 64] {
-            assert_eq!(decide(ExpertTier::Auto, Some(&cost), &unit(), rows), forced);
+            assert_eq!(decide(TierChoice::Auto, Some(&cost), &unit(), rows), forced);
         }
     }
 }

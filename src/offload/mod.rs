@@ -76,7 +76,7 @@ pub mod units;
 pub use accounting::{Accounting, AccountingSnapshot, PlannedBytes};
 pub use cost::{CostModel, Tier, TierCounts, UnitWork};
 pub use error::{CacheOverflow, OffloadError, PlanError, Result};
-pub use experts::{ExpertDecision, ExpertStore, ExpertTier, Served};
+pub use experts::{ExpertDecision, ExpertStore, Served};
 pub use experts_plan::{ExpertInput, ExpertPlan, LayerExperts};
 pub use host::HostStore;
 pub use layout::{LayerLayout, SlotKind, SlotLayout, SlotMatrix};

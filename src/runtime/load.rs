@@ -123,6 +123,7 @@ pub fn load_planned(
         let tokenizer = scope.spawn(|| load_tokenizer(checkpoint));
         let runner = load_runner(config, device_config, device, swap, checkpoint, plan)?;
         if let Some(experts) = runner.store().experts() {
+            experts.set_tier(config.tier.choice);
             experts.set_cost_model(cost);
         }
         // Offloaded dense layers: host or stream per step, by the same cost model.

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::quantized::{gguf_file::Value, GgmlDType};
 use candle_core::Device;
+use ferry::config::TierChoice;
 use ferry::config::{DtypeChoice, OffloadMode};
 use ferry::model::checkpoint::Checkpoint;
 use ferry::model::decoder::{LayerSource, Model, ResidentLayers, SeqInput};
@@ -20,9 +21,7 @@ use ferry::model::source::ModelFiles;
 use ferry::model::weights::{ExpertWeights, LayerWeights, RoutedExperts};
 use ferry::offload::plan::{plan, Plan, PlanInput};
 use ferry::offload::sizing::ModelSizes;
-use ferry::offload::{
-    load_placed, CostModel, ExpertInput, ExpertTier, Served, SlotKind, StreamConfig, Tier,
-};
+use ferry::offload::{load_placed, CostModel, ExpertInput, Served, SlotKind, StreamConfig, Tier};
 
 use crate::tiny::{self, Tiny};
 
@@ -186,7 +185,7 @@ fn reference(files: &ModelFiles, prompts: &[Vec<u32>]) -> (Vec<Vec<u32>>, Vec<Ro
 struct Placement {
     name: &'static str,
     plan: Plan,
-    tier: ExpertTier,
+    tier: TierChoice,
     prefetch: usize,
 }
 
@@ -212,10 +211,10 @@ fn placements(checkpoint: &Checkpoint) -> Vec<Placement> {
     let mut out = vec![Placement {
         name: "resident",
         plan: resident,
-        tier: ExpertTier::Stream,
+        tier: TierChoice::Stream,
         prefetch: 0,
     }];
-    for tier in [ExpertTier::Stream, ExpertTier::Host, ExpertTier::Auto] {
+    for tier in [TierChoice::Stream, TierChoice::Host, TierChoice::Auto] {
         for prefetch in 0..=2 {
             out.push(Placement {
                 name: "all offloaded",
@@ -284,7 +283,7 @@ fn every_placement_matches_none(path: &Path) {
                 after.expert_misses + after.expert_host,
                 "{what}"
             );
-            if p.tier == ExpertTier::Host {
+            if p.tier == TierChoice::Host {
                 assert_eq!(decisions.get(Tier::Stream), 0, "{what}");
             }
             // Routed misses and predictions are the only copies.
@@ -302,11 +301,11 @@ fn every_placement_matches_none(path: &Path) {
                 assert_eq!(after.expert_prefetched, 0, "{what}");
             }
             match p.tier {
-                ExpertTier::Host => {
+                TierChoice::Host => {
                     assert_eq!(after.expert_misses, 0, "{what}");
                     assert_eq!(after.expert_prefetched, 0, "{what}: nothing to stream");
                 }
-                ExpertTier::Stream => {
+                TierChoice::Stream => {
                     assert!(
                         after.expert_misses + after.expert_prefetch_hits > 0,
                         "{what}"
@@ -315,7 +314,7 @@ fn every_placement_matches_none(path: &Path) {
                         assert!(after.expert_prefetched > 0, "{what}");
                     }
                 }
-                ExpertTier::Auto => {}
+                TierChoice::Auto => {}
             }
         }
     }
@@ -356,7 +355,7 @@ fn bytes_moved_are_the_routed_expert_arithmetic() {
     let (_, routes) = reference(&files, one);
     let plan = plan_for(&checkpoint, OffloadMode::Sequential, 1 << 32, 2);
     let mut placed = load_placed(&checkpoint, &options(), &plan, stream, &mut |_| {}).unwrap();
-    placed.store.experts().unwrap().set_tier(ExpertTier::Stream);
+    placed.store.experts().unwrap().set_tier(TierChoice::Stream);
     let model = &placed.model;
     let mut cache = model.new_cache();
     model
@@ -393,7 +392,7 @@ fn bytes_moved_are_the_routed_expert_arithmetic() {
         EXPERTS * n_layers,
     );
     let mut placed = load_placed(&checkpoint, &options(), &plan, stream, &mut |_| {}).unwrap();
-    placed.store.experts().unwrap().set_tier(ExpertTier::Stream);
+    placed.store.experts().unwrap().set_tier(TierChoice::Stream);
     greedy(&placed.model, &mut placed.store, &prompts);
     let s = placed.store.accounting().snapshot();
     assert_eq!(s.expert_misses, distinct.len() as u64);
@@ -436,7 +435,7 @@ fn auto_tier_follows_the_cost_model() {
     for (model, streams) in [(rates(1e12, 1.0), true), (rates(1.0, 1e12), false)] {
         let mut placed = load_placed(&checkpoint, &options(), &plan, stream, &mut |_| {}).unwrap();
         let experts = placed.store.experts().unwrap();
-        experts.set_tier(ExpertTier::Auto);
+        experts.set_tier(TierChoice::Auto);
         experts.set_cost_model(Some(model));
         let tokens = greedy(&placed.model, &mut placed.store, prompts);
         assert_eq!(tokens, expected);
@@ -479,7 +478,7 @@ fn each_routed_expert_gets_the_tier_of_its_own_rows() {
     };
     let crossover = cost.crossover(&work).unwrap();
     assert!((2..=4).contains(&crossover), "{crossover}");
-    experts.set_tier(ExpertTier::Auto);
+    experts.set_tier(TierChoice::Auto);
     experts.set_cost_model(Some(cost));
     // Per step and layer, its routed experts.
     let mut steps = Vec::new();
@@ -558,11 +557,11 @@ fn predicted_experts_are_copied_ahead_and_hit() {
             let mut placed =
                 load_placed(&checkpoint, &options(), &plan, stream, &mut |_| {}).unwrap();
             let experts = placed.store.experts().unwrap().clone();
-            experts.set_tier(ExpertTier::Stream);
+            experts.set_tier(TierChoice::Stream);
             assert_eq!(experts.predicts(), prefetch > 0, "{what}");
-            experts.set_tier(ExpertTier::Host);
+            experts.set_tier(TierChoice::Host);
             assert!(!experts.predicts(), "{what}: the host tier copies nothing");
-            experts.set_tier(ExpertTier::Stream);
+            experts.set_tier(TierChoice::Stream);
             let tokens = greedy(&placed.model, &mut placed.store, prompts);
             assert_eq!(tokens, expected, "{what}");
             experts.settle();
@@ -706,7 +705,7 @@ fn a_pool_refilled_in_rounds_decodes_the_tokens_of_none() {
             let mut placed = load_placed(&checkpoint, &options(), &plan, stream, &mut |_| {})
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
             let experts = placed.store.experts().unwrap().clone();
-            experts.set_tier(ExpertTier::Stream);
+            experts.set_tier(TierChoice::Stream);
             experts.set_rounds(true);
             assert!(experts.computes_on_host());
             assert_eq!(experts.pool_slots(), 1);
