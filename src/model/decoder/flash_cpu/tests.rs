@@ -380,7 +380,15 @@ fn isa_differences(c: Case, ranges: Option<usize>) -> Vec<(Isa, f32, f32)> {
     let run = |isa: Isa| {
         let mut out = vec![f32::NAN; q.len()];
         match ranges {
-            Some(r) => super::decode::run_split(isa, r, r % 2 == 0, &q, &k, &v, &s, &mut out),
+            Some(r) => {
+                let call = Call {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    s: &s,
+                };
+                super::decode::run_split(isa, r, r % 2 == 0, call, &mut out)
+            }
             None => attend_with(isa, &q, k, v, &s, &mut out).unwrap(),
         }
         out
