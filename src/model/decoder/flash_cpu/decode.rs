@@ -12,7 +12,7 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use super::simd::{Avx2, Avx512};
 use super::simd::{Elem, Kernel, Scalar};
-use super::{first_visible, online_softmax, Isa, KvData, KvHeads, Shape};
+use super::{first_visible, online_softmax, Call, Isa, KvData, KvHeads, Shape};
 
 /// Keys per tile inside a task (the group's scores of one tile are a small buffer).
 const TILE: usize = 128;
@@ -24,14 +24,8 @@ const RANGES_PER_THREAD: usize = 4;
 const PARALLEL_MIN: usize = 1 << 16;
 
 /// Runs a one-row call whose shape [`super::check`] accepted.
-pub(super) fn run(
-    isa: Isa,
-    q: &[f32],
-    k: &KvHeads<'_>,
-    v: &KvHeads<'_>,
-    s: &Shape,
-    out: &mut [f32],
-) {
+pub(super) fn run(isa: Isa, call: Call<'_>, out: &mut [f32]) {
+    let s = call.s;
     let d = s.head_dim;
     let lo = first_visible(s.pos, s.window);
     let n = s.pos + 1 - lo;
@@ -45,22 +39,13 @@ pub(super) fn run(
     } else {
         1
     };
-    run_split(isa, ranges, parallel, q, k, v, s, out);
+    run_split(isa, ranges, parallel, call, out);
 }
 
 /// [`run`] with the visible keys cut into (at most) `ranges` ranges of equal length (the
 /// last one shorter), the tasks on rayon's pool when `parallel`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn run_split(
-    isa: Isa,
-    ranges: usize,
-    parallel: bool,
-    q: &[f32],
-    k: &KvHeads<'_>,
-    v: &KvHeads<'_>,
-    s: &Shape,
-    out: &mut [f32],
-) {
+pub(super) fn run_split(isa: Isa, ranges: usize, parallel: bool, call: Call<'_>, out: &mut [f32]) {
+    let Call { q, k, v, s } = call;
     let d = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
     let lo = first_visible(s.pos, s.window);

@@ -95,6 +95,17 @@ pub struct Shape {
     pub window: Option<usize>,
 }
 
+/// The inputs of one call [`check`] accepted, as the schedules take them.
+#[derive(Debug, Clone, Copy)]
+struct Call<'a> {
+    /// Queries, `[n_heads, seq, head_dim]`.
+    q: &'a [f32],
+    /// Keys and values of every key/value head.
+    k: &'a KvHeads<'a>,
+    v: &'a KvHeads<'a>,
+    s: &'a Shape,
+}
+
 /// Writes the attention output of every query head to `out` (`[n_heads, seq, head_dim]`,
 /// f32) for the queries `q` (same layout) against keys `k` and values `v`, with the fastest
 /// inner loops this CPU runs.
@@ -126,10 +137,16 @@ pub(crate) fn attend_with(
             "CPU attention: this CPU cannot run the {isa:?} loops"
         )));
     }
+    let call = Call {
+        q,
+        k: &k,
+        v: &v,
+        s: shape,
+    };
     if shape.seq == 1 {
-        decode::run(isa, q, &k, &v, shape, out);
+        decode::run(isa, call, out);
     } else {
-        prefill::run(isa, q, &k, &v, shape, out);
+        prefill::run(isa, call, out);
     }
     Ok(())
 }

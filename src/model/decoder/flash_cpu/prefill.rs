@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::{first_visible, online_softmax, Isa, KvHeads, Shape};
+use super::{first_visible, online_softmax, Call, Isa, KvHeads, Shape};
 
 /// Query rows per head per task.
 pub const TILE_Q: usize = 16;
@@ -17,14 +17,8 @@ pub const TILE_K: usize = 64;
 const PARALLEL_MIN: usize = 1 << 14;
 
 /// Runs every task of a call whose shape [`super::check`] accepted.
-pub(super) fn run(
-    isa: Isa,
-    q: &[f32],
-    k: &KvHeads<'_>,
-    v: &KvHeads<'_>,
-    s: &Shape,
-    out: &mut [f32],
-) {
+pub(super) fn run(isa: Isa, call: Call<'_>, out: &mut [f32]) {
+    let Call { q, k, v, s } = call;
     let (d, seq) = (s.head_dim, s.seq);
     let group = s.n_heads / s.n_kv_heads;
     let tiles = seq.div_ceil(TILE_Q);

@@ -51,18 +51,23 @@ const BASE: Case = Case {
     amp: 1.0,
 };
 
-/// Fills a cache with `pos` earlier positions and then the case's new ones, and returns the
-/// largest difference between the two attention paths on the new queries.
-fn max_difference(c: Case) -> f32 {
-    let dev = Device::Cpu;
-    let dims = AttentionDims {
+/// The case's dimensions for candle's attention paths.
+fn dims_of(c: &Case) -> AttentionDims {
+    AttentionDims {
         n_heads: c.heads,
         n_kv_heads: c.kv_heads,
         head_dim: c.dim,
         scale: 1.0 / (c.dim as f64).sqrt(),
         softcap: c.softcap,
         sliding: c.window.is_some(),
-    };
+    }
+}
+
+/// Fills a cache with `pos` earlier positions and then the case's new ones, and returns the
+/// largest difference between the two attention paths on the new queries.
+fn max_difference(c: Case) -> f32 {
+    let dev = Device::Cpu;
+    let dims = dims_of(&c);
     let shape = KvShape {
         n_kv_heads: c.kv_heads,
         head_dim: c.dim,
@@ -340,14 +345,7 @@ fn shape_of(c: &Case) -> Shape {
 /// candle's plain `softmax(q k^T * scale) v` (the matmul path) on the cache's numbers, as
 /// `[heads, seq, dim]`.
 fn reference(c: &Case, q: &[f32], cache: &Cache) -> Vec<f32> {
-    let dims = AttentionDims {
-        n_heads: c.heads,
-        n_kv_heads: c.kv_heads,
-        head_dim: c.dim,
-        scale: 1.0 / (c.dim as f64).sqrt(),
-        softcap: c.softcap,
-        sliding: c.window.is_some(),
-    };
+    let dims = dims_of(c);
     let dev = Device::Cpu;
     let qt = Tensor::from_vec(q.to_vec(), (1, c.heads, c.seq, c.dim), &dev).unwrap();
     let mask = causal_mask(c.seq, c.pos, c.window, &dev).unwrap();
@@ -382,7 +380,15 @@ fn isa_differences(c: Case, ranges: Option<usize>) -> Vec<(Isa, f32, f32)> {
     let run = |isa: Isa| {
         let mut out = vec![f32::NAN; q.len()];
         match ranges {
-            Some(r) => super::decode::run_split(isa, r, r % 2 == 0, &q, &k, &v, &s, &mut out),
+            Some(r) => {
+                let call = Call {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    s: &s,
+                };
+                super::decode::run_split(isa, r, r % 2 == 0, call, &mut out)
+            }
             None => attend_with(isa, &q, k, v, &s, &mut out).unwrap(),
         }
         out
