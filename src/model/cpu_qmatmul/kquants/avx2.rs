@@ -178,8 +178,6 @@ unsafe fn q3_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn k4<const BYTES: usize, const HIGH: bool>(w: *const u8, a: &[Q8KBlock]) -> f32 {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let bit4 = _mm256_set1_epi8(0x10);
     let qs_at = if HIGH { 48 } else { 16 };
     let mut acc = 0f32;
     for (i, a) in a.iter().enumerate() {
@@ -195,14 +193,7 @@ unsafe fn k4<const BYTES: usize, const HIGH: bool>(w: *const u8, a: &[Q8KBlock])
         };
         let mut sum = _mm256_setzero_si256();
         for j in 0..4 {
-            let q = _mm256_loadu_si256(p.add(qs_at + 32 * j).cast());
-            let mut lo = _mm256_and_si256(q, m4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-            if HIGH {
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(h), bit4));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(h), bit4));
-                h = _mm256_srli_epi16::<2>(h);
-            }
+            let (lo, hi) = k4_quants::<HIGH>(p.add(qs_at + 32 * j), &mut h);
             let y = a.qs.as_ptr().add(64 * j);
             let s0 = chunk(lo, y, pair_scales(sc16, 2 * j));
             let s1 = chunk(hi, y.add(32), pair_scales(sc16, 2 * j + 1));
@@ -225,6 +216,31 @@ unsafe fn q4_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q5_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
     k4::<176, true>(w, a)
+}
+
+/// The low and high nibbles of the 32 Q4_K / Q5_K quant bytes at `q` (64 quants, two chunks),
+/// with Q5_K's fifth bits (`HIGH`) taken from the low two bits of `h`, which moves on to the
+/// next two. Shared by the one-row and the four-row kernel.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `q..q + 32` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn k4_quants<const HIGH: bool>(
+    q: *const u8,
+    h: &mut __m256i,
+) -> (__m256i, __m256i) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let q = _mm256_loadu_si256(q.cast());
+    let mut lo = _mm256_and_si256(q, m4);
+    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+    if HIGH {
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(*h), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(*h), bit4));
+        *h = _mm256_srli_epi16::<2>(*h);
+    }
+    (lo, hi)
 }
 
 /// The 128 six-bit quants of half `n` (0 or 1) of the Q6_K block at `p`, as bytes 0..63 in

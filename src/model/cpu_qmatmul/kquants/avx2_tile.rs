@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 
 use super::super::avx2::f16_at;
 use super::activation::Q8KBlock;
-use super::avx2::{bsums, duplicated, pair_scales, prefetch, q6_k_quants};
+use super::avx2::{bsums, duplicated, k4_quants, pair_scales, prefetch, q6_k_quants};
 use super::tile::Rows4K;
 use super::{scales_mins_k4, KFormat};
 
@@ -138,8 +138,6 @@ unsafe fn k4<const BYTES: usize, const HIGH: bool, const VNNI: bool>(
     w: *const u8,
     a: Rows4K<'_>,
 ) -> [f32; 4] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let bit4 = _mm256_set1_epi8(0x10);
     let qs_at = if HIGH { 48 } else { 16 };
     let mut acc = _mm_setzero_ps();
     for i in 0..a[0].len() {
@@ -155,14 +153,7 @@ unsafe fn k4<const BYTES: usize, const HIGH: bool, const VNNI: bool>(
         };
         let mut sum = [_mm256_setzero_si256(); 4];
         for j in 0..4 {
-            let q = _mm256_loadu_si256(p.add(qs_at + 32 * j).cast());
-            let mut lo = _mm256_and_si256(q, m4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-            if HIGH {
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(h), bit4));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(h), bit4));
-                h = _mm256_srli_epi16::<2>(h);
-            }
+            let (lo, hi) = k4_quants::<HIGH>(p.add(qs_at + 32 * j), &mut h);
             let (s0, s1) = (pair_scales(sc16, 2 * j), pair_scales(sc16, 2 * j + 1));
             for r in 0..4 {
                 let y = b[r].qs.as_ptr().add(64 * j);
