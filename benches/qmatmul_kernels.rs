@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 use clap::Parser;
+use ferry::model::cpu_qmatmul::test_support::random_bytes;
 use ferry::model::cpu_qmatmul::{Blocks, CpuQMatMul, Kernel};
 use ferry::model::header::GgufType;
 use half::f16;
@@ -75,15 +76,7 @@ fn ferry_only_weight(
     (rows, cols): (usize, usize),
     seed: u64,
 ) -> Result<CpuQMatMul, String> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut data: Vec<u8> = (0..rows * cols / elems * bytes)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 24) as u8
-        })
-        .collect();
+    let mut data = random_bytes(rows * cols / elems * bytes, seed);
     for (b, block) in data.chunks_exact_mut(bytes).enumerate() {
         if ty == GgufType::MXFP4 {
             block[at] = 118 + (b % 7) as u8;
@@ -103,15 +96,7 @@ fn weight(
     (rows, cols): (usize, usize),
     seed: u64,
 ) -> Result<Arc<QTensor>, String> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut data: Vec<u8> = (0..rows * cols / elems * bytes)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 24) as u8
-        })
-        .collect();
+    let mut data = random_bytes(rows * cols / elems * bytes, seed);
     for (b, block) in data.chunks_exact_mut(bytes).enumerate() {
         for &at in scales {
             let v = ((b % 13) as f32 - 6.0) * 0.001 + 0.0003;

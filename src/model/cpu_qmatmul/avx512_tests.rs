@@ -9,9 +9,10 @@ use super::activation::{quantize_row, Q8Block};
 use super::avx512::Avx512;
 use super::avx512_panel;
 use super::iq_tests::random_blocks;
+use super::test_support::outputs;
 use super::tests::values;
 use super::tile::{Tiling, GEMM_MIN_ROWS};
-use super::{matmul_many_with, Blocks, CpuQMatMul, Format, Kernel};
+use super::{Blocks, CpuQMatMul, Format, Kernel};
 use crate::model::header::GgufType;
 
 const TYPES: [GgufType; 6] = [
@@ -183,18 +184,7 @@ fn every_path_of_the_tiled_matmul_agrees_with_its_per_row_loop_and_the_others() 
             ];
             for m in [1, 5, 64, 67] {
                 let x = values(m * cols, 300 + m as u64);
-                let run = |kernel, tiling| {
-                    let mut outs: Vec<Vec<f32>> = mats
-                        .iter()
-                        .map(|mm| vec![f32::NAN; m * mm.out_features()])
-                        .collect();
-                    let mut jobs: Vec<(&CpuQMatMul, &mut [f32])> = mats
-                        .iter()
-                        .zip(outs.iter_mut().map(Vec::as_mut_slice))
-                        .collect();
-                    matmul_many_with(&mut jobs, &x, m, kernel, tiling).unwrap();
-                    outs
-                };
+                let run = |kernel, tiling| outputs(&mats, &x, m, kernel, tiling);
                 let scalar = run(Kernel::Scalar, Tiling::Tiled);
                 for kernel in [Kernel::Auto, Kernel::Avx2] {
                     let tiled = run(kernel, Tiling::Tiled);

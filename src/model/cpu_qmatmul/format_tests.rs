@@ -11,6 +11,7 @@ use half::f16;
 
 use super::activation::{quantize_row, Q8Block, BLOCK};
 use super::kquants::activation::{quantize_row_k, Q8KBlock, QK_K};
+use super::test_support::random_bytes;
 use super::tests::{case, run, values, Case};
 use super::{CpuQMatMul, Kernel};
 use crate::model::header::GgufType;
@@ -173,15 +174,7 @@ fn layout(dtype: GgmlDType) -> (usize, &'static [usize]) {
 fn random_blocks(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> Case {
     let (bytes, scales) = layout(dtype);
     let blocks = n * k / act_block(dtype);
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut data: Vec<u8> = (0..blocks * bytes)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 24) as u8
-        })
-        .collect();
+    let mut data = random_bytes(blocks * bytes, seed);
     for (b, block) in data.chunks_exact_mut(bytes).enumerate() {
         for (j, &at) in scales.iter().enumerate() {
             let v = (((b * 7 + j * 3) % 19) as f32 - 9.0) * 0.003 + 0.0005;

@@ -6,9 +6,10 @@
 
 use super::activation::{quantize_row, ActRow, Q8Block};
 use super::iq_tests::random_blocks;
+use super::test_support::outputs;
 use super::tests::values;
 use super::tile::{rows4, Rows4, Tiling};
-use super::{matmul_many_with, CpuQMatMul, Dot, Format, Kernel};
+use super::{CpuQMatMul, Dot, Format, Kernel};
 use crate::model::header::GgufType;
 
 const TYPES: [GgufType; 3] = [GgufType::IQ4_NL, GgufType::IQ4_XS, GgufType::MXFP4];
@@ -90,19 +91,6 @@ fn avx2_table_kernels_with_and_without_vnni_equal_the_one_row_dot() {
             }
         }
     }
-}
-
-fn outputs(mats: &[CpuQMatMul], x: &[f32], m: usize, kernel: Kernel, t: Tiling) -> Vec<Vec<f32>> {
-    let mut outs: Vec<Vec<f32>> = mats
-        .iter()
-        .map(|mm| vec![f32::NAN; m * mm.out_features()])
-        .collect();
-    let mut jobs: Vec<(&CpuQMatMul, &mut [f32])> = mats
-        .iter()
-        .zip(outs.iter_mut().map(Vec::as_mut_slice))
-        .collect();
-    matmul_many_with(&mut jobs, x, m, kernel, t).unwrap();
-    outs
 }
 
 #[test]

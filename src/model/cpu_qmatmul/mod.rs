@@ -40,6 +40,8 @@ pub mod mxfp4;
 pub mod q5;
 pub mod scalar;
 pub mod scalar_tile;
+#[doc(hidden)]
+pub mod test_support;
 #[cfg(test)]
 mod tests;
 pub mod tile;

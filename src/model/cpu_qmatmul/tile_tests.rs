@@ -7,41 +7,20 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 
 use super::super::activation::{quantize_row, ActRow, Q8Block};
-use super::super::{matmul_many_with, CpuQMatMul, Dot, Format, Kernel};
+use super::super::{CpuQMatMul, Dot, Format, Kernel};
 use super::{rows4, Tiling};
+use crate::model::cpu_qmatmul::test_support::{self, outputs};
 use crate::model::header::GgufType;
 
+/// How often the values' magnitude scale repeats along a row.
+const DRIFT: usize = 5;
+
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * (1.0 + (i % 5) as f32)
-        })
-        .collect()
+    test_support::drift_values(n, seed, DRIFT)
 }
 
 fn matrix(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> CpuQMatMul {
-    let raw = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
-    CpuQMatMul::new(Arc::new(QTensor::quantize(&raw, dtype).unwrap())).unwrap()
-}
-
-fn outputs(
-    mats: &[CpuQMatMul],
-    x: &[f32],
-    m: usize,
-    kernel: Kernel,
-    tiling: Tiling,
-) -> Vec<Vec<f32>> {
-    let mut outs: Vec<Vec<f32>> = mats.iter().map(|mm| vec![f32::NAN; m * mm.rows]).collect();
-    let mut jobs: Vec<(&CpuQMatMul, &mut [f32])> = mats
-        .iter()
-        .zip(outs.iter_mut().map(Vec::as_mut_slice))
-        .collect();
-    matmul_many_with(&mut jobs, x, m, kernel, tiling).unwrap();
-    outs
+    test_support::matrix(dtype, n, k, seed, DRIFT)
 }
 
 const FORMATS: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];

@@ -178,8 +178,6 @@ unsafe fn q3_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn k4<const BYTES: usize, const HIGH: bool>(w: *const u8, a: &[Q8KBlock]) -> f32 {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let bit4 = _mm256_set1_epi8(0x10);
     let qs_at = if HIGH { 48 } else { 16 };
     let mut acc = 0f32;
     for (i, a) in a.iter().enumerate() {
@@ -195,14 +193,7 @@ unsafe fn k4<const BYTES: usize, const HIGH: bool>(w: *const u8, a: &[Q8KBlock])
         };
         let mut sum = _mm256_setzero_si256();
         for j in 0..4 {
-            let q = _mm256_loadu_si256(p.add(qs_at + 32 * j).cast());
-            let mut lo = _mm256_and_si256(q, m4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-            if HIGH {
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(h), bit4));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(h), bit4));
-                h = _mm256_srli_epi16::<2>(h);
-            }
+            let (lo, hi) = k4_quants::<HIGH>(p.add(qs_at + 32 * j), &mut h);
             let y = a.qs.as_ptr().add(64 * j);
             let s0 = chunk(lo, y, pair_scales(sc16, 2 * j));
             let s1 = chunk(hi, y.add(32), pair_scales(sc16, 2 * j + 1));
@@ -227,13 +218,70 @@ unsafe fn q5_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
     k4::<176, true>(w, a)
 }
 
+/// The low and high nibbles of the 32 Q4_K / Q5_K quant bytes at `q` (64 quants, two chunks),
+/// with Q5_K's fifth bits (`HIGH`) taken from the low two bits of `h`, which moves on to the
+/// next two. Shared by the one-row and the four-row kernel.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `q..q + 32` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn k4_quants<const HIGH: bool>(
+    q: *const u8,
+    h: &mut __m256i,
+) -> (__m256i, __m256i) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let q = _mm256_loadu_si256(q.cast());
+    let mut lo = _mm256_and_si256(q, m4);
+    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+    if HIGH {
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(*h), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(*h), bit4));
+        *h = _mm256_srli_epi16::<2>(*h);
+    }
+    (lo, hi)
+}
+
+/// The 128 six-bit quants of half `n` (0 or 1) of the Q6_K block at `p`, as bytes 0..63 in
+/// four vectors of 32 (chunks `4 * n .. 4 * n + 4`): low nibbles from `ql`, high two bits
+/// from `qh`. Shared by the one-row and the four-row kernel.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `p..p + 192` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6_k_quants(p: *const u8, n: usize) -> [__m256i; 4] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(3);
+    let m30 = _mm256_set1_epi8(0x30);
+    let ql0 = _mm256_loadu_si256(p.add(64 * n).cast());
+    let ql1 = _mm256_loadu_si256(p.add(64 * n + 32).cast());
+    let qh = _mm256_loadu_si256(p.add(128 + 32 * n).cast());
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(ql0, m4),
+            _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(ql1, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+            _mm256_and_si256(qh, m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+        ),
+    ]
+}
+
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C; `w..w + 210 * a.len()` must be readable.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m3 = _mm256_set1_epi8(3);
-    let m30 = _mm256_set1_epi8(0x30);
     let mut acc = 0f32;
     for (i, a) in a.iter().enumerate() {
         let p = w.add(210 * i);
@@ -242,27 +290,7 @@ unsafe fn q6_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
         let offset = _mm256_madd_epi16(sc16, bsums(a));
         let mut sum = _mm256_setzero_si256();
         for n in 0..2 {
-            let ql0 = _mm256_loadu_si256(p.add(64 * n).cast());
-            let ql1 = _mm256_loadu_si256(p.add(64 * n + 32).cast());
-            let qh = _mm256_loadu_si256(p.add(128 + 32 * n).cast());
-            let q = [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql0, m4),
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, m4),
-                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                    _mm256_and_si256(qh, m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
-                ),
-            ];
+            let q = q6_k_quants(p, n);
             for (g, v) in q.into_iter().enumerate() {
                 let c = 4 * n + g;
                 sum = _mm256_add_epi32(

@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 
 use super::super::avx2::f16_at;
 use super::activation::Q8KBlock;
-use super::avx2::{bsums, duplicated, pair_scales, prefetch};
+use super::avx2::{bsums, duplicated, k4_quants, pair_scales, prefetch, q6_k_quants};
 use super::tile::Rows4K;
 use super::{scales_mins_k4, KFormat};
 
@@ -138,8 +138,6 @@ unsafe fn k4<const BYTES: usize, const HIGH: bool, const VNNI: bool>(
     w: *const u8,
     a: Rows4K<'_>,
 ) -> [f32; 4] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let bit4 = _mm256_set1_epi8(0x10);
     let qs_at = if HIGH { 48 } else { 16 };
     let mut acc = _mm_setzero_ps();
     for i in 0..a[0].len() {
@@ -155,14 +153,7 @@ unsafe fn k4<const BYTES: usize, const HIGH: bool, const VNNI: bool>(
         };
         let mut sum = [_mm256_setzero_si256(); 4];
         for j in 0..4 {
-            let q = _mm256_loadu_si256(p.add(qs_at + 32 * j).cast());
-            let mut lo = _mm256_and_si256(q, m4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-            if HIGH {
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(h), bit4));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(h), bit4));
-                h = _mm256_srli_epi16::<2>(h);
-            }
+            let (lo, hi) = k4_quants::<HIGH>(p.add(qs_at + 32 * j), &mut h);
             let (s0, s1) = (pair_scales(sc16, 2 * j), pair_scales(sc16, 2 * j + 1));
             for r in 0..4 {
                 let y = b[r].qs.as_ptr().add(64 * j);
@@ -189,9 +180,6 @@ unsafe fn k4<const BYTES: usize, const HIGH: bool, const VNNI: bool>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k<const VNNI: bool>(w: *const u8, a: Rows4K<'_>) -> [f32; 4] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m3 = _mm256_set1_epi8(3);
-    let m30 = _mm256_set1_epi8(0x30);
     let mut acc = _mm_setzero_ps();
     for i in 0..a[0].len() {
         let p = w.add(210 * i);
@@ -200,27 +188,7 @@ unsafe fn q6_k<const VNNI: bool>(w: *const u8, a: Rows4K<'_>) -> [f32; 4] {
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192).cast()));
         let mut sum = [_mm256_setzero_si256(); 4];
         for n in 0..2 {
-            let ql0 = _mm256_loadu_si256(p.add(64 * n).cast());
-            let ql1 = _mm256_loadu_si256(p.add(64 * n + 32).cast());
-            let qh = _mm256_loadu_si256(p.add(128 + 32 * n).cast());
-            let q = [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql0, m4),
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, m4),
-                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                    _mm256_and_si256(qh, m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
-                ),
-            ];
+            let q = q6_k_quants(p, n);
             for g in 0..4 {
                 let c = 4 * n + g;
                 let s = pair_scales(sc16, c);

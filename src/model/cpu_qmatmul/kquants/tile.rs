@@ -59,6 +59,20 @@ impl Path {
     }
 }
 
+/// Panics unless the activation rows `a` are equally long and `w` holds a `format` row of
+/// their length (what the SIMD kernels' unchecked reads rely on).
+fn check_rows(format: KFormat, w: &[u8], a: &[&[Q8KBlock]]) {
+    let kb = a[0].len();
+    assert!(
+        a.iter().all(|r| r.len() == kb),
+        "{format:?}: activation rows differ in length"
+    );
+    assert!(
+        w.len() >= format.block_bytes() * kb,
+        "{format:?} row too short"
+    );
+}
+
 /// Whether `format` has four-row kernels (the others use four one-row dots).
 pub fn has_tile(format: KFormat) -> bool {
     matches!(format, KFormat::Q4K | KFormat::Q5K | KFormat::Q6K)
@@ -70,15 +84,7 @@ pub fn rows4(path: Path, format: KFormat, w: &[u8], a: Rows4K<'_>) -> Option<[f3
     if !has_tile(format) || !path.available() {
         return None;
     }
-    let kb = a[0].len();
-    assert!(
-        a.iter().all(|r| r.len() == kb),
-        "{format:?}: activation rows differ in length"
-    );
-    assert!(
-        w.len() >= format.block_bytes() * kb,
-        "{format:?} row too short"
-    );
+    check_rows(format, w, &a);
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: `path.available()` proves the features the path needs; the asserts bound
@@ -110,15 +116,7 @@ pub fn rows8(path: Path, format: KFormat, w: &[u8], a: Rows8K<'_>) -> Option<[f3
     if !has_rows8(path, format) {
         return None;
     }
-    let kb = a[0].len();
-    assert!(
-        a.iter().all(|r| r.len() == kb),
-        "{format:?}: activation rows differ in length"
-    );
-    assert!(
-        w.len() >= format.block_bytes() * kb,
-        "{format:?} row too short"
-    );
+    check_rows(format, w, &a);
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: `has_rows8` proves AVX-512 (and AVX2); the asserts bound every read of `w`

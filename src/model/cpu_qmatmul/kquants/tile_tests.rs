@@ -2,45 +2,29 @@
 //! path this CPU runs; the others are named as skipped), and the tiled matmul against the
 //! per-row one for Q4_K, Q5_K and Q6_K at odd row counts and partial tiles.
 
-use std::sync::Arc;
-
-use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{Device, Tensor};
+use candle_core::quantized::GgmlDType;
 use half::f16;
 
 use super::super::activation::{quantize_row_k, Q8KBlock, QK_K};
 use super::super::{scalar, KFormat};
 use super::{has_rows8, has_tile, rows4, rows8, Path, Rows4K, Rows8K};
 use crate::model::cpu_qmatmul::tile::Tiling;
-use crate::model::cpu_qmatmul::{matmul_many_with, CpuQMatMul, Kernel};
+use crate::model::cpu_qmatmul::{test_support, CpuQMatMul, Kernel};
 
 const TILED: [KFormat; 3] = [KFormat::Q4K, KFormat::Q5K, KFormat::Q6K];
 
+/// How often the values' magnitude scale repeats along a row.
+const DRIFT: usize = 7;
+
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * (1.0 + (i % 7) as f32)
-        })
-        .collect()
+    test_support::drift_values(n, seed, DRIFT)
 }
 
 /// `kb` super-blocks of `format` with every quant and scale byte random (all bit patterns,
 /// not only those a quantizer writes) and small finite f16 scales.
 fn random_row(format: KFormat, kb: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let bytes = format.block_bytes();
-    let mut w: Vec<u8> = (0..bytes * kb)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 24) as u8
-        })
-        .collect();
+    let mut w = test_support::random_bytes(bytes * kb, seed);
     let scales: &[usize] = match format {
         KFormat::Q2K => &[80, 82],
         KFormat::Q3K => &[108],
@@ -153,10 +137,10 @@ fn formats_without_a_tile_and_unavailable_paths_fall_back() {
 }
 
 fn matrix(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> CpuQMatMul {
-    let raw = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
-    CpuQMatMul::new(Arc::new(QTensor::quantize(&raw, dtype).unwrap())).unwrap()
+    test_support::matrix(dtype, n, k, seed, DRIFT)
 }
 
+/// [`test_support::outputs`], all finite, as bit patterns (for exact comparison).
 fn outputs(
     mats: &[CpuQMatMul],
     x: &[f32],
@@ -164,12 +148,7 @@ fn outputs(
     kernel: Kernel,
     tiling: Tiling,
 ) -> Vec<Vec<u32>> {
-    let mut outs: Vec<Vec<f32>> = mats.iter().map(|mm| vec![f32::NAN; m * mm.rows]).collect();
-    let mut jobs: Vec<(&CpuQMatMul, &mut [f32])> = mats
-        .iter()
-        .zip(outs.iter_mut().map(Vec::as_mut_slice))
-        .collect();
-    matmul_many_with(&mut jobs, x, m, kernel, tiling).unwrap();
+    let outs = test_support::outputs(mats, x, m, kernel, tiling);
     assert!(outs.iter().flatten().all(|v| v.is_finite()));
     outs.iter()
         .map(|o| o.iter().map(|v| v.to_bits()).collect())

@@ -1,0 +1,75 @@
+//! Seeded data for the kernel tests and `benches/qmatmul_kernels.rs`: raw block bytes of every
+//! bit pattern ([`random_bytes`]), and for the tests only, drifting f32 values, a quantized
+//! weight made of them, and the tiled matmul's outputs for a set of weights.
+
+#[cfg(test)]
+use std::sync::Arc;
+
+#[cfg(test)]
+use candle_core::quantized::{GgmlDType, QTensor};
+#[cfg(test)]
+use candle_core::{Device, Tensor};
+
+#[cfg(test)]
+use super::tile::Tiling;
+#[cfg(test)]
+use super::{matmul_many_with, CpuQMatMul, Kernel};
+
+/// `len` pseudo-random bytes (a xorshift stream from `seed`), every bit pattern equally likely:
+/// raw quant, high-bit and scale bytes before a caller writes its finite scales over them.
+#[doc(hidden)]
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect()
+}
+
+/// `n` pseudo-random values in [-1, 1) scaled by `1 + i % period` (so magnitudes vary along a
+/// row).
+#[cfg(test)]
+pub(crate) fn drift_values(n: usize, seed: u64, period: usize) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * (1.0 + (i % period) as f32)
+        })
+        .collect()
+}
+
+/// An `n x k` weight of `dtype`, quantized by candle from [`drift_values`].
+#[cfg(test)]
+pub(crate) fn matrix(dtype: GgmlDType, n: usize, k: usize, seed: u64, period: usize) -> CpuQMatMul {
+    let raw = Tensor::from_vec(drift_values(n * k, seed, period), (n, k), &Device::Cpu).unwrap();
+    CpuQMatMul::new(Arc::new(QTensor::quantize(&raw, dtype).unwrap())).unwrap()
+}
+
+/// The outputs of one [`matmul_many_with`] call over `mats` with `m` activation rows `x`
+/// (NaN-filled beforehand, so an output the call skips shows).
+#[cfg(test)]
+pub(crate) fn outputs(
+    mats: &[CpuQMatMul],
+    x: &[f32],
+    m: usize,
+    kernel: Kernel,
+    tiling: Tiling,
+) -> Vec<Vec<f32>> {
+    let mut outs: Vec<Vec<f32>> = mats
+        .iter()
+        .map(|mm| vec![f32::NAN; m * mm.out_features()])
+        .collect();
+    let mut jobs: Vec<(&CpuQMatMul, &mut [f32])> = mats
+        .iter()
+        .zip(outs.iter_mut().map(Vec::as_mut_slice))
+        .collect();
+    matmul_many_with(&mut jobs, x, m, kernel, tiling).unwrap();
+    outs
+}
