@@ -21,7 +21,7 @@ import sys
 
 import report
 from common import REPORTED, log, perf_verdict, read_json, run_step, write_json
-from ferry_proc import Server, ServeConfig, budget_for_resident, free_port, plan
+from ferry_proc import Server, ServeConfig, add_bench_args, budget_for_resident, free_port, plan
 from sse_client import aggregate_rate, concurrent_streams, decode_rate, stream_completion, ttft
 
 STEP = "d decode"
@@ -66,15 +66,7 @@ def driver_used_bytes(pid):
 
 def main():
     p = argparse.ArgumentParser(description="ferry decode/prefill benchmark (steps d and e)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--ferry", required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--device", default="cuda:0")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--link-bandwidth", default=None, help='CPU only, e.g. "2GB/s"')
-    p.add_argument("--bandwidth-json", required=True, help="step c's output")
-    p.add_argument("--data", required=True, help="where to write this step's numbers")
-    p.add_argument("--logs", required=True)
+    add_bench_args(p)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--prefill-tokens", type=int, default=2000)
     p.add_argument("--batch", type=int, default=8)

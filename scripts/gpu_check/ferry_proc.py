@@ -77,6 +77,20 @@ class ServeConfig:
         return path
 
 
+def add_bench_args(p):
+    """The arguments every benchmark step that serves a model takes: report and data folders,
+    the binary and model, device and dtype, the emulated link, step c's bandwidth file."""
+    p.add_argument("--out", required=True)
+    p.add_argument("--ferry", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--link-bandwidth", default=None, help='CPU only, e.g. "2GB/s"')
+    p.add_argument("--bandwidth-json", required=True, help="step c's output")
+    p.add_argument("--data", required=True, help="where to write this step's numbers")
+    p.add_argument("--logs", required=True)
+
+
 def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

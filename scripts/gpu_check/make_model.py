@@ -126,6 +126,36 @@ def is_cached(dest, marker):
         return False
 
 
+def reuse_or_clear(shape, dest, marker):
+    """True when dest already holds the checkpoint marker describes; otherwise dest is emptied
+    (created) for a fresh one."""
+    if is_cached(dest, marker):
+        log(f"{shape}: cached at {dest}")
+        return True
+    if os.path.exists(dest):
+        shutil.rmtree(dest)
+    os.makedirs(dest)
+    return False
+
+
+def write_side_files(dest, total, weight_map, config, tokenizer_dir, marker):
+    """Everything of a HF checkpoint but the shards: the shard index, config.json,
+    generation_config.json, the tokenizer files, and last the marker (so an interrupted run is
+    never taken as cached)."""
+    with open(os.path.join(dest, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+    with open(os.path.join(dest, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+    with open(os.path.join(dest, "generation_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}, f, indent=2)
+    for name in TOKENIZER_FILES:
+        src = os.path.join(tokenizer_dir, name)
+        if os.path.exists(src):
+            shutil.copy(src, os.path.join(dest, name))
+    with open(os.path.join(dest, MARKER), "w", encoding="utf-8") as f:
+        json.dump(marker, f)
+
+
 def draw(name_index, shape, kind, seed, device, dtype, std):
     import torch
 
@@ -145,13 +175,9 @@ def generate(shape, dtype, dest, tokenizer_dir, seed, device):
     from safetensors.torch import save_file
 
     marker = marker_for(shape, dtype, seed)
-    if is_cached(dest, marker):
-        log(f"{shape}: cached at {dest}")
+    if reuse_or_clear(shape, dest, marker):
         return "cached", 0.0
     started = time.monotonic()
-    if os.path.exists(dest):
-        shutil.rmtree(dest)
-    os.makedirs(dest)
     specs = tensor_specs(shape)
     elem = {"bf16": 2, "f16": 2, "f32": 4}[dtype]
     std = SHAPES[shape].get("std", 0.02)
@@ -175,18 +201,7 @@ def generate(shape, dtype, dest, tokenizer_dir, seed, device):
                 concurrent.futures.wait(busy, return_when=concurrent.futures.FIRST_COMPLETED)
         for fut in pending:
             fut.result()
-    with open(os.path.join(dest, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
-    with open(os.path.join(dest, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(hf_config(shape, dtype), f, indent=2)
-    with open(os.path.join(dest, "generation_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}, f, indent=2)
-    for name in TOKENIZER_FILES:
-        src = os.path.join(tokenizer_dir, name)
-        if os.path.exists(src):
-            shutil.copy(src, os.path.join(dest, name))
-    with open(os.path.join(dest, MARKER), "w", encoding="utf-8") as f:
-        json.dump(marker, f)
+    write_side_files(dest, total, weight_map, hf_config(shape, dtype), tokenizer_dir, marker)
     return "generated", time.monotonic() - started
 
 

@@ -16,16 +16,14 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
 import time
 
 import report
-from common import REPORTED, log, run_step
-from make_model import TOKENIZER_FILES, VOCAB, dir_bytes, draw, is_cached, plan_shards
+from common import REPORTED, run_step
+from make_model import VOCAB, dir_bytes, draw, plan_shards, reuse_or_clear, write_side_files
 
 GENERATOR_VERSION = 2
-MARKER = ".ferry-gpu-check.json"
 
 SHAPES = {
     # Qwen3-30B-A3B's layer shapes, 4 of its 48 layers.
@@ -127,13 +125,9 @@ def generate(shape, dtype, dest, tokenizer_dir, seed, device):
 
     marker = {"generator": GENERATOR_VERSION, "shape": shape, "dtype": dtype, "seed": seed,
               "vocab": VOCAB, "dims": SHAPES[shape], "family": "qwen3_moe"}
-    if is_cached(dest, marker):
-        log(f"{shape}: cached at {dest}")
+    if reuse_or_clear(shape, dest, marker):
         return "cached", 0.0
     started = time.monotonic()
-    if os.path.exists(dest):
-        shutil.rmtree(dest)
-    os.makedirs(dest)
     specs = tensor_specs(shape)
     elem = {"bf16": 2, "f16": 2, "f32": 4}[dtype]
     shards = plan_shards([elem * math.prod(t) for _, t, _ in specs])
@@ -152,18 +146,7 @@ def generate(shape, dtype, dest, tokenizer_dir, seed, device):
                 tensors[name] = draw(index, tshape, draw_kind, seed, device, dtype, 0.06)
             weight_map[name] = fname
         save_file(tensors, os.path.join(dest, fname), metadata={"format": "pt"})
-    with open(os.path.join(dest, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
-    with open(os.path.join(dest, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(hf_config(shape, dtype), f, indent=2)
-    with open(os.path.join(dest, "generation_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}, f, indent=2)
-    for name in TOKENIZER_FILES:
-        src = os.path.join(tokenizer_dir, name)
-        if os.path.exists(src):
-            shutil.copy(src, os.path.join(dest, name))
-    with open(os.path.join(dest, MARKER), "w", encoding="utf-8") as f:
-        json.dump(marker, f)
+    write_side_files(dest, total, weight_map, hf_config(shape, dtype), tokenizer_dir, marker)
     return "generated", time.monotonic() - started
 
 

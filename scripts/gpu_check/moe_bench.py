@@ -27,7 +27,7 @@ import sys
 
 import report
 from common import REPORTED, log, read_json, run_step, write_json
-from ferry_proc import Server, ServeConfig, budget_for_resident, free_port, plan
+from ferry_proc import Server, ServeConfig, add_bench_args, budget_for_resident, free_port, plan
 from sse_client import decode_rate, stream_completion
 
 STEP = "g moe"
@@ -50,15 +50,7 @@ def mib(nbytes):
 
 def main():
     p = argparse.ArgumentParser(description="ferry MoE decode per tier (step g)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--ferry", required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--device", default="cuda:0")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--link-bandwidth", default=None, help='CPU only, e.g. "2GB/s"')
-    p.add_argument("--bandwidth-json", required=True, help="step c's output")
-    p.add_argument("--data", required=True)
-    p.add_argument("--logs", required=True)
+    add_bench_args(p)
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--prefetch", type=int, default=1)
     p.add_argument("--ready-timeout", type=float, default=240)

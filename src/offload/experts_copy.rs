@@ -11,11 +11,12 @@
 //! hot experts) and is filled from a slab of its own.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::accounting::Accounting;
+use super::copy_shared::{self, ShutDown};
 use super::error::OffloadError;
 use super::host::{LayerLayout, Result};
 use super::link::throttle;
@@ -57,20 +58,13 @@ struct State {
     shutdown: bool,
 }
 
-struct Shared {
-    state: Mutex<State>,
-    changed: Condvar,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        self.changed.wait(guard).unwrap_or_else(|e| e.into_inner())
+impl ShutDown for State {
+    fn shut_down(&mut self) {
+        self.shutdown = true;
     }
 }
+
+type Shared = copy_shared::Shared<State>;
 
 /// The store's handle on its copy thread (stops and joins it on drop).
 pub(super) struct ExpertCopier {
@@ -88,10 +82,7 @@ impl std::fmt::Debug for ExpertCopier {
 impl ExpertCopier {
     /// Starts the thread; copies last at least bytes / `bandwidth` (the CPU device's link).
     pub fn start(bandwidth: Option<u64>, accounting: Arc<Accounting>) -> Result<Self> {
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State::default()),
-            changed: Condvar::new(),
-        });
+        let shared = Arc::new(Shared::new(State::default()));
         let engine = Engine {
             shared: shared.clone(),
             bandwidth,
@@ -151,11 +142,7 @@ impl ExpertCopier {
 
 impl Drop for ExpertCopier {
     fn drop(&mut self) {
-        self.shared.lock().shutdown = true;
-        self.shared.changed.notify_all();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        self.shared.stop(&mut self.thread);
     }
 }
 

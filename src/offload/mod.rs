@@ -47,6 +47,7 @@ pub mod assemble;
 pub mod buffer;
 pub mod calibrate;
 pub mod calibrate_cache;
+mod copy_shared;
 pub mod cost;
 pub mod error;
 pub mod experts;

@@ -5,13 +5,14 @@
 //! variable. `link_bandwidth` throttles the copies ([`super::link`]).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use candle_core::Device;
 
 use super::accounting::Accounting;
+use super::copy_shared::{self, ShutDown};
 use super::error::OffloadError;
 use super::host::{HostStore, Result};
 use super::link::throttle;
@@ -49,23 +50,15 @@ impl State {
     }
 }
 
-/// Why a mutex and a condition variable: the forward loop and the copy thread wait on each
-/// other's progress (slot loaded / slot consumed), which is exactly a condition on shared state.
-#[derive(Debug)]
-struct Shared {
-    state: Mutex<State>,
-    changed: Condvar,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        self.changed.wait(guard).unwrap_or_else(|e| e.into_inner())
+impl ShutDown for State {
+    fn shut_down(&mut self) {
+        self.shutdown = true;
     }
 }
+
+/// The forward loop and the copy thread wait on each other's progress (slot loaded / slot
+/// consumed).
+type Shared = copy_shared::Shared<State>;
 
 /// The forward loop's handle on the copy thread (stops and joins it on drop).
 #[derive(Debug)]
@@ -91,15 +84,12 @@ impl ThreadCopies {
         for b in &buffers {
             accounting.add_slots(b.allocated_bytes());
         }
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                queue: VecDeque::new(),
-                slots: vec![SlotState::Free; slots],
-                shutdown: false,
-                failed: None,
-            }),
-            changed: Condvar::new(),
-        });
+        let shared = Arc::new(Shared::new(State {
+            queue: VecDeque::new(),
+            slots: vec![SlotState::Free; slots],
+            shutdown: false,
+            failed: None,
+        }));
         let engine = CopyThread {
             shared: shared.clone(),
             host,
@@ -176,11 +166,7 @@ impl ThreadCopies {
 
 impl Drop for ThreadCopies {
     fn drop(&mut self) {
-        self.shared.lock().shutdown = true;
-        self.shared.changed.notify_all();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        self.shared.stop(&mut self.thread);
     }
 }
 

@@ -20,7 +20,7 @@ use ferry::offload::{CostModel, LayerLayout, LayerTiers, Tier, UnitWork};
 use ferry::runtime::adapters::ModelRunner;
 use ferry::runtime::load::load_for_serving_on;
 
-use crate::offload_modes::{budget_for, device_config, hub, plan_for};
+use crate::offload_modes::{budget_for, device_config, hub, plan_for, top_token};
 use crate::real_model::offloaded;
 
 const NEW_TOKENS: usize = 8;
@@ -56,12 +56,7 @@ fn greedy_batch(runner: &mut ModelRunner, prompts: &[Vec<u32>]) -> (Vec<Vec<u32>
             break;
         }
         for (i, row) in logits.iter().enumerate() {
-            let next = row
-                .iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .map(|(t, _)| t as u32)
-                .expect("logits");
+            let next = top_token(row);
             out[i].push(next);
             inputs[i] = vec![next];
         }

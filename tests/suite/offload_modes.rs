@@ -75,18 +75,23 @@ pub(crate) fn plan_for(config: &ModelConfig) -> Plan {
     plan_model(config, &device_config(), &Device::Cpu, &hub(), 64 << 30).expect("plan")
 }
 
+/// The greedy pick of one step's logits (the last of equal maxima, as `max_by` keeps).
+pub(crate) fn top_token(logits: &[f32]) -> u32 {
+    logits
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, _)| i as u32)
+        .expect("non-empty logits")
+}
+
 /// Greedy decode of `NEW_TOKENS` after `PROMPT`.
 fn greedy(runner: &mut ModelRunner, prompt: &[u32]) -> Vec<u32> {
     let mut seq = runner.new_sequence();
     let mut logits = runner.forward(&mut seq, prompt).expect("prefill");
     let mut out = Vec::new();
     for _ in 0..NEW_TOKENS {
-        let next = logits
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(i, _)| i as u32)
-            .expect("non-empty logits");
+        let next = top_token(&logits);
         out.push(next);
         logits = runner.forward(&mut seq, &[next]).expect("decode");
     }
