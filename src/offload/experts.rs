@@ -600,6 +600,18 @@ impl ExpertStore {
         for slot in pool.slots.iter_mut().filter(|s| s.pinned == Some(layer)) {
             slot.pinned = None;
         }
+        // A predicted copy still in flight keeps its slot from being a victim: let it land, so
+        // the round does not find the pool full only because a guess is still copying (only
+        // the CPU pool has copies in flight; a failed one leaves its slot empty, as good here).
+        if let Copies::Cpu(copier) = &self.copies {
+            for slot in pool
+                .slots
+                .iter_mut()
+                .filter(|s| s.pinned.is_none() && matches!(s.content, Content::Loading { .. }))
+            {
+                let _landed = slot.take_in(copier);
+            }
+        }
         let (mut round, mut rest) = (Vec::new(), Vec::new());
         for (i, e) in deferred {
             let expert =
