@@ -12,7 +12,7 @@ use half::f16;
 use super::activation::{quantize_row, Q8Block, BLOCK};
 use super::kquants::activation::{quantize_row_k, Q8KBlock, QK_K};
 use super::test_support::random_bytes;
-use super::tests::{case, run, values, Case};
+use super::tests::{assert_forward_many_equals_forwards, case, run, values, Case};
 use super::{CpuQMatMul, Kernel};
 use crate::model::header::GgufType;
 
@@ -319,31 +319,14 @@ fn supports_and_checks_block_sizes() {
 
 #[test]
 fn forward_many_mixes_activation_kinds() {
-    let mats: Vec<CpuQMatMul> = [
-        (GgmlDType::Q4K, 96),
-        (GgmlDType::Q5_0, 40),
-        (GgmlDType::Q6K, 33),
-        (GgmlDType::Q4_1, 8),
-    ]
-    .iter()
-    .enumerate()
-    .map(|(i, &(dtype, n))| CpuQMatMul::new(case(dtype, n, 512, i as u64).weight).unwrap())
-    .collect();
-    let refs: Vec<&CpuQMatMul> = mats.iter().collect();
-    for m in [1, 3, 17] {
-        let x = Tensor::from_vec(values(m * 512, 5), (1, m, 512), &Device::Cpu).unwrap();
-        let many = CpuQMatMul::forward_many(&refs, &x, Kernel::Auto).unwrap();
-        assert_eq!(many.len(), mats.len());
-        for (mm, y) in mats.iter().zip(&many) {
-            assert_eq!(y.dims(), &[1, m, mm.out_features()]);
-            let one = mm
-                .forward(&x)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
-            assert_eq!(y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), one);
-        }
-    }
+    assert_forward_many_equals_forwards(
+        &[
+            (GgmlDType::Q4K, 96),
+            (GgmlDType::Q5_0, 40),
+            (GgmlDType::Q6K, 33),
+            (GgmlDType::Q4_1, 8),
+        ],
+        512,
+        &[1, 3, 17],
+    );
 }

@@ -234,20 +234,21 @@ fn rejects_formats_without_a_kernel() {
     assert!(Blocks::owned(vec![0; 18], GgufType::Q4_0, &[1, 33]).is_err());
 }
 
-#[test]
-fn forward_many_equals_separate_forwards() {
-    let mats: Vec<CpuQMatMul> = [
-        (GgmlDType::Q4_1, 96),
-        (GgmlDType::Q8_0, 32),
-        (GgmlDType::Q4_0, 200),
-    ]
-    .iter()
-    .enumerate()
-    .map(|(i, &(dtype, n))| CpuQMatMul::new(case(dtype, n, 576, i as u64).weight).unwrap())
-    .collect();
+/// Builds one matrix per `(dtype, rows)` of `cols` inputs and checks that `forward_many` gives,
+/// for every `m` in `ms`, each matrix's own `forward` bit for bit; returns the matrices.
+pub(super) fn assert_forward_many_equals_forwards(
+    types: &[(GgmlDType, usize)],
+    cols: usize,
+    ms: &[usize],
+) -> Vec<CpuQMatMul> {
+    let mats: Vec<CpuQMatMul> = types
+        .iter()
+        .enumerate()
+        .map(|(i, &(dtype, n))| CpuQMatMul::new(case(dtype, n, cols, i as u64).weight).unwrap())
+        .collect();
     let refs: Vec<&CpuQMatMul> = mats.iter().collect();
-    for m in [1, 3, 40] {
-        let x = Tensor::from_vec(values(m * 576, 5), (1, m, 576), &Device::Cpu).unwrap();
+    for &m in ms {
+        let x = Tensor::from_vec(values(m * cols, 5), (1, m, cols), &Device::Cpu).unwrap();
         let many = CpuQMatMul::forward_many(&refs, &x, Kernel::Auto).unwrap();
         assert_eq!(many.len(), mats.len());
         for (mm, y) in mats.iter().zip(&many) {
@@ -262,6 +263,21 @@ fn forward_many_equals_separate_forwards() {
             assert_eq!(y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), one);
         }
     }
+    mats
+}
+
+#[test]
+fn forward_many_equals_separate_forwards() {
+    let mats = assert_forward_many_equals_forwards(
+        &[
+            (GgmlDType::Q4_1, 96),
+            (GgmlDType::Q8_0, 32),
+            (GgmlDType::Q4_0, 200),
+        ],
+        576,
+        &[1, 3, 40],
+    );
+    let refs: Vec<&CpuQMatMul> = mats.iter().collect();
     let bad = Tensor::zeros((1, 2, 64), candle_core::DType::F32, &Device::Cpu).unwrap();
     assert!(CpuQMatMul::forward_many(&refs, &bad, Kernel::Auto).is_err());
 }
