@@ -9,7 +9,7 @@ use super::activation::{quantize_row, Q8Block};
 use super::avx512::Avx512;
 use super::avx512_panel;
 use super::iq_tests::random_blocks;
-use super::test_support::outputs;
+use super::test_support::{close, outputs};
 use super::tests::values;
 use super::tile::{Tiling, GEMM_MIN_ROWS};
 use super::{Blocks, CpuQMatMul, Format, Kernel};
@@ -43,12 +43,6 @@ pub(super) fn exact_per_row(ty: GgufType, kernel: Kernel, m: usize) -> bool {
         && Avx512::enabled(format)
         && !Avx512::row_wins(format)
         && Avx512::detect().is_some())
-}
-
-/// The float tolerance between two paths' results (same integer block sums, different
-/// summation order) for `k` input features.
-pub(super) fn close(a: f32, b: f32, k: usize) -> bool {
-    (a - b).abs() <= 1e-5 * (1.0 + b.abs()) * (k as f32).sqrt()
 }
 
 fn quantized(x: &[f32], k: usize) -> Vec<Q8Block> {

@@ -200,7 +200,7 @@ fn kernels_on_random_blocks_match_their_decoding_and_each_other() {
             let scalar = run(&blocks, &x, 3, Kernel::Scalar);
             for (a, b) in auto.iter().zip(&scalar) {
                 assert!(
-                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()) * (k as f32).sqrt(),
+                    super::test_support::close(*a, *b, k),
                     "{ty} {k}->{n}: simd {a} vs scalar {b}"
                 );
             }

@@ -115,7 +115,7 @@ fn tiled_table_matmuls_equal_per_row_for_every_row_count() {
                         let pairs = tiled.iter().flatten().zip(per_row.iter().flatten());
                         for (a, b) in pairs {
                             assert!(
-                                super::avx512_tests::close(*a, *b, k),
+                                super::test_support::close(*a, *b, k),
                                 "{ty} m={m}: {a} vs {b}"
                             );
                         }

@@ -73,3 +73,10 @@ pub(crate) fn outputs(
     matmul_many_with(&mut jobs, x, m, kernel, tiling).unwrap();
     outs
 }
+
+/// The float tolerance between two kernels' results for `k` input features (the same integer
+/// block sums, summed in another order).
+#[cfg(test)]
+pub(crate) fn close(a: f32, b: f32, k: usize) -> bool {
+    (a - b).abs() <= 1e-5 * (1.0 + b.abs()) * (k as f32).sqrt()
+}

@@ -155,7 +155,7 @@ fn simd_and_scalar_kernels_agree() {
             let scalar = run(&c, &x, 3, Kernel::Scalar);
             for (a, b) in auto.iter().zip(&scalar) {
                 assert!(
-                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()) * (k as f32).sqrt(),
+                    super::test_support::close(*a, *b, k),
                     "{dtype:?} {k}->{n}: simd {a} vs scalar {b}"
                 );
             }
