@@ -17,6 +17,8 @@
 
 pub mod activation;
 #[cfg(target_arch = "x86_64")]
+pub mod amx;
+#[cfg(target_arch = "x86_64")]
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_tile;
@@ -62,9 +64,12 @@ use super::header::GgufType;
 /// Which dot-product implementation to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Kernel {
-    /// The fastest the CPU supports (AVX-512 VNNI, else AVX2, else scalar).
+    /// The fastest the CPU supports (AMX for prompts, AVX-512 VNNI, else AVX2, else scalar).
     #[default]
     Auto,
+    /// The AVX-512 kernels (where `Auto` would use them) even where AMX is present: the path
+    /// of AVX-512 CPUs without AMX, kept testable and measurable on AMX machines.
+    Avx512,
     /// The AVX2 kernels even where AVX-512 is present (scalar without AVX2): the path of
     /// AVX2-only CPUs, kept testable and measurable on AVX-512 machines.
     Avx2,
@@ -134,6 +139,11 @@ struct Dot {
     /// Set when the AVX-512 kernels run this format ([`avx512`], [`avx512_panel`]).
     #[cfg(target_arch = "x86_64")]
     avx512: Option<avx512::Avx512>,
+    /// Set when the CPU has AMX and the kernel choice allows it ([`amx`]); each prompt
+    /// kernel says which formats it takes.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(dead_code)] // read by the AMX prompt kernels (amx_panel, kquants::amx_tile) next
+    amx: Option<amx::Amx>,
 }
 
 impl Dot {
@@ -143,12 +153,19 @@ impl Dot {
             format,
             #[cfg(target_arch = "x86_64")]
             avx2: match kernel {
-                Kernel::Auto | Kernel::Avx2 => avx2::Avx2::detect(),
+                Kernel::Auto | Kernel::Avx512 | Kernel::Avx2 => avx2::Avx2::detect(),
                 Kernel::Scalar => None,
             },
             #[cfg(target_arch = "x86_64")]
             avx512: match kernel {
-                Kernel::Auto if avx512::Avx512::enabled(format) => avx512::Avx512::detect(),
+                Kernel::Auto | Kernel::Avx512 if avx512::Avx512::enabled(format) => {
+                    avx512::Avx512::detect()
+                }
+                _ => None,
+            },
+            #[cfg(target_arch = "x86_64")]
+            amx: match kernel {
+                Kernel::Auto => amx::Amx::detect(),
                 _ => None,
             },
         }
