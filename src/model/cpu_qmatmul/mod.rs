@@ -144,11 +144,12 @@ struct Dot {
     #[cfg(target_arch = "x86_64")]
     #[allow(dead_code)] // read by the AMX prompt kernels (amx_panel, kquants::amx_tile) next
     amx: Option<amx::Amx>,
+    /// The kernel choice (the k-quant tiles follow it: `kquants::tile::Path::detect`).
+    kernel: Kernel,
 }
 
 impl Dot {
     fn new(format: Format, kernel: Kernel) -> Self {
-        let _ = kernel;
         Dot {
             format,
             #[cfg(target_arch = "x86_64")]
@@ -168,6 +169,7 @@ impl Dot {
                 Kernel::Auto => amx::Amx::detect(),
                 _ => None,
             },
+            kernel,
         }
     }
 

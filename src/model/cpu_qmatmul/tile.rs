@@ -96,7 +96,7 @@ pub(super) fn rows4_k(dot: &Dot, w: &[u8], a: kquants::tile::Rows4K<'_>) -> Opti
     };
     #[cfg(target_arch = "x86_64")]
     if dot.avx2.is_some() {
-        return kquants::tile::rows4(kquants::tile::Path::detect()?, f, w, a);
+        return kquants::tile::rows4(kquants::tile::Path::detect(dot.kernel)?, f, w, a);
     }
     let _ = (f, w, a);
     None
@@ -111,7 +111,7 @@ fn rows8_k(dot: &Dot) -> Option<(kquants::tile::Path, kquants::KFormat)> {
     };
     #[cfg(target_arch = "x86_64")]
     if dot.avx2.is_some() {
-        let path = kquants::tile::Path::detect()?;
+        let path = kquants::tile::Path::detect(dot.kernel)?;
         return kquants::tile::has_rows8(path, f).then_some((path, f));
     }
     let _ = f;
