@@ -142,7 +142,6 @@ struct Dot {
     /// Set when the CPU has AMX and the kernel choice allows it ([`amx`]); each prompt
     /// kernel says which formats it takes.
     #[cfg(target_arch = "x86_64")]
-    #[allow(dead_code)] // read by the AMX prompt kernels (amx_panel, kquants::amx_tile) next
     amx: Option<amx::Amx>,
     /// The kernel choice (the k-quant tiles follow it: `kquants::tile::Path::detect`).
     kernel: Kernel,

@@ -155,6 +155,7 @@ pub fn run(
             for w0 in (0..mm.rows).step_by(per_task) {
                 tasks.push(Task {
                     gemm: m >= GEMM_MIN_ROWS,
+                    m,
                     data,
                     row_bytes,
                     dot,
@@ -178,6 +179,8 @@ pub fn run(
 struct Task<'a> {
     /// Whether the call is long enough for the GEMM kernel ([`GEMM_MIN_ROWS`]).
     gemm: bool,
+    /// Activation rows of the whole call.
+    m: usize,
     data: &'a [u8],
     row_bytes: usize,
     dot: Dot,
@@ -213,6 +216,23 @@ impl Task<'_> {
                 &mut put,
             ) {
                 return;
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let (Tiling::Tiled, Some(amx), Format::K(f)) = (tiling, self.dot.amx, self.dot.format) {
+            // k-quant prompts on AMX (equal bit for bit to the one-row kernels).
+            if self.m >= kquants::amx_tile::MIN_ROWS && kquants::amx_tile::supports(f) {
+                let rows: Vec<_> = self.acts.clone().map(|i| row(i).q8k).collect();
+                let first = self.acts.start;
+                let mut put = |i: usize, r0: usize, ys: &[f32]| {
+                    for (r, &y) in (r0..).zip(ys) {
+                        self.out.set(first + i, r, y);
+                    }
+                };
+                let (data, stride, weights) = (self.data, self.row_bytes, self.weights.clone());
+                if kquants::amx_tile::run(amx, f, data, stride, weights, &rows, &mut put) {
+                    return;
+                }
             }
         }
         if let (Tiling::Tiled, Some((path, f))) = (tiling, rows8_k(&self.dot)) {
