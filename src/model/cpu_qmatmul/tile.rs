@@ -20,6 +20,11 @@
 //! one-row kernel bit for bit; where the row-at-a-time products keep the AVX2 kernel
 //! ([`super::avx512::Avx512::row_wins`]) the prompt's and the decode's results differ by
 //! float summation order only.
+//!
+//! On AMX CPUs (`Kernel::Auto`) a call of at least [`kquants::amx_tile::MIN_ROWS`] rows of
+//! Q4_K, Q5_K or Q6_K runs each task through [`kquants::amx_tile`] (int8 tile multiplies of
+//! sixteen decoded weight rows by sixteen activation rows), equal bit for bit to the one-row
+//! k-quant dot, so prompts and decode agree exactly.
 
 use std::ops::Range;
 

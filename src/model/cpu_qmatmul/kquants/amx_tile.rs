@@ -212,9 +212,9 @@ unsafe fn panels(
             }
             let panel = &span[ds];
             if format == KFormat::Q6K {
-                for g in 0..groups {
+                for (g, acc) in acc.iter_mut().enumerate() {
                     dots_q6_k(panel, &packed, g, s, &mut c[0]);
-                    post_q6_k(panel, &packed, g, s, &c[0], &mut acc[g]);
+                    post_q6_k(panel, &packed, g, s, &c[0], acc);
                 }
             } else {
                 for g in 0..groups {
