@@ -19,6 +19,8 @@ pub mod activation;
 #[cfg(target_arch = "x86_64")]
 pub mod amx;
 #[cfg(target_arch = "x86_64")]
+pub mod amx_panel;
+#[cfg(target_arch = "x86_64")]
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_tile;
@@ -142,7 +144,6 @@ struct Dot {
     /// Set when the CPU has AMX and the kernel choice allows it ([`amx`]); each prompt
     /// kernel says which formats it takes.
     #[cfg(target_arch = "x86_64")]
-    #[allow(dead_code)] // read by the AMX prompt kernels (amx_panel, kquants::amx_tile) next
     amx: Option<amx::Amx>,
 }
 
