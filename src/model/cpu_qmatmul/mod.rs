@@ -145,11 +145,12 @@ struct Dot {
     /// kernel says which formats it takes.
     #[cfg(target_arch = "x86_64")]
     amx: Option<amx::Amx>,
+    /// The kernel choice (the k-quant tiles follow it: `kquants::tile::Path::detect`).
+    kernel: Kernel,
 }
 
 impl Dot {
     fn new(format: Format, kernel: Kernel) -> Self {
-        let _ = kernel;
         Dot {
             format,
             #[cfg(target_arch = "x86_64")]
@@ -169,6 +170,7 @@ impl Dot {
                 Kernel::Auto => amx::Amx::detect(),
                 _ => None,
             },
+            kernel,
         }
     }
 

@@ -11,6 +11,8 @@
 
 pub mod activation;
 #[cfg(target_arch = "x86_64")]
+pub mod amx_tile;
+#[cfg(target_arch = "x86_64")]
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_tile;
