@@ -115,7 +115,7 @@ impl TileConfig {
     /// Tile `t` gets `rows` rows of `colsb` bytes.
     pub const fn tile(mut self, t: usize, rows: usize, colsb: usize) -> Self {
         assert!(t < TILES && rows > 0 && rows <= MAX_ROWS);
-        assert!(colsb > 0 && colsb <= MAX_COLSB && colsb % 4 == 0);
+        assert!(colsb > 0 && colsb <= MAX_COLSB && colsb.is_multiple_of(4));
         self.colsb[t] = colsb as u16;
         self.rows[t] = rows as u8;
         self
@@ -214,7 +214,7 @@ pub use crate::{
 /// holding bytes `4r..4r + 4` of row `j` at bytes `4j..4j + 4`. Columns of missing rows are
 /// zero. `dst` must hold `16 * k` bytes.
 pub fn pack_b(rows: &[&[i8]], k: usize, dst: &mut [i8]) {
-    assert!(rows.len() <= MAX_ROWS && k % 4 == 0 && k <= MAX_COLSB && dst.len() >= 16 * k);
+    assert!(rows.len() <= MAX_ROWS && k.is_multiple_of(4) && k <= MAX_COLSB && dst.len() >= 16 * k);
     let quads = k / 4;
     for r in 0..quads {
         let line = &mut dst[r * 64..(r + 1) * 64];

@@ -7,11 +7,11 @@
 
 use super::activation::{quantize_row, Q8Block};
 use super::avx512::Avx512;
-use super::avx512_panel;
 use super::iq_tests::random_blocks;
 use super::test_support::{close, outputs};
 use super::tests::values;
 use super::tile::{Tiling, GEMM_MIN_ROWS};
+use super::{amx_panel, avx512_panel};
 use super::{Blocks, CpuQMatMul, Format, Kernel};
 use crate::model::header::GgufType;
 
@@ -35,14 +35,25 @@ fn detect() -> Option<Avx512> {
 /// Whether `kernel`'s tiled matmul of `m` rows of `ty` must equal its per-row loop bit for
 /// bit: always, except where a table-coded format's prompt (`m >= GEMM_MIN_ROWS`) takes the
 /// AVX-512 GEMM kernel while its row-at-a-time products keep the AVX2 kernel
-/// ([`Avx512::row_wins`]); those two differ by float summation order only.
+/// ([`Avx512::row_wins`]), or where a prompt takes the AMX GEMM ([`amx_panel`]) and the
+/// row-at-a-time products a kernel of another order (Q8_0's AVX2 one); those differ by float
+/// summation order only.
 pub(super) fn exact_per_row(ty: GgufType, kernel: Kernel, m: usize) -> bool {
     let format = Format::of(ty).unwrap();
-    !(kernel == Kernel::Auto
+    let avx512_row = Avx512::enabled(format) && Avx512::row_wins(format);
+    // A prompt through the AMX GEMM has the AVX-512 row kernel's order (amx_panel_tests.rs),
+    // which is the per-row loop's only where that row kernel serves it.
+    let amx = kernel == Kernel::Auto
+        && m >= amx_panel::AMX_MIN_ROWS
+        && amx_panel::enabled(format)
+        && !avx512_row
+        && super::amx::Amx::detect().is_some();
+    let avx512_gemm = kernel == Kernel::Auto
         && m >= GEMM_MIN_ROWS
         && Avx512::enabled(format)
         && !Avx512::row_wins(format)
-        && Avx512::detect().is_some())
+        && Avx512::detect().is_some();
+    !amx && !avx512_gemm
 }
 
 fn quantized(x: &[f32], k: usize) -> Vec<Q8Block> {

@@ -32,7 +32,7 @@ use rayon::prelude::*;
 
 use super::activation::{ActRow, Activations, Q8Block};
 #[cfg(target_arch = "x86_64")]
-use super::{avx2_tile, avx512_panel};
+use super::{amx_panel, avx2_tile, avx512_panel};
 use super::{kquants, scalar_tile, CpuQMatMul, Dot, Format, Kernel, PARALLEL_MIN_BLOCKS};
 use crate::model::error::Result;
 
@@ -184,7 +184,7 @@ pub fn run(
 struct Task<'a> {
     /// Whether the call is long enough for the GEMM kernel ([`GEMM_MIN_ROWS`]).
     gemm: bool,
-    /// Activation rows of the whole call.
+    /// The call's activation rows (the AMX kernels' thresholds are on it).
     m: usize,
     data: &'a [u8],
     row_bytes: usize,
@@ -199,6 +199,20 @@ impl Task<'_> {
         let row = |i: usize| -> ActRow<'_> { act.row(i) };
         let weight = |r: usize| &self.data[r * self.row_bytes..(r + 1) * self.row_bytes];
         let mut i = self.acts.start;
+        #[cfg(target_arch = "x86_64")]
+        if let (Tiling::Tiled, Some(amx)) = (tiling, self.dot.amx) {
+            // The AMX GEMM of the 32-element formats (equal bit for bit to `Avx512::row`).
+            let format = self.dot.format;
+            if self.m >= amx_panel::AMX_MIN_ROWS && amx_panel::enabled(format) {
+                let rows: Vec<&[Q8Block]> = self.acts.clone().map(|i| row(i).q8).collect();
+                let first = self.acts.start;
+                let mut put = |j: usize, r: usize, y: f32| self.out.set(first + j, r, y);
+                let (data, stride, weights) = (self.data, self.row_bytes, self.weights.clone());
+                if amx_panel::run(amx, format, data, stride, weights, &rows, &mut put) {
+                    return;
+                }
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         if let (Tiling::Tiled, true, Some(k)) = (tiling, self.gemm, self.dot.avx512) {
             // The AVX-512 GEMM kernel (equal bit for bit to `Avx512::row`; to `Dot::row`
