@@ -130,12 +130,11 @@ fn rates(
     Ok((best[0], best[1]))
 }
 
+/// One implementation's call on weight `i` (of those cycled through).
+type Call<'a> = dyn FnMut(usize) -> Result<(), String> + 'a;
+
 /// [`rates`] for any number of implementations (windows taken in turn).
-fn rates_of(
-    count: usize,
-    seconds: f64,
-    calls: &mut [&mut dyn FnMut(usize) -> Result<(), String>],
-) -> Result<Vec<f64>, String> {
+fn rates_of(count: usize, seconds: f64, calls: &mut [&mut Call<'_>]) -> Result<Vec<f64>, String> {
     const ROUNDS: usize = 5;
     for call in calls.iter_mut() {
         call(0)?;
@@ -216,7 +215,7 @@ fn kernel_table(options: &Options) -> Result<(), String> {
                 .map(|i| ((i * 7919) % 1999) as f32 / 1000.0 - 1.0)
                 .collect();
             let mut outs = vec![vec![0f32; m * rows]; kernels.len()];
-            let mut calls: Vec<Box<dyn FnMut(usize) -> Result<(), String> + '_>> = outs
+            let mut calls: Vec<Box<Call<'_>>> = outs
                 .iter_mut()
                 .zip(&kernels)
                 .map(|(out, &kernel)| {
@@ -225,11 +224,10 @@ fn kernel_table(options: &Options) -> Result<(), String> {
                         weights[i]
                             .matmul_f32(x, m, out, kernel)
                             .map_err(|e| e.to_string())
-                    }) as Box<dyn FnMut(usize) -> Result<(), String>>
+                    }) as Box<Call<'_>>
                 })
                 .collect();
-            let mut refs: Vec<&mut dyn FnMut(usize) -> Result<(), String>> =
-                calls.iter_mut().map(|c| &mut **c as _).collect();
+            let mut refs: Vec<&mut Call<'_>> = calls.iter_mut().map(|c| &mut **c as _).collect();
             let best = rates_of(2, options.seconds, &mut refs)?;
             let gbs: Vec<String> = best
                 .iter()
