@@ -5,6 +5,8 @@
 //!
 //! Usage: `cargo bench --bench qmatmul_kernels -- [OPTIONS]` (`-- --help` lists them). Both
 //! sides run on `--threads` threads (rayon's pool and candle's, via `RAYON_NUM_THREADS`).
+//! With `--prompt-rows 16,64,512` it prints instead ferry's prompt kernels against each other
+//! (auto, i.e. AMX where the CPU has it, then avx512 and avx2) in GMAC/s at those row counts.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -36,10 +38,14 @@ struct Options {
     /// Seconds measured per row of the table and implementation (best of 5 windows).
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
-    /// ferry's kernels: auto (the fastest this CPU has), avx2 (the AVX2 path even where
-    /// AVX-512 is present) or scalar.
+    /// ferry's kernels: auto (the fastest this CPU has), avx512 (the AVX-512 path even where
+    /// AMX is present), avx2 (the AVX2 path even where AVX-512 is present) or scalar.
     #[arg(long, default_value = "auto")]
     kernel: String,
+    /// Instead of the tables against candle: ferry's auto, avx512 and avx2 kernels at these
+    /// activation row counts, in one run.
+    #[arg(long, value_delimiter = ',')]
+    prompt_rows: Vec<usize>,
     /// Block types to run (default: all with a ferry kernel).
     #[arg(long, value_delimiter = ',')]
     types: Vec<String>,
@@ -119,9 +125,20 @@ fn rates(
     mut a: impl FnMut(usize) -> Result<(), String>,
     mut b: impl FnMut(usize) -> Result<(), String>,
 ) -> Result<(f64, f64), String> {
+    let best = rates_of(count, seconds, &mut [&mut a, &mut b])?;
+    Ok((best[0], best[1]))
+}
+
+/// [`rates`] of any number of implementations, alternating windows over all of them.
+fn rates_of(
+    count: usize,
+    seconds: f64,
+    calls: &mut [&mut dyn FnMut(usize) -> Result<(), String>],
+) -> Result<Vec<f64>, String> {
     const ROUNDS: usize = 5;
-    a(0)?;
-    b(0)?;
+    for call in calls.iter_mut() {
+        call(0)?;
+    }
     let window = Duration::from_secs_f64(seconds / ROUNDS as f64);
     let window_rate = |call: &mut dyn FnMut(usize) -> Result<(), String>,
                        next: &mut usize|
@@ -135,13 +152,68 @@ fn rates(
         }
         Ok(calls as f64 / started.elapsed().as_secs_f64())
     };
-    let (mut best_a, mut best_b) = (0f64, 0f64);
-    let (mut next_a, mut next_b) = (1usize, 1usize);
+    let mut best = vec![0f64; calls.len()];
+    let mut next = vec![1usize; calls.len()];
     for _ in 0..ROUNDS {
-        best_a = best_a.max(window_rate(&mut a, &mut next_a)?);
-        best_b = best_b.max(window_rate(&mut b, &mut next_b)?);
+        for ((call, best), next) in calls.iter_mut().zip(&mut best).zip(&mut next) {
+            *best = best.max(window_rate(&mut **call, next)?);
+        }
     }
-    Ok((best_a, best_b))
+    Ok(best)
+}
+
+/// The `--prompt-rows` table: per type and row count, ferry's auto, avx512 and avx2 kernels
+/// in GMAC/s (activation rows x weight rows x columns per second), in one run.
+fn prompt_table(options: &Options) -> Result<(), String> {
+    let (rows, cols) = (options.rows, options.cols);
+    let wanted = |name: &str| options.types.is_empty() || options.types.iter().any(|t| t == name);
+    println!(
+        "| type | m | auto GMAC/s | avx512 GMAC/s | avx2 GMAC/s | auto / avx512 | auto / avx2 |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let mut mats: Vec<(&str, Vec<CpuQMatMul>)> = Vec::new();
+    for &(name, dtype, bytes, elems, scales) in TYPES.iter().filter(|t| wanted(t.0)) {
+        let ws = (1..=2)
+            .map(|i| weight(dtype, (bytes, elems, scales), (rows, cols), i))
+            .map(|w| w.and_then(|w| CpuQMatMul::new(w).map_err(|e| e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        mats.push((name, ws));
+    }
+    for &(name, ty, bytes, elems, at) in FERRY_ONLY.iter().filter(|t| wanted(t.0)) {
+        let ws = (1..=2)
+            .map(|i| ferry_only_weight((ty, bytes, elems, at), (rows, cols), i))
+            .collect::<Result<Vec<_>, _>>()?;
+        mats.push((name, ws));
+    }
+    for (name, ws) in &mats {
+        for &m in &options.prompt_rows {
+            let x: Vec<f32> = (0..m * cols)
+                .map(|i| ((i * 7919) % 1999) as f32 / 1000.0 - 1.0)
+                .collect();
+            let with = |kernel: Kernel| {
+                let (ws, x) = (&ws, &x);
+                let mut out = vec![0f32; m * rows];
+                move |i: usize| {
+                    ws[i]
+                        .matmul_f32(x, m, &mut out, kernel)
+                        .map_err(|e| e.to_string())
+                }
+            };
+            let (mut a, mut b, mut c) =
+                (with(Kernel::Auto), with(Kernel::Avx512), with(Kernel::Avx2));
+            let r = rates_of(ws.len(), options.seconds, &mut [&mut a, &mut b, &mut c])?;
+            let gmac = |rate: f64| rate * (m * rows * cols) as f64 / 1e9;
+            println!(
+                "| {name} | {m} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} |",
+                gmac(r[0]),
+                gmac(r[1]),
+                gmac(r[2]),
+                r[0] / r[1],
+                r[0] / r[2]
+            );
+        }
+    }
+    Ok(())
 }
 
 fn cpu_name() -> String {
@@ -151,7 +223,7 @@ fn cpu_name() -> String {
         .find_map(|l| l.strip_prefix("model name"))
         .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
         .unwrap_or_else(|| "unknown CPU".into());
-    let flags: Vec<&str> = ["avx2", "fma", "f16c", "avx512f", "avx512_vnni"]
+    let flags: Vec<&str> = ["avx2", "fma", "f16c", "avx512f", "avx512_vnni", "amx_int8"]
         .into_iter()
         .filter(|f| {
             info.lines()
@@ -166,9 +238,10 @@ fn main() -> Result<(), String> {
     let options = Options::parse();
     let kernel = match options.kernel.as_str() {
         "auto" => Kernel::Auto,
+        "avx512" => Kernel::Avx512,
         "avx2" => Kernel::Avx2,
         "scalar" => Kernel::Scalar,
-        other => return Err(format!("--kernel {other}: auto, avx2 or scalar")),
+        other => return Err(format!("--kernel {other}: auto, avx512, avx2 or scalar")),
     };
     // Both pools size themselves from this on first use, which is below.
     std::env::set_var("RAYON_NUM_THREADS", options.threads.to_string());
@@ -181,6 +254,10 @@ fn main() -> Result<(), String> {
         "weights {rows} x {cols}, {} threads, {} MiB working set at m = 1, {} s per cell",
         options.threads, options.working_set_mib, options.seconds
     );
+    if !options.prompt_rows.is_empty() {
+        println!();
+        return prompt_table(&options);
+    }
     println!("ferry kernel: {kernel:?}");
     println!();
     println!("| type | m | ferry GB/s | candle GB/s | ferry / candle |");

@@ -55,7 +55,7 @@ pub(super) fn enabled(format: Format) -> bool {
 /// One 64-byte line of a tile operand.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Line([u8; 64]);
+struct Line([i8; 64]);
 
 const ZERO_LINE: Line = Line([0; 64]);
 
@@ -124,11 +124,9 @@ fn pack(acts: &[&[Q8Block]], kb: usize, sums: bool) -> Packed {
         let (g, lane) = (j / LANES, j % LANES);
         for (b, blk) in row.iter().enumerate() {
             let at = g * kb + b;
-            for (r, quad) in blk.qs.chunks_exact(4).enumerate() {
-                let line = &mut p.lines[at * 8 + r].0;
-                for (dst, &q) in line[4 * lane..4 * lane + 4].iter_mut().zip(quad) {
-                    *dst = q as u8;
-                }
+            let lines = &mut p.lines[at * 8..at * 8 + 8];
+            for (line, quad) in lines.iter_mut().zip(blk.qs.chunks_exact(4)) {
+                line.0[4 * lane..4 * lane + 4].copy_from_slice(quad);
             }
             p.d[at * LANES + lane] = blk.d;
             if sums {
@@ -221,40 +219,35 @@ unsafe fn gemm<C: Codec>(
 #[inline(always)]
 unsafe fn group<C: Codec>(panel: &Panel, packed: &Packed, g: usize, kb: usize) -> [__m512; LANES] {
     let mut acc = [_mm512_setzero_ps(); LANES];
-    let mut c0 = [0i32; LANES * LANES];
-    let mut c1 = [0i32; LANES * LANES];
+    let mut c = [[0i32; LANES * LANES]; 2];
     let a = |b: usize| panel.lines.as_ptr().cast::<u8>().add(b * BLOCK_BYTES);
     let bt = |b: usize| packed.lines.as_ptr().add((g * kb + b) * 8).cast::<u8>();
     let (sa, sb) = (32usize, 64usize);
-    load!("2", a(0), sa);
-    load!("4", bt(0), sb);
-    zero!("0");
-    dot!("tdpbssd", "0", "2", "4");
+    // Step `b` (tile `t = b % 2`, the other `u`): start block `b`'s multiply in tile `t`,
+    // store block `b - 1`'s sums from tile `u` to buffer `u`, and scale block `b - 2`'s, stored
+    // to buffer `t` a step earlier: the vector loads never wait on a tile store just made.
+    macro_rules! step {
+        ($b:expr, $t:literal, $at:literal, $bt:literal, $u:literal, $ti:expr, $ui:expr) => {{
+            let b: usize = $b;
+            if b < kb {
+                load!($at, a(b), sa);
+                load!($bt, bt(b), sb);
+                zero!($t);
+                dot!("tdpbssd", $t, $at, $bt);
+            }
+            if b >= 1 && b - 1 < kb {
+                store!($u, c[$ui].as_mut_ptr(), sb);
+            }
+            if b >= 2 {
+                scale::<C>(&mut acc, &c[$ti], panel, packed, g, kb, b - 2);
+            }
+        }};
+    }
     let mut b = 0;
-    loop {
-        // Block b is in tile 0; start block b + 1 in tile 1, then scale block b.
-        if b + 1 < kb {
-            load!("3", a(b + 1), sa);
-            load!("5", bt(b + 1), sb);
-            zero!("1");
-            dot!("tdpbssd", "1", "3", "5");
-        }
-        store!("0", c0.as_mut_ptr(), sb);
-        scale::<C>(&mut acc, &c0, panel, packed, g, kb, b);
-        if b + 1 >= kb {
-            break;
-        }
-        // Block b + 1 is in tile 1; start block b + 2 in tile 0, then scale block b + 1.
-        if b + 2 < kb {
-            load!("2", a(b + 2), sa);
-            load!("4", bt(b + 2), sb);
-            zero!("0");
-            dot!("tdpbssd", "0", "2", "4");
-        }
-        store!("1", c1.as_mut_ptr(), sb);
-        scale::<C>(&mut acc, &c1, panel, packed, g, kb, b + 1);
-        if b + 2 >= kb {
-            break;
+    while b < kb + 2 {
+        step!(b, "0", "2", "4", "1", 0, 1);
+        if b + 1 < kb + 2 {
+            step!(b + 1, "1", "3", "5", "0", 1, 0);
         }
         b += 2;
     }
