@@ -1,14 +1,15 @@
 //! Typed reads of GGUF metadata for the tokenizer builders: a missing key is `None`, a present key
 //! of the wrong type is a [`ModelError::Config`] naming the key.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
 
 use candle_core::quantized::gguf_file::Value;
 
 use crate::model::error::{ModelError, Result};
+use crate::model::header::GgufMetadata;
 
 /// Typed access to GGUF metadata; a present key with the wrong type is a config error.
-pub(super) struct Meta<'a>(pub &'a HashMap<String, Value>);
+pub(super) struct Meta<'a>(pub GgufMetadata<'a>);
 
 impl<'a> Meta<'a> {
     fn bad(key: &str, what: &str) -> ModelError {
@@ -16,7 +17,7 @@ impl<'a> Meta<'a> {
     }
 
     pub fn str(&self, key: &str) -> Result<Option<&'a str>> {
-        match self.0.get(key) {
+        match self.0.value(key) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.as_str())),
             Some(_) => Err(Self::bad(key, "a string")),
@@ -24,7 +25,7 @@ impl<'a> Meta<'a> {
     }
 
     pub fn bool(&self, key: &str) -> Result<Option<bool>> {
-        match self.0.get(key) {
+        match self.0.value(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
             Some(v) => int_of(v)
@@ -34,7 +35,7 @@ impl<'a> Meta<'a> {
     }
 
     pub fn u32(&self, key: &str) -> Result<Option<u32>> {
-        match self.0.get(key) {
+        match self.0.value(key) {
             None => Ok(None),
             Some(v) => int_of(v)
                 .and_then(|i| u32::try_from(i).ok())
@@ -43,23 +44,15 @@ impl<'a> Meta<'a> {
         }
     }
 
-    pub fn strings(&self, key: &str) -> Result<Option<Vec<&'a str>>> {
-        match self.0.get(key) {
-            None => Ok(None),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|v| match v {
-                    Value::String(s) => Ok(s.as_str()),
-                    _ => Err(Self::bad(key, "an array of strings")),
-                })
-                .collect::<Result<Vec<_>>>()
-                .map(Some),
-            Some(_) => Err(Self::bad(key, "an array of strings")),
-        }
+    /// An array of strings, borrowed from the file (or the values) where it can be.
+    pub fn strings(&self, key: &str) -> Result<Option<Vec<Cow<'a, str>>>> {
+        self.0
+            .strings(key)
+            .map_err(|e| ModelError::Config(format!("GGUF metadata {e}")))
     }
 
     pub fn ints(&self, key: &str) -> Result<Option<Vec<i64>>> {
-        match self.0.get(key) {
+        match self.0.value(key) {
             None => Ok(None),
             Some(Value::Array(items)) => items
                 .iter()
@@ -74,7 +67,7 @@ impl<'a> Meta<'a> {
 impl Meta<'_> {
     /// An array of numbers as f32 (llama.cpp reads `tokenizer.ggml.scores` as f32 or i32).
     pub fn floats(&self, key: &str) -> Result<Option<Vec<f32>>> {
-        match self.0.get(key) {
+        match self.0.value(key) {
             None => Ok(None),
             Some(Value::Array(items)) => items
                 .iter()

@@ -21,14 +21,14 @@ mod hf;
 pub mod pretokenizers;
 mod template_json;
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::Content;
 use tokenizers::Tokenizer;
 
 use crate::model::error::{ModelError, Result};
+use crate::model::header::GgufMetadata;
 use chat_encode::ChatEncoder;
 pub use chat_template::ChatMessage;
 use chat_template::{ChatTemplate, TemplateContext};
@@ -70,10 +70,11 @@ impl TextTokenizer {
         Self::from_gguf_metadata(&content.metadata)
     }
 
-    /// [`TextTokenizer::from_gguf`] from the metadata alone (as ferry's own GGUF header reader,
-    /// [`crate::model::header::GgufHeader`], holds it).
-    pub fn from_gguf_metadata(metadata: &HashMap<String, Value>) -> Result<Self> {
-        let built = gguf::build(metadata)?;
+    /// [`TextTokenizer::from_gguf`] from the metadata alone: a map of every value, or ferry's
+    /// own GGUF header with the mapped file ([`crate::model::checkpoint::Checkpoint::gguf_metadata`],
+    /// which reads the vocabulary in place).
+    pub fn from_gguf_metadata<'a>(metadata: impl Into<GgufMetadata<'a>>) -> Result<Self> {
+        let built = gguf::build(metadata.into())?;
         Self::assemble(
             built.tokenizer,
             built.special,
