@@ -82,7 +82,12 @@ impl StringArray {
         };
         let mut items = Vec::with_capacity(self.len);
         for _ in 0..self.len {
-            items.push(String::from_utf8_lossy(r.string_bytes().ok()?));
+            let bytes = r.string_bytes().ok()?;
+            // `from_utf8` checks ASCII a word at a time; the lossy reading only where it fails.
+            items.push(match std::str::from_utf8(bytes) {
+                Ok(text) => Cow::Borrowed(text),
+                Err(_) => String::from_utf8_lossy(bytes),
+            });
         }
         (r.pos == r.bytes.len()).then_some(items)
     }
