@@ -248,6 +248,13 @@ impl<'a> GgufMetadata<'a> {
         self.values.get(key)
     }
 
+    /// Whether `key` is an array of strings left in the file (so [`GgufMetadata::value`] has
+    /// none for it).
+    pub fn in_file(&self, key: &str) -> bool {
+        self.in_file
+            .is_some_and(|(arrays, _)| arrays.contains_key(key))
+    }
+
     /// The array of strings `key` (`Ok(None)` when there is no such key; an error when it holds
     /// something else), borrowed from the file or the values where it can be.
     pub fn strings(&self, key: &str) -> Result<Option<Vec<Cow<'a, str>>>, String> {
