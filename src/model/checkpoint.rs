@@ -13,10 +13,8 @@
 //! pages counted as resident.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::{QStorage, QTensor};
 use candle_core::safetensors::Load;
 use candle_core::{DType, Device, Tensor};
@@ -24,7 +22,7 @@ use memmap2::Mmap;
 
 use super::cpu_qmatmul::{dequant, Blocks};
 use super::error::{ModelError, Result};
-use super::header::{map_file, GgufHeader, Shards};
+use super::header::{map_file, GgufHeader, GgufMetadata, Shards};
 use super::source::ModelFiles;
 use super::spec::ModelSpec;
 use super::tensors::{Format, StoredType, TensorRecord, TensorTable};
@@ -136,9 +134,13 @@ impl Checkpoint {
         }
     }
 
-    /// GGUF metadata (the tokenizer's vocabulary lives there), for a GGUF checkpoint.
-    pub fn gguf_metadata(&self) -> Option<&HashMap<String, Value>> {
-        self.gguf().map(|h| &h.metadata)
+    /// GGUF metadata (the tokenizer's vocabulary lives there, read in place from the map), for
+    /// a GGUF checkpoint.
+    pub fn gguf_metadata(&self) -> Option<GgufMetadata<'_>> {
+        match &self.headers {
+            Headers::Gguf { map, header } => Some(GgufMetadata::new(header, map)),
+            Headers::Safetensors(_) => None,
+        }
     }
 
     /// The stored bytes of `record`.

@@ -310,9 +310,9 @@ impl ModelSpec {
         );
         let vocab_size = match md.opt_usize(&key("vocab_size"))? {
             Some(v) => v,
-            None => match header.metadata.get("tokenizer.ggml.tokens") {
-                Some(Value::Array(tokens)) => tokens.len(),
-                _ => match header.tensor(embedding) {
+            None => match header.array_len("tokenizer.ggml.tokens") {
+                Some(tokens) => tokens,
+                None => match header.tensor(embedding) {
                     Some(info) if !info.shape.is_empty() => info.shape[0],
                     _ => return Err(ModelError::MissingTensor(embedding.into())),
                 },

@@ -300,3 +300,17 @@ fn gguf_llama_bpe_adds_bos_by_default_and_unknown_pre_is_an_error() {
     // SentencePiece vocabularies ignore `tokenizer.ggml.pre`, as llama.cpp does.
     assert!(TextTokenizer::from_gguf(&tiny_gguf("llama", "made-up-pre")).is_ok());
 }
+
+/// The tokenizer a load builds (ferry's header, the vocabulary read in place from the mapped
+/// file) gives the reference ids, decodes and chats too.
+#[test]
+fn gguf_read_in_place_matches_reference() {
+    let files = ferry::model::source::ModelFiles::Gguf { path: model_path() };
+    let checkpoint = ferry::model::checkpoint::Checkpoint::open(&files).unwrap();
+    let tok = TextTokenizer::from_gguf_metadata(checkpoint.gguf_metadata().unwrap()).unwrap();
+    let fx = fixture();
+    check_cases(&tok, &fx);
+    check_chats(&tok, &fx);
+    let json = |t: &TextTokenizer| t.inner().to_string(false).unwrap();
+    assert!(json(&tok) == json(&gguf_tokenizer()), "pipelines differ");
+}

@@ -229,3 +229,57 @@ fn known_regex_differences_are_few_and_named() {
     );
     assert!(seen.len() <= 12, "{seen:?}");
 }
+
+/// A load builds the tokenizer from ferry's own header, the vocabulary and merges read in place
+/// from the mapped file; the tests above build it from candle's map of values. Both must be the
+/// same tokenizer (its whole serialized pipeline: vocabulary, merges, added tokens, pre-tokenizer,
+/// post-processor, decoder) with the same special tokens, on every fixture vocabulary, and then
+/// give llama.cpp's ids on the fixture's variant without metadata overrides.
+#[test]
+fn vocabularies_read_in_place_build_the_same_tokenizer() {
+    use ferry::model::header::{map_file, GgufHeader, GgufMetadata};
+    for name in ["phi-3", "spm-gemma", "bpe-qwen2", "bpe-llama3", "bpe-probe"] {
+        let (fx, content) = load(name);
+        let map = map_file(&dir().join(fx["gguf_file"].as_str().unwrap())).unwrap();
+        let header = GgufHeader::parse(&map).unwrap();
+        assert!(
+            header.string_arrays.contains_key("tokenizer.ggml.tokens"),
+            "{name}: the vocabulary stays in the file"
+        );
+        let in_place = TextTokenizer::from_gguf_metadata(GgufMetadata::new(&header, &map))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let from_map = TextTokenizer::from_gguf(&content).unwrap();
+        let json = |t: &TextTokenizer| t.inner().to_string(false).unwrap();
+        assert!(
+            json(&in_place) == json(&from_map),
+            "{name}: pipelines differ"
+        );
+        assert_eq!(in_place.eos_token_ids(), from_map.eos_token_ids(), "{name}");
+        assert_eq!(in_place.bos_token_id(), from_map.bos_token_id(), "{name}");
+        assert_eq!(in_place.adds_bos(), from_map.adds_bos(), "{name}");
+        assert_eq!(
+            in_place.chat_template_source(),
+            from_map.chat_template_source(),
+            "{name}"
+        );
+        let (variant, spec) = fx["variants"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .find(|(_, spec)| spec["overrides"].as_object().is_some_and(|o| o.is_empty()))
+            .unwrap_or_else(|| panic!("{name}: a variant without overrides"));
+        let mut compared = 0;
+        for case in spec["cases"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            if case.get("ids_original_regex").is_none() {
+                assert_eq!(
+                    in_place.encode(text, false).unwrap(),
+                    ids(&case["ids"]),
+                    "{name}/{variant}: {text:?}"
+                );
+                compared += 1;
+            }
+        }
+        assert!(compared >= 80, "{name}/{variant}: {compared} cases");
+    }
+}

@@ -67,13 +67,20 @@ impl Rope {
     fn tables(spec: &ModelSpec, freqs: &[f32], dtype: DType, device: &Device) -> Result<Self> {
         let half = freqs.len();
         let positions = spec.max_context;
-        let mut angles = Vec::with_capacity(positions * half);
+        // One pass over the angles `p * f` (the values candle's `cos`/`sin` of an angle tensor
+        // give, without the tensor: this is part of every load).
+        let mut cos = Vec::with_capacity(positions * half);
+        let mut sin = Vec::with_capacity(positions * half);
         for p in 0..positions {
             let p = p as f32;
-            angles.extend(freqs.iter().map(|f| p * f));
+            for f in freqs {
+                let angle = p * f;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
         }
-        let angles = Tensor::from_vec(angles, (positions, half), device)?;
-        let (mut cos, mut sin) = (angles.cos()?, angles.sin()?);
+        let mut cos = Tensor::from_vec(cos, (positions, half), device)?;
+        let mut sin = Tensor::from_vec(sin, (positions, half), device)?;
         if let Some(a) = spec.rope_attn_factor {
             cos = (cos * a as f64)?;
             sin = (sin * a as f64)?;
@@ -181,5 +188,27 @@ mod tests {
                 "positions past the table are refused"
             );
         }
+    }
+
+    #[test]
+    fn tables_are_candles_cos_and_sin_of_the_angles_bit_for_bit() {
+        let json = r#"{"model_type":"llama","hidden_size":64,"intermediate_size":8,
+            "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":4,
+            "max_position_embeddings":3000,"rms_norm_eps":1e-5,"rope_theta":100000.0}"#;
+        let spec = ModelSpec::from_hf_config(json).unwrap();
+        let rope = Rope::new(&spec, None, DType::F32, &Device::Cpu).unwrap();
+        // The tensor ops the tables were first made with.
+        let freqs = inverse_frequencies(spec.head_dim, spec.rope_theta);
+        let angles: Vec<f32> = (0..spec.max_context)
+            .flat_map(|p| freqs.iter().map(move |f| p as f32 * f))
+            .collect();
+        let angles =
+            Tensor::from_vec(angles, (spec.max_context, freqs.len()), &Device::Cpu).unwrap();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            v.iter().map(|x| x.to_bits()).collect()
+        };
+        assert_eq!(bits(&rope.cos), bits(&angles.cos().unwrap()));
+        assert_eq!(bits(&rope.sin), bits(&angles.sin().unwrap()));
     }
 }

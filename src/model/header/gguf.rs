@@ -13,9 +13,14 @@
 //! candle's `gguf_file::Content::read` rejects a file as soon as one tensor has a type candle
 //! does not know (IQ4_NL, IQ4_XS, MXFP4, ...); this reader knows every type of
 //! [`GgufType`], so such files can be sized, planned and refused (or, later, run) by name.
-//! Metadata values use candle's [`Value`] so the tokenizer reads them unchanged.
+//! Metadata values use candle's [`Value`] so the tokenizer reads them unchanged, except arrays of
+//! strings (a vocabulary and its merges: about 100,000 strings that only the tokenizer reads):
+//! those stay in the file as [`StringArray`]s, walked over once at parse to check their bounds,
+//! and read in place (borrowed, no copy) through [`GgufMetadata`] when the tokenizer wants them.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::ops::Range;
 
 use candle_core::quantized::gguf_file::Value;
 
@@ -52,13 +57,52 @@ impl GgufTensorInfo {
     }
 }
 
+/// An array of strings of the metadata, left in the file: how many strings, and where they lie
+/// (each a length-prefixed string, as GGUF stores them). The header's parse checked that every
+/// one lies inside the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StringArray {
+    /// Number of strings.
+    pub len: usize,
+    /// Byte range of the strings in the file.
+    pub range: Range<usize>,
+    /// 64-bit lengths (v2 and later).
+    wide: bool,
+}
+
+impl StringArray {
+    /// The strings, read from `file` (the bytes the header was parsed from) as candle reads them:
+    /// trailing NULs dropped, invalid UTF-8 replaced; borrowed from `file` where they are valid
+    /// UTF-8 (nearly always). `None` if `file` is not the bytes the header was parsed from.
+    pub fn items<'a>(&self, file: &'a [u8]) -> Option<Vec<Cow<'a, str>>> {
+        let mut r = Reader {
+            bytes: file.get(self.range.clone())?,
+            pos: 0,
+            wide: self.wide,
+        };
+        let mut items = Vec::with_capacity(self.len);
+        for _ in 0..self.len {
+            let bytes = r.string_bytes().ok()?;
+            // `from_utf8` checks ASCII a word at a time; the lossy reading only where it fails.
+            items.push(match std::str::from_utf8(bytes) {
+                Ok(text) => Cow::Borrowed(text),
+                Err(_) => String::from_utf8_lossy(bytes),
+            });
+        }
+        (r.pos == r.bytes.len()).then_some(items)
+    }
+}
+
 /// A parsed GGUF header.
 #[derive(Debug, Clone)]
 pub struct GgufHeader {
     /// Format version (1, 2 or 3).
     pub version: u32,
-    /// Metadata key-value pairs.
+    /// Metadata key-value pairs, except the arrays of strings ([`GgufHeader::string_arrays`]).
     pub metadata: HashMap<String, Value>,
+    /// The metadata's arrays of strings, left in the file ([`GgufMetadata::strings`] reads them;
+    /// [`GgufHeader::full_metadata`] makes them values too).
+    pub string_arrays: HashMap<String, StringArray>,
     /// Tensors in file order.
     pub tensors: Vec<GgufTensorInfo>,
     /// Alignment of the data section.
@@ -89,13 +133,20 @@ impl GgufHeader {
         let tensor_count = r.length("tensor count")?;
         let kv_count = r.length("metadata count")?;
         let mut metadata = HashMap::new();
+        let mut string_arrays = HashMap::new();
         for _ in 0..kv_count {
             let key = r.string()?;
             let ty = r.u32()?;
-            let value = r
-                .value(ty, 0)
-                .map_err(|e| format!("metadata `{key}`: {e}"))?;
-            metadata.insert(key, value);
+            let in_context = |e: String| format!("metadata `{key}`: {e}");
+            // A later duplicate key wins, as in a map of values.
+            if let Some(array) = r.string_array(ty).map_err(in_context)? {
+                metadata.remove(&key);
+                string_arrays.insert(key, array);
+            } else {
+                let value = r.value(ty, 0).map_err(in_context)?;
+                string_arrays.remove(&key);
+                metadata.insert(key, value);
+            }
         }
         let mut tensors = Vec::new();
         for _ in 0..tensor_count {
@@ -128,6 +179,7 @@ impl GgufHeader {
         Ok(Self {
             version,
             metadata,
+            string_arrays,
             tensors,
             alignment,
             data_offset,
@@ -144,6 +196,96 @@ impl GgufHeader {
     pub fn data_range(&self, info: &GgufTensorInfo) -> std::ops::Range<usize> {
         let start = (self.data_offset + info.offset) as usize;
         start..start + info.len as usize
+    }
+
+    /// The number of items of the metadata array `key` (of strings or of values).
+    pub fn array_len(&self, key: &str) -> Option<usize> {
+        match (self.string_arrays.get(key), self.metadata.get(key)) {
+            (Some(strings), _) => Some(strings.len),
+            (None, Some(Value::Array(items))) => Some(items.len()),
+            _ => None,
+        }
+    }
+
+    /// Every metadata key as a value, the arrays of strings read from `file` (the bytes the
+    /// header was parsed from): the map candle's `Content::read` makes. `None` if `file` is not
+    /// those bytes.
+    pub fn full_metadata(&self, file: &[u8]) -> Option<HashMap<String, Value>> {
+        let mut all = self.metadata.clone();
+        for (key, array) in &self.string_arrays {
+            let items = array.items(file)?;
+            let values = items
+                .into_iter()
+                .map(|s| Value::String(s.into_owned()))
+                .collect();
+            all.insert(key.clone(), Value::Array(values));
+        }
+        Some(all)
+    }
+}
+
+/// GGUF metadata to read keys from: a [`GgufHeader`] with the bytes it was parsed from (its
+/// arrays of strings read in place), or a map holding every key as a value (candle's
+/// `Content::metadata`, or [`GgufHeader::full_metadata`]).
+#[derive(Debug, Clone, Copy)]
+pub struct GgufMetadata<'a> {
+    values: &'a HashMap<String, Value>,
+    in_file: Option<(&'a HashMap<String, StringArray>, &'a [u8])>,
+}
+
+impl<'a> GgufMetadata<'a> {
+    /// `header`'s metadata; `file` is the bytes it was parsed from.
+    pub fn new(header: &'a GgufHeader, file: &'a [u8]) -> Self {
+        Self {
+            values: &header.metadata,
+            in_file: Some((&header.string_arrays, file)),
+        }
+    }
+
+    /// The value of `key`, unless it is an array of strings left in the file (see
+    /// [`GgufMetadata::strings`]).
+    pub fn value(&self, key: &str) -> Option<&'a Value> {
+        self.values.get(key)
+    }
+
+    /// Whether `key` is an array of strings left in the file (so [`GgufMetadata::value`] has
+    /// none for it).
+    pub fn in_file(&self, key: &str) -> bool {
+        self.in_file
+            .is_some_and(|(arrays, _)| arrays.contains_key(key))
+    }
+
+    /// The array of strings `key` (`Ok(None)` when there is no such key; an error when it holds
+    /// something else), borrowed from the file or the values where it can be.
+    pub fn strings(&self, key: &str) -> Result<Option<Vec<Cow<'a, str>>>, String> {
+        if let Some((arrays, file)) = self.in_file {
+            if let Some(array) = arrays.get(key) {
+                return array.items(file).map(Some).ok_or_else(|| {
+                    format!("`{key}` does not lie where the header said in these bytes")
+                });
+            }
+        }
+        match self.values.get(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| match v {
+                    Value::String(s) => Ok(Cow::Borrowed(s.as_str())),
+                    _ => Err(format!("`{key}` is not an array of strings")),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(_) => Err(format!("`{key}` is not an array of strings")),
+        }
+    }
+}
+
+impl<'a> From<&'a HashMap<String, Value>> for GgufMetadata<'a> {
+    fn from(values: &'a HashMap<String, Value>) -> Self {
+        Self {
+            values,
+            in_file: None,
+        }
     }
 }
 
@@ -200,12 +342,44 @@ impl<'a> Reader<'a> {
 
     /// A string; trailing NULs are dropped and invalid UTF-8 replaced, as candle does.
     fn string(&mut self) -> Result<String, String> {
+        Ok(String::from_utf8_lossy(self.string_bytes()?).into_owned())
+    }
+
+    /// A string's bytes, trailing NULs dropped.
+    fn string_bytes(&mut self) -> Result<&'a [u8], String> {
         let n = self.length("string length")? as usize;
         let mut bytes = self.take(n)?;
         while let [rest @ .., 0] = bytes {
             bytes = rest;
         }
-        Ok(String::from_utf8_lossy(bytes).into_owned())
+        Ok(bytes)
+    }
+
+    /// A value of type `ty` that is an array of strings, stepped over and left in the file;
+    /// `None` (nothing read) for any other value.
+    fn string_array(&mut self, ty: u32) -> Result<Option<StringArray>, String> {
+        const ARRAY: u32 = 9;
+        const STRING: u32 = 8;
+        let start = self.pos;
+        if ty != ARRAY || self.u32().ok() != Some(STRING) {
+            self.pos = start;
+            return Ok(None);
+        }
+        let n = self.length("array length")?;
+        // Every item takes at least a byte: a length beyond the file is corrupt.
+        if n > (self.bytes.len() - self.pos) as u64 {
+            return Err(format!("array of {n} items is longer than the file"));
+        }
+        let items = self.pos;
+        for _ in 0..n {
+            let len = self.length("string length")? as usize;
+            self.take(len)?;
+        }
+        Ok(Some(StringArray {
+            len: n as usize,
+            range: items..self.pos,
+            wide: self.wide,
+        }))
     }
 
     fn value(&mut self, ty: u32, depth: usize) -> Result<Value, String> {

@@ -3,6 +3,7 @@
 //! scripts/make-gguf-types-fixture.py) reads as that package's reader saw it, while candle
 //! refuses it; malformed headers are errors, not panics.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use candle_core::quantized::gguf_file::{self, Content, Value};
@@ -62,14 +63,27 @@ fn reads_back_what_candles_writer_wrote() {
     let ours = GgufHeader::parse(&bytes).expect("ferry reads it");
     let candle = Content::read(&mut std::io::Cursor::new(&bytes)).expect("candle reads it");
     assert_eq!(ours.data_offset, candle.tensor_data_offset);
-    assert_eq!(ours.metadata.len(), metadata.len());
+    // The array of strings stays in the file; every other key is a value.
+    assert_eq!(
+        ours.string_arrays.keys().collect::<Vec<_>>(),
+        vec!["k.strings"]
+    );
+    assert_eq!(ours.metadata.len(), metadata.len() - 1);
+    let all = ours
+        .full_metadata(&bytes)
+        .expect("the strings lie in these bytes");
+    assert_eq!(all.len(), metadata.len());
     for (key, value) in &metadata {
+        assert_eq!(format!("{:?}", all[*key]), format!("{value:?}"), "{key}");
         assert_eq!(
-            format!("{:?}", ours.metadata[*key]),
+            format!("{:?}", candle.metadata[*key]),
             format!("{value:?}"),
             "{key}"
         );
     }
+    assert_eq!(ours.array_len("k.strings"), Some(2));
+    assert_eq!(ours.array_len("k.nested"), Some(1));
+    assert_eq!(ours.array_len("k.string"), None);
     assert_eq!(ours.tensors.len(), tensors.len());
     for (name, q) in &tensors {
         let mine = ours.tensor(name).expect("tensor info");
@@ -131,7 +145,13 @@ fn reads_every_ggml_type_that_candle_refuses() {
         header.metadata.get("test.string"),
         Some(Value::String(s)) if s == "héllo"
     ));
-    assert!(matches!(header.metadata.get("test.strings"), Some(Value::Array(a)) if a.len() == 3));
+    let metadata = GgufMetadata::new(&header, &bytes);
+    let strings = metadata.strings("test.strings").expect("strings");
+    assert_eq!(strings.map(|s| s.len()), Some(3));
+    assert!(matches!(
+        header.full_metadata(&bytes).expect("in place").get("test.strings"),
+        Some(Value::Array(a)) if a.len() == 3
+    ));
     assert!(matches!(
         header.metadata.get("test.u64"),
         Some(Value::U64(v)) if *v == 1 << 40
@@ -198,4 +218,90 @@ fn malformed_headers_are_errors() {
     ragged[end - 12..end - 8].copy_from_slice(&2u32.to_le_bytes());
     ragged[end - 20..end - 12].copy_from_slice(&33u64.to_le_bytes());
     expect_err(&ragged, "not a whole number of Q4_0 blocks");
+}
+
+/// A GGUF v3 header with no tensors and the given metadata entries (key, type id, value bytes).
+fn header_bytes(entries: &[(&str, u32, Vec<u8>)]) -> Vec<u8> {
+    let mut bytes = b"GGUF\x03\0\0\0".to_vec();
+    bytes.extend_from_slice(&0u64.to_le_bytes());
+    bytes.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    for (key, ty, value) in entries {
+        bytes.extend_from_slice(&(key.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(key.as_bytes());
+        bytes.extend_from_slice(&ty.to_le_bytes());
+        bytes.extend_from_slice(value);
+    }
+    bytes
+}
+
+/// An array-of-strings value (type 9, items of type 8).
+fn strings_value(items: &[&[u8]]) -> Vec<u8> {
+    let mut value = 8u32.to_le_bytes().to_vec();
+    value.extend_from_slice(&(items.len() as u64).to_le_bytes());
+    for item in items {
+        value.extend_from_slice(&(item.len() as u64).to_le_bytes());
+        value.extend_from_slice(item);
+    }
+    value
+}
+
+#[test]
+fn arrays_of_strings_read_in_place_as_candle_reads_them() {
+    let items: &[&[u8]] = &[b"x", b"y\0\0", b"\xffa", b"", "na\u{ef}ve".as_bytes()];
+    let bytes = header_bytes(&[
+        ("a", 9, strings_value(items)),
+        ("dup", 9, strings_value(&[b"gone"])),
+        ("dup", 4, 7u32.to_le_bytes().to_vec()),
+        ("empty", 9, strings_value(&[])),
+    ]);
+    let header = GgufHeader::parse(&bytes).expect("ferry reads it");
+    let candle = Content::read(&mut std::io::Cursor::new(&bytes)).expect("candle reads it");
+    let all = header.full_metadata(&bytes).expect("in place");
+    assert_eq!(all.len(), candle.metadata.len());
+    for (key, value) in &candle.metadata {
+        assert_eq!(format!("{:?}", all[key]), format!("{value:?}"), "{key}");
+    }
+    // The later `dup` (a u32) wins, as in candle's map.
+    assert!(matches!(header.metadata.get("dup"), Some(Value::U32(7))));
+    assert!(!header.string_arrays.contains_key("dup"));
+
+    let metadata = GgufMetadata::new(&header, &bytes);
+    let read = metadata.strings("a").expect("strings").expect("present");
+    let texts: Vec<&str> = read.iter().map(|s| s.as_ref()).collect();
+    assert_eq!(texts, ["x", "y", "\u{fffd}a", "", "na\u{ef}ve"]);
+    // Valid UTF-8 is borrowed from the file, not copied.
+    let borrowed: Vec<bool> = read.iter().map(|s| matches!(s, Cow::Borrowed(_))).collect();
+    assert_eq!(borrowed, [true, true, false, true, true]);
+    assert_eq!(
+        metadata.strings("empty").expect("strings").map(|s| s.len()),
+        Some(0)
+    );
+    assert_eq!(metadata.strings("missing").expect("no error"), None);
+    assert!(metadata.strings("dup").is_err(), "a u32 is not strings");
+    // The same header over other bytes is an error, not a panic.
+    let other = GgufMetadata::new(&header, &bytes[..bytes.len() / 2]);
+    assert!(other.strings("a").is_err());
+    // A map of values (candle's) reads the same strings.
+    let from_map = GgufMetadata::from(&candle.metadata);
+    let again: Vec<String> = from_map
+        .strings("a")
+        .expect("strings")
+        .expect("present")
+        .into_iter()
+        .map(Cow::into_owned)
+        .collect();
+    assert_eq!(again, texts);
+}
+
+#[test]
+fn an_array_of_strings_past_the_end_is_an_error() {
+    let mut bytes = header_bytes(&[("a", 9, strings_value(&[b"one", b"two"]))]);
+    // The last string claims more bytes than the file has.
+    let end = bytes.len();
+    bytes[end - 11..end - 3].copy_from_slice(&100u64.to_le_bytes());
+    let err = GgufHeader::parse(&bytes).expect_err("past the end");
+    assert!(
+        err.contains("metadata `a`") && err.contains("ends early"),
+        "{err}"
+    );
 }

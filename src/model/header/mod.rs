@@ -19,7 +19,7 @@ use memmap2::Mmap;
 use super::error::{ModelError, Result};
 
 pub use ggml_type::GgufType;
-pub use gguf::{GgufHeader, GgufTensorInfo};
+pub use gguf::{GgufHeader, GgufMetadata, GgufTensorInfo, StringArray};
 pub use safetensors::Shards;
 
 /// Maps `path` read-only.

@@ -9,9 +9,6 @@
 //! BOS and EOS are added by a post-processor when the model wants them
 //! (`tokenizer.ggml.add_bos_token` / `add_eos_token`, else llama.cpp's default for the kind).
 
-use std::collections::HashMap;
-
-use candle_core::quantized::gguf_file::Value;
 use tokenizers::processors::template::{SpecialToken, TemplateProcessing};
 use tokenizers::Tokenizer;
 
@@ -19,6 +16,7 @@ use super::gguf_meta::Meta;
 use super::gguf_vocab::GgufVocab;
 use super::{gguf_bpe, gguf_spm, SpecialTokens};
 use crate::model::error::{ModelError, Result};
+use crate::model::header::GgufMetadata;
 
 /// What a GGUF says about its tokenizer, ready for [`super::TextTokenizer`].
 pub(super) struct GgufTokenizer {
@@ -30,7 +28,7 @@ pub(super) struct GgufTokenizer {
 }
 
 /// Reads the tokenizer out of GGUF metadata.
-pub(super) fn build(metadata: &HashMap<String, Value>) -> Result<GgufTokenizer> {
+pub(super) fn build(metadata: GgufMetadata<'_>) -> Result<GgufTokenizer> {
     let meta = Meta(metadata);
     let model = meta.str("tokenizer.ggml.model")?.ok_or_else(|| {
         ModelError::Config("GGUF has no tokenizer (`tokenizer.ggml.model` is missing)".into())

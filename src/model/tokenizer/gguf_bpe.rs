@@ -3,6 +3,8 @@
 //! pre-tokenizer comes from `tokenizer.ggml.pre` ([`super::pretokenizers`]) and the decoder maps
 //! GPT-2's byte alphabet back to bytes.
 
+use std::borrow::Cow;
+
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Merges, Vocab, BPE};
 use tokenizers::Tokenizer;
@@ -15,16 +17,13 @@ use crate::model::error::{ModelError, Result};
 /// The BPE pipeline (model, pre-tokenizer, decoder; no added tokens yet) and what the pre type
 /// implies.
 pub(super) fn build(meta: &Meta<'_>, vocab: &GgufVocab<'_>) -> Result<(Tokenizer, PreDefaults)> {
-    let merges = meta.strings("tokenizer.ggml.merges")?.ok_or_else(|| {
-        ModelError::Config("byte-level GGUF tokenizer has no `tokenizer.ggml.merges`".into())
-    })?;
     let (pre_tokenizer, defaults) = for_gguf_pre(meta.str("tokenizer.ggml.pre")?)?;
 
     // Tokens are stored in the byte alphabet; the odd one that is not (raw text) is respelled so
     // the BPE model can reach it, as Hugging Face's GGUF conversion does. Later duplicates win.
     // The two tables (tens of thousands of strings each) are made on two threads: this is most
-    // of a small model's load time.
-    let spelled = |t: &&str| {
+    // of a small model's load time. The merges are read from the file on the second one.
+    let spelled = |t: &str| {
         if is_byte_level(t) {
             t.to_string()
         } else {
@@ -32,7 +31,14 @@ pub(super) fn build(meta: &Meta<'_>, vocab: &GgufVocab<'_>) -> Result<(Tokenizer
         }
     };
     let (bpe_vocab, merges) = std::thread::scope(|scope| {
-        let merges = scope.spawn(|| split_merges(&merges));
+        let merges = scope.spawn(|| {
+            let merges = meta.strings("tokenizer.ggml.merges")?.ok_or_else(|| {
+                ModelError::Config(
+                    "byte-level GGUF tokenizer has no `tokenizer.ggml.merges`".into(),
+                )
+            })?;
+            split_merges(&merges)
+        });
         let bpe_vocab: Vocab = vocab
             .tokens
             .iter()
@@ -58,7 +64,7 @@ pub(super) fn build(meta: &Meta<'_>, vocab: &GgufVocab<'_>) -> Result<(Tokenizer
 }
 
 /// `tokenizer.ggml.merges` entries (`"a b"`) as pairs.
-fn split_merges(merges: &[&str]) -> Result<Merges> {
+fn split_merges(merges: &[Cow<'_, str>]) -> Result<Merges> {
     merges
         .iter()
         .map(|m| {

@@ -5,6 +5,8 @@
 //! per-model token attributes llama.cpp sets by name (Phi-3's special tokens eat the whitespace
 //! after them).
 
+use std::borrow::Cow;
+
 use tokenizers::AddedToken;
 
 use super::gguf_meta::Meta;
@@ -135,7 +137,8 @@ fn starts_like_special(text: &str) -> bool {
 
 /// The tokens of a GGUF vocabulary with their (fixed) kinds.
 pub(super) struct GgufVocab<'a> {
-    pub tokens: Vec<&'a str>,
+    /// The token texts, borrowed from the file where they can be.
+    pub tokens: Vec<Cow<'a, str>>,
     pub kinds: Vec<TokenKind>,
     /// Special tokens that swallow the whitespace after them (llama.cpp's RSTRIP attribute).
     rstrip: Vec<bool>,
@@ -181,7 +184,7 @@ impl<'a> GgufVocab<'a> {
                     let found = candidates
                         .iter()
                         .copied()
-                        .find(|&id| texts.contains(&tokens[id]));
+                        .find(|&id| texts.contains(&&*tokens[id]));
                     // Found by text: llama.cpp makes it a control token.
                     if let Some(id) = found {
                         kinds[id] = TokenKind::Control;
@@ -194,7 +197,7 @@ impl<'a> GgufVocab<'a> {
             }
         }
         for &id in &candidates {
-            if END_OF_GENERATION_TEXTS.contains(&tokens[id]) {
+            if END_OF_GENERATION_TEXTS.contains(&&*tokens[id]) {
                 end_of_generation.push(id as u32);
                 if !matches!(kinds[id], TokenKind::Control) {
                     kinds[id] = TokenKind::Control;
@@ -232,8 +235,7 @@ impl<'a> GgufVocab<'a> {
             return;
         }
         for id in 0..self.tokens.len() {
-            let text = self.tokens[id];
-            self.rstrip[id] = match text {
+            self.rstrip[id] = match &*self.tokens[id] {
                 "<unk>" | "<s>" | "<|endoftext|>" => false,
                 "</s>" => true,
                 _ => self.is_matched_whole(id),

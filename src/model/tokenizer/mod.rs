@@ -21,14 +21,14 @@ mod hf;
 pub mod pretokenizers;
 mod template_json;
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::Content;
 use tokenizers::Tokenizer;
 
 use crate::model::error::{ModelError, Result};
+use crate::model::header::GgufMetadata;
 use chat_encode::ChatEncoder;
 pub use chat_template::ChatMessage;
 use chat_template::{ChatTemplate, TemplateContext};
@@ -70,16 +70,29 @@ impl TextTokenizer {
         Self::from_gguf_metadata(&content.metadata)
     }
 
-    /// [`TextTokenizer::from_gguf`] from the metadata alone (as ferry's own GGUF header reader,
-    /// [`crate::model::header::GgufHeader`], holds it).
-    pub fn from_gguf_metadata(metadata: &HashMap<String, Value>) -> Result<Self> {
-        let built = gguf::build(metadata)?;
-        Self::assemble(
-            built.tokenizer,
-            built.special,
-            built.byte_level,
-            built.chat_template,
-        )
+    /// [`TextTokenizer::from_gguf`] from the metadata alone: a map of every value, or ferry's
+    /// own GGUF header with the mapped file ([`crate::model::checkpoint::Checkpoint::gguf_metadata`],
+    /// which reads the vocabulary in place).
+    pub fn from_gguf_metadata<'a>(metadata: impl Into<GgufMetadata<'a>>) -> Result<Self> {
+        let metadata = metadata.into();
+        let source = gguf_meta::Meta(metadata).str("tokenizer.chat_template")?;
+        // The template compiles on a thread of its own while the vocabulary builds (both are
+        // part of every load).
+        std::thread::scope(|scope| {
+            let compiled = scope.spawn(|| source.map(ChatTemplate::new).transpose());
+            let built = gguf::build(metadata);
+            let compiled = compiled
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            let built = built?;
+            Ok(Self::with_template(
+                built.tokenizer,
+                built.special,
+                built.byte_level,
+                compiled?,
+                built.chat_template,
+            ))
+        })
     }
 
     /// Builds the tokenizer from Hugging Face files: `tokenizer.json`, plus optionally
@@ -110,14 +123,31 @@ impl TextTokenizer {
             .as_deref()
             .map(ChatTemplate::new)
             .transpose()?;
-        Ok(Self {
+        Ok(Self::with_template(
+            tokenizer,
+            special,
+            byte_level,
+            compiled,
+            chat_template,
+        ))
+    }
+
+    /// The tokenizer with `compiled`, the template compiled from `source`.
+    fn with_template(
+        tokenizer: Tokenizer,
+        special: SpecialTokens,
+        byte_level: bool,
+        compiled: Option<ChatTemplate>,
+        source: Option<String>,
+    ) -> Self {
+        Self {
             tokenizer,
             special,
             byte_level,
             chat_template: compiled,
-            chat_template_source: chat_template,
+            chat_template_source: source,
             chat_encoder: OnceLock::new(),
-        })
+        }
     }
 
     /// Replaces the chat template (e.g. from a `chat_template.jinja` file or the user's config).
