@@ -36,10 +36,17 @@ struct Options {
     /// Seconds measured per row of the table and implementation (best of 5 windows).
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
-    /// ferry's kernels: auto (the fastest this CPU has), avx2 (the AVX2 path even where
-    /// AVX-512 is present) or scalar.
+    /// ferry's kernels: auto (the fastest this CPU has), avx512 (the AVX-512 path even where
+    /// AMX is present), avx2 (the AVX2 path even where AVX-512 is present) or scalar.
     #[arg(long, default_value = "auto")]
     kernel: String,
+    /// Instead of the tables against candle: ferry's kernels named here (e.g.
+    /// `auto,avx512,avx2`) side by side on each type, at the `--ms` row counts, in one run.
+    #[arg(long, value_delimiter = ',')]
+    kernels: Vec<String>,
+    /// Activation rows of the `--kernels` table.
+    #[arg(long, value_delimiter = ',', default_value = "16,64,512")]
+    ms: Vec<usize>,
     /// Block types to run (default: all with a ferry kernel).
     #[arg(long, value_delimiter = ',')]
     types: Vec<String>,
@@ -119,9 +126,19 @@ fn rates(
     mut a: impl FnMut(usize) -> Result<(), String>,
     mut b: impl FnMut(usize) -> Result<(), String>,
 ) -> Result<(f64, f64), String> {
+    let best = rates_of(count, seconds, &mut [&mut a, &mut b])?;
+    Ok((best[0], best[1]))
+}
+
+/// One implementation's call on weight `i` (of those cycled through).
+type Call<'a> = dyn FnMut(usize) -> Result<(), String> + 'a;
+
+/// [`rates`] for any number of implementations (windows taken in turn).
+fn rates_of(count: usize, seconds: f64, calls: &mut [&mut Call<'_>]) -> Result<Vec<f64>, String> {
     const ROUNDS: usize = 5;
-    a(0)?;
-    b(0)?;
+    for call in calls.iter_mut() {
+        call(0)?;
+    }
     let window = Duration::from_secs_f64(seconds / ROUNDS as f64);
     let window_rate = |call: &mut dyn FnMut(usize) -> Result<(), String>,
                        next: &mut usize|
@@ -135,13 +152,105 @@ fn rates(
         }
         Ok(calls as f64 / started.elapsed().as_secs_f64())
     };
-    let (mut best_a, mut best_b) = (0f64, 0f64);
-    let (mut next_a, mut next_b) = (1usize, 1usize);
+    let mut best = vec![0f64; calls.len()];
+    let mut next = vec![1usize; calls.len()];
     for _ in 0..ROUNDS {
-        best_a = best_a.max(window_rate(&mut a, &mut next_a)?);
-        best_b = best_b.max(window_rate(&mut b, &mut next_b)?);
+        for ((call, best), next) in calls.iter_mut().zip(&mut best).zip(&mut next) {
+            *best = best.max(window_rate(&mut **call, next)?);
+        }
     }
-    Ok((best_a, best_b))
+    Ok(best)
+}
+
+/// The kernel choice called `name` on the command line.
+fn kernel_named(name: &str) -> Result<Kernel, String> {
+    match name {
+        "auto" => Ok(Kernel::Auto),
+        "avx512" => Ok(Kernel::Avx512),
+        "avx2" => Ok(Kernel::Avx2),
+        "scalar" => Ok(Kernel::Scalar),
+        other => Err(format!("kernel {other}: auto, avx512, avx2 or scalar")),
+    }
+}
+
+/// The `--kernels` table: weight GB/s of each named kernel of ferry's, per type (those of
+/// [`TYPES`]) and `--ms` row count, and each kernel's ratio to the first.
+fn kernel_table(options: &Options) -> Result<(), String> {
+    let kernels = options
+        .kernels
+        .iter()
+        .map(|k| kernel_named(k))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (rows, cols) = (options.rows, options.cols);
+    println!("ferry kernels: {kernels:?}");
+    println!();
+    let names: Vec<String> = options
+        .kernels
+        .iter()
+        .map(|k| format!("{k} GB/s"))
+        .collect();
+    let ratios: Vec<String> = options.kernels[1..]
+        .iter()
+        .map(|k| format!("{} / {k}", options.kernels[0]))
+        .collect();
+    println!(
+        "| type | m | {} | {} |",
+        names.join(" | "),
+        ratios.join(" | ")
+    );
+    println!("|---|---|{}", "---|".repeat(kernels.len() + ratios.len()));
+    let wanted = |name: &str| options.types.is_empty() || options.types.iter().any(|t| t == name);
+    let mut mats: Vec<(&str, usize, Vec<CpuQMatMul>)> = Vec::new();
+    for &(name, dtype, bytes, elems, scales) in TYPES.iter().filter(|t| wanted(t.0)) {
+        let weights = (1..=2)
+            .map(|i| weight(dtype, (bytes, elems, scales), (rows, cols), i))
+            .map(|w| w.and_then(|w| CpuQMatMul::new(w).map_err(|e| e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        mats.push((name, rows * cols / elems * bytes, weights));
+    }
+    for &(name, ty, bytes, elems, at) in FERRY_ONLY.iter().filter(|t| wanted(t.0)) {
+        let weights = (1..=2)
+            .map(|i| ferry_only_weight((ty, bytes, elems, at), (rows, cols), i))
+            .collect::<Result<Vec<_>, _>>()?;
+        mats.push((name, rows * cols / elems * bytes, weights));
+    }
+    for (name, matrix_bytes, weights) in &mats {
+        let (name, matrix_bytes) = (*name, *matrix_bytes);
+        for &m in &options.ms {
+            let x: Vec<f32> = (0..m * cols)
+                .map(|i| ((i * 7919) % 1999) as f32 / 1000.0 - 1.0)
+                .collect();
+            let mut outs = vec![vec![0f32; m * rows]; kernels.len()];
+            let mut calls: Vec<Box<Call<'_>>> = outs
+                .iter_mut()
+                .zip(&kernels)
+                .map(|(out, &kernel)| {
+                    let (weights, x) = (&weights, &x);
+                    Box::new(move |i: usize| {
+                        weights[i]
+                            .matmul_f32(x, m, out, kernel)
+                            .map_err(|e| e.to_string())
+                    }) as Box<Call<'_>>
+                })
+                .collect();
+            let mut refs: Vec<&mut Call<'_>> = calls.iter_mut().map(|c| &mut **c as _).collect();
+            let best = rates_of(2, options.seconds, &mut refs)?;
+            let gbs: Vec<String> = best
+                .iter()
+                .map(|r| format!("{:.2}", r * matrix_bytes as f64 / 1e9))
+                .collect();
+            let ratio: Vec<String> = best[1..]
+                .iter()
+                .map(|r| format!("{:.2}", best[0] / r))
+                .collect();
+            println!(
+                "| {name} | {m} | {} | {} |",
+                gbs.join(" | "),
+                ratio.join(" | ")
+            );
+        }
+    }
+    Ok(())
 }
 
 fn cpu_name() -> String {
@@ -164,12 +273,7 @@ fn cpu_name() -> String {
 
 fn main() -> Result<(), String> {
     let options = Options::parse();
-    let kernel = match options.kernel.as_str() {
-        "auto" => Kernel::Auto,
-        "avx2" => Kernel::Avx2,
-        "scalar" => Kernel::Scalar,
-        other => return Err(format!("--kernel {other}: auto, avx2 or scalar")),
-    };
+    let kernel = kernel_named(&options.kernel)?;
     // Both pools size themselves from this on first use, which is below.
     std::env::set_var("RAYON_NUM_THREADS", options.threads.to_string());
     let (rows, cols) = (options.rows, options.cols);
@@ -181,6 +285,9 @@ fn main() -> Result<(), String> {
         "weights {rows} x {cols}, {} threads, {} MiB working set at m = 1, {} s per cell",
         options.threads, options.working_set_mib, options.seconds
     );
+    if !options.kernels.is_empty() {
+        return kernel_table(&options);
+    }
     println!("ferry kernel: {kernel:?}");
     println!();
     println!("| type | m | ferry GB/s | candle GB/s | ferry / candle |");

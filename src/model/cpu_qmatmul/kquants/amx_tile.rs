@@ -40,6 +40,9 @@ const GROUP: usize = 16;
 /// Tile multiplies of 64 elements per super-block.
 const STEPS: usize = 4;
 
+/// Super-blocks of a panel decoded at a time.
+const SPAN: usize = 8;
+
 /// Calls of at least this many activation rows take this kernel where the CPU has AMX (one
 /// call never mixes kernels).
 pub const MIN_ROWS: usize = 16;
@@ -120,6 +123,7 @@ impl Packed {
 /// The decoded panel of one super-block: the `A` tiles (Q4_K / Q5_K: `hi` of step `t` at
 /// `2 t`, `lo` at `2 t + 1`; Q6_K: digit `d` of step `t` at `4 t + d`), the rows' scales and
 /// (Q4_K / Q5_K) their mins as i16 pairs.
+#[derive(Clone)]
 struct Panel {
     a: [Tile; 16],
     d: [f32; PANEL],
@@ -166,12 +170,15 @@ unsafe fn panels(
     let kb = acts[0].len();
     let groups = acts.len().div_ceil(GROUP);
     let packed = pack(acts, groups, kb, format != KFormat::Q6K);
-    let mut panel = Box::new(Panel {
-        a: [Tile::ZERO; 16],
-        d: [0.0; PANEL],
-        dmin: [0.0; PANEL],
-        mins: [[0; 4]; PANEL],
-    });
+    let mut span = vec![
+        Panel {
+            a: [Tile::ZERO; 16],
+            d: [0.0; PANEL],
+            dmin: [0.0; PANEL],
+            mins: [[0; 4]; PANEL],
+        };
+        SPAN.min(kb)
+    ];
     let mut acc = vec![Tile::ZERO; groups];
     let mut c = Box::new([[Tile::ZERO; 4]; 2]);
     let block = format.block_bytes();
@@ -186,18 +193,28 @@ unsafe fn panels(
             *a = Tile::ZERO;
         }
         for s in 0..kb {
-            for i in 0..n {
-                let p = data.add((r0 + i) * row_stride + block * s);
-                match format {
-                    KFormat::Q4K => decode_k4::<false>(&mut panel, i, p),
-                    KFormat::Q5K => decode_k4::<true>(&mut panel, i, p),
-                    _ => decode_q6_k(&mut panel, i, p),
+            let ds = s % SPAN;
+            if ds == 0 {
+                // The panel's next `SPAN` super-blocks, a row at a time (each row's bytes
+                // in order, which the hardware prefetchers follow).
+                let count = (kb - s).min(SPAN);
+                for i in 0..n {
+                    let row = data.add((r0 + i) * row_stride + block * s);
+                    for (k, panel) in span[..count].iter_mut().enumerate() {
+                        let p = row.add(block * k);
+                        match format {
+                            KFormat::Q4K => decode_k4::<false>(panel, i, p),
+                            KFormat::Q5K => decode_k4::<true>(panel, i, p),
+                            _ => decode_q6_k(panel, i, p),
+                        }
+                    }
                 }
             }
+            let panel = &span[ds];
             if format == KFormat::Q6K {
-                for g in 0..groups {
-                    dots_q6_k(&panel, &packed, g, s, &mut c[0]);
-                    post_q6_k(&panel, &packed, g, s, &c[0], &mut acc[g]);
+                for (g, acc) in acc.iter_mut().enumerate() {
+                    dots_q6_k(panel, &packed, g, s, &mut c[0]);
+                    post_q6_k(panel, &packed, g, s, &c[0], acc);
                 }
             } else {
                 for g in 0..groups {
@@ -207,7 +224,7 @@ unsafe fn panels(
                         dots_k4!(panel, packed, g, s, "5", "6");
                     }
                     if g > 0 {
-                        post_k4(&panel, &packed, g - 1, s, &c[(g - 1) % 2], &mut acc[g - 1]);
+                        post_k4(panel, &packed, g - 1, s, &c[(g - 1) % 2], &mut acc[g - 1]);
                     }
                     let set = &mut c[g % 2];
                     if g % 2 == 0 {
@@ -219,7 +236,7 @@ unsafe fn panels(
                     }
                 }
                 let g = groups - 1;
-                post_k4(&panel, &packed, g, s, &c[g % 2], &mut acc[g]);
+                post_k4(panel, &packed, g, s, &c[g % 2], &mut acc[g]);
             }
         }
         for (g, a) in acc.iter().enumerate() {

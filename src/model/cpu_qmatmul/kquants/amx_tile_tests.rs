@@ -69,6 +69,7 @@ fn the_amx_kernel_equals_the_scalar_one_row_dot_bit_for_bit() {
             (4, 31, 47),
             (8, 16, 17),
             (2, 33, 66),
+            (11, 17, 20),
         ] {
             let seed = (kb * 131 + n * 7 + m) as u64;
             let stride = format.block_bytes() * kb;
