@@ -556,9 +556,10 @@ fn prefill_matches_on_every_instruction_set() {
 }
 
 #[test]
-fn the_vector_exponentials_are_within_two_ulp_and_zero_below_the_range() {
+fn the_vector_exponentials_are_within_one_ulp_and_zero_below_the_range() {
     // Every 1/4096 from 0 down to -87, then past the clamp: the relative error against f64's
-    // exp stays under 2.4e-7 (2 ulp); below -87 (and at -inf) the weight is exactly 0.
+    // exp stays under 1.2e-7 (1 ulp at 1; measured 8.0e-8 on AVX-512 and AVX2); below -87 (and
+    // at -inf) the weight is exactly 0.
     let mut xs: Vec<f32> = (0..87 * 4096).map(|i| -(i as f32) / 4096.0).collect();
     let in_range = xs.len();
     xs.extend([-87.001, -88.0, -100.0, -1e30, f32::MIN, f32::NEG_INFINITY]);
@@ -573,7 +574,7 @@ fn the_vector_exponentials_are_within_two_ulp_and_zero_below_the_range() {
             worst = worst.max((f64::from(y) - exact).abs() / exact);
         }
         eprintln!("{isa:?} vector exp: max relative error {worst:.3e} on [-87, 0]");
-        assert!(worst < 2.4e-7, "{isa:?}: relative error {worst}");
+        assert!(worst < 1.2e-7, "{isa:?}: relative error {worst}");
         assert_eq!(ys[0], 1.0, "{isa:?}: exp(0)");
         assert!(ys[in_range..].iter().all(|&y| y == 0.0), "{isa:?}: {ys:?}");
     }
