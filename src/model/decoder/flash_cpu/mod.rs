@@ -22,7 +22,9 @@
 //! auto-vectorizer, with the variant picked at run time from the CPU's features ([`Isa`]) and
 //! a baseline kept beside them.
 
+mod blocked;
 mod decode;
+mod lanes;
 mod prefill;
 mod simd;
 

@@ -2,8 +2,8 @@
 //! one key/value head and a tile of [`TILE_Q`] query rows of every query head of its group,
 //! walks the keys those rows may see in tiles of [`TILE_K`] (read and transposed once for the
 //! whole group) and keeps a running softmax per row, so the memory per task stays a few
-//! tiles. The inner loops are written for the auto-vectorizer and compiled three times
-//! (AVX-512, AVX2 + FMA, baseline), the variant picked by [`Isa`].
+//! tiles. The SIMD instruction sets run the register-blocked task of [`super::blocked`]; the
+//! baseline runs [`tile`] here, plain loops (the reference the others are tested against).
 
 use rayon::prelude::*;
 
@@ -58,24 +58,24 @@ pub(super) fn run(isa: Isa, call: Call<'_>, out: &mut [f32]) {
 
 /// One key/value head's tile of query rows (of every query head of its group) and where
 /// their outputs go.
-struct Task<'a> {
-    kv_head: usize,
+pub(super) struct Task<'a> {
+    pub(super) kv_head: usize,
     /// First query row of the tile.
-    first: usize,
+    pub(super) first: usize,
     /// `[rows, head_dim]` of the output, per query head of the group.
-    outs: Vec<&'a mut [f32]>,
+    pub(super) outs: Vec<&'a mut [f32]>,
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn tile_avx512(q: &[f32], k: &KvHeads<'_>, v: &KvHeads<'_>, s: &Shape, task: Task<'_>) {
-    tile::<true>(q, k, v, s, task)
+    super::blocked::task::<super::lanes::Avx512>(q, k, v, s, task)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_avx2(q: &[f32], k: &KvHeads<'_>, v: &KvHeads<'_>, s: &Shape, task: Task<'_>) {
-    tile::<true>(q, k, v, s, task)
+    super::blocked::task::<super::lanes::Avx2>(q, k, v, s, task)
 }
 
 /// One task: the tile's query rows of every head of the group against every key they may
