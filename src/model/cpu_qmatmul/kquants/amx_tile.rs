@@ -19,8 +19,9 @@
 //!   four `A` matrices with `tdpbssd` give `sumi - 32 offset = C0 + 4 C1 + 16 C2 + 64 C3`.
 //!
 //! A task packs its activation rows into `B` tiles once ([`pack_group`], a 16 x 16 dword
-//! transpose per 64 elements), then for each panel and super-block decodes the panel's rows
-//! once (row major, as stored: no transpose) and runs every group over them. The float sums
+//! transpose per 64 elements), then for each panel decodes its rows once, eight super-blocks
+//! at a time and a row at a time (row major, as stored: no transpose; sequential reads the
+//! hardware prefetchers follow), and runs every group over each decoded super-block. The float sums
 //! stay in a per-group 16 x 16 block (weight rows x activation lanes) for the whole row, and
 //! the two sets of `C` tiles of Q4_K / Q5_K alternate so one group's tile multiplies overlap
 //! the previous group's float work.
