@@ -44,9 +44,16 @@ const STEPS: usize = 4;
 /// Super-blocks of a panel decoded at a time.
 const SPAN: usize = 8;
 
-/// Calls of at least this many activation rows take this kernel where the CPU has AMX (one
-/// call never mixes kernels).
-pub const MIN_ROWS: usize = 16;
+/// Calls of at least this many activation rows of `format` take this kernel where the CPU has
+/// AMX (one call never mixes kernels). Measured against the AVX-512 eight-row tiles (2
+/// threads, 4096 x 4096): Q4_K and Q5_K gain from 16 rows (one group) on, Q6_K, whose decode
+/// makes four `A` matrices, is even at 16 and ahead at 32.
+pub fn min_rows(format: KFormat) -> usize {
+    match format {
+        KFormat::Q6K => 32,
+        _ => 16,
+    }
+}
 
 /// One tile's bytes (16 rows of 64), aligned to a cache line.
 #[derive(Clone, Copy)]
