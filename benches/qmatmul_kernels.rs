@@ -199,17 +199,23 @@ fn kernel_table(options: &Options) -> Result<(), String> {
         ratios.join(" | ")
     );
     println!("|---|---|{}", "---|".repeat(kernels.len() + ratios.len()));
-    for &(name, dtype, bytes, elems, scales) in &TYPES {
-        if !options.types.is_empty() && !options.types.iter().any(|t| t == name) {
-            continue;
-        }
-        let matrix_bytes = rows * cols / elems * bytes;
-        let weights = (0..2)
-            .map(|i| {
-                let w = weight(dtype, (bytes, elems, scales), (rows, cols), i + 1)?;
-                CpuQMatMul::new(w).map_err(|e| e.to_string())
-            })
+    let wanted = |name: &str| options.types.is_empty() || options.types.iter().any(|t| t == name);
+    let mut mats: Vec<(&str, usize, Vec<CpuQMatMul>)> = Vec::new();
+    for &(name, dtype, bytes, elems, scales) in TYPES.iter().filter(|t| wanted(t.0)) {
+        let weights = (1..=2)
+            .map(|i| weight(dtype, (bytes, elems, scales), (rows, cols), i))
+            .map(|w| w.and_then(|w| CpuQMatMul::new(w).map_err(|e| e.to_string())))
             .collect::<Result<Vec<_>, _>>()?;
+        mats.push((name, rows * cols / elems * bytes, weights));
+    }
+    for &(name, ty, bytes, elems, at) in FERRY_ONLY.iter().filter(|t| wanted(t.0)) {
+        let weights = (1..=2)
+            .map(|i| ferry_only_weight((ty, bytes, elems, at), (rows, cols), i))
+            .collect::<Result<Vec<_>, _>>()?;
+        mats.push((name, rows * cols / elems * bytes, weights));
+    }
+    for (name, matrix_bytes, weights) in &mats {
+        let (name, matrix_bytes) = (*name, *matrix_bytes);
         for &m in &options.ms {
             let x: Vec<f32> = (0..m * cols)
                 .map(|i| ((i * 7919) % 1999) as f32 / 1000.0 - 1.0)

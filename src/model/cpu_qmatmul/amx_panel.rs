@@ -13,8 +13,9 @@
 //! `acc_i = fma(sumi, d_i * a.d, acc_i)` (Q4_1 then adds `fma(m_i, a.s, acc_i)`), lanes being
 //! activation rows. That is, output for output, the float sequence of the AVX-512 one-row
 //! kernel ([`super::avx512`]'s header) on the same integer sums, so the results equal it (and
-//! [`super::avx512_panel`]) bit for bit. Two result tiles alternate, so the multiply of block
-//! `b + 1` runs while block `b`'s sums are scaled.
+//! [`super::avx512_panel`]) bit for bit. Four result tiles rotate, so block `b`'s multiply,
+//! block `b - 2`'s tile store and the scaling of block `b - 3` overlap; at the end the
+//! sixteen registers are transposed so each activation row's outputs are written as one run.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -55,13 +56,13 @@ pub(super) fn enabled(format: Format) -> bool {
 /// One 64-byte line of a tile operand.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Line([u8; 64]);
+struct Line([i8; 64]);
 
 const ZERO_LINE: Line = Line([0; 64]);
 
 /// Computes `acts[j] . W[r]` for every activation row `j` of `acts` and weight row `r` in
-/// `weights` of the `format` matrix `data` (`row_stride` bytes per row), handing each out as
-/// `out(j, r, value)`; returns whether `format` has a kernel here.
+/// `weights` of the `format` matrix `data` (`row_stride` bytes per row), handing them out as
+/// `out(j, r0, values of rows r0..)`; returns whether `format` has a kernel here.
 pub(super) fn run(
     amx: Amx,
     format: Format,
@@ -69,7 +70,7 @@ pub(super) fn run(
     row_stride: usize,
     weights: Range<usize>,
     acts: &[&[Q8Block]],
-    out: &mut dyn FnMut(usize, usize, f32),
+    out: &mut dyn FnMut(usize, usize, &[f32]),
 ) -> bool {
     if !supports(format) || acts.is_empty() || weights.is_empty() {
         return false;
@@ -113,30 +114,101 @@ struct Packed {
 }
 
 /// Packs `acts` (see [`Packed`]); missing rows of the last group are zero.
-fn pack(acts: &[&[Q8Block]], kb: usize, sums: bool) -> Packed {
+///
+/// # Safety
+/// The CPU must have the features of [`super::avx512::Avx512`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn pack(acts: &[&[Q8Block]], kb: usize, sums: bool) -> Packed {
     let groups = acts.len().div_ceil(LANES);
     let mut p = Packed {
         lines: vec![ZERO_LINE; groups * kb * 8],
         d: vec![0.0; groups * kb * LANES],
         s: vec![0.0; if sums { groups * kb * LANES } else { 0 }],
     };
-    for (j, row) in acts.iter().enumerate() {
-        let (g, lane) = (j / LANES, j % LANES);
-        for (b, blk) in row.iter().enumerate() {
+    for (g, rows) in acts.chunks(LANES).enumerate() {
+        let qs = |j: usize, b: usize| match rows.get(j) {
+            Some(row) => _mm256_loadu_si256(row.get_unchecked(b).qs.as_ptr().cast()),
+            None => _mm256_setzero_si256(),
+        };
+        for b in 0..kb {
             let at = g * kb + b;
-            for (r, quad) in blk.qs.chunks_exact(4).enumerate() {
-                let line = &mut p.lines[at * 8 + r].0;
-                for (dst, &q) in line[4 * lane..4 * lane + 4].iter_mut().zip(quad) {
-                    *dst = q as u8;
+            // Register k: the 8 words of row k, then of row k + 8; an 8 x 8 word transpose
+            // in each half gives line r = word r of rows 0..8, then of rows 8..16.
+            let z: [__m512i; 8] = std::array::from_fn(|k| {
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qs(k, b)), qs(k + 8, b))
+            });
+            let t: [__m512i; 8] = std::array::from_fn(|k| {
+                let (x, y) = (z[k & !1], z[k | 1]);
+                match k & 1 {
+                    0 => _mm512_unpacklo_epi32(x, y),
+                    _ => _mm512_unpackhi_epi32(x, y),
                 }
+            });
+            // u[4h + c], lane L: word 4 (L % 2) + c of rows 4h..4h + 4 (+ 8 in lanes 2, 3).
+            let u: [__m512i; 8] = std::array::from_fn(|k| {
+                let (h, c) = (k / 4, k % 4);
+                let (x, y) = (t[4 * h + c / 2], t[4 * h + 2 + c / 2]);
+                match c % 2 {
+                    0 => _mm512_unpacklo_epi64(x, y),
+                    _ => _mm512_unpackhi_epi64(x, y),
+                }
+            });
+            let lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
+            let hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+            let lines = p.lines.as_mut_ptr().add(at * 8);
+            for c in 0..4 {
+                let line = _mm512_permutex2var_epi64(u[c], lo, u[4 + c]);
+                _mm512_store_si512(lines.add(c).cast(), line);
+                let line = _mm512_permutex2var_epi64(u[c], hi, u[4 + c]);
+                _mm512_store_si512(lines.add(4 + c).cast(), line);
             }
-            p.d[at * LANES + lane] = blk.d;
-            if sums {
-                p.s[at * LANES + lane] = blk.s;
+            for (lane, row) in rows.iter().enumerate() {
+                let blk = row.get_unchecked(b);
+                p.d[at * LANES + lane] = blk.d;
+                if sums {
+                    p.s[at * LANES + lane] = blk.s;
+                }
             }
         }
     }
     p
+}
+
+/// The transpose of the 16 x 16 matrix whose row `i` is `r[i]`.
+#[inline(always)]
+unsafe fn transpose(r: [__m512; LANES]) -> [__m512; LANES] {
+    // t[2k], t[2k + 1], per 128-bit lane: elements 0, 1 and 2, 3 of rows 2k, 2k + 1 interleaved.
+    let t: [__m512; LANES] = std::array::from_fn(|k| {
+        let (x, y) = (r[k & !1], r[k | 1]);
+        match k & 1 {
+            0 => _mm512_unpacklo_ps(x, y),
+            _ => _mm512_unpackhi_ps(x, y),
+        }
+    });
+    // u[4h + c], lane L: element 4L + c of rows 4h..4h + 4.
+    let u: [__m512; LANES] = std::array::from_fn(|k| {
+        let (h, c) = (k / 4, k % 4);
+        let (x, y) = (
+            _mm512_castps_pd(t[4 * h + c / 2]),
+            _mm512_castps_pd(t[4 * h + 2 + c / 2]),
+        );
+        _mm512_castpd_ps(match c % 2 {
+            0 => _mm512_unpacklo_pd(x, y),
+            _ => _mm512_unpackhi_pd(x, y),
+        })
+    });
+    let mut out = [_mm512_setzero_ps(); LANES];
+    for c in 0..4 {
+        let a = _mm512_shuffle_f32x4::<0x44>(u[c], u[4 + c]);
+        let b = _mm512_shuffle_f32x4::<0xEE>(u[c], u[4 + c]);
+        let a2 = _mm512_shuffle_f32x4::<0x44>(u[8 + c], u[12 + c]);
+        let b2 = _mm512_shuffle_f32x4::<0xEE>(u[8 + c], u[12 + c]);
+        out[c] = _mm512_shuffle_f32x4::<0x88>(a, a2);
+        out[4 + c] = _mm512_shuffle_f32x4::<0xDD>(a, a2);
+        out[8 + c] = _mm512_shuffle_f32x4::<0x88>(b, b2);
+        out[12 + c] = _mm512_shuffle_f32x4::<0xDD>(b, b2);
+    }
+    out
 }
 
 /// A decoded panel: block `b` of row `i` at bytes `b * 512 + 32 * i` of `lines`, its scale (and
@@ -157,7 +229,7 @@ unsafe fn gemm<C: Codec>(
     row_stride: usize,
     weights: Range<usize>,
     acts: &[&[Q8Block]],
-    out: &mut dyn FnMut(usize, usize, f32),
+    out: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     let kb = acts[0].len();
     let packed = pack(acts, kb, C::MIN);
@@ -166,15 +238,17 @@ unsafe fn gemm<C: Codec>(
         d: vec![0.0; kb * LANES],
         m: vec![0.0; if C::MIN { kb * LANES } else { 0 }],
     };
-    // Tiles 0 and 1: results; 2 and 3: weights (16 rows of 32 bytes); 4 and 5: activations
+    // Tiles 0 to 3: results; 4 and 5: weights (16 rows of 32 bytes); 6 and 7: activations
     // (8 rows of 64 bytes).
     let cfg = TileConfig::new()
         .tile(0, LANES, 64)
         .tile(1, LANES, 64)
-        .tile(2, LANES, 32)
-        .tile(3, LANES, 32)
-        .tile(4, 8, 64)
-        .tile(5, 8, 64);
+        .tile(2, LANES, 64)
+        .tile(3, LANES, 64)
+        .tile(4, LANES, 32)
+        .tile(5, LANES, 32)
+        .tile(6, 8, 64)
+        .tile(7, 8, 64);
     cfg.load(amx);
     let offset = _mm256_set1_epi8(C::OFFSET as u8 as i8);
     for first in weights.clone().step_by(LANES) {
@@ -200,13 +274,12 @@ unsafe fn gemm<C: Codec>(
             }
         }
         for (g, rows) in acts.chunks(LANES).enumerate() {
-            let acc = group::<C>(&panel, &packed, g, kb);
+            // Lanes of `acc[i]`: activation rows; of `cols[j]`: weight rows.
+            let cols = transpose(group::<C>(&panel, &packed, g, kb));
             let mut lanes = [0f32; LANES];
-            for (i, acc) in acc.iter().enumerate().take(n) {
-                _mm512_storeu_ps(lanes.as_mut_ptr(), *acc);
-                for (j, &y) in lanes.iter().enumerate().take(rows.len()) {
-                    out(g * LANES + j, first + i, y);
-                }
+            for (j, col) in cols.iter().enumerate().take(rows.len()) {
+                _mm512_storeu_ps(lanes.as_mut_ptr(), *col);
+                out(g * LANES + j, first, &lanes[..n]);
             }
         }
     }
@@ -221,42 +294,38 @@ unsafe fn gemm<C: Codec>(
 #[inline(always)]
 unsafe fn group<C: Codec>(panel: &Panel, packed: &Packed, g: usize, kb: usize) -> [__m512; LANES] {
     let mut acc = [_mm512_setzero_ps(); LANES];
-    let mut c0 = [0i32; LANES * LANES];
-    let mut c1 = [0i32; LANES * LANES];
+    let mut c = [[0i32; LANES * LANES]; 2];
     let a = |b: usize| panel.lines.as_ptr().cast::<u8>().add(b * BLOCK_BYTES);
     let bt = |b: usize| packed.lines.as_ptr().add((g * kb + b) * 8).cast::<u8>();
     let (sa, sb) = (32usize, 64usize);
-    load!("2", a(0), sa);
-    load!("4", bt(0), sb);
-    zero!("0");
-    dot!("tdpbssd", "0", "2", "4");
+    // Step `b`: start block `b`'s multiply in result tile `b % 4` (its operands in tiles
+    // 4 + b % 2 and 6 + b % 2), store block `b - 2`'s sums from tile `(b + 2) % 4` to buffer
+    // `b % 2`, and scale block `b - 3`'s, stored a step earlier. A result tile is reused four
+    // steps on, so neither the multiplies nor the vector loads wait on a tile store just made.
+    macro_rules! step {
+        ($b:expr, $c:literal, $a:literal, $bb:literal, $store:literal, $sbuf:expr, $rbuf:expr) => {{
+            let b: usize = $b;
+            if b < kb {
+                load!($a, a(b), sa);
+                load!($bb, bt(b), sb);
+                zero!($c);
+                dot!("tdpbssd", $c, $a, $bb);
+            }
+            if b >= 2 && b - 2 < kb {
+                store!($store, c[$sbuf].as_mut_ptr(), sb);
+            }
+            if b >= 3 && b - 3 < kb {
+                scale::<C>(&mut acc, &c[$rbuf], panel, packed, g, kb, b - 3);
+            }
+        }};
+    }
     let mut b = 0;
-    loop {
-        // Block b is in tile 0; start block b + 1 in tile 1, then scale block b.
-        if b + 1 < kb {
-            load!("3", a(b + 1), sa);
-            load!("5", bt(b + 1), sb);
-            zero!("1");
-            dot!("tdpbssd", "1", "3", "5");
-        }
-        store!("0", c0.as_mut_ptr(), sb);
-        scale::<C>(&mut acc, &c0, panel, packed, g, kb, b);
-        if b + 1 >= kb {
-            break;
-        }
-        // Block b + 1 is in tile 1; start block b + 2 in tile 0, then scale block b + 1.
-        if b + 2 < kb {
-            load!("2", a(b + 2), sa);
-            load!("4", bt(b + 2), sb);
-            zero!("0");
-            dot!("tdpbssd", "0", "2", "4");
-        }
-        store!("1", c1.as_mut_ptr(), sb);
-        scale::<C>(&mut acc, &c1, panel, packed, g, kb, b + 1);
-        if b + 2 >= kb {
-            break;
-        }
-        b += 2;
+    while b < kb + 3 {
+        step!(b, "0", "4", "6", "2", 0, 1);
+        step!(b + 1, "1", "5", "7", "3", 1, 0);
+        step!(b + 2, "2", "4", "6", "0", 0, 1);
+        step!(b + 3, "3", "5", "7", "1", 1, 0);
+        b += 4;
     }
     acc
 }

@@ -51,7 +51,9 @@ fn check(amx: Amx, ty: GgufType, data: &[u8], n: usize, cols: usize, lo: usize, 
     let act = quantized(&values(m * cols, 700 + m as u64), cols);
     let rows: Vec<&[Q8Block]> = act.chunks(cols / 32).collect();
     let mut got = vec![f32::NAN; m * n];
-    let mut put = |j: usize, r: usize, y: f32| got[j * n + r] = y;
+    let mut put = |j: usize, r0: usize, ys: &[f32]| {
+        got[j * n + r0..j * n + r0 + ys.len()].copy_from_slice(ys);
+    };
     assert!(run(amx, format, data, row_bytes, lo..n, &rows, &mut put));
     for (j, a) in rows.iter().enumerate() {
         for r in 0..n {

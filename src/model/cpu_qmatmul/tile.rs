@@ -206,7 +206,7 @@ impl Task<'_> {
             if self.m >= amx_panel::AMX_MIN_ROWS && amx_panel::enabled(format) {
                 let rows: Vec<&[Q8Block]> = self.acts.clone().map(|i| row(i).q8).collect();
                 let first = self.acts.start;
-                let mut put = |j: usize, r: usize, y: f32| self.out.set(first + j, r, y);
+                let mut put = |j: usize, r0: usize, ys: &[f32]| self.out.set_run(first + j, r0, ys);
                 let (data, stride, weights) = (self.data, self.row_bytes, self.weights.clone());
                 if amx_panel::run(amx, format, data, stride, weights, &rows, &mut put) {
                     return;
@@ -332,6 +332,18 @@ impl<'a> Out<'a> {
         );
         // SAFETY: in bounds (checked), and no other task writes element `at` (see `Send`).
         unsafe { self.ptr.add(at).write(v) }
+    }
+
+    /// Writes outputs `(i, r0..r0 + ys.len())`.
+    #[inline]
+    fn set_run(&self, i: usize, r0: usize, ys: &[f32]) {
+        let at = i * self.n + r0;
+        assert!(
+            r0 + ys.len() <= self.n && at + ys.len() <= self.len,
+            "quantized matmul output out of range"
+        );
+        // SAFETY: in bounds (checked), and no other task writes these elements (see `Send`).
+        unsafe { std::ptr::copy_nonoverlapping(ys.as_ptr(), self.ptr.add(at), ys.len()) }
     }
 }
 
