@@ -21,7 +21,7 @@
 //! ([`super::avx512::Avx512::row_wins`]) the prompt's and the decode's results differ by
 //! float summation order only.
 //!
-//! On AMX CPUs (`Kernel::Auto`) a call of at least [`kquants::amx_tile::MIN_ROWS`] rows of
+//! On AMX CPUs (`Kernel::Auto`) a call of at least [`kquants::amx_tile::min_rows`] rows of
 //! Q4_K, Q5_K or Q6_K runs each task through [`kquants::amx_tile`] (int8 tile multiplies of
 //! sixteen decoded weight rows by sixteen activation rows), equal bit for bit to the one-row
 //! k-quant dot, so prompts and decode agree exactly.
@@ -240,7 +240,7 @@ impl Task<'_> {
         #[cfg(target_arch = "x86_64")]
         if let (Tiling::Tiled, Some(amx), Format::K(f)) = (tiling, self.dot.amx, self.dot.format) {
             // k-quant prompts on AMX (equal bit for bit to the one-row kernels).
-            if self.m >= kquants::amx_tile::MIN_ROWS && kquants::amx_tile::supports(f) {
+            if self.m >= kquants::amx_tile::min_rows(f) && kquants::amx_tile::supports(f) {
                 let rows: Vec<_> = self.acts.clone().map(|i| row(i).q8k).collect();
                 let first = self.acts.start;
                 let mut put = |i: usize, r0: usize, ys: &[f32]| {

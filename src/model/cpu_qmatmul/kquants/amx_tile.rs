@@ -19,8 +19,9 @@
 //!   four `A` matrices with `tdpbssd` give `sumi - 32 offset = C0 + 4 C1 + 16 C2 + 64 C3`.
 //!
 //! A task packs its activation rows into `B` tiles once ([`pack_group`], a 16 x 16 dword
-//! transpose per 64 elements), then for each panel and super-block decodes the panel's rows
-//! once (row major, as stored: no transpose) and runs every group over them. The float sums
+//! transpose per 64 elements), then for each panel decodes its rows once, eight super-blocks
+//! at a time and a row at a time (row major, as stored: no transpose; sequential reads the
+//! hardware prefetchers follow), and runs every group over each decoded super-block. The float sums
 //! stay in a per-group 16 x 16 block (weight rows x activation lanes) for the whole row, and
 //! the two sets of `C` tiles of Q4_K / Q5_K alternate so one group's tile multiplies overlap
 //! the previous group's float work.
@@ -43,9 +44,16 @@ const STEPS: usize = 4;
 /// Super-blocks of a panel decoded at a time.
 const SPAN: usize = 8;
 
-/// Calls of at least this many activation rows take this kernel where the CPU has AMX (one
-/// call never mixes kernels).
-pub const MIN_ROWS: usize = 16;
+/// Calls of at least this many activation rows of `format` take this kernel where the CPU has
+/// AMX (one call never mixes kernels). Measured against the AVX-512 eight-row tiles (2
+/// threads, 4096 x 4096): Q4_K and Q5_K gain from 16 rows (one group) on, Q6_K, whose decode
+/// makes four `A` matrices, is even at 16 and ahead at 32.
+pub fn min_rows(format: KFormat) -> usize {
+    match format {
+        KFormat::Q6K => 32,
+        _ => 16,
+    }
+}
 
 /// One tile's bytes (16 rows of 64), aligned to a cache line.
 #[derive(Clone, Copy)]

@@ -10,7 +10,7 @@ use super::super::super::amx::Amx;
 use super::super::activation::{quantize_row_k, Q8KBlock, QK_K};
 use super::super::tile::Path;
 use super::super::{scalar, KFormat};
-use super::{run, supports, MIN_ROWS};
+use super::{min_rows, run, supports};
 use crate::model::cpu_qmatmul::tile::Tiling;
 use crate::model::cpu_qmatmul::{test_support, Blocks, CpuQMatMul, Kernel};
 use crate::model::header::GgufType;
@@ -149,7 +149,8 @@ fn the_tiled_matmul_on_amx_equals_the_scalar_per_row_one_bit_for_bit() {
                 raw_matrix(format, ty, n, k, 5),
                 raw_matrix(format, ty, 7, k, 6),
             ];
-            for m in [MIN_ROWS - 1, MIN_ROWS, 17, 40, 64, 67, 130] {
+            let min = min_rows(format);
+            for m in [15, 16, 17, min - 1, min, 40, 64, 67, 130] {
                 let x = test_support::drift_values(m * k, 300 + m as u64, 7);
                 let want = bits(test_support::outputs(
                     &mats,
