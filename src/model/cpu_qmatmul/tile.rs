@@ -151,7 +151,13 @@ pub fn run(
             .max(4);
         let out = Out::new(out, mm.rows);
         let dot = Dot::new(mm.format, kernel);
-        for first in (0..m).step_by(ACT_ROWS) {
+        // The AMX GEMM takes longer activation runs (its weight decoding is per task).
+        #[cfg(target_arch = "x86_64")]
+        let act_rows = amx_panel::task_rows(dot.amx.is_some(), dot.format, m, kb);
+        #[cfg(not(target_arch = "x86_64"))]
+        let act_rows = None;
+        let act_rows = act_rows.unwrap_or(ACT_ROWS);
+        for first in (0..m).step_by(act_rows) {
             for w0 in (0..mm.rows).step_by(per_task) {
                 tasks.push(Task {
                     gemm: m >= GEMM_MIN_ROWS,
@@ -160,7 +166,7 @@ pub fn run(
                     row_bytes,
                     dot,
                     weights: w0..(w0 + per_task).min(mm.rows),
-                    acts: first..(first + ACT_ROWS).min(m),
+                    acts: first..(first + act_rows).min(m),
                     out,
                 });
             }
