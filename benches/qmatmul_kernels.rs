@@ -5,8 +5,6 @@
 //!
 //! Usage: `cargo bench --bench qmatmul_kernels -- [OPTIONS]` (`-- --help` lists them). Both
 //! sides run on `--threads` threads (rayon's pool and candle's, via `RAYON_NUM_THREADS`).
-//! With `--prompt-rows 16,64,512` it prints instead ferry's prompt kernels against each other
-//! (auto, i.e. AMX where the CPU has it, then avx512 and avx2) in GMAC/s at those row counts.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -42,10 +40,13 @@ struct Options {
     /// AMX is present), avx2 (the AVX2 path even where AVX-512 is present) or scalar.
     #[arg(long, default_value = "auto")]
     kernel: String,
-    /// Instead of the tables against candle: ferry's auto, avx512 and avx2 kernels at these
-    /// activation row counts, in one run.
+    /// Instead of the tables against candle: ferry's kernels named here (e.g.
+    /// `auto,avx512,avx2`) side by side on each type, at the `--ms` row counts, in one run.
     #[arg(long, value_delimiter = ',')]
-    prompt_rows: Vec<usize>,
+    kernels: Vec<String>,
+    /// Activation rows of the `--kernels` table.
+    #[arg(long, value_delimiter = ',', default_value = "16,64,512")]
+    ms: Vec<usize>,
     /// Block types to run (default: all with a ferry kernel).
     #[arg(long, value_delimiter = ',')]
     types: Vec<String>,
@@ -129,12 +130,11 @@ fn rates(
     Ok((best[0], best[1]))
 }
 
-/// [`rates`] of any number of implementations, alternating windows over all of them.
-fn rates_of(
-    count: usize,
-    seconds: f64,
-    calls: &mut [&mut dyn FnMut(usize) -> Result<(), String>],
-) -> Result<Vec<f64>, String> {
+/// One implementation's call on weight `i` (of those cycled through).
+type Call<'a> = dyn FnMut(usize) -> Result<(), String> + 'a;
+
+/// [`rates`] for any number of implementations (windows taken in turn).
+fn rates_of(count: usize, seconds: f64, calls: &mut [&mut Call<'_>]) -> Result<Vec<f64>, String> {
     const ROUNDS: usize = 5;
     for call in calls.iter_mut() {
         call(0)?;
@@ -162,54 +162,94 @@ fn rates_of(
     Ok(best)
 }
 
-/// The `--prompt-rows` table: per type and row count, ferry's auto, avx512 and avx2 kernels
-/// in GMAC/s (activation rows x weight rows x columns per second), in one run.
-fn prompt_table(options: &Options) -> Result<(), String> {
+/// The kernel choice called `name` on the command line.
+fn kernel_named(name: &str) -> Result<Kernel, String> {
+    match name {
+        "auto" => Ok(Kernel::Auto),
+        "avx512" => Ok(Kernel::Avx512),
+        "avx2" => Ok(Kernel::Avx2),
+        "scalar" => Ok(Kernel::Scalar),
+        other => Err(format!("kernel {other}: auto, avx512, avx2 or scalar")),
+    }
+}
+
+/// The `--kernels` table: weight GB/s of each named kernel of ferry's, per type (those of
+/// [`TYPES`] and [`FERRY_ONLY`]) and `--ms` row count, and each kernel's ratio to the first.
+fn kernel_table(options: &Options) -> Result<(), String> {
+    let kernels = options
+        .kernels
+        .iter()
+        .map(|k| kernel_named(k))
+        .collect::<Result<Vec<_>, _>>()?;
     let (rows, cols) = (options.rows, options.cols);
-    let wanted = |name: &str| options.types.is_empty() || options.types.iter().any(|t| t == name);
+    println!("ferry kernels: {kernels:?}");
+    println!();
+    let names: Vec<String> = options
+        .kernels
+        .iter()
+        .map(|k| format!("{k} GB/s"))
+        .collect();
+    let ratios: Vec<String> = options.kernels[1..]
+        .iter()
+        .map(|k| format!("{} / {k}", options.kernels[0]))
+        .collect();
     println!(
-        "| type | m | auto GMAC/s | avx512 GMAC/s | avx2 GMAC/s | auto / avx512 | auto / avx2 |"
+        "| type | m | {} | {} |",
+        names.join(" | "),
+        ratios.join(" | ")
     );
-    println!("|---|---|---|---|---|---|---|");
-    let mut mats: Vec<(&str, Vec<CpuQMatMul>)> = Vec::new();
+    println!("|---|---|{}", "---|".repeat(kernels.len() + ratios.len()));
+    let wanted = |name: &str| options.types.is_empty() || options.types.iter().any(|t| t == name);
+    let mut mats: Vec<(&str, usize, Vec<CpuQMatMul>)> = Vec::new();
     for &(name, dtype, bytes, elems, scales) in TYPES.iter().filter(|t| wanted(t.0)) {
-        let ws = (1..=2)
-            .map(|i| weight(dtype, (bytes, elems, scales), (rows, cols), i))
-            .map(|w| w.and_then(|w| CpuQMatMul::new(w).map_err(|e| e.to_string())))
+        let weights = (0..2)
+            .map(|i| {
+                let w = weight(dtype, (bytes, elems, scales), (rows, cols), i + 1)?;
+                CpuQMatMul::new(w).map_err(|e| e.to_string())
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        mats.push((name, ws));
+        mats.push((name, rows * cols / elems * bytes, weights));
     }
+    // And the types only ferry computes.
     for &(name, ty, bytes, elems, at) in FERRY_ONLY.iter().filter(|t| wanted(t.0)) {
-        let ws = (1..=2)
-            .map(|i| ferry_only_weight((ty, bytes, elems, at), (rows, cols), i))
+        let weights = (0..2)
+            .map(|i| ferry_only_weight((ty, bytes, elems, at), (rows, cols), i + 1))
             .collect::<Result<Vec<_>, _>>()?;
-        mats.push((name, ws));
+        mats.push((name, rows * cols / elems * bytes, weights));
     }
-    for (name, ws) in &mats {
-        for &m in &options.prompt_rows {
+    for (name, matrix_bytes, weights) in &mats {
+        let (name, matrix_bytes) = (*name, *matrix_bytes);
+        for &m in &options.ms {
             let x: Vec<f32> = (0..m * cols)
                 .map(|i| ((i * 7919) % 1999) as f32 / 1000.0 - 1.0)
                 .collect();
-            let with = |kernel: Kernel| {
-                let (ws, x) = (&ws, &x);
-                let mut out = vec![0f32; m * rows];
-                move |i: usize| {
-                    ws[i]
-                        .matmul_f32(x, m, &mut out, kernel)
-                        .map_err(|e| e.to_string())
-                }
-            };
-            let (mut a, mut b, mut c) =
-                (with(Kernel::Auto), with(Kernel::Avx512), with(Kernel::Avx2));
-            let r = rates_of(ws.len(), options.seconds, &mut [&mut a, &mut b, &mut c])?;
-            let gmac = |rate: f64| rate * (m * rows * cols) as f64 / 1e9;
+            let mut outs = vec![vec![0f32; m * rows]; kernels.len()];
+            let mut calls: Vec<Box<Call<'_>>> = outs
+                .iter_mut()
+                .zip(&kernels)
+                .map(|(out, &kernel)| {
+                    let (weights, x) = (&weights, &x);
+                    Box::new(move |i: usize| {
+                        weights[i]
+                            .matmul_f32(x, m, out, kernel)
+                            .map_err(|e| e.to_string())
+                    }) as Box<Call<'_>>
+                })
+                .collect();
+            let mut refs: Vec<&mut Call<'_>> = calls.iter_mut().map(|c| &mut **c as _).collect();
+            let best = rates_of(2, options.seconds, &mut refs)?;
+            let gbs: Vec<String> = best
+                .iter()
+                .map(|r| format!("{:.2}", r * matrix_bytes as f64 / 1e9))
+                .collect();
+            let ratio: Vec<String> = best[1..]
+                .iter()
+                .map(|r| format!("{:.2}", best[0] / r))
+                .collect();
             println!(
-                "| {name} | {m} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} |",
-                gmac(r[0]),
-                gmac(r[1]),
-                gmac(r[2]),
-                r[0] / r[1],
-                r[0] / r[2]
+                "| {name} | {m} | {} | {} |",
+                gbs.join(" | "),
+                ratio.join(" | ")
             );
         }
     }
@@ -236,13 +276,7 @@ fn cpu_name() -> String {
 
 fn main() -> Result<(), String> {
     let options = Options::parse();
-    let kernel = match options.kernel.as_str() {
-        "auto" => Kernel::Auto,
-        "avx512" => Kernel::Avx512,
-        "avx2" => Kernel::Avx2,
-        "scalar" => Kernel::Scalar,
-        other => return Err(format!("--kernel {other}: auto, avx512, avx2 or scalar")),
-    };
+    let kernel = kernel_named(&options.kernel)?;
     // Both pools size themselves from this on first use, which is below.
     std::env::set_var("RAYON_NUM_THREADS", options.threads.to_string());
     let (rows, cols) = (options.rows, options.cols);
@@ -254,9 +288,8 @@ fn main() -> Result<(), String> {
         "weights {rows} x {cols}, {} threads, {} MiB working set at m = 1, {} s per cell",
         options.threads, options.working_set_mib, options.seconds
     );
-    if !options.prompt_rows.is_empty() {
-        println!();
-        return prompt_table(&options);
+    if !options.kernels.is_empty() {
+        return kernel_table(&options);
     }
     println!("ferry kernel: {kernel:?}");
     println!();

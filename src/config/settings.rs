@@ -404,9 +404,9 @@ pub static SETTINGS: &[Setting] = &[
         key: "kv_dtype",
         value_name: "DTYPE",
         default: Some("auto"),
-        default_note: "`auto`: f16 on CUDA (bf16 for bf16 weights), the compute dtype on the CPU (f32 for GGUF)",
+        default_note: "`auto`: f16 (bf16 for bf16 weights), on the CPU as on CUDA",
         example: "bf16",
-        help: "KV cache dtype: auto, f32, f16 or bf16 (f16 and bf16 halve the KV cache's bytes).",
+        help: "KV cache dtype: auto, f32, f16 or bf16 (f16 and bf16 halve the KV cache's bytes; f32 for the last bit of accuracy).",
         field: field!(Model, KvDtype, kv_dtype),
     },
     Setting {

@@ -110,7 +110,7 @@ pub struct ModelConfig {
     pub max_context: Option<usize>,
     /// Sequences decoded together; unset = 8, lowered to fit the budget (`offload::fit`).
     pub max_batch: Option<usize>,
-    /// KV cache dtype; `Auto` = the device's default (`model::kv_cache::kv_dtype_for`).
+    /// KV cache dtype; `Auto`: f16, bf16 for bf16 activations (`model::kv_cache::kv_dtype_for`).
     pub kv_dtype: DtypeChoice,
     /// Most prompt tokens one sequence feeds per engine step.
     pub prefill_chunk: usize,

@@ -21,25 +21,21 @@ use candle_core::{DType, Device, Tensor};
 use super::error::{ModelError, Result};
 use crate::config::DtypeChoice;
 
-/// The KV cache's dtype for the setting `choice` on `device`, with activations in `compute`: a set
-/// dtype as it is; `auto` f16 on CUDA (bf16 when the activations are bf16, whose range f16
-/// lacks), and on the CPU the compute dtype (f32 for GGUF): candle's CPU matmul has no bf16, and
-/// its f16 one is slower than f32 at decode (docs/BENCHMARKS.md), so the CPU keeps today's path
-/// unless `kv_dtype` asks for half the bytes.
-pub fn kv_dtype_for(choice: DtypeChoice, device: &Device, compute: DType) -> DType {
-    kv_dtype_on(choice, device.is_cpu(), compute)
-}
-
-fn kv_dtype_on(choice: DtypeChoice, cpu: bool, compute: DType) -> DType {
+/// The KV cache's dtype for the setting `choice` with activations in `compute`: a set dtype as
+/// it is; `auto` f16 (half the bytes of f32, and llama.cpp's default), or bf16 when the
+/// activations are bf16, whose range f16 lacks. The same on every device: CUDA multiplies in
+/// the cache's dtype, and the CPU's attention (`decoder::flash_cpu`) widens f16 / bf16 keys and
+/// values in registers, so long-context decode, bound by reading the cache, gains about 1.5x
+/// over an f32 cache (docs/BENCHMARKS.md, "KV cache dtype on the CPU").
+pub fn kv_dtype_for(choice: DtypeChoice, compute: DType) -> DType {
     match choice {
         DtypeChoice::F32 => DType::F32,
         DtypeChoice::F16 => DType::F16,
         DtypeChoice::BF16 => DType::BF16,
-        DtypeChoice::Auto if cpu => compute,
         DtypeChoice::Auto if compute == DType::BF16 => DType::BF16,
         DtypeChoice::Auto => DType::F16,
         // A weight quantization type says nothing of the cache (the kv_dtype setting refuses one).
-        DtypeChoice::Quantize(_) => kv_dtype_on(DtypeChoice::Auto, cpu, compute),
+        DtypeChoice::Quantize(_) => kv_dtype_for(DtypeChoice::Auto, compute),
     }
 }
 
@@ -483,19 +479,19 @@ mod tests {
     }
 
     #[test]
-    fn the_kv_dtype_defaults_by_device_and_a_set_one_is_kept() {
+    fn the_kv_dtype_defaults_to_half_precision_and_a_set_one_is_kept() {
         use DtypeChoice::*;
-        assert_eq!(kv_dtype_on(Auto, true, DType::F32), DType::F32);
-        assert_eq!(kv_dtype_on(Auto, true, DType::F16), DType::F16);
-        assert_eq!(kv_dtype_on(Auto, false, DType::F32), DType::F16);
-        assert_eq!(kv_dtype_on(Auto, false, DType::F16), DType::F16);
-        assert_eq!(kv_dtype_on(Auto, false, DType::BF16), DType::BF16);
-        for cpu in [true, false] {
-            assert_eq!(kv_dtype_on(F32, cpu, DType::BF16), DType::F32);
-            assert_eq!(kv_dtype_on(F16, cpu, DType::F32), DType::F16);
-            assert_eq!(kv_dtype_on(BF16, cpu, DType::F32), DType::BF16);
+        // auto: f16 for f32 (GGUF, on the CPU as on CUDA) and f16 activations, bf16 for bf16.
+        assert_eq!(kv_dtype_for(Auto, DType::F32), DType::F16);
+        assert_eq!(kv_dtype_for(Auto, DType::F16), DType::F16);
+        assert_eq!(kv_dtype_for(Auto, DType::BF16), DType::BF16);
+        let q8 = Quantize(crate::config::QuantType::Q8_0);
+        assert_eq!(kv_dtype_for(q8, DType::F32), DType::F16);
+        for compute in [DType::F32, DType::F16, DType::BF16] {
+            assert_eq!(kv_dtype_for(F32, compute), DType::F32);
+            assert_eq!(kv_dtype_for(F16, compute), DType::F16);
+            assert_eq!(kv_dtype_for(BF16, compute), DType::BF16);
         }
-        assert_eq!(kv_dtype_for(Auto, &Device::Cpu, DType::F32), DType::F32);
     }
 
     #[test]

@@ -76,7 +76,7 @@ pub fn plan_checkpoint(
     let spec = checkpoint.spec();
     let budget = resolve_budget(model.offload.gpu_memory, free_bytes)?;
     // Activations use the compute dtype (f32 for quantized weights); the KV cache its own.
-    let kv_dtype = kv_dtype_for(model.kv_dtype, device, holding.compute());
+    let kv_dtype = kv_dtype_for(model.kv_dtype, holding.compute());
     let kv_per_token = kv_bytes_per_token_per_layer(
         spec.n_kv_heads,
         spec.head_dim,

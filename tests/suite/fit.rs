@@ -24,7 +24,7 @@ use crate::real_model::{self, model_path};
 use crate::tiny::Tiny;
 
 const MIB: u64 = 1 << 20;
-/// The tiny model's declared window: a million tokens (6 GiB of f32 KV cache at batch 8).
+/// The tiny model's declared window: a million tokens (3 GiB of f16 KV cache at batch 8).
 const LONG: usize = 1 << 20;
 
 fn hub() -> HubOptions {
@@ -76,7 +76,7 @@ fn a_long_context_model_is_planned_with_a_fitted_context() {
     assert_eq!(context % 256, 0);
     assert_eq!(plan["model_context"], LONG);
     assert_eq!(plan["max_batch"], 8, "the context shrinks before the batch");
-    assert_eq!(plan["kv_dtype"], "f32");
+    assert_eq!(plan["kv_dtype"], "f16", "the default, on the CPU too");
     assert_eq!(
         plan["origin"],
         serde_json::json!({"max_context": "fitted", "max_batch": "default", "kv_dtype": "default"})
@@ -100,7 +100,7 @@ fn a_long_context_model_is_planned_with_a_fitted_context() {
         line.contains(&format!(
             "`max_context` {context} (the model's {LONG}, lowered)"
         )) && line.contains("`max_batch` 8 (the default)")
-            && line.contains("of KV cache (f32)"),
+            && line.contains("of KV cache (f16)"),
         "{line}"
     );
 
@@ -109,7 +109,7 @@ fn a_long_context_model_is_planned_with_a_fitted_context() {
     assert!(ok, "{stderr}");
     assert!(
         text.contains(&format!(
-            "cache   max_context {context} (fitted; the model's {LONG}), max_batch 8 (default), kv_dtype f32 (default)"
+            "cache   max_context {context} (fitted; the model's {LONG}), max_batch 8 (default), kv_dtype f16 (default)"
         )),
         "{text}"
     );
@@ -125,7 +125,7 @@ fn an_oversized_max_context_is_refused_with_its_cost_and_what_fits() {
         stderr.contains(&format!("`max_context` {LONG} (set) with `max_batch` 1")),
         "{stderr}"
     );
-    assert!(stderr.contains("of KV cache (f32) and"), "{stderr}");
+    assert!(stderr.contains("of KV cache (f16) and"), "{stderr}");
     let marker = "the largest that fit: `max_context` ";
     let at = stderr.find(marker).unwrap_or_else(|| panic!("{stderr}")) + marker.len();
     let largest: usize = stderr[at..]
@@ -174,9 +174,9 @@ impl Write for Captured {
 
 #[test]
 fn the_real_model_loads_with_a_fitted_context_within_its_budget() {
-    // SmolLM2 (8192 tokens) with 8 sequences in f32 needs 2.8 GiB of KV cache and workspace;
-    // 2 GiB leaves room for about 5000 tokens next to the weights.
-    let budget = 2048 * MIB;
+    // SmolLM2 (8192 tokens) with 8 sequences and the default f16 cache needs 1.8 GiB of KV cache
+    // and workspace; 1.5 GiB leaves room for about 6000 tokens next to the weights.
+    let budget = 1536 * MIB;
     let mut config = real_model::model_config(DtypeChoice::Auto);
     config.max_context = None;
     config.max_batch = None;
@@ -264,7 +264,8 @@ fn f16_and_bf16_caches_halve_the_bytes_and_keep_greedy_decoding_close() {
         dtype: DtypeChoice::Auto,
     };
     let loaded = load_model(&files, &options, &mut |_| {}).expect("loads");
-    assert_eq!(loaded.model.kv_dtype(), DType::F32, "the CPU default");
+    // (The model API's own default; the runtime sets the plan's, f16 unless `kv_dtype` is set.)
+    assert_eq!(loaded.model.kv_dtype(), DType::F32, "the activation dtype");
     drop(loaded);
     let (again, again_logits, _) = greedy(DType::F32, steps, None);
     assert_eq!((&again, &again_logits), (&reference, &f32_logits));
@@ -306,14 +307,18 @@ fn the_plan_counts_the_kv_cache_in_its_dtype() {
             plan_model(&config, &DeviceConfig::default(), &Device::Cpu, &hub(), 0).expect("plans");
         (plan.kv_bytes, plan.kv_dtype, plan.origins.kv_dtype)
     };
-    let (f32_bytes, dtype, origin) = kv(DtypeChoice::Auto);
-    assert_eq!((dtype, origin), (DType::F32, Origin::Default));
-    // 2048 tokens x 4 sequences x 30 layers x 2 x 3 heads x 64 x 4 bytes.
-    assert_eq!(f32_bytes, 2048 * 4 * 30 * 2 * 3 * 64 * 4);
+    let (f16_bytes, dtype, origin) = kv(DtypeChoice::Auto);
+    assert_eq!((dtype, origin), (DType::F16, Origin::Default));
+    // 2048 tokens x 4 sequences x 30 layers x 2 x 3 heads x 64 x 2 bytes.
+    assert_eq!(f16_bytes, 2048 * 4 * 30 * 2 * 3 * 64 * 2);
+    assert_eq!(
+        kv(DtypeChoice::F32),
+        (f16_bytes * 2, DType::F32, Origin::Set)
+    );
     for (choice, dtype) in [
         (DtypeChoice::F16, DType::F16),
         (DtypeChoice::BF16, DType::BF16),
     ] {
-        assert_eq!(kv(choice), (f32_bytes / 2, dtype, Origin::Set));
+        assert_eq!(kv(choice), (f16_bytes, dtype, Origin::Set));
     }
 }

@@ -64,6 +64,8 @@ fn config(file: &str) -> ModelConfig {
         dtype: DtypeChoice::Auto,
         max_context: Some(64),
         max_batch: Some(1),
+        // Like with like: the fixture's llama.cpp logits were made with an f32 KV cache.
+        kv_dtype: DtypeChoice::F32,
         offload: OffloadConfig {
             mode: OffloadMode::None,
             gpu_memory: MemoryBudget::Bytes(1 << 30),

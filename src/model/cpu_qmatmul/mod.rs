@@ -7,6 +7,7 @@
 //! [`kquants::scalar`], or their AVX2 twins when the CPU has it), several activation rows per
 //! weight row at once for prompts ([`tile`]; on AVX-512 VNNI CPUs a GEMM kernel,
 //! [`avx512_panel`]), and output rows are split across rayon's pool (`RAYON_NUM_THREADS`).
+//! On AMX CPUs the k-quants' prompts take int8 tile multiplies ([`kquants::amx_tile`]).
 //!
 //! It exists because candle 0.11.1 runs Q4_1 (the default model's format), Q5_0 and Q5_1
 //! through scalar code; its runtime-detected AVX2 kernels (Q4_0, Q8_0, the k-quants) are set
@@ -145,11 +146,12 @@ struct Dot {
     /// kernel says which formats it takes.
     #[cfg(target_arch = "x86_64")]
     amx: Option<amx::Amx>,
+    /// The kernel choice (the k-quant tiles follow it: `kquants::tile::Path::detect`).
+    kernel: Kernel,
 }
 
 impl Dot {
     fn new(format: Format, kernel: Kernel) -> Self {
-        let _ = kernel;
         Dot {
             format,
             #[cfg(target_arch = "x86_64")]
@@ -169,6 +171,7 @@ impl Dot {
                 Kernel::Auto => amx::Amx::detect(),
                 _ => None,
             },
+            kernel,
         }
     }
 

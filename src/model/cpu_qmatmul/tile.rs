@@ -20,6 +20,11 @@
 //! one-row kernel bit for bit; where the row-at-a-time products keep the AVX2 kernel
 //! ([`super::avx512::Avx512::row_wins`]) the prompt's and the decode's results differ by
 //! float summation order only.
+//!
+//! On AMX CPUs (`Kernel::Auto`) a call of at least [`kquants::amx_tile::MIN_ROWS`] rows of
+//! Q4_K, Q5_K or Q6_K runs each task through [`kquants::amx_tile`] (int8 tile multiplies of
+//! sixteen decoded weight rows by sixteen activation rows), equal bit for bit to the one-row
+//! k-quant dot, so prompts and decode agree exactly.
 
 use std::ops::Range;
 
@@ -96,7 +101,7 @@ pub(super) fn rows4_k(dot: &Dot, w: &[u8], a: kquants::tile::Rows4K<'_>) -> Opti
     };
     #[cfg(target_arch = "x86_64")]
     if dot.avx2.is_some() {
-        return kquants::tile::rows4(kquants::tile::Path::detect()?, f, w, a);
+        return kquants::tile::rows4(kquants::tile::Path::detect(dot.kernel)?, f, w, a);
     }
     let _ = (f, w, a);
     None
@@ -111,7 +116,7 @@ fn rows8_k(dot: &Dot) -> Option<(kquants::tile::Path, kquants::KFormat)> {
     };
     #[cfg(target_arch = "x86_64")]
     if dot.avx2.is_some() {
-        let path = kquants::tile::Path::detect()?;
+        let path = kquants::tile::Path::detect(dot.kernel)?;
         return kquants::tile::has_rows8(path, f).then_some((path, f));
     }
     let _ = f;
@@ -185,7 +190,7 @@ pub fn run(
 struct Task<'a> {
     /// Whether the call is long enough for the GEMM kernel ([`GEMM_MIN_ROWS`]).
     gemm: bool,
-    /// The call's activation rows (the AMX kernels' threshold is on it).
+    /// The call's activation rows (the AMX kernels' thresholds are on it).
     m: usize,
     data: &'a [u8],
     row_bytes: usize,
@@ -236,6 +241,23 @@ impl Task<'_> {
                 &mut put,
             ) {
                 return;
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let (Tiling::Tiled, Some(amx), Format::K(f)) = (tiling, self.dot.amx, self.dot.format) {
+            // k-quant prompts on AMX (equal bit for bit to the one-row kernels).
+            if self.m >= kquants::amx_tile::MIN_ROWS && kquants::amx_tile::supports(f) {
+                let rows: Vec<_> = self.acts.clone().map(|i| row(i).q8k).collect();
+                let first = self.acts.start;
+                let mut put = |i: usize, r0: usize, ys: &[f32]| {
+                    for (r, &y) in (r0..).zip(ys) {
+                        self.out.set(first + i, r, y);
+                    }
+                };
+                let (data, stride, weights) = (self.data, self.row_bytes, self.weights.clone());
+                if kquants::amx_tile::run(amx, f, data, stride, weights, &rows, &mut put) {
+                    return;
+                }
             }
         }
         if let (Tiling::Tiled, Some((path, f))) = (tiling, rows8_k(&self.dot)) {

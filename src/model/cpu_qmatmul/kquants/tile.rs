@@ -3,16 +3,17 @@
 //! AVX-512, [`rows8`]), each weight super-block (its quants and its scales) unpacked once for
 //! all of them.
 //!
-//! Three implementations, picked at run time by [`Path::detect`]: AVX-512 (BW + VNNI, zmm:
-//! [`super::avx512_tile`]), AVX2 with AVX-VNNI's `vpdpwssd` and plain AVX2
+//! Three implementations, picked at run time by [`Path::detect`] after the caller's [`Kernel`]
+//! choice: AVX-512 (BW + VNNI, zmm: [`super::avx512_tile`]), AVX2 with AVX-VNNI's `vpdpwssd` and plain AVX2
 //! ([`super::avx2_tile`]); without AVX2 the tile falls back to four one-row scalar dots
 //! ([`super::scalar`], the reference). Every path reduces each block to the same two exact
 //! integers per activation row as the one-row kernels and combines them with the same f32
 //! operations in the same order ([`super::block_value`]), so the tiled results are bit for
-//! bit the one-row ones.
+//! bit the one-row ones. Prompts on AMX CPUs take [`super::amx_tile`] instead (equal too).
 
 use super::activation::Q8KBlock;
 use super::KFormat;
+use crate::model::cpu_qmatmul::Kernel;
 
 /// Four activation rows of the same number of super-blocks.
 pub type Rows4K<'a> = [&'a [Q8KBlock]; 4];
@@ -29,10 +30,23 @@ pub enum Path {
 }
 
 impl Path {
-    /// The fastest path this CPU runs (read once), `None` without AVX2.
-    pub fn detect() -> Option<Path> {
-        static PATH: std::sync::OnceLock<Option<Path>> = std::sync::OnceLock::new();
-        *PATH.get_or_init(|| Path::all().into_iter().find(|p| p.available()))
+    /// The fastest path this CPU runs that `kernel` allows (read once per choice): the
+    /// AVX-512 tiles for [`Kernel::Auto`] and [`Kernel::Avx512`], AVX-VNNI or AVX2 for
+    /// [`Kernel::Avx2`], `None` for [`Kernel::Scalar`] and without AVX2.
+    pub fn detect(kernel: Kernel) -> Option<Path> {
+        use std::sync::OnceLock;
+        static FASTEST: OnceLock<Option<Path>> = OnceLock::new();
+        static AVX2: OnceLock<Option<Path>> = OnceLock::new();
+        let first = |allowed: fn(Path) -> bool| {
+            Path::all()
+                .into_iter()
+                .find(|&p| allowed(p) && p.available())
+        };
+        match kernel {
+            Kernel::Auto | Kernel::Avx512 => *FASTEST.get_or_init(|| first(|_| true)),
+            Kernel::Avx2 => *AVX2.get_or_init(|| first(|p| p != Path::Avx512)),
+            Kernel::Scalar => None,
+        }
     }
 
     /// Every path, fastest first.

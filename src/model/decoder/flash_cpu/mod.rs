@@ -59,7 +59,14 @@ impl KvData<'_> {
         match self {
             KvData::F32(s) => dst.copy_from_slice(&s[at..at + n]),
             KvData::F16(s) => s[at..at + n].convert_to_f32_slice(dst),
-            KvData::BF16(s) => s[at..at + n].convert_to_f32_slice(dst),
+            // A bf16 is the top half of an f32: a shift, which vectorizes (half's slice
+            // conversion is an element loop with a NaN branch, and made prefill with a bf16
+            // cache slower than with f32: docs/BENCHMARKS.md).
+            KvData::BF16(s) => {
+                for (d, x) in dst.iter_mut().zip(&s[at..at + n]) {
+                    *d = f32::from_bits(u32::from(x.to_bits()) << 16);
+                }
+            }
         }
     }
 }

@@ -1,0 +1,98 @@
+//! The CPU attention (`flash_cpu::attend`) on its own, per KV cache dtype: one prefill chunk of
+//! query rows at a given position, the same pseudo-random keys and values stored as f32, f16 and
+//! bf16, the dtypes alternating in one process so their ratio holds on a shared machine. Shape
+//! defaults to SmolLM2-135M's (9 query heads, 3 key/value heads, head_dim 64). Prints one line
+//! per call and each dtype's best time.
+//!
+//! Usage: cargo bench --bench flash_attention -- [--seq 512] [--pos 3584] [--rounds 4]
+//! Threads: RAYON_NUM_THREADS.
+
+use std::time::Instant;
+
+use clap::Parser;
+use ferry::model::decoder::flash_cpu::{attend, KvData, KvHeads, Shape};
+use half::{bf16, f16};
+
+/// `cargo bench --bench flash_attention -- [OPTIONS]`.
+#[derive(Parser)]
+struct Options {
+    /// Query rows (the chunk's new tokens).
+    #[arg(long, default_value_t = 512)]
+    seq: usize,
+    /// Position of the first query row (keys before it are already cached).
+    #[arg(long, default_value_t = 3584)]
+    pos: usize,
+    /// Query heads.
+    #[arg(long, default_value_t = 9)]
+    heads: usize,
+    /// Key/value heads.
+    #[arg(long, default_value_t = 3)]
+    kv_heads: usize,
+    /// Width of one head.
+    #[arg(long, default_value_t = 64)]
+    head_dim: usize,
+    /// Rounds, each timing one call per dtype.
+    #[arg(long, default_value_t = 4)]
+    rounds: usize,
+}
+
+/// Deterministic values in [-1, 1) (xorshift).
+fn values(n: usize, mut state: u64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % 2000) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+fn main() -> Result<(), String> {
+    let o = Options::parse();
+    let (d, len) = (o.head_dim, o.pos + o.seq);
+    let q = values(o.heads * o.seq * d, 1);
+    let k32 = values(o.kv_heads * len * d, 2);
+    let v32 = values(o.kv_heads * len * d, 3);
+    let k16: Vec<f16> = k32.iter().map(|&x| f16::from_f32(x)).collect();
+    let v16: Vec<f16> = v32.iter().map(|&x| f16::from_f32(x)).collect();
+    let kb: Vec<bf16> = k32.iter().map(|&x| bf16::from_f32(x)).collect();
+    let vb: Vec<bf16> = v32.iter().map(|&x| bf16::from_f32(x)).collect();
+    let caches = [
+        ("f32", KvData::F32(&k32), KvData::F32(&v32)),
+        ("f16", KvData::F16(&k16), KvData::F16(&v16)),
+        ("bf16", KvData::BF16(&kb), KvData::BF16(&vb)),
+    ];
+    let shape = Shape {
+        n_heads: o.heads,
+        n_kv_heads: o.kv_heads,
+        head_dim: d,
+        seq: o.seq,
+        pos: o.pos,
+        scale: 1.0 / (d as f32).sqrt(),
+        softcap: None,
+        window: None,
+    };
+    let mut out = vec![0f32; q.len()];
+    let mut best = [f64::INFINITY; 3];
+    for round in 0..o.rounds {
+        for (i, &(name, k, v)) in caches.iter().enumerate() {
+            let heads = |data| KvHeads {
+                data,
+                head_stride: len * d,
+            };
+            let started = Instant::now();
+            attend(&q, heads(k), heads(v), &shape, &mut out).map_err(|e| e.to_string())?;
+            let ms = started.elapsed().as_secs_f64() * 1e3;
+            best[i] = best[i].min(ms);
+            println!("round {round} {name}: {ms:.1} ms");
+        }
+    }
+    let pairs = (o.heads * o.seq) as f64 * (o.pos as f64 + (o.seq as f64 + 1.0) / 2.0);
+    for (i, (name, _, _)) in caches.iter().enumerate() {
+        // Two multiply-adds per (query row, visible key, column): scores and weighted values.
+        let gflops = 4.0 * pairs * d as f64 / (best[i] * 1e6);
+        println!("best {name}: {:.1} ms ({gflops:.1} GFLOP/s)", best[i]);
+    }
+    Ok(())
+}
