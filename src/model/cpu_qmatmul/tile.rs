@@ -24,7 +24,13 @@
 //! On AMX CPUs (`Kernel::Auto`) a call of at least [`kquants::amx_tile::MIN_ROWS`] rows of
 //! Q4_K, Q5_K or Q6_K runs each task through [`kquants::amx_tile`] (int8 tile multiplies of
 //! sixteen decoded weight rows by sixteen activation rows), equal bit for bit to the one-row
-//! k-quant dot, so prompts and decode agree exactly.
+//! k-quant dot, so prompts and decode agree exactly. Likewise a call of at least
+//! [`amx_panel::AMX_MIN_ROWS`] rows of Q4_0, Q8_0, IQ4_NL, IQ4_XS or MXFP4 runs each task
+//! through [`amx_panel`] (32-element blocks, `tdpbssd`), equal bit for bit to the AVX-512
+//! one-row kernel; its tasks take up to 256 activation rows ([`amx_panel::task_rows`]), so a
+//! panel's weight decoding is shared by more of them. Q8_0's prompts then have the AVX-512
+//! order while its decode keeps the AVX2 kernel (float summation order apart); Q4_1 (the
+//! default model) stays off it.
 
 use std::ops::Range;
 
