@@ -34,6 +34,18 @@ const BLOCK_BYTES: usize = LANES * 32;
 /// (all of the call's rows, so one call never mixes kernels).
 pub const AMX_MIN_ROWS: usize = 16;
 
+/// Bytes of packed activations a task keeps (in L2) at most.
+const TASK_ACT_BYTES: usize = 512 * 1024;
+
+/// Activation rows per task for a call of `m` rows of `kb` blocks of `format` where the CPU
+/// has AMX (`amx`), when this kernel takes the call: as many as keep the task's packed
+/// activations within [`TASK_ACT_BYTES`] (64 to 256; a panel's decoding is shared by them).
+pub(super) fn task_rows(amx: bool, format: Format, m: usize, kb: usize) -> Option<usize> {
+    let takes = amx && m >= AMX_MIN_ROWS && enabled(format) && kb > 0;
+    let groups = TASK_ACT_BYTES / (kb.max(1) * BLOCK_BYTES);
+    takes.then(|| (groups * LANES).clamp(64, 256))
+}
+
 /// Whether this kernel has `format`.
 pub(super) fn supports(format: Format) -> bool {
     matches!(

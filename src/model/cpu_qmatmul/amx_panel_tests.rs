@@ -148,7 +148,7 @@ fn auto_prompts_take_the_amx_gemm_and_equal_the_avx512_row_kernel_bit_for_bit() 
             .map(|b| b.bytes().unwrap().into_owned())
             .collect();
         let mats = blocks.map(|b| CpuQMatMul::from_blocks(b).unwrap());
-        for m in [AMX_MIN_ROWS, 17, 64, 67, 130] {
+        for m in [AMX_MIN_ROWS, 17, 64, 67, 130, 300] {
             let x = values(m * cols, 900 + m as u64);
             let act = quantized(&x, cols);
             let got = outputs(&mats, &x, m, Kernel::Auto, Tiling::Tiled);

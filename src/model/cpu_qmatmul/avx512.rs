@@ -57,6 +57,8 @@ impl Avx512 {
     /// quantized Phi-3's logits within 1e-3) follow candle's AVX2 float summation order, and
     /// a one-ulp change before an activation is re-quantized to int8 can move it by a whole
     /// step, which those checks see (measured: 7.4e-3 on Phi-3 against 2.4e-7 on AVX2).
+    /// On AMX CPUs Q8_0's prompts of >= 16 rows take [`super::amx_panel`], in this path's
+    /// order (those checks' prompts are shorter).
     pub(super) fn enabled(format: Format) -> bool {
         matches!(
             format,

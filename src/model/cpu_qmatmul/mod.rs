@@ -7,7 +7,8 @@
 //! [`kquants::scalar`], or their AVX2 twins when the CPU has it), several activation rows per
 //! weight row at once for prompts ([`tile`]; on AVX-512 VNNI CPUs a GEMM kernel,
 //! [`avx512_panel`]), and output rows are split across rayon's pool (`RAYON_NUM_THREADS`).
-//! On AMX CPUs the k-quants' prompts take int8 tile multiplies ([`kquants::amx_tile`]).
+//! On AMX CPUs the k-quants' prompts take int8 tile multiplies ([`kquants::amx_tile`]), and so
+//! do those of Q4_0, Q8_0, IQ4_NL, IQ4_XS and MXFP4 ([`amx_panel`]).
 //!
 //! It exists because candle 0.11.1 runs Q4_1 (the default model's format), Q5_0 and Q5_1
 //! through scalar code; its runtime-detected AVX2 kernels (Q4_0, Q8_0, the k-quants) are set

@@ -24,7 +24,13 @@
 //! On AMX CPUs (`Kernel::Auto`) a call of at least [`kquants::amx_tile::min_rows`] rows of
 //! Q4_K, Q5_K or Q6_K runs each task through [`kquants::amx_tile`] (int8 tile multiplies of
 //! sixteen decoded weight rows by sixteen activation rows), equal bit for bit to the one-row
-//! k-quant dot, so prompts and decode agree exactly.
+//! k-quant dot, so prompts and decode agree exactly. Likewise a call of at least
+//! [`amx_panel::AMX_MIN_ROWS`] rows of Q4_0, Q8_0, IQ4_NL, IQ4_XS or MXFP4 runs each task
+//! through [`amx_panel`] (32-element blocks, `tdpbssd`), equal bit for bit to the AVX-512
+//! one-row kernel; its tasks take up to 256 activation rows ([`amx_panel::task_rows`]), so a
+//! panel's weight decoding is shared by more of them. Q8_0's prompts then have the AVX-512
+//! order while its decode keeps the AVX2 kernel (float summation order apart); Q4_1 (the
+//! default model) stays off it.
 
 use std::ops::Range;
 
@@ -156,7 +162,13 @@ pub fn run(
             .max(4);
         let out = Out::new(out, mm.rows);
         let dot = Dot::new(mm.format, kernel);
-        for first in (0..m).step_by(ACT_ROWS) {
+        // The AMX GEMM takes longer activation runs (its weight decoding is per task).
+        #[cfg(target_arch = "x86_64")]
+        let act_rows = amx_panel::task_rows(dot.amx.is_some(), dot.format, m, kb);
+        #[cfg(not(target_arch = "x86_64"))]
+        let act_rows = None;
+        let act_rows = act_rows.unwrap_or(ACT_ROWS);
+        for first in (0..m).step_by(act_rows) {
             for w0 in (0..mm.rows).step_by(per_task) {
                 tasks.push(Task {
                     gemm: m >= GEMM_MIN_ROWS,
@@ -165,7 +177,7 @@ pub fn run(
                     row_bytes,
                     dot,
                     weights: w0..(w0 + per_task).min(mm.rows),
-                    acts: first..(first + ACT_ROWS).min(m),
+                    acts: first..(first + act_rows).min(m),
                     out,
                 });
             }
