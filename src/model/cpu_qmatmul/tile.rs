@@ -255,11 +255,7 @@ impl Task<'_> {
             if self.m >= kquants::amx_tile::min_rows(f) && kquants::amx_tile::supports(f) {
                 let rows: Vec<_> = self.acts.clone().map(|i| row(i).q8k).collect();
                 let first = self.acts.start;
-                let mut put = |i: usize, r0: usize, ys: &[f32]| {
-                    for (r, &y) in (r0..).zip(ys) {
-                        self.out.set(first + i, r, y);
-                    }
-                };
+                let mut put = |i: usize, r0: usize, ys: &[f32]| self.out.set_run(first + i, r0, ys);
                 let (data, stride, weights) = (self.data, self.row_bytes, self.weights.clone());
                 if kquants::amx_tile::run(amx, f, data, stride, weights, &rows, &mut put) {
                     return;
