@@ -7,6 +7,8 @@
 //! scale is `-max / 127`. Doing the same keeps this path within float summation order of
 //! candle's `QMatMul` on the same weights.
 
+use super::super::activation::round_to_i8;
+
 /// Elements per super-block, for these activations and every k-quant weight format.
 pub const QK_K: usize = 256;
 
@@ -51,8 +53,8 @@ pub fn quantize_row_k(x: &[f32], out: &mut [Q8KBlock]) {
         }
         let iscale = -127.0 / max;
         for (q, &v) in block.qs.iter_mut().zip(xs) {
-            // |v * iscale| <= 127 up to rounding; the clamp only guards that rounding.
-            *q = (iscale * v).round().clamp(-128.0, 127.0) as i8;
+            // |v * iscale| <= 127 up to rounding; the saturation only guards that rounding.
+            *q = round_to_i8(iscale * v);
         }
         for (s, g) in block.bsums.iter_mut().zip(block.qs.chunks_exact(GROUP)) {
             // At most 16 * 128 in magnitude, so it fits an i16.
