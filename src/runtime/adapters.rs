@@ -154,6 +154,10 @@ impl ModelRunner {
     }
 }
 
+/// Steps of at least this many tokens (prompts) hand the memory they freed back to the OS (so
+/// do steps that grew a KV cache).
+const RELEASE_AFTER_TOKENS: usize = 256;
+
 impl LanguageModel for ModelRunner {
     type Sequence = RunnerSequence;
     type Block = KvSpan;
@@ -188,6 +192,11 @@ impl LanguageModel for ModelRunner {
             }
             inputs.push(SeqInput { tokens, cache });
         }
+        let step_tokens: usize = inputs.iter().map(|input| input.tokens.len()).sum();
+        let kv_before: usize = inputs
+            .iter()
+            .map(|input| input.cache.allocated_bytes())
+            .sum();
         let logits = match leased {
             None => self.model.forward_batch(&mut inputs, &mut self.layers),
             Some(layers) => self
@@ -196,14 +205,23 @@ impl LanguageModel for ModelRunner {
         }
         .map_err(|e| self.step_error(e))?;
         drop(inputs);
+        let mut kv_after = 0;
         for (seq, _) in batch.iter() {
-            self.layers
-                .accounting()
-                .observe_kv(seq.cache.allocated_bytes() as u64);
+            let bytes = seq.cache.allocated_bytes();
+            kv_after += bytes;
+            self.layers.accounting().observe_kv(bytes as u64);
+        }
+        let logits = logits
+            .to_vec2::<f32>()
+            .map_err(|e| self.step_error(e.into()));
+        if step_tokens >= RELEASE_AFTER_TOKENS || kv_after > kv_before {
+            // A prompt's step frees tens of megabytes of activations and kernel scratch, and a
+            // step that grew a KV cache frees its old buffers, in the allocator's heaps, which
+            // glibc keeps; give them back (a few ms, on steps that are rare or long) so the
+            // resident set stays the model plus its KV caches.
+            crate::server::limits::release_freed_memory();
         }
         logits
-            .to_vec2::<f32>()
-            .map_err(|e| self.step_error(e.into()))
     }
 
     /// Copies the KV cache (device to device); the copy takes its own lease in mode `model`.
