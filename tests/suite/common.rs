@@ -401,7 +401,8 @@ pub async fn get(app: &Router, uri: &str) -> Reply {
 }
 
 /// Splits an SSE body into its events' data, checking the framing byte for byte: every event is
-/// exactly one `data: ` line followed by a blank line, and nothing else is in the body.
+/// exactly one `data: ` line followed by a blank line, and nothing else is in the body but
+/// keep-alive comments (skipped).
 pub fn sse_events(body: &str) -> Vec<String> {
     assert!(
         body.ends_with("\n\n"),
@@ -410,6 +411,9 @@ pub fn sse_events(body: &str) -> Vec<String> {
     let events: Vec<&str> = body[..body.len() - 2].split("\n\n").collect();
     events
         .iter()
+        // A comment (a line starting with `:`) is the stream's keep-alive, sent when a token
+        // takes longer than `sse_keep_alive` (a loaded machine); SSE clients ignore it.
+        .filter(|event| !event.starts_with(':'))
         .map(|event| {
             assert!(!event.contains('\n'), "one line per event: {event:?}");
             event

@@ -22,7 +22,8 @@ use std::ops::Range;
 
 use super::activation::Q8Block;
 use super::amx::{self, dot, load, store, zero, Amx, TileConfig};
-use super::avx512::{row_bytes, Codec, Iq4Nl, Iq4Xs, Mxfp4, Q4_0, Q4_1, Q8_0};
+use super::avx512::{row_bytes, Avx512, Codec, Iq4Nl, Iq4Xs, Mxfp4, Q4_0, Q4_1, Q8_0};
+use super::tile::checked_blocks;
 use super::Format;
 
 /// Weight rows per panel and activation rows per group (a tile's rows and columns).
@@ -48,15 +49,8 @@ pub(super) fn task_rows(amx: bool, format: Format, m: usize, kb: usize) -> Optio
 
 /// Whether this kernel has `format`.
 pub(super) fn supports(format: Format) -> bool {
-    matches!(
-        format,
-        Format::Q4_0
-            | Format::Q4_1
-            | Format::Q8_0
-            | Format::IQ4_NL
-            | Format::IQ4_XS
-            | Format::MXFP4
-    )
+    // The formats of the AVX-512 kernels, whose block decoders ([`Codec`]) this one shares.
+    Avx512::supports(format)
 }
 
 /// Whether `Kernel::Auto` runs `format`'s prompts here: all of [`supports`] but Q4_1, whose
@@ -87,15 +81,13 @@ pub(super) fn run(
     if !supports(format) || acts.is_empty() || weights.is_empty() {
         return false;
     }
-    let kb = acts[0].len();
-    assert!(
-        acts.iter().all(|a| a.len() == kb),
-        "activation rows differ in length"
-    );
-    let need = row_bytes(format, kb).unwrap_or(usize::MAX);
-    assert!(
-        row_stride >= need && data.len() >= (weights.end - 1) * row_stride + need,
-        "{format:?} weights too short"
+    let kb = checked_blocks(
+        acts,
+        data,
+        row_stride,
+        &weights,
+        |kb| row_bytes(format, kb),
+        &format,
     );
     if kb == 0 {
         return false;

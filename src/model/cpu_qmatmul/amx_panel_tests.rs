@@ -11,14 +11,7 @@ use super::super::Format;
 use super::{run, supports, Amx};
 use crate::model::header::GgufType;
 
-const TYPES: [GgufType; 6] = [
-    GgufType::Q4_0,
-    GgufType::Q4_1,
-    GgufType::Q8_0,
-    GgufType::IQ4_NL,
-    GgufType::IQ4_XS,
-    GgufType::MXFP4,
-];
+use super::super::avx512_tests::TYPES;
 
 fn detect() -> Option<Amx> {
     let amx = Amx::detect();

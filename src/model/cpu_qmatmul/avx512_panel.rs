@@ -19,6 +19,7 @@ use std::ops::Range;
 
 use super::activation::Q8Block;
 use super::avx512::{row_bytes, Avx512, Codec, Iq4Nl, Iq4Xs, Mxfp4, Q4_0, Q4_1, Q8_0};
+use super::tile::checked_blocks;
 use super::Format;
 
 /// Weight rows per panel (the lanes of one register of i32).
@@ -42,15 +43,13 @@ pub(super) fn run(
     if !Avx512::supports(format) || acts.is_empty() || weights.is_empty() {
         return false;
     }
-    let kb = acts[0].len();
-    assert!(
-        acts.iter().all(|a| a.len() == kb),
-        "activation rows differ in length"
-    );
-    let need = row_bytes(format, kb).unwrap_or(usize::MAX);
-    assert!(
-        row_stride >= need && data.len() >= (weights.end - 1) * row_stride + need,
-        "{format:?} weights too short"
+    checked_blocks(
+        acts,
+        data,
+        row_stride,
+        &weights,
+        |kb| row_bytes(format, kb),
+        &format,
     );
     // SAFETY: `k` proves the CPU features; the asserts bound every read of `data`.
     unsafe {

@@ -15,7 +15,8 @@ use super::{amx_panel, avx512_panel};
 use super::{Blocks, CpuQMatMul, Format, Kernel};
 use crate::model::header::GgufType;
 
-const TYPES: [GgufType; 6] = [
+/// The formats of the AVX-512 and AMX GEMM kernels (also read by `amx_panel_tests`).
+pub(super) const TYPES: [GgufType; 6] = [
     GgufType::Q4_0,
     GgufType::Q4_1,
     GgufType::Q8_0,

@@ -304,6 +304,31 @@ impl Task<'_> {
     }
 }
 
+/// The GEMM kernels' argument check: the blocks per activation row of `acts` (all rows equally
+/// long), after asserting that the rows `weights` of `row_stride` bytes each hold
+/// `row_bytes(blocks)` bytes within `data` (`what` names the format in the panic). Callers
+/// rely on it to bound their unchecked reads.
+pub(super) fn checked_blocks<A>(
+    acts: &[&[A]],
+    data: &[u8],
+    row_stride: usize,
+    weights: &Range<usize>,
+    row_bytes: impl FnOnce(usize) -> Option<usize>,
+    what: &dyn std::fmt::Debug,
+) -> usize {
+    let kb = acts.first().map_or(0, |a| a.len());
+    assert!(
+        acts.iter().all(|a| a.len() == kb),
+        "activation rows differ in length"
+    );
+    let need = row_bytes(kb).unwrap_or(usize::MAX);
+    assert!(
+        row_stride >= need && data.len() >= (weights.end.max(1) - 1) * row_stride + need,
+        "{what:?} weights too short"
+    );
+    kb
+}
+
 /// A row-major `[m, n]` output that tasks write in disjoint rectangles.
 #[derive(Clone, Copy)]
 struct Out<'a> {

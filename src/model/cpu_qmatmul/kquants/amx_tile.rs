@@ -31,6 +31,7 @@ use std::ops::Range;
 
 use super::super::amx::{self, Amx, TileConfig};
 use super::super::avx2::f16_at;
+use super::super::tile::checked_blocks;
 use super::activation::Q8KBlock;
 use super::{scales_mins_k4, KFormat};
 
@@ -96,16 +97,8 @@ pub fn run(
     if !supports(format) || acts.is_empty() || weights.is_empty() {
         return false;
     }
-    let kb = acts[0].len();
-    assert!(
-        acts.iter().all(|a| a.len() == kb),
-        "activation rows differ in length"
-    );
-    let need = format.block_bytes() * kb;
-    assert!(
-        row_stride >= need && data.len() >= (weights.end - 1) * row_stride + need,
-        "{format:?} weights too short"
-    );
+    let bytes = |kb| Some(format.block_bytes() * kb);
+    checked_blocks(acts, data, row_stride, &weights, bytes, &format);
     // SAFETY: `amx` proves AMX and the AVX-512 features; the asserts bound every read of
     // `data` and make the activation rows equally long.
     unsafe { panels(amx, format, data.as_ptr(), row_stride, weights, acts, out) };
