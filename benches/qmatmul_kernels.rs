@@ -96,6 +96,13 @@ fn ferry_only_weight(
     CpuQMatMul::from_blocks(blocks).map_err(|e| e.to_string())
 }
 
+/// `m` deterministic input rows of `cols` features in [-1, 1).
+fn input(m: usize, cols: usize) -> Vec<f32> {
+    (0..m * cols)
+        .map(|i| ((i * 7919) % 1999) as f32 / 1000.0 - 1.0)
+        .collect()
+}
+
 /// A `rows x cols` weight of pseudo-random blocks with small finite scales.
 fn weight(
     dtype: GgmlDType,
@@ -217,9 +224,7 @@ fn kernel_table(options: &Options) -> Result<(), String> {
     for (name, matrix_bytes, weights) in &mats {
         let (name, matrix_bytes) = (*name, *matrix_bytes);
         for &m in &options.ms {
-            let x: Vec<f32> = (0..m * cols)
-                .map(|i| ((i * 7919) % 1999) as f32 / 1000.0 - 1.0)
-                .collect();
+            let x = input(m, cols);
             let mut outs = vec![vec![0f32; m * rows]; kernels.len()];
             let mut calls: Vec<Box<Call<'_>>> = outs
                 .iter_mut()
@@ -312,9 +317,7 @@ fn main() -> Result<(), String> {
             .map(|w| QMatMul::from_arc(w.clone()).map_err(|e| e.to_string()))
             .collect::<Result<Vec<_>, _>>()?;
         for m in [1usize, 64] {
-            let x: Vec<f32> = (0..m * cols)
-                .map(|i| ((i * 7919) % 1999) as f32 / 1000.0 - 1.0)
-                .collect();
+            let x = input(m, cols);
             let xt =
                 Tensor::from_vec(x.clone(), (m, cols), &Device::Cpu).map_err(|e| e.to_string())?;
             let mut out = vec![0f32; m * rows];
@@ -365,9 +368,7 @@ fn ferry_only(options: &Options, kernel: Kernel) -> Result<(), String> {
             .map(|i| ferry_only_weight((ty, bytes, elems, at), (rows, cols), i as u64 + 1))
             .collect::<Result<Vec<_>, _>>()?;
         for m in [1usize, 64] {
-            let x: Vec<f32> = (0..m * cols)
-                .map(|i| ((i * 7919) % 1999) as f32 / 1000.0 - 1.0)
-                .collect();
+            let x = input(m, cols);
             let (mut out, mut out2) = (vec![0f32; m * rows], vec![0f32; m * rows]);
             let count = if m == 1 { count } else { count.min(2) };
             let (ours, avx2) = rates(

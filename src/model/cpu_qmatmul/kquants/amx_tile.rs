@@ -33,6 +33,7 @@ use super::super::amx::{self, Amx, TileConfig};
 use super::super::avx2::f16_at;
 use super::super::tile::checked_blocks;
 use super::activation::Q8KBlock;
+use super::avx512_tile::{broadcast32, halves_epi16};
 use super::{scales_mins_k4, KFormat};
 
 /// Weight rows per panel (the rows of an `A` and a `C` tile).
@@ -343,26 +344,6 @@ unsafe fn pack(acts: &[&[Q8KBlock]], groups: usize, kb: usize, pairs: bool) -> P
         }
     }
     p
-}
-
-/// The 32 bytes at `p` in both halves of a zmm.
-///
-/// # Safety
-/// `p..p + 32` must be readable.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn broadcast32(p: *const u8) -> __m512i {
-    _mm512_broadcast_i64x4(_mm256_loadu_si256(p.cast()))
-}
-
-/// A zmm of 32 i16 lanes, those of the low 256 bits `lo`, of the high 256 bits `hi`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn halves_epi16(lo: i16, hi: i16) -> __m512i {
-    _mm512_inserti64x4::<1>(
-        _mm512_castsi256_si512(_mm256_set1_epi16(lo)),
-        _mm256_set1_epi16(hi),
-    )
 }
 
 /// Decodes row `i` of a Q4_K (`HIGH = false`) or Q5_K block at `p` into `panel`: per step

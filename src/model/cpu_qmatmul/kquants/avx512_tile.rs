@@ -76,7 +76,7 @@ unsafe fn rows<const R: usize>(format: KFormat, w: *const u8, a: [&[Q8KBlock]; R
 /// A zmm of 32 i16 lanes, those of the low 256 bits `lo`, of the high 256 bits `hi`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-fn halves_epi16(lo: i16, hi: i16) -> __m512i {
+pub(super) fn halves_epi16(lo: i16, hi: i16) -> __m512i {
     _mm512_inserti64x4::<1>(
         _mm512_castsi256_si512(_mm256_set1_epi16(lo)),
         _mm256_set1_epi16(hi),
@@ -89,7 +89,7 @@ fn halves_epi16(lo: i16, hi: i16) -> __m512i {
 /// `p..p + 32` must be readable.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn broadcast32(p: *const u8) -> __m512i {
+pub(super) unsafe fn broadcast32(p: *const u8) -> __m512i {
     _mm512_broadcast_i64x4(_mm256_loadu_si256(p.cast()))
 }
 
