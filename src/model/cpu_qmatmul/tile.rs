@@ -27,8 +27,10 @@
 //! k-quant dot, so prompts and decode agree exactly. Likewise a call of at least
 //! [`amx_panel::AMX_MIN_ROWS`] rows of Q4_0, Q8_0, IQ4_NL, IQ4_XS or MXFP4 runs each task
 //! through [`amx_panel`] (32-element blocks, `tdpbssd`), equal bit for bit to the AVX-512
-//! one-row kernel; its tasks take up to 256 activation rows ([`amx_panel::task_rows`]), so a
-//! panel's weight decoding is shared by more of them. Q8_0's prompts then have the AVX-512
+//! one-row kernel. The AMX tasks of both take up to 256 activation rows
+//! ([`amx_panel::task_rows`], [`kquants::amx_tile::task_rows`]), so a panel's weight decoding
+//! is shared by more of them, and their weight runs have no L2 cap (the weights are decoded
+//! once per task; longer runs share the task's activation packing). Q8_0's prompts then have the AVX-512
 //! order while its decode keeps the AVX2 kernel (float summation order apart); Q4_1 (the
 //! default model) stays off it.
 
@@ -37,6 +39,8 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::activation::{ActRow, Activations, Q8Block};
+#[cfg(target_arch = "x86_64")]
+use super::kquants::activation::QK_K;
 #[cfg(target_arch = "x86_64")]
 use super::{amx_panel, avx2_tile, avx512_panel};
 use super::{kquants, scalar_tile, CpuQMatMul, Dot, Format, Kernel, PARALLEL_MIN_BLOCKS};
@@ -156,18 +160,22 @@ pub fn run(
     let mut tasks = Vec::new();
     for ((mm, out), data) in jobs.iter_mut().zip(&datas) {
         let row_bytes = mm.weight.row_bytes();
-        let per_task = n_total
-            .div_ceil(weight_chunks)
-            .min(TASK_WEIGHT_BYTES / row_bytes.max(1))
-            .max(4);
         let out = Out::new(out, mm.rows);
         let dot = Dot::new(mm.format, kernel);
-        // The AMX GEMM takes longer activation runs (its weight decoding is per task).
+        // The AMX GEMMs decode each weight panel once per task and sweep all the task's
+        // activation rows over it: longer activation runs share that decoding, and the task's
+        // weights are read once (no L2 cap on them; a longer run of weight rows shares the
+        // task's activation packing).
         #[cfg(target_arch = "x86_64")]
-        let act_rows = amx_panel::task_rows(dot.amx.is_some(), dot.format, m, kb);
+        let amx_rows = amx_task_rows(&dot, m, kb);
         #[cfg(not(target_arch = "x86_64"))]
-        let act_rows = None;
-        let act_rows = act_rows.unwrap_or(ACT_ROWS);
+        let amx_rows: Option<usize> = None;
+        let weight_cap = match amx_rows {
+            Some(_) => usize::MAX,
+            None => TASK_WEIGHT_BYTES / row_bytes.max(1),
+        };
+        let per_task = n_total.div_ceil(weight_chunks).min(weight_cap).max(4);
+        let act_rows = amx_rows.unwrap_or(ACT_ROWS);
         for first in (0..m).step_by(act_rows) {
             for w0 in (0..mm.rows).step_by(per_task) {
                 tasks.push(Task {
@@ -190,6 +198,18 @@ pub fn run(
         tasks.into_iter().for_each(run);
     }
     Ok(())
+}
+
+/// Activation rows per task when a call of `m` rows of `kb` 32-element blocks runs on one of
+/// the AMX GEMMs ([`amx_panel`], [`kquants::amx_tile`]), `None` when it does not.
+#[cfg(target_arch = "x86_64")]
+fn amx_task_rows(dot: &Dot, m: usize, kb: usize) -> Option<usize> {
+    match dot.format {
+        Format::K(f) => dot
+            .amx
+            .and_then(|_| kquants::amx_tile::task_rows(f, m, kb * 32 / QK_K)),
+        format => amx_panel::task_rows(dot.amx.is_some(), format, m, kb),
+    }
 }
 
 /// One rectangle of one matrix's output: activation rows `acts` times weight rows `weights`.

@@ -57,6 +57,20 @@ pub fn min_rows(format: KFormat) -> usize {
     }
 }
 
+/// Bytes of packed activations (256 quant bytes per row and super-block) a task keeps in L2
+/// at most.
+const TASK_ACT_BYTES: usize = 1536 * 1024;
+
+/// Activation rows per task for a call of `m` rows of `kb` super-blocks of `format` when this
+/// kernel takes it (`None` when it does not): as many as keep the task's packed activations
+/// within [`TASK_ACT_BYTES`], in whole groups, 64 to 256. Each panel's decoding is shared by
+/// them: measured on 2 threads (Sapphire Rapids, 512 rows), 256 rows against 64 make Q6_K's
+/// 5632 x 2048 matmul 1.3x and its 2048 x 5632 one 1.25x as fast.
+pub fn task_rows(format: KFormat, m: usize, kb: usize) -> Option<usize> {
+    (supports(format) && m >= min_rows(format) && kb > 0)
+        .then(|| (TASK_ACT_BYTES / (kb * 256) / GROUP * GROUP).clamp(64, 256))
+}
+
 /// One tile's bytes (16 rows of 64), aligned to a cache line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]

@@ -158,7 +158,8 @@ fn outputs(
 #[test]
 fn tiled_k_quant_matmul_equals_the_scalar_per_row_one() {
     // 303 rows of 512 make partial tasks; a 5-row weight and a Q4_0 one ride along in the same
-    // call (the 32-element activations beside the 256-element ones).
+    // call (the 32-element activations beside the 256-element ones). 300 activation rows make
+    // two AMX tasks (`amx_tile::task_rows`), the second with a partial group.
     let _ = paths();
     for dtype in [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K] {
         for (n, k) in [(5, 256), (303, 512), (33, 768)] {
@@ -167,7 +168,7 @@ fn tiled_k_quant_matmul_equals_the_scalar_per_row_one() {
                 matrix(dtype, 5, k, 4),
                 matrix(GgmlDType::Q4_0, 7, k, 8),
             ];
-            for m in [1, 3, 4, 5, 17, 64, 67] {
+            for m in [1, 3, 4, 5, 17, 64, 67, 300] {
                 let x = values(m * k, 100 + m as u64);
                 // The k-quants' SIMD dots equal the scalar one; Q4_0's only its own kernel's.
                 let scalar = outputs(&mats, &x, m, Kernel::Scalar, Tiling::PerRow);
