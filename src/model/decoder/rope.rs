@@ -1,28 +1,55 @@
-//! Rotary position embeddings: cos/sin tables for every position up to the model's context,
+//! Rotary position embeddings: cos/sin tables for the positions in use (grown on demand up to
+//! the model's context),
 //! with Llama 3 or linear frequency scaling or per-frequency factors (GGUF `rope_freqs.weight`),
 //! a second set for sliding-window layers with their own base (Gemma 3), applied
 //! either interleaved (pairs `2i, 2i+1`, GGUF llama layout) or as HF "rotate half" (pairs
 //! `i, i + d/2`).
 
 use std::f32::consts::PI;
+use std::sync::{Arc, RwLock};
 
 use candle_core::{DType, Device, Tensor};
 
 use crate::model::error::{ModelError, Result};
 use crate::model::spec::{Llama3RopeScaling, ModelSpec};
 
-/// Precomputed rotary tables for one model.
+/// Positions the tables first hold, and the step they grow by at least.
+const MIN_POSITIONS: usize = 1024;
+
+/// Rotary tables for one model, made for the positions in use and grown (doubling, up to the
+/// model's context) when a step reaches past them: a 128k-context model does not keep 64 MiB
+/// of tables for the few thousand positions a request uses. Clones share the tables.
 #[derive(Debug, Clone)]
 pub struct Rope {
+    angles: Arc<Angles>,
+    max_positions: usize,
+    interleaved: bool,
+    tables: Arc<RwLock<Tables>>,
+}
+
+/// What the tables are made from.
+#[derive(Debug)]
+struct Angles {
+    /// The (scaled) frequencies, one per rotated pair.
+    freqs: Vec<f32>,
+    /// `rope_attn_factor`, multiplied into both tables.
+    attn_factor: Option<f32>,
+    dtype: DType,
+    device: Device,
+}
+
+/// `cos` and `sin` as `[positions, head_dim / 2]` tensors.
+#[derive(Debug)]
+struct Tables {
+    positions: usize,
     cos: Tensor,
     sin: Tensor,
-    interleaved: bool,
 }
 
 impl Rope {
-    /// Builds `[max_context, head_dim / 2]` tables in `dtype` for the global layers: base
-    /// `rope_theta`, Llama 3 or linear scaling. `freq_factors` (one per frequency) divide the
-    /// base frequencies, as llama.cpp does with a GGUF `rope_freqs` tensor.
+    /// Rotary embeddings of the global layers: base `rope_theta`, Llama 3 or linear scaling.
+    /// `freq_factors` (one per frequency) divide the base frequencies, as llama.cpp does with
+    /// a GGUF `rope_freqs` tensor. Tables are in `dtype`.
     pub fn new(
         spec: &ModelSpec,
         freq_factors: Option<&[f32]>,
@@ -49,54 +76,83 @@ impl Rope {
                 *f /= *factor;
             }
         }
-        Self::tables(spec, &freqs, dtype, device)
+        Self::with_freqs(spec, freqs, dtype, device)
     }
 
-    /// The tables of the sliding-window layers when their base differs (Gemma 3's
-    /// `rope_local_base_freq`, unscaled); `None` when they share the global tables.
+    /// The rotary embeddings of the sliding-window layers when their base differs (Gemma 3's
+    /// `rope_local_base_freq`, unscaled); `None` when they share the global ones.
     pub fn local(spec: &ModelSpec, dtype: DType, device: &Device) -> Result<Option<Self>> {
         match spec.rope_local_theta {
             None => Ok(None),
             Some(theta) => {
                 let freqs = inverse_frequencies(spec.head_dim, theta);
-                Self::tables(spec, &freqs, dtype, device).map(Some)
+                Self::with_freqs(spec, freqs, dtype, device).map(Some)
             }
         }
     }
 
-    fn tables(spec: &ModelSpec, freqs: &[f32], dtype: DType, device: &Device) -> Result<Self> {
-        let half = freqs.len();
-        let positions = spec.max_context;
-        // One pass over the angles `p * f` (the values candle's `cos`/`sin` of an angle tensor
-        // give, without the tensor: this is part of every load).
-        let mut cos = Vec::with_capacity(positions * half);
-        let mut sin = Vec::with_capacity(positions * half);
-        for p in 0..positions {
-            let p = p as f32;
-            for f in freqs {
-                let angle = p * f;
-                cos.push(angle.cos());
-                sin.push(angle.sin());
+    fn with_freqs(
+        spec: &ModelSpec,
+        freqs: Vec<f32>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let angles = Angles {
+            freqs,
+            attn_factor: spec.rope_attn_factor,
+            dtype,
+            device: device.clone(),
+        };
+        let first = angles.tables(MIN_POSITIONS.min(spec.max_context))?;
+        Ok(Self {
+            angles: Arc::new(angles),
+            max_positions: spec.max_context,
+            interleaved: spec.rope_interleaved,
+            tables: Arc::new(RwLock::new(first)),
+        })
+    }
+
+    /// The tables' rows `pos..pos + seq`, growing the tables first when they end before
+    /// `pos + seq`; positions past the model's context are refused.
+    fn rows(&self, pos: usize, seq: usize) -> Result<(Tensor, Tensor)> {
+        let end = pos + seq;
+        if end > self.max_positions {
+            return Err(ModelError::ContextOverflow {
+                needed: end,
+                max: self.max_positions,
+            });
+        }
+        let narrow = |t: &Tables| -> Result<(Tensor, Tensor)> {
+            Ok((t.cos.narrow(0, pos, seq)?, t.sin.narrow(0, pos, seq)?))
+        };
+        {
+            let tables = self.tables.read().unwrap_or_else(|e| e.into_inner());
+            if end <= tables.positions {
+                return narrow(&tables);
             }
         }
-        let mut cos = Tensor::from_vec(cos, (positions, half), device)?;
-        let mut sin = Tensor::from_vec(sin, (positions, half), device)?;
-        if let Some(a) = spec.rope_attn_factor {
-            cos = (cos * a as f64)?;
-            sin = (sin * a as f64)?;
+        let mut tables = self.tables.write().unwrap_or_else(|e| e.into_inner());
+        if end > tables.positions {
+            let grown = (2 * tables.positions)
+                .max(end.next_multiple_of(MIN_POSITIONS))
+                .min(self.max_positions);
+            *tables = self.angles.tables(grown)?;
         }
-        Ok(Self {
-            cos: cos.to_dtype(dtype)?,
-            sin: sin.to_dtype(dtype)?,
-            interleaved: spec.rope_interleaved,
-        })
+        narrow(&tables)
+    }
+
+    /// Positions the tables hold now.
+    #[cfg(test)]
+    fn positions(&self) -> usize {
+        self.tables
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .positions
     }
 
     /// Rotates `x` (`[batch, heads, seq, head_dim]`) whose first token sits at position `pos`.
     pub fn apply(&self, x: &Tensor, pos: usize) -> Result<Tensor> {
-        let seq = x.dim(2)?;
-        let cos = self.cos.narrow(0, pos, seq)?;
-        let sin = self.sin.narrow(0, pos, seq)?;
+        let (cos, sin) = self.rows(pos, x.dim(2)?)?;
         let x = x.contiguous()?;
         let y = if self.interleaved {
             candle_nn::rotary_emb::rope_i(&x, &cos, &sin)?
@@ -104,6 +160,35 @@ impl Rope {
             candle_nn::rotary_emb::rope(&x, &cos, &sin)?
         };
         Ok(y)
+    }
+}
+
+impl Angles {
+    /// Tables for positions `0..positions`: one pass over the angles `p * f` (the values
+    /// candle's `cos`/`sin` of an angle tensor give, without the tensor).
+    fn tables(&self, positions: usize) -> Result<Tables> {
+        let half = self.freqs.len();
+        let mut cos = Vec::with_capacity(positions * half);
+        let mut sin = Vec::with_capacity(positions * half);
+        for p in 0..positions {
+            let p = p as f32;
+            for f in self.freqs.iter() {
+                let angle = p * f;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        let mut cos = Tensor::from_vec(cos, (positions, half), &self.device)?;
+        let mut sin = Tensor::from_vec(sin, (positions, half), &self.device)?;
+        if let Some(a) = self.attn_factor {
+            cos = (cos * a as f64)?;
+            sin = (sin * a as f64)?;
+        }
+        Ok(Tables {
+            positions,
+            cos: cos.to_dtype(self.dtype)?,
+            sin: sin.to_dtype(self.dtype)?,
+        })
     }
 }
 
@@ -208,7 +293,48 @@ mod tests {
             let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             v.iter().map(|x| x.to_bits()).collect()
         };
-        assert_eq!(bits(&rope.cos), bits(&angles.cos().unwrap()));
-        assert_eq!(bits(&rope.sin), bits(&angles.sin().unwrap()));
+        // A step at the last position grows the tables to the whole context.
+        let x = Tensor::zeros((1, 1, 1, spec.head_dim), DType::F32, &Device::Cpu).unwrap();
+        rope.apply(&x, spec.max_context - 1).unwrap();
+        assert_eq!(rope.positions(), spec.max_context);
+        let (cos, sin) = rope.rows(0, spec.max_context).unwrap();
+        assert_eq!(bits(&cos), bits(&angles.cos().unwrap()));
+        assert_eq!(bits(&sin), bits(&angles.sin().unwrap()));
+    }
+
+    #[test]
+    fn tables_start_small_and_grown_ones_equal_ones_made_at_once() {
+        let json = r#"{"model_type":"llama","hidden_size":64,"intermediate_size":8,
+            "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":4,
+            "max_position_embeddings":131072,"rms_norm_eps":1e-5}"#;
+        let spec = ModelSpec::from_hf_config(json).unwrap();
+        let rope = Rope::new(&spec, None, DType::F32, &Device::Cpu).unwrap();
+        let copy = rope.clone();
+        assert_eq!(rope.positions(), MIN_POSITIONS);
+        let x = Tensor::arange(0f32, 2.0 * 3.0 * 32.0, &Device::Cpu)
+            .unwrap()
+            .reshape((1, 2, 3, 32))
+            .unwrap();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            v.iter().map(|x| x.to_bits()).collect()
+        };
+        let before = bits(&rope.apply(&x, 1000).unwrap());
+        // 5000 + 3 positions: doubling (2048) is not enough; the need in whole steps (5120).
+        let far = bits(&rope.apply(&x, 5000).unwrap());
+        assert_eq!(rope.positions(), 5120);
+        assert_eq!(copy.positions(), 5120, "clones share the tables");
+        assert_eq!(bits(&rope.apply(&x, 1000).unwrap()), before);
+        let at_once = Rope {
+            tables: Arc::new(RwLock::new(rope.angles.tables(5120).unwrap())),
+            ..rope.clone()
+        };
+        assert_eq!(bits(&at_once.apply(&x, 5000).unwrap()), far);
+        assert!(rope.apply(&x, 131070).is_err());
+        assert_eq!(
+            rope.positions(),
+            5120,
+            "a refused step does not grow the tables"
+        );
     }
 }
