@@ -31,16 +31,19 @@ pub(super) fn build(meta: &Meta<'_>, vocab: &GgufVocab<'_>) -> Result<(Tokenizer
             spell_bytes(t)
         }
     };
-    let merges = meta.strings("tokenizer.ggml.merges")?.ok_or_else(|| {
-        ModelError::Config("byte-level GGUF tokenizer has no `tokenizer.ggml.merges`".into())
-    })?;
-    let merges = split_merges(&merges)?;
+    let merges = meta
+        .strings("tokenizer.ggml.merges")?
+        .ok_or_else(|| {
+            ModelError::Config("byte-level GGUF tokenizer has no `tokenizer.ggml.merges`".into())
+        })
+        .and_then(|m| split_merges(&m));
     let bpe_vocab: Vocab = vocab
         .tokens
         .iter()
         .enumerate()
         .map(|(id, t)| (spelled(t), id as u32))
         .collect();
+    let merges = merges?;
     let bpe = BPE::builder()
         .vocab_and_merges(bpe_vocab, merges)
         .ignore_merges(defaults.ignore_merges)
