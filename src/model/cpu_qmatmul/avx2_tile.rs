@@ -126,10 +126,13 @@ unsafe fn vnni_dot(w: __m256i, y: __m256i) -> __m256 {
 
 /// Three entry points per format: the kernel body compiled without AVX-VNNI, with it, and with
 /// it where the CPU also has AVX-512 VL ([`wide_registers`]), whose 32 vector registers hold
-/// all of the body's accumulators: with AVX2's 16 the four-row body spills one to the stack
-/// every block, and when the heap happens to place the activations at the stack slot's
-/// address modulo 4 KiB, every load after that store waits for it (measured: the default
-/// model's 512-token prefill 0.7x as fast, depending on where an earlier allocation was freed).
+/// all of a body's accumulators. With AVX2's 16 a body that spills one to the stack every block
+/// loses when the heap happens to place the activations at the stack slot's address modulo
+/// 4 KiB: every load after that store waits for it (measured with Q4_1: the default model's
+/// 512-token prefill 0.7x as fast, depending on where an earlier allocation was freed). Q4_1's
+/// body keeps its offsets in one register and no longer spills on 16 either; the Q4_0 and
+/// table-format bodies still do there (prompts of those take the AVX-512 or AMX GEMMs where
+/// the CPU has them).
 macro_rules! variants {
     ($body:ident, $plain:ident, $vnni:ident, $wide:ident) => {
         /// # Safety
@@ -153,6 +156,25 @@ macro_rules! variants {
             $body::<true>(w, a)
         }
     };
+}
+
+/// The AVX-VNNI variant compiled for AVX2's sixteen registers of Q4_0 (`bytes` 18), Q4_1 (20)
+/// or Q8_0 (34), even where [`variant`] would take the wide one: for the tests, which hold it
+/// equal to the others on CPUs that would never run it.
+#[cfg(test)]
+pub(super) fn narrow_vnni(bytes: usize, w: &[u8], a: Rows4<'_>) -> Option<[f32; 4]> {
+    if !has_vnni() {
+        return None;
+    }
+    check(w, &a, bytes, "narrow_vnni");
+    // SAFETY: `has_vnni` proves AVX2 and AVX-VNNI; `check` bounds every read of `w`.
+    unsafe {
+        Some(match bytes {
+            18 => q4_0_vnni(w.as_ptr(), a),
+            20 => q4_1_vnni(w.as_ptr(), a),
+            _ => q8_0_vnni(w.as_ptr(), a),
+        })
+    }
 }
 
 /// Whether the CPU has AVX-512 F and VL (ymm16-31 for the AVX-VNNI bodies; read once).
@@ -204,17 +226,17 @@ unsafe fn q4_1_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
     let kb = a[0].len();
     let mut acc0 = [_mm256_setzero_ps(); 4];
     let mut acc1 = [_mm256_setzero_ps(); 4];
-    let mut offset = [0f32; 4];
+    // The four rows' offset terms in one register (lane `r`: row `r`), each lane the scalar
+    // `offset += m0 * s0 + m1 * s1` of the one-row kernel: four fewer live registers, so
+    // the body spills less on AVX2's sixteen.
+    let mut offset = _mm_setzero_ps();
+    let s_of = |i: usize| _mm_set_ps(a[3][i].s, a[2][i].s, a[1][i].s, a[0][i].s);
     let mut p = w;
     for j in 0..kb / 2 {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
         let dm0 = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
         let dm1 = _mm_cvtph_ps(_mm_cvtsi32_si128(p.add(20).cast::<i32>().read_unaligned()));
         let (d0, d1) = (_mm_cvtss_f32(dm0), _mm_cvtss_f32(dm1));
-        let (m0, m1) = (
-            _mm_cvtss_f32(_mm_movehdup_ps(dm0)),
-            _mm_cvtss_f32(_mm_movehdup_ps(dm1)),
-        );
         let (w0, w1) = (nibbles(p.add(4)), nibbles(p.add(24)));
         for r in 0..4 {
             let (b0, b1) = (&a[r][2 * j], &a[r][2 * j + 1]);
@@ -222,22 +244,29 @@ unsafe fn q4_1_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
             let prod1 = dot::<VNNI>(w1, load_act(b1));
             acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b0.d), prod0, acc0[r]);
             acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * b1.d), prod1, acc1[r]);
-            offset[r] += m0 * b0.s + m1 * b1.s;
         }
+        // Lane-wise `m0 * s0 + m1 * s1`, then added: the scalar's operations and order.
+        let m0 = _mm_shuffle_ps::<0b01_01_01_01>(dm0, dm0);
+        let m1 = _mm_shuffle_ps::<0b01_01_01_01>(dm1, dm1);
+        let terms = _mm_add_ps(_mm_mul_ps(m0, s_of(2 * j)), _mm_mul_ps(m1, s_of(2 * j + 1)));
+        offset = _mm_add_ps(offset, terms);
         p = p.add(40);
     }
     if kb % 2 == 1 {
         let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
-        let (d, m) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
+        let d = _mm_cvtss_f32(dm);
         let wq = nibbles(p.add(4));
         for r in 0..4 {
             let b = &a[r][kb - 1];
             let prod = dot::<VNNI>(wq, load_act(b));
             acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), prod, acc0[r]);
-            offset[r] += m * b.s;
         }
+        let m = _mm_shuffle_ps::<0b01_01_01_01>(dm, dm);
+        offset = _mm_add_ps(offset, _mm_mul_ps(m, s_of(kb - 1)));
     }
-    std::array::from_fn(|r| hsum(_mm256_add_ps(acc0[r], acc1[r])) + offset[r])
+    let mut offsets = [0f32; 4];
+    _mm_storeu_ps(offsets.as_mut_ptr(), offset);
+    std::array::from_fn(|r| hsum(_mm256_add_ps(acc0[r], acc1[r])) + offsets[r])
 }
 
 /// # Safety

@@ -155,6 +155,14 @@ fn avx2_four_row_kernels_with_and_without_vnni_equal_the_one_row_dot() {
                 };
                 assert_eq!(four, one, "{dtype:?} vnni {vnni} {kb} blocks");
             }
+            let bytes = match dtype {
+                GgmlDType::Q4_0 => 18,
+                GgmlDType::Q4_1 => 20,
+                _ => 34,
+            };
+            if let Some(four) = avx2_tile::narrow_vnni(bytes, &data, a) {
+                assert_eq!(four, one, "{dtype:?} 16-register VNNI variant, {kb} blocks");
+            }
         }
     }
 }
