@@ -129,10 +129,10 @@ unsafe fn vnni_dot(w: __m256i, y: __m256i) -> __m256 {
 /// all of a body's accumulators. With AVX2's 16 a body that spills one to the stack every block
 /// loses when the heap happens to place the activations at the stack slot's address modulo
 /// 4 KiB: every load after that store waits for it (measured with Q4_1: the default model's
-/// 512-token prefill 0.7x as fast, depending on where an earlier allocation was freed). Q4_1's
-/// body keeps its offsets in one register and no longer spills on 16 either; the Q4_0 and
-/// table-format bodies still do there (prompts of those take the AVX-512 or AMX GEMMs where
-/// the CPU has them).
+/// 512-token prefill 0.7x as fast, depending on where an earlier allocation was freed). On 16
+/// registers Q4_1's body still spills, less since its offsets share one register (seven stack
+/// accesses per block pair, from about thirty); Q4_0's does not spill; the table formats' and
+/// Q8_0's do (their prompts take the AVX-512 or AMX GEMMs where the CPU has them).
 macro_rules! variants {
     ($body:ident, $plain:ident, $vnni:ident, $wide:ident) => {
         /// # Safety
