@@ -99,8 +99,8 @@ pub fn tune_allocator() {
 
 /// Gives memory the allocator holds but does not use back to the OS. glibc keeps the freed
 /// memory of large allocations (a 10 MB request body, its parsed copy, a prompt's activations)
-/// in its heap, so without this a burst of large requests leaves the resident size at its peak. A no-op where
-/// the allocator is not glibc's.
+/// in its heap, so without this a burst of large requests leaves the resident size at its
+/// peak. A no-op where the allocator is not glibc's.
 pub fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks the allocator's own free lists; any pad value is valid.

@@ -50,46 +50,25 @@ pub fn has_vnni() -> bool {
 pub fn q4_0(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
     let _ = k;
     check(w, &a, 18, "q4_0");
-    let w = w.as_ptr();
-    // SAFETY: the `Avx2` token proves the features (and `variant` AVX-VNNI and AVX-512 VL);
+    // SAFETY: the `Avx2` token proves the features (`run` checks AVX-VNNI and AVX-512 VL);
     // `check` bounds every read of `w`.
-    unsafe {
-        match variant(vnni) {
-            (true, true) => q4_0_wide(w, a),
-            (true, false) => q4_0_vnni(w, a),
-            (false, _) => q4_0_x4(w, a),
-        }
-    }
+    unsafe { q4_0_variants::run(vnni, w.as_ptr(), a) }
 }
 
 /// [`Avx2::dot_q4_1`] of `w` with each of the four rows `a` (see [`q4_0`] for `vnni`).
 pub fn q4_1(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
     let _ = k;
     check(w, &a, 20, "q4_1");
-    let w = w.as_ptr();
     // SAFETY: as in `q4_0`.
-    unsafe {
-        match variant(vnni) {
-            (true, true) => q4_1_wide(w, a),
-            (true, false) => q4_1_vnni(w, a),
-            (false, _) => q4_1_x4(w, a),
-        }
-    }
+    unsafe { q4_1_variants::run(vnni, w.as_ptr(), a) }
 }
 
 /// [`Avx2::dot_q8_0`] of `w` with each of the four rows `a` (see [`q4_0`] for `vnni`).
 pub fn q8_0(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
     let _ = k;
     check(w, &a, 34, "q8_0");
-    let w = w.as_ptr();
     // SAFETY: as in `q4_0`.
-    unsafe {
-        match variant(vnni) {
-            (true, true) => q8_0_wide(w, a),
-            (true, false) => q8_0_vnni(w, a),
-            (false, _) => q8_0_x4(w, a),
-        }
-    }
+    unsafe { q8_0_variants::run(vnni, w.as_ptr(), a) }
 }
 
 /// Sums of `u8 * i8` products, eight i32 lanes of four products each, as f32.
@@ -134,32 +113,49 @@ unsafe fn vnni_dot(w: __m256i, y: __m256i) -> __m256 {
 /// accesses per block pair, from about thirty); Q4_0's does not spill; the table formats' and
 /// Q8_0's do (their prompts take the AVX-512 or AMX GEMMs where the CPU has them).
 macro_rules! variants {
-    ($body:ident, $plain:ident, $vnni:ident, $wide:ident) => {
-        /// # Safety
-        /// The CPU must have AVX2, FMA, F16C; the row's bytes must be readable.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $plain(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
-            $body::<false>(w, a)
-        }
+    ($module:ident, $body:ident) => {
+        mod $module {
+            use super::*;
 
-        /// # Safety
-        /// As the plain variant, and the CPU must have AVX-VNNI.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $vnni(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
-            $body::<true>(w, a)
-        }
+            /// # Safety
+            /// The CPU must have AVX2, FMA, F16C; the row's bytes must be readable.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub(super) unsafe fn plain(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+                $body::<false>(w, a)
+            }
 
-        /// # Safety
-        /// As the VNNI variant, and the CPU must have AVX-512 F and VL.
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-        unsafe fn $wide(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
-            $body::<true>(w, a)
+            /// # Safety
+            /// As [`plain`], and the CPU must have AVX-VNNI.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub(super) unsafe fn vnni(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+                $body::<true>(w, a)
+            }
+
+            /// # Safety
+            /// As [`vnni`], and the CPU must have AVX-512 F and VL.
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+            pub(super) unsafe fn wide(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+                $body::<true>(w, a)
+            }
+
+            /// The fastest of the three this CPU runs, AVX-VNNI only when `vnni` allows it.
+            ///
+            /// # Safety
+            /// As [`plain`].
+            pub(super) unsafe fn run(vnni: bool, w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+                let vnni = vnni && has_vnni();
+                match (vnni, vnni && wide_registers()) {
+                    (true, true) => wide(w, a),
+                    (true, false) => super::$module::vnni(w, a),
+                    (false, _) => plain(w, a),
+                }
+            }
         }
     };
 }
 
 /// The AVX-VNNI variant compiled for AVX2's sixteen registers of Q4_0 (`bytes` 18), Q4_1 (20)
-/// or Q8_0 (34), even where [`variant`] would take the wide one: for the tests, which hold it
+/// or Q8_0 (34), even where `run` would take the wide one: for the tests, which hold it
 /// equal to the others on CPUs that would never run it.
 #[cfg(test)]
 pub(super) fn narrow_vnni(bytes: usize, w: &[u8], a: Rows4<'_>) -> Option<[f32; 4]> {
@@ -170,9 +166,9 @@ pub(super) fn narrow_vnni(bytes: usize, w: &[u8], a: Rows4<'_>) -> Option<[f32; 
     // SAFETY: `has_vnni` proves AVX2 and AVX-VNNI; `check` bounds every read of `w`.
     unsafe {
         Some(match bytes {
-            18 => q4_0_vnni(w.as_ptr(), a),
-            20 => q4_1_vnni(w.as_ptr(), a),
-            _ => q8_0_vnni(w.as_ptr(), a),
+            18 => q4_0_variants::vnni(w.as_ptr(), a),
+            20 => q4_1_variants::vnni(w.as_ptr(), a),
+            _ => q8_0_variants::vnni(w.as_ptr(), a),
         })
     }
 }
@@ -184,16 +180,9 @@ fn wide_registers() -> bool {
         .get_or_init(|| is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl"))
 }
 
-/// Which variant of a format's body runs: AVX-VNNI (`vnni`, where the CPU has it), with the
-/// wide register file where there is one.
-fn variant(vnni: bool) -> (bool, bool) {
-    let vnni = vnni && has_vnni();
-    (vnni, vnni && wide_registers())
-}
-
-variants!(q4_0_body, q4_0_x4, q4_0_vnni, q4_0_wide);
-variants!(q4_1_body, q4_1_x4, q4_1_vnni, q4_1_wide);
-variants!(q8_0_body, q8_0_x4, q8_0_vnni, q8_0_wide);
+variants!(q4_0_variants, q4_0_body);
+variants!(q4_1_variants, q4_1_body);
+variants!(q8_0_variants, q8_0_body);
 
 /// # Safety
 /// Inlined into its variants (see `variants!`); `w..w + 18 * a[0].len()` must be readable.
@@ -313,15 +302,8 @@ unsafe fn q8_0_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
 pub fn iq4_nl(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
     let _ = k;
     check(w, &a, IQ4_NL_BYTES, "iq4_nl");
-    let w = w.as_ptr();
     // SAFETY: as in `q4_0`.
-    unsafe {
-        match variant(vnni) {
-            (true, true) => iq4_nl_wide(w, a),
-            (true, false) => iq4_nl_vnni(w, a),
-            (false, _) => iq4_nl_x4(w, a),
-        }
-    }
+    unsafe { iq4_nl_variants::run(vnni, w.as_ptr(), a) }
 }
 
 /// [`super::avx2::table_row`] (MXFP4: E8M0-scaled table blocks) of `w` with each of the four
@@ -329,15 +311,8 @@ pub fn iq4_nl(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
 pub fn mxfp4(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
     let _ = k;
     check(w, &a, MXFP4_BYTES, "mxfp4");
-    let w = w.as_ptr();
     // SAFETY: as in `q4_0`.
-    unsafe {
-        match variant(vnni) {
-            (true, true) => mxfp4_wide(w, a),
-            (true, false) => mxfp4_vnni(w, a),
-            (false, _) => mxfp4_x4(w, a),
-        }
-    }
+    unsafe { mxfp4_variants::run(vnni, w.as_ptr(), a) }
 }
 
 /// [`super::iq4::avx2_dot_iq4_xs`] of `w` with each of the four rows `a` (see [`q4_0`] for
@@ -349,20 +324,13 @@ pub fn iq4_xs(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
         "iq4_xs: activation rows are not whole super-blocks"
     );
     check(w, &a, IQ4_XS_BYTES / XS_SUB, "iq4_xs");
-    let w = w.as_ptr();
     // SAFETY: as in `q4_0`.
-    unsafe {
-        match variant(vnni) {
-            (true, true) => iq4_xs_wide(w, a),
-            (true, false) => iq4_xs_vnni(w, a),
-            (false, _) => iq4_xs_x4(w, a),
-        }
-    }
+    unsafe { iq4_xs_variants::run(vnni, w.as_ptr(), a) }
 }
 
-variants!(iq4_nl_body, iq4_nl_x4, iq4_nl_vnni, iq4_nl_wide);
-variants!(mxfp4_body, mxfp4_x4, mxfp4_vnni, mxfp4_wide);
-variants!(iq4_xs_body, iq4_xs_x4, iq4_xs_vnni, iq4_xs_wide);
+variants!(iq4_nl_variants, iq4_nl_body);
+variants!(mxfp4_variants, mxfp4_body);
+variants!(iq4_xs_variants, iq4_xs_body);
 
 /// # Safety
 /// Inlined into its variants (see `variants!`); `w..w + 18 * a[0].len()` must be readable.

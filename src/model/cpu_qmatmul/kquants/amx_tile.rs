@@ -33,7 +33,7 @@ use super::super::amx::{self, Amx, TileConfig};
 use super::super::avx2::f16_at;
 use super::super::tile::checked_blocks;
 use super::activation::Q8KBlock;
-use super::avx512_tile::{broadcast32, halves_epi16};
+use super::avx512_tile::{broadcast32, group_scales, halves_epi16};
 use super::{scales_mins_k4, KFormat};
 
 /// Weight rows per panel (the rows of an `A` and a `C` tile).
@@ -459,17 +459,6 @@ fn q6_high(qh: __m512i, shift: __m512i) -> __m512i {
     _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi16(qh, shift), m3))
 }
 
-/// From sixteen i16 values (the low half of `v`), a zmm whose 128-bit lane `k` holds value
-/// `4 p + k` in all eight i16 lanes: the factors of elements `64 p..64 p + 64` by group.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn by_group(v: __m512i, p: usize) -> __m512i {
-    let k = 0x0001_0001_0001_0001i64;
-    let lane = _mm512_set_epi64(3 * k, 3 * k, 2 * k, 2 * k, k, k, 0, 0);
-    let idx = _mm512_add_epi16(lane, _mm512_set1_epi16(4 * p as i16));
-    _mm512_permutexvar_epi16(idx, v)
-}
-
 /// Decodes row `i` of a Q6_K block at `p` into `panel`: per step `t` and base-4 digit `d` of
 /// the group scales, the bytes `(q - 32) d` (the top digit signed), and the scale.
 ///
@@ -501,7 +490,7 @@ unsafe fn decode_q6_k(panel: &mut Panel, i: usize, p: *const u8) {
         );
         for (t, q) in [(2 * n, qa), (2 * n + 1, qb)] {
             for (d, digit) in digits.iter().enumerate() {
-                let w = by_group(*digit, t);
+                let w = group_scales(*digit, t);
                 // `q w` (< 256, no carries between the bytes of a word) less `32 w` per byte.
                 let mut a =
                     _mm512_sub_epi8(_mm512_mullo_epi16(q, w), _mm512_mullo_epi16(w, times_32));

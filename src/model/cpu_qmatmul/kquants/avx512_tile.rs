@@ -98,7 +98,7 @@ pub(super) unsafe fn broadcast32(p: *const u8) -> __m512i {
 /// `64 pair..64 pair + 64`'s i16 pair sums.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-fn group_scales(sc16: __m512i, pair: usize) -> __m512i {
+pub(super) fn group_scales(sc16: __m512i, pair: usize) -> __m512i {
     let k = 0x0001_0001_0001_0001i64;
     let lane = _mm512_set_epi64(3 * k, 3 * k, 2 * k, 2 * k, k, k, 0, 0);
     let idx = _mm512_add_epi16(lane, _mm512_set1_epi16(4 * pair as i16));
