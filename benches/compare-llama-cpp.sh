@@ -114,12 +114,13 @@ def ratio(a, b):
     return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}"
 print(f"\n{threads} threads, ferry built with cargo profile {sys.argv[3]}; load = load-to-ready / one warm read of the file; "
       "RSS = resident set after loading / file size (llama.cpp's includes the Python interpreter); "
-      "after req = ferry's resident set after a request / (file size + KV cache bytes), split into "
+      "after req = ferry's resident set after a request / (file size + KV cache bytes allocated), then / "
+      "(file size + KV bytes of the positions stored: the CPU's cache pages are resident only where written), split into "
       "anonymous memory, the model file's mapped pages and the binary's own pages\n")
 print("| model | prompt | prefill tok/s ferry / llama.cpp | = | decode tok/s ferry / llama.cpp | = "
       "| load s ferry / llama.cpp (warm read) | load x ferry / llama.cpp | RSS MiB ferry / llama.cpp (file) | RSS x ferry / llama.cpp "
-      "| after req MiB ferry (file + KV) | after req x | anon / model / binary MiB |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "| after req MiB ferry (file + KV) | after req x | x stored | anon / model / binary MiB |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for line in open(path):
     r = json.loads(line)
     f, p, warm, size = r["ferry"], r["peer"], r["warm_read_s"], r["size"]
@@ -131,12 +132,13 @@ for line in open(path):
     # After a request (ferry only): total, its anonymous part, the model's and the binary's pages.
     have = lambda key: [x for x in f if key in x]
     fq, kv = med(have("rss_after_request"), "rss_after_request"), med(have("kv_bytes"), "kv_bytes")
+    kvs = med(have("kv_stored_bytes"), "kv_stored_bytes")
     fa, fm, fb = (med(have(k), k) for k in ("rss_anon", "rss_model", "rss_binary"))
     if not f:
         why = r["ferry_error"] or "failed"
         note = "not loadable by ferry yet" if "cannot compute yet" in why else f"ferry failed: {why}"
         print(f"| {r['model']} | {r['prompt']} | {note} ({fmt(pp)} llama.cpp) | | "
-              f"({fmt(pd)} llama.cpp) | | ({fmt(pl, '.3f')} llama.cpp, {warm:.3f}) | | | | | | |")
+              f"({fmt(pd)} llama.cpp) | | ({fmt(pl, '.3f')} llama.cpp, {warm:.3f}) | | | | | | | |")
         continue
     mb = lambda b: None if b is None else b / 2**20
     print(f"| {r['model']} | {r['prompt']} | {fmt(fp)} / {fmt(pp)} | {ratio(fp, pp)} | {fmt(fd)} / {fmt(pd)} "
@@ -144,5 +146,6 @@ for line in open(path):
           f"| {ratio(fl, warm)} / {ratio(pl, warm)} | {fmt(mb(fr), '.0f')} / {fmt(mb(pr), '.0f')} ({mib:.0f}) "
           f"| {ratio(fr, size)} / {ratio(pr, size)} "
           f"| {fmt(mb(fq), '.0f')} ({fmt(mb(size + kv), '.0f')}) | {ratio(fq, None if kv is None else size + kv)} "
+          f"| {ratio(fq, None if kvs is None else size + kvs)} "
           f"| {fmt(mb(fa), '.0f')} / {fmt(mb(fm), '.0f')} / {fmt(mb(fb), '.0f')} |")
 PY

@@ -103,8 +103,9 @@ fn main() -> Result<(), String> {
         let rss = Rss::now();
         let (rss_model, rss_binary) = mapped_rss(&options.model.source);
         let kv_bytes = sequence.kv_bytes();
+        let kv_stored_bytes = sequence.kv_stored_bytes();
         println!(
-            "{{\"engine\":\"ferry\",\"run\":{run},\"prompt_tokens\":{},\"gen_tokens\":{},\"prefill_tok_s\":{:.2},\"decode_tok_s\":{:.2},\"load_s\":{load_seconds:.4},\"rss_after_load\":{rss_after_load},\"rss_after_request\":{},\"rss_file\":{},\"rss_anon\":{},\"rss_model\":{rss_model},\"rss_binary\":{rss_binary},\"kv_bytes\":{kv_bytes},\"prompt_ids\":{:?}}}",
+            "{{\"engine\":\"ferry\",\"run\":{run},\"prompt_tokens\":{},\"gen_tokens\":{},\"prefill_tok_s\":{:.2},\"decode_tok_s\":{:.2},\"load_s\":{load_seconds:.4},\"rss_after_load\":{rss_after_load},\"rss_after_request\":{},\"rss_file\":{},\"rss_anon\":{},\"rss_model\":{rss_model},\"rss_binary\":{rss_binary},\"kv_bytes\":{kv_bytes},\"kv_stored_bytes\":{kv_stored_bytes},\"prompt_ids\":{:?}}}",
             prompt.len(),
             options.gen_tokens,
             prompt.len() as f64 / prefill_seconds,

@@ -108,6 +108,16 @@ impl KvCache {
         self.layers.iter().map(LayerKv::allocated_bytes).sum()
     }
 
+    /// Bytes of the positions stored across all layers (keys and values): on the CPU the part of
+    /// [`Self::allocated_bytes`] that is resident ([`super::kv_buffer`]), give or take a page per
+    /// head.
+    pub fn stored_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|layer| layer.bytes_for(self.len))
+            .sum()
+    }
+
     /// Fails with [`ModelError::ContextOverflow`] when `extra` more positions do not fit.
     pub fn check_room(&self, extra: usize) -> Result<()> {
         let needed = self.len + extra;
@@ -139,7 +149,7 @@ impl KvCache {
         let layers = self
             .layers
             .iter()
-            .map(LayerKv::fork)
+            .map(|layer| layer.fork(self.len))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             layers,
@@ -273,9 +283,16 @@ impl LayerKv {
         Ok((kb.narrow(2, 0, end)?, vb.narrow(2, 0, end)?))
     }
 
-    /// A copy with its own buffers.
-    fn fork(&self) -> Result<Self> {
-        let copy = |t: &Option<Tensor>| t.as_ref().map(Tensor::copy).transpose();
+    /// A copy with its own buffers of the same capacity, holding positions `0..len`.
+    fn fork(&self, len: usize) -> Result<Self> {
+        let copy = |t: &Option<Tensor>| -> Result<Option<Tensor>> {
+            let Some(t) = t else { return Ok(None) };
+            let copy = super::kv_buffer::zeroed(t.shape(), t.dtype(), t.device())?;
+            if len > 0 {
+                copy.slice_set(&t.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+            }
+            Ok(Some(copy))
+        };
         Ok(Self {
             k: copy(&self.k)?,
             v: copy(&self.v)?,
@@ -302,10 +319,12 @@ impl LayerKv {
     }
 
     fn allocated_bytes(&self) -> usize {
-        2 * self.capacity()
-            * self.shape.n_kv_heads
-            * self.shape.head_dim
-            * self.dtype.size_in_bytes()
+        self.bytes_for(self.capacity())
+    }
+
+    /// Bytes of keys and values for `positions` positions.
+    fn bytes_for(&self, positions: usize) -> usize {
+        2 * positions * self.shape.n_kv_heads * self.shape.head_dim * self.dtype.size_in_bytes()
     }
 
     /// Reallocates to hold at least `needed` positions, keeping positions `0..keep`.
@@ -314,8 +333,8 @@ impl LayerKv {
         let rounded = needed.div_ceil(MIN_CHUNK) * MIN_CHUNK;
         let capacity = doubled.max(rounded).min(self.max_len);
         let shape = (1, self.shape.n_kv_heads, capacity, self.shape.head_dim);
-        let new_k = Tensor::zeros(shape, self.dtype, &self.device)?;
-        let new_v = Tensor::zeros(shape, self.dtype, &self.device)?;
+        let new_k = super::kv_buffer::zeroed(shape, self.dtype, &self.device)?;
+        let new_v = super::kv_buffer::zeroed(shape, self.dtype, &self.device)?;
         if let (Some(old_k), Some(old_v), true) = (&self.k, &self.v, keep > 0) {
             new_k.slice_set(&old_k.narrow(2, 0, keep)?.contiguous()?, 2, 0)?;
             new_v.slice_set(&old_v.narrow(2, 0, keep)?.contiguous()?, 2, 0)?;
@@ -384,6 +403,9 @@ mod tests {
             .unwrap();
         assert_eq!(old[0], 3.0);
         assert_eq!(cache.len(), 306);
+        // 3 layers x keys and values x 2 heads x 4 wide x 4 bytes per position.
+        assert_eq!(cache.stored_bytes(), 306 * 3 * 2 * 2 * 4 * 4);
+        assert_eq!(cache.allocated_bytes(), 512 * 3 * 2 * 2 * 4 * 4);
     }
 
     #[test]
@@ -407,6 +429,7 @@ mod tests {
         let (forked, _) = step(&mut fork, 1, 5.0).unwrap();
         let (original, _) = step(&mut cache, 1, 9.0).unwrap();
         assert_eq!(value_at(&forked, 0), 1.0, "the prompt's keys are copied");
+        assert_eq!(value_at(&forked, 2), 1.0, "every stored position is copied");
         assert_eq!(value_at(&forked, 3), 5.0);
         assert_eq!(value_at(&original, 3), 9.0, "the fork's write is its own");
     }

@@ -28,6 +28,7 @@ pub mod error;
 pub mod gemma;
 pub mod header;
 pub mod hub;
+pub mod kv_buffer;
 pub mod kv_cache;
 pub mod llama;
 pub mod loader;

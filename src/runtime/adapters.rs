@@ -73,6 +73,11 @@ impl RunnerSequence {
     pub fn kv_bytes(&self) -> usize {
         self.cache.allocated_bytes()
     }
+
+    /// Bytes of the positions this sequence's KV cache holds (at most [`Self::kv_bytes`]).
+    pub fn kv_stored_bytes(&self) -> usize {
+        self.cache.stored_bytes()
+    }
 }
 
 impl ModelRunner {
