@@ -410,7 +410,10 @@ fn bytes_moved_are_the_routed_expert_arithmetic() {
 
 /// Tier `Auto` follows the cost model per expert and step: a fast link and a slow host stream
 /// the routed experts, a slow link and a fast host compute them on the host; tokens equal
-/// mode `none`'s either way.
+/// mode `none`'s either way. The decisions are checked, not only what served them: a stream
+/// decision that finds no free slot (both taken by predictions still copying, which depends on
+/// the copy thread's timing) is computed on the host, so under load a run may copy no routed
+/// expert at all (seen: 2 of 25 runs beside two busy loops, all its streamed experts prefetch hits).
 #[test]
 fn auto_tier_follows_the_cost_model() {
     let dir = tempfile::tempdir().unwrap();
@@ -439,9 +442,26 @@ fn auto_tier_follows_the_cost_model() {
         experts.set_cost_model(Some(model));
         let tokens = greedy(&placed.model, &mut placed.store, prompts);
         assert_eq!(tokens, expected);
-        let s = placed.store.accounting().snapshot();
-        assert_eq!(s.expert_misses > 0, streams, "{s:?}");
-        assert_eq!(s.expert_host > 0, !streams || s.expert_misses > 0, "{s:?}");
+        let accounting = placed.store.accounting();
+        let s = accounting.snapshot();
+        let decided = |tier| accounting.tier_decisions().get(tier);
+        let (stream, host) = (decided(Tier::Stream), decided(Tier::Host));
+        if streams {
+            assert!(
+                stream > 0 && host == 0,
+                "{stream} stream / {host} host: {s:?}"
+            );
+            // Streamed experts were copied, by their own miss or ahead of time by a prediction.
+            assert!(s.expert_misses + s.expert_prefetch_hits > 0, "{s:?}");
+        } else {
+            assert!(
+                host > 0 && stream == 0,
+                "{stream} stream / {host} host: {s:?}"
+            );
+            // A host decision is computed on the host and never copied.
+            assert_eq!(s.expert_misses, 0, "{s:?}");
+            assert_eq!(s.expert_host, host, "{s:?}");
+        }
     }
 }
 
