@@ -118,7 +118,8 @@ macro_rules! variants {
             use super::*;
 
             /// # Safety
-            /// The CPU must have AVX2, FMA, F16C; the row's bytes must be readable.
+            /// The CPU must have AVX2, FMA, F16C; the row's bytes must be readable and every
+            /// row of `a` as long as the first ([`check`]).
             #[target_feature(enable = "avx2,fma,f16c")]
             pub(super) unsafe fn plain(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
                 $body::<false>(w, a)
@@ -154,21 +155,38 @@ macro_rules! variants {
     };
 }
 
-/// The AVX-VNNI variant compiled for AVX2's sixteen registers of Q4_0 (`bytes` 18), Q4_1 (20)
-/// or Q8_0 (34), even where `run` would take the wide one: for the tests, which hold it
-/// equal to the others on CPUs that would never run it.
+/// The AVX-VNNI variant compiled for AVX2's sixteen registers of `format` (`None` for one
+/// without a four-row body), even where `run` would take the wide one: for the tests, which
+/// hold it equal to the others on CPUs that would never run it.
 #[cfg(test)]
-pub(super) fn narrow_vnni(bytes: usize, w: &[u8], a: Rows4<'_>) -> Option<[f32; 4]> {
+pub(super) fn narrow_vnni(format: super::Format, w: &[u8], a: Rows4<'_>) -> Option<[f32; 4]> {
+    use super::Format;
     if !has_vnni() {
         return None;
     }
+    let bytes = match format {
+        Format::Q4_0 => 18,
+        Format::Q4_1 => 20,
+        Format::Q8_0 => 34,
+        Format::IQ4_NL => IQ4_NL_BYTES,
+        Format::MXFP4 => MXFP4_BYTES,
+        Format::IQ4_XS => {
+            assert!(a[0].len().is_multiple_of(XS_SUB));
+            IQ4_XS_BYTES / XS_SUB
+        }
+        _ => return None,
+    };
     check(w, &a, bytes, "narrow_vnni");
-    // SAFETY: `has_vnni` proves AVX2 and AVX-VNNI; `check` bounds every read of `w`.
+    // SAFETY: `has_vnni` proves AVX2 and AVX-VNNI; `check` bounds every read of `w` and makes
+    // the rows equally long.
     unsafe {
-        Some(match bytes {
-            18 => q4_0_variants::vnni(w.as_ptr(), a),
-            20 => q4_1_variants::vnni(w.as_ptr(), a),
-            _ => q8_0_variants::vnni(w.as_ptr(), a),
+        Some(match format {
+            Format::Q4_0 => q4_0_variants::vnni(w.as_ptr(), a),
+            Format::Q4_1 => q4_1_variants::vnni(w.as_ptr(), a),
+            Format::Q8_0 => q8_0_variants::vnni(w.as_ptr(), a),
+            Format::IQ4_NL => iq4_nl_variants::vnni(w.as_ptr(), a),
+            Format::MXFP4 => mxfp4_variants::vnni(w.as_ptr(), a),
+            _ => iq4_xs_variants::vnni(w.as_ptr(), a),
         })
     }
 }
@@ -209,7 +227,8 @@ unsafe fn q4_0_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
 }
 
 /// # Safety
-/// Inlined into its variants (see `variants!`); `w..w + 20 * a[0].len()` must be readable.
+/// Inlined into its variants (see `variants!`); `w..w + 20 * a[0].len()` must be readable and
+/// every row of `a` as long as the first ([`check`]).
 #[inline(always)]
 unsafe fn q4_1_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
     let kb = a[0].len();
@@ -219,21 +238,20 @@ unsafe fn q4_1_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
     // `offset += m0 * s0 + m1 * s1` of the one-row kernel: four fewer live registers, so
     // the body spills less on AVX2's sixteen.
     let mut offset = _mm_setzero_ps();
-    let s_of = |i: usize| _mm_set_ps(a[3][i].s, a[2][i].s, a[1][i].s, a[0][i].s);
+    // SAFETY (each `get_unchecked`): the rows hold `kb` blocks and `i < kb`.
+    let s_of = |i: usize| {
+        let s = |r: usize| unsafe { a[r].get_unchecked(i).s };
+        _mm_set_ps(s(3), s(2), s(1), s(0))
+    };
     let mut p = w;
     for j in 0..kb / 2 {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
         let dm0 = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
+        let d0 = _mm_cvtss_f32(dm0);
+        unsigned_block::<VNNI>(nibbles(p.add(4)), d0, a, 2 * j, &mut acc0);
         let dm1 = _mm_cvtph_ps(_mm_cvtsi32_si128(p.add(20).cast::<i32>().read_unaligned()));
-        let (d0, d1) = (_mm_cvtss_f32(dm0), _mm_cvtss_f32(dm1));
-        let (w0, w1) = (nibbles(p.add(4)), nibbles(p.add(24)));
-        for r in 0..4 {
-            let (b0, b1) = (&a[r][2 * j], &a[r][2 * j + 1]);
-            let prod0 = dot::<VNNI>(w0, load_act(b0));
-            let prod1 = dot::<VNNI>(w1, load_act(b1));
-            acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b0.d), prod0, acc0[r]);
-            acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * b1.d), prod1, acc1[r]);
-        }
+        let d1 = _mm_cvtss_f32(dm1);
+        unsigned_block::<VNNI>(nibbles(p.add(24)), d1, a, 2 * j + 1, &mut acc1);
         // Lane-wise `m0 * s0 + m1 * s1`, then added: the scalar's operations and order.
         let m0 = _mm_shuffle_ps::<0b01_01_01_01>(dm0, dm0);
         let m1 = _mm_shuffle_ps::<0b01_01_01_01>(dm1, dm1);
@@ -244,12 +262,7 @@ unsafe fn q4_1_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
     if kb % 2 == 1 {
         let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
         let d = _mm_cvtss_f32(dm);
-        let wq = nibbles(p.add(4));
-        for r in 0..4 {
-            let b = &a[r][kb - 1];
-            let prod = dot::<VNNI>(wq, load_act(b));
-            acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), prod, acc0[r]);
-        }
+        unsigned_block::<VNNI>(nibbles(p.add(4)), d, a, kb - 1, &mut acc0);
         let m = _mm_shuffle_ps::<0b01_01_01_01>(dm, dm);
         offset = _mm_add_ps(offset, _mm_mul_ps(m, s_of(kb - 1)));
     }
@@ -259,7 +272,8 @@ unsafe fn q4_1_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
 }
 
 /// # Safety
-/// Inlined into its variants (see `variants!`); `w..w + 34 * a[0].len()` must be readable.
+/// Inlined into its variants (see `variants!`); `w..w + 34 * a[0].len()` must be readable and
+/// every row of `a` as long as the first ([`check`]).
 #[inline(always)]
 unsafe fn q8_0_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
     let kb = a[0].len();
@@ -269,32 +283,60 @@ unsafe fn q8_0_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
     for j in 0..kb / 2 {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD + 64).cast());
-        let (wv0, wv1) = (
-            _mm256_loadu_si256(p.add(2).cast()),
-            _mm256_loadu_si256(p.add(36).cast()),
-        );
-        let (abs0, abs1) = (_mm256_sign_epi8(wv0, wv0), _mm256_sign_epi8(wv1, wv1));
-        let (d0, d1) = (f16_at(p), f16_at(p.add(34)));
-        for r in 0..4 {
-            let (b0, b1) = (&a[r][2 * j], &a[r][2 * j + 1]);
-            let prod0 = dot::<VNNI>(abs0, _mm256_sign_epi8(load_act(b0), wv0));
-            let prod1 = dot::<VNNI>(abs1, _mm256_sign_epi8(load_act(b1), wv1));
-            acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b0.d), prod0, acc0[r]);
-            acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * b1.d), prod1, acc1[r]);
-        }
+        let wv = _mm256_loadu_si256(p.add(2).cast());
+        signed_block::<VNNI>(wv, f16_at(p), a, 2 * j, &mut acc0);
+        let wv = _mm256_loadu_si256(p.add(36).cast());
+        signed_block::<VNNI>(wv, f16_at(p.add(34)), a, 2 * j + 1, &mut acc1);
         p = p.add(68);
     }
     if kb % 2 == 1 {
         let wv = _mm256_loadu_si256(p.add(2).cast());
-        let abs = _mm256_sign_epi8(wv, wv);
-        let d = f16_at(p);
-        for r in 0..4 {
-            let b = &a[r][kb - 1];
-            let prod = dot::<VNNI>(abs, _mm256_sign_epi8(load_act(b), wv));
-            acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), prod, acc0[r]);
-        }
+        signed_block::<VNNI>(wv, f16_at(p), a, kb - 1, &mut acc0);
     }
     std::array::from_fn(|r| hsum(_mm256_add_ps(acc0[r], acc1[r])))
+}
+
+/// Block `i` of the four rows `a` against the unsigned weights `wq` (nibbles) scaled by `d`,
+/// into `sums`, as [`signed_block`] does for signed ones.
+///
+/// # Safety
+/// As [`signed_block`].
+#[inline(always)]
+unsafe fn unsigned_block<const VNNI: bool>(
+    wq: __m256i,
+    d: f32,
+    a: Rows4<'_>,
+    i: usize,
+    sums: &mut [__m256; 4],
+) {
+    for (row, sum) in a.iter().zip(sums.iter_mut()) {
+        let b = row.get_unchecked(i);
+        let prod = dot::<VNNI>(wq, load_act(b));
+        *sum = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), prod, *sum);
+    }
+}
+
+/// Block `i` of the four rows `a` against the signed weights `wv` scaled by `d`, into `sums`
+/// (row `r` into `sums[r]`). The bodies that take two blocks per iteration (even blocks into one
+/// set of sums, odd into another, as their one-row kernels do) call it once per block, so that
+/// only one block's weights are live beside the eight sums: within AVX2's sixteen registers.
+///
+/// # Safety
+/// The CPU must have AVX2 (and AVX-VNNI when `VNNI`); every row of `a` must hold block `i`.
+#[inline(always)]
+unsafe fn signed_block<const VNNI: bool>(
+    wv: __m256i,
+    d: f32,
+    a: Rows4<'_>,
+    i: usize,
+    sums: &mut [__m256; 4],
+) {
+    let abs = _mm256_sign_epi8(wv, wv);
+    for (row, sum) in a.iter().zip(sums.iter_mut()) {
+        let b = row.get_unchecked(i);
+        let prod = dot::<VNNI>(abs, _mm256_sign_epi8(load_act(b), wv));
+        *sum = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), prod, *sum);
+    }
 }
 
 /// [`super::avx2::table_row`] (IQ4_NL: the f16-scaled table blocks) of `w` with each of the
@@ -333,7 +375,8 @@ variants!(mxfp4_variants, mxfp4_body);
 variants!(iq4_xs_variants, iq4_xs_body);
 
 /// # Safety
-/// Inlined into its variants (see `variants!`); `w..w + 18 * a[0].len()` must be readable.
+/// Inlined into its variants (see `variants!`); `w..w + 18 * a[0].len()` must be readable and
+/// every row of `a` as long as the first ([`check`]).
 #[inline(always)]
 unsafe fn iq4_nl_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
     let table = _mm_loadu_si128(iq4::KVALUES.as_ptr().cast());
@@ -341,7 +384,8 @@ unsafe fn iq4_nl_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] 
 }
 
 /// # Safety
-/// Inlined into its variants (see `variants!`); `w..w + 17 * a[0].len()` must be readable.
+/// Inlined into its variants (see `variants!`); `w..w + 17 * a[0].len()` must be readable and
+/// every row of `a` as long as the first ([`check`]).
 #[inline(always)]
 unsafe fn mxfp4_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
     let table = _mm_loadu_si128(mxfp4::KVALUES.as_ptr().cast());
@@ -353,7 +397,8 @@ unsafe fn mxfp4_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C (and AVX-VNNI when `VNNI`);
-/// `w..w + (scale.header_bytes() + 16) * a[0].len()` must be readable.
+/// `w..w + (scale.header_bytes() + 16) * a[0].len()` must be readable and every row of `a` as
+/// long as the first ([`check`]).
 #[inline(always)]
 unsafe fn table_body<const VNNI: bool>(
     table: __m128i,
@@ -370,27 +415,14 @@ unsafe fn table_body<const VNNI: bool>(
     for j in 0..kb / 2 {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
         let w0 = table_block(table, p.add(head));
+        signed_block::<VNNI>(w0, scale_at(scale, p), a, 2 * j, &mut acc0);
         let w1 = table_block(table, p.add(head + block));
-        let (abs0, abs1) = (_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(w1, w1));
-        let (d0, d1) = (scale_at(scale, p), scale_at(scale, p.add(block)));
-        for r in 0..4 {
-            let (b0, b1) = (&a[r][2 * j], &a[r][2 * j + 1]);
-            let prod0 = dot::<VNNI>(abs0, _mm256_sign_epi8(load_act(b0), w0));
-            let prod1 = dot::<VNNI>(abs1, _mm256_sign_epi8(load_act(b1), w1));
-            acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b0.d), prod0, acc0[r]);
-            acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * b1.d), prod1, acc1[r]);
-        }
+        signed_block::<VNNI>(w1, scale_at(scale, p.add(block)), a, 2 * j + 1, &mut acc1);
         p = p.add(2 * block);
     }
     if kb % 2 == 1 {
         let w0 = table_block(table, p.add(head));
-        let abs0 = _mm256_sign_epi8(w0, w0);
-        let d0 = scale_at(scale, p);
-        for r in 0..4 {
-            let b = &a[r][kb - 1];
-            let prod = dot::<VNNI>(abs0, _mm256_sign_epi8(load_act(b), w0));
-            acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b.d), prod, acc0[r]);
-        }
+        signed_block::<VNNI>(w0, scale_at(scale, p), a, kb - 1, &mut acc0);
     }
     std::array::from_fn(|r| hsum(_mm256_add_ps(acc0[r], acc1[r])))
 }

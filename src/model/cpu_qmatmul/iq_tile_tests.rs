@@ -89,6 +89,14 @@ fn avx2_table_kernels_with_and_without_vnni_equal_the_one_row_dot() {
                 };
                 assert_eq!(four, one, "{ty} vnni {vnni} {kb} blocks");
             }
+            let format = match ty {
+                GgufType::IQ4_NL => Format::IQ4_NL,
+                GgufType::IQ4_XS => Format::IQ4_XS,
+                _ => Format::MXFP4,
+            };
+            if let Some(four) = avx2_tile::narrow_vnni(format, &data, a) {
+                assert_eq!(four, one, "{ty} 16-register VNNI variant, {kb} blocks");
+            }
         }
     }
 }

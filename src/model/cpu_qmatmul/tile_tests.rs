@@ -155,12 +155,12 @@ fn avx2_four_row_kernels_with_and_without_vnni_equal_the_one_row_dot() {
                 };
                 assert_eq!(four, one, "{dtype:?} vnni {vnni} {kb} blocks");
             }
-            let bytes = match dtype {
-                GgmlDType::Q4_0 => 18,
-                GgmlDType::Q4_1 => 20,
-                _ => 34,
+            let format = match dtype {
+                GgmlDType::Q4_0 => Format::Q4_0,
+                GgmlDType::Q4_1 => Format::Q4_1,
+                _ => Format::Q8_0,
             };
-            if let Some(four) = avx2_tile::narrow_vnni(bytes, &data, a) {
+            if let Some(four) = avx2_tile::narrow_vnni(format, &data, a) {
                 assert_eq!(four, one, "{dtype:?} 16-register VNNI variant, {kb} blocks");
             }
         }
