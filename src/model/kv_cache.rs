@@ -285,17 +285,16 @@ impl LayerKv {
 
     /// A copy with its own buffers of the same capacity, holding positions `0..len`.
     fn fork(&self, len: usize) -> Result<Self> {
-        let copy = |t: &Option<Tensor>| -> Result<Option<Tensor>> {
-            let Some(t) = t else { return Ok(None) };
-            let copy = super::kv_buffer::zeroed(t.shape(), t.dtype(), t.device())?;
-            if len > 0 {
-                copy.slice_set(&t.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+        let (k, v) = match (&self.k, &self.v) {
+            (Some(_), Some(_)) => {
+                let (k, v) = self.copied_into(self.capacity(), len)?;
+                (Some(k), Some(v))
             }
-            Ok(Some(copy))
+            _ => (None, None),
         };
         Ok(Self {
-            k: copy(&self.k)?,
-            v: copy(&self.v)?,
+            k,
+            v,
             shape: self.shape,
             dtype: self.dtype,
             device: self.device.clone(),
@@ -332,6 +331,15 @@ impl LayerKv {
         let doubled = (self.capacity() * 2).max(MIN_CHUNK);
         let rounded = needed.div_ceil(MIN_CHUNK) * MIN_CHUNK;
         let capacity = doubled.max(rounded).min(self.max_len);
+        let (k, v) = self.copied_into(capacity, keep)?;
+        self.k = Some(k);
+        self.v = Some(v);
+        Ok(())
+    }
+
+    /// New key and value buffers of `capacity` positions ([`super::kv_buffer::zeroed`]: only
+    /// the pages written become resident) holding this layer's positions `0..keep`.
+    fn copied_into(&self, capacity: usize, keep: usize) -> Result<(Tensor, Tensor)> {
         let shape = (1, self.shape.n_kv_heads, capacity, self.shape.head_dim);
         let new_k = super::kv_buffer::zeroed(shape, self.dtype, &self.device)?;
         let new_v = super::kv_buffer::zeroed(shape, self.dtype, &self.device)?;
@@ -339,9 +347,7 @@ impl LayerKv {
             new_k.slice_set(&old_k.narrow(2, 0, keep)?.contiguous()?, 2, 0)?;
             new_v.slice_set(&old_v.narrow(2, 0, keep)?.contiguous()?, 2, 0)?;
         }
-        self.k = Some(new_k);
-        self.v = Some(new_v);
-        Ok(())
+        Ok((new_k, new_v))
     }
 }
 

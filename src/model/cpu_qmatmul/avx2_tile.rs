@@ -108,10 +108,10 @@ unsafe fn vnni_dot(w: __m256i, y: __m256i) -> __m256 {
 /// all of a body's accumulators. With AVX2's 16 a body that spills one to the stack every block
 /// loses when the heap happens to place the activations at the stack slot's address modulo
 /// 4 KiB: every load after that store waits for it (measured with Q4_1: the default model's
-/// 512-token prefill 0.7x as fast, depending on where an earlier allocation was freed). On 16
-/// registers Q4_1's body still spills, less since its offsets share one register (seven stack
-/// accesses per block pair, from about thirty); Q4_0's does not spill; the table formats' and
-/// Q8_0's do (their prompts take the AVX-512 or AMX GEMMs where the CPU has them).
+/// 512-token prefill 0.7x as fast, depending on where an earlier allocation was freed). The
+/// two-block bodies therefore compute one block at a time ([`signed_block`],
+/// [`unsigned_block`]) and none of the bodies spills a vector on 16 registers either (checked
+/// in the disassembly); the wide variant is kept for the CPUs that have AVX-512 VL.
 macro_rules! variants {
     ($module:ident, $body:ident) => {
         mod $module {

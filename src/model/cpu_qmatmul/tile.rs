@@ -30,9 +30,9 @@
 //! one-row kernel. The AMX tasks of both take up to 256 activation rows
 //! ([`amx_panel::task_rows`], [`kquants::amx_tile::task_rows`]), so a panel's weight decoding
 //! is shared by more of them, and their weight runs have no L2 cap (the weights are decoded
-//! once per task; longer runs share the task's activation packing). Q8_0's prompts then have the AVX-512
-//! order while its decode keeps the AVX2 kernel (float summation order apart); Q4_1 (the
-//! default model) stays off it.
+//! once per task; longer runs share the task's activation packing). Q8_0's prompts then have
+//! the AVX-512 order while its decode keeps the AVX2 kernel (float summation order apart);
+//! Q4_1 (the default model) stays off it.
 
 use std::ops::Range;
 
