@@ -54,6 +54,7 @@ fn aggregate_rate(engine: &EngineHandle, n: usize, tokens: usize) -> Result<f64,
         receivers.push(
             engine
                 .submit(GenerationRequest {
+                    cache_partition: None,
                     model: "bench".to_string(),
                     prompt: prompt.clone(),
                     params,

@@ -52,6 +52,7 @@ fn run(engine: &EngineHandle, prompt: Vec<u32>, max_tokens: usize) -> Result<Tur
     };
     params.sampling.temperature = 0.0;
     let request = GenerationRequest {
+        cache_partition: None,
         model: "bench".to_string(),
         prompt,
         params,

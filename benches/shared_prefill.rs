@@ -74,6 +74,7 @@ fn main() -> Result<(), String> {
     };
     params.sampling.temperature = 0.0;
     let request = GenerationRequest {
+        cache_partition: None,
         model: "bench".to_string(),
         prompt,
         params,

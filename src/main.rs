@@ -202,6 +202,7 @@ fn generate(config: Config, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
     };
     let n_prompt = prompt_tokens.len();
     let request = GenerationRequest {
+        cache_partition: None,
         model: model.name.clone(),
         prompt: prompt_tokens,
         params: GenerationParams {

@@ -9,7 +9,8 @@
 use super::types::{DeviceConfig, ModelConfig, ServerConfig};
 use super::values::{
     Bandwidth, Budget, Codec, Device, Dtype, Gflops, Kernels, KvDtype, Mode, Names, Number,
-    OptionalPositive, Positive, Secret, Shown, Size, Switch, Text, Tiers, Time,
+    OptionalPositive, OptionalSwitch, OptionalText, Positive, Secret, Secrets, Shown, Size, Switch,
+    Text, Tiers, Time,
 };
 
 /// The table a setting lives in.
@@ -168,6 +169,28 @@ pub static SETTINGS: &[Setting] = &[
         field: field!(Server, Secret, api_key),
     },
     Setting {
+        name: "api-keys",
+        short: None,
+        key: "api_keys",
+        value_name: "KEYS",
+        default: None,
+        default_note: "none",
+        example: "key-one,key-two",
+        help: "More accepted keys, comma-separated, beside api_key. With more than one key, each key has its own prefix cache.",
+        field: field!(Server, Secrets, api_keys),
+    },
+    Setting {
+        name: "api-keys-file",
+        short: None,
+        key: "api_keys_file",
+        value_name: "PATH",
+        default: None,
+        default_note: "none",
+        example: "/etc/ferry/keys",
+        help: "A file of more accepted keys, one per line (blank lines and # comments skipped), read at start.",
+        field: field!(Server, OptionalText, api_keys_file),
+    },
+    Setting {
         name: "max-queue",
         short: None,
         key: "max_queue",
@@ -271,11 +294,11 @@ pub static SETTINGS: &[Setting] = &[
         short: None,
         key: "metrics_auth",
         value_name: "BOOL",
-        default: Some("false"),
-        default_note: "",
-        example: "true",
-        help: "Require the API key on GET /metrics too (/health never needs it).",
-        field: field!(Server, Switch, metrics_auth),
+        default: None,
+        default_note: "on when a key is set",
+        example: "false",
+        help: "Require the API key on GET /metrics too (/health never needs it). Unset: on whenever a key is set.",
+        field: field!(Server, OptionalSwitch, metrics_auth),
     },
     Setting {
         name: "allowed-hosts",

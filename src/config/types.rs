@@ -27,6 +27,10 @@ pub struct ServerConfig {
     pub port: u16,
     /// Bearer token required on every request, if set.
     pub api_key: Option<String>,
+    /// More accepted bearer tokens.
+    pub api_keys: Vec<String>,
+    /// A file of more accepted bearer tokens, one per line (read at start).
+    pub api_keys_file: Option<String>,
     /// Requests allowed to wait.
     pub max_queue: usize,
     /// Largest request body in bytes.
@@ -45,8 +49,8 @@ pub struct ServerConfig {
     pub default_max_tokens: usize,
     /// Largest `max_tokens` a request may ask for; unset = the context is the limit.
     pub max_tokens_limit: Option<usize>,
-    /// Whether `GET /metrics` requires the API key.
-    pub metrics_auth: bool,
+    /// Whether `GET /metrics` requires the API key; unset = whenever a key is set.
+    pub metrics_auth: Option<bool>,
     /// `Host` names requests may carry; empty = the default rule (localhost names for a
     /// key-less server on a loopback address, any host otherwise).
     pub allowed_hosts: Vec<String>,
@@ -133,6 +137,8 @@ impl ServerConfig {
             host: String::new(),
             port: 0,
             api_key: None,
+            api_keys: Vec::new(),
+            api_keys_file: None,
             max_queue: 0,
             body_limit: 0,
             shutdown_timeout: Duration::ZERO,
@@ -142,7 +148,7 @@ impl ServerConfig {
             body_read_timeout: Duration::ZERO,
             default_max_tokens: 0,
             max_tokens_limit: None,
-            metrics_auth: false,
+            metrics_auth: None,
             allowed_hosts: Vec::new(),
             parse_special_in_content: false,
             cors_origins: Vec::new(),

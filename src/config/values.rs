@@ -250,6 +250,37 @@ impl Codec for Secret {
     }
 }
 
+/// Several secrets (API keys), comma-separated: `ferry config` never prints them.
+pub struct Secrets;
+impl Codec for Secrets {
+    type Value = Vec<String>;
+    fn parse(text: &str) -> Result<Vec<String>, String> {
+        Names::parse(text).map_err(|_| "a key must not contain spaces".to_string())
+    }
+    fn show(value: &Vec<String>) -> Shown {
+        if value.is_empty() {
+            Shown::Unset
+        } else {
+            Shown::Hidden
+        }
+    }
+}
+
+/// `true`, `false`, or unset (the empty string): a switch whose default depends on others.
+pub struct OptionalSwitch;
+impl Codec for OptionalSwitch {
+    type Value = Option<bool>;
+    fn parse(text: &str) -> Result<Option<bool>, String> {
+        if text.trim().is_empty() {
+            return Ok(None);
+        }
+        Switch::parse(text).map(Some)
+    }
+    fn show(value: &Option<bool>) -> Shown {
+        value.map_or(Shown::Unset, Shown::Bool)
+    }
+}
+
 /// A whole number (`u16`, `usize`, ...), zero allowed.
 pub struct Number<T>(PhantomData<T>);
 impl<T: std::str::FromStr + Copy + TryInto<u64>> Codec for Number<T> {

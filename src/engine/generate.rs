@@ -117,6 +117,8 @@ pub enum Progress {
 /// The state of one running request: everything except its model-side sequence (KV cache).
 pub struct Generation {
     prompt: Vec<u32>,
+    /// [`GenerationRequest::cache_partition`].
+    cache_partition: Option<u64>,
     params: GenerationParams,
     sampler: Sampler,
     grammar: Option<GrammarState>,
@@ -159,6 +161,7 @@ impl Generation {
             detok: IncrementalDecoder::new(prompt, true),
             stops: StopMatcher::new(&params.stop),
             prompt: prompt.clone(),
+            cache_partition: request.cache_partition,
             params: params.clone(),
             events,
             tracker,
@@ -231,6 +234,11 @@ impl Generation {
     /// The prompt's token ids.
     pub fn prompt(&self) -> &[u32] {
         &self.prompt
+    }
+
+    /// The prefix-cache partition of the prompt ([`GenerationRequest::cache_partition`]).
+    pub fn cache_partition(&self) -> Option<u64> {
+        self.cache_partition
     }
 
     /// The most positions the sequence may come to hold: the prompt and `max_tokens`.

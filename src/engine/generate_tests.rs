@@ -15,6 +15,7 @@ use crate::metrics::Metrics;
 
 fn request(prompt: Vec<u32>, params: GenerationParams) -> GenerationRequest {
     GenerationRequest {
+        cache_partition: None,
         model: "m".into(),
         prompt,
         params,

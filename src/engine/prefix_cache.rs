@@ -100,11 +100,12 @@ impl Default for PrefixCacheOptions {
     }
 }
 
-/// The chained keys of the whole blocks of `tokens`: key `i` hashes key `i - 1` and the ids of
-/// block `i`, so it stands for the prefix `tokens[..(i + 1) * block]`.
-pub fn block_keys(tokens: &[u32], block: usize) -> Vec<u64> {
+/// The chained keys of the whole blocks of `tokens` in `partition`: key `i` hashes key `i - 1`
+/// (the partition for the first block) and the ids of block `i`, so it stands for the prefix
+/// `tokens[..(i + 1) * block]` of that partition alone. `None` is the shared partition.
+pub fn block_keys(partition: Option<u64>, tokens: &[u32], block: usize) -> Vec<u64> {
     let mut keys = Vec::with_capacity(tokens.len() / block.max(1));
-    let mut parent: Option<u64> = None;
+    let mut parent: Option<u64> = partition;
     for chunk in tokens.chunks_exact(block.max(1)) {
         // SipHash with fixed keys: the same ids give the same key for the life of the process.
         let mut hasher = DefaultHasher::new();
@@ -119,7 +120,7 @@ pub fn block_keys(tokens: &[u32], block: usize) -> Vec<u64> {
 
 /// One cached block.
 struct Entry<B> {
-    /// The previous block's key (`None` for a prompt's first block).
+    /// The previous block's key; for a prompt's first block its partition (`None`: shared).
     parent: Option<u64>,
     /// The block's own token ids.
     tokens: Box<[u32]>,
@@ -182,13 +183,13 @@ impl<B> PrefixCache<B> {
         self.entries.len() * self.block
     }
 
-    /// The keys of the longest run of cached blocks `tokens` starts with, at most `max_tokens`
-    /// tokens of it.
-    fn matching(&self, tokens: &[u32], max_tokens: usize) -> Vec<u64> {
+    /// The keys of the longest run of cached blocks `tokens` starts with in `partition`, at
+    /// most `max_tokens` tokens of it.
+    fn matching(&self, partition: Option<u64>, tokens: &[u32], max_tokens: usize) -> Vec<u64> {
         let usable = &tokens[..max_tokens.min(tokens.len())];
         let mut matched = Vec::new();
-        let mut parent = None;
-        for (key, chunk) in block_keys(usable, self.block)
+        let mut parent = partition;
+        for (key, chunk) in block_keys(partition, usable, self.block)
             .into_iter()
             .zip(usable.chunks_exact(self.block))
         {
@@ -215,29 +216,30 @@ impl<B> PrefixCache<B> {
         now
     }
 
-    /// The longest run of cached whole blocks that `tokens` starts with, at most `max_tokens`
-    /// tokens of it, in order; marks them used.
-    pub fn lookup(&mut self, tokens: &[u32], max_tokens: usize) -> Vec<&B> {
-        let keys = self.matching(tokens, max_tokens);
+    /// The longest run of cached whole blocks that `tokens` starts with in `partition`, at most
+    /// `max_tokens` tokens of it, in order; marks them used.
+    pub fn lookup(&mut self, partition: Option<u64>, tokens: &[u32], max_tokens: usize) -> Vec<&B> {
+        let keys = self.matching(partition, tokens, max_tokens);
         self.touch(&keys);
         keys.iter().map(|key| &self.entries[key].data).collect()
     }
 
-    /// Caches the whole blocks of `tokens` that are not cached yet, in order, each made by
+    /// Caches the whole blocks of `tokens` that `partition` does not hold yet, in order, each made by
     /// `copy(start, len)`, while the cache holds at most `room` tokens (and its own limit):
     /// least recently used blocks are evicted for them, never blocks of this prefix. Stops at
     /// the first block `copy` declines (`None`). Returns the tokens added.
     pub fn insert(
         &mut self,
+        partition: Option<u64>,
         tokens: &[u32],
         room: usize,
         mut copy: impl FnMut(usize, usize) -> Option<B>,
     ) -> usize {
         let cap = room.min(self.limit);
-        let present = self.matching(tokens, tokens.len());
+        let present = self.matching(partition, tokens, tokens.len());
         let now = self.touch(&present);
-        let keys = block_keys(tokens, self.block);
-        let mut parent = present.last().copied();
+        let keys = block_keys(partition, tokens, self.block);
+        let mut parent = present.last().copied().or(partition);
         let mut added = 0;
         for (depth, &key) in keys.iter().enumerate().skip(present.len()) {
             if self.entries.contains_key(&key) {
@@ -294,23 +296,26 @@ impl<B> PrefixCache<B> {
     }
 
     /// Starts the empty sequence `seq` from the longest cached run of whole blocks of `prompt`
-    /// that leaves the rest to compute exactly as an uncached prefill in chunks of `chunk` would
+    /// in `partition` that leaves the rest to compute exactly as an uncached prefill in chunks of `chunk` would
     /// ([`reuse_len`]; at least the last token is left). Returns the positions restored (0 when
     /// nothing matched or the model could not take them, leaving `seq` empty).
     pub fn restore<M>(
         &mut self,
         model: &M,
         seq: &mut M::Sequence,
-        prompt: &[u32],
+        (partition, prompt): (Option<u64>, &[u32]),
         chunk: usize,
     ) -> usize
     where
         M: LanguageModel<Block = B>,
     {
         let block = self.block;
-        let hit = self.matching(prompt, prompt.len().saturating_sub(1)).len() * block;
+        let hit = self
+            .matching(partition, prompt, prompt.len().saturating_sub(1))
+            .len()
+            * block;
         let reuse = reuse_len(hit, prompt.len(), chunk, block, self.long_rows);
-        let mut blocks = self.lookup(prompt, reuse);
+        let mut blocks = self.lookup(partition, prompt, reuse);
         blocks.truncate(reuse / block);
         if blocks.is_empty() {
             return 0;
@@ -326,18 +331,19 @@ impl<B> PrefixCache<B> {
     }
 
     /// Copies the whole blocks of `prompt` that `seq` (whose prefill of `prompt` just completed)
-    /// holds and the cache lacks into the cache, within `room` tokens. Returns the tokens added.
+    /// holds and `partition` lacks into the cache, within `room` tokens. Returns the tokens
+    /// added.
     pub fn remember<M>(
         &mut self,
         model: &M,
         seq: &M::Sequence,
-        prompt: &[u32],
+        (partition, prompt): (Option<u64>, &[u32]),
         room: usize,
     ) -> usize
     where
         M: LanguageModel<Block = B>,
     {
-        self.insert(prompt, room, |start, len| {
+        self.insert(partition, prompt, room, |start, len| {
             match model.copy_block(seq, start, len) {
                 Ok(block) => block,
                 Err(err) => {
@@ -359,21 +365,21 @@ mod tests {
     }
 
     fn insert(c: &mut PrefixCache<usize>, tokens: &[u32], room: usize) -> usize {
-        c.insert(tokens, room, |start, _| Some(start))
+        c.insert(None, tokens, room, |start, _| Some(start))
     }
 
     #[test]
     fn keys_chain_over_whole_blocks() {
-        let a = block_keys(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 4);
+        let a = block_keys(None, &[1, 2, 3, 4, 5, 6, 7, 8, 9], 4);
         assert_eq!(a.len(), 2, "the partial block has no key");
-        let b = block_keys(&[1, 2, 3, 4, 5, 6, 7, 8], 4);
+        let b = block_keys(None, &[1, 2, 3, 4, 5, 6, 7, 8], 4);
         assert_eq!(a, b);
         // The same second block after another first block is another key.
-        let c = block_keys(&[0, 2, 3, 4, 5, 6, 7, 8], 4);
+        let c = block_keys(None, &[0, 2, 3, 4, 5, 6, 7, 8], 4);
         assert_ne!(a[0], c[0]);
         assert_ne!(a[1], c[1]);
         // A block's key depends on its position in the chain, not only on its tokens.
-        let d = block_keys(&[5, 6, 7, 8], 4);
+        let d = block_keys(None, &[5, 6, 7, 8], 4);
         assert_ne!(d[0], a[1]);
     }
 
@@ -383,23 +389,47 @@ mod tests {
         let prompt: Vec<u32> = (0..14).collect();
         assert_eq!(insert(&mut c, &prompt, usize::MAX), 12);
         assert_eq!(c.tokens_held(), 12);
-        assert_eq!(c.lookup(&prompt, 13), [&0, &4, &8]);
-        assert_eq!(c.lookup(&prompt, 11), [&0, &4], "at most 11 tokens");
+        assert_eq!(c.lookup(None, &prompt, 13), [&0, &4, &8]);
+        assert_eq!(c.lookup(None, &prompt, 11), [&0, &4], "at most 11 tokens");
         // A prompt that leaves the cached one in its third block reuses two blocks.
         let mut other = prompt.clone();
         other[9] = 99;
-        assert_eq!(c.lookup(&other, 14), [&0, &4]);
+        assert_eq!(c.lookup(None, &other, 14), [&0, &4]);
         other[0] = 99;
-        assert!(c.lookup(&other, 14).is_empty());
+        assert!(c.lookup(None, &other, 14).is_empty());
         // Inserting a longer prompt adds only its new blocks.
         let longer: Vec<u32> = (0..20).collect();
         let mut copied = Vec::new();
-        c.insert(&longer, usize::MAX, |start, len| {
+        c.insert(None, &longer, usize::MAX, |start, len| {
             copied.push((start, len));
             Some(start)
         });
         assert_eq!(copied, [(12, 4), (16, 4)]);
-        assert_eq!(c.lookup(&longer, 20), [&0, &4, &8, &12, &16]);
+        assert_eq!(c.lookup(None, &longer, 20), [&0, &4, &8, &12, &16]);
+    }
+
+    #[test]
+    fn partitions_never_see_each_others_blocks() {
+        let mut c = cache(None);
+        let prompt: Vec<u32> = (0..9).collect();
+        assert_eq!(c.insert(Some(7), &prompt, usize::MAX, |s, _| Some(s)), 8);
+        assert!(c.lookup(None, &prompt, 9).is_empty(), "shared");
+        assert!(
+            c.lookup(Some(8), &prompt, 9).is_empty(),
+            "another partition"
+        );
+        assert_eq!(c.lookup(Some(7), &prompt, 9), [&0, &4]);
+        // The same prompt in the shared partition is cached again, as its own blocks.
+        assert_eq!(insert(&mut c, &prompt, usize::MAX), 8);
+        assert_eq!(c.tokens_held(), 16);
+        assert_ne!(
+            block_keys(Some(7), &prompt, 4),
+            block_keys(None, &prompt, 4)
+        );
+        // A first block planted under the shared key with the partition's parent is refused.
+        let shared = block_keys(None, &prompt, 4)[0];
+        c.entries.get_mut(&shared).unwrap().parent = Some(7);
+        assert!(c.lookup(None, &prompt, 9).is_empty());
     }
 
     #[test]
@@ -407,14 +437,14 @@ mod tests {
         let mut c = cache(None);
         insert(&mut c, &[1, 2, 3, 4, 5, 6, 7, 8], usize::MAX);
         // Plant a block under the key of another prefix's second block: its tokens differ.
-        let keys = block_keys(&[1, 2, 3, 4, 9, 9, 9, 9], 4);
+        let keys = block_keys(None, &[1, 2, 3, 4, 9, 9, 9, 9], 4);
         let stray = c
             .entries
-            .remove(&block_keys(&[1, 2, 3, 4, 5, 6, 7, 8], 4)[1]);
+            .remove(&block_keys(None, &[1, 2, 3, 4, 5, 6, 7, 8], 4)[1]);
         let mut stray = stray.unwrap();
         stray.stamp = 0;
         c.entries.insert(keys[1], stray);
-        assert_eq!(c.lookup(&[1, 2, 3, 4, 9, 9, 9, 9, 0], 9), [&0]);
+        assert_eq!(c.lookup(None, &[1, 2, 3, 4, 9, 9, 9, 9, 0], 9), [&0]);
     }
 
     #[test]
@@ -427,16 +457,20 @@ mod tests {
         assert_eq!(c.tokens_held(), 16);
         // `a` is used again, so `b` is the older one; a third prompt evicts b's blocks,
         // its second block first.
-        c.lookup(&a, 8);
+        c.lookup(None, &a, 8);
         let d: Vec<u32> = (200..204).collect();
         assert_eq!(insert(&mut c, &d, usize::MAX), 4, "the limit is 16 tokens");
-        assert_eq!(c.lookup(&b, 8), [&0], "b's first block is left");
-        assert_eq!(c.lookup(&a, 8).len(), 2);
+        assert_eq!(c.lookup(None, &b, 8), [&0], "b's first block is left");
+        assert_eq!(c.lookup(None, &a, 8).len(), 2);
         assert_eq!(c.shrink_to(8), 8);
         assert_eq!(c.tokens_held(), 8);
-        assert_eq!(c.lookup(&a, 8).len(), 2, "the most recently used stay");
+        assert_eq!(
+            c.lookup(None, &a, 8).len(),
+            2,
+            "the most recently used stay"
+        );
         assert_eq!(c.shrink_to(0), 8);
-        assert!(c.lookup(&a, 8).is_empty());
+        assert!(c.lookup(None, &a, 8).is_empty());
     }
 
     #[test]
@@ -444,18 +478,18 @@ mod tests {
         let mut c = cache(None);
         let long: Vec<u32> = (0..40).collect();
         assert_eq!(insert(&mut c, &long, 12), 12, "three blocks fit the room");
-        assert_eq!(c.lookup(&long, 40).len(), 3);
+        assert_eq!(c.lookup(None, &long, 40).len(), 3);
         // Another prompt in a room of 8: it evicts the older prompt's blocks, deepest first.
         let other: Vec<u32> = (500..512).collect();
         assert_eq!(insert(&mut c, &other, 8), 8);
         assert_eq!(c.tokens_held(), 8);
-        assert_eq!(c.lookup(&other, 12).len(), 2);
-        assert!(c.lookup(&long, 40).is_empty());
+        assert_eq!(c.lookup(None, &other, 12).len(), 2);
+        assert!(c.lookup(None, &long, 40).is_empty());
         // A room of zero adds nothing.
         assert_eq!(insert(&mut c, &long, 0), 0);
         // A copy that declines stops the insertion.
         let mut calls = 0;
-        let added = c.insert(&long, usize::MAX, |start, _| {
+        let added = c.insert(None, &long, usize::MAX, |start, _| {
             calls += 1;
             (start < 8).then_some(start)
         });

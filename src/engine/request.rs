@@ -90,6 +90,11 @@ pub struct GenerationRequest {
     pub prompt: Vec<u32>,
     /// Sampling, limits and stop conditions.
     pub params: GenerationParams,
+    /// The prefix-cache partition the prompt's blocks are looked up and kept in: `None` is the
+    /// partition every request without a salt shares; the server derives `Some` from the
+    /// request's `cache_salt` and, when several API keys are configured, the caller's key, so
+    /// one client cannot learn from cache hits what another sent.
+    pub cache_partition: Option<u64>,
 }
 
 impl GenerationRequest {

@@ -213,7 +213,15 @@ fn start_cached<M: LanguageModel>(
     active: &mut Active<M::Sequence>,
 ) {
     let chunk = ctx.limits.prefill_chunk;
-    let restored = cache.restore(model, &mut active.seq, active.generation.prompt(), chunk);
+    let restored = cache.restore(
+        model,
+        &mut active.seq,
+        (
+            active.generation.cache_partition(),
+            active.generation.prompt(),
+        ),
+        chunk,
+    );
     active.generation.start_cached(restored);
     active.tracker.fed(restored);
     ctx.metrics
@@ -362,7 +370,8 @@ fn step<M: LanguageModel>(
         if let (true, Some((cache, room))) = (prefilling, prefix.as_mut()) {
             let prompt = active.generation.prompt();
             let exact = &prompt[..active.exact.min(prompt.len())];
-            cache.remember(&*model, &active.seq, exact, *room);
+            let partition = active.generation.cache_partition();
+            cache.remember(&*model, &active.seq, (partition, exact), *room);
         }
         for fork in std::mem::take(&mut active.forks) {
             let prefilled = (&active.seq, active.generation.cached());

@@ -216,6 +216,7 @@ impl ScriptModel {
 /// A greedy (temperature 0) request to `model` continuing `prompt` by at most `max_tokens`.
 pub fn greedy_request(model: &str, prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
     GenerationRequest {
+        cache_partition: None,
         model: model.into(),
         prompt,
         params: GenerationParams {

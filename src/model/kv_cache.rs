@@ -306,14 +306,18 @@ impl LayerKv {
         self.k.as_ref().map_or(0, |k| k.dims()[2])
     }
 
-    /// Copies of positions `start..start + len` of the keys and values.
+    /// Copies of positions `start..start + len` of the keys and values, each in a buffer of
+    /// its own that holds just those positions. (`force_contiguous`, not candle's `copy`:
+    /// `copy` clones the whole storage under a view, so every span kept the layer's full
+    /// buffers alive; nor `contiguous`, which returns the view itself when the narrowed
+    /// positions happen to be contiguous, as they are with one key/value head.)
     fn copy_span(&self, start: usize, len: usize) -> Result<(Tensor, Tensor)> {
         let (Some(k), Some(v)) = (&self.k, &self.v) else {
             return Err(candle_core::Error::Msg("kv cache buffers missing".into()).into());
         };
         Ok((
-            k.narrow(2, start, len)?.copy()?,
-            v.narrow(2, start, len)?.copy()?,
+            k.narrow(2, start, len)?.force_contiguous()?,
+            v.narrow(2, start, len)?.force_contiguous()?,
         ))
     }
 
@@ -475,6 +479,42 @@ mod tests {
         let mut small = KvCache::new(2, shape, 4, DType::F32, &Device::Cpu);
         assert!(small.extend_from_spans(&[&first, &second]).is_err());
         assert_eq!(small.len(), 0, "nothing committed");
+    }
+
+    /// Elements the storage under `t` holds (CPU): what keeping `t` keeps alive.
+    fn storage_elems(t: &Tensor) -> usize {
+        let (storage, _) = t.storage_and_layout();
+        match &*storage {
+            candle_core::Storage::Cpu(cpu) => cpu.as_slice::<f32>().unwrap().len(),
+            _ => unreachable!("CPU tensors only"),
+        }
+    }
+
+    #[test]
+    fn a_span_keeps_only_its_own_positions_alive() {
+        // One key/value head makes the narrowed positions contiguous (where `contiguous()` would
+        // hand back the view of the whole buffer), two heads make them strided (where candle's
+        // `copy()` clones the whole buffer): either way a span must own just its positions.
+        for n_kv_heads in [1, 2] {
+            let shape = KvShape {
+                n_kv_heads,
+                head_dim: 4,
+            };
+            let mut cache = KvCache::new(3, shape, 4096, DType::F32, &Device::Cpu);
+            let t = Tensor::ones((1, n_kv_heads, 600, 4), DType::F32, &Device::Cpu).unwrap();
+            for i in 0..3 {
+                cache.layer_mut(i).unwrap().write(0, &t, &t).unwrap();
+            }
+            cache.commit(600).unwrap();
+            assert_eq!(cache.capacity(), 768);
+            let span = cache.copy_span(32, 16).unwrap();
+            let per_tensor = n_kv_heads * 16 * 4;
+            for (k, v) in &span.layers {
+                assert_eq!(storage_elems(k), per_tensor, "{n_kv_heads} heads: keys");
+                assert_eq!(storage_elems(v), per_tensor, "{n_kv_heads} heads: values");
+            }
+            assert_eq!(span.allocated_bytes(), 3 * 2 * per_tensor * 4);
+        }
     }
 
     #[test]

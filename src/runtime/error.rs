@@ -50,6 +50,14 @@ pub enum RuntimeError {
     /// Every configured model failed to load, so nothing can be served.
     #[error("no model could be loaded: {0}")]
     NoModelLoaded(String),
+    /// The API keys file cannot be read.
+    #[error("api_keys_file {path}: {source}")]
+    KeysFile {
+        /// The configured path.
+        path: String,
+        /// The read error.
+        source: std::io::Error,
+    },
     /// Serving on the listener failed.
     #[error("serving failed: {0}")]
     Serve(std::io::Error),

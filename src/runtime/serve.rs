@@ -40,9 +40,36 @@ pub async fn bind(server: &ServerConfig) -> Result<TcpListener, RuntimeError> {
         .map_err(|source| RuntimeError::Listen { address, source })
 }
 
-/// The HTTP layer's options for `config`.
-pub fn server_options(config: &Config) -> ServerOptions {
+/// Every key `server` accepts: `api_key`, `api_keys`, then the lines of `api_keys_file`
+/// (blank lines and `#` comments skipped), each once, in that order.
+pub fn accepted_keys(server: &ServerConfig) -> Result<Vec<String>, RuntimeError> {
+    let mut keys: Vec<String> = server
+        .api_key
+        .iter()
+        .chain(&server.api_keys)
+        .cloned()
+        .collect();
+    if let Some(path) = &server.api_keys_file {
+        let text = std::fs::read_to_string(path).map_err(|source| RuntimeError::KeysFile {
+            path: path.clone(),
+            source,
+        })?;
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                .map(str::to_owned),
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    keys.retain(|key| seen.insert(key.clone()));
+    Ok(keys)
+}
+
+/// The HTTP layer's options for `config`, accepting `api_keys` ([`accepted_keys`]).
+pub fn server_options(config: &Config, api_keys: Vec<String>) -> ServerOptions {
     let server = &config.server;
+    let has_key = !api_keys.is_empty();
     ServerOptions {
         body_limit: server.body_limit,
         body_read_timeout: server.body_read_timeout,
@@ -50,13 +77,9 @@ pub fn server_options(config: &Config) -> ServerOptions {
         idle_timeout: server.idle_timeout,
         max_connections: server.max_connections,
         shutdown_timeout: server.shutdown_timeout,
-        api_key: server.api_key.clone(),
-        metrics_auth: server.metrics_auth,
-        allowed_hosts: default_allowed_hosts(
-            &server.host,
-            server.api_key.is_some(),
-            &server.allowed_hosts,
-        ),
+        api_keys,
+        metrics_auth: server.metrics_auth.unwrap_or(has_key),
+        allowed_hosts: default_allowed_hosts(&server.host, has_key, &server.allowed_hosts),
         default_max_tokens: server.default_max_tokens,
         max_tokens_limit: server.max_tokens_limit,
         parse_special_in_content: server.parse_special_in_content,
@@ -113,6 +136,13 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: ShutdownSignal,
 ) -> Result<ServeReport, RuntimeError> {
+    let api_keys = accepted_keys(&config.server)?;
+    if api_keys.len() > 1 {
+        tracing::info!(
+            keys = api_keys.len(),
+            "several API keys: each key has its own prefix cache"
+        );
+    }
     let device = select_device(config.device.kind)?;
     let hub = HubOptions::from_env(|key| std::env::var(key).ok());
     // The plan `ferry plan` prints, measured once before anything loads: a model that does not
@@ -222,7 +252,7 @@ pub async fn serve(
             std::future::pending().await
         }
     };
-    let options = server_options(&config);
+    let options = server_options(&config, api_keys);
     let backend = Arc::new(engine) as Arc<dyn Backend>;
     let outcome = tokio::select! {
         served = server::run(backend, options, listener, shutdown) => {
@@ -270,7 +300,7 @@ mod tests {
             )
         );
         assert_eq!(engine.prefix_cache, library.prefix_cache);
-        let server = server_options(&config());
+        let server = server_options(&config(), Vec::new());
         let library = ServerOptions::default();
         assert_eq!(
             (
@@ -306,13 +336,39 @@ mod tests {
     fn settings_reach_the_options() {
         let mut config = config();
         config.server.allowed_hosts = vec!["ferry.example".into()];
-        config.server.metrics_auth = true;
+        config.server.metrics_auth = Some(true);
         config.server.max_tokens_limit = Some(9);
         config.models[0].max_step_tokens = 77;
-        let server = server_options(&config);
+        let server = server_options(&config, Vec::new());
         assert_eq!(server.allowed_hosts, ["ferry.example"]);
         assert!(server.metrics_auth);
         assert_eq!(server.max_tokens_limit, Some(9));
         assert_eq!(engine_options(&config, Metrics::new()).max_step_tokens, 77);
+    }
+
+    #[test]
+    fn a_key_puts_the_metrics_behind_it_unless_told_otherwise() {
+        let mut config = config();
+        assert!(!server_options(&config, Vec::new()).metrics_auth);
+        assert!(server_options(&config, vec!["k".into()]).metrics_auth);
+        config.server.metrics_auth = Some(false);
+        assert!(!server_options(&config, vec!["k".into()]).metrics_auth);
+    }
+
+    #[test]
+    fn keys_come_from_the_key_the_list_and_the_file_once_each() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut file, b"# tenants\n  two \n\nthree\none\n").unwrap();
+        let mut config = config();
+        config.server.api_key = Some("one".into());
+        config.server.api_keys = vec!["two".into()];
+        config.server.api_keys_file = Some(file.path().display().to_string());
+        assert_eq!(
+            accepted_keys(&config.server).unwrap(),
+            ["one", "two", "three"]
+        );
+        config.server.api_keys_file = Some("/nonexistent/ferry-keys".into());
+        let err = accepted_keys(&config.server).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/ferry-keys"), "{err}");
     }
 }

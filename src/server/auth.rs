@@ -4,8 +4,11 @@
 //! - `Host`: when [`ServerOptions::allowed_hosts`] names hosts, a request whose `Host` (port
 //!   dropped, case ignored) is not one of them is 403 `host_not_allowed`. A request without
 //!   `Host` passes (browsers, which DNS rebinding needs, always send one).
-//! - Key: when [`ServerOptions::api_key`] is set, `Authorization: Bearer <key>` (scheme in any
-//!   case) is required, compared in constant time (`subtle`), else 401 `invalid_api_key`.
+//! - Key: when [`ServerOptions::api_keys`] names any, `Authorization: Bearer <key>` (scheme in
+//!   any case) is required, compared in constant time (`subtle`) with every key, else 401
+//!   `invalid_api_key`. With several keys the request carries its key's [`Caller`] (an
+//!   extension), so the handlers keep each key's prompts in a prefix-cache partition of its own:
+//!   one client cannot time another's cache hits.
 //!
 //! `/health` is exempt from both (orchestrators probe it by address); `/metrics` is exempt from
 //! the key unless [`ServerOptions::metrics_auth`].
@@ -20,17 +23,27 @@ use super::error::ApiError;
 use super::{AppState, ServerOptions};
 
 /// The middleware (installed on the whole router, fallbacks included).
-pub async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub async fn guard(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     match check(&state.options, &request) {
-        Ok(()) => next.run(request).await,
+        Ok(caller) => {
+            if let Some(caller) = caller {
+                request.extensions_mut().insert(caller);
+            }
+            next.run(request).await
+        }
         Err(err) => err.into_response(),
     }
 }
 
-fn check(options: &ServerOptions, request: &Request) -> Result<(), ApiError> {
+/// Which of several configured keys a request presented (its index among
+/// [`ServerOptions::api_keys`]); absent with one key or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller(pub usize);
+
+fn check(options: &ServerOptions, request: &Request) -> Result<Option<Caller>, ApiError> {
     let path = request.uri().path();
     if path == "/health" {
-        return Ok(());
+        return Ok(None);
     }
     if !options.allowed_hosts.is_empty() {
         if let Some(host) = request_host(request) {
@@ -43,20 +56,26 @@ fn check(options: &ServerOptions, request: &Request) -> Result<(), ApiError> {
             }
         }
     }
-    let Some(key) = options.api_key.as_deref() else {
-        return Ok(());
-    };
-    if path == "/metrics" && !options.metrics_auth {
-        return Ok(());
+    if options.api_keys.is_empty() || (path == "/metrics" && !options.metrics_auth) {
+        return Ok(None);
     }
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token);
-    match presented {
-        Some(token) if bool::from(token.as_bytes().ct_eq(key.as_bytes())) => Ok(()),
-        _ => Err(ApiError::unauthorized()),
+        .and_then(bearer_token)
+        .ok_or_else(ApiError::unauthorized)?;
+    // Every key is compared, so the time taken does not tell which one (or none) matched.
+    let mut matched = None;
+    for (index, key) in options.api_keys.iter().enumerate() {
+        if bool::from(presented.as_bytes().ct_eq(key.as_bytes())) {
+            matched = Some(index);
+        }
+    }
+    match matched {
+        Some(index) if options.api_keys.len() > 1 => Ok(Some(Caller(index))),
+        Some(_) => Ok(None),
+        None => Err(ApiError::unauthorized()),
     }
 }
 

@@ -58,12 +58,13 @@ pub struct ServerOptions {
     /// Extra names clients may send as `model`, each mapped to a served model id. They are
     /// listed by `GET /v1/models` (with `root` naming the target). Default: none.
     pub served_name_aliases: BTreeMap<String, String>,
-    /// When set, every request except `GET /health` (and `GET /metrics` unless
-    /// [`metrics_auth`](Self::metrics_auth)) requires `Authorization: Bearer <key>` (401
-    /// otherwise), checked before routing. Default: none (no authentication).
-    pub api_key: Option<String>,
-    /// Whether `GET /metrics` requires the API key too. Default false (Prometheus scrapers
-    /// often carry no key).
+    /// The keys accepted: when any is set, every request except `GET /health` (and `GET
+    /// /metrics` unless [`metrics_auth`](Self::metrics_auth)) requires `Authorization: Bearer
+    /// <one of them>` (401 otherwise), checked before routing. With more than one, each key's
+    /// requests have a prefix cache partition of their own. Default: none (no authentication).
+    pub api_keys: Vec<String>,
+    /// Whether `GET /metrics` requires the API key too. Default false here; the configuration
+    /// turns it on whenever a key is set, unless `metrics_auth = false`.
     pub metrics_auth: bool,
     /// `Host` names (without port) requests may carry; others get 403 (protection against DNS
     /// rebinding for a server without a key). Empty: any host. Default: empty; the runtime
@@ -101,7 +102,7 @@ impl Default for ServerOptions {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             served_name_aliases: BTreeMap::new(),
-            api_key: None,
+            api_keys: Vec::new(),
             metrics_auth: false,
             allowed_hosts: Vec::new(),
             sse_keep_alive: DEFAULT_SSE_KEEP_ALIVE,
@@ -124,7 +125,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("max_connections", &self.max_connections)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("served_name_aliases", &self.served_name_aliases)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("api_keys", &format!("<{} redacted>", self.api_keys.len()))
             .field("metrics_auth", &self.metrics_auth)
             .field("allowed_hosts", &self.allowed_hosts)
             .field("sse_keep_alive", &self.sse_keep_alive)
@@ -151,9 +152,9 @@ impl ServerOptions {
         self
     }
 
-    /// Sets [`ServerOptions::api_key`] (default none).
+    /// Adds a key to [`ServerOptions::api_keys`] (default none).
     pub fn with_api_key(mut self, key: impl Into<String>) -> Self {
-        self.api_key = Some(key.into());
+        self.api_keys.push(key.into());
         self
     }
 }

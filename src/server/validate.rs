@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use super::admission::check_prompt_chars;
+use super::auth::Caller;
 use super::error::ApiError;
 use super::openai::chat::ChatRequest;
 use super::openai::common::SamplingWire;
@@ -47,6 +48,7 @@ pub struct ValidRequest {
     stream: bool,
     include_usage: bool,
     tool_calls: Option<ToolParsing>,
+    cache_partition: Option<u64>,
 }
 
 /// How a chat reply's tool calls are read: the model's format and the offered tools.
@@ -102,6 +104,7 @@ impl ValidRequest {
     /// The request for the engine.
     pub fn generation_request(&self) -> GenerationRequest {
         GenerationRequest {
+            cache_partition: self.cache_partition,
             model: self.model.clone(),
             prompt: self.prompt.clone(),
             params: self.params.clone(),
@@ -109,10 +112,27 @@ impl ValidRequest {
     }
 }
 
-/// Validates a `/v1/completions` request. `max_tokens` defaults to OpenAI's 16.
+/// The prefix-cache partition of a request from `caller` (which of several keys it presented)
+/// with `salt` (`cache_salt`): the shared one (`None`) when neither is given, else a hash of
+/// both, so each key and each salt has blocks of its own.
+fn cache_partition(caller: Option<Caller>, salt: Option<&str>) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    if caller.is_none() && salt.is_none() {
+        return None;
+    }
+    // SipHash with fixed keys: the same key and salt give the same partition for the life of
+    // the process (the cache's own keys are made the same way).
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    caller.map(|c| c.0).hash(&mut hasher);
+    salt.hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// Validates a `/v1/completions` request from `caller`. `max_tokens` defaults to OpenAI's 16.
 pub async fn completion(
     state: &AppState,
     req: CompletionRequest,
+    caller: Option<Caller>,
 ) -> Result<ValidRequest, ApiError> {
     let options = &state.options;
     let sampling = sampling(&req.sampling)?;
@@ -158,12 +178,18 @@ pub async fn completion(
         stream: req.sampling.stream,
         include_usage: req.sampling.include_usage,
         tool_calls: None,
+        cache_partition: cache_partition(caller, req.sampling.cache_salt.as_deref()),
     })
 }
 
-/// Validates a `/v1/chat/completions` request. `max_tokens` defaults to
+/// Validates a `/v1/chat/completions` request from `caller`. `max_tokens` defaults to
 /// [`ServerOptions::default_max_tokens`], lowered to what the context leaves.
-pub async fn chat(state: &AppState, req: ChatRequest) -> Result<ValidRequest, ApiError> {
+pub async fn chat(
+    state: &AppState,
+    req: ChatRequest,
+    caller: Option<Caller>,
+) -> Result<ValidRequest, ApiError> {
+    let partition = cache_partition(caller, req.sampling.cache_salt.as_deref());
     let options = &state.options;
     let sampling = sampling(&req.sampling)?;
     let n = choices(req.sampling.n)?;
@@ -248,6 +274,7 @@ pub async fn chat(state: &AppState, req: ChatRequest) -> Result<ValidRequest, Ap
         stream: req.sampling.stream,
         include_usage: req.sampling.include_usage,
         tool_calls,
+        cache_partition: partition,
     })
 }
 

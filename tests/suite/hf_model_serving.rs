@@ -77,6 +77,7 @@ fn generate(source: &str, hub: &HubOptions) -> (String, usize) {
         .tokenize("tiny", "Hello there", true)
         .expect("tokenize");
     let mut request = GenerationRequest {
+        cache_partition: None,
         model: "tiny".to_string(),
         prompt,
         params: GenerationParams::default(),

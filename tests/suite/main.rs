@@ -8,6 +8,7 @@
 mod common;
 mod fixtures;
 mod real_model;
+mod serve_process;
 mod tiny;
 
 mod arch_crosscheck;
@@ -25,6 +26,7 @@ mod hf_model_serving;
 mod http_api;
 mod layering;
 mod lifecycle;
+mod memory_bound;
 mod model_real;
 mod observability;
 mod offload_model_mode;

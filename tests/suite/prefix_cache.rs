@@ -29,6 +29,10 @@ struct Server {
 
 impl Server {
     async fn start(prefix_cache: PrefixCacheOptions) -> Self {
+        Self::start_with(prefix_cache, ServerOptions::default()).await
+    }
+
+    async fn start_with(prefix_cache: PrefixCacheOptions, server: ServerOptions) -> Self {
         let options = EngineOptions {
             prefix_cache,
             ..EngineOptions::default()
@@ -42,7 +46,7 @@ impl Server {
         let base = format!("http://{}", listener.local_addr().expect("address"));
         tokio::spawn(run(
             Arc::new(engine) as Arc<dyn Backend>,
-            ServerOptions::default(),
+            server,
             listener,
             ShutdownSignal::never(),
         ));
@@ -54,11 +58,29 @@ impl Server {
 
     /// A greedy chat completion of `messages`: the response body.
     async fn chat(&self, messages: &[Value], max_tokens: usize) -> Value {
-        let body = json!({"model": MODEL, "messages": messages, "max_tokens": max_tokens,
+        self.chat_as(None, None, messages, max_tokens).await
+    }
+
+    /// [`Self::chat`] with the bearer `key` and the `cache_salt` `salt`, when given.
+    async fn chat_as(
+        &self,
+        key: Option<&str>,
+        salt: Option<&str>,
+        messages: &[Value],
+        max_tokens: usize,
+    ) -> Value {
+        let mut body = json!({"model": MODEL, "messages": messages, "max_tokens": max_tokens,
             "temperature": 0});
-        let response = self
+        if let Some(salt) = salt {
+            body["cache_salt"] = json!(salt);
+        }
+        let mut request = self
             .client
-            .post(format!("{}/v1/chat/completions", self.base))
+            .post(format!("{}/v1/chat/completions", self.base));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        let response = request
             .json(&body)
             .timeout(Duration::from_secs(300))
             .send()
@@ -206,4 +228,53 @@ async fn a_tiny_cache_keeps_evicting_and_answers_stay_the_same() {
     let held = format!(r#"ferry_prefix_cache_tokens{{model="{MODEL}"}}"#);
     assert_eq!(cached.metric(&held).await, (2 * BLOCK) as f64);
     assert_eq!(cached.metric(&hits_metric()).await, reused as f64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn salts_and_keys_keep_their_prefixes_apart() {
+    let options = ServerOptions::default()
+        .with_api_key("tenant-a")
+        .with_api_key("tenant-b");
+    let server = Server::start_with(on(), options).await;
+    let system = json!({"role": "system", "content": SYSTEM});
+    let ask = |q: &str| [system.clone(), json!({"role": "user", "content": q})];
+    let (a, b) = (Some("tenant-a"), Some("tenant-b"));
+
+    let first = server
+        .chat_as(a, None, &ask("Who was the first keeper?"), 4)
+        .await;
+    assert_eq!(cached_tokens(&first), Some(0));
+    // The same key finds its own system prompt again...
+    let again = server
+        .chat_as(a, None, &ask("What birds nest there?"), 4)
+        .await;
+    assert!(cached_tokens(&again).unwrap() > 0, "{again}");
+    // ...another key does not, nor the first key with a salt...
+    let other = server
+        .chat_as(b, None, &ask("What birds nest there?"), 4)
+        .await;
+    assert_eq!(cached_tokens(&other), Some(0), "{other}");
+    let salted = server
+        .chat_as(a, Some("s1"), &ask("What birds nest there?"), 4)
+        .await;
+    assert_eq!(cached_tokens(&salted), Some(0), "{salted}");
+    // ...but the same key and salt do, and the answers are those of an uncached server.
+    let resalted = server
+        .chat_as(a, Some("s1"), &ask("Who was the first keeper?"), 4)
+        .await;
+    assert!(cached_tokens(&resalted).unwrap() > 0, "{resalted}");
+    assert_eq!(answer(&resalted), answer(&first));
+
+    // An empty salt is refused, naming the field.
+    let response = server
+        .client
+        .post(format!("{}/v1/chat/completions", server.base))
+        .bearer_auth("tenant-a")
+        .json(&json!({"model": MODEL, "messages": ask("Hi"), "cache_salt": ""}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["error"]["param"], "cache_salt", "{body}");
 }

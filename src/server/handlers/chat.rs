@@ -6,11 +6,13 @@
 
 use axum::extract::State;
 use axum::response::Response;
+use axum::Extension;
 use serde_json::{Map, Value};
 
 use super::{respond, usage_of, Collected, ResponseFormatter};
 use crate::engine::tool_calls::{ParsedOutput, ToolCallFormat, ToolCallStream, ToolEvent};
 use crate::engine::{FinishReason, TokenOutput, Usage};
+use crate::server::auth::Caller;
 use crate::server::error::ApiError;
 use crate::server::extract::JsonObject;
 use crate::server::metrics::ModelLabel;
@@ -27,15 +29,20 @@ use crate::server::AppState;
 /// The handler; its response carries the model label for `ferry_requests_total`.
 pub async fn chat_completions(
     State(state): State<AppState>,
+    caller: Option<Extension<Caller>>,
     JsonObject(body): JsonObject,
 ) -> Response {
     let label = ModelLabel::of(&state, &body);
-    label.attach(run(state, body).await)
+    label.attach(run(state, caller.map(|c| c.0), body).await)
 }
 
-async fn run(state: AppState, body: Map<String, Value>) -> Result<Response, ApiError> {
+async fn run(
+    state: AppState,
+    caller: Option<Caller>,
+    body: Map<String, Value>,
+) -> Result<Response, ApiError> {
     let req = ChatRequest::from_json(body)?;
-    let valid = validate::chat(&state, req).await?;
+    let valid = validate::chat(&state, req, caller).await?;
     respond(&state, &valid, Formatter::new(&valid)).await
 }
 

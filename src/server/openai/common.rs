@@ -40,6 +40,7 @@ pub const SAMPLING_FIELDS: &[&str] = &[
     "stream_options",
     "n",
     "logit_bias",
+    "cache_salt",
     "user",
     "prompt_cache_key",
     "safety_identifier",
@@ -77,6 +78,9 @@ pub struct SamplingWire {
     pub n: Option<i64>,
     /// `logit_bias` as sent: token id text -> bias (keys and ranges checked by validation).
     pub logit_bias: Vec<(String, f64)>,
+    /// `cache_salt` (vLLM): prompts with another salt (or none) never share prefix-cache blocks
+    /// with this one.
+    pub cache_salt: Option<String>,
 }
 
 const NUMBER: &str = "a number";
@@ -107,8 +111,21 @@ impl SamplingWire {
             include_usage,
             n: f.optional("n", INTEGER)?,
             logit_bias: read_logit_bias(f)?,
+            cache_salt: read_cache_salt(f)?,
         })
     }
+}
+
+/// `cache_salt`: a non-empty string (vLLM's rule).
+fn read_cache_salt(f: &mut Fields) -> Result<Option<String>, ApiError> {
+    let salt: Option<String> = f.optional("cache_salt", "a string")?;
+    if salt.as_deref() == Some("") {
+        return Err(ApiError::invalid_value(
+            &f.param("cache_salt"),
+            "`cache_salt` must not be empty.",
+        ));
+    }
+    Ok(salt)
 }
 
 /// `logit_bias`: an object of numbers (keys are checked as token ids by validation).
