@@ -18,6 +18,15 @@ Phases:
   flood     F idle TCP connections (more than max_connections), then /health on a new one: its
             status and latency, and how many idle sockets the server closed to make room.
   oversized 8 prompts of 10 MB at once: every one a 400, how long they took, RSS before/after.
+  long      a ~4,000-token prompt arrives beside S streaming clients, and a short request 1 s
+            after it: the streams' gap p99 while the long prompt prefills, and the short one's
+            time to first token beside it and alone.
+  mix       N clients for D seconds cycling through chat, completions, n=2, tools, json_schema,
+            stop, logprobs and clients that disconnect mid-stream, each prompt distinct (prefix
+            cache on): failures, and RSS after warm-up, at the end, and its drift per minute
+            against ferry_prefix_cache_tokens.
+
+  scripts/load-test.py --phases long,mix     # just some phases
 """
 
 import argparse
@@ -92,8 +101,9 @@ shutdown_timeout = "5s"
 [[models]]
 name = "{MODEL_NAME}"
 source = "{os.path.abspath(args.model)}"
-max_context = 2048
+max_context = {args.max_context}
 max_batch = {args.max_batch}
+{args.extra_model_settings}
 
 [models.offload]
 mode = "none"
@@ -332,6 +342,200 @@ def oversized(server, count, megabytes):
     return statuses.count(400) == count and after / before <= 1.1
 
 
+def metric(server, name):
+    """The value of an unlabelled metric from /metrics (0 when absent)."""
+    _, payload = get(server.port, "/metrics")
+    for line in payload.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def first_token_seconds(port, body):
+    """Seconds from sending a streamed completion to its first data event."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    started = time.monotonic()
+    conn.request("POST", "/v1/completions", json.dumps(dict(body, stream=True)).encode(),
+                 {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    first = None
+    while True:
+        chunk = response.read1(65536)
+        if not chunk:
+            break
+        if first is None and b"data: " in chunk:
+            first = time.monotonic() - started
+    conn.close()
+    return first if first is not None else float("nan")
+
+
+def long_prompt_words(count):
+    words = ["river", "stone", "harbor", "lantern", "copper", "meadow", "signal", "orchard"]
+    return " ".join(words[(i * 7 + i // 3) % len(words)] for i in range(count))
+
+
+def long_beside_streams(server, streams):
+    short = {"model": MODEL_NAME, "prompt": "The capital of France is", "max_tokens": 4}
+    alone = min(first_token_seconds(server.port, short) for _ in range(3))
+    long_body = {"model": MODEL_NAME, "prompt": long_prompt_words(3900), "max_tokens": 1}
+    status, _, payload = post(server.port, "/tokenize", {"model": MODEL_NAME, "prompt": long_body["prompt"]})
+    long_tokens = json.loads(payload).get("count", 0) if status == 200 else 0
+    stop = threading.Event()
+    lock = threading.Lock()
+    stamps = []  # (time, stream) of every event of the background streams
+
+    def stream(i):
+        while not stop.is_set():
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
+            body = {"model": MODEL_NAME, "prompt": f"Story {i}: once upon a time", "max_tokens": 48,
+                    "ignore_eos": True, "stream": True}
+            conn.request("POST", "/v1/completions", json.dumps(body).encode(),
+                         {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            buffer = b""
+            while True:
+                chunk = response.read1(65536)
+                if not chunk:
+                    break
+                buffer += chunk
+                while b"\n\n" in buffer:
+                    event, buffer = buffer.split(b"\n\n", 1)
+                    if event.startswith(b"data: "):
+                        with lock:
+                            stamps.append((time.monotonic(), i))
+            conn.close()
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    time.sleep(3)
+    result = {}
+
+    def long_one():
+        started = time.monotonic()
+        post(server.port, "/v1/completions", long_body, timeout=900)
+        result["long"] = (started, time.monotonic())
+
+    long_thread = threading.Thread(target=long_one)
+    long_thread.start()
+    time.sleep(1)
+    beside = first_token_seconds(server.port, short)
+    long_thread.join()
+    stop.set()
+    for t in threads:
+        t.join()
+    began, ended = result["long"]
+    gaps = []
+    by_stream = {}
+    for at, i in sorted(stamps):
+        if began <= at <= ended and i in by_stream and by_stream[i] >= began:
+            gaps.append((at - by_stream[i]) * 1000)
+        by_stream[i] = at
+    print(f"\n### long: a {long_tokens}-token prompt beside {streams} streams\n")
+    print("| long prompt s | stream gaps during it | gap p50 ms | gap p99 ms | gap max ms "
+          "| short TTFT alone ms | short TTFT beside ms |")
+    print("|---|---|---|---|---|---|---|")
+    print(
+        f"| {ended - began:.1f} | {len(gaps)} | {pct(gaps, 50):.0f} | {pct(gaps, 99):.0f} "
+        f"| {max(gaps, default=float('nan')):.0f} | {alone * 1000:.0f} | {beside * 1000:.0f} |"
+    )
+    return len(gaps) > 0
+
+
+def mix_request(port, kind, index):
+    """One request of the soak mix; True when it was answered as it should be."""
+    unique = f"Request {index} ({kind}) of the soak, seed {index * 7919 % 10007}:"
+    if kind == "disconnect":
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        body = {"model": MODEL_NAME, "prompt": unique + " tell a long story", "max_tokens": 64,
+                "stream": True}
+        conn.request("POST", "/v1/completions", json.dumps(body).encode(),
+                     {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        ok = response.status == 200 and b"data: " in response.read1(65536)
+        conn.close()  # gone mid-stream
+        return ok
+    if kind == "completion":
+        path, body = "/v1/completions", {"prompt": unique + " the weather is", "max_tokens": 24}
+    elif kind == "n":
+        path, body = "/v1/completions", {"prompt": unique + " colours:", "max_tokens": 16, "n": 2,
+                                         "temperature": 0.8}
+    elif kind == "stop":
+        path, body = "/v1/completions", {"prompt": unique + " count: 1, 2, 3,", "max_tokens": 32,
+                                         "stop": [","]}
+    elif kind == "logprobs":
+        path, body = "/v1/completions", {"prompt": unique + " a", "max_tokens": 8, "logprobs": 3}
+    else:
+        messages = [{"role": "user", "content": unique + " what is the weather in Paris?"}]
+        path, body = "/v1/chat/completions", {"messages": messages, "max_tokens": 24}
+        if kind == "tools":
+            body["tools"] = [{"type": "function", "function": {
+                "name": "get_weather", "description": "Weather of a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                               "required": ["city"]}}}]
+        elif kind == "json_schema":
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "answer", "schema": {"type": "object",
+                                             "properties": {"city": {"type": "string"}},
+                                             "required": ["city"]}}}
+    status, _, _ = post(port, path, dict(body, model=MODEL_NAME), timeout=300)
+    return status == 200
+
+
+MIX = ["chat", "completion", "n", "tools", "json_schema", "stop", "logprobs", "disconnect"]
+
+
+def mix(server, clients, seconds):
+    warm_until = time.monotonic() + min(20, seconds / 4)
+    stop_at = time.monotonic() + seconds
+    lock = threading.Lock()
+    counts = {kind: [0, 0] for kind in MIX}  # kind: [requests, failures]
+    samples = []
+    counter = [0]
+
+    def client(i):
+        while time.monotonic() < stop_at:
+            with lock:
+                counter[0] += 1
+                index = counter[0]
+            kind = MIX[index % len(MIX)]
+            try:
+                ok = mix_request(server.port, kind, index)
+            except OSError:
+                ok = False
+            with lock:
+                counts[kind][0] += 1
+                counts[kind][1] += 0 if ok else 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    while time.monotonic() < stop_at:
+        time.sleep(5)
+        samples.append((time.monotonic() - started, server.rss(), metric(server, "ferry_prefix_cache_tokens")))
+    for t in threads:
+        t.join()
+    after_warm = [x for x in samples if x[0] >= warm_until - started] or samples
+    first, last = after_warm[0], samples[-1]
+    minutes = max((last[0] - first[0]) / 60, 1e-9)
+    drift = (last[1] - first[1]) / 2**20 / minutes
+    failures = sum(c[1] for c in counts.values())
+    requests = sum(c[0] for c in counts.values())
+    print(f"\n### mix: {clients} clients, {seconds} s, prefix cache on\n")
+    print("| requests | failures | " + " | ".join(MIX) + " |")
+    print("|---|---|" + "---|" * len(MIX))
+    print(f"| {requests} | {failures} | " + " | ".join(f"{c[0]}/{c[1]}" for c in counts.values()) + " |")
+    print("\n| RSS after warm-up MiB | RSS end MiB | RSS max MiB | drift MiB/min "
+          "| cached tokens after warm-up | cached tokens end |")
+    print("|---|---|---|---|---|---|")
+    print(
+        f"| {first[1] / 2**20:.0f} | {last[1] / 2**20:.0f} | {max(x[1] for x in samples) / 2**20:.0f} "
+        f"| {drift:.1f} | {first[2]:.0f} | {last[2]:.0f} |"
+    )
+    return failures == 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ferry", default=os.path.join(ROOT, "target/release/ferry"))
@@ -344,9 +548,17 @@ def main():
     parser.add_argument("--max-batch", type=int, default=4)
     parser.add_argument("--max-connections", type=int, default=256)
     parser.add_argument("--flood", type=int, default=0, help="idle connections (default 4 x max-connections)")
+    parser.add_argument("--max-context", type=int, default=8192)
+    parser.add_argument("--streams", type=int, default=3, help="streams beside the long prompt")
+    parser.add_argument("--mix-seconds", type=int, default=180)
+    parser.add_argument("--model-setting", action="append", default=[],
+                        help="extra line for the [[models]] table, e.g. 'step_time = \"0\"'")
+    parser.add_argument("--phases", default="soak,overload,flood,oversized,long,mix")
     args = parser.parse_args()
+    args.extra_model_settings = "\n".join(args.model_setting)
+    phases = set(args.phases.split(","))
     if args.smoke:
-        args.clients, args.seconds, args.burst = 4, 10, 32
+        args.clients, args.seconds, args.burst, args.mix_seconds = 4, 10, 32, 30
         args.max_connections = min(args.max_connections, 64)
     flood_size = args.flood or 4 * args.max_connections
     if not os.path.isfile(args.ferry):
@@ -356,10 +568,18 @@ def main():
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     passed = {}
     try:
-        passed["soak"] = soak(server, args.clients, args.seconds)
-        passed["overload"] = overload(server, args.burst)
-        passed["flood"] = flood(server, flood_size)
-        passed["oversized"] = oversized(server, 8, 10)
+        if "soak" in phases:
+            passed["soak"] = soak(server, args.clients, args.seconds)
+        if "overload" in phases:
+            passed["overload"] = overload(server, args.burst)
+        if "flood" in phases:
+            passed["flood"] = flood(server, flood_size)
+        if "oversized" in phases:
+            passed["oversized"] = oversized(server, 8, 10)
+        if "long" in phases:
+            passed["long"] = long_beside_streams(server, args.streams)
+        if "mix" in phases:
+            passed["mix"] = mix(server, args.clients, args.mix_seconds)
     finally:
         code = server.stop()
     print(f"\nserver exit code after SIGTERM: {code}")

@@ -28,7 +28,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {}", error_text(&err));
+            // Written without `eprintln!`, which panics when stderr cannot be written.
+            let _ = writeln!(std::io::stderr(), "error: {}", error_text(&err));
             ExitCode::FAILURE
         }
     }
@@ -48,12 +49,14 @@ fn error_text(err: &anyhow::Error) -> String {
     text
 }
 
-/// Logs to stderr; `RUST_LOG` overrides the default `info` level.
+/// Logs to stderr (a line that cannot be written is dropped, never a panic); `RUST_LOG`
+/// overrides the default `info` level.
 fn init_tracing() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(ferry::metrics::log_sink::lossy_stderr)
+        .log_internal_errors(false)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
 }

@@ -52,6 +52,7 @@
 
 #[cfg(test)]
 pub(crate) mod log_capture;
+pub mod log_sink;
 mod prefix_cache;
 mod tracker;
 

@@ -231,7 +231,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("2048"),
         default_note: "",
         example: "100",
-        help: "Most open connections (lowered to what the open-files limit allows). At the cap the longest-idle connection is closed; when all are busy, new ones get 503.",
+        help: "Most open connections (lowered to what the open-files limit allows). At the cap the longest-idle connection is closed (then one still sending a request body); when all are busy, new ones get 503.",
         field: field!(Server, Positive, max_connections),
     },
     Setting {
@@ -453,6 +453,17 @@ pub static SETTINGS: &[Setting] = &[
         example: "256",
         help: "Most tokens one engine step computes: decodes first, then prompt chunks, so a stream's gap between tokens stays one step however long the prompts beside it.",
         field: field!(Model, Positive, max_step_tokens),
+    },
+    Setting {
+        name: "step-time",
+        short: None,
+        key: "step_time",
+        value_name: "TIME",
+        default: Some("100ms"),
+        default_note: "",
+        example: "250ms",
+        help: "Time an engine step aims at while other requests wait on it: its tokens are lowered (never below the decodes and one 64-token prompt share) to what the device computed in that time before; 0 = always max_step_tokens.",
+        field: field!(Model, Time, step_time),
     },
     Setting {
         name: "prefix-cache",

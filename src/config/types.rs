@@ -120,6 +120,8 @@ pub struct ModelConfig {
     pub prefill_chunk: usize,
     /// Most tokens one engine step computes, decodes and prompt chunks together.
     pub max_step_tokens: usize,
+    /// The time a shared engine step aims at (0: none).
+    pub step_time: Duration,
     /// Whether requests sharing a prompt prefix reuse its KV state (`engine::prefix_cache`).
     pub prefix_cache: bool,
     /// Most tokens the prefix cache holds; unset = what the KV budget leaves room for.
@@ -179,6 +181,7 @@ impl ModelConfig {
             kv_dtype: DtypeChoice::Auto,
             prefill_chunk: 0,
             max_step_tokens: 0,
+            step_time: Duration::ZERO,
             prefix_cache: false,
             prefix_cache_tokens: None,
             offload: OffloadConfig {

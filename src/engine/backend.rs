@@ -23,6 +23,9 @@ pub enum ModelStatus {
     Ready,
     /// Loading failed; requests for it fail.
     Failed,
+    /// Its engine stopped after loading (a panic in a forward pass); requests for it fail
+    /// until the server is restarted.
+    Stopped,
 }
 
 /// A served model as `GET /v1/models` and `/health` describe it.

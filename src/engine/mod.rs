@@ -7,7 +7,7 @@
 //! last-position logits out, with per-sequence KV state) and [`TextCodec`] (tokenizer and chat
 //! template). [`worker`] runs one thread per model and implements [`Backend`] as
 //! [`EngineHandle`]; each thread batches its requests continuously (`serve_loop`, with the
-//! plain-state [`scheduler`]); [`queue`] is a job in transit. [`generate`] is the per-request
+//! plain-state [`scheduler`], whose step budget [`pacer`] fits to a time target); [`queue`] is a job in transit. [`generate`] is the per-request
 //! state machine, built from [`sampling`] (with
 //! [`penalties`]), [`logprobs`], [`detokenize`] (incremental, UTF-8 safe) and [`stop`].
 //! [`tool_calls`] reads function calls out of replies and builds the grammar that enforces
@@ -19,6 +19,7 @@ pub mod error;
 pub mod generate;
 pub mod grammar;
 pub mod logprobs;
+pub mod pacer;
 pub mod penalties;
 pub mod prefix_cache;
 pub mod queue;

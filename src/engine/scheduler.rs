@@ -9,14 +9,19 @@
 //! of a request, which held their places in it). New requests therefore join, and finished ones
 //! leave, at step boundaries.
 //!
-//! Every step has a token budget, [`StepLimits::max_step_tokens`]: every decoding sequence
-//! feeds its one token first (decodes are never starved by prefill), then prefilling sequences
-//! (oldest first) take prompt chunks of at most [`StepLimits::prefill_chunk`] tokens each from
-//! what the budget leaves. A step therefore never computes more than `max_step_tokens` tokens,
-//! which bounds the gap between a stream's tokens however long the prompts beside it are. A
-//! prompt chunk never crosses a multiple of `prefill_chunk` counted from the prompt's start
-//! ([`Schedulable::prefill_fed`]), so a prompt restored part-way from the prefix cache is cut
-//! where one prefilled from the start is.
+//! Every step has a token budget, at most [`StepLimits::max_step_tokens`] (the serving loop
+//! lowers it to what fits its time target, [`super::pacer`]): every decoding sequence feeds its
+//! one token first (decodes are never starved by prefill), then the prefilling sequences share
+//! what the budget leaves ([`Scheduler::plan_within`]): each gets a share of at least the floor
+//! (the shortest chunk that computes as a long one does, so sharing never changes a result),
+//! in turn when the budget cannot give every one of them a share, and what is left is split
+//! evenly among them, each up to a chunk of [`StepLimits::prefill_chunk`]. So a short prompt
+//! arriving beside a long one starts within a step or two instead of waiting for the long one
+//! to finish. A step never computes more than its budget, which bounds the gap between a
+//! stream's tokens however long the prompts beside it are. A prompt chunk never crosses a
+//! multiple of `prefill_chunk` counted from the prompt's start ([`Schedulable::prefill_fed`]),
+//! so a prompt restored part-way from the prefix cache is cut where one prefilled from the
+//! start is.
 //!
 //! No threads, channels or models here: the entries only need to say whether their client is
 //! gone and how much prompt they have left ([`Schedulable`]), so it is unit-tested directly.
@@ -71,6 +76,9 @@ pub struct StepLimits {
     pub prefill_chunk: usize,
     /// Most tokens in a step, decodes and prompt chunks together.
     pub max_step_tokens: usize,
+    /// The time a step shared by several sequences aims at; the serving loop lowers the
+    /// step's tokens to what fits it ([`super::pacer`]). `None`: no target.
+    pub step_time: Option<std::time::Duration>,
 }
 
 impl StepLimits {
@@ -82,6 +90,7 @@ impl StepLimits {
             max_batch,
             prefill_chunk: self.prefill_chunk.max(1),
             max_step_tokens: self.max_step_tokens.max(max_batch),
+            step_time: self.step_time,
         }
     }
 }
@@ -92,6 +101,9 @@ pub struct Scheduler<T> {
     waiting: VecDeque<T>,
     running: Vec<T>,
     limits: StepLimits,
+    /// Which prefilling sequence is served first when the budget cannot serve them all:
+    /// advances every such step, so each gets its turn.
+    turn: usize,
 }
 
 impl<T: Schedulable> Scheduler<T> {
@@ -101,6 +113,7 @@ impl<T: Schedulable> Scheduler<T> {
             waiting: VecDeque::new(),
             running: Vec::new(),
             limits: limits.sanitized(),
+            turn: 0,
         }
     }
 
@@ -159,32 +172,122 @@ impl<T: Schedulable> Scheduler<T> {
         }
     }
 
-    /// The sequences of the next step, in running order: every decoding one with budget 1, and
-    /// prefilling ones (oldest first) with up to `prefill_chunk` tokens each while the step's
-    /// budget lasts. The budgets add up to at most `max_step_tokens`.
-    pub fn plan(&self) -> Vec<StepShare> {
-        let decoding = self
-            .running
+    /// The limits in force (made usable).
+    pub fn limits(&self) -> StepLimits {
+        self.limits
+    }
+
+    /// Sequences decoding (their prompt done): each feeds one token every step.
+    pub fn decoding_len(&self) -> usize {
+        self.running
             .iter()
             .filter(|e| e.prefill_remaining() == 0)
-            .count();
-        let mut budget = self.limits.max_step_tokens.saturating_sub(decoding);
+            .count()
+    }
+
+    /// [`Self::plan_within`] the whole `max_step_tokens`, with no floor.
+    pub fn plan(&mut self) -> Vec<StepShare> {
+        self.plan_within(self.limits.max_step_tokens, 1)
+    }
+
+    /// The sequences of the next step, in running order: every decoding one with budget 1,
+    /// then the prefilling ones share what is left of `step_tokens` (at most
+    /// `max_step_tokens`): first a share of `floor` tokens each (or all its chunk needs, if
+    /// less), in turn from [`Self::turn`] while the budget lasts, then the rest evenly, each
+    /// up to the end of its chunk. A share that stops short of its chunk's end leaves at least
+    /// `floor` tokens to it where it can, so the next chunk is not short either. The budgets
+    /// add up to at most `step_tokens`, or to the decodes when they alone take more. A floor
+    /// above what the decodes leave of `step_tokens` is lowered to it.
+    pub fn plan_within(&mut self, step_tokens: usize, floor: usize) -> Vec<StepShare> {
+        let step_tokens = step_tokens.clamp(1, self.limits.max_step_tokens);
+        let mut budget = step_tokens.saturating_sub(self.decoding_len());
+        // A budget set below the floor (a small `max_step_tokens`) is kept: shares shrink.
+        let floor = floor.clamp(1, budget.max(1));
+        let chunk = self.limits.prefill_chunk;
+        // (running index, tokens to the end of its chunk) of every prefilling sequence.
+        let wants: Vec<(usize, usize)> = self
+            .running
+            .iter()
+            .enumerate()
+            .filter_map(|(index, entry)| match entry.prefill_remaining() {
+                0 => None,
+                remaining => Some((index, remaining.min(chunk - entry.prefill_fed() % chunk))),
+            })
+            .collect();
+        let mut take = vec![0usize; wants.len()];
+        let first = if wants.is_empty() {
+            0
+        } else {
+            self.turn % wants.len()
+        };
+        let mut served_all = true;
+        for k in (0..wants.len()).map(|k| (first + k) % wants.len()) {
+            // A chunk end within two floors is taken whole where it fits, so no share leaves a
+            // sliver (else a floor of it: a tight budget must not stall a prompt).
+            let want = wants[k].1;
+            let least = if want < 2 * floor && want <= budget {
+                want
+            } else {
+                floor.min(want)
+            };
+            if least <= budget {
+                take[k] = least;
+                budget -= least;
+            } else {
+                served_all = false;
+            }
+        }
+        if !served_all {
+            self.turn = self.turn.wrapping_add(1);
+        }
+        // The rest, evenly, to the sequences already served, each up to its chunk's end.
+        loop {
+            let open: Vec<usize> = (0..wants.len())
+                .filter(|&k| take[k] > 0 && take[k] < wants[k].1)
+                .collect();
+            if open.is_empty() || budget == 0 {
+                break;
+            }
+            let each = (budget / open.len()).max(1);
+            for k in open {
+                let more = each.min(wants[k].1 - take[k]).min(budget);
+                take[k] += more;
+                budget -= more;
+            }
+        }
+        // Never leave a sliver of a chunk: a share short of its chunk's end leaves `floor`.
+        for (k, &(_, want)) in wants.iter().enumerate() {
+            let left = want - take[k];
+            if take[k] > 0 && left > 0 && left < floor {
+                if left <= budget {
+                    budget -= left;
+                    take[k] = want;
+                } else if want >= 2 * floor {
+                    budget += take[k] - (want - floor);
+                    take[k] = want - floor;
+                }
+            }
+        }
         let mut shares = Vec::with_capacity(self.running.len());
+        let mut prefills = wants.iter().zip(&take).peekable();
         for (index, entry) in self.running.iter().enumerate() {
-            match entry.prefill_remaining() {
-                0 => shares.push(StepShare { index, budget: 1 }),
-                _ if budget == 0 => {}
-                remaining => {
-                    let chunk = self.limits.prefill_chunk;
-                    let to_boundary = chunk - entry.prefill_fed() % chunk;
-                    let take = remaining.min(to_boundary).min(budget);
-                    budget -= take;
+            if entry.prefill_remaining() == 0 {
+                shares.push(StepShare { index, budget: 1 });
+            } else if let Some((_, &taken)) = prefills.next_if(|((i, _), _)| *i == index) {
+                if taken > 0 {
                     shares.push(StepShare {
                         index,
-                        budget: take,
+                        budget: taken,
                     });
                 }
             }
+        }
+        if shares.is_empty() && !wants.is_empty() {
+            // Zero limits still make progress: one token of the first prompt.
+            shares.push(StepShare {
+                index: wants[0].0,
+                budget: 1,
+            });
         }
         shares
     }
@@ -253,6 +356,7 @@ mod tests {
             max_batch,
             prefill_chunk,
             max_step_tokens,
+            step_time: None,
         }
     }
 
@@ -318,7 +422,8 @@ mod tests {
         let share = |index, budget| StepShare { index, budget };
         assert_eq!(
             s.plan(),
-            [share(0, 1), share(1, 8), share(2, 2), share(3, 1)]
+            [share(0, 1), share(1, 6), share(2, 4), share(3, 1)],
+            "the two prompts share the 10 tokens the decodes leave"
         );
         s.running_mut()[1].prefill = 6;
         assert_eq!(
@@ -386,19 +491,118 @@ mod tests {
             }
         }
         assert_eq!(
-            s.running_mut()[1].prefill,
-            4000 - 50 * 14,
-            "the oldest prefill takes what the decodes leave"
+            (s.running_mut()[1].prefill, s.running_mut()[3].prefill),
+            (4000 - 50 * 7, 9000 - 50 * 7),
+            "the prompts share what the decodes leave"
         );
         assert_eq!(
             StepLimits {
                 max_batch: 8,
                 prefill_chunk: 4,
-                max_step_tokens: 2
+                max_step_tokens: 2,
+                step_time: None,
             }
             .sanitized()
             .max_step_tokens,
             8
+        );
+    }
+
+    #[test]
+    fn a_short_prompt_beside_a_long_one_starts_at_once() {
+        // A long prompt alone takes whole chunks; a short one arriving beside it gets a share
+        // in the very next step and finishes within a few, not after the long one.
+        let mut s = Scheduler::new(limits(4, 512, 512));
+        s.push(req(0, 4000));
+        s.admit();
+        assert_eq!(
+            s.plan_within(512, 64),
+            [StepShare {
+                index: 0,
+                budget: 512
+            }]
+        );
+        s.running_mut()[0].prefill -= 512;
+        s.push(req(1, 100));
+        s.admit();
+        let mut steps = 0;
+        while s.running_mut()[1].prefill > 0 {
+            steps += 1;
+            let plan = s.plan_within(128, 64);
+            assert!(
+                plan.iter().map(|p| p.budget).sum::<usize>() <= 128,
+                "{plan:?}"
+            );
+            for share in plan {
+                assert!(share.budget >= 36, "shares are not slivers: {share:?}");
+                s.running_mut()[share.index].prefill -= share.budget;
+            }
+        }
+        assert!(steps <= 2, "the short prompt took {steps} steps");
+        assert!(s.running_mut()[0].prefill < 3488, "the long one kept going");
+    }
+
+    #[test]
+    fn when_the_budget_cannot_serve_every_prompt_they_take_turns() {
+        let mut s = Scheduler::new(limits(8, 512, 512));
+        for id in 0..4 {
+            s.push(req(id, 1000));
+        }
+        s.push(req(9, 0));
+        s.admit();
+        let mut served = [0usize; 4];
+        for _ in 0..8 {
+            // One decode and room for two prompt shares of 64.
+            let plan = s.plan_within(129, 64);
+            assert_eq!(plan.iter().map(|p| p.budget).sum::<usize>(), 129);
+            assert!(plan.contains(&StepShare {
+                index: 4,
+                budget: 1
+            }));
+            for share in plan.iter().filter(|p| p.index < 4) {
+                served[share.index] += 1;
+                assert_eq!(share.budget, 64);
+            }
+        }
+        assert_eq!(served, [4, 4, 4, 4], "every prompt gets its turns");
+    }
+
+    #[test]
+    fn a_share_leaves_no_sliver_of_its_chunk() {
+        let mut s = Scheduler::new(limits(2, 512, 512));
+        s.push(req(0, 130));
+        s.admit();
+        // 100 or 110 of 130 would leave 30 or 20 (< 64): the share stops at 66, so the next
+        // chunk is long too; with room for all of it, the share takes the whole chunk.
+        assert_eq!(
+            s.plan_within(100, 64),
+            [StepShare {
+                index: 0,
+                budget: 66
+            }]
+        );
+        assert_eq!(
+            s.plan_within(110, 64),
+            [StepShare {
+                index: 0,
+                budget: 66
+            }]
+        );
+        assert_eq!(
+            s.plan_within(130, 64),
+            [StepShare {
+                index: 0,
+                budget: 130
+            }]
+        );
+        // A chunk end within two floors is taken whole or not at all.
+        s.running_mut()[0].prefill = 100;
+        assert_eq!(
+            s.plan_within(100, 64),
+            [StepShare {
+                index: 0,
+                budget: 100
+            }]
         );
     }
 

@@ -13,6 +13,11 @@
 //! from the same logits. A model that cannot copy sequences gets fresh ones, which prefill the
 //! prompt themselves. Every choice is a request of its own for the gauges and `pending`.
 //!
+//! Each step's tokens are fitted to the step time target when other sequences wait on the step
+//! ([`StepPacer`]: timed steps give the device's rate), and the prefilling sequences share
+//! what the decodes leave ([`Scheduler::plan_within`]), no share shorter than the chunks that
+//! compute as long ones do, so pacing and sharing never change a result.
+//!
 //! With the model's prefix cache on ([`PrefixCache`]), a sequence joining the batch starts from
 //! the cached blocks its prompt begins with, and a sequence whose prefill completes copies its
 //! prompt's new blocks in. Before each step the cache shrinks to the KV room the running
@@ -27,10 +32,12 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
+use std::time::Instant;
 
 use crate::metrics::{Metrics, RequestEnd, RequestTracker, TrackedRequest};
 
 use super::generate::{Generation, Outcome, Progress, Started};
+use super::pacer::StepPacer;
 use super::prefix_cache::{PrefixCache, PrefixCacheOptions};
 use super::queue::Job;
 use super::request::FinishReason;
@@ -119,6 +126,7 @@ pub(super) fn serve_requests<M: LanguageModel>(
     ctx: &LoopContext<'_>,
 ) {
     let mut scheduler = Scheduler::new(ctx.limits);
+    let mut pacer = StepPacer::new(ctx.limits.step_time);
     let mut prefix = PrefixCache::from_options(&ctx.prefix).filter(|_| model.supports_blocks());
     let mut open = true;
     loop {
@@ -177,7 +185,8 @@ pub(super) fn serve_requests<M: LanguageModel>(
         }
         if scheduler.running_len() > 0 {
             let cache = prefix.as_mut().map(|cache| (cache, room));
-            let done = step(model, codec, ctx.name, &mut scheduler, cache);
+            let pacing = (&mut pacer, ctx.prefix.exact_chunk_rows);
+            let done = step(model, codec, ctx.name, &mut scheduler, pacing, cache);
             let retired = scheduler.retire(&done.finished);
             let ended = retired.len() + done.forks_ended;
             for _ in 0..ended {
@@ -307,16 +316,32 @@ struct StepDone<S> {
     forks_ended: usize,
 }
 
-/// One batched forward step over the scheduled sequences: samples each one whose prompt is
-/// complete, and splits off the other choices of a request whose prompt it completed.
+/// The shares of the next step: its tokens fitted to the time target by `pacer` when the step
+/// is shared (several sequences run, or requests wait), no prompt share under `floor` rows
+/// (the chunks that compute as long ones do, [`PrefixCacheOptions::exact_chunk_rows`]).
+fn plan_step<S>(
+    scheduler: &mut Scheduler<Active<S>>,
+    pacer: &StepPacer,
+    floor: usize,
+) -> Vec<StepShare> {
+    let shared = scheduler.running_len() > 1 || scheduler.waiting_len() > 0;
+    let least = scheduler.decoding_len() + floor;
+    let tokens = pacer.budget(shared, least, scheduler.limits().max_step_tokens);
+    scheduler.plan_within(tokens, floor)
+}
+
+/// One batched forward step over the scheduled sequences (timed for the pacer): samples each
+/// one whose prompt is complete, and splits off the other choices of a request whose prompt it
+/// completed.
 fn step<M: LanguageModel>(
     model: &mut M,
     codec: &dyn TextCodec,
     name: &str,
     scheduler: &mut Scheduler<Active<M::Sequence>>,
+    (pacer, floor): (&mut StepPacer, usize),
     mut prefix: Option<(&mut PrefixCache<M::Block>, usize)>,
 ) -> StepDone<M::Sequence> {
-    let plan = scheduler.plan();
+    let plan = plan_step(scheduler, pacer, floor);
     let exact_rows = prefix.as_ref().map_or(0, |(c, _)| c.exact_chunk_rows());
     let running = scheduler.running_mut();
     let inputs: Vec<Vec<u32>> = plan
@@ -331,7 +356,10 @@ fn step<M: LanguageModel>(
                 batch.push((&mut active.seq, &inputs[batch.len()]));
             }
         }
-        catch_unwind(AssertUnwindSafe(|| model.forward_batch(&mut batch)))
+        let started = Instant::now();
+        let result = catch_unwind(AssertUnwindSafe(|| model.forward_batch(&mut batch)));
+        pacer.observe(started.elapsed(), inputs.iter().map(Vec::len).sum());
+        result
     };
     let logits = match result {
         Ok(Ok(rows)) if rows.len() == plan.len() => rows,

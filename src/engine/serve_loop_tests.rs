@@ -151,6 +151,7 @@ fn serve_in_turn(
             max_batch: 1,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             max_step_tokens: DEFAULT_MAX_STEP_TOKENS,
+            step_time: None,
         },
         prefix,
     };

@@ -187,6 +187,11 @@ pub struct ScriptModel {
     /// Whether [`LanguageModel::copy_block`] copies positions for the prefix cache (else it
     /// declines, and the cache stays off). Default false.
     pub blocks: bool,
+    /// [`LanguageModel::new_sequence`] panics (outside any request's isolation, so the engine
+    /// stops) once this many sequences were made. Default none.
+    pub sequences_before_panic: Option<usize>,
+    /// Sequences made so far.
+    pub sequences_made: std::cell::Cell<usize>,
 }
 
 impl ScriptModel {
@@ -203,6 +208,8 @@ impl ScriptModel {
             tokens_fed: 0,
             forks: true,
             blocks: false,
+            sequences_before_panic: None,
+            sequences_made: std::cell::Cell::new(0),
         }
     }
 
@@ -273,6 +280,14 @@ impl LanguageModel for ScriptModel {
     type Block = Vec<u32>;
 
     fn new_sequence(&self) -> ScriptSeq {
+        let made = self.sequences_made.get();
+        if self
+            .sequences_before_panic
+            .is_some_and(|limit| made >= limit)
+        {
+            panic!("scripted engine failure");
+        }
+        self.sequences_made.set(made + 1);
         ScriptSeq::default()
     }
 
@@ -365,6 +380,7 @@ pub fn serve_job(model: &mut ScriptModel, job: Job, max_batch: usize, metrics: &
             max_batch,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             max_step_tokens: DEFAULT_MAX_STEP_TOKENS,
+            step_time: None,
         },
         prefix: PrefixCacheOptions::default(),
     };

@@ -57,6 +57,10 @@ pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 /// prefilled beside it.
 pub const DEFAULT_MAX_STEP_TOKENS: usize = 512;
 
+/// Default [`EngineOptions::step_time`] (as the setting `models[].step_time`): a stream's gap
+/// between tokens stays near it beside a long prompt, where the device allows.
+pub const DEFAULT_STEP_TIME: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Engine-wide settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineOptions {
@@ -74,6 +78,11 @@ pub struct EngineOptions {
     /// so a stream's gap between tokens is bounded by one step of this many tokens (raised to
     /// at least `max_batch`). Default [`DEFAULT_MAX_STEP_TOKENS`].
     pub max_step_tokens: usize,
+    /// The time a step shared by several sequences aims at: its tokens are lowered (to no
+    /// fewer than the decodes and one prompt share) to what the device computes in that time,
+    /// measured on the steps before. `None`: every step may take `max_step_tokens`. Default
+    /// [`DEFAULT_STEP_TIME`].
+    pub step_time: Option<std::time::Duration>,
     /// Each model's prefix cache (requests sharing a prompt prefix reuse its KV state). Default
     /// on, bounded by the KV room the running requests leave.
     pub prefix_cache: PrefixCacheOptions,
@@ -89,6 +98,7 @@ impl Default for EngineOptions {
             max_batch: DEFAULT_MAX_BATCH,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             max_step_tokens: DEFAULT_MAX_STEP_TOKENS,
+            step_time: Some(DEFAULT_STEP_TIME),
             prefix_cache: PrefixCacheOptions::default(),
             metrics: Metrics::new(),
         }
@@ -108,6 +118,8 @@ enum LoadState {
     Ready(Loaded),
     /// Why loading failed (reported to every request for the model).
     Failed(String),
+    /// The engine thread ended after loading (why is in the log).
+    Stopped,
 }
 
 /// One served model as the handles see it.
@@ -211,6 +223,7 @@ impl EngineHandle {
             max_batch: options.max_batch,
             prefill_chunk: options.prefill_chunk,
             max_step_tokens: options.max_step_tokens,
+            step_time: options.step_time,
         };
         let prefix = options.prefix_cache;
         let thread_name = format!("ferry-engine-{name}");
@@ -296,6 +309,7 @@ impl EngineHandle {
             LoadState::Failed(reason) => Err(EngineError::LoadFailed(format!(
                 "the model `{name}` failed to load: {reason}"
             ))),
+            LoadState::Stopped => Err(EngineError::Unavailable),
         }
     }
 }
@@ -311,6 +325,7 @@ impl Backend for EngineHandle {
                     LoadState::Loading => (ModelStatus::Loading, None),
                     LoadState::Ready(l) => (ModelStatus::Ready, Some(l.max_context)),
                     LoadState::Failed(_) => (ModelStatus::Failed, None),
+                    LoadState::Stopped => (ModelStatus::Stopped, None),
                 };
                 ModelCard {
                     id: m.name.clone(),
@@ -545,8 +560,23 @@ where
         limits: shared.limits,
         prefix: shared.prefix,
     };
-    serve_requests(&mut model, codec.as_ref(), &context);
-    tracing::debug!(model = name, "engine thread stopped");
+    let served = catch_unwind(AssertUnwindSafe(|| {
+        serve_requests(&mut model, codec.as_ref(), &context);
+    }));
+    match served {
+        Ok(()) => tracing::debug!(model = name, "engine thread stopped"),
+        Err(panic) => {
+            let reason = panic_message(&*panic);
+            tracing::error!(
+                model = name,
+                reason = %reason,
+                "the engine stopped: requests for this model fail and /health answers 503 \
+                 until the server is restarted"
+            );
+            *shared.state.write().unwrap_or_else(PoisonError::into_inner) = LoadState::Stopped;
+            shared.metrics.set_model_resident(name, false);
+        }
+    }
 }
 
 /// The text of a caught panic.

@@ -191,6 +191,25 @@ async fn a_panicking_model_fails_the_request_but_not_the_engine() {
 }
 
 #[tokio::test]
+async fn an_engine_that_stops_says_so_and_refuses_new_requests() {
+    let handle = EngineHandle::new(["a"]);
+    let mut model = ScriptModel::saying("he");
+    model.sequences_before_panic = Some(1);
+    handle.model_ready("a", model, codec()).unwrap();
+    let (text, _) = collect(handle.submit(greedy_request("a", vec![1], 5)).unwrap()).await;
+    assert_eq!(text, "he");
+    // The second sequence panics outside the request's isolation: the engine thread ends.
+    if let Ok(mut events) = handle.submit(greedy_request("a", vec![1], 5)) {
+        while events.recv().await.is_some() {}
+    }
+    wait_until(&handle, "a", ModelStatus::Stopped);
+    assert!(matches!(
+        handle.submit(greedy_request("a", vec![1], 5)),
+        Err(EngineError::Unavailable)
+    ));
+}
+
+#[tokio::test]
 async fn failed_loads_are_reported() {
     let handle = EngineHandle::new(["err", "panic"]);
     handle

@@ -22,6 +22,7 @@ use crate::config::{Config, ServerConfig};
 use crate::engine::traits::TextCodec;
 use crate::engine::worker::{
     EngineHandle, EngineOptions, DEFAULT_MAX_BATCH, DEFAULT_MAX_STEP_TOKENS, DEFAULT_PREFILL_CHUNK,
+    DEFAULT_STEP_TIME,
 };
 use crate::engine::{Backend, EngineError, PrefixCacheOptions};
 use crate::metrics::Metrics;
@@ -113,6 +114,15 @@ pub fn engine_options(config: &Config, metrics: Metrics) -> EngineOptions {
             .map(|m| m.max_step_tokens)
             .min()
             .unwrap_or(DEFAULT_MAX_STEP_TOKENS),
+        // The shortest step time any model asks for (none when one asks for none).
+        step_time: config
+            .models
+            .iter()
+            .map(|m| m.step_time)
+            .min()
+            .map_or(Some(DEFAULT_STEP_TIME), |t| {
+                Some(t).filter(|t| !t.is_zero())
+            }),
         // One prefix cache setting too: off if any model turns it off, the smallest size.
         prefix_cache: PrefixCacheOptions {
             enabled: config.models.iter().all(|m| m.prefix_cache),
@@ -291,12 +301,14 @@ mod tests {
             (
                 engine.max_batch,
                 engine.prefill_chunk,
-                engine.max_step_tokens
+                engine.max_step_tokens,
+                engine.step_time
             ),
             (
                 library.max_batch,
                 library.prefill_chunk,
-                library.max_step_tokens
+                library.max_step_tokens,
+                library.step_time
             )
         );
         assert_eq!(engine.prefix_cache, library.prefix_cache);

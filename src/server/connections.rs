@@ -8,8 +8,10 @@
 //! - a connection with no request in flight is closed `idle_timeout` after it became idle, or
 //!   `header_read_timeout` after the first byte of a request head that never completed;
 //! - at `max_connections`, a new connection closes the longest-idle connection that has no
-//!   request in flight; when every connection has one in flight, the new one is refused (the
-//!   accept loop answers 503 at once);
+//!   request in flight, or else the one whose request bodies have been arriving longest (a
+//!   client still sending its body has nothing being worked on, so trickled bodies cannot lock
+//!   everyone out); when every connection has a request in flight whose body has arrived, the
+//!   new one is refused (the accept loop answers 503 at once);
 //! - at shutdown, connections without a request in flight close at once (a half-sent header
 //!   cannot hold the shutdown), the others finish their request and then close.
 //!
@@ -42,6 +44,10 @@ struct State {
     idle_since: Instant,
     /// When the first byte of a request head arrived while idle.
     head_started: Option<Instant>,
+    /// Requests in flight whose body is still arriving.
+    receiving: usize,
+    /// Since when the oldest of those bodies has been arriving.
+    receiving_since: Option<Instant>,
     command: Command,
 }
 
@@ -71,6 +77,8 @@ impl Connection {
                 in_flight: 0,
                 idle_since: Instant::now(),
                 head_started: None,
+                receiving: 0,
+                receiving_since: None,
                 command: Command::Serve,
             }),
             changed: Notify::new(),
@@ -105,6 +113,17 @@ impl Connection {
         }
     }
 
+    /// A request's body started arriving; the returned guard marks it received when dropped
+    /// (at its end, or with the request).
+    pub(crate) fn body_started(self: &Arc<Self>) -> BodyGuard {
+        let mut state = self.lock();
+        state.receiving += 1;
+        state.receiving_since.get_or_insert_with(Instant::now);
+        BodyGuard {
+            connection: Arc::clone(self),
+        }
+    }
+
     /// Requests in flight.
     pub(crate) fn in_flight(&self) -> usize {
         self.lock().in_flight
@@ -135,10 +154,37 @@ impl Connection {
         self.changed.notify_one();
     }
 
-    /// Closable to make room: nothing in flight and not already leaving.
-    fn idle_since_if_evictable(&self) -> Option<Instant> {
+    /// Closable to make room (not already leaving, and nothing in flight but requests whose
+    /// bodies are still arriving), and its rank: idle ones first, longest idle first, then
+    /// the ones whose bodies have been arriving longest.
+    fn eviction_rank(&self) -> Option<(bool, Instant)> {
         let state = self.lock();
-        (state.in_flight == 0 && state.command == Command::Serve).then_some(state.idle_since)
+        if state.command != Command::Serve {
+            return None;
+        }
+        if state.in_flight == 0 {
+            return Some((false, state.idle_since));
+        }
+        (state.in_flight == state.receiving)
+            .then_some(state.receiving_since)
+            .flatten()
+            .map(|since| (true, since))
+    }
+}
+
+/// Marks one request's body as received on drop.
+#[derive(Debug)]
+pub(crate) struct BodyGuard {
+    connection: Arc<Connection>,
+}
+
+impl Drop for BodyGuard {
+    fn drop(&mut self) {
+        let mut state = self.connection.lock();
+        state.receiving = state.receiving.saturating_sub(1);
+        if state.receiving == 0 {
+            state.receiving_since = None;
+        }
     }
 }
 
@@ -191,8 +237,8 @@ impl Drop for Registration {
 
 impl Registry {
     /// Registers a new connection if there is room for it under `max_connections`, closing
-    /// the longest-idle connection without a request in flight when that makes room; `None`
-    /// when every connection is busy.
+    /// the longest-idle connection without a request in flight (or else the one whose bodies
+    /// have been arriving longest) when that makes room; `None` when every connection is busy.
     pub(crate) fn admit(self: &Arc<Self>, max_connections: usize) -> Option<Registration> {
         let mut connections = self
             .connections
@@ -203,15 +249,23 @@ impl Registry {
             .filter(|c| c.lock().command != Command::Serve)
             .count();
         if connections.len() - leaving >= max_connections.max(1) {
-            let victim = connections
+            let (receiving, victim) = connections
                 .values()
-                .filter_map(|c| c.idle_since_if_evictable().map(|since| (since, c)))
-                .min_by_key(|(since, _)| *since)
-                .map(|(_, c)| Arc::clone(c))?;
-            tracing::debug!(
-                connection = victim.id,
-                "connection limit reached: closing the longest-idle connection"
-            );
+                .filter_map(|c| c.eviction_rank().map(|rank| (rank, c)))
+                .min_by_key(|(rank, _)| *rank)
+                .map(|((receiving, _), c)| (receiving, Arc::clone(c)))?;
+            if receiving {
+                tracing::debug!(
+                    connection = victim.id,
+                    "connection limit reached: closing the connection whose request body has \
+                     been arriving longest"
+                );
+            } else {
+                tracing::debug!(
+                    connection = victim.id,
+                    "connection limit reached: closing the longest-idle connection"
+                );
+            }
             victim.command(Command::Close);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -319,6 +373,35 @@ mod tests {
         assert!(registry.admit(2).is_none());
         assert_eq!(registry.len(), 2);
         assert_eq!(registry.in_flight(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connections_still_receiving_a_body_make_room_after_idle_ones() {
+        let registry = Arc::new(Registry::default());
+        let slow = registry.admit(3).unwrap();
+        let _slow_request = slow.connection.request_started();
+        let slow_body = slow.connection.body_started();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let idle = registry.admit(3).unwrap();
+        let working = registry.admit(3).unwrap();
+        let _working_request = working.connection.request_started();
+        drop(working.connection.body_started()); // its body arrived: not evictable
+        let fourth = registry.admit(3).expect("room");
+        assert_eq!(
+            idle.connection.status(TIMEOUTS).0,
+            Command::Close,
+            "idle first"
+        );
+        assert_eq!(slow.connection.status(TIMEOUTS).0, Command::Serve);
+        drop(idle);
+        let _fourth_request = fourth.connection.request_started();
+        let fifth = registry.admit(3).expect("the slow body makes room");
+        assert_eq!(slow.connection.status(TIMEOUTS).0, Command::Close);
+        assert_eq!(working.connection.status(TIMEOUTS).0, Command::Serve);
+        drop((slow, slow_body));
+        // Everything left has a request whose body arrived: none to close.
+        let _busy = fifth.connection.request_started();
+        assert!(registry.admit(3).is_none());
     }
 
     #[tokio::test(start_paused = true)]

@@ -284,6 +284,17 @@ impl ApiError {
         )
     }
 
+    /// 503 for a model whose engine stopped after loading.
+    pub fn engine_stopped(model: &str) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "engine_unavailable",
+            format!(
+                "The engine of model `{model}` stopped; see the server log. Restart the server."
+            ),
+        )
+    }
+
     /// 500 for a failure inside the server itself.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)

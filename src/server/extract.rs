@@ -1,7 +1,7 @@
 //! [`JsonObject`]: the request-body extractor. It replaces axum's `Json` so that every body
 //! failure gets our error shape: a missing or non-JSON `Content-Type` is 415, a body over the
-//! limit 413, a body not received within `body_read_timeout` 408, malformed JSON or a non-object
-//! body 400 (`invalid_json`).
+//! limit 413 (at once when its declared `Content-Length` is over it), a body not received
+//! within `body_read_timeout` 408, malformed JSON or a non-object body 400 (`invalid_json`).
 //!
 //! It yields the raw JSON object; the wire types ([`super::openai`]) read it field by field so
 //! that a wrong type or an unsupported field is reported with `param` naming it.
@@ -43,6 +43,15 @@ impl FromRequest<AppState> for JsonObject {
             return Err(ApiError::unsupported_media_type());
         }
         let (limit, timeout) = (state.options.body_limit, state.options.body_read_timeout);
+        // A declared length over the limit is refused before a byte of the body is waited for.
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if declared.is_some_and(|length| length > limit as u64) {
+            return Err(ApiError::payload_too_large(limit));
+        }
         let read = tokio::time::timeout(timeout, Bytes::from_request(req, state));
         let bytes = read
             .await

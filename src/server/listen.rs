@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::Router;
+use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -27,7 +28,9 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tower_service::Service;
 
-use super::connections::{Command, Connection, IdleTimeouts, Registration, Registry, RequestGuard};
+use super::connections::{
+    BodyGuard, Command, Connection, IdleTimeouts, Registration, Registry, RequestGuard,
+};
 use super::error::ApiError;
 use super::limits;
 use super::shutdown::{Lifecycle, Phase, ShutdownSignal};
@@ -151,6 +154,11 @@ async fn drive(
     });
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         let guard = connection.request_started();
+        let receiving = (!request.body().is_end_stream()).then(|| connection.body_started());
+        let request = request.map(|body| Receiving {
+            body,
+            guard: receiving,
+        });
         let mut router = router.clone();
         async move {
             let response = router.call(request).await?;
@@ -251,6 +259,37 @@ impl AsyncWrite for Watched {
 
     fn is_write_vectored(&self) -> bool {
         self.stream.is_write_vectored()
+    }
+}
+
+/// A request body that tells its [`Connection`] when it has arrived (at its end, on an error,
+/// or when the request is dropped unread).
+struct Receiving {
+    body: Incoming,
+    guard: Option<BodyGuard>,
+}
+
+impl http_body::Body for Receiving {
+    type Data = axum::body::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) || self.body.is_end_stream() {
+            self.guard = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

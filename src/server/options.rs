@@ -200,7 +200,11 @@ mod tests {
 
     #[test]
     fn debug_hides_the_key() {
-        let text = format!("{:?}", ServerOptions::default().with_api_key("sekrit"));
-        assert!(!text.contains("sekrit") && text.contains("<redacted>"));
+        let options = ServerOptions::default()
+            .with_api_key("sekrit")
+            .with_api_key("hunter2");
+        let text = format!("{options:?}");
+        assert!(!text.contains("sekrit") && !text.contains("hunter2"));
+        assert!(text.contains("<2 redacted>"), "{text}");
     }
 }

@@ -19,8 +19,8 @@ use super::openai::completions::{CompletionRequest, PromptWire};
 use super::{AppState, ServerOptions};
 use crate::engine::tool_calls::{constrain, prompt, ToolCallFormat, ToolChoice, ToolSpec};
 use crate::engine::{
-    Backend, EngineError, GenerationParams, GenerationRequest, GrammarSpec, ModelStatus,
-    SamplingParams,
+    Backend, ChatMessage, EngineError, GenerationParams, GenerationRequest, GrammarSpec,
+    ModelStatus, SamplingParams,
 };
 
 /// Most top alternatives a request may ask for per token.
@@ -213,12 +213,7 @@ pub async fn chat(
         .iter()
         .map(|t| t.to_template_value().to_string().chars().count())
         .sum();
-    let chars = tool_chars
-        + req
-            .messages
-            .iter()
-            .map(|m| m.content.chars().count())
-            .sum::<usize>();
+    let chars = tool_chars + req.messages.iter().map(message_chars).sum::<usize>();
     check_prompt_chars(chars, max_context, "messages")?;
     state.backend.check_capacity(&model)?;
     let tools = Tools::choose(&state.backend, &model, &req)?;
@@ -398,6 +393,7 @@ pub fn resolve_model(
         ModelStatus::Ready => Ok(card.id.clone()),
         ModelStatus::Loading => Err(EngineError::NotReady(name.to_owned()).into()),
         ModelStatus::Failed => Err(ApiError::model_failed(name)),
+        ModelStatus::Stopped => Err(ApiError::engine_stopped(name)),
     }
 }
 
@@ -592,6 +588,38 @@ fn sampling(w: &SamplingWire) -> Result<SamplingParams, ApiError> {
         )?,
         logit_bias: logit_bias(&w.logit_bias)?,
     })
+}
+
+/// Characters of a chat message that reach the template: its content, name, tool call id and
+/// the calls it made (their JSON text, `arguments` included), counted without building the text.
+fn message_chars(message: &ChatMessage) -> usize {
+    let calls = message.tool_calls.as_ref().map_or(0, |calls| {
+        let mut counter = CharCounter(0);
+        // Writing into a counter cannot fail; a failure would only undercount.
+        let _ = serde_json::to_writer(&mut counter, calls);
+        counter.0
+    });
+    message.content.chars().count()
+        + message.name.as_ref().map_or(0, |n| n.chars().count())
+        + message
+            .tool_call_id
+            .as_ref()
+            .map_or(0, |n| n.chars().count())
+        + calls
+}
+
+/// An `io::Write` that counts the UTF-8 characters written to it (the bytes that start one).
+struct CharCounter(usize);
+
+impl std::io::Write for CharCounter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.iter().filter(|&&b| (b & 0xC0) != 0x80).count();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ mod hf_model_serving;
 mod http_api;
 mod layering;
 mod lifecycle;
+mod log_failures;
 mod memory_bound;
 mod model_real;
 mod observability;

@@ -50,7 +50,7 @@ impl ServeProcess {
             .stderr(Stdio::null());
         adjust(&mut command);
         let child = command.spawn().expect("spawns");
-        let server = Self {
+        let mut server = Self {
             child,
             base: format!("http://127.0.0.1:{port}"),
         };
@@ -58,11 +58,14 @@ impl ServeProcess {
         server
     }
 
-    async fn wait_healthy(&self, within: Duration) {
+    async fn wait_healthy(&mut self, within: Duration) {
         let client = reqwest::Client::new();
         let deadline = Instant::now() + within;
         loop {
             assert!(Instant::now() < deadline, "server never became healthy");
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                panic!("the server exited before it was healthy: {status}");
+            }
             if let Ok(r) = client.get(format!("{}/health", self.base)).send().await {
                 if r.status() == 200 {
                     return;

@@ -425,3 +425,65 @@ async fn chunked_prefill_alongside_decodes_gives_the_same_text() {
     .await;
     assert_eq!(got, expected);
 }
+
+/// When the first `data:` event carrying text of a streamed completion arrives.
+async fn first_text_at(response: reqwest::Response) -> Instant {
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.bytes_stream();
+    let mut seen = String::new();
+    while let Some(chunk) = body.next().await {
+        seen.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+        if seen.contains("\"text\"") {
+            return Instant::now();
+        }
+    }
+    panic!("the stream ended without text: {seen}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_short_prompt_beside_a_long_one_gets_its_first_token_first() {
+    // A stream decodes; a long prompt arrives, then a short one while the long one is still
+    // prefilling. The prompts share each step's prompt budget, so the short one answers before
+    // the long one is through (with the budget going to the oldest prompt first, it waited for
+    // the whole long prefill).
+    let server = Arc::new(Server::start(EngineOptions::default()).await);
+    let stream = |prompt: String, max_tokens: usize| {
+        let server = Arc::clone(&server);
+        async move {
+            let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
+                "temperature": 0, "ignore_eos": true, "stream": true});
+            server
+                .post("/v1/completions", &body)
+                .send()
+                .await
+                .expect("request")
+        }
+    };
+    let decoding = stream("Tell me about the sea.".into(), 3000).await;
+    let mut decoding = decoding.bytes_stream();
+    assert!(decoding.next().await.is_some(), "the stream started");
+    let long_prompt = "The keeper wrote down every ship that passed the island. ".repeat(80);
+    // Each stream's first token is timed by a task of its own, so neither waits for the other.
+    let long_asked = Instant::now();
+    let long_request = stream(long_prompt, 1);
+    let long = tokio::spawn(async move { first_text_at(long_request.await).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asked = Instant::now();
+    let short_request = stream("The capital of France is".into(), 1);
+    let short = tokio::spawn(async move { first_text_at(short_request.await).await });
+    let (short_first, long_first) = (short.await.expect("short"), long.await.expect("long"));
+    let long_wait = long_first - long_asked;
+    let lead = long_first.saturating_duration_since(short_first);
+    println!(
+        "short prompt: first token after {:?}; the long one's {lead:?} after that ({long_wait:?} \
+         after it was sent)",
+        short_first - asked
+    );
+    // Queued behind the long prefill, the short prompt's first token comes in the step that
+    // ends it (a lead of about nothing); sharing the budget, well before.
+    assert!(
+        lead >= long_wait / 4,
+        "the short prompt waited for the long one's prefill (lead {lead:?} of {long_wait:?})"
+    );
+    drop(decoding);
+}

@@ -1,6 +1,7 @@
 //! `GET /health`: 200 `{"status":"ok",...}` when every configured model is ready; otherwise 503
 //! with an OpenAI-shaped error body: `model_not_ready` while one is loading, `model_failed` when
-//! one failed to load (a replica that cannot serve its whole configuration is not healthy).
+//! one failed to load, `engine_unavailable` when one's engine stopped after loading (a replica
+//! that cannot serve its whole configuration is not healthy, so an orchestrator restarts it).
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -23,6 +24,9 @@ pub async fn health(State(state): State<AppState>) -> Response {
     }
     if let Some(failed) = cards.iter().find(|c| c.status == ModelStatus::Failed) {
         return ApiError::model_failed(&failed.id).into_response();
+    }
+    if let Some(stopped) = cards.iter().find(|c| c.status == ModelStatus::Stopped) {
+        return ApiError::engine_stopped(&stopped.id).into_response();
     }
     if cards.is_empty() {
         return not_ready("No model is configured.".to_owned());

@@ -1,5 +1,6 @@
 //! Connection handling and the stop sequence of `ferry::server::run`, on a real loopback port
-//! with raw TCP clients: header-read and idle timeouts, the connection cap, shutdown not waiting
+//! with raw TCP clients: header-read and idle timeouts, the connection cap (idle connections and
+//! ones trickling a request body make room), a declared body over the limit, shutdown not waiting
 //! for connections without a request, the shutdown deadline's error event and 503, and a second
 //! stop request ending the server at once. Where a timeout is the subject, tokio's time is paused
 //! (it jumps to the next timer whenever every task waits), so no test sleeps through one.
@@ -42,9 +43,15 @@ fn stuck_stream_request() -> String {
 
 /// Opens a connection, sends `request`, and returns it once the response head arrived.
 async fn in_flight(server: &Loopback, request: &str) -> (tokio::net::TcpStream, String) {
-    use tokio::io::AsyncReadExt;
     let mut stream = server.connect().await;
     stream.write_all(request.as_bytes()).await.unwrap();
+    let head = read_response_head(&mut stream).await;
+    (stream, head)
+}
+
+/// Reads from `stream` until a response head has arrived; returns what was read.
+async fn read_response_head(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
     let mut seen = Vec::new();
     let mut buf = [0u8; 1024];
     while !String::from_utf8_lossy(&seen).contains("\r\n\r\n") {
@@ -52,7 +59,7 @@ async fn in_flight(server: &Loopback, request: &str) -> (tokio::net::TcpStream, 
         assert!(n > 0, "closed before the response head");
         seen.extend_from_slice(&buf[..n]);
     }
-    (stream, String::from_utf8_lossy(&seen).into_owned())
+    String::from_utf8_lossy(&seen).into_owned()
 }
 
 #[tokio::test(start_paused = true)]
@@ -124,6 +131,66 @@ async fn cap_plus_ten_idle_connections_leave_health_answering() {
         closed >= 11,
         "only {closed} of the idle connections were closed"
     );
+}
+
+/// A completion request head declaring a `length`-byte body, and the first few bytes of it.
+fn trickled_body_start(length: usize) -> String {
+    format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {length}\r\n\r\n{{\"model\""
+    )
+}
+
+#[tokio::test]
+async fn connections_trickling_their_bodies_make_room_at_the_cap() {
+    const CAP: usize = 4;
+    let (_, server) = start(ServerOptions {
+        max_connections: CAP,
+        ..options()
+    })
+    .await;
+    // More slow-body connections than the cap, each a request in flight waiting for its body.
+    let mut flood = Vec::new();
+    for _ in 0..CAP + 4 {
+        let mut stream = server.connect().await;
+        stream
+            .write_all(trickled_body_start(1000).as_bytes())
+            .await
+            .unwrap();
+        flood.push(stream);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for probe in 0..3 {
+        let reply = reqwest::get(server.url("/health")).await.expect("answered");
+        assert_eq!(reply.status(), 200, "probe {probe}");
+    }
+    let mut closed = 0;
+    for stream in &mut flood {
+        let read = tokio::time::timeout(Duration::from_millis(200), read_until_closed(stream));
+        if read.await.is_ok() {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 4, "only {closed} of the slow bodies were closed");
+}
+
+#[tokio::test]
+async fn a_declared_body_over_the_limit_gets_413_without_waiting_for_it() {
+    let (_, server) = start(ServerOptions {
+        body_limit: 1024,
+        ..options()
+    })
+    .await;
+    let mut stream = server.connect().await;
+    stream
+        .write_all(trickled_body_start(4096).as_bytes())
+        .await
+        .unwrap();
+    // The body never comes; the answer must not wait for body_read_timeout (60 s).
+    let answer = tokio::time::timeout(Duration::from_secs(10), read_response_head(&mut stream))
+        .await
+        .expect("answered at once");
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
 }
 
 #[tokio::test]

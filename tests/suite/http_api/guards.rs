@@ -189,6 +189,40 @@ async fn a_10_mb_prompt_is_rejected_before_the_tokenizer_is_called() {
 }
 
 #[tokio::test]
+async fn tool_call_arguments_count_toward_the_character_bound() {
+    let backend = TestBackend::new();
+    let app = app(
+        backend.clone() as Arc<dyn Backend>,
+        ServerOptions::default(),
+    );
+    // A short conversation whose assistant turn called a tool with a 10 MB argument.
+    let arguments = json!({"text": "a".repeat(10 * 1024 * 1024)}).to_string();
+    let messages = json!([
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": null, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "echo", "arguments": arguments}
+        }]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"}
+    ]);
+    let reply = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"model": READY, "messages": messages}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    let err = &reply.json()["error"];
+    assert_eq!(err["code"], "context_length_exceeded", "{err}");
+    assert_eq!(err["param"], "messages", "{err}");
+    assert_eq!(
+        backend.tokenize_calls.load(Ordering::SeqCst),
+        0,
+        "the tokenizer was called"
+    );
+}
+
+#[tokio::test]
 async fn an_overloaded_engine_refuses_before_tokenizing() {
     let backend = TestBackend::new();
     let app = test_app(&backend);
