@@ -42,6 +42,7 @@ mod role_injection;
 mod serving;
 mod structured_outputs;
 mod tiers;
+mod tokenize_parity;
 mod tokenizer;
 mod tokenizer_llamacpp;
 mod tool_calls;
