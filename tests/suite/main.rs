@@ -15,6 +15,7 @@ mod arch_crosscheck;
 mod arch_families;
 mod arch_llamacpp;
 mod batch_forward;
+mod builtin_templates;
 mod bundle_launcher;
 mod chat_templates;
 mod cli;
