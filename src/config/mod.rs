@@ -29,4 +29,6 @@ pub use resolve::{Origin, Origins, Overrides, Resolved};
 pub use types::TierConfig;
 pub use types::{Config, DeviceConfig, ModelConfig, OffloadConfig, ServerConfig};
 pub use values::TierChoice;
-pub use values::{CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode, QuantType};
+pub use values::{
+    ChatTemplateSource, CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode, QuantType,
+};

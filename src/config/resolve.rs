@@ -2,7 +2,9 @@
 //! from [`SETTINGS`], recording where every value came from ([`Origins`], shown by
 //! `ferry config`). Pure: the environment and the flags arrive as [`Overrides`], so every rule is
 //! unit-tested. The only look at the machine: a relative model `source` from a file is taken
-//! relative to the file's folder when that path exists (see [`rebase_source`]).
+//! relative to the file's folder when that path exists (see [`rebase_source`]); a relative
+//! `chat_template` file from a file is always taken relative to its folder
+//! ([`rebase_template`]).
 //!
 //! Per-model settings given as a flag or variable apply to every `[[models]]` entry. Two are
 //! special: `--model`/`FERRY_MODEL` replaces the configured models with that one (keeping the
@@ -14,10 +16,11 @@ use std::path::Path;
 
 use super::raw::{RawConfig, RawTable};
 use super::settings::{
-    find, in_scope, Scope, Section, Setting, DEFAULT_MODEL_NAME, NAME, SETTINGS, SOURCE,
+    find, in_scope, Scope, Section, Setting, CHAT_TEMPLATE, DEFAULT_MODEL_NAME, NAME, SETTINGS,
+    SOURCE,
 };
 use super::types::{Config, DeviceConfig, ModelConfig, ServerConfig};
-use super::values::{MemoryBudget, OffloadMode};
+use super::values::{ChatTemplateSource, Codec, MemoryBudget, OffloadMode, Template};
 use super::ConfigError;
 
 /// Settings given as text by one layer (the environment, or the flags), by setting name.
@@ -308,6 +311,16 @@ fn resolve_model(
                 let picked = picked.as_ref().map(|(o, t)| (*o, t.as_str()));
                 resolve_one(setting, &mut model, picked, key, origins)?;
             }
+            CHAT_TEMPLATE => {
+                let picked = match layers.pick(setting, table) {
+                    Some((Origin::File, text)) => {
+                        Some((Origin::File, rebase_template(text, layers.raw)))
+                    }
+                    other => other.map(|(origin, text)| (origin, text.to_string())),
+                };
+                let picked = picked.as_ref().map(|(o, t)| (*o, t.as_str()));
+                resolve_one(setting, &mut model, picked, key, origins)?;
+            }
             NAME => {} // after the source, below
             _ => {
                 let picked = layers.pick(setting, table);
@@ -413,6 +426,20 @@ pub fn rebase_source(text: &str, raw: &RawConfig) -> String {
         text.to_string()
     } else {
         joined.to_string_lossy().into_owned()
+    }
+}
+
+/// A `chat_template` written in a config file: a relative file path is joined to the file's
+/// folder (the Jinja itself, and absolute paths, stay as written).
+pub fn rebase_template(text: &str, raw: &RawConfig) -> String {
+    let Some(dir) = raw.path.as_deref().and_then(Path::parent) else {
+        return text.to_string();
+    };
+    match Template::parse(text) {
+        Ok(Some(ChatTemplateSource::File(path))) if path.is_relative() => {
+            dir.join(path).to_string_lossy().into_owned()
+        }
+        _ => text.to_string(),
     }
 }
 

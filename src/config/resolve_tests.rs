@@ -231,6 +231,43 @@ fn relative_sources_in_a_file_resolve_against_its_folder() {
 }
 
 #[test]
+fn a_relative_chat_template_file_in_a_file_is_relative_to_its_folder() {
+    use crate::config::ChatTemplateSource;
+    let mut raw = RawConfig::from_toml(
+        "[[models]]\nsource = \"/m/a.gguf\"\nchat_template = \"t/chat.jinja\"\n[[models]]\nsource = \"/m/b.gguf\"\nchat_template = \"/abs/chat.jinja\"\n[[models]]\nsource = \"/m/c.gguf\"\nchat_template = \"{{ messages[0].content }}\"\n",
+    )
+    .expect("toml");
+    raw.path = Some(std::path::PathBuf::from("/etc/ferry/ferry.toml"));
+    let config = Config::resolve(&raw, &Overrides::default(), &Overrides::default()).expect("ok");
+    let templates: Vec<_> = config
+        .models
+        .iter()
+        .map(|m| m.chat_template.clone())
+        .collect();
+    assert_eq!(
+        templates,
+        [
+            Some(ChatTemplateSource::File("/etc/ferry/t/chat.jinja".into())),
+            Some(ChatTemplateSource::File("/abs/chat.jinja".into())),
+            Some(ChatTemplateSource::Inline(
+                "{{ messages[0].content }}".into()
+            )),
+        ]
+    );
+    // A flag is relative to the working directory, as typed.
+    let config = Config::resolve(
+        &raw,
+        &Overrides::default(),
+        &set(&[("chat-template", "t/chat.jinja")]),
+    )
+    .expect("ok");
+    assert_eq!(
+        config.models[0].chat_template,
+        Some(ChatTemplateSource::File("t/chat.jinja".into()))
+    );
+}
+
+#[test]
 fn the_shipped_config_points_at_the_fetched_model_from_any_directory() {
     let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config/default.toml"));
     let raw = crate::config::load::read_file(path).expect("config/default.toml");

@@ -10,7 +10,7 @@ use super::types::{DeviceConfig, ModelConfig, ServerConfig};
 use super::values::{
     Bandwidth, Budget, Codec, Device, Dtype, Gflops, Kernels, KvDtype, Mode, Names, Number,
     OptionalPositive, OptionalSwitch, OptionalText, Positive, Secret, Secrets, Shown, Size, Switch,
-    Text, Tiers, Time,
+    Template, Text, Tiers, Time,
 };
 
 /// The table a setting lives in.
@@ -114,6 +114,10 @@ pub const SOURCE: &str = "model";
 /// `--served-name` / `FERRY_SERVED_NAME` / `models[].name`: with a flag or variable, it names the
 /// one served model (an error when several are configured and `--model` is not given).
 pub const NAME: &str = "served-name";
+
+/// `--chat-template` / `models[].chat_template`: a relative file path written in a config file
+/// is relative to the file's folder.
+pub const CHAT_TEMPLATE: &str = "chat-template";
 
 /// The model served when neither the config nor `--model` names one: the file
 /// `scripts/fetch-model.sh` fetches, relative to the working directory.
@@ -486,6 +490,17 @@ pub static SETTINGS: &[Setting] = &[
         example: "4096",
         help: "Most prompt tokens the prefix cache holds. It never takes KV room a running request may need (max_batch x max_context positions in all), least recently used blocks go first.",
         field: field!(Model, OptionalPositive, prefix_cache_tokens),
+    },
+    Setting {
+        name: CHAT_TEMPLATE,
+        short: None,
+        key: "chat_template",
+        value_name: "TEMPLATE",
+        default: None,
+        default_note: "the model's own, else a built-in one for its family",
+        example: "templates/chat.jinja",
+        help: "Chat template instead of the model's own: Jinja written out (a value with {{ or {%), else the path of a file of it. Unset, a model without one gets ferry's built-in Gemma, Llama 3, Mistral or ChatML template, chosen from its architecture and special tokens (the load log names it).",
+        field: field!(Model, Template, chat_template),
     },
     Setting {
         name: "offload",

@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use super::settings::{in_scope, Scope, Section};
-use super::values::{CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode, TierChoice};
+use super::values::{
+    ChatTemplateSource, CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode,
+    TierChoice,
+};
 
 /// A fully resolved configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -126,6 +129,9 @@ pub struct ModelConfig {
     pub prefix_cache: bool,
     /// Most tokens the prefix cache holds; unset = what the KV budget leaves room for.
     pub prefix_cache_tokens: Option<usize>,
+    /// The chat template to use instead of the model's own; unset = the model's, else a
+    /// built-in one for its family (`model::tokenizer::builtin_template`).
+    pub chat_template: Option<ChatTemplateSource>,
     /// Placement.
     pub offload: OffloadConfig,
     /// Where offloaded units run (`offload.tier`, `offload.host_gflops`, ...).
@@ -184,6 +190,7 @@ impl ModelConfig {
             step_time: Duration::ZERO,
             prefix_cache: false,
             prefix_cache_tokens: None,
+            chat_template: None,
             offload: OffloadConfig {
                 mode: OffloadMode::Auto,
                 gpu_memory: MemoryBudget::FractionOfFree(1.0),

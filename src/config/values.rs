@@ -158,6 +158,15 @@ pub enum MemoryBudget {
     FractionOfFree(f64),
 }
 
+/// A configured chat template (`models[].chat_template`): the Jinja itself, or a file of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChatTemplateSource {
+    /// The template's text (a value with `{{` or `{%` in it).
+    Inline(String),
+    /// A file holding the template (any other value), read when the model loads.
+    File(std::path::PathBuf),
+}
+
 /// A resolved value as `ferry config` shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Shown {
@@ -616,6 +625,29 @@ impl Codec for Kernels {
     }
 }
 
+/// A chat template: Jinja written out (text with `{{` or `{%`), else a file's path; empty is
+/// unset.
+pub struct Template;
+impl Codec for Template {
+    type Value = Option<ChatTemplateSource>;
+    fn parse(text: &str) -> Result<Option<ChatTemplateSource>, String> {
+        if text.trim().is_empty() {
+            Ok(None)
+        } else if text.contains("{{") || text.contains("{%") {
+            Ok(Some(ChatTemplateSource::Inline(text.to_string())))
+        } else {
+            Ok(Some(ChatTemplateSource::File(text.trim().into())))
+        }
+    }
+    fn show(value: &Option<ChatTemplateSource>) -> Shown {
+        match value {
+            None => Shown::Unset,
+            Some(ChatTemplateSource::Inline(text)) => Shown::Text(text.clone()),
+            Some(ChatTemplateSource::File(path)) => Shown::Text(path.display().to_string()),
+        }
+    }
+}
+
 /// The shortest exact spelling of a byte count: `16MiB`, `6GB`, `1000`.
 fn exact_size(bytes: u64) -> String {
     const UNITS: [(u64, &str); 6] = [
@@ -654,6 +686,31 @@ fn exact_duration(duration: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chat_template_is_jinja_when_it_has_tags_and_a_path_otherwise() {
+        let inline = "{% for m in messages %}{{ m.content }}{% endfor %}";
+        assert_eq!(
+            Template::parse(inline),
+            Ok(Some(ChatTemplateSource::Inline(inline.into())))
+        );
+        assert_eq!(
+            Template::parse("{{ 'x' }}"),
+            Ok(Some(ChatTemplateSource::Inline("{{ 'x' }}".into())))
+        );
+        assert_eq!(
+            Template::parse(" templates/chat.jinja "),
+            Ok(Some(ChatTemplateSource::File(
+                "templates/chat.jinja".into()
+            )))
+        );
+        assert_eq!(Template::parse(""), Ok(None));
+        for text in [inline, "templates/chat.jinja"] {
+            let value = Template::parse(text).unwrap();
+            assert_eq!(Template::show(&value), Shown::Text(text.into()));
+        }
+        assert_eq!(Template::show(&None), Shown::Unset);
+    }
 
     #[test]
     fn shown_values_parse_back_to_the_same_value() {

@@ -66,11 +66,26 @@ pub trait Backend: Send + Sync + 'static {
     /// The context window of a ready model.
     fn max_context(&self, model: &str) -> EngineResult<usize>;
 
-    /// Text to token ids. With `add_special_tokens`, BOS etc. are added and special-token text
-    /// (`<|im_start|>`) becomes its control token; without, nothing is added and such text
-    /// stays text.
+    /// Text to token ids; special-token text (`<|im_start|>`) becomes its control token.
+    /// `add_special_tokens` adds BOS etc. when the model wants them (and nothing else: as in
+    /// llama.cpp and vLLM, it does not decide whether special-token text is parsed).
     fn tokenize(&self, model: &str, text: &str, add_special_tokens: bool)
         -> EngineResult<Vec<u32>>;
+
+    /// [`tokenize`](Self::tokenize) with special-token text kept as text (`<|im_start|>` is
+    /// those characters). Default: `tokenize`, right for backends without special tokens.
+    fn tokenize_literal(
+        &self,
+        model: &str,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> EngineResult<Vec<u32>> {
+        self.tokenize(model, text, add_special_tokens)
+    }
+
+    /// The raw bytes each of `tokens` stands for (a special token: its text); an id outside
+    /// the vocabulary is an invalid request naming `tokens`.
+    fn token_bytes(&self, model: &str, tokens: &[u32]) -> EngineResult<Vec<Vec<u8>>>;
 
     /// `messages` rendered with the model's chat template and tokenised: the template's own
     /// markup becomes control tokens, special-token text inside the messages stays text unless

@@ -356,12 +356,28 @@ impl Backend for EngineHandle {
         text: &str,
         add_special_tokens: bool,
     ) -> EngineResult<Vec<u32>> {
-        let codec = self.ready(model)?.1.codec;
-        if add_special_tokens {
-            codec.encode(text, true)
-        } else {
-            codec.encode_literal(text, false)
-        }
+        self.ready(model)?.1.codec.encode(text, add_special_tokens)
+    }
+
+    fn tokenize_literal(
+        &self,
+        model: &str,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> EngineResult<Vec<u32>> {
+        self.ready(model)?
+            .1
+            .codec
+            .encode_literal(text, add_special_tokens)
+    }
+
+    fn token_bytes(&self, model: &str, tokens: &[u32]) -> EngineResult<Vec<Vec<u8>>> {
+        let (_, loaded) = self.ready(model)?;
+        check_token_ids(tokens, loaded.vocab_size)?;
+        Ok(tokens
+            .iter()
+            .map(|&t| loaded.codec.token_bytes(t))
+            .collect())
     }
 
     fn encode_chat(
@@ -412,15 +428,7 @@ impl Backend for EngineHandle {
 
     fn detokenize(&self, model: &str, tokens: &[u32]) -> EngineResult<String> {
         let (_, loaded) = self.ready(model)?;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= loaded.vocab_size) {
-            return Err(EngineError::InvalidRequest {
-                message: format!(
-                    "token id {bad} is out of range (vocabulary size {})",
-                    loaded.vocab_size
-                ),
-                param: Some("tokens".into()),
-            });
-        }
+        check_token_ids(tokens, loaded.vocab_size)?;
         loaded.codec.decode(tokens, false)
     }
 
@@ -505,6 +513,17 @@ impl Backend for EngineHandle {
             return Err(EngineError::Unavailable);
         }
         Ok(receivers)
+    }
+}
+
+/// Fails with an invalid request naming `tokens` when an id is outside the vocabulary.
+fn check_token_ids(tokens: &[u32], vocab_size: usize) -> EngineResult<()> {
+    match tokens.iter().find(|&&t| t as usize >= vocab_size) {
+        Some(&bad) => Err(EngineError::InvalidRequest {
+            message: format!("token id {bad} is out of range (vocabulary size {vocab_size})"),
+            param: Some("tokens".into()),
+        }),
+        None => Ok(()),
     }
 }
 

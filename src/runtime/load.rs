@@ -18,7 +18,7 @@ use crate::config::{DeviceConfig, ModelConfig, OffloadMode};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::loader::{LoadOptions, LoadProgress};
 use crate::model::source::{HubOptions, ModelFiles};
-use crate::model::tokenizer::TextTokenizer;
+use crate::model::tokenizer::{TemplateOrigin, TextTokenizer};
 use crate::model::ModelError;
 use crate::offload::cost::{CostModel, Tier};
 use crate::offload::plan::{mode_name, Plan};
@@ -120,7 +120,7 @@ pub fn load_planned(
     };
     // The tokenizer (tens of thousands of merges) builds on its own thread while the weights load.
     std::thread::scope(|scope| {
-        let tokenizer = scope.spawn(|| load_tokenizer(checkpoint));
+        let tokenizer = scope.spawn(|| load_tokenizer(config, checkpoint));
         let runner = load_runner(config, device_config, device, swap, checkpoint, plan)?;
         if let Some(experts) = runner.store().experts() {
             experts.set_tier(config.tier.choice);
@@ -283,8 +283,33 @@ fn log_loaded(config: &ModelConfig, runner: &ModelRunner, started: Instant) {
 }
 
 /// The tokenizer from the GGUF metadata (already parsed with the checkpoint) or the HF
-/// tokenizer files.
-fn load_tokenizer(checkpoint: &Checkpoint) -> Result<TextTokenizer, ModelError> {
+/// tokenizer files, with its chat template settled: `config.chat_template`, else the model's,
+/// else a built-in one (one warning naming it).
+fn load_tokenizer(
+    config: &ModelConfig,
+    checkpoint: &Checkpoint,
+) -> Result<TextTokenizer, ModelError> {
+    let mut tokenizer = read_tokenizer(checkpoint)?;
+    let architecture = checkpoint.spec().architecture;
+    match tokenizer.settle_chat_template(config.chat_template.as_ref(), architecture)? {
+        TemplateOrigin::Model => {}
+        TemplateOrigin::Configured => tracing::info!(
+            model = %config.name,
+            "chat template from the chat_template setting"
+        ),
+        TemplateOrigin::Builtin(builtin) => tracing::warn!(
+            model = %config.name,
+            template = builtin.name(),
+            "the model has no chat template; chats use ferry's built-in {} template (set \
+             chat_template to choose another)",
+            builtin.name()
+        ),
+    }
+    Ok(tokenizer)
+}
+
+/// The tokenizer as the model's files describe it.
+fn read_tokenizer(checkpoint: &Checkpoint) -> Result<TextTokenizer, ModelError> {
     match checkpoint.files() {
         ModelFiles::Gguf { .. } => {
             let metadata = checkpoint

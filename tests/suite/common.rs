@@ -201,6 +201,13 @@ impl Backend for TestBackend {
         Ok(bos.into_iter().chain(text.bytes().map(u32::from)).collect())
     }
 
+    fn token_bytes(&self, model: &str, tokens: &[u32]) -> EngineResult<Vec<Vec<u8>>> {
+        tokens
+            .iter()
+            .map(|&t| self.detokenize(model, &[t]).map(String::into_bytes))
+            .collect()
+    }
+
     fn detokenize(&self, model: &str, tokens: &[u32]) -> EngineResult<String> {
         self.ready(model)?;
         let mut bytes = Vec::new();

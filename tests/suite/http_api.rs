@@ -263,6 +263,17 @@ async fn tokenize_and_detokenize() {
     assert_eq!(reply.json()["tokens"], json!([97, 98, 99]));
     let reply = post(
         &app,
+        "/tokenize",
+        json!({"model": READY, "prompt": "ab", "with_pieces": true}),
+    )
+    .await;
+    assert_eq!(
+        reply.json(),
+        json!({"tokens": [{"id": BOS, "piece": "<s>"}, {"id": 97, "piece": "a"},
+            {"id": 98, "piece": "b"}], "count": 3, "max_model_len": MAX_CONTEXT})
+    );
+    let reply = post(
+        &app,
         "/detokenize",
         json!({"model": READY, "tokens": [104, 105]}),
     )

@@ -1,8 +1,9 @@
 //! Special tokens written inside chat message content are text, not control tokens: a user
 //! message cannot open a turn of another role. The template's own markup still is control
-//! tokens (the fixture chats keep transformers' ids), `/tokenize` with
-//! `add_special_tokens: false` keeps special-token text as text, and the operator option
-//! `parse_special_in_content` brings the old parsing back. SmolLM2's real GGUF tokenizer.
+//! tokens (the fixture chats keep transformers' ids), `/tokenize` with `parse_special: false`
+//! keeps special-token text as text (and parses it otherwise, `add_special_tokens` or not:
+//! tokenize_parity), and the operator option `parse_special_in_content` brings the old parsing
+//! back. SmolLM2's real GGUF tokenizer.
 
 use crate::common as http;
 use crate::fixtures;
@@ -91,24 +92,26 @@ async fn post(options: ServerOptions, path: &str, body: Value) -> Value {
 }
 
 #[tokio::test]
-async fn over_http_content_is_text_and_tokenize_honours_add_special_tokens() {
+async fn over_http_content_is_text_and_tokenize_honours_parse_special() {
     let tok = tokenizer();
     let start = im_start(&tok);
     let literal = post(
         ServerOptions::default(),
         "/tokenize",
-        json!({"model": real_model::MODEL, "prompt": "<|im_start|>", "add_special_tokens": false}),
+        json!({"model": real_model::MODEL, "prompt": "<|im_start|>", "parse_special": false}),
     )
     .await;
     let ids: Vec<u32> = serde_json::from_value(literal["tokens"].clone()).unwrap();
     assert!(!ids.contains(&start) && ids.len() > 1, "{ids:?}");
-    let parsed = post(
-        ServerOptions::default(),
-        "/tokenize",
-        json!({"model": real_model::MODEL, "prompt": "<|im_start|>", "add_special_tokens": true}),
-    )
-    .await;
-    assert!(parsed["tokens"].as_array().unwrap().contains(&json!(start)));
+    for add in [true, false] {
+        let parsed = post(
+            ServerOptions::default(),
+            "/tokenize",
+            json!({"model": real_model::MODEL, "prompt": "<|im_start|>", "add_special_tokens": add}),
+        )
+        .await;
+        assert!(parsed["tokens"].as_array().unwrap().contains(&json!(start)));
+    }
 
     // The chat endpoint tokenises the same way: its usage counts the escaped prompt.
     let backend: Arc<dyn Backend> = real_model::backend();

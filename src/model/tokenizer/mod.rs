@@ -7,9 +7,13 @@
 //! what generation needs besides ids: BOS/EOS ids, whether BOS is added, and the chat template
 //! ([`chat_template`], rendered with minijinja like transformers does).
 //!
+//! A model without a template of its own chats with one of ferry's ([`builtin_template`]),
+//! and the `chat_template` setting replaces either ([`TextTokenizer::settle_chat_template`]).
+//!
 //! Prompts rendered from a chat template already contain the special tokens the model wants;
 //! encode them with `add_special_tokens = false`, as transformers does.
 
+pub mod builtin_template;
 mod chat_encode;
 pub mod chat_template;
 mod gguf;
@@ -27,11 +31,26 @@ use std::sync::OnceLock;
 use candle_core::quantized::gguf_file::Content;
 use tokenizers::Tokenizer;
 
+use crate::config::ChatTemplateSource;
 use crate::model::error::{ModelError, Result};
 use crate::model::header::GgufMetadata;
+use crate::model::spec::Architecture;
+pub use builtin_template::BuiltinTemplate;
 use chat_encode::ChatEncoder;
 pub use chat_template::ChatMessage;
 use chat_template::{ChatTemplate, TemplateContext};
+
+/// Where the chat template a model serves with came from
+/// ([`TextTokenizer::settle_chat_template`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateOrigin {
+    /// The model's own (GGUF metadata, tokenizer_config.json, chat_template.jinja).
+    Model,
+    /// The `chat_template` setting.
+    Configured,
+    /// One of ferry's: the model has none.
+    Builtin(BuiltinTemplate),
+}
 
 /// Special tokens and BOS policy, whichever source they came from.
 #[derive(Debug, Clone, Default)]
@@ -156,6 +175,41 @@ impl TextTokenizer {
         self.chat_template_source = Some(source.to_owned());
         self.chat_encoder = OnceLock::new();
         Ok(())
+    }
+
+    /// Settles the template chats render with: `configured` (the `chat_template` setting:
+    /// the Jinja, or a file read now) when given, else the model's own, else the built-in one
+    /// [`BuiltinTemplate::choose`] picks for `architecture` and this vocabulary. A file that
+    /// cannot be read or a template that does not compile is a [`ModelError::Template`].
+    pub fn settle_chat_template(
+        &mut self,
+        configured: Option<&ChatTemplateSource>,
+        architecture: Architecture,
+    ) -> Result<TemplateOrigin> {
+        let Some(configured) = configured else {
+            if self.has_chat_template() {
+                return Ok(TemplateOrigin::Model);
+            }
+            let builtin = BuiltinTemplate::choose(architecture, |token| {
+                self.tokenizer.token_to_id(token).is_some()
+            });
+            self.set_chat_template(&builtin.source(self.adds_bos()))?;
+            return Ok(TemplateOrigin::Builtin(builtin));
+        };
+        let source = match configured {
+            ChatTemplateSource::Inline(text) => text.clone(),
+            ChatTemplateSource::File(path) => std::fs::read_to_string(path).map_err(|e| {
+                ModelError::Template(format!(
+                    "cannot read the chat_template file {}: {e}",
+                    path.display()
+                ))
+            })?,
+        };
+        self.set_chat_template(&source).map_err(|e| match e {
+            ModelError::Template(why) => ModelError::Template(format!("chat_template: {why}")),
+            other => other,
+        })?;
+        Ok(TemplateOrigin::Configured)
     }
 
     /// Token ids of `text`. Special tokens written in the text (`<|im_start|>`) become their ids.
@@ -339,8 +393,8 @@ impl TextTokenizer {
         let template = self.chat_template.as_ref().ok_or_else(|| {
             ModelError::Template(
                 "this model has no chat template (no `tokenizer.chat_template` in the GGUF, no \
-                 `chat_template` in tokenizer_config.json); use the completions API or set a \
-                 template"
+                 `chat_template` in tokenizer_config.json); use the completions API or set \
+                 `chat_template`"
                     .into(),
             )
         })?;

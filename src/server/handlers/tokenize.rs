@@ -1,5 +1,7 @@
 //! `POST /tokenize` and `POST /detokenize` (vLLM's extensions), run on the bounded tokeniser
-//! pool. `add_special_tokens: false` adds no BOS and keeps special-token text as text.
+//! pool. As in vLLM and llama.cpp, `add_special_tokens: false` only leaves BOS out: special-token
+//! text is parsed unless `parse_special: false` (llama.cpp's option); `with_pieces: true`
+//! answers each id with its piece.
 
 use std::sync::Arc;
 
@@ -10,7 +12,7 @@ use crate::server::admission::check_prompt_chars;
 use crate::server::error::ApiError;
 use crate::server::extract::JsonObject;
 use crate::server::openai::tokenize::{
-    DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
+    DetokenizeRequest, DetokenizeResponse, TokenList, TokenizeRequest, TokenizeResponse,
 };
 use crate::server::validate::resolve_model;
 use crate::server::AppState;
@@ -27,7 +29,19 @@ pub async fn tokenize(
     let backend = Arc::clone(&state.backend);
     let tokens = state
         .admission
-        .tokenize(move || backend.tokenize(&model, &req.prompt, req.add_special_tokens))
+        .tokenize(move || {
+            let (text, add) = (&req.prompt, req.add_special_tokens);
+            let ids = if req.parse_special {
+                backend.tokenize(&model, text, add)?
+            } else {
+                backend.tokenize_literal(&model, text, add)?
+            };
+            let pieces = req
+                .with_pieces
+                .then(|| backend.token_bytes(&model, &ids))
+                .transpose()?;
+            Ok(TokenList::new(ids, pieces))
+        })
         .await?;
     Ok(Json(TokenizeResponse {
         count: tokens.len(),
