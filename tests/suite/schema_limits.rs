@@ -4,8 +4,10 @@
 //! object properties, or nested 5000 deep through `$ref`s, sent as `response_format` or as a
 //! tool's `parameters` (every tool is compiled, even with `tool_choice: auto`), is a 400 naming
 //! the field, and the server answers the next request. (Such schemas overflowed a server
-//! thread's stack in llguidance's recursion and aborted the whole process.)
+//! thread's stack in llguidance's recursion and aborted the whole process.) An object with a
+//! thousand optional properties, within the bounds, generates (it failed mid-output).
 
+use crate::common::Loopback;
 use crate::real_model;
 use crate::serve_process::ServeProcess;
 
@@ -15,6 +17,8 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{json, Map, Value};
+
+use ferry::server::ServerOptions;
 
 /// An object schema with `n` integer properties.
 fn properties(n: usize) -> Value {
@@ -135,4 +139,25 @@ async fn oversized_schemas_are_a_400_and_the_server_goes_on() {
             .unwrap_or_else(|e| panic!("after {what}: no answer, the server died? {e}"));
         assert_eq!(status, StatusCode::OK, "after {what}: {text}");
     }
+}
+
+/// An object with 1000 optional properties and one required (so the output must open a key),
+/// greedy:
+/// llguidance's default bound on one parser row (2000 items, about four per optional property)
+/// failed the generation as soon as the model wrote `{"`.
+#[tokio::test]
+async fn an_object_with_a_thousand_optional_properties_generates() {
+    let server = Loopback::start(real_model::backend(), ServerOptions::default()).await;
+    let mut schema = properties(1000);
+    schema["required"] = json!(["p999"]);
+    schema["additionalProperties"] = json!(false);
+    let mut body = with_format(&schema, false);
+    body["temperature"] = json!(0);
+    let (status, text) = post(&server.url(""), &body).await.expect("an answer");
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    let content = v["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("text");
+    assert!(content.starts_with("{\"p"), "{content}");
 }
