@@ -1,4 +1,4 @@
-//! Issue 24 item 2: JSON schemas too large for the grammar engine to be handed as they are.
+//! Issue 24 items 2 and 8: JSON schemas the grammar engine must not be handed as they are.
 //!
 //! A real `ferry serve` process on the default configuration: a schema with 10 000 or 20 000
 //! object properties, or nested 5000 deep through `$ref`s, sent as `response_format` or as a
@@ -6,6 +6,11 @@
 //! the field, and the server answers the next request. (Such schemas overflowed a server
 //! thread's stack in llguidance's recursion and aborted the whole process.) An object with a
 //! thousand optional properties, within the bounds, generates (it failed mid-output).
+//!
+//! A real server on a loopback port: `$ref` cycles no value can match (`{"$ref": "#"}`, two
+//! definitions naming each other, an `anyOf` of only itself) are a 400 naming the field, streamed
+//! or not, with a one-line reason and none of llguidance's parser state (they were a 500 whose
+//! message dumped it). Recursion through a value's parts still works.
 
 use crate::common::Loopback;
 use crate::real_model;
@@ -160,4 +165,72 @@ async fn an_object_with_a_thousand_optional_properties_generates() {
         .as_str()
         .expect("text");
     assert!(content.starts_with("{\"p"), "{content}");
+}
+
+#[tokio::test]
+async fn ref_cycles_are_a_400_without_the_parser_state() {
+    let server = Loopback::start(real_model::backend(), ServerOptions::default()).await;
+    let base = server.url("");
+    let two = json!({
+        "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+        "$ref": "#/$defs/a"
+    });
+    let only_itself = json!({"anyOf": [{"$ref": "#"}]});
+    let cases = [
+        (
+            "self",
+            with_format(&json!({"$ref": "#"}), false),
+            "response_format",
+            "# -> #",
+        ),
+        (
+            "self, streamed",
+            with_format(&json!({"$ref": "#"}), true),
+            "response_format",
+            "# -> #",
+        ),
+        (
+            "two",
+            with_format(&two, false),
+            "response_format",
+            "#/$defs/a -> #/$defs/b -> #/$defs/a",
+        ),
+        (
+            "two, streamed",
+            with_format(&two, true),
+            "response_format",
+            "#/$defs/b",
+        ),
+        (
+            "anyOf itself",
+            with_format(&only_itself, false),
+            "response_format",
+            "# -> #/anyOf/0 -> #",
+        ),
+        (
+            "a tool's self",
+            with_tool(&json!({"$ref": "#"})),
+            "tools[0].function.parameters",
+            "cycle",
+        ),
+    ];
+    for (what, body, param, reason) in cases {
+        let (status, text) = post(&base, &body).await.expect("an answer");
+        let message = assert_refused(what, status, &text, param);
+        assert!(message.contains(reason), "{what}: {message}");
+    }
+    let tree = json!({
+        "type": "object",
+        "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}},
+        "required": ["kids"]
+    });
+    let (status, text) = post(&base, &with_format(&tree, false))
+        .await
+        .expect("an answer");
+    assert_eq!(status, StatusCode::OK, "recursion through parts: {text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    let content = v["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("text");
+    assert!(content.starts_with("{\"kids\":["), "{content}");
 }

@@ -5,6 +5,14 @@
 //! subschemas nested at most [`MAX_SCHEMA_DEPTH`] deep (a `$ref` counts as a step into its
 //! target).
 //!
+//! It also refuses a `$ref` cycle that never reaches a value where an output could enter it: a
+//! schema that can only be matched by matching itself first, through `$ref`s and `allOf`
+//! members, or through `anyOf`/`oneOf` alternatives none of which gets out (`{"$ref": "#"}`,
+//! two definitions naming each other, `{"anyOf": [{"$ref": "#"}]}`). llguidance compiles those,
+//! then fails the generation once it gets there. Recursion through a value's parts (a tree
+//! whose `children` items are `{"$ref": "#"}`) is allowed, and so is a cycle no output enters
+//! (an unused definition, an alternative beside one that reaches a value).
+//!
 //! Only local references (`#` and `#/json/pointer`) are followed; others are llguidance's to
 //! resolve or refuse. The checks walk the schema without recursion.
 
@@ -36,6 +44,12 @@ pub fn check(schema: &Value) -> Result<(), String> {
         return Err(format!(
             "it declares {properties} object properties in all; at most \
              {MAX_SCHEMA_PROPERTIES} are accepted"
+        ));
+    }
+    if let Some(cycle) = graph.ungrounded_cycle() {
+        return Err(format!(
+            "its `$ref`s form a cycle that never reaches a value: {}",
+            cycle.join(" -> ")
         ));
     }
     let depth = graph.depth();
@@ -139,6 +153,101 @@ impl<'a> SchemaGraph<'a> {
             .filter_map(|n| n.schema.get("properties").and_then(Value::as_object))
             .map(|p| p.len())
             .sum()
+    }
+
+    /// Which schemas can be matched without first matching themselves: those whose
+    /// [`Edge::Whole`] subschemas all can, and, when they have alternatives, one of those can
+    /// (a least fixed point, by counting down what each schema still waits for). The others
+    /// are `$ref` cycles that never reach a value.
+    fn grounded(&self) -> Vec<bool> {
+        let n = self.nodes.len();
+        let mut parents: Vec<Vec<(usize, Edge)>> = vec![Vec::new(); n];
+        let mut wholes_left = vec![0usize; n];
+        let mut has_alternatives = vec![false; n];
+        for (i, node) in self.nodes.iter().enumerate() {
+            for &(child, edge) in &node.edges {
+                match edge {
+                    Edge::Part => continue,
+                    Edge::Whole => wholes_left[i] += 1,
+                    Edge::Alternative => has_alternatives[i] = true,
+                }
+                parents[child].push((i, edge));
+            }
+        }
+        let mut grounded = vec![false; n];
+        let mut alternative_grounded = vec![false; n];
+        let mut ready: Vec<usize> = (0..n)
+            .filter(|&i| wholes_left[i] == 0 && !has_alternatives[i])
+            .collect();
+        while let Some(node) = ready.pop() {
+            if grounded[node] {
+                continue;
+            }
+            grounded[node] = true;
+            for &(parent, edge) in &parents[node] {
+                if edge == Edge::Whole {
+                    wholes_left[parent] -= 1;
+                } else {
+                    alternative_grounded[parent] = true;
+                }
+                if wholes_left[parent] == 0
+                    && (!has_alternatives[parent] || alternative_grounded[parent])
+                {
+                    ready.push(parent);
+                }
+            }
+        }
+        grounded
+    }
+
+    /// A `$ref` cycle that never reaches a value, where an output could enter it: a schema
+    /// reachable from the root that is not [`grounded`](Self::grounded) (alternatives that are
+    /// not grounded, beside one that is, are never entered, so they are passed over). The
+    /// names along the cycle, the first again at the end.
+    fn ungrounded_cycle(&self) -> Option<Vec<String>> {
+        let grounded = self.grounded();
+        let mut seen = vec![false; self.nodes.len()];
+        seen[0] = true;
+        let mut next = vec![0];
+        while let Some(node) = next.pop() {
+            if !grounded[node] {
+                return Some(self.cycle_from(node, &grounded));
+            }
+            for &(child, edge) in &self.nodes[node].edges {
+                if edge == Edge::Alternative && !grounded[child] || seen[child] {
+                    continue;
+                }
+                seen[child] = true;
+                next.push(child);
+            }
+        }
+        None
+    }
+
+    /// The cycle an ungrounded `start` leads into: from each ungrounded schema, its first
+    /// ungrounded [`Edge::Whole`] subschema, or else its first alternative (none is grounded).
+    fn cycle_from(&self, start: usize, grounded: &[bool]) -> Vec<String> {
+        let mut path = vec![start];
+        let mut at = HashMap::from([(start, 0usize)]);
+        let mut node = start;
+        loop {
+            let edges = &self.nodes[node].edges;
+            let step = edges
+                .iter()
+                .find(|&&(c, e)| e == Edge::Whole && !grounded[c])
+                .or_else(|| edges.iter().find(|&&(_, e)| e == Edge::Alternative));
+            let Some(&(child, _)) = step else {
+                break;
+            };
+            path.push(child);
+            if let Some(&from) = at.get(&child) {
+                path.drain(..from);
+                break;
+            }
+            at.insert(child, path.len() - 1);
+            node = child;
+        }
+        path.iter().map(|&n| self.nodes[n].name.clone()).collect()
     }
 
     /// The longest chain of nested subschemas from the root, following every edge; an edge
@@ -298,6 +407,51 @@ mod tests {
         assert_eq!(check(&tree), Ok(()));
         let alternatives = json!({"anyOf": [{"$ref": "#"}, {"type": "string"}]});
         assert_eq!(check(&alternatives), Ok(()));
+    }
+
+    #[test]
+    fn cycles_that_never_reach_a_value_are_refused_with_their_path() {
+        let own = check(&json!({"$ref": "#"})).unwrap_err();
+        assert!(own.contains("cycle") && own.ends_with(": # -> #"), "{own}");
+        let two = json!({
+            "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+            "$ref": "#/$defs/a"
+        });
+        let why = check(&two).unwrap_err();
+        assert!(
+            why.ends_with(": #/$defs/a -> #/$defs/b -> #/$defs/a"),
+            "{why}"
+        );
+        let all_of = json!({"allOf": [{"$ref": "#"}, {"type": "object"}]});
+        assert!(check(&all_of)
+            .unwrap_err()
+            .ends_with(": # -> #/allOf/0 -> #"));
+        let only_itself = json!({"anyOf": [{"$ref": "#"}, {"$ref": "#"}]});
+        assert!(check(&only_itself)
+            .unwrap_err()
+            .ends_with(": # -> #/anyOf/0 -> #"));
+        // Reached after a prefix of the output (`{"a":`), optional or not.
+        let behind_a_property = json!({
+            "type": "object",
+            "properties": {"a": {"$ref": "#/definitions/x"}},
+            "definitions": {"x": {"anyOf": [{"$ref": "#/definitions/x"}]}}
+        });
+        let why = check(&behind_a_property).unwrap_err();
+        assert!(
+            why.ends_with(": #/definitions/x -> #/definitions/x/anyOf/0 -> #/definitions/x"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn cycles_no_output_can_enter_pass() {
+        let unused = json!({"type": "string", "$defs": {"x": {"$ref": "#/$defs/x"}}});
+        assert_eq!(check(&unused), Ok(()));
+        let beside_a_value = json!({
+            "anyOf": [{"$ref": "#/$defs/x"}, {"type": "string"}],
+            "$defs": {"x": {"$ref": "#/$defs/x"}}
+        });
+        assert_eq!(check(&beside_a_value), Ok(()));
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //! allowed only when the grammar accepts what has been generated.
 //!
 //! A compile checks a schema against [`limits`] first and runs on its own large-stack thread
-//! ([`thread`]).
+//! ([`thread`]); it computes the first mask too, so a grammar the engine cannot start an output
+//! for (one no value matches, or too many alternatives at once) is the request's error before
+//! it is queued. llguidance's errors reach clients as their first line only (the parser state
+//! it appends is logged at debug).
 
 pub mod limits;
 pub mod thread;
@@ -98,12 +101,14 @@ impl GrammarCompiler {
         factory.quiet();
         let limits = factory.limits_mut();
         limits.max_items_in_row = MAX_ITEMS_IN_ROW;
+        limits.verbose_errors = false;
         Ok(Self { factory, eos })
     }
 
     /// Compiles `spec` on a [`thread::GRAMMAR_STACK_BYTES`] stack. A schema outside
-    /// [`limits`] or one llguidance rejects (invalid, or using a feature it does not support)
-    /// is an invalid request naming [`GRAMMAR_PARAM`], with the reason.
+    /// [`limits`], one llguidance rejects (invalid, or using a feature it does not support), or
+    /// one it cannot start an output for, is an invalid request naming [`GRAMMAR_PARAM`], with
+    /// the reason.
     pub fn compile(&self, spec: &GrammarSpec) -> EngineResult<Grammar> {
         on_grammar_thread(GRAMMAR_PARAM, || self.compile_here(spec))
     }
@@ -119,7 +124,15 @@ impl GrammarCompiler {
         let parser = self
             .factory
             .create_parser(spec.grammar())
-            .map_err(|e| invalid(e.to_string()))?;
+            .map_err(|e| invalid(short_reason(&e)))?;
+        Matcher::new(Ok(parser.clone()))
+            .compute_mask_or_eos()
+            .map_err(|e| {
+                invalid(format!(
+                    "the grammar engine cannot start an output for it ({})",
+                    short_reason(&e)
+                ))
+            })?;
         Ok(Grammar {
             parser: Arc::new(parser),
             eos: Arc::clone(&self.eos),
@@ -217,5 +230,35 @@ impl GrammarState {
 }
 
 fn grammar_error(e: anyhow::Error) -> EngineError {
-    EngineError::Internal(format!("grammar engine: {e}"))
+    EngineError::Internal(format!("grammar engine: {}", short_reason(&e)))
+}
+
+/// Most characters of llguidance's reason that reach a client.
+const MAX_REASON_CHARS: usize = 300;
+
+/// llguidance's reason for a client: its first line (what follows is the parser's state, for
+/// debugging), at most [`MAX_REASON_CHARS`]. The whole text is logged at debug.
+fn short_reason(e: &anyhow::Error) -> String {
+    let full = format!("{e:#}");
+    tracing::debug!(error = %full, "grammar engine error");
+    let line = full.lines().next().unwrap_or_default().trim();
+    match line.char_indices().nth(MAX_REASON_CHARS) {
+        Some((cut, _)) => format!("{}...", &line[..cut]),
+        None => line.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_is_its_first_line_and_bounded() {
+        let dump = anyhow::anyhow!("NoExtensionBias\n<state>\nTokens: []\nParser: {{}}");
+        assert_eq!(short_reason(&dump), "NoExtensionBias");
+        let long = anyhow::anyhow!("{}", "é".repeat(MAX_REASON_CHARS + 10));
+        let reason = short_reason(&long);
+        assert_eq!(reason.chars().count(), MAX_REASON_CHARS + 3);
+        assert!(reason.ends_with("..."));
+    }
 }
