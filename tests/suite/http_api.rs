@@ -162,8 +162,9 @@ async fn chat_response_has_every_field() {
     assert_eq!(choice["index"], 0);
     assert_eq!(
         choice["message"],
-        json!({"role": "assistant", "content": "Hello, world! How are you?", "refusal": null}),
-        "`refusal` is required (and null) in OpenAI's schema"
+        json!({"role": "assistant", "content": "Hello, world! How are you?", "refusal": null,
+            "annotations": []}),
+        "`refusal` (null) and `annotations` ([]) are in OpenAI's schema"
     );
     assert_eq!(choice["finish_reason"], "stop");
     let content = choice["logprobs"]["content"].as_array().unwrap();

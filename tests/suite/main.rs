@@ -41,6 +41,7 @@ mod quantize_on_load;
 mod real_model_api;
 mod real_model_http;
 mod role_injection;
+mod schema_limits;
 mod serving;
 mod structured_outputs;
 mod tiers;

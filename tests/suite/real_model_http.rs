@@ -231,3 +231,50 @@ async fn openai_client_on_a_loopback_port() {
     assert!(chat.usage.expect("usage").completion_tokens > 0);
     server.abort();
 }
+
+/// Issue 24 item 12: OpenAI's chat message has `annotations` (`[]` when there are none), and
+/// clients (llm-comply) check for it: in the whole message and in a stream's first delta, on a
+/// loopback port.
+#[tokio::test]
+async fn chat_messages_carry_empty_annotations() {
+    let server = http::Loopback::start(common::backend(), ServerOptions::default()).await;
+    let client = reqwest::Client::new();
+    let body = |stream: bool| {
+        json!({"model": common::MODEL, "max_tokens": 4, "temperature": 0, "stream": stream,
+               "messages": [{"role": "user", "content": "Hello!"}]})
+    };
+    let whole: Value = client
+        .post(server.url("/v1/chat/completions"))
+        .json(&body(false))
+        .send()
+        .await
+        .expect("response")
+        .json()
+        .await
+        .expect("JSON");
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(message["annotations"], json!([]), "{whole}");
+    let streamed = client
+        .post(server.url("/v1/chat/completions"))
+        .json(&body(true))
+        .send()
+        .await
+        .expect("response")
+        .text()
+        .await
+        .expect("text");
+    let events = http::sse_events(&streamed);
+    let first: Value = serde_json::from_str(&events[0]).expect("a chunk");
+    assert_eq!(
+        first["choices"][0]["delta"],
+        json!({"role": "assistant", "content": "", "annotations": []}),
+        "{streamed}"
+    );
+    for event in &events[1..events.len() - 1] {
+        let chunk: Value = serde_json::from_str(event).expect("a chunk");
+        assert!(
+            chunk["choices"][0]["delta"].get("annotations").is_none(),
+            "only the first delta: {event}"
+        );
+    }
+}

@@ -240,6 +240,7 @@ impl ChunkFormatter for Formatter {
                 let delta = ChatDelta {
                     role: Some("assistant"),
                     content: Some(String::new()),
+                    annotations: Some(Vec::new()),
                     tool_calls: None,
                 };
                 self.chunk(vec![self.choice(index, delta, None)], self.chunk_usage())
@@ -288,6 +289,7 @@ fn message(content: Option<String>, tool_calls: Option<Vec<ToolCallWire>>) -> Ch
         role: "assistant",
         content,
         refusal: None,
+        annotations: Vec::new(),
         tool_calls,
     }
 }

@@ -13,8 +13,9 @@
 //! `tool_calls` and a tool message's `tool_call_id` (both passed to the template). Everything
 //! else is rejected with `param` naming it.
 //!
-//! The response's message carries `refusal: null` and every choice its `logprobs` (null unless
-//! asked): the fields OpenAI's schema marks required even when empty. A reply that called
+//! The response's message carries `refusal: null` and `annotations: []` (in a stream, the first
+//! chunk's delta), and every choice its `logprobs` (null unless asked): the fields OpenAI's
+//! schema has even when empty. A reply that called
 //! tools has `tool_calls`, `content` null when there was no other text, and `finish_reason`
 //! `tool_calls`.
 
@@ -304,7 +305,7 @@ impl ChatFinishReason {
     }
 }
 
-/// `{"role":"assistant","content":...,"refusal":null}`.
+/// `{"role":"assistant","content":...,"refusal":null,"annotations":[]}`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatResponseMessage {
     /// Always `"assistant"`.
@@ -313,6 +314,8 @@ pub struct ChatResponseMessage {
     pub content: Option<String>,
     /// Always `null` (this server never refuses in words); required by OpenAI's schema.
     pub refusal: Option<String>,
+    /// Always empty (this server cites no sources); OpenAI's message always has it.
+    pub annotations: Vec<Value>,
     /// The reply's tool calls; absent when none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallWire>>,
@@ -350,7 +353,8 @@ pub struct ChatChunkChoice {
     pub finish_reason: Option<ChatFinishReason>,
 }
 
-/// A chunk's delta: the role in the first chunk, then content.
+/// A chunk's delta: the role (with empty `content` and `annotations`) in the first chunk,
+/// then content.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ChatDelta {
     /// `"assistant"` in the first chunk only.
@@ -359,6 +363,9 @@ pub struct ChatDelta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// `[]` in the first chunk only, as in the whole message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<Vec<Value>>,
     /// Pieces of tool calls.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,

@@ -81,7 +81,7 @@ async fn chat_stream_framing() {
     let chunks = check_chunks(&events, "chat.completion.chunk", "chatcmpl-");
     assert_eq!(
         chunks[0]["choices"][0]["delta"],
-        json!({"role": "assistant", "content": ""})
+        json!({"role": "assistant", "content": "", "annotations": []})
     );
     let (usage_chunk, rest) = chunks.split_last().unwrap();
     assert_eq!(usage_chunk["choices"], json!([]));

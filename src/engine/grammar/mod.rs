@@ -4,6 +4,15 @@
 //! compiles a [`GrammarSpec`] into a [`Grammar`]; each sequence runs its own [`GrammarState`],
 //! which masks the logits before every draw and takes each sampled token after it. EOS is
 //! allowed only when the grammar accepts what has been generated.
+//!
+//! A compile checks a schema against [`limits`] first and runs on its own large-stack thread
+//! ([`thread`]); it computes the first mask too, so a grammar the engine cannot start an output
+//! for (one no value matches, or too many alternatives at once) is the request's error before
+//! it is queued. llguidance's errors reach clients as their first line only (the parser state
+//! it appends is logged at debug).
+
+pub mod limits;
+pub mod thread;
 
 use std::fmt;
 use std::sync::Arc;
@@ -15,6 +24,7 @@ use serde_json::{json, Value};
 use toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 
 use super::{traits::TextCodec, EngineError, EngineResult};
+use thread::on_grammar_thread;
 
 /// The request field whose grammar is compiled (compile errors name it).
 pub const GRAMMAR_PARAM: &str = "response_format";
@@ -48,6 +58,12 @@ impl GrammarSpec {
         TopLevelGrammar::from_json_schema(schema)
     }
 }
+
+/// llguidance's bound on the Earley items of one parser row (its default is 2000). A row
+/// holds about four items for each optional property an object may still take, so the default
+/// failed generations (mid-output) of objects with more than about 500; this one fits every
+/// schema within [`limits::MAX_SCHEMA_PROPERTIES`].
+const MAX_ITEMS_IN_ROW: usize = 4 * limits::MAX_SCHEMA_PROPERTIES + 2000;
 
 /// One model's grammar compiler: its token trie and llguidance's parser factory.
 pub struct GrammarCompiler {
@@ -83,18 +99,40 @@ impl GrammarCompiler {
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| EngineError::Internal(format!("building the grammar engine: {e}")))?;
         factory.quiet();
+        let limits = factory.limits_mut();
+        limits.max_items_in_row = MAX_ITEMS_IN_ROW;
+        limits.verbose_errors = false;
         Ok(Self { factory, eos })
     }
 
-    /// Compiles `spec`. A schema llguidance rejects (invalid, or using a feature it does not
-    /// support) is an invalid request naming [`GRAMMAR_PARAM`], with llguidance's reason.
+    /// Compiles `spec` on a [`thread::GRAMMAR_STACK_BYTES`] stack. A schema outside
+    /// [`limits`], one llguidance rejects (invalid, or using a feature it does not support), or
+    /// one it cannot start an output for, is an invalid request naming [`GRAMMAR_PARAM`], with
+    /// the reason.
     pub fn compile(&self, spec: &GrammarSpec) -> EngineResult<Grammar> {
-        let parser = self.factory.create_parser(spec.grammar()).map_err(|e| {
-            EngineError::InvalidRequest {
-                message: format!("Invalid `{GRAMMAR_PARAM}` schema: {e}"),
-                param: Some(GRAMMAR_PARAM.into()),
-            }
-        })?;
+        on_grammar_thread(GRAMMAR_PARAM, || self.compile_here(spec))
+    }
+
+    fn compile_here(&self, spec: &GrammarSpec) -> EngineResult<Grammar> {
+        let invalid = |why: String| EngineError::InvalidRequest {
+            message: format!("Invalid `{GRAMMAR_PARAM}` schema: {why}"),
+            param: Some(GRAMMAR_PARAM.into()),
+        };
+        if let GrammarSpec::JsonSchema(schema) = spec {
+            limits::check(schema).map_err(invalid)?;
+        }
+        let parser = self
+            .factory
+            .create_parser(spec.grammar())
+            .map_err(|e| invalid(short_reason(&e)))?;
+        Matcher::new(Ok(parser.clone()))
+            .compute_mask_or_eos()
+            .map_err(|e| {
+                invalid(format!(
+                    "the grammar engine cannot start an output for it ({})",
+                    short_reason(&e)
+                ))
+            })?;
         Ok(Grammar {
             parser: Arc::new(parser),
             eos: Arc::clone(&self.eos),
@@ -192,5 +230,35 @@ impl GrammarState {
 }
 
 fn grammar_error(e: anyhow::Error) -> EngineError {
-    EngineError::Internal(format!("grammar engine: {e}"))
+    EngineError::Internal(format!("grammar engine: {}", short_reason(&e)))
+}
+
+/// Most characters of llguidance's reason that reach a client.
+const MAX_REASON_CHARS: usize = 300;
+
+/// llguidance's reason for a client: its first line (what follows is the parser's state, for
+/// debugging), at most [`MAX_REASON_CHARS`]. The whole text is logged at debug.
+fn short_reason(e: &anyhow::Error) -> String {
+    let full = format!("{e:#}");
+    tracing::debug!(error = %full, "grammar engine error");
+    let line = full.lines().next().unwrap_or_default().trim();
+    match line.char_indices().nth(MAX_REASON_CHARS) {
+        Some((cut, _)) => format!("{}...", &line[..cut]),
+        None => line.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_is_its_first_line_and_bounded() {
+        let dump = anyhow::anyhow!("NoExtensionBias\n<state>\nTokens: []\nParser: {{}}");
+        assert_eq!(short_reason(&dump), "NoExtensionBias");
+        let long = anyhow::anyhow!("{}", "é".repeat(MAX_REASON_CHARS + 10));
+        let reason = short_reason(&long);
+        assert_eq!(reason.chars().count(), MAX_REASON_CHARS + 3);
+        assert!(reason.ends_with("..."));
+    }
 }
