@@ -21,6 +21,9 @@ Phases:
   long      a ~4,000-token prompt arrives beside S streaming clients, and a short request 1 s
             after it: the streams' gap p99 while the long prompt prefills, and the short one's
             time to first token beside it and alone.
+  slowbody  max_connections + 64 connections that send a completion's head and trickle its body
+            (a byte a second, re-opened as the server closes them, up to 200 a second) for 30 s, while probes ask
+            /v1/models and a short completion: how many probes were answered.
   mix       N clients for D seconds cycling through chat, completions, n=2, tools, json_schema,
             stop, logprobs and clients that disconnect mid-stream, each prompt distinct (prefix
             cache on): failures, and RSS after warm-up, at the end, and its drift per minute
@@ -482,6 +485,100 @@ def mix_request(port, kind, index):
     return status == 200
 
 
+REOPEN_PER_S = 200
+
+
+def slow_bodies(server, connections, seconds):
+    import selectors
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000\r\n\r\n{")
+    selector = selectors.DefaultSelector()
+    opened = [0]
+
+    def open_one():
+        try:
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=2)
+            s.sendall(head)
+            s.setblocking(False)
+            selector.register(s, selectors.EVENT_READ)
+            opened[0] += 1
+        except OSError:
+            pass
+
+    for _ in range(connections):
+        open_one()
+    results = []
+    lock = threading.Lock()
+
+    def probe(kind):
+        started = time.monotonic()
+        try:
+            if kind == "models":
+                status, _ = get(server.port, "/v1/models", timeout=10)
+            else:
+                status, _, _ = post(server.port, "/v1/completions",
+                                    {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 2}, timeout=10)
+        except OSError:
+            status = 0
+        with lock:
+            results.append((kind, status, time.monotonic() - started))
+
+    probes = []
+    closed = [0]
+    reopened_at = time.monotonic()
+    stop_at = time.monotonic() + seconds
+    next_drip = next_probe = time.monotonic()
+    n = 0
+    while time.monotonic() < stop_at:
+        for key, _ in selector.select(timeout=0.05):
+            sock = key.fileobj
+            try:
+                data = sock.recv(4096)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                selector.unregister(sock)
+                sock.close()
+                closed[0] += 1
+        now = time.monotonic()
+        # Re-open what the server closed, at most REOPEN_PER_S a second (an unbounded churn
+        # only measures how fast the client runs out of ephemeral ports).
+        while closed[0] > 0 and reopened_at + 1 / REOPEN_PER_S <= now:
+            closed[0] -= 1
+            reopened_at = max(reopened_at + 1 / REOPEN_PER_S, now - 1)
+            open_one()
+        if now >= next_drip:
+            next_drip = now + 1
+            for key in list(selector.get_map().values()):
+                try:
+                    key.fileobj.send(b" ")
+                except OSError:
+                    pass
+        if now >= next_probe:
+            next_probe = now + seconds / 40
+            t = threading.Thread(target=probe, args=("models" if n % 2 == 0 else "completion",))
+            t.start()
+            probes.append(t)
+            n += 1
+    for t in probes:
+        t.join()
+    for key in list(selector.get_map().values()):
+        key.fileobj.close()
+    by_kind = {k: [r for r in results if r[0] == k] for k in ("models", "completion")}
+    print(f"\n### slowbody: {connections} connections trickling request bodies, {seconds} s\n")
+    print("| connections opened | /v1/models answered | completions answered | probe p50 ms | probe max ms |")
+    print("|---|---|---|---|---|")
+    ok_ms = [r[2] * 1000 for r in results if r[1] == 200]
+    print(
+        f"| {opened[0]} | {sum(r[1] == 200 for r in by_kind['models'])}/{len(by_kind['models'])} "
+        f"| {sum(r[1] == 200 for r in by_kind['completion'])}/{len(by_kind['completion'])} "
+        f"| {pct(ok_ms, 50):.0f} | {max(ok_ms, default=float('nan')):.0f} |"
+    )
+    return all(r[1] == 200 for r in results)
+
+
 MIX = ["chat", "completion", "n", "tools", "json_schema", "stop", "logprobs", "disconnect"]
 
 
@@ -553,7 +650,7 @@ def main():
     parser.add_argument("--mix-seconds", type=int, default=180)
     parser.add_argument("--model-setting", action="append", default=[],
                         help="extra line for the [[models]] table, e.g. 'step_time = \"0\"'")
-    parser.add_argument("--phases", default="soak,overload,flood,oversized,long,mix")
+    parser.add_argument("--phases", default="soak,overload,flood,oversized,slowbody,long,mix")
     args = parser.parse_args()
     args.extra_model_settings = "\n".join(args.model_setting)
     phases = set(args.phases.split(","))
@@ -580,6 +677,8 @@ def main():
             passed["long"] = long_beside_streams(server, args.streams)
         if "mix" in phases:
             passed["mix"] = mix(server, args.clients, args.mix_seconds)
+        if "slowbody" in phases:
+            passed["slowbody"] = slow_bodies(server, args.max_connections + 64, 30)
     finally:
         code = server.stop()
     print(f"\nserver exit code after SIGTERM: {code}")

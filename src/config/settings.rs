@@ -235,7 +235,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("2048"),
         default_note: "",
         example: "100",
-        help: "Most open connections (lowered to what the open-files limit allows). At the cap the longest-idle connection is closed (then one still sending a request body); when all are busy, new ones get 503.",
+        help: "Most open connections (lowered to what the open-files limit allows). At the cap the connection idle or still sending its request body longest is closed; when all are busy, new ones get 503.",
         field: field!(Server, Positive, max_connections),
     },
     Setting {

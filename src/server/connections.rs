@@ -7,10 +7,10 @@
 //!
 //! - a connection with no request in flight is closed `idle_timeout` after it became idle, or
 //!   `header_read_timeout` after the first byte of a request head that never completed;
-//! - at `max_connections`, a new connection closes the longest-idle connection that has no
-//!   request in flight, or else the one whose request bodies have been arriving longest (a
-//!   client still sending its body has nothing being worked on, so trickled bodies cannot lock
-//!   everyone out); when every connection has a request in flight whose body has arrived, the
+//! - at `max_connections`, a new connection closes the connection that has been idle (no
+//!   request in flight) or receiving request bodies (nothing else in flight) longest: a client
+//!   still sending its body has nothing being worked on, so trickled bodies cannot lock
+//!   everyone out, and a connection just accepted is the last to go; when every connection has a request in flight whose body has arrived, the
 //!   new one is refused (the accept loop answers 503 at once);
 //! - at shutdown, connections without a request in flight close at once (a half-sent header
 //!   cannot hold the shutdown), the others finish their request and then close.
@@ -155,20 +155,21 @@ impl Connection {
     }
 
     /// Closable to make room (not already leaving, and nothing in flight but requests whose
-    /// bodies are still arriving), and its rank: idle ones first, longest idle first, then
-    /// the ones whose bodies have been arriving longest.
-    fn eviction_rank(&self) -> Option<(bool, Instant)> {
+    /// bodies are still arriving): since when it has been idle or receiving (the oldest goes
+    /// first, so a connection just accepted, idle until its head is parsed, is the last to
+    /// go), and whether it is receiving.
+    fn eviction_rank(&self) -> Option<(Instant, bool)> {
         let state = self.lock();
         if state.command != Command::Serve {
             return None;
         }
         if state.in_flight == 0 {
-            return Some((false, state.idle_since));
+            return Some((state.idle_since, false));
         }
         (state.in_flight == state.receiving)
             .then_some(state.receiving_since)
             .flatten()
-            .map(|since| (true, since))
+            .map(|since| (since, true))
     }
 }
 
@@ -237,8 +238,8 @@ impl Drop for Registration {
 
 impl Registry {
     /// Registers a new connection if there is room for it under `max_connections`, closing
-    /// the longest-idle connection without a request in flight (or else the one whose bodies
-    /// have been arriving longest) when that makes room; `None` when every connection is busy.
+    /// the connection idle or receiving request bodies longest when that makes room; `None`
+    /// when every connection is busy.
     pub(crate) fn admit(self: &Arc<Self>, max_connections: usize) -> Option<Registration> {
         let mut connections = self
             .connections
@@ -253,7 +254,7 @@ impl Registry {
                 .values()
                 .filter_map(|c| c.eviction_rank().map(|rank| (rank, c)))
                 .min_by_key(|(rank, _)| *rank)
-                .map(|((receiving, _), c)| (receiving, Arc::clone(c)))?;
+                .map(|((_, receiving), c)| (receiving, Arc::clone(c)))?;
             if receiving {
                 tracing::debug!(
                     connection = victim.id,
@@ -376,7 +377,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn connections_still_receiving_a_body_make_room_after_idle_ones() {
+    async fn connections_idle_or_receiving_a_body_longest_make_room() {
         let registry = Arc::new(Registry::default());
         let slow = registry.admit(3).unwrap();
         let _slow_request = slow.connection.request_started();
@@ -386,21 +387,20 @@ mod tests {
         let working = registry.admit(3).unwrap();
         let _working_request = working.connection.request_started();
         drop(working.connection.body_started()); // its body arrived: not evictable
+        tokio::time::advance(Duration::from_secs(1)).await;
         let fourth = registry.admit(3).expect("room");
-        assert_eq!(
-            idle.connection.status(TIMEOUTS).0,
-            Command::Close,
-            "idle first"
-        );
-        assert_eq!(slow.connection.status(TIMEOUTS).0, Command::Serve);
-        drop(idle);
-        let _fourth_request = fourth.connection.request_started();
-        let fifth = registry.admit(3).expect("the slow body makes room");
-        assert_eq!(slow.connection.status(TIMEOUTS).0, Command::Close);
-        assert_eq!(working.connection.status(TIMEOUTS).0, Command::Serve);
+        assert_eq!(slow.connection.status(TIMEOUTS).0, Command::Close, "oldest first");
+        assert_eq!(idle.connection.status(TIMEOUTS).0, Command::Serve);
         drop((slow, slow_body));
+        // The idle one is older than the one just accepted (idle until its head is parsed).
+        let fifth = registry.admit(3).expect("the idle one makes room");
+        assert_eq!(idle.connection.status(TIMEOUTS).0, Command::Close);
+        assert_eq!(fourth.connection.status(TIMEOUTS).0, Command::Serve);
+        assert_eq!(working.connection.status(TIMEOUTS).0, Command::Serve);
+        drop(idle);
         // Everything left has a request whose body arrived: none to close.
         let _busy = fifth.connection.request_started();
+        let _busy_too = fourth.connection.request_started();
         assert!(registry.admit(3).is_none());
     }
 

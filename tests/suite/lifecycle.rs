@@ -4,9 +4,10 @@
 //! SIGTERM exits at once. A burst of oversized prompts leaves its memory where it was.
 
 use crate::real_model;
+use crate::serve_process::ServeProcess;
 
+use std::ffi::OsString;
 use std::io::Write;
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -15,63 +16,43 @@ use serde_json::json;
 /// A response body being read.
 type Body = futures::stream::BoxStream<'static, reqwest::Result<Vec<u8>>>;
 
-/// The server process; killed if a test fails half-way.
+/// The server process (killed if a test fails half-way) and its configuration file.
 struct Server {
-    child: Child,
-    base: String,
+    process: ServeProcess,
     _config: tempfile::NamedTempFile,
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::Deref for Server {
+    type Target = ServeProcess;
+    fn deref(&self) -> &ServeProcess {
+        &self.process
+    }
+}
+
+impl std::ops::DerefMut for Server {
+    fn deref_mut(&mut self) -> &mut ServeProcess {
+        &mut self.process
     }
 }
 
 impl Server {
     /// Starts `ferry serve` with `shutdown_timeout` and waits (bounded) until /health is 200.
     async fn start(shutdown_timeout: &str) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
         let mut config = tempfile::NamedTempFile::new().expect("temp file");
         write!(
             config,
-            "[server]\nport = {port}\nshutdown_timeout = \"{shutdown_timeout}\"\n\n\
+            "[server]\nshutdown_timeout = \"{shutdown_timeout}\"\n\n\
              [[models]]\nname = \"{}\"\nsource = \"{}\"\nmax_context = 4096\n\n\
              [models.offload]\nmode = \"none\"\n",
             real_model::MODEL,
             real_model::model_path().display()
         )
         .expect("write config");
-        let child = Command::new(env!("CARGO_BIN_EXE_ferry"))
-            .args(["serve", "--config"])
-            .arg(config.path())
-            .args(["--device", "cpu"])
-            .env("RUST_LOG", "info")
-            .env_remove("FERRY_PORT")
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawns");
-        let server = Self {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
+        let args: Vec<OsString> = vec!["--config".into(), config.path().into()];
+        Self {
+            process: ServeProcess::start(&args).await,
             _config: config,
-        };
-        let client = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            assert!(Instant::now() < deadline, "server never became healthy");
-            if let Ok(r) = client.get(format!("{}/health", server.base)).send().await {
-                if r.status() == 200 {
-                    break;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        server
     }
 
     /// Starts a streamed completion of `max_tokens` and returns it once its first token arrived.
@@ -97,41 +78,6 @@ impl Server {
             seen.push_str(&String::from_utf8_lossy(&chunk));
         }
         (body, seen)
-    }
-
-    /// Resident memory of the server process in bytes (Linux /proc).
-    fn rss_bytes(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .expect("/proc status");
-        let kib: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS");
-        kib * 1024
-    }
-
-    fn sigterm(&self) {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-    }
-
-    /// Waits (bounded) for the process to exit.
-    fn wait_exit(&mut self, within: Duration) -> ExitStatus {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(exit) = self.child.try_wait().expect("wait") {
-                return exit;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "server did not exit within {within:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
     }
 }
 
