@@ -27,7 +27,19 @@ pub mod stream;
 
 pub use stream::{ParsedOutput, ToolCallStream, ToolEvent};
 
+use std::sync::Arc;
+
 use serde_json::Value;
+
+/// How a chat reply's tool calls are read: the model's format and the offered tools.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolParsing {
+    /// The markup the model writes calls in.
+    pub format: ToolCallFormat,
+    /// The tools offered (Qwen3-Coder's parser reads parameter types from them; the lenient
+    /// forms are calls only when they name one).
+    pub tools: Arc<[ToolSpec]>,
+}
 
 /// One tool the client offers (`tools[].function`).
 #[derive(Debug, Clone, PartialEq)]
