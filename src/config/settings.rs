@@ -9,8 +9,8 @@
 use super::types::{DeviceConfig, ModelConfig, ServerConfig};
 use super::values::{
     Bandwidth, Budget, Codec, Device, Dtype, Gflops, Kernels, KvDtype, Mode, Names, Number,
-    OptionalPositive, OptionalSwitch, OptionalText, Positive, Secret, Secrets, Shown, Size, Switch,
-    Text, Tiers, Time,
+    OptionalPositive, OptionalSwitch, OptionalText, Positive, Secret, Secrets, Shown, Size, Spread,
+    Switch, Text, Tiers, Time,
 };
 
 /// The table a setting lives in.
@@ -365,6 +365,28 @@ pub static SETTINGS: &[Setting] = &[
         example: "candle",
         help: "Quantized matmul on the CPU: auto (ferry's kernels where they apply) or candle.",
         field: field!(Device, Kernels, cpu_qmatmul),
+    },
+    Setting {
+        name: "recalibrate",
+        short: None,
+        key: "recalibrate",
+        value_name: "BOOL",
+        default: Some("false"),
+        default_note: "",
+        example: "true",
+        help: "Measure the tier cost model's rates again instead of reading those cached in ~/.cache/ferry/calibration.json ($XDG_CACHE_HOME/ferry/ when set), and cache the new ones. `--recalibrate` alone means true.",
+        field: field!(Device, Switch, recalibrate),
+    },
+    Setting {
+        name: "calibration-spread",
+        short: None,
+        key: "calibration_spread",
+        value_name: "PERCENT",
+        default: Some("50%"),
+        default_note: "",
+        example: "100%",
+        help: "Cache a calibration only when the repetitions of each probe stay within this of the fastest (slowest / fastest - 1): one measured under load is used for that start, not kept. 0% never caches.",
+        field: field!(Device, Spread, calibration_spread),
     },
     Setting {
         name: SOURCE,

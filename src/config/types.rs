@@ -69,6 +69,10 @@ pub struct DeviceConfig {
     pub link_bandwidth: Option<u64>,
     /// Kernels for quantized weights on the CPU.
     pub cpu_qmatmul: CpuQmatmul,
+    /// Measure the tier calibration again instead of reading the cached one.
+    pub recalibrate: bool,
+    /// Cache a calibration only when its probes' spread is below this fraction.
+    pub calibration_spread: f64,
 }
 
 /// Resolved `[models.offload]`.
@@ -163,6 +167,8 @@ impl DeviceConfig {
             kind: DeviceChoice::Auto,
             link_bandwidth: None,
             cpu_qmatmul: CpuQmatmul::Auto,
+            recalibrate: false,
+            calibration_spread: 0.0,
         }
     }
 }

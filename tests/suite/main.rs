@@ -16,6 +16,7 @@ mod arch_families;
 mod arch_llamacpp;
 mod batch_forward;
 mod bundle_launcher;
+mod calibration;
 mod chat_templates;
 mod cli;
 mod dense_tiers;
