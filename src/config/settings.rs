@@ -499,6 +499,17 @@ pub static SETTINGS: &[Setting] = &[
         field: field!(Model, OptionalPositive, prefix_cache_tokens),
     },
     Setting {
+        name: "verify-weights",
+        short: None,
+        key: "verify_weights",
+        value_name: "BOOL",
+        default: Some("false"),
+        default_note: "",
+        example: "true",
+        help: "Before loading, read every tensor once and refuse the model when one holds NaN or infinity (float values, block scales), naming the tensor; costs one read of the file.",
+        field: field!(Model, Switch, verify_weights),
+    },
+    Setting {
         name: "offload",
         short: None,
         key: "offload.mode",

@@ -128,6 +128,8 @@ pub struct ModelConfig {
     pub prefix_cache: bool,
     /// Most tokens the prefix cache holds; unset = what the KV budget leaves room for.
     pub prefix_cache_tokens: Option<usize>,
+    /// Check every tensor's values at load (`model::verify`).
+    pub verify_weights: bool,
     /// Placement.
     pub offload: OffloadConfig,
     /// Where offloaded units run (`offload.tier`, `offload.host_gflops`, ...).
@@ -187,6 +189,7 @@ impl ModelConfig {
             max_step_tokens: 0,
             prefix_cache: false,
             prefix_cache_tokens: None,
+            verify_weights: false,
             offload: OffloadConfig {
                 mode: OffloadMode::Auto,
                 gpu_memory: MemoryBudget::FractionOfFree(1.0),

@@ -119,6 +119,14 @@ pub fn load_planned(
         name: config.name.clone(),
         source,
     };
+    if config.verify_weights {
+        crate::model::verify::verify_weights(checkpoint).map_err(wrap)?;
+        tracing::info!(
+            model = %config.name,
+            seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+            "weights verified: every float value and block scale is finite"
+        );
+    }
     // The tokenizer (tens of thousands of merges) builds on its own thread while the weights load.
     std::thread::scope(|scope| {
         let tokenizer = scope.spawn(|| load_tokenizer(checkpoint));

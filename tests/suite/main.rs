@@ -46,3 +46,4 @@ mod tiers;
 mod tokenizer;
 mod tokenizer_llamacpp;
 mod tool_calls;
+mod weight_integrity;
