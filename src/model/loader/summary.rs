@@ -94,6 +94,6 @@ pub fn weight_groups(
             }),
         }
     }
-    groups.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    groups.sort_by_key(|g| std::cmp::Reverse(g.bytes));
     Ok(groups)
 }
