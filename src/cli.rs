@@ -102,6 +102,10 @@ fn flag_of(setting: &'static Setting) -> Arg {
     if let Some(short) = setting.short {
         arg = arg.short(short);
     }
+    // A switch given alone (`--recalibrate`) is switched on.
+    if setting.value_name == "BOOL" {
+        arg = arg.num_args(0..=1).default_missing_value("true");
+    }
     arg
 }
 

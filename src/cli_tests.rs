@@ -36,6 +36,22 @@ fn serve_flags_become_overrides() {
 }
 
 #[test]
+fn a_switch_given_alone_is_on() {
+    let cli =
+        Cli::try_parse_from(["ferry", "plan", "--recalibrate", "--device", "cpu"]).expect("parses");
+    let Command::Plan(args) = cli.command else {
+        panic!("expected plan");
+    };
+    assert_eq!(args.settings.value("recalibrate"), Some("true"));
+    assert_eq!(args.settings.value("device"), Some("cpu"));
+    let cli = Cli::try_parse_from(["ferry", "plan", "--recalibrate", "false"]).expect("parses");
+    let Command::Plan(args) = cli.command else {
+        panic!("expected plan");
+    };
+    assert_eq!(args.settings.value("recalibrate"), Some("false"));
+}
+
+#[test]
 fn plan_and_generate_take_the_model_flags() {
     let plan = Cli::try_parse_from(["ferry", "plan", "--device", "cpu", "--json"]).expect("plan");
     assert!(matches!(

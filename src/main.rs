@@ -245,10 +245,11 @@ fn generate(config: Config, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
                 let decode_tokens = usage.completion_tokens.saturating_sub(1);
                 let decode_seconds = (total - prefill).max(f64::EPSILON);
                 eprintln!(
-                    "[ferry] load {load_seconds:.2}s | prompt {n_prompt} tokens, first token after {prefill:.3}s ({:.1} tok/s prefill) | {} tokens generated, {:.1} tok/s decode | finish_reason {reason:?}",
+                    "[ferry] load {load_seconds:.2}s | prompt {n_prompt} tokens, first token after {prefill:.3}s ({:.1} tok/s prefill) | {} tokens generated, {:.1} tok/s decode | finish_reason {}",
                     n_prompt as f64 / prefill.max(f64::EPSILON),
                     usage.completion_tokens,
                     decode_tokens as f64 / decode_seconds,
+                    reason.as_str(),
                 );
                 return Ok(ExitCode::SUCCESS);
             }

@@ -213,3 +213,37 @@ fn the_request_line_names_the_request_and_its_numbers() {
         assert!(lines[1].contains(field), "{field} not in {}", lines[1]);
     }
 }
+
+#[test]
+fn a_request_offered_tools_logs_its_calls_and_the_apis_finish_reason() {
+    let m = Metrics::new();
+    let request = || TrackedRequest {
+        model: "m1".into(),
+        accepted: Instant::now(),
+        prompt_tokens: 3,
+        context: None,
+    };
+    let ((), text) = super::log_capture::capture_logs(|| {
+        let called = RequestTracker::new(&m, request());
+        called.tool_calls(2);
+        called.end(RequestEnd::Finished { reason: "stop" });
+        let cut = RequestTracker::new(&m, request());
+        cut.tool_calls(1);
+        cut.end(RequestEnd::Finished { reason: "length" });
+        let answered = RequestTracker::new(&m, request());
+        answered.tool_calls(0);
+        answered.end(RequestEnd::Finished { reason: "stop" });
+        RequestTracker::new(&m, request()).end(RequestEnd::Finished { reason: "stop" });
+    });
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    let ends = [
+        "finish_reason=tool_calls tool_calls=2",
+        "finish_reason=length tool_calls=1",
+        "finish_reason=stop tool_calls=0",
+    ];
+    for (line, end) in lines.iter().zip(ends) {
+        assert!(line.ends_with(end), "{end} ends {line}");
+    }
+    assert!(lines[3].ends_with("finish_reason=stop"), "{}", lines[3]);
+}

@@ -9,8 +9,8 @@
 use super::types::{DeviceConfig, ModelConfig, ServerConfig};
 use super::values::{
     Bandwidth, Budget, Codec, Device, Dtype, Gflops, Kernels, KvDtype, Mode, Names, Number,
-    OptionalPositive, OptionalSwitch, OptionalText, Positive, Secret, Secrets, Shown, Size, Switch,
-    Template, Text, Tiers, Time,
+    OptionalPositive, OptionalSwitch, OptionalText, Positive, Secret, Secrets, Shown, Size, Spread,
+    Switch, Template, Text, Tiers, Time,
 };
 
 /// The table a setting lives in.
@@ -371,6 +371,28 @@ pub static SETTINGS: &[Setting] = &[
         field: field!(Device, Kernels, cpu_qmatmul),
     },
     Setting {
+        name: "recalibrate",
+        short: None,
+        key: "recalibrate",
+        value_name: "BOOL",
+        default: Some("false"),
+        default_note: "",
+        example: "true",
+        help: "Measure the tier cost model's rates again instead of reading those cached in ~/.cache/ferry/calibration.json ($XDG_CACHE_HOME/ferry/ when set), and cache the new ones. `--recalibrate` alone means true.",
+        field: field!(Device, Switch, recalibrate),
+    },
+    Setting {
+        name: "calibration-spread",
+        short: None,
+        key: "calibration_spread",
+        value_name: "PERCENT",
+        default: Some("50%"),
+        default_note: "",
+        example: "100%",
+        help: "Cache a calibration only when the repetitions of each probe stay within this of the fastest (slowest / fastest - 1): one measured under load is used for that start, not kept. 0% never caches.",
+        field: field!(Device, Spread, calibration_spread),
+    },
+    Setting {
         name: SOURCE,
         short: Some('m'),
         key: "source",
@@ -501,6 +523,17 @@ pub static SETTINGS: &[Setting] = &[
         example: "templates/chat.jinja",
         help: "Chat template instead of the model's own: Jinja written out (a value with {{ or {%), else the path of a file of it. Unset, a model without one gets ferry's built-in Gemma, Llama 3, Mistral or ChatML template, chosen from its architecture and special tokens (the load log names it).",
         field: field!(Model, Template, chat_template),
+    },
+    Setting {
+        name: "verify-weights",
+        short: None,
+        key: "verify_weights",
+        value_name: "BOOL",
+        default: Some("false"),
+        default_note: "",
+        example: "true",
+        help: "Before loading, read every tensor once and refuse the model when one holds NaN or infinity (float values, block scales), naming the tensor; costs one read of the file.",
+        field: field!(Model, Switch, verify_weights),
     },
     Setting {
         name: "offload",

@@ -72,6 +72,10 @@ pub struct DeviceConfig {
     pub link_bandwidth: Option<u64>,
     /// Kernels for quantized weights on the CPU.
     pub cpu_qmatmul: CpuQmatmul,
+    /// Measure the tier calibration again instead of reading the cached one.
+    pub recalibrate: bool,
+    /// Cache a calibration only when its probes' spread is below this fraction.
+    pub calibration_spread: f64,
 }
 
 /// Resolved `[models.offload]`.
@@ -132,6 +136,8 @@ pub struct ModelConfig {
     /// The chat template to use instead of the model's own; unset = the model's, else a
     /// built-in one for its family (`model::tokenizer::builtin_template`).
     pub chat_template: Option<ChatTemplateSource>,
+    /// Check every tensor's values at load (`model::verify`).
+    pub verify_weights: bool,
     /// Placement.
     pub offload: OffloadConfig,
     /// Where offloaded units run (`offload.tier`, `offload.host_gflops`, ...).
@@ -171,6 +177,8 @@ impl DeviceConfig {
             kind: DeviceChoice::Auto,
             link_bandwidth: None,
             cpu_qmatmul: CpuQmatmul::Auto,
+            recalibrate: false,
+            calibration_spread: 0.0,
         }
     }
 }
@@ -191,6 +199,7 @@ impl ModelConfig {
             prefix_cache: false,
             prefix_cache_tokens: None,
             chat_template: None,
+            verify_weights: false,
             offload: OffloadConfig {
                 mode: OffloadMode::Auto,
                 gpu_memory: MemoryBudget::FractionOfFree(1.0),

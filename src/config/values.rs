@@ -580,6 +580,30 @@ impl Codec for Tiers {
     }
 }
 
+/// A spread as a percentage of zero or more (`50%`, `0%`, `250%`), held as a fraction.
+pub struct Spread;
+impl Codec for Spread {
+    type Value = f64;
+    fn parse(text: &str) -> Result<f64, String> {
+        let percent: f64 = text
+            .trim()
+            .strip_suffix('%')
+            .and_then(|body| body.trim().parse().ok())
+            .ok_or_else(|| format!("`{text}` is not a percentage (write it like `50%`)"))?;
+        if !(percent.is_finite() && percent >= 0.0) {
+            return Err(format!("`{text}` must be 0% or more"));
+        }
+        Ok(percent / 100.0)
+    }
+    fn show(value: &f64) -> Shown {
+        let percent = format!("{:.4}", value * 100.0);
+        Shown::Text(format!(
+            "{}%",
+            percent.trim_end_matches('0').trim_end_matches('.')
+        ))
+    }
+}
+
 /// An optional compute rate in GFLOP/s (`120`, `2.5`), positive and finite; unset by default.
 pub struct Gflops;
 impl Codec for Gflops {

@@ -11,6 +11,10 @@
 //! stop string does get an event, carrying the text before the stop. Events go out with
 //! `blocking_send`, so drive a generation from a plain thread, never from inside a tokio
 //! runtime; once the receiver is dropped, the generation ends without a final event.
+//!
+//! With tools offered ([`GenerationParams::tool_calls`]) the emitted text also goes through a
+//! [`ToolCallStream`], only to count the reply's calls for the request's log line (the HTTP
+//! layer reads the calls themselves from the same text).
 
 use tokio::sync::mpsc;
 
@@ -26,6 +30,7 @@ use super::{
     },
     sampling::Sampler,
     stop::StopMatcher,
+    tool_calls::ToolCallStream,
     traits::TextCodec,
     EngineError, EngineResult,
 };
@@ -124,6 +129,8 @@ pub struct Generation {
     grammar: Option<GrammarState>,
     detok: IncrementalDecoder,
     stops: StopMatcher,
+    /// With tools offered: the reply read for calls (counted for the log line).
+    tool_calls: Option<ToolCallStream>,
     events: mpsc::Sender<GenerationEvent>,
     tracker: RequestTracker,
     /// Prompt tokens already through the model.
@@ -160,6 +167,10 @@ impl Generation {
             grammar: params.grammar.as_ref().map(GrammarState::new),
             detok: IncrementalDecoder::new(prompt, true),
             stops: StopMatcher::new(&params.stop),
+            tool_calls: params
+                .tool_calls
+                .as_ref()
+                .map(|t| ToolCallStream::new(t.format, t.tools.clone())),
             prompt: prompt.clone(),
             cache_partition: request.cache_partition,
             params: params.clone(),
@@ -173,7 +184,8 @@ impl Generation {
         if params.max_tokens == 0 {
             // Nothing to generate, but the prompt counts as served (usage reports it).
             g.tracker.prefilled(g.prompt.len());
-            return Started::Ended(g.end(g.finish(FinishReason::Length, String::new())));
+            let finished = g.finish(FinishReason::Length, String::new());
+            return Started::Ended(g.end(finished));
         }
         Started::Running(Box::new(g))
     }
@@ -291,10 +303,15 @@ impl Generation {
     }
 
     fn finish(
-        &self,
+        &mut self,
         reason: FinishReason,
         trailing_text: String,
     ) -> Result<(FinishReason, Usage), Abort> {
+        if let Some(reader) = &mut self.tool_calls {
+            reader.push(&trailing_text);
+            reader.finish();
+            self.tracker.tool_calls(reader.calls());
+        }
         if let Some(grammar) = &self.grammar {
             let (masks, average, engine) = grammar.mask_stats();
             let (average_us, engine_us) = (average.as_micros(), engine.as_micros());
@@ -354,6 +371,9 @@ impl Generation {
             }
             _ => (None, Vec::new()),
         };
+        if let Some(reader) = &mut self.tool_calls {
+            reader.push(&step.text);
+        }
         self.send(GenerationEvent::Token(TokenOutput {
             text: step.text,
             token_id: token,

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::grammar::Grammar;
+use super::tool_calls::ToolParsing;
 
 /// The chat message type lives with the chat template that renders it.
 pub use crate::model::tokenizer::ChatMessage;
@@ -65,6 +66,10 @@ pub struct GenerationParams {
     /// `response_format`'s compiled grammar: every token is drawn from what it allows, and EOS
     /// only once it accepts (EOS then ends the generation even with `ignore_eos`).
     pub grammar: Option<Grammar>,
+    /// With tools offered, how the reply's calls are read: the engine counts them for the
+    /// request's log line (`finish_reason=tool_calls`, `tool_calls=N`), as the chat API
+    /// answers; the HTTP layer reads the calls themselves.
+    pub tool_calls: Option<ToolParsing>,
 }
 
 impl Default for GenerationParams {
@@ -76,6 +81,7 @@ impl Default for GenerationParams {
             ignore_eos: false,
             logprobs: None,
             grammar: None,
+            tool_calls: None,
         }
     }
 }
@@ -143,6 +149,16 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` reached.
     Length,
+}
+
+impl FinishReason {
+    /// OpenAI's `finish_reason` for it: `stop` or `length`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
 }
 
 /// Token counts for the `usage` object.

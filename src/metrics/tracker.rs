@@ -16,6 +16,9 @@
 //!      finish_reason=length
 //! ```
 //!
+//! A chat request offered tools adds `tool_calls=N`, and its `finish_reason` is the API's
+//! (`tool_calls` when the reply called tools).
+//!
 //! A failed request logs the same line at WARN with `status=failed` and its `error`.
 
 use std::future::Future;
@@ -108,6 +111,8 @@ struct Progress {
     generated: usize,
     /// Tokens fed through the model: the entries this request holds in its KV cache.
     fed: usize,
+    /// With tools offered, the calls the reply made (the chat API then answers `tool_calls`).
+    tool_calls: Option<usize>,
     ended: bool,
 }
 
@@ -199,6 +204,11 @@ impl RequestTracker {
         });
     }
 
+    /// The reply, read for the tools the request offered, made `n` calls.
+    pub fn tool_calls(&self, n: usize) {
+        self.with(|_, p| p.tool_calls = Some(n));
+    }
+
     /// The request ended: records its end-to-end latency (finished requests only) and writes
     /// its log line. Only the first call has an effect.
     pub fn end(&self, end: RequestEnd<'_>) {
@@ -240,6 +250,10 @@ fn log_line(request: &TrackedRequest, p: &Progress, e2e: Duration, end: RequestE
         .first_token
         .map_or(f64::NAN, |at| millis(at - request.accepted));
     let (status, finish_reason, error) = match end {
+        // As the chat API answers (`ChatFinishReason::of`): a stop after calls is `tool_calls`.
+        RequestEnd::Finished { reason: "stop" } if p.tool_calls.is_some_and(|n| n > 0) => {
+            ("finished", "tool_calls", None)
+        }
         RequestEnd::Finished { reason } => ("finished", reason, None),
         RequestEnd::Failed { error } => ("failed", "none", Some(error)),
         RequestEnd::Cancelled => ("cancelled", "none", None),
@@ -257,6 +271,7 @@ fn log_line(request: &TrackedRequest, p: &Progress, e2e: Duration, end: RequestE
                 tok_s = decode_rate(p),
                 status = %status,
                 finish_reason = %finish_reason,
+                tool_calls = p.tool_calls,
                 error = error.map(tracing::field::display),
                 "request finished"
             )

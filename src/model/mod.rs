@@ -20,6 +20,7 @@
 //!   (Gemma 2 and 3) and [`phi3`]: the other families' blocks; [`moe`]: the routed-experts
 //!   MLP of Qwen3-MoE (in [`qwen3`]'s block) and Mixtral (in [`llama`]'s).
 //! - [`kv_cache`]: the per-sequence key/value cache.
+//! - [`verify`]: `verify_weights`, every tensor's values checked finite before a load.
 
 pub mod checkpoint;
 pub mod cpu_qmatmul;
@@ -39,6 +40,7 @@ pub mod source;
 pub mod spec;
 pub mod tensors;
 pub mod tokenizer;
+pub mod verify;
 pub mod weights;
 
 pub use error::{ModelError, Result};

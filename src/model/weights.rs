@@ -28,6 +28,14 @@ pub fn set_cpu_qmatmul(choice: CpuQmatmul) {
     CANDLE_FORCED.store(choice == CpuQmatmul::Candle, Ordering::Relaxed);
 }
 
+/// Whether a quantized matrix of `ty` (on the CPU when `on_cpu`) is multiplied by ferry's
+/// kernels ([`CpuQMatMul`]) rather than candle's `QMatMul`: on the CPU, for the types they
+/// support, unless `device.cpu_qmatmul = "candle"` and candle has the type.
+pub fn runs_on_ferry_kernels(ty: GgufType, on_cpu: bool) -> bool {
+    let candle_forced = CANDLE_FORCED.load(Ordering::Relaxed) && ty.to_candle().is_some();
+    on_cpu && CpuQMatMul::supports(ty) && !candle_forced
+}
+
 /// A linear projection `y = x W^T + b`, with `W` stored as `[out, in]`.
 #[derive(Debug, Clone)]
 pub enum Linear {
@@ -63,9 +71,8 @@ impl Linear {
     /// `device.cpu_qmatmul = "candle"` ([`set_cpu_qmatmul`]) keeps candle's kernels on the CPU
     /// too, for comparisons.
     pub fn quantized(weight: Arc<QTensor>, bias: Option<Tensor>) -> Result<Self> {
-        let candle_forced = CANDLE_FORCED.load(Ordering::Relaxed);
-        let ours = CpuQMatMul::supports(GgufType::from_candle(weight.dtype()));
-        if weight.device().is_cpu() && ours && !candle_forced {
+        let ty = GgufType::from_candle(weight.dtype());
+        if runs_on_ferry_kernels(ty, weight.device().is_cpu()) {
             return Ok(Linear::CpuQuantized {
                 weight: CpuQMatMul::new(weight)?,
                 bias,
@@ -82,9 +89,7 @@ impl Linear {
     /// `device.cpu_qmatmul = "candle"`, for a type candle has) candle's `QMatMul` over a copy of
     /// the blocks, which candle's kernels need in storage of their own.
     pub fn from_blocks(weight: Blocks, bias: Option<Tensor>) -> Result<Self> {
-        let ty = weight.ty();
-        let candle_forced = CANDLE_FORCED.load(Ordering::Relaxed) && ty.to_candle().is_some();
-        if CpuQMatMul::supports(ty) && !candle_forced {
+        if runs_on_ferry_kernels(weight.ty(), true) {
             return Ok(Linear::CpuQuantized {
                 weight: CpuQMatMul::from_blocks(weight)?,
                 bias,

@@ -263,8 +263,10 @@ impl Accounting {
         }
     }
 
-    /// Logs the device bytes per kind against the plan.
-    pub fn log(&self, model: &str) {
+    /// Logs the device bytes per kind against `plan` (the one this accounting was made for),
+    /// saying what the total counts: most of it is usually the KV cache planned for `max_batch`
+    /// full-context sequences, which is only filled as sequences grow.
+    pub fn log(&self, model: &str, plan: &Plan) {
         let s = self.snapshot();
         tracing::info!(
             model,
@@ -272,8 +274,14 @@ impl Accounting {
             slots = %format_bytes(s.slots),
             kv_planned = %format_bytes(s.planned.kv),
             workspace = %format_bytes(s.workspace),
+            reserve = %format_bytes(plan.reserve_bytes),
             planned_total = %format_bytes(s.planned.total),
-            "device memory held by ferry"
+            "device memory (host RAM on the CPU device): the weights and slots are held now; \
+             planned_total adds the KV cache for {} sequences of {} tokens ({}, filled as they \
+             grow), the workspace and the reserve",
+            plan.max_batch,
+            plan.max_context,
+            plan.kv_dtype.as_str()
         );
     }
 }

@@ -14,9 +14,13 @@
 //! - device: on the CPU device the host compute rate (it is the same CPU and the same
 //!   kernels); on CUDA the same probe matrix resident on the device, at more rows.
 //!
-//! Each measurement takes the best of a few repetitions (a loaded machine only slows a run).
-//! [`calibrate_cached`] measures only what [`super::calibrate_cache`] does not already hold for
-//! this machine and build, so a start after the first measures nothing.
+//! Each measurement takes the best of a few repetitions (a loaded machine only slows a run), and
+//! notes their *spread* (the slowest repetition over the fastest, minus one): a busy machine
+//! spreads them. [`calibrate_cached`] measures only what [`super::calibrate_cache`] does not
+//! already hold for this machine and build, so a start after the first measures nothing; it
+//! writes what it measured only when the spread stayed under [`CachePolicy::max_spread`] (a
+//! calibration taken under load is used once, not kept), and [`CachePolicy::recalibrate`]
+//! measures everything again. The log line says which happened.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -74,6 +78,25 @@ pub struct CalibrationInput<'a> {
     pub probe: Probe,
 }
 
+/// How [`calibrate_cached`] uses the cache (`device.recalibrate`, `device.calibration_spread`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CachePolicy {
+    /// Measure every rate again, ignoring (and then replacing) the cached ones.
+    pub recalibrate: bool,
+    /// Write the measurements only when their spread is below this (a fraction: 0.5 is 50%).
+    pub max_spread: f64,
+}
+
+impl Default for CachePolicy {
+    /// The settings' defaults: use the cache, keep runs whose repetitions are within 50%.
+    fn default() -> Self {
+        CachePolicy {
+            recalibrate: false,
+            max_spread: 0.5,
+        }
+    }
+}
+
 /// Where one rate came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -100,8 +123,15 @@ pub struct Calibration {
     pub elapsed: Duration,
     /// The cache file some rates were read from.
     pub cached_from: Option<PathBuf>,
+    /// When the cached rates were measured (seconds since the epoch; `None` when unknown).
+    pub cached_at: Option<u64>,
     /// The cache file this run's measurements were written to.
     pub saved_to: Option<PathBuf>,
+    /// The largest spread of this run's measurements (`None` when nothing was measured).
+    pub spread: Option<f64>,
+    /// Measured with the cache in use but not written to it: the spread was at or above this
+    /// limit.
+    pub unstable_above: Option<f64>,
 }
 
 impl Calibration {
@@ -130,29 +160,53 @@ impl Calibration {
         )
     }
 
-    /// The log line, once per start: `calibration: cached from PATH: ` + the rates when the
-    /// cache had them all, `calibration: ` + the rates + `, measured in 85 ms` (`, saved to
-    /// PATH` when written to the cache) when some were measured, `, nothing measured` when all
-    /// are set.
+    /// The log line, once per start: `calibration from PATH (measured DATE); --recalibrate to
+    /// measure again: ` + the rates when the cache had them all (`, the rest measured in 85
+    /// ms` before the `;` when it had some), `calibration: ` + the rates + `, measured in 85
+    /// ms (probe spread 12%)` when all were measured, then `, saved to PATH` when written to the
+    /// cache or why not (an unstable run), `, nothing measured` when all are set.
     pub fn summary(&self) -> String {
         let rates = self.rates();
         let measured = self.sources.contains(&Source::Measured);
         let ms = self.elapsed.as_millis();
-        let saved = self
-            .saved_to
-            .as_ref()
-            .map(|p| format!(", saved to {}", p.display()))
+        let spread = self
+            .spread
+            .map(|s| format!(" (probe spread {:.0}%)", s * 100.0))
             .unwrap_or_default();
-        match (&self.cached_from, measured) {
-            (Some(path), false) => format!("calibration: cached from {}: {rates}", path.display()),
-            (Some(path), true) => format!(
-                "calibration: cached from {}, the rest measured in {ms} ms{saved}: {rates}",
-                path.display()
+        let saved = match (&self.saved_to, self.unstable_above) {
+            (Some(path), _) => format!(", saved to {}", path.display()),
+            (None, Some(limit)) => format!(
+                ", not cached: the probes spread beyond calibration_spread {:.0}% (a busy \
+                 machine?), so the next start measures again",
+                limit * 100.0
             ),
-            (None, true) => format!("calibration: {rates}, measured in {ms} ms{saved}"),
+            (None, None) => String::new(),
+        };
+        match (&self.cached_from, measured) {
+            (Some(path), false) => format!(
+                "calibration from {} (measured {}); --recalibrate to measure again: {rates}",
+                path.display(),
+                measured_date(self.cached_at)
+            ),
+            (Some(path), true) => format!(
+                "calibration from {} (measured {}), the rest measured in {ms} ms{spread}{saved}; \
+                 --recalibrate to measure again: {rates}",
+                path.display(),
+                measured_date(self.cached_at)
+            ),
+            (None, true) => format!("calibration: {rates}, measured in {ms} ms{spread}{saved}"),
             (None, false) => format!("calibration: {rates}, nothing measured"),
         }
     }
+}
+
+/// `2026-12-04 20:49 UTC`, or `at an earlier start` when the cache did not record it.
+fn measured_date(at: Option<u64>) -> String {
+    at.and_then(|secs| chrono::DateTime::from_timestamp(i64::try_from(secs).ok()?, 0))
+        .map_or_else(
+            || "at an earlier start".to_owned(),
+            |t| t.format("%Y-%m-%d %H:%M UTC").to_string(),
+        )
 }
 
 /// The lower-case GGUF spelling of a weight type: `q4_1`, `q8_0`, `q4k`, `f16`.
@@ -167,18 +221,20 @@ pub fn calibrate(input: &CalibrationInput<'_>) -> Result<Calibration, OffloadErr
 }
 
 /// [`calibrate`], taking the rates `cache` holds for this machine, build and probe
-/// ([`CacheKey::current`]) instead of measuring them, and storing what it had to measure
-/// (a failed write is logged and otherwise ignored). Set rates still override cached ones.
+/// ([`CacheKey::current`]) instead of measuring them (unless `policy.recalibrate`), and
+/// storing what it had to measure when the run was stable (`policy.max_spread`; a failed write
+/// is logged and otherwise ignored). Set rates still override cached ones.
 pub fn calibrate_cached(
     input: &CalibrationInput<'_>,
     cache: &CalibrationCache,
+    policy: CachePolicy,
 ) -> Result<Calibration, OffloadError> {
-    run(input, Some(cache))
+    run(input, Some((cache, policy)))
 }
 
 fn run(
     input: &CalibrationInput<'_>,
-    cache: Option<&CalibrationCache>,
+    cache: Option<(&CalibrationCache, CachePolicy)>,
 ) -> Result<Calibration, OffloadError> {
     let started = Instant::now();
     let tier = input.tier;
@@ -205,17 +261,29 @@ fn run(
         )),
         _ => None,
     };
-    let cached = match (cache, &key) {
-        (Some(cache), Some(key)) => cache.load(key),
-        _ => MeasuredRates::default(),
+    let (cached, cached_at) = match (cache, &key) {
+        (Some((cache, policy)), Some(key)) if !policy.recalibrate => cache.load_dated(key),
+        _ => (MeasuredRates::default(), None),
     };
-    let mut fresh = MeasuredRates::default();
-    if need_link && cached.link_bytes_per_s.is_none() {
-        fresh.link_bytes_per_s = Some(measure_link(input.device, probe)?);
-    }
     let host_missing = (need_flops && cached.host_flops_per_s.is_none())
         || (need_read && cached.host_read_bytes_per_s.is_none());
     let device_missing = need_device && cached.device_flops_per_s.is_none();
+    let link_missing = need_link && cached.link_bytes_per_s.is_none();
+    if let (Some((cache, _)), true) = (cache, link_missing || host_missing || device_missing) {
+        tracing::info!(
+            "measuring calibration for {} (cached in {} when its probes are stable)",
+            type_name(input.weight_type),
+            cache.path().display()
+        );
+    }
+    let mut fresh = MeasuredRates::default();
+    let mut spread: Option<f64> = None;
+    let mut note = |s: f64| spread = Some(spread.map_or(s, |t| t.max(s)));
+    if link_missing {
+        let link = measure_link(input.device, probe)?;
+        note(link.spread);
+        fresh.link_bytes_per_s = Some(link.rate);
+    }
     let matrix = if host_missing || device_missing {
         Some(probe_matrix(input.weight_type, probe)?)
     } else {
@@ -223,24 +291,39 @@ fn run(
     };
     if let (Some(matrix), true) = (&matrix, host_missing) {
         let host = measure_matmul(matrix, &Device::Cpu, probe.host_rows, probe)?;
+        note(host.spread);
         fresh.host_flops_per_s = Some(host.flops_per_s);
         fresh.host_read_bytes_per_s = Some(host.read_bytes_per_s);
     }
     if let (Some(matrix), true) = (&matrix, device_missing) {
         let device = measure_matmul(matrix, input.device, probe.device_rows, probe)?;
+        note(device.spread);
         fresh.device_flops_per_s = Some(device.flops_per_s);
     }
     // Whole units per second: a rate reads back from the cache's JSON exactly as measured.
     let fresh = fresh.rounded();
     let measured_any = fresh != MeasuredRates::default();
     let mut saved_to = None;
-    if let (Some(cache), Some(key), true) = (cache, &key, measured_any) {
-        match cache.store(key, fresh) {
-            Ok(()) => saved_to = Some(cache.path().to_path_buf()),
-            Err(e) => tracing::warn!(
-                "calibration: could not write the cache {}: {e}",
-                cache.path().display()
-            ),
+    let mut unstable_above = None;
+    if let (Some((cache, policy)), Some(key), true) = (cache, &key, measured_any) {
+        let spread = spread.unwrap_or(0.0);
+        if spread < policy.max_spread {
+            match cache.store(key, fresh) {
+                Ok(()) => saved_to = Some(cache.path().to_path_buf()),
+                Err(e) => tracing::warn!(
+                    "calibration: could not write the cache {}: {e}",
+                    cache.path().display()
+                ),
+            }
+        } else {
+            unstable_above = Some(policy.max_spread);
+            tracing::warn!(
+                "calibration: the probes' repetitions spread {:.0}% (limit \
+                 calibration_spread {:.0}%): the machine looks busy, so these rates are used \
+                 now but not cached",
+                spread * 100.0,
+                policy.max_spread * 100.0
+            );
         }
     }
     // A set rate wins; else this run's measurement; else the cache's. A rate left at 0 is
@@ -275,7 +358,7 @@ fn run(
     };
     let sources = [link.1, host_flops.1, host_read.1, device.1];
     let cached_from = match cache {
-        Some(cache) if sources.contains(&Source::Cached) => Some(cache.path().to_path_buf()),
+        Some((cache, _)) if sources.contains(&Source::Cached) => Some(cache.path().to_path_buf()),
         _ => None,
     };
     Ok(Calibration {
@@ -289,8 +372,11 @@ fn run(
         weight_type: input.weight_type,
         sources,
         elapsed: started.elapsed(),
+        cached_at: cached_from.as_ref().and(cached_at),
         cached_from,
         saved_to,
+        spread,
+        unstable_above,
     })
 }
 
@@ -344,6 +430,40 @@ fn probe_matrix(dtype: GgmlDType, probe: Probe) -> Result<ProbeMatrix, OffloadEr
     })
 }
 
+/// The times of a probe's repetitions after its warm-up: the best counts, the spread says how
+/// steady they were.
+#[derive(Debug, Clone, Copy)]
+struct Timings {
+    best: f64,
+    worst: f64,
+}
+
+impl Timings {
+    /// Runs `once` (seconds per run) `repeats` times after one warm-up run.
+    fn of(
+        repeats: usize,
+        mut once: impl FnMut() -> Result<f64, OffloadError>,
+    ) -> Result<Self, OffloadError> {
+        once()?; // warm-up: first touch, kernel selection
+        let mut t = Timings {
+            best: f64::INFINITY,
+            worst: 0.0,
+        };
+        for _ in 0..repeats.max(1) {
+            let secs = once()?;
+            t.best = t.best.min(secs);
+            t.worst = t.worst.max(secs);
+        }
+        t.best = t.best.max(1e-9);
+        Ok(t)
+    }
+
+    /// The slowest repetition over the fastest, minus one (0 when they agree).
+    fn spread(self) -> f64 {
+        (self.worst / self.best - 1.0).max(0.0)
+    }
+}
+
 /// A matmul probe's result.
 #[derive(Debug, Clone, Copy)]
 struct MatmulRates {
@@ -351,6 +471,8 @@ struct MatmulRates {
     flops_per_s: f64,
     /// `weight bytes / t(1 row)`.
     read_bytes_per_s: f64,
+    /// The larger spread of the two timings.
+    spread: f64,
 }
 
 fn measure_matmul(
@@ -363,44 +485,45 @@ fn measure_matmul(
     let input = |rows: usize| Tensor::ones((rows, matrix.cols), DType::F32, device);
     let one = input(1)?;
     let many = input(rows.max(1))?;
-    let run = |x: &Tensor| -> Result<Duration, OffloadError> {
+    let run = |x: &Tensor| -> Result<f64, OffloadError> {
         let started = Instant::now();
         let y = linear.forward(x)?;
         device.synchronize()?;
         drop(y);
-        Ok(started.elapsed())
+        Ok(started.elapsed().as_secs_f64())
     };
-    run(&one)?; // warm-up: first touch, kernel selection
-    let best = |x: &Tensor| -> Result<f64, OffloadError> {
-        let mut best = f64::INFINITY;
-        for _ in 0..probe.repeats.max(1) {
-            best = best.min(run(x)?.as_secs_f64());
-        }
-        Ok(best.max(1e-9))
-    };
-    let t_one = best(&one)?;
-    let t_many = best(&many)?;
+    let t_one = Timings::of(probe.repeats, || run(&one))?;
+    let t_many = Timings::of(probe.repeats, || run(&many))?;
     let flops = 2.0 * matrix.rows as f64 * matrix.cols as f64 * rows.max(1) as f64;
     Ok(MatmulRates {
-        flops_per_s: flops / t_many,
-        read_bytes_per_s: matrix.bytes.len() as f64 / t_one,
+        flops_per_s: flops / t_many.best,
+        read_bytes_per_s: matrix.bytes.len() as f64 / t_one.best,
+        spread: t_one.spread().max(t_many.spread()),
     })
+}
+
+/// A link probe's result.
+#[derive(Debug, Clone, Copy)]
+struct LinkRate {
+    /// Bytes/s of the best copy.
+    rate: f64,
+    /// How steady the copies were.
+    spread: f64,
 }
 
 /// The host-to-device copy rate of `probe.bytes`: a plain copy on the CPU device, a pinned copy
 /// through the copy link on CUDA.
-fn measure_link(device: &Device, probe: Probe) -> Result<f64, OffloadError> {
+fn measure_link(device: &Device, probe: Probe) -> Result<LinkRate, OffloadError> {
     let len = probe.bytes.max(1);
-    let mut best = f64::INFINITY;
-    if device.is_cpu() {
+    let timings = if device.is_cpu() {
         let src = vec![1u8; len];
         let mut dst = vec![0u8; len];
-        for _ in 0..probe.repeats.max(1) + 1 {
+        Timings::of(probe.repeats, || {
             let started = Instant::now();
             dst.copy_from_slice(&src);
             std::hint::black_box(&mut dst);
-            best = best.min(started.elapsed().as_secs_f64());
-        }
+            Ok(started.elapsed().as_secs_f64())
+        })?
     } else {
         // SAFETY: every byte is written just below, before anything reads it.
         let mut pinned = unsafe { crate::gpu::PinnedBytes::uninit(device, len)? };
@@ -409,16 +532,19 @@ fn measure_link(device: &Device, probe: Probe) -> Result<f64, OffloadError> {
         let (_buffer, address) = crate::gpu::dense_zeros(device, len.div_ceil(4), DType::F32)?;
         let link = crate::gpu::CopyLink::new(device, 1)?;
         link.copy_after_compute()?;
-        for _ in 0..probe.repeats.max(1) + 1 {
+        Timings::of(probe.repeats, || {
             let started = Instant::now();
             // SAFETY: `address` heads a device buffer of at least `len` bytes that `_buffer`
             // keeps alive, and `pinned` lives unmodified past the synchronize below.
             unsafe { link.copy_to_device(address, pinned.as_bytes())? };
             link.synchronize()?;
-            best = best.min(started.elapsed().as_secs_f64());
-        }
-    }
-    Ok(len as f64 / best.max(1e-9))
+            Ok(started.elapsed().as_secs_f64())
+        })?
+    };
+    Ok(LinkRate {
+        rate: len as f64 / timings.best,
+        spread: timings.spread(),
+    })
 }
 
 #[cfg(test)]

@@ -7,10 +7,12 @@
 //! key differs in any of them is not used (a new CPU, a release build, another thread count
 //! measure again), and is kept beside the new one.
 //!
-//! Only measured rates are cached; a rate the configuration sets is never read from or written
-//! to the cache. A missing, unreadable or malformed file is a cache miss (the rates are
-//! measured and the file rewritten); failing to write it is logged, never fatal. Delete the
-//! file to measure again.
+//! Only measured rates are cached, each entry with the time it was measured (the start log
+//! says it), and only from a run whose probes were steady ([`super::calibrate::CachePolicy`]);
+//! a rate the configuration sets is never read from or written to the cache. A missing,
+//! unreadable or malformed file is a cache miss (the rates are measured and the file
+//! rewritten); failing to write it is logged, never fatal. `--recalibrate` (or deleting the
+//! file) measures again.
 
 use std::path::{Path, PathBuf};
 
@@ -130,6 +132,9 @@ impl MeasuredRates {
 struct Entry {
     key: CacheKey,
     rates: MeasuredRates,
+    /// When the rates were last stored (seconds since the epoch; absent in older files).
+    #[serde(default)]
+    measured_at: Option<u64>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -171,11 +176,16 @@ impl CalibrationCache {
     /// The rates cached under `key` (all `None` when there are none, or the file is missing or
     /// unreadable).
     pub fn load(&self, key: &CacheKey) -> MeasuredRates {
+        self.load_dated(key).0
+    }
+
+    /// [`Self::load`] and when those rates were stored (`None` when unknown or none).
+    pub fn load_dated(&self, key: &CacheKey) -> (MeasuredRates, Option<u64>) {
         self.read()
             .entries
             .into_iter()
             .find(|e| &e.key == key)
-            .map(|e| e.rates.valid())
+            .map(|e| (e.rates.valid(), e.measured_at))
             .unwrap_or_default()
     }
 
@@ -188,9 +198,13 @@ impl CalibrationCache {
             .position(|e| &e.key == key)
             .map(|i| file.entries.remove(i).rates)
             .unwrap_or_default();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         file.entries.push(Entry {
             key: key.clone(),
             rates: old.valid().merged(rates.valid()),
+            measured_at: Some(now),
         });
         let excess = file.entries.len().saturating_sub(MAX_ENTRIES);
         file.entries.drain(..excess);

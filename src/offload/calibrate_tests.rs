@@ -140,6 +140,14 @@ fn the_probe_matrix_has_the_asked_type_and_size() {
     assert_eq!(y.dims(), &[2, matrix.rows]);
 }
 
+/// The cache used, every run kept (a loaded test machine spreads the probes).
+fn steady() -> CachePolicy {
+    CachePolicy {
+        recalibrate: false,
+        max_spread: f64::INFINITY,
+    }
+}
+
 /// A cache file in a fresh temporary directory (kept alive by the returned guard).
 fn temp_cache() -> (tempfile::TempDir, CalibrationCache) {
     let dir = tempfile::tempdir().unwrap();
@@ -151,7 +159,7 @@ fn temp_cache() -> (tempfile::TempDir, CalibrationCache) {
 fn the_second_calibration_reads_the_first_ones_rates_from_the_cache() {
     let (_dir, cache) = temp_cache();
     let tier = TierConfig::default();
-    let first = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache).unwrap();
+    let first = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache, steady()).unwrap();
     assert_eq!(
         first.sources,
         [
@@ -170,7 +178,7 @@ fn the_second_calibration_reads_the_first_ones_rates_from_the_cache() {
         "{line}"
     );
 
-    let second = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache).unwrap();
+    let second = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache, steady()).unwrap();
     assert_eq!(second.model, first.model, "the same rates, bit for bit");
     assert_eq!(
         second.sources,
@@ -183,13 +191,57 @@ fn the_second_calibration_reads_the_first_ones_rates_from_the_cache() {
     );
     assert_eq!(second.cached_from.as_deref(), Some(cache.path()));
     assert_eq!(second.saved_to, None, "nothing measured, nothing written");
-    assert_eq!(
-        second.summary(),
-        format!(
-            "calibration: cached from {}: {}",
-            cache.path().display(),
+    let line = second.summary();
+    let prefix = format!("calibration from {} (measured 20", cache.path().display());
+    assert!(line.starts_with(&prefix), "{line}");
+    assert!(
+        line.ends_with(&format!(
+            " UTC); --recalibrate to measure again: {}",
             second.rates()
-        )
+        )),
+        "{line}"
+    );
+    assert!(second.cached_at.is_some());
+}
+
+#[test]
+fn an_unsteady_run_is_used_but_not_cached_and_recalibrate_measures_again() {
+    let (_dir, cache) = temp_cache();
+    let tier = TierConfig::default();
+    // A spread limit no run meets: the rates are measured and used, nothing is written.
+    let never = CachePolicy {
+        recalibrate: false,
+        max_spread: 0.0,
+    };
+    let busy = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache, never).unwrap();
+    assert_eq!(busy.sources[1], Source::Measured);
+    assert!(busy.model.host_flops_per_s > 0.0);
+    assert!(busy.spread.is_some_and(|s| s >= 0.0), "{busy:?}");
+    assert_eq!(
+        (busy.saved_to.as_deref(), busy.unstable_above),
+        (None, Some(0.0))
+    );
+    assert!(!cache.path().exists(), "nothing written");
+    assert!(busy
+        .summary()
+        .contains(", not cached: the probes spread beyond calibration_spread 0%"));
+    let again = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache, steady()).unwrap();
+    assert_eq!(again.sources[1], Source::Measured, "measured again");
+    assert_eq!(again.saved_to.as_deref(), Some(cache.path()));
+    // Recalibrating ignores the cached rates and replaces them.
+    let recalibrate = CachePolicy {
+        recalibrate: true,
+        ..steady()
+    };
+    let fresh =
+        calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache, recalibrate).unwrap();
+    assert_eq!(fresh.sources[1], Source::Measured);
+    assert_eq!(fresh.cached_from, None);
+    let cached = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache, steady()).unwrap();
+    assert_eq!(cached.sources[1], Source::Cached);
+    assert_eq!(
+        cached.model, fresh.model,
+        "the recalibrated rates replaced the old ones"
     );
 }
 
@@ -199,6 +251,7 @@ fn set_rates_override_cached_ones() {
     let measured = calibrate_cached(
         &input(&TierConfig::default(), GgmlDType::Q8_0, None),
         &cache,
+        steady(),
     )
     .unwrap()
     .model;
@@ -206,7 +259,12 @@ fn set_rates_override_cached_ones() {
         host_gflops: Some(7.0),
         ..TierConfig::default()
     };
-    let c = calibrate_cached(&input(&tier, GgmlDType::Q8_0, Some(3_000_000_000)), &cache).unwrap();
+    let c = calibrate_cached(
+        &input(&tier, GgmlDType::Q8_0, Some(3_000_000_000)),
+        &cache,
+        steady(),
+    )
+    .unwrap();
     assert_eq!(c.model.link_bytes_per_s, 3e9);
     assert_eq!(c.model.host_flops_per_s, 7e9);
     assert_eq!(c.model.device_flops_per_s, 7e9);
@@ -222,6 +280,7 @@ fn set_rates_override_cached_ones() {
     let again = calibrate_cached(
         &input(&TierConfig::default(), GgmlDType::Q8_0, None),
         &cache,
+        steady(),
     )
     .unwrap();
     assert_eq!(again.model, measured);
@@ -232,10 +291,14 @@ fn a_rate_the_cache_lacks_is_measured_and_added() {
     let (_dir, cache) = temp_cache();
     let tier = TierConfig::default();
     // The first start had the link set: only the host was measured.
-    let first =
-        calibrate_cached(&input(&tier, GgmlDType::Q8_0, Some(1_000_000_000)), &cache).unwrap();
+    let first = calibrate_cached(
+        &input(&tier, GgmlDType::Q8_0, Some(1_000_000_000)),
+        &cache,
+        steady(),
+    )
+    .unwrap();
     assert_eq!(first.sources[0], Source::Set);
-    let second = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache).unwrap();
+    let second = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache, steady()).unwrap();
     assert_eq!(
         second.sources,
         [
@@ -248,7 +311,7 @@ fn a_rate_the_cache_lacks_is_measured_and_added() {
     assert_eq!(second.model.host_flops_per_s, first.model.host_flops_per_s);
     let line = second.summary();
     assert!(line.contains("the rest measured in "), "{line}");
-    let third = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache).unwrap();
+    let third = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache, steady()).unwrap();
     assert_eq!(third.sources[0], Source::Cached);
     assert_eq!(third.model, second.model);
 }
@@ -257,17 +320,17 @@ fn a_rate_the_cache_lacks_is_measured_and_added() {
 fn another_key_or_a_bad_file_measures_again() {
     let (_dir, cache) = temp_cache();
     let tier = TierConfig::default();
-    calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache).unwrap();
+    calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache, steady()).unwrap();
     // Another weight type is another key: measured, and both entries kept.
-    let q4 = calibrate_cached(&input(&tier, GgmlDType::Q4_1, None), &cache).unwrap();
+    let q4 = calibrate_cached(&input(&tier, GgmlDType::Q4_1, None), &cache, steady()).unwrap();
     assert_eq!(q4.sources[1], Source::Measured);
-    let q8 = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache).unwrap();
+    let q8 = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache, steady()).unwrap();
     assert_eq!(q8.sources[1], Source::Cached);
     // Other probe sizes (and so the start-up probe against a test's) are another key.
     let mut bigger = input(&tier, GgmlDType::Q8_0, None);
     bigger.probe.repeats = 3;
     assert_eq!(
-        calibrate_cached(&bigger, &cache).unwrap().sources[1],
+        calibrate_cached(&bigger, &cache, steady()).unwrap().sources[1],
         Source::Measured
     );
 
@@ -303,7 +366,7 @@ fn another_key_or_a_bad_file_measures_again() {
 
     // A malformed file is a miss, and is rewritten whole.
     std::fs::write(cache.path(), "{ not json").unwrap();
-    let c = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache).unwrap();
+    let c = calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache, steady()).unwrap();
     assert_eq!(c.sources[1], Source::Measured);
     let text = std::fs::read_to_string(cache.path()).unwrap();
     assert!(
@@ -311,7 +374,7 @@ fn another_key_or_a_bad_file_measures_again() {
         "{text}"
     );
     assert_eq!(
-        calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache)
+        calibrate_cached(&input(&tier, GgmlDType::Q8_0, None), &cache, steady())
             .unwrap()
             .sources[1],
         Source::Cached

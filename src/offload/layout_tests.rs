@@ -363,3 +363,46 @@ fn dense_views_are_256_byte_aligned() {
         assert!(padded > 0, "{dtype:?}");
     }
 }
+
+/// The start log's weight groups of a Q4_K_M-shaped file on the CPU: its q4_K and q6_K
+/// matrices on ferry's kernels, its norms f32 (the compute dtype is not what the weights are).
+#[test]
+fn a_q4_k_m_file_is_reported_as_its_block_types_and_their_kernels() {
+    use crate::model::loader::summary::weight_groups;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("q4_k_m.gguf");
+    write_gguf(&path, K_QUANT, &q4_k_m);
+    let checkpoint = open(&path);
+    let held = holding(&checkpoint, DtypeChoice::Auto);
+    let groups = weight_groups(&checkpoint, &held, &Device::Cpu).expect("groups");
+    let summary: Vec<(&str, &str, usize)> = groups
+        .iter()
+        .map(|g| (g.held.as_str(), g.role, g.tensors))
+        .collect();
+    // 4 layers x 7 matrices + embedding + head; q6_K: attn_v and ffn_down of 2 layers + head.
+    let mut expected = vec![
+        ("q4_k", "matrices", 25),
+        ("q6_k", "matrices", 5),
+        ("f32", "vectors", 9),
+    ];
+    expected.sort_unstable();
+    let mut got = summary.clone();
+    got.sort_unstable();
+    assert_eq!(got, expected, "{groups:?}");
+    for g in &groups {
+        let want = if g.role == "vectors" {
+            "elementwise"
+        } else {
+            "ferry CPU kernels ("
+        };
+        assert!(g.kernels.starts_with(want), "{g:?}");
+    }
+    let bytes: u64 = groups.iter().map(|g| g.bytes).sum();
+    assert_eq!(
+        bytes,
+        ModelSizes::of(&checkpoint, &held, SlotKind::Cpu)
+            .expect("sizes")
+            .total()
+    );
+}

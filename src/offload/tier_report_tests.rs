@@ -84,7 +84,10 @@ fn calibration(model: CostModel) -> Calibration {
         sources: [Source::Set; 4],
         elapsed: Duration::ZERO,
         cached_from: None,
+        cached_at: None,
         saved_to: None,
+        spread: None,
+        unstable_above: None,
     }
 }
 

@@ -12,6 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::adapters::{ModelRunner, TokenizerCodec};
 use super::device::free_bytes;
+use super::load_report::log_loaded;
 use super::planning::{open_checkpoint, plan_checkpoint};
 use super::RuntimeError;
 use crate::config::{DeviceConfig, ModelConfig, OffloadMode};
@@ -118,6 +119,14 @@ pub fn load_planned(
         name: config.name.clone(),
         source,
     };
+    if config.verify_weights {
+        crate::model::verify::verify_weights(checkpoint).map_err(wrap)?;
+        tracing::info!(
+            model = %config.name,
+            seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+            "weights verified: every float value and block scale is finite"
+        );
+    }
     // The tokenizer (tens of thousands of merges) builds on its own thread while the weights load.
     std::thread::scope(|scope| {
         let tokenizer = scope.spawn(|| load_tokenizer(config, checkpoint));
@@ -147,7 +156,7 @@ pub fn load_planned(
                 ))
             })?
             .map_err(wrap)?;
-        log_loaded(config, &runner, started);
+        log_loaded(config, &runner, checkpoint, plan, &tokenizer, started);
         Ok(LoadedForServing {
             runner,
             codec: TokenizerCodec::new(tokenizer),
@@ -203,7 +212,7 @@ fn load_runner(
         source: e,
     })?;
     progress.finish();
-    placed.store.accounting().log(&config.name);
+    placed.store.accounting().log(&config.name, plan);
     // The KV cache the plan sized: its context (fitted or set) and dtype.
     placed.model.set_kv_dtype(plan.kv_dtype);
     Ok(ModelRunner::new(
@@ -257,7 +266,7 @@ fn load_swapped(
             Some(accounting.clone()),
         )
         .map_err(wrap)?;
-    accounting.log(&config.name);
+    accounting.log(&config.name, plan);
     Ok(ModelRunner::swapped(
         parked.model,
         accounting,
@@ -265,21 +274,6 @@ fn load_swapped(
         client,
         Some(plan.max_context),
     ))
-}
-
-fn log_loaded(config: &ModelConfig, runner: &ModelRunner, started: Instant) {
-    let spec = runner.model().spec();
-    tracing::info!(
-        model = %config.name,
-        architecture = ?spec.architecture,
-        layers = spec.n_layers,
-        hidden = spec.hidden_size,
-        vocab = spec.vocab_size,
-        context = crate::engine::traits::LanguageModel::max_context(runner),
-        dtype = ?runner.model().dtype(),
-        seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
-        "model loaded"
-    );
 }
 
 /// The tokenizer from the GGUF metadata (already parsed with the checkpoint) or the HF

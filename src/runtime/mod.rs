@@ -4,6 +4,8 @@
 //! - [`adapters`]: the real model and tokenizer behind the engine's `LanguageModel` and
 //!   `TextCodec` traits.
 //! - [`load`]: source -> files -> weights + tokenizer, with a progress bar or log lines.
+//! - [`load_report`]: the "model loaded" line (weight types and kernels, chat template, tool-call
+//!   format, offload tier).
 //! - [`telemetry`]: publishes offload accounting and residency into the Prometheus metrics.
 //! - [`planning`]: `ferry plan`: file headers + budget -> placement plan, no weights read.
 //! - [`swap`]: the server's residency manager for mode `model`: shared budget and location probe.
@@ -18,6 +20,7 @@ pub mod device;
 pub mod device_plan;
 pub mod error;
 pub mod load;
+pub mod load_report;
 pub mod planning;
 pub mod serve;
 pub mod swap;

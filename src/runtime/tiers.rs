@@ -13,7 +13,9 @@ use super::RuntimeError;
 use crate::config::{DeviceConfig, ModelConfig, OffloadMode};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::loader::{Holding, LoadOptions};
-use crate::offload::calibrate::{calibrate, calibrate_cached, CalibrationInput, Probe};
+use crate::offload::calibrate::{
+    calibrate, calibrate_cached, CachePolicy, CalibrationInput, Probe,
+};
 use crate::offload::calibrate_cache::CalibrationCache;
 use crate::offload::cost::Tier;
 use crate::offload::layout::LayerLayout;
@@ -55,9 +57,14 @@ pub fn tier_report(
         tier: &model.tier,
         probe: Probe::default(),
     };
-    // Measured once per machine and build, then read from the user's cache.
+    // Measured once per machine and build (when the probes were steady), then read from the
+    // user's cache until `--recalibrate`.
+    let policy = CachePolicy {
+        recalibrate: device_config.recalibrate,
+        max_spread: device_config.calibration_spread,
+    };
     let calibration = match CalibrationCache::user() {
-        Some(cache) => calibrate_cached(&input, &cache),
+        Some(cache) => calibrate_cached(&input, &cache, policy),
         None => calibrate(&input),
     }
     .map_err(|source| RuntimeError::Offload {

@@ -389,7 +389,11 @@ mod tests {
         drop(working.connection.body_started()); // its body arrived: not evictable
         tokio::time::advance(Duration::from_secs(1)).await;
         let fourth = registry.admit(3).expect("room");
-        assert_eq!(slow.connection.status(TIMEOUTS).0, Command::Close, "oldest first");
+        assert_eq!(
+            slow.connection.status(TIMEOUTS).0,
+            Command::Close,
+            "oldest first"
+        );
         assert_eq!(idle.connection.status(TIMEOUTS).0, Command::Serve);
         drop((slow, slow_body));
         // The idle one is older than the one just accepted (idle until its head is parsed).

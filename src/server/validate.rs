@@ -17,7 +17,9 @@ use super::openai::chat::ChatRequest;
 use super::openai::common::SamplingWire;
 use super::openai::completions::{CompletionRequest, PromptWire};
 use super::{AppState, ServerOptions};
-use crate::engine::tool_calls::{constrain, prompt, ToolCallFormat, ToolChoice, ToolSpec};
+use crate::engine::tool_calls::{
+    constrain, prompt, ToolCallFormat, ToolChoice, ToolParsing, ToolSpec,
+};
 use crate::engine::{
     Backend, ChatMessage, EngineError, GenerationParams, GenerationRequest, GrammarSpec,
     ModelStatus, SamplingParams,
@@ -47,17 +49,7 @@ pub struct ValidRequest {
     n: usize,
     stream: bool,
     include_usage: bool,
-    tool_calls: Option<ToolParsing>,
     cache_partition: Option<u64>,
-}
-
-/// How a chat reply's tool calls are read: the model's format and the offered tools.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolParsing {
-    /// The markup the model writes calls in.
-    pub format: ToolCallFormat,
-    /// The tools offered (Qwen3-Coder's parser reads parameter types from them).
-    pub tools: Arc<[ToolSpec]>,
 }
 
 impl ValidRequest {
@@ -98,7 +90,7 @@ impl ValidRequest {
 
     /// How to read tool calls from the reply; `None` when no tools are offered.
     pub fn tool_calls(&self) -> Option<&ToolParsing> {
-        self.tool_calls.as_ref()
+        self.params.tool_calls.as_ref()
     }
 
     /// The request for the engine.
@@ -177,7 +169,6 @@ pub async fn completion(
         n,
         stream: req.sampling.stream,
         include_usage: req.sampling.include_usage,
-        tool_calls: None,
         cache_partition: cache_partition(caller, req.sampling.cache_salt.as_deref()),
     })
 }
@@ -263,12 +254,12 @@ pub async fn chat(
         prompt,
         params: GenerationParams {
             grammar,
+            tool_calls,
             ..params(max_tokens, sampling, &req.sampling, logprobs)
         },
         n,
         stream: req.sampling.stream,
         include_usage: req.sampling.include_usage,
-        tool_calls,
         cache_partition: partition,
     })
 }
@@ -410,6 +401,7 @@ fn params(
         ignore_eos: wire.ignore_eos,
         logprobs,
         grammar: None,
+        tool_calls: None,
     }
 }
 

@@ -34,6 +34,11 @@ fn generate_writes_only_the_text_to_stdout() {
         stderr.contains("tok/s"),
         "statistics go to stderr: {stderr}"
     );
+    // The finish reason as the API spells it (issue 24 item 14), not the enum's `Length`.
+    assert!(
+        stderr.contains("| finish_reason length"),
+        "the API's finish_reason: {stderr}"
+    );
 }
 
 #[test]

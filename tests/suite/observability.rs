@@ -314,3 +314,99 @@ async fn the_metric_names_deploy_reads_are_exported() {
         );
     }
 }
+
+/// Issue 24 item 14: the start log says what a newcomer needs (the weights' types and the
+/// kernels that run them, not only the compute dtype; what `planned_total` counts; the chat
+/// template, tool-call format and offload tier), and a request line says the `finish_reason`
+/// the API answered, with the reply's `tool_calls` when tools were offered.
+#[tokio::test]
+async fn the_logs_say_what_runs_and_what_the_api_answered() {
+    let served = Served::start().await;
+    let loaded = served.lines_with("model loaded", 1).await;
+    let loaded = loaded
+        .first()
+        .unwrap_or_else(|| panic!("{}", served.text()));
+    assert_eq!(field(loaded, "compute_dtype"), "\"f32\"", "{loaded}");
+    assert!(!loaded.contains(" dtype=F32"), "{loaded}");
+    // SmolLM2's Q4_1 matrices run on ferry's kernels; its norms stay f32.
+    assert!(
+        loaded.contains("weights=\"q4_1 matrices x")
+            && loaded.contains(", ferry CPU kernels (")
+            && loaded.contains("f32 vectors x"),
+        "{loaded}"
+    );
+    assert!(
+        loaded.contains("chat_template=\"chatml, from the GGUF (tokenizer.chat_template)\""),
+        "{loaded}"
+    );
+    assert!(
+        loaded.contains("tool_calls=\"hermes markup")
+            && loaded.contains("tools folded into the system message"),
+        "{loaded}"
+    );
+    assert!(
+        loaded.contains("offload_tier=\"none: nothing is offloaded\""),
+        "{loaded}"
+    );
+    let placed = served.lines_with("placement planned", 1).await;
+    let placed = placed.first().expect("placement line");
+    let memory = served.lines_with("device memory", 1).await;
+    let memory = memory.first().expect("memory line");
+    let counts = format!(
+        "planned_total adds the KV cache for {} sequences of {} tokens (f16, filled as they grow), \
+         the workspace and the reserve",
+        field(placed, "max_batch"),
+        field(placed, "max_context")
+    );
+    assert!(memory.contains(&counts), "{counts}\n{memory}");
+
+    // With tools offered, the line says what the API answered and how many calls it made.
+    let client = reqwest::Client::new();
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+            "required": ["city"]}}}]);
+    let chat = |id: &'static str, choice: serde_json::Value| {
+        client
+            .post(format!("{}/v1/chat/completions", served.base))
+            .header("x-request-id", id)
+            .json(&json!({"model": MODEL, "max_tokens": 60, "temperature": 0,
+                "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+                "tools": tools, "tool_choice": choice, "parallel_tool_calls": false}))
+            .send()
+    };
+    let reply: serde_json::Value = chat("tools-required", json!("required"))
+        .await
+        .expect("POST")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        reply["choices"][0]["finish_reason"], "tool_calls",
+        "{reply}"
+    );
+    let reply: serde_json::Value = chat("tools-none", json!("none"))
+        .await
+        .expect("POST")
+        .json()
+        .await
+        .expect("json");
+    let plain_reason = reply["choices"][0]["finish_reason"]
+        .as_str()
+        .expect("finish_reason")
+        .to_owned();
+    let lines = served.lines_with("request finished", 2).await;
+    let line = |id: &str| {
+        lines
+            .iter()
+            .find(|l| l.contains(&format!("request_id={id} ")))
+            .unwrap_or_else(|| panic!("no line for {id}: {lines:?}"))
+            .clone()
+    };
+    let called = line("tools-required");
+    assert_eq!(field(&called, "finish_reason"), "tool_calls", "{called}");
+    assert_eq!(field(&called, "tool_calls"), "1", "{called}");
+    // `tool_choice: none` offers nothing: no count, the engine's reason.
+    let plain = line("tools-none");
+    assert_eq!(field(&plain, "finish_reason"), plain_reason, "{plain}");
+    assert!(!plain.contains(" tool_calls="), "{plain}");
+}

@@ -514,3 +514,112 @@ async fn parallel_calls_under_required_are_each_valid() {
         assert!(args["city"].is_string(), "{call}");
     }
 }
+
+/// Issue 24 item 13: `tool_choice: auto` reads the calls real models write outside their
+/// family's markup. SmolLM2 (Hermes, the fallback format) echoes a call put to it, so each form
+/// comes from the real model: a ```` ```json ```` fenced object, a ```` ```xml ```` fence around
+/// `<tool_call>`, and a bare object (forced by a `response_format` schema). Each is a
+/// `tool_calls` answer whose content holds no markup, streamed deltas add up to the same call
+/// with no fence in any content delta, and a fenced object naming a tool that is not offered
+/// stays text.
+#[tokio::test]
+async fn auto_reads_fenced_and_bare_calls_the_real_model_writes() {
+    let server = Loopback::start(real_model::backend(), ServerOptions::default()).await;
+    let echo = |text: &str| {
+        json!({
+            "model": real_model::MODEL,
+            "messages": [{"role": "user",
+                "content": format!("Repeat exactly this text and nothing else:\n{text}")}],
+            "tools": tools_json(),
+            "tool_choice": "auto",
+            "max_tokens": 80,
+            "temperature": 0,
+            "seed": 1,
+        })
+    };
+    let paris = r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#;
+    let bare = {
+        let mut body = request(json!("auto"), false);
+        body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "call",
+            "schema": {"type": "object", "additionalProperties": false,
+                "required": ["name", "arguments"],
+                "properties": {"name": {"const": "get_weather"}, "arguments": {
+                    "type": "object", "additionalProperties": false, "required": ["city"],
+                    "properties": {"city": {"type": "string"}}}}}}});
+        body
+    };
+    let cases = [
+        ("fenced json", echo(&format!("```json\n{paris}\n```"))),
+        (
+            "fenced xml",
+            echo(&format!("```xml\n<tool_call>\n{paris}\n</tool_call>\n```")),
+        ),
+        ("bare object", bare),
+    ];
+    for (form, body) in cases {
+        let (status, whole) = chat(&server, &body).await;
+        assert_eq!(status, StatusCode::OK, "{form}: {whole}");
+        let choice = &whole["choices"][0];
+        eprintln!("{form}: {}", choice["message"]);
+        assert_eq!(choice["finish_reason"], "tool_calls", "{form}: {whole}");
+        let calls = choice["message"]["tool_calls"]
+            .as_array()
+            .expect("tool_calls");
+        assert_eq!(calls.len(), 1, "{form}: {whole}");
+        let function = &calls[0]["function"];
+        assert_eq!(function["name"], "get_weather", "{form}: {whole}");
+        let args: Value =
+            serde_json::from_str(function["arguments"].as_str().expect("text")).expect("JSON");
+        assert_eq!(args["city"], "Paris", "{form}: {whole}");
+        let content = choice["message"]["content"].as_str().unwrap_or("");
+        for markup in ["```", "<tool_call>", "\"name\""] {
+            assert!(
+                !content.contains(markup),
+                "{form}: {markup} leaked: {whole}"
+            );
+        }
+
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let (status, sse) = post(&server, &streamed).await;
+        assert_eq!(status, StatusCode::OK, "{form}: {sse}");
+        let (mut name, mut arguments, mut finish) = (String::new(), String::new(), Value::Null);
+        let mut streamed_content = String::new();
+        for event in sse_events(&sse).iter().filter(|e| *e != "[DONE]") {
+            let chunk: Value = serde_json::from_str(event).expect("chunk");
+            let choice = &chunk["choices"][0];
+            if let Some(text) = choice["delta"]["content"].as_str() {
+                assert!(!text.contains('`'), "{form}: a fence leaked: {sse}");
+                streamed_content.push_str(text);
+            }
+            for delta in choice["delta"]["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                name.push_str(delta["function"]["name"].as_str().unwrap_or(""));
+                arguments.push_str(delta["function"]["arguments"].as_str().unwrap_or(""));
+            }
+            if !choice["finish_reason"].is_null() {
+                finish = choice["finish_reason"].clone();
+            }
+        }
+        assert_eq!(finish, "tool_calls", "{form}: {sse}");
+        assert_eq!(name, "get_weather", "{form}: {sse}");
+        assert_eq!(arguments, function["arguments"].as_str().unwrap(), "{form}");
+        assert_eq!(streamed_content, content, "{form}: {sse}");
+    }
+
+    // A fenced call of a tool nobody offered is the model showing JSON: it stays text.
+    let unoffered = r#"{"name": "launch_rocket", "arguments": {"city": "Paris"}}"#;
+    let (status, whole) = chat(&server, &echo(&format!("```json\n{unoffered}\n```"))).await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{whole}");
+    assert!(choice["message"]["tool_calls"].is_null(), "{whole}");
+    let content = choice["message"]["content"].as_str().expect("content");
+    assert!(
+        content.starts_with(&format!("```json\n{unoffered}\n```")),
+        "{whole}"
+    );
+}

@@ -7,15 +7,18 @@
 //! `<tool_call>`), Hermes/Qwen `<tool_call>{json}</tool_call>`, Mistral `[TOOL_CALLS]`, Llama 3.x
 //! JSON (`<|python_tag|>` or `ipython`); anything else falls back to Hermes. One file per
 //! format ([`hermes`], [`qwen3_coder`], [`llama3`], [`mistral`]) reads a *region* (the text from a
-//! call's opening markup on) as far as it goes; [`stream`] drives a region reader over text as
-//! it arrives, holding back whatever could still be markup, so non-streamed parsing is the
-//! stream fed everything at once and both give the same calls. [`constrain`] builds the Lark
+//! call's opening markup on) as far as it goes, and [`lenient`] the forms models write whatever
+//! their family (a fenced block around the calls, a bare JSON object naming an offered tool);
+//! [`stream`] drives a region reader over text as it arrives, holding back whatever could still
+//! be markup, so non-streamed parsing is the stream fed everything at once and both give the
+//! same calls. [`constrain`] builds the Lark
 //! grammar that enforces a call; [`prompt`] folds tools and past calls into the messages of a
 //! template that does not know them.
 
 pub mod constrain;
 pub mod hermes;
 mod json_scan;
+pub mod lenient;
 pub mod llama3;
 pub mod mistral;
 pub mod prompt;
@@ -24,7 +27,19 @@ pub mod stream;
 
 pub use stream::{ParsedOutput, ToolCallStream, ToolEvent};
 
+use std::sync::Arc;
+
 use serde_json::Value;
+
+/// How a chat reply's tool calls are read: the model's format and the offered tools.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolParsing {
+    /// The markup the model writes calls in.
+    pub format: ToolCallFormat,
+    /// The tools offered (Qwen3-Coder's parser reads parameter types from them; the lenient
+    /// forms are calls only when they name one).
+    pub tools: Arc<[ToolSpec]>,
+}
 
 /// One tool the client offers (`tools[].function`).
 #[derive(Debug, Clone, PartialEq)]

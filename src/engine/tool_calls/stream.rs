@@ -1,6 +1,7 @@
 //! Reads tool calls out of a reply as its text arrives. Text is content until a format's marker
-//! (or, for Llama 3 and Mistral, a `{`/`[` opening the reply); text that could still become a
-//! marker is held back, so markup never reaches the content. Inside a region the format's
+//! (or, for Llama 3 and Mistral, a `{`/`[` opening the reply), a fence (```` ``` ````) or a `{`
+//! at the start of a line (the [`lenient`] forms, which any format reads); text that could still
+//! become a marker is held back, so markup never reaches the content. Inside a region the format's
 //! reader is run over the region so far; each call is announced once its name is complete
 //! ([`ToolEvent::CallStart`], with its index among the reply's calls) and its arguments follow
 //! as fragments that add up to the final text. Whitespace between content and calls is dropped.
@@ -12,8 +13,8 @@
 use std::sync::Arc;
 
 use super::{
-    hermes, llama3, mistral, qwen3_coder, ParsedCall, RegionEnd, RegionScan, ToolCallFormat,
-    ToolSpec,
+    hermes, lenient, llama3, mistral, qwen3_coder, ParsedCall, RegionEnd, RegionScan,
+    ToolCallFormat, ToolSpec,
 };
 
 /// What a piece of the reply turned out to be.
@@ -66,6 +67,17 @@ impl ParsedOutput {
     }
 }
 
+/// What opened the region being read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Opening {
+    /// The format's marker, or its bare `{`/`[` at the start of the reply.
+    Native,
+    /// A fence ([`lenient::fence`]).
+    Fence,
+    /// A `{` at the start of a line ([`lenient::object`]).
+    Object,
+}
+
 /// One reply's tool-call reader.
 #[derive(Debug, Clone)]
 pub struct ToolCallStream {
@@ -74,6 +86,11 @@ pub struct ToolCallStream {
     /// Text not decided yet: a possible marker's start, or the open region.
     pending: String,
     in_region: bool,
+    /// What opened the region, while `in_region`.
+    opening: Opening,
+    /// The decided text ends at the start of a line (only spaces or tabs since the last
+    /// newline, or nothing at all): a `{` there may open a call.
+    line_start: bool,
     /// Whitespace after content, held until it is known not to precede a call.
     ws: String,
     /// The held whitespace when the open region began (content again if it is not a call).
@@ -97,6 +114,8 @@ impl ToolCallStream {
             tools,
             pending: String::new(),
             in_region: false,
+            opening: Opening::Native,
+            line_start: true,
             ws: String::new(),
             ws_before_region: String::new(),
             after_region: false,
@@ -140,10 +159,24 @@ impl ToolCallStream {
 
     fn markers(&self) -> &'static [&'static str] {
         match self.format {
-            ToolCallFormat::Hermes | ToolCallFormat::Qwen3Coder => &[hermes::OPEN],
-            ToolCallFormat::Llama3Json => &[llama3::PYTHON_TAG],
-            ToolCallFormat::Mistral => &[mistral::TOOL_CALLS],
+            ToolCallFormat::Hermes | ToolCallFormat::Qwen3Coder => &[hermes::OPEN, lenient::FENCE],
+            ToolCallFormat::Llama3Json => &[llama3::PYTHON_TAG, lenient::FENCE],
+            ToolCallFormat::Mistral => &[mistral::TOOL_CALLS, lenient::FENCE],
         }
+    }
+
+    /// The first `{` of the pending text that starts a line.
+    fn object_start(&self) -> Option<usize> {
+        let mut line_start = self.line_start;
+        for (i, c) in self.pending.char_indices() {
+            match c {
+                '{' if line_start => return Some(i),
+                '\n' => line_start = true,
+                ' ' | '\t' => {}
+                _ => line_start = false,
+            }
+        }
+        None
     }
 
     /// The character that opens a call when it starts the reply.
@@ -157,11 +190,13 @@ impl ToolCallStream {
 
     fn scan(&self, done: bool) -> RegionScan {
         let region = self.pending.as_str();
-        let scan = match self.format {
-            ToolCallFormat::Hermes => hermes::scan(region),
-            ToolCallFormat::Qwen3Coder => qwen3_coder::scan(region, &self.tools),
-            ToolCallFormat::Llama3Json => llama3::scan(region),
-            ToolCallFormat::Mistral => mistral::scan(region),
+        let scan = match (self.opening, self.format) {
+            (Opening::Fence, format) => lenient::fence(region, format, &self.tools),
+            (Opening::Object, _) => lenient::object(region, &self.tools),
+            (Opening::Native, ToolCallFormat::Hermes) => hermes::scan(region),
+            (Opening::Native, ToolCallFormat::Qwen3Coder) => qwen3_coder::scan(region, &self.tools),
+            (Opening::Native, ToolCallFormat::Llama3Json) => llama3::scan(region),
+            (Opening::Native, ToolCallFormat::Mistral) => mistral::scan(region),
         };
         scan.settle(region.len(), done)
     }
@@ -177,18 +212,23 @@ impl ToolCallStream {
                         self.pending.drain(..n);
                         self.in_region = false;
                         self.after_region = true;
+                        self.line_start = true;
                         self.region_first = self.calls.len();
                     }
                     RegionEnd::NotACall => {
                         // The opening is content; what follows it is read again.
-                        let opening = self
-                            .markers()
-                            .iter()
-                            .find(|m| self.pending.starts_with(**m))
-                            .map_or_else(
-                                || self.pending.chars().next().map_or(0, char::len_utf8),
-                                |m| m.len(),
-                            );
+                        let opening = match self.opening {
+                            Opening::Fence => lenient::FENCE.len(),
+                            Opening::Object => 1,
+                            Opening::Native => self
+                                .markers()
+                                .iter()
+                                .find(|m| self.pending.starts_with(**m))
+                                .map_or_else(
+                                    || self.pending.chars().next().map_or(0, char::len_utf8),
+                                    |m| m.len(),
+                                ),
+                        };
                         let text: String = self.pending.drain(..opening).collect();
                         self.in_region = false;
                         self.at_start = false;
@@ -220,12 +260,22 @@ impl ToolCallStream {
                 .iter()
                 .filter_map(|m| self.pending.find(m))
                 .min();
-            let Some(at) = bare.or(marker) else {
+            let object = self.object_start();
+            let Some(at) = bare.or([marker, object].into_iter().flatten().min()) else {
                 let hold = if done { 0 } else { self.held_back() };
                 let cut = self.pending.len() - hold;
                 let text: String = self.pending.drain(..cut).collect();
                 self.content(&text, out);
                 return;
+            };
+            self.opening = if bare == Some(at) {
+                Opening::Native
+            } else if self.pending[at..].starts_with(lenient::FENCE) {
+                Opening::Fence
+            } else if object == Some(at) {
+                Opening::Object
+            } else {
+                Opening::Native
             };
             let before: String = self.pending.drain(..at).collect();
             self.content(&before, out);
@@ -255,6 +305,11 @@ impl ToolCallStream {
     /// Emits decided content, holding back its trailing whitespace and dropping whitespace
     /// right after a call.
     fn content(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
+        match text.rfind('\n') {
+            Some(i) => self.line_start = text[i + 1..].chars().all(|c| c == ' ' || c == '\t'),
+            None if text.chars().all(|c| c == ' ' || c == '\t') => {}
+            None => self.line_start = false,
+        }
         let text = if self.after_region {
             text.trim_start()
         } else {
@@ -354,6 +409,7 @@ mod tests {
                         "<|python_tag|>",
                         "</tool_call>",
                         "\"name\"",
+                        "```",
                     ] {
                         assert!(!c.contains(m), "markup leaked: {c:?} in {text:?}");
                     }
@@ -389,6 +445,43 @@ mod tests {
             ("I use < and <tool_ca", "I use < and <tool_ca", &[]),
             ("<tool_call>\n{\"name\": \"get_", "<tool_call>\n{\"name\": \"get_", &[]),
             ("é<tool_call>{\"name\":\"x\",\"arguments\":{\"a\":\"ü\"}}</tool_call>ok", "éok", &[call("x", "{\"a\":\"ü\"}")]),
+            // What real models write besides the markup (`lenient`).
+            (
+                "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```",
+                "",
+                &[call("get_weather", "{\"city\": \"Paris\"}")],
+            ),
+            (
+                "Sure.\n```xml\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 2}}\n</tool_call>\n```\nDone.",
+                "Sure.Done.",
+                &[call("get_weather", "{\"days\": 2}")],
+            ),
+            (
+                "```\n{\"name\": \"get_weather\", \"arguments\": {}}\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 1}}\n```",
+                "",
+                &[call("get_weather", "{}"), call("get_weather", "{\"days\": 1}")],
+            ),
+            (
+                "```json\n[{\"name\": \"get_weather\", \"arguments\": {}}]\n```",
+                "",
+                &[call("get_weather", "{}")],
+            ),
+            (
+                "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}",
+                "",
+                &[call("get_weather", "{\"city\": \"Oslo\"}")],
+            ),
+            (
+                "I will look it up.\n  {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n",
+                "I will look it up.",
+                &[call("get_weather", "{\"city\": \"Oslo\"}")],
+            ),
+            // Cut short inside a fenced call.
+            (
+                "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa",
+                "",
+                &[call("get_weather", "{\"city\": \"Pa")],
+            ),
         ];
         for (text, content, calls) in cases {
             let got = parse(Hermes, text);
@@ -488,6 +581,102 @@ mod tests {
                 (got.content.as_str(), got.calls.as_slice()),
                 (*content, *calls),
                 "{text:?}"
+            );
+        }
+    }
+
+    /// Text that only looks like the lenient forms stays content, byte for byte, in every format.
+    #[test]
+    fn lookalikes_of_the_lenient_forms_stay_text() {
+        let texts = [
+            "```json\n{\"name\": \"launch_rocket\", \"arguments\": {}}\n```",
+            "{\"name\": \"launch_rocket\", \"arguments\": {}}",
+            "{\"name\": \"get_weather_report\", \"arguments\": {}}",
+            "{\"city\": \"Paris\", \"name\": \"get_weather\"}",
+            "{\"name\": 3}",
+            "```python\nprint({\"name\": \"get_weather\"})\n```",
+            "Use ``` to fence code, and {braces} inline: {\"name\": \"get_weather\"}.",
+            "fn main() {\n    {\n    }\n}",
+            "```\n```",
+            "Two backticks `` and one `.",
+            "{\"name\": \"get_",
+            "```json\n{\"name\": \"get_weather\"",
+        ];
+        for format in [
+            ToolCallFormat::Hermes,
+            ToolCallFormat::Qwen3Coder,
+            ToolCallFormat::Llama3Json,
+            ToolCallFormat::Mistral,
+        ] {
+            for text in texts {
+                let got = parse(format, text);
+                // Llama 3 reads a reply that opens with a named object as its own call.
+                if format == ToolCallFormat::Llama3Json && text.starts_with("{\"name\": \"") {
+                    continue;
+                }
+                let cut_call = text.ends_with("\"get_weather\"");
+                if cut_call {
+                    assert_eq!(got.calls, [call("get_weather", "")], "{format:?} {text:?}");
+                    continue;
+                }
+                assert_eq!(
+                    (got.content.as_str(), got.calls.as_slice()),
+                    (text, &[][..]),
+                    "{format:?}"
+                );
+            }
+        }
+    }
+
+    /// Every format reads the fenced and bare forms beside its own markup.
+    #[test]
+    fn every_format_reads_fenced_and_bare_calls() {
+        let weather = call("get_weather", "{\"city\": \"Rome\"}");
+        let cases: &[(ToolCallFormat, &str)] = &[
+            (
+                ToolCallFormat::Qwen3Coder,
+                "```xml\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>\n```",
+            ),
+            (
+                ToolCallFormat::Qwen3Coder,
+                "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n```",
+            ),
+            (
+                ToolCallFormat::Qwen3Coder,
+                "Checking.\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}",
+            ),
+            (
+                ToolCallFormat::Llama3Json,
+                "```json\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}\n```",
+            ),
+            (
+                ToolCallFormat::Llama3Json,
+                "Checking.\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}",
+            ),
+            (
+                ToolCallFormat::Mistral,
+                "```json\n[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}]\n```",
+            ),
+            (
+                ToolCallFormat::Mistral,
+                "```\n[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}]\n```",
+            ),
+            (
+                ToolCallFormat::Mistral,
+                "Checking.\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}",
+            ),
+        ];
+        for (format, text) in cases {
+            let got = parse(*format, text);
+            let content = if text.starts_with("Checking.") {
+                "Checking."
+            } else {
+                ""
+            };
+            assert_eq!(
+                (got.content.as_str(), got.calls.as_slice()),
+                (content, std::slice::from_ref(&weather)),
+                "{format:?} {text:?}"
             );
         }
     }

@@ -215,6 +215,38 @@ impl Dot {
     }
 }
 
+/// [`CpuQMatMul::instruction_sets`] of `format`.
+#[cfg(target_arch = "x86_64")]
+fn instruction_sets(format: Format) -> &'static str {
+    let dot = Dot::new(format, Kernel::Auto);
+    // The formats with AMX prompt kernels ([`kquants::amx_tile`], [`amx_panel`]).
+    let amx_format = matches!(
+        format,
+        Format::K(_)
+            | Format::Q4_0
+            | Format::Q8_0
+            | Format::IQ4_NL
+            | Format::IQ4_XS
+            | Format::MXFP4
+    );
+    match (
+        dot.amx.is_some() && amx_format,
+        dot.avx512.is_some(),
+        dot.avx2.is_some(),
+    ) {
+        (true, _, _) => "amx+avx512+avx2",
+        (false, true, _) => "avx512+avx2",
+        (false, false, true) => "avx2",
+        (false, false, false) => "scalar",
+    }
+}
+
+/// [`CpuQMatMul::instruction_sets`] of `format`: the portable kernels.
+#[cfg(not(target_arch = "x86_64"))]
+fn instruction_sets(_format: Format) -> &'static str {
+    "scalar"
+}
+
 /// Below this many block dot products a matmul runs on the calling thread.
 const PARALLEL_MIN_BLOCKS: usize = 4096;
 
@@ -231,6 +263,13 @@ impl CpuQMatMul {
     /// Whether GGUF type `ty` has a kernel here.
     pub fn supports(ty: GgufType) -> bool {
         Format::of(ty).is_some()
+    }
+
+    /// The instruction sets [`Kernel::Auto`] multiplies `ty` with on this CPU, as the start log
+    /// names them: `amx+avx512+avx2` (AMX tiles for prompts), `avx512+avx2`, `avx2` or
+    /// `scalar`; `None` when `ty` has no kernel here.
+    pub fn instruction_sets(ty: GgufType) -> Option<&'static str> {
+        Format::of(ty).map(instruction_sets)
     }
 
     /// Wraps a CPU-resident 2-D candle quantized weight `[out, in]` (an offload slot's view).

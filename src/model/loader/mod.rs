@@ -8,10 +8,11 @@
 //! - [`reader`]: [`WeightReader`], one reader for both formats, and [`read_prefix`], which reads
 //!   the fixed parts plus a prefix of layers: every layer for [`load_model`], the resident ones
 //!   for the offload engine.
+//! - [`summary`]: what the loaded weights are and what multiplies them (the start log).
 //!
-//! On the CPU, GGUF matrices are views of the mapped file; Q4_0 / Q4_1 / Q8_0 / IQ4_NL / IQ4_XS /
-//! MXFP4 go through ferry's own kernels in place, everything else (and every CUDA weight) through
-//! candle's `QMatMul` ([`crate::model::weights::Linear::from_blocks`], [`Linear::quantized`]).
+//! On the CPU, GGUF matrices are views of the mapped file; Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0, the
+//! k-quants, IQ4_NL / IQ4_XS and MXFP4 go through ferry's own kernels in place, everything else
+//! (and every CUDA weight) through candle's `QMatMul` ([`crate::model::weights::Linear::from_blocks`], [`Linear::quantized`]).
 //!
 //! [`Linear::quantized`]: crate::model::weights::Linear::quantized
 //! Setting `FERRY_CPU_QMATMUL=candle` keeps candle's `QMatMul` on the CPU too (for A/B
@@ -20,6 +21,7 @@
 pub mod holding;
 pub mod quantize;
 pub mod reader;
+pub mod summary;
 
 pub use holding::{Holding, Role, TensorKind};
 pub use reader::{read_prefix, WeightReader};

@@ -100,6 +100,24 @@ pub struct ChatTemplate {
     source_len: usize,
 }
 
+/// The turn markup a template's source writes, as the start log names it: `chatml`
+/// (`<|im_start|>`), `llama3` (`<|start_header_id|>`), `harmony` (gpt-oss's `<|channel|>`),
+/// `gemma` (`<start_of_turn>`), `mistral` (`[INST]`), `phi3` (`<|user|>`), else `custom`.
+pub fn markup_family(source: &str) -> &'static str {
+    const FAMILIES: [(&str, &str); 6] = [
+        ("<|im_start|>", "chatml"),
+        ("<|start_header_id|>", "llama3"),
+        ("<|channel|>", "harmony"),
+        ("<start_of_turn>", "gemma"),
+        ("[INST]", "mistral"),
+        ("<|user|>", "phi3"),
+    ];
+    FAMILIES
+        .iter()
+        .find(|(marker, _)| source.contains(marker))
+        .map_or("custom", |(_, family)| family)
+}
+
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ChatTemplate")
@@ -224,6 +242,25 @@ fn describe(err: &Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn real_templates_name_their_markup() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates");
+        let cases = [
+            ("Qwen-Qwen3-0.6B.jinja", "chatml"),
+            ("meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3"),
+            ("openai-gpt-oss-120b.jinja", "harmony"),
+            ("google-gemma-3-it.jinja", "gemma"),
+            ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral"),
+            ("microsoft-Phi-3.5-mini-instruct.jinja", "phi3"),
+        ];
+        for (file, family) in cases {
+            let source = std::fs::read_to_string(dir.join(file)).expect("fixture");
+            assert_eq!(markup_family(&source), family, "{file}");
+        }
+        assert_eq!(markup_family("{{ messages }}"), "custom");
+    }
 
     fn msgs() -> Vec<ChatMessage> {
         vec![

@@ -10,7 +10,9 @@ use axum::Extension;
 use serde_json::{Map, Value};
 
 use super::{respond, usage_of, Collected, ResponseFormatter};
-use crate::engine::tool_calls::{ParsedOutput, ToolCallFormat, ToolCallStream, ToolEvent};
+use crate::engine::tool_calls::{
+    ParsedOutput, ToolCallFormat, ToolCallStream, ToolEvent, ToolParsing,
+};
 use crate::engine::{FinishReason, TokenOutput, Usage};
 use crate::server::auth::Caller;
 use crate::server::error::ApiError;
@@ -23,7 +25,7 @@ use crate::server::openai::chat::{
 use crate::server::openai::common::{new_id, unix_now};
 use crate::server::openai::tools::{FunctionDelta, FunctionWire, ToolCallDelta, ToolCallWire};
 use crate::server::sse::{to_data, ChunkFormatter};
-use crate::server::validate::{self, ToolParsing, ValidRequest};
+use crate::server::validate::{self, ValidRequest};
 use crate::server::AppState;
 
 /// The handler; its response carries the model label for `ferry_requests_total`.
