@@ -346,12 +346,13 @@ def oversized(server, count, megabytes):
 
 
 def metric(server, name):
-    """The value of an unlabelled metric from /metrics (0 when absent)."""
+    """A metric from /metrics summed over its label sets (0 when absent)."""
     _, payload = get(server.port, "/metrics")
+    total = 0.0
     for line in payload.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def first_token_seconds(port, body):
@@ -447,7 +448,15 @@ def long_beside_streams(server, streams):
 
 def mix_request(port, kind, index):
     """One request of the soak mix; True when it was answered as it should be."""
-    unique = f"Request {index} ({kind}) of the soak, seed {index * 7919 % 10007}:"
+    # A distinct preamble of about 200 tokens, so every request leaves blocks in the cache.
+    words = ["river", "stone", "harbor", "lantern", "copper", "meadow", "signal", "orchard",
+             "velvet", "engine", "glacier", "pepper", "summit", "thunder", "window", "ribbon"]
+    state = index * 2654435761 % 2**32
+    preamble = []
+    for _ in range(150):
+        state = (state * 1103515245 + 12345) % 2**31
+        preamble.append(words[state >> 27])
+    unique = f"Request {index} ({kind}): {' '.join(preamble)}."
     if kind == "disconnect":
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         body = {"model": MODEL_NAME, "prompt": unique + " tell a long story", "max_tokens": 64,
@@ -481,8 +490,13 @@ def mix_request(port, kind, index):
                 "name": "answer", "schema": {"type": "object",
                                              "properties": {"city": {"type": "string"}},
                                              "required": ["city"]}}}
-    status, _, _ = post(port, path, dict(body, model=MODEL_NAME), timeout=300)
+    status, _, payload = post(port, path, dict(body, model=MODEL_NAME), timeout=300)
+    if status != 200 and not FIRST_FAILURE:
+        FIRST_FAILURE.append(f"{kind}: {status} {payload[:300]!r}")
     return status == 200
+
+
+FIRST_FAILURE = []
 
 
 REOPEN_PER_S = 200
@@ -630,6 +644,8 @@ def mix(server, clients, seconds):
         f"| {first[1] / 2**20:.0f} | {last[1] / 2**20:.0f} | {max(x[1] for x in samples) / 2**20:.0f} "
         f"| {drift:.1f} | {first[2]:.0f} | {last[2]:.0f} |"
     )
+    if FIRST_FAILURE:
+        print(f"\nfirst failure: {FIRST_FAILURE[0]}")
     return failures == 0
 
 
