@@ -149,6 +149,20 @@ mode = "none"
         return self.process.returncode
 
 
+def sse_data_events(response):
+    """The `data: ` events of a streamed response, each as it arrives (bytes)."""
+    buffer = b""
+    while True:
+        chunk = response.read1(65536)
+        if not chunk:
+            return
+        buffer += chunk
+        while b"\n\n" in buffer:
+            event, buffer = buffer.split(b"\n\n", 1)
+            if event.startswith(b"data: "):
+                yield event
+
+
 def stream_chat(port, prompt, max_tokens):
     """One streamed chat completion: (ok, events, gaps between events in seconds)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
@@ -168,27 +182,18 @@ def stream_chat(port, prompt, max_tokens):
         conn.close()
         return False, 0, []
     gaps, events, last, done = [], 0, None, False
-    buffer = b""
-    while True:
-        chunk = response.read1(65536)
-        if not chunk:
-            break
-        buffer += chunk
-        while b"\n\n" in buffer:
-            event, buffer = buffer.split(b"\n\n", 1)
-            if not event.startswith(b"data: "):
-                continue
-            now = time.monotonic()
-            if last is not None:
-                gaps.append(now - last)
-            last = now
-            if event == b"data: [DONE]":
-                done = True
-            elif b'"error"' in event:
-                conn.close()
-                return False, events, gaps
-            else:
-                events += 1
+    for event in sse_data_events(response):
+        now = time.monotonic()
+        if last is not None:
+            gaps.append(now - last)
+        last = now
+        if event == b"data: [DONE]":
+            done = True
+        elif b'"error"' in event:
+            conn.close()
+            return False, events, gaps
+        else:
+            events += 1
     conn.close()
     return done, events, gaps
 
@@ -395,18 +400,9 @@ def long_beside_streams(server, streams):
                     "ignore_eos": True, "stream": True}
             conn.request("POST", "/v1/completions", json.dumps(body).encode(),
                          {"Content-Type": "application/json"})
-            response = conn.getresponse()
-            buffer = b""
-            while True:
-                chunk = response.read1(65536)
-                if not chunk:
-                    break
-                buffer += chunk
-                while b"\n\n" in buffer:
-                    event, buffer = buffer.split(b"\n\n", 1)
-                    if event.startswith(b"data: "):
-                        with lock:
-                            stamps.append((time.monotonic(), i))
+            for _ in sse_data_events(conn.getresponse()):
+                with lock:
+                    stamps.append((time.monotonic(), i))
             conn.close()
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(streams)]

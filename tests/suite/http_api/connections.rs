@@ -41,6 +41,18 @@ fn stuck_stream_request() -> String {
     )
 }
 
+/// How many of `streams` the server closes within 200 ms each.
+async fn closed_by_the_server(streams: &mut [tokio::net::TcpStream]) -> usize {
+    let mut closed = 0;
+    for stream in streams {
+        let read = tokio::time::timeout(Duration::from_millis(200), read_until_closed(stream));
+        if read.await.is_ok() {
+            closed += 1;
+        }
+    }
+    closed
+}
+
 /// Opens a connection, sends `request`, and returns it once the response head arrived.
 async fn in_flight(server: &Loopback, request: &str) -> (tokio::net::TcpStream, String) {
     let mut stream = server.connect().await;
@@ -120,13 +132,7 @@ async fn cap_plus_ten_idle_connections_leave_health_answering() {
     let reply = reqwest::get(server.url("/health")).await.expect("answered");
     assert_eq!(reply.status(), 200);
     // The oldest idle connections were closed to make room, so no more than the cap are open.
-    let mut closed = 0;
-    for stream in &mut flood {
-        let read = tokio::time::timeout(Duration::from_millis(200), read_until_closed(stream));
-        if read.await.is_ok() {
-            closed += 1;
-        }
-    }
+    let closed = closed_by_the_server(&mut flood).await;
     assert!(
         closed >= 11,
         "only {closed} of the idle connections were closed"
@@ -164,13 +170,7 @@ async fn connections_trickling_their_bodies_make_room_at_the_cap() {
         let reply = reqwest::get(server.url("/health")).await.expect("answered");
         assert_eq!(reply.status(), 200, "probe {probe}");
     }
-    let mut closed = 0;
-    for stream in &mut flood {
-        let read = tokio::time::timeout(Duration::from_millis(200), read_until_closed(stream));
-        if read.await.is_ok() {
-            closed += 1;
-        }
-    }
+    let closed = closed_by_the_server(&mut flood).await;
     assert!(closed >= 4, "only {closed} of the slow bodies were closed");
 }
 
