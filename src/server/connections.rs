@@ -255,18 +255,11 @@ impl Registry {
                 .filter_map(|c| c.eviction_rank().map(|rank| (rank, c)))
                 .min_by_key(|(rank, _)| *rank)
                 .map(|((_, receiving), c)| (receiving, Arc::clone(c)))?;
-            if receiving {
-                tracing::debug!(
-                    connection = victim.id,
-                    "connection limit reached: closing the connection whose request body has \
-                     been arriving longest"
-                );
-            } else {
-                tracing::debug!(
-                    connection = victim.id,
-                    "connection limit reached: closing the longest-idle connection"
-                );
-            }
+            tracing::debug!(
+                connection = victim.id,
+                receiving_a_body = receiving,
+                "connection limit reached: closing the connection idle or receiving a body longest"
+            );
             victim.command(Command::Close);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
