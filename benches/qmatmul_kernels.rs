@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 use clap::Parser;
-use ferry::model::cpu_qmatmul::test_support::random_bytes;
 use ferry::model::cpu_qmatmul::{Blocks, CpuQMatMul, Kernel};
 use ferry::model::header::GgufType;
+use ferry_testkit::random_bytes;
 use half::f16;
 
 /// `cargo bench --bench qmatmul_kernels -- [OPTIONS]`.

@@ -6,7 +6,7 @@
   projects' CRDs by deploy/schemas/vendor_crd_schemas.py; CEL rules are not checked).
 - The pieces agree: selectors match pod labels, ports and probe targets exist, the grace period
   covers ferry's shutdown_timeout, the metric names the HPA and the Endpoint Picker read are ones
-  ferry exports (src/metrics.rs), each kustomization lists exactly its folder's manifests.
+  ferry exports (crates/ferry-metrics/src/lib.rs), each kustomization lists exactly its folder's manifests.
 - The validators can fail: broken copies of the manifests are rejected.
 """
 
@@ -62,9 +62,9 @@ def one(kind, name=None):
 
 
 def exported_metric_names():
-    """The metric names ferry exports, from src/metrics.rs's tables (the `ferry_...` and alias
+    """The metric names ferry exports, from crates/ferry-metrics/src/lib.rs's tables (the `ferry_...` and alias
     names in backticks, labels and suffixes as documented)."""
-    text = (ROOT / "src" / "metrics.rs").read_text()
+    text = (ROOT / "crates" / "ferry-metrics" / "src" / "lib.rs").read_text()
     names = set(re.findall(r"`((?:ferry_|vllm:)[a-z_:]+)", text))
     assert "ferry_requests_waiting" in names and "vllm:kv_cache_usage_perc" in names, names
     return names

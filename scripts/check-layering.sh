@@ -1,72 +1,69 @@
 #!/usr/bin/env bash
-# Layers import downward only. Every `crate::<module>` path in the crate's code (`use crate::...`
-# lines, grouped `use crate::{...}` imports and inline `crate::x::y` paths; comments skipped) is
-# checked against the layers below, lowest first:
+# The layer table, checked where Cargo cannot check it. Each layer is a crate, so Cargo already
+# refuses an import of a crate that is not a declared dependency, and a dependency that closes a
+# cycle (a lower layer naming one that names it) fails the build. What Cargo allows and the
+# layering does not is a dependency sideways or upward that closes no cycle, say ferry-gpu on
+# ferry-metrics, or ferry-engine on ferry-offload. This script reads the workspace's manifests
+# (`cargo metadata --no-deps`, no build) and checks every dependency between ferry's crates
+# against the layers below, lowest first:
 #
-#   0  gpu, config, metrics   primitives, settings, the metrics registry
-#   1  model, cli             a model and its files; the command line's types
-#   2  offload, engine        placement and streaming of weights; generation and batching
-#   3  server                 HTTP, which knows only the engine's Backend trait
-#   4  runtime                glue that builds the engine and hands it to the server
+#   0  ferry-config, ferry-gpu, ferry-metrics   settings, CUDA primitives, the metrics registry
+#   1  ferry-model                              a model, its files and its kernels
+#   2  ferry-offload, ferry-engine              placement and streaming; generation and batching
+#   3  ferry-server                             HTTP, which knows only the engine's Backend trait
+#   4  ferry                                    runtime, CLI and `main`: builds it all
 #
-# A file in a layer may import its own layer and the layers of a lower number only (main.rs and
-# lib.rs are outside the layers). Usage: scripts/check-layering.sh [SRC_DIR] (default: src).
-# Prints every forbidden import as FILE:LINE and exits 1 when there is one.
+# A crate may depend on crates of a lower layer only. ferry-testkit (helpers for tests) may only
+# be a dev-dependency; a dev-dependency otherwise follows the same rule. A workspace crate missing
+# from the table is an error too, so a new crate has to be placed.
+#
+# Usage: scripts/check-layering.sh [WORKSPACE_DIR] (default: the repository root). Prints every
+# offending dependency and exits 1 when there is one.
 set -euo pipefail
-src="${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/src}"
-[[ -d "$src" ]] || { echo "check-layering: no directory $src" >&2; exit 2; }
+root="${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+[[ -f "$root/Cargo.toml" ]] || { echo "check-layering: no Cargo.toml in $root" >&2; exit 2; }
 
-if find "$src" -name '*.rs' -print0 | sort -z | xargs -0 perl -e '
+metadata="$(cargo metadata --format-version 1 --no-deps --offline --manifest-path "$root/Cargo.toml")"
+
+if printf '%s' "$metadata" | perl -MJSON::PP -e '
 use strict;
 use warnings;
-my %rank = (gpu => 0, config => 0, metrics => 0, model => 1, cli => 1,
-            offload => 2, engine => 2, server => 3, runtime => 4);
-my ($src, @files) = @ARGV;
-$src =~ s{/+$}{};
+my %rank = ("ferry-config" => 0, "ferry-gpu" => 0, "ferry-metrics" => 0,
+            "ferry-model" => 1, "ferry-offload" => 2, "ferry-engine" => 2,
+            "ferry-server" => 3, "ferry" => 4);
+my %dev_only = ("ferry-testkit" => 1);
+my $meta = JSON::PP->new->decode(do { local $/; <STDIN> });
+my %members = map { $_ => 1 } @{ $meta->{workspace_members} };
 my $bad = 0;
-for my $file (@files) {
-    my $rel = substr($file, length($src) + 1);
-    # The layer is the first path segment: src/model/spec.rs, src/model.rs and its tests in
-    # src/model_tests.rs are all `model`.
-    my ($layer) = $rel =~ m{^([a-z_]+?)(?:_tests)?(?:/|\.rs$)};
-    next unless defined $layer && exists $rank{$layer};
-    open(my $fh, "<", $file) or die "check-layering: $file: $!\n";
-    my $code = do { local $/; <$fh> };
-    close($fh);
-    $code =~ s{//[^\n]*}{}g;    # comments, doc comments included
-    # Every imported module with the offset it is named at.
-    my @uses;
-    while ($code =~ m{\bcrate::(\{(?:[^{}]++|(?1))*\}|[a-z_]+)}g) {
-        my ($what, $at) = ($1, $-[1]);
-        if ($what !~ /^\{/) {
-            push @uses, [$what, $at];
+for my $pkg (sort { $a->{name} cmp $b->{name} } @{ $meta->{packages} }) {
+    next unless $members{ $pkg->{id} };
+    my $name = $pkg->{name};
+    if (!exists $rank{$name} && !$dev_only{$name}) {
+        print STDERR "$name: not in the layer table (scripts/check-layering.sh)\n";
+        $bad = 1;
+        next;
+    }
+    for my $dep (@{ $pkg->{dependencies} }) {
+        my $target = $dep->{name};
+        next unless exists $rank{$target} || $dev_only{$target};
+        my $kind = $dep->{kind} // "normal";
+        if ($dev_only{$target}) {
+            next if $kind eq "dev";
+            print STDERR "$name depends on $target ($kind): $target is for tests only,",
+                " a dev-dependency\n";
+            $bad = 1;
             next;
         }
-        # A group: the first segment of each item at depth one.
-        my ($depth, $start) = (0, 1);
-        for my $i (0 .. length($what) - 1) {
-            my $c = substr($what, $i, 1);
-            $depth++ if $c eq "{";
-            $depth-- if $c eq "}";
-            if ($depth == 1 && ($c eq "{" || $c eq ",")) {
-                my $rest = substr($what, $i + 1);
-                push @uses, [$1, $at + $i + 1 + $-[1]] if $rest =~ /^\s*([a-z_]+)/;
-            }
-        }
-    }
-    for my $use (@uses) {
-        my ($target, $at) = @$use;
-        next if $target eq $layer || !exists $rank{$target};
-        next if $rank{$target} < $rank{$layer};
-        my $line = 1 + (substr($code, 0, $at) =~ tr/\n//);
-        print STDERR "$rel:$line: $layer (layer $rank{$layer}) imports crate::$target",
-            " (layer $rank{$target}): layers import downward only\n";
+        next if $dev_only{$name};
+        next if $rank{$target} < $rank{$name};
+        print STDERR "$name (layer $rank{$name}) depends on $target (layer $rank{$target}):",
+            " crates depend on lower layers only\n";
         $bad = 1;
     }
 }
 exit $bad;
-' "$src"; then
-  echo "check-layering: every import runs downward"
+'; then
+  echo "check-layering: every dependency runs downward"
 else
   exit 1
 fi

@@ -2,7 +2,7 @@
 """Writes tests/fixtures/iq-quants/blocks.json: random raw blocks of IQ4_NL, IQ4_XS and MXFP4
 with their values as dequantized by the `gguf` package (llama.cpp's own Python reference,
 `gguf.quants.dequantize`), the independent oracle ferry's decoders and CPU kernels for these
-types are tested against (src/model/cpu_qmatmul/iq_tests.rs).
+types are tested against (crates/ferry-model/src/cpu_qmatmul/iq_tests.rs).
 
 Each case is a small `[rows, cols]` matrix: `blocks` is its raw GGUF bytes (hex), `values` its
 row-major f32 values (hex of the little-endian f32 bytes, so they round-trip exactly). The

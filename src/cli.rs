@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use clap::{Arg, ArgAction, ArgMatches, Args, FromArgMatches, Parser, Subcommand};
 
-use crate::config::settings::{Scope, Setting, SETTINGS};
-use crate::config::Overrides;
+use ferry_config::settings::{Scope, Setting, SETTINGS};
+use ferry_config::Overrides;
 
 /// ferry: serve large language models on small GPUs (OpenAI-compatible API).
 #[derive(Debug, Parser)]
@@ -73,7 +73,7 @@ impl<S: FlagSet> SettingFlags<S> {
 
     /// The value given for the setting named `name`, if any.
     pub fn value(&self, name: &str) -> Option<&str> {
-        crate::config::settings::find(name).and_then(|s| self.overrides.get(s))
+        ferry_config::settings::find(name).and_then(|s| self.overrides.get(s))
     }
 }
 

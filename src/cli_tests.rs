@@ -2,10 +2,10 @@
 //! its flag, its `FERRY_*` variable and its config key, each with the right origin.
 
 use super::*;
-use crate::config::raw::RawConfig;
-use crate::config::settings::{Scope, SOURCE};
-use crate::config::values::Shown;
-use crate::config::{Origin, Resolved};
+use ferry_config::raw::RawConfig;
+use ferry_config::settings::{Scope, SOURCE};
+use ferry_config::values::Shown;
+use ferry_config::{Origin, Resolved};
 
 #[test]
 fn serve_flags_become_overrides() {

@@ -114,7 +114,7 @@ def plan(binary, config_path, log_path=None, timeout=120):
 
 def budget_for_resident(none_plan, k, prefetch):
     """The ``gpu_memory`` bytes with which mode ``auto`` keeps exactly layers 0..k resident,
-    from a mode-``none`` plan of the same config (see src/offload/plan.rs for the formula)."""
+    from a mode-``none`` plan of the same config (see crates/ferry-offload/src/plan.rs for the formula)."""
     layers = [layer["bytes"] for layer in none_plan["layers"]]
     base = none_plan["device_bytes"] - sum(layers)
     streamed = layers[k:]

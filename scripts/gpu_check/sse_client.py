@@ -1,7 +1,7 @@
 """A stdlib client for ferry's OpenAI completions endpoint that timestamps every streamed token.
 
 ``stream_completion`` sends ``stream: true`` with ``logprobs: 0``, which makes ferry emit one SSE
-chunk per generated token (text-less tokens included, see src/server/handlers/completions.rs),
+chunk per generated token (text-less tokens included, see crates/ferry-server/src/handlers/completions.rs),
 and records ``time.perf_counter()`` when each token chunk arrives. ``decode_rate`` turns one
 stream into tokens/s, ``aggregate_rate`` several concurrent streams.
 """

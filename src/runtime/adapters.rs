@@ -9,15 +9,15 @@
 
 use std::sync::{Arc, OnceLock};
 
-use crate::engine::tool_calls::ToolSupport;
-use crate::engine::traits::{LanguageModel, TextCodec};
-use crate::engine::{ChatMessage, EngineError, EngineResult, GrammarCompiler};
-use crate::model::decoder::{Model, ResidentLayers, SeqInput};
-use crate::model::kv_cache::{KvCache, KvSpan};
-use crate::model::tokenizer::TextTokenizer;
-use crate::model::weights::LayerWeights;
-use crate::model::ModelError;
-use crate::offload::{
+use ferry_engine::tool_calls::ToolSupport;
+use ferry_engine::traits::{LanguageModel, TextCodec};
+use ferry_engine::{ChatMessage, EngineError, EngineResult, GrammarCompiler};
+use ferry_model::decoder::{Model, ResidentLayers, SeqInput};
+use ferry_model::kv_cache::{KvCache, KvSpan};
+use ferry_model::tokenizer::TextTokenizer;
+use ferry_model::weights::LayerWeights;
+use ferry_model::ModelError;
+use ferry_offload::{
     Accounting, AccountingSnapshot, Lease, OffloadError, SwapClient, SwapManager, WeightStore,
 };
 
@@ -132,14 +132,14 @@ impl ModelRunner {
     /// the runner stays usable (the streamer resynchronises on the next step).
     fn step_error(&self, err: ModelError) -> EngineError {
         let text = err.to_string();
-        if !crate::gpu::is_out_of_memory(&text) {
+        if !ferry_gpu::is_out_of_memory(&text) {
             return internal(err);
         }
         let held = self.layers.accounting().snapshot();
-        let driver = crate::gpu::memory_info(self.model.device()).ok();
+        let driver = ferry_gpu::memory_info(self.model.device()).ok();
         tracing::error!(
             error = %text,
-            device = %crate::gpu::describe(self.model.device()),
+            device = %ferry_gpu::describe(self.model.device()),
             held_weights_mib = held.weights >> 20,
             held_slots_mib = held.slots >> 20,
             kv_peak_mib = held.kv_peak >> 20,
@@ -224,7 +224,7 @@ impl LanguageModel for ModelRunner {
             // step that grew a KV cache frees its old buffers, in the allocator's heaps, which
             // glibc keeps; give them back (a few ms, on steps that are rare or long) so the
             // resident set stays the model plus its KV caches.
-            crate::server::limits::release_freed_memory();
+            ferry_server::limits::release_freed_memory();
         }
         logits
     }
@@ -260,7 +260,7 @@ impl LanguageModel for ModelRunner {
     }
 
     fn kv_reserve(&self, len: usize) -> usize {
-        crate::model::kv_cache::capacity_bound(len, self.max_context)
+        ferry_model::kv_cache::capacity_bound(len, self.max_context)
     }
 
     fn max_context(&self) -> usize {

@@ -9,14 +9,13 @@ use candle_core::Device;
 
 use super::planning::cpu_free_bytes;
 use super::RuntimeError;
-use crate::config::DeviceChoice;
-use crate::gpu;
+use ferry_config::DeviceChoice;
 
 /// The candle device for `choice`.
 pub fn select_device(choice: DeviceChoice) -> Result<Device, RuntimeError> {
     match choice {
         DeviceChoice::Cpu => Ok(Device::Cpu),
-        DeviceChoice::Auto if gpu::device_count() > 0 => open_cuda(0),
+        DeviceChoice::Auto if ferry_gpu::device_count() > 0 => open_cuda(0),
         DeviceChoice::Auto => Ok(Device::Cpu),
         DeviceChoice::Cuda(index) => open_cuda(index),
     }
@@ -24,8 +23,8 @@ pub fn select_device(choice: DeviceChoice) -> Result<Device, RuntimeError> {
 
 fn open_cuda(index: usize) -> Result<Device, RuntimeError> {
     let device =
-        gpu::open(index).map_err(|e| RuntimeError::Device(format!("cuda:{index}: {e}")))?;
-    if let Ok(mem) = gpu::memory_info(&device) {
+        ferry_gpu::open(index).map_err(|e| RuntimeError::Device(format!("cuda:{index}: {e}")))?;
+    if let Ok(mem) = ferry_gpu::memory_info(&device) {
         tracing::info!(
             device = %describe(&device),
             free_mib = mem.free >> 20,
@@ -38,13 +37,13 @@ fn open_cuda(index: usize) -> Result<Device, RuntimeError> {
 
 /// A short human name for logs ("cpu", "cuda:0").
 pub fn describe(device: &Device) -> String {
-    gpu::describe(device)
+    ferry_gpu::describe(device)
 }
 
 /// Bytes free on `device` right now: the driver's figure on CUDA, `MemAvailable` on the CPU.
 pub fn free_bytes(device: &Device) -> Result<u64, RuntimeError> {
     if device.is_cuda() {
-        return gpu::memory_info(device).map(|m| m.free).map_err(|e| {
+        return ferry_gpu::memory_info(device).map(|m| m.free).map_err(|e| {
             RuntimeError::Device(format!("free memory of {}: {e}", describe(device)))
         });
     }
@@ -62,7 +61,7 @@ mod tests {
 
     #[test]
     fn auto_gives_the_cpu_without_a_cuda_device() {
-        if gpu::device_count() == 0 {
+        if ferry_gpu::device_count() == 0 {
             assert!(matches!(select_device(DeviceChoice::Auto), Ok(Device::Cpu)));
         }
     }

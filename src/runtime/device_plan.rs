@@ -19,14 +19,14 @@ use super::planning::{open_checkpoint, plan_checkpoint};
 use super::swap::{pool_plan, swap_manager, PoolPlan};
 use super::tiers::tier_report;
 use super::RuntimeError;
-use crate::config::{Config, DtypeChoice, MemoryBudget, ModelConfig, OffloadMode};
-use crate::model::checkpoint::Checkpoint;
-use crate::model::source::HubOptions;
-use crate::offload::plan::{resolve_budget, Plan};
-use crate::offload::render::{plan_json, render_text};
-use crate::offload::tier_report::TierReport;
-use crate::offload::units::format_bytes;
-use crate::offload::SwapManager;
+use ferry_config::{Config, DtypeChoice, MemoryBudget, ModelConfig, OffloadMode};
+use ferry_model::checkpoint::Checkpoint;
+use ferry_model::source::HubOptions;
+use ferry_offload::plan::{resolve_budget, Plan};
+use ferry_offload::render::{plan_json, render_text};
+use ferry_offload::tier_report::TierReport;
+use ferry_offload::units::format_bytes;
+use ferry_offload::SwapManager;
 
 /// What `serve` needs before it loads anything: the plan `ferry plan` shows, the checkpoints it
 /// was made from (one per model, in order: loading reuses them, so each header is parsed once),

@@ -14,18 +14,18 @@ pub enum RuntimeError {
         /// The served model name.
         name: String,
         /// What went wrong.
-        source: crate::model::ModelError,
+        source: ferry_model::ModelError,
     },
     /// Sizing or placing the model failed (including "does not fit" with advice).
     #[error(transparent)]
-    Plan(#[from] crate::offload::PlanError),
+    Plan(#[from] ferry_offload::PlanError),
     /// Loading the model as placed, or starting its streaming, failed.
     #[error("model `{name}`: {source}")]
     Offload {
         /// The served model name.
         name: String,
         /// What went wrong.
-        source: crate::offload::OffloadError,
+        source: ferry_offload::OffloadError,
     },
     /// The configured models cannot be placed on the device: one does not fit its budget, or
     /// they do not fit together (the message names the model and says what to change).
@@ -45,7 +45,7 @@ pub enum RuntimeError {
         /// The served model name.
         name: String,
         /// What went wrong.
-        source: crate::engine::EngineError,
+        source: ferry_engine::EngineError,
     },
     /// Every configured model failed to load, so nothing can be served.
     #[error("no model could be loaded: {0}")]

@@ -15,16 +15,16 @@ use super::device::free_bytes;
 use super::load_report::log_loaded;
 use super::planning::{open_checkpoint, plan_checkpoint};
 use super::RuntimeError;
-use crate::config::{DeviceConfig, ModelConfig, OffloadMode};
-use crate::model::checkpoint::Checkpoint;
-use crate::model::loader::{LoadOptions, LoadProgress};
-use crate::model::source::{HubOptions, ModelFiles};
-use crate::model::tokenizer::{TemplateOrigin, TextTokenizer};
-use crate::model::ModelError;
-use crate::offload::cost::{CostModel, Tier};
-use crate::offload::plan::{mode_name, Plan};
-use crate::offload::store::LayerTiers;
-use crate::offload::{load_parked, load_placed, Accounting, StreamConfig, SwapConfig, SwapManager};
+use ferry_config::{DeviceConfig, ModelConfig, OffloadMode};
+use ferry_model::checkpoint::Checkpoint;
+use ferry_model::loader::{LoadOptions, LoadProgress};
+use ferry_model::source::{HubOptions, ModelFiles};
+use ferry_model::tokenizer::{TemplateOrigin, TextTokenizer};
+use ferry_model::ModelError;
+use ferry_offload::cost::{CostModel, Tier};
+use ferry_offload::plan::{mode_name, Plan};
+use ferry_offload::store::LayerTiers;
+use ferry_offload::{load_parked, load_placed, Accounting, StreamConfig, SwapConfig, SwapManager};
 
 /// A model ready to hand to the engine.
 pub struct LoadedForServing {
@@ -91,7 +91,7 @@ pub fn load_for_serving_shared(
 pub fn release_after_load(checkpoint: Checkpoint) {
     let release = move || {
         drop(checkpoint);
-        crate::server::limits::release_freed_memory();
+        ferry_server::limits::release_freed_memory();
     };
     if let Err(err) = std::thread::Builder::new()
         .name("ferry-release".into())
@@ -120,7 +120,7 @@ pub fn load_planned(
         source,
     };
     if config.verify_weights {
-        crate::model::verify::verify_weights(checkpoint).map_err(wrap)?;
+        ferry_model::verify::verify_weights(checkpoint).map_err(wrap)?;
         tracing::info!(
             model = %config.name,
             seconds = format!("{:.2}", started.elapsed().as_secs_f64()),

@@ -10,17 +10,17 @@ use std::time::Instant;
 use candle_core::Device;
 
 use super::adapters::ModelRunner;
-use crate::config::{ModelConfig, OffloadMode};
-use crate::engine::tool_calls::ToolSupport;
-use crate::model::checkpoint::Checkpoint;
-use crate::model::loader::summary::weight_groups;
-use crate::model::loader::{Holding, LoadOptions};
-use crate::model::source::ModelFiles;
-use crate::model::tokenizer::chat_template::markup_family;
-use crate::model::tokenizer::TextTokenizer;
-use crate::offload::cost::Tier;
-use crate::offload::plan::Plan;
-use crate::offload::units::format_bytes;
+use ferry_config::{ModelConfig, OffloadMode};
+use ferry_engine::tool_calls::ToolSupport;
+use ferry_model::checkpoint::Checkpoint;
+use ferry_model::loader::summary::weight_groups;
+use ferry_model::loader::{Holding, LoadOptions};
+use ferry_model::source::ModelFiles;
+use ferry_model::tokenizer::chat_template::markup_family;
+use ferry_model::tokenizer::TextTokenizer;
+use ferry_offload::cost::Tier;
+use ferry_offload::plan::Plan;
+use ferry_offload::units::format_bytes;
 
 /// Logs the line for `runner`, loaded from `checkpoint` as `plan` placed it, with `tokenizer`.
 pub fn log_loaded(
@@ -43,7 +43,7 @@ pub fn log_loaded(
         layers = spec.n_layers,
         hidden = spec.hidden_size,
         vocab = spec.vocab_size,
-        context = crate::engine::traits::LanguageModel::max_context(runner),
+        context = ferry_engine::traits::LanguageModel::max_context(runner),
         compute_dtype = runner.model().dtype().as_str(),
         weights = weights.as_str(),
         chat_template = chat_template.as_str(),

@@ -1,4 +1,4 @@
-//! Runtime glue: turns a resolved [`crate::config::Config`] into running engine threads.
+//! Runtime glue: turns a resolved [`ferry_config::Config`] into running engine threads.
 //!
 //! - [`device`]: the configured device choice -> a candle `Device`.
 //! - [`adapters`]: the real model and tokenizer behind the engine's `LanguageModel` and

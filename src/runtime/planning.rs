@@ -1,6 +1,6 @@
 //! `ferry plan`: sizes a configured model from its file headers (no weights are read) and runs
 //! the pure placement planner against the device budget, with the KV cache fitted to it
-//! ([`crate::offload::fit`]: unset `max_context` / `max_batch` are chosen, and logged when
+//! ([`ferry_offload::fit`]: unset `max_context` / `max_batch` are chosen, and logged when
 //! lowered). Loading plans the same way from the checkpoint it then loads ([`plan_checkpoint`]),
 //! so the plan `ferry plan` prints is the one `ferry serve` follows.
 
@@ -9,25 +9,25 @@ use std::collections::BTreeMap;
 use candle_core::Device;
 
 use super::RuntimeError;
-use crate::config::{DeviceConfig, DtypeChoice, ModelConfig};
-use crate::model::checkpoint::Checkpoint;
-use crate::model::header::GgufType;
-use crate::model::kv_cache::kv_dtype_for;
-use crate::model::loader::{Holding, LoadOptions};
-use crate::model::source::{self, HubOptions, ModelSource};
-use crate::model::tensors::StoredType;
-use crate::model::ModelError;
-use crate::offload::experts_plan::ExpertInput;
-use crate::offload::fit::{fit, CacheRequest};
-use crate::offload::layout::SlotKind;
-use crate::offload::plan::{
+use ferry_config::{DeviceConfig, DtypeChoice, ModelConfig};
+use ferry_model::checkpoint::Checkpoint;
+use ferry_model::header::GgufType;
+use ferry_model::kv_cache::kv_dtype_for;
+use ferry_model::loader::{Holding, LoadOptions};
+use ferry_model::source::{self, HubOptions, ModelSource};
+use ferry_model::tensors::StoredType;
+use ferry_model::ModelError;
+use ferry_offload::experts_plan::ExpertInput;
+use ferry_offload::fit::{fit, CacheRequest};
+use ferry_offload::layout::SlotKind;
+use ferry_offload::plan::{
     resolve_budget, Origin, Plan, PlanInput, DEFAULT_CPU_RESERVE_BYTES, DEFAULT_CUDA_RESERVE_BYTES,
     DEFAULT_LINK_BANDWIDTH,
 };
-use crate::offload::sizing::{
+use ferry_offload::sizing::{
     kv_bytes_per_token_per_layer, workspace_bytes, ModelSizes, WorkspaceInput,
 };
-use crate::offload::units::format_bytes;
+use ferry_offload::units::format_bytes;
 
 /// The placement plan of `model` on `device`, whose free memory is `free_bytes`: resolves the
 /// source, opens the checkpoint and plans it ([`plan_checkpoint`]).

@@ -6,7 +6,7 @@
 //! Layering: `runtime` and `server` are both at the top. `server` knows only the engine's
 //! `Backend` trait; this module builds the real engine from the configuration (device, mode
 //! `model`'s residency manager, one loading thread per model, the metrics publisher) and hands
-//! it to [`crate::server::run`].
+//! it to [`ferry_server::run`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,19 +16,20 @@ use tokio::net::TcpListener;
 use super::device::{describe, select_device};
 use super::device_plan::prepare_serving;
 use super::load::{load_planned, release_after_load};
+use super::swap::SwapResidency;
 use super::telemetry::Telemetry;
 use super::RuntimeError;
-use crate::config::{Config, ServerConfig};
-use crate::engine::traits::TextCodec;
-use crate::engine::worker::{
+use ferry_config::{Config, ServerConfig};
+use ferry_engine::traits::TextCodec;
+use ferry_engine::worker::{
     EngineHandle, EngineOptions, DEFAULT_MAX_BATCH, DEFAULT_MAX_STEP_TOKENS, DEFAULT_PREFILL_CHUNK,
     DEFAULT_STEP_TIME,
 };
-use crate::engine::{Backend, EngineError, PrefixCacheOptions};
-use crate::metrics::Metrics;
-use crate::model::source::HubOptions;
-use crate::server::options::default_allowed_hosts;
-use crate::server::{self, ServeReport, ServerOptions, ShutdownSignal};
+use ferry_engine::{Backend, EngineError, PrefixCacheOptions};
+use ferry_metrics::Metrics;
+use ferry_model::source::HubOptions;
+use ferry_server::options::default_allowed_hosts;
+use ferry_server::{ServeReport, ServerOptions, ShutdownSignal};
 
 /// How often offload accounting and residency are published into the metrics.
 const TELEMETRY_INTERVAL: Duration = Duration::from_millis(500);
@@ -138,7 +139,7 @@ pub fn engine_options(config: &Config, metrics: Metrics) -> EngineOptions {
 }
 
 /// Serves `config`'s models on `listener` until `shutdown` stops the server (see
-/// [`crate::server::listen`] for the stop sequence). Models load in the background while
+/// [`ferry_server::listen`] for the stop sequence). Models load in the background while
 /// `/health` answers 503. Fails when no configured model could be loaded, or when the device
 /// or the residency manager cannot be set up.
 pub async fn serve(
@@ -177,7 +178,7 @@ pub async fn serve(
 
     // Mode `model`: one residency manager shared by every swapped model.
     if let Some(swap) = &swap {
-        engine.set_residency(swap.clone());
+        engine.set_residency(Arc::new(SwapResidency(swap.clone())));
     }
     let telemetry = Telemetry::new(metrics, swap.clone());
 
@@ -230,7 +231,7 @@ pub async fn serve(
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
     tracing::info!(
         device = describe(&device),
-        cuda_build = crate::gpu::BUILT_WITH_CUDA,
+        cuda_build = ferry_gpu::BUILT_WITH_CUDA,
         models = ?names,
         "listening on http://{address} (OpenAI API under /v1; /health turns 200 when loaded)"
     );
@@ -265,7 +266,7 @@ pub async fn serve(
     let options = server_options(&config, api_keys);
     let backend = Arc::new(engine) as Arc<dyn Backend>;
     let outcome = tokio::select! {
-        served = server::run(backend, options, listener, shutdown) => {
+        served = ferry_server::run(backend, options, listener, shutdown) => {
             served.map_err(RuntimeError::Serve)
         }
         // Nothing can be served: stop (every request so far got 503, none is in flight).
@@ -278,7 +279,7 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{DeviceConfig, ModelConfig};
+    use ferry_config::{DeviceConfig, ModelConfig};
 
     fn config() -> Config {
         Config {
@@ -293,7 +294,7 @@ mod tests {
         let engine = engine_options(&config(), Metrics::new());
         let library = EngineOptions::default();
         assert_eq!(
-            crate::offload::fit::DEFAULT_MAX_BATCH,
+            ferry_offload::fit::DEFAULT_MAX_BATCH,
             library.max_batch,
             "an unset max_batch that fits is the engine's default"
         );

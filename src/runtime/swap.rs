@@ -14,11 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::RuntimeError;
-use crate::config::{DeviceConfig, OffloadMode};
-use crate::engine::Residency;
-use crate::offload::plan::Plan;
-use crate::offload::units::format_bytes;
-use crate::offload::{OffloadError, SwapConfig, SwapManager};
+use ferry_config::{DeviceConfig, OffloadMode};
+use ferry_engine::Residency;
+use ferry_offload::plan::Plan;
+use ferry_offload::units::format_bytes;
+use ferry_offload::{OffloadError, SwapConfig, SwapManager};
 
 /// How long a request waits for device room held by other models' running requests before it
 /// fails with `Overloaded`.
@@ -125,16 +125,21 @@ pub fn swap_manager(
     })
 }
 
-impl Residency for SwapManager {
+/// The swap manager as the engine's residency probe (where `GET /v1/models` finds a swapped
+/// model): a wrapper, since the probe's trait lives in `ferry-engine` and the manager in
+/// `ferry-offload`, two crates that do not know each other.
+pub struct SwapResidency(pub Arc<SwapManager>);
+
+impl Residency for SwapResidency {
     fn location(&self, model: &str) -> Option<String> {
-        SwapManager::location(self, model).map(|l| l.as_str().to_string())
+        self.0.location(model).map(|l| l.as_str().to_string())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::offload::plan::{plan, PlanInput};
+    use ferry_offload::plan::{plan, PlanInput};
 
     const MIB: u64 = 1 << 20;
 

@@ -14,8 +14,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::metrics::{MemoryKind, Metrics};
-use crate::offload::{Accounting, Location, SwapManager, Tier};
+use ferry_metrics::{MemoryKind, Metrics};
+use ferry_offload::{Accounting, Location, SwapManager, Tier};
 
 /// How often a busy server logs its throughput.
 pub const THROUGHPUT_EVERY: Duration = Duration::from_secs(10);
@@ -250,8 +250,8 @@ mod tests {
 
     #[test]
     fn accounting_reaches_the_metrics_and_counters_advance_by_deltas() {
-        use crate::config::OffloadMode;
-        use crate::offload::{plan, PlanInput};
+        use ferry_config::OffloadMode;
+        use ferry_offload::{plan, PlanInput};
         let plan = plan(&PlanInput::new(
             OffloadMode::Sequential,
             vec![100; 4],
@@ -363,9 +363,9 @@ mod tests {
         );
     }
 
-    fn sequential_plan() -> crate::offload::Plan {
-        use crate::config::OffloadMode;
-        use crate::offload::{plan, PlanInput};
+    fn sequential_plan() -> ferry_offload::Plan {
+        use ferry_config::OffloadMode;
+        use ferry_offload::{plan, PlanInput};
         plan(&PlanInput::new(
             OffloadMode::Sequential,
             vec![100; 4],
@@ -439,7 +439,7 @@ mod tests {
         let telemetry = Telemetry::new(metrics.clone(), None);
         metrics.add_generated_tokens(25);
         let start = Instant::now();
-        let ((), text) = crate::metrics::log_capture::capture_logs(|| {
+        let ((), text) = ferry_testkit::capture_logs(|| {
             assert!(telemetry.log_throughput(start).is_none(), "not due yet");
             telemetry
                 .log_throughput(start + THROUGHPUT_EVERY)

@@ -1,8 +1,8 @@
 //! The tier cost model of a planned model, made at start-up: when the plan offloads decoder
 //! layers (modes `auto` and `sequential`), one offloaded layer's slab layout names the unit
-//! kinds and the weight type, a short calibration ([`crate::offload::calibrate`]) measures the
+//! kinds and the weight type, a short calibration ([`ferry_offload::calibrate`]) measures the
 //! rates the configuration leaves unset, or reads them from the user's calibration cache
-//! ([`crate::offload::calibrate_cache`]) after the first start (logged at info, once), and
+//! ([`ferry_offload::calibrate_cache`]) after the first start (logged at info, once), and
 //! the [`TierReport`] holds the cost model with its decisions: `ferry plan` prints them, `serve` computes them once before
 //! loading (as part of [`super::device_plan::DevicePlan`]). On a CUDA device the decisions
 //! are `stream` (no host tier there yet).
@@ -10,17 +10,15 @@
 use candle_core::Device;
 
 use super::RuntimeError;
-use crate::config::{DeviceConfig, ModelConfig, OffloadMode};
-use crate::model::checkpoint::Checkpoint;
-use crate::model::loader::{Holding, LoadOptions};
-use crate::offload::calibrate::{
-    calibrate, calibrate_cached, CachePolicy, CalibrationInput, Probe,
-};
-use crate::offload::calibrate_cache::CalibrationCache;
-use crate::offload::cost::Tier;
-use crate::offload::layout::LayerLayout;
-use crate::offload::plan::{Home, Plan};
-use crate::offload::tier_report::{unit_kinds, weight_type, Offloaded, TierReport};
+use ferry_config::{DeviceConfig, ModelConfig, OffloadMode};
+use ferry_model::checkpoint::Checkpoint;
+use ferry_model::loader::{Holding, LoadOptions};
+use ferry_offload::calibrate::{calibrate, calibrate_cached, CachePolicy, CalibrationInput, Probe};
+use ferry_offload::calibrate_cache::CalibrationCache;
+use ferry_offload::cost::Tier;
+use ferry_offload::layout::LayerLayout;
+use ferry_offload::plan::{Home, Plan};
+use ferry_offload::tier_report::{unit_kinds, weight_type, Offloaded, TierReport};
 
 /// The tier report of `model` planned as `plan` from `checkpoint` on `device`; `None` when
 /// nothing is offloaded per unit (no host layers, or mode `model`, which moves whole models).

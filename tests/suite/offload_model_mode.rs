@@ -23,6 +23,7 @@ use ferry::model::source::HubOptions;
 use ferry::offload::{Location, SwapConfig, SwapManager};
 use ferry::runtime::load::{load_for_serving_on, load_for_serving_shared};
 use ferry::runtime::planning::plan_model;
+use ferry::runtime::swap::SwapResidency;
 use ferry::server::{app, ServerOptions};
 
 const MAX_TOKENS: usize = 12;
@@ -159,7 +160,7 @@ fn swap_server(
     })
     .expect("manager");
     let engine = EngineHandle::new(names.iter().copied());
-    engine.set_residency(manager.clone());
+    engine.set_residency(Arc::new(SwapResidency(manager.clone())));
     for &name in names {
         let cfg = config(name, dtype_of(name), OffloadMode::Model, keep_alive);
         let loaded =

@@ -1,0 +1,426 @@
+//! One request's generation on the engine thread: prefill, sampling, logprobs, incremental
+//! detokenisation and stop strings, streaming [`GenerationEvent`]s as it goes.
+//!
+//! [`Generation`] is the per-sequence state machine the serving loop drives one step at a time.
+//! It never calls the model itself: the loop feeds [`Generation::input`] through the model,
+//! batched with the other running sequences, and hands the logits back to
+//! [`Generation::advance`], which samples, emits and decides when the request ends.
+//!
+//! The EOS token (unless `ignore_eos`) ends a generation with reason `Stop`; it counts in
+//! `completion_tokens` but gets no `Token` event (its text is empty). A token that completes a
+//! stop string does get an event, carrying the text before the stop. Events go out with
+//! `blocking_send`, so drive a generation from a plain thread, never from inside a tokio
+//! runtime; once the receiver is dropped, the generation ends without a final event.
+//!
+//! With tools offered ([`GenerationParams::tool_calls`]) the emitted text also goes through a
+//! [`ToolCallStream`], only to count the reply's calls for the request's log line (the HTTP
+//! layer reads the calls themselves from the same text).
+
+use tokio::sync::mpsc;
+
+use ferry_metrics::RequestTracker;
+
+use super::{
+    detokenize::IncrementalDecoder,
+    grammar::GrammarState,
+    logprobs::LogSoftmax,
+    request::{
+        FinishReason, GenerationEvent, GenerationParams, GenerationRequest, PromptTokensDetails,
+        TokenLogprob, TokenOutput, Usage,
+    },
+    sampling::Sampler,
+    stop::StopMatcher,
+    tool_calls::ToolCallStream,
+    traits::TextCodec,
+    EngineError, EngineResult,
+};
+
+/// How a generation ended, as seen by the engine thread.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// `Finished` was sent.
+    Finished(FinishReason, Usage),
+    /// `Failed` was sent (or could not be, the receiver being gone).
+    Failed(EngineError),
+    /// The receiver was dropped; generation stopped early.
+    Cancelled,
+}
+
+/// Why the loop stopped early.
+enum Abort {
+    /// Sending failed: the client went away.
+    Cancelled,
+    /// The model, tokenizer or request failed.
+    Failed(EngineError),
+}
+
+impl From<EngineError> for Abort {
+    fn from(e: EngineError) -> Self {
+        Abort::Failed(e)
+    }
+}
+
+/// Checks that a prompt can be served by a model with `max_context` tokens of context and
+/// `vocab_size` token ids (the prompt's ids and `logit_bias`'s).
+pub fn validate_prompt(
+    prompt: &[u32],
+    params: &GenerationParams,
+    max_context: usize,
+    vocab_size: usize,
+) -> EngineResult<()> {
+    if prompt.is_empty() {
+        return Err(EngineError::InvalidRequest {
+            message: "the prompt must contain at least one token".into(),
+            param: Some("prompt".into()),
+        });
+    }
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab_size) {
+        return Err(EngineError::InvalidRequest {
+            message: format!("token id {bad} is out of range (vocabulary size {vocab_size})"),
+            param: Some("prompt".into()),
+        });
+    }
+    let mut bias_ids = params.sampling.logit_bias.iter().map(|&(id, _)| id);
+    if let Some(bad) = bias_ids.find(|&t| t as usize >= vocab_size) {
+        return Err(EngineError::InvalidRequest {
+            message: format!(
+                "`logit_bias` names token id {bad}, which is out of range (vocabulary size \
+                 {vocab_size})"
+            ),
+            param: Some("logit_bias".into()),
+        });
+    }
+    let requested = prompt.len().saturating_add(params.max_tokens);
+    if requested > max_context {
+        return Err(EngineError::ContextLengthExceeded {
+            max_context,
+            requested,
+            prompt_tokens: prompt.len(),
+            max_tokens: params.max_tokens,
+        });
+    }
+    Ok(())
+}
+
+/// How [`Generation::start`] went.
+pub enum Started {
+    /// The sequence needs the model: drive it with `input` / `fed` / `advance`.
+    Running(Box<Generation>),
+    /// It ended before any model work (invalid, cancelled, or `max_tokens` 0).
+    Ended(Outcome),
+}
+
+/// What one [`Generation::advance`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Progress {
+    /// A token was emitted; feed [`Generation::input`] next step.
+    Continue,
+    /// The generation ended (its final event, if any, was sent).
+    Done(Outcome),
+}
+
+/// The state of one running request: everything except its model-side sequence (KV cache).
+pub struct Generation {
+    prompt: Vec<u32>,
+    /// [`GenerationRequest::cache_partition`].
+    cache_partition: Option<u64>,
+    params: GenerationParams,
+    sampler: Sampler,
+    grammar: Option<GrammarState>,
+    detok: IncrementalDecoder,
+    stops: StopMatcher,
+    /// With tools offered: the reply read for calls (counted for the log line).
+    tool_calls: Option<ToolCallStream>,
+    events: mpsc::Sender<GenerationEvent>,
+    tracker: RequestTracker,
+    /// Prompt tokens already through the model.
+    fed: usize,
+    /// The last sampled token (the next decode input).
+    last: [u32; 1],
+    generated: usize,
+    /// Prompt tokens restored from the prefix cache, when the model's cache is on (reported
+    /// in `usage.prompt_tokens_details`).
+    cached: Option<usize>,
+}
+
+impl Generation {
+    /// Validates `request` against the model's limits and prepares its state. Uses
+    /// `blocking_send` for the events, so drive it from a plain thread.
+    pub fn start(
+        request: &GenerationRequest,
+        max_context: usize,
+        vocab_size: usize,
+        events: mpsc::Sender<GenerationEvent>,
+        tracker: RequestTracker,
+    ) -> Started {
+        let prompt = &request.prompt;
+        let params = &request.params;
+        if let Err(e) = validate_prompt(prompt, params, max_context, vocab_size) {
+            let _ = events.blocking_send(GenerationEvent::Failed(e.clone()));
+            return Started::Ended(Outcome::Failed(e));
+        }
+        if events.is_closed() {
+            return Started::Ended(Outcome::Cancelled);
+        }
+        let mut g = Generation {
+            sampler: Sampler::new(&params.sampling, prompt),
+            grammar: params.grammar.as_ref().map(GrammarState::new),
+            detok: IncrementalDecoder::new(prompt, true),
+            stops: StopMatcher::new(&params.stop),
+            tool_calls: params
+                .tool_calls
+                .as_ref()
+                .map(|t| ToolCallStream::new(t.format, t.tools.clone())),
+            prompt: prompt.clone(),
+            cache_partition: request.cache_partition,
+            params: params.clone(),
+            events,
+            tracker,
+            fed: 0,
+            last: [0],
+            generated: 0,
+            cached: None,
+        };
+        if params.max_tokens == 0 {
+            // Nothing to generate, but the prompt counts as served (usage reports it).
+            g.tracker.prefilled(g.prompt.len());
+            let finished = g.finish(FinishReason::Length, String::new());
+            return Started::Ended(g.end(finished));
+        }
+        Started::Running(Box::new(g))
+    }
+
+    /// The client went away.
+    pub fn is_cancelled(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    /// Prompt tokens not yet through the model.
+    pub fn prefill_remaining(&self) -> usize {
+        self.prompt.len() - self.fed
+    }
+
+    /// The tokens to run next: up to `budget` (at least 1) prompt tokens while prefilling,
+    /// else the last sampled token.
+    pub fn input(&self, budget: usize) -> &[u32] {
+        if self.fed < self.prompt.len() {
+            let end = self.prompt.len().min(self.fed + budget.max(1));
+            &self.prompt[self.fed..end]
+        } else {
+            &self.last
+        }
+    }
+
+    /// Records that `input(..)` (of length `n`) went through the model. Returns whether the
+    /// logits of that step are to be sampled (the prompt is complete).
+    pub fn fed(&mut self, n: usize) -> bool {
+        if self.fed < self.prompt.len() {
+            self.fed = (self.fed + n).min(self.prompt.len());
+            if self.fed < self.prompt.len() {
+                return false;
+            }
+            self.tracker.prefilled(self.prompt.len());
+        }
+        true
+    }
+
+    /// The sequence starts from a copy of another's KV cache that already holds this prompt
+    /// (another choice of the same request, of which `cached` tokens came from the prefix
+    /// cache): the prompt counts as fed. Its tokens were counted once, by the sequence that
+    /// computed them.
+    pub fn skip_prefill(&mut self, cached: Option<usize>) {
+        self.fed = self.prompt.len();
+        self.cached = cached;
+    }
+
+    /// Prompt tokens restored from the prefix cache (`None` when the model's cache is off).
+    pub fn cached(&self) -> Option<usize> {
+        self.cached
+    }
+
+    /// Prompt tokens.
+    pub fn prompt_len(&self) -> usize {
+        self.prompt.len()
+    }
+
+    /// The prompt's token ids.
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// The prefix-cache partition of the prompt ([`GenerationRequest::cache_partition`]).
+    pub fn cache_partition(&self) -> Option<u64> {
+        self.cache_partition
+    }
+
+    /// The most positions the sequence may come to hold: the prompt and `max_tokens`.
+    pub fn max_len(&self) -> usize {
+        self.prompt.len().saturating_add(self.params.max_tokens)
+    }
+
+    /// The model's prefix cache is on and the sequence starts with its first `cached` prompt
+    /// positions restored from it (0 on a miss): they count as fed, and `usage` reports them as
+    /// `prompt_tokens_details.cached_tokens`. At least the prompt's last token is left to
+    /// compute.
+    pub fn start_cached(&mut self, cached: usize) {
+        let cached = cached.min(self.prompt.len().saturating_sub(1));
+        self.fed = cached;
+        self.cached = Some(cached);
+    }
+
+    /// Samples the next token from `logits` and emits it.
+    pub fn advance(&mut self, mut logits: Vec<f32>, codec: &dyn TextCodec) -> Progress {
+        match self.step(&mut logits, codec) {
+            Ok(None) => Progress::Continue,
+            Ok(Some(done)) => Progress::Done(self.end(Ok(done))),
+            Err(abort) => Progress::Done(self.end(Err(abort))),
+        }
+    }
+
+    /// Ends the generation with a model failure (reported to the client).
+    pub fn fail(&self, err: EngineError) -> Outcome {
+        self.end(Err(Abort::Failed(err)))
+    }
+
+    fn end(&self, result: Result<(FinishReason, Usage), Abort>) -> Outcome {
+        match result {
+            Ok((reason, usage)) => Outcome::Finished(reason, usage),
+            Err(Abort::Failed(err)) => {
+                // The client may be gone too; the failure is reported either way.
+                let _ = self
+                    .events
+                    .blocking_send(GenerationEvent::Failed(err.clone()));
+                Outcome::Failed(err)
+            }
+            Err(Abort::Cancelled) => Outcome::Cancelled,
+        }
+    }
+
+    fn send(&self, event: GenerationEvent) -> Result<(), Abort> {
+        self.events
+            .blocking_send(event)
+            .map_err(|_| Abort::Cancelled)
+    }
+
+    fn finish(
+        &mut self,
+        reason: FinishReason,
+        trailing_text: String,
+    ) -> Result<(FinishReason, Usage), Abort> {
+        if let Some(reader) = &mut self.tool_calls {
+            reader.push(&trailing_text);
+            reader.finish();
+            self.tracker.tool_calls(reader.calls());
+        }
+        if let Some(grammar) = &self.grammar {
+            let (masks, average, engine) = grammar.mask_stats();
+            let (average_us, engine_us) = (average.as_micros(), engine.as_micros());
+            tracing::debug!(masks, average_us, engine_us, "grammar mask cost");
+        }
+        let usage = Usage {
+            prompt_tokens: self.prompt.len(),
+            completion_tokens: self.generated,
+            total_tokens: self.prompt.len() + self.generated,
+            prompt_tokens_details: self
+                .cached
+                .map(|cached_tokens| PromptTokensDetails { cached_tokens }),
+        };
+        self.send(GenerationEvent::Finished {
+            reason,
+            usage,
+            trailing_text,
+        })
+        .map(|()| (reason, usage))
+    }
+
+    /// One sampling step: `Ok(None)` to continue, `Ok(Some(..))` once finished.
+    fn step(
+        &mut self,
+        logits: &mut [f32],
+        codec: &dyn TextCodec,
+    ) -> Result<Option<(FinishReason, Usage)>, Abort> {
+        if self.is_cancelled() {
+            return Err(Abort::Cancelled);
+        }
+        let raw = self.params.logprobs.map(|_| LogSoftmax::new(logits));
+        if let Some(grammar) = &mut self.grammar {
+            grammar.mask(logits)?;
+        }
+        let token = self.sampler.sample(logits);
+        self.generated += 1;
+        self.tracker.token();
+        self.last = [token];
+        let eos = codec.eos_token_ids().contains(&token);
+        if eos && (!self.params.ignore_eos || self.grammar.is_some()) {
+            let (tail, _) = release_all(codec, &mut self.detok, &mut self.stops)?;
+            return self.finish(FinishReason::Stop, tail).map(Some);
+        }
+        if let Some(grammar) = &mut self.grammar {
+            grammar.commit(token)?;
+        }
+        let step = self.stops.push(&self.detok.push(codec, token)?);
+        let (logprob, top_logprobs) = match (&raw, self.params.logprobs) {
+            (Some(ls), Some(n)) => {
+                let chosen = token_logprob(codec, token, ls.logprob(token));
+                let top = ls
+                    .top(n)
+                    .into_iter()
+                    .map(|(id, lp)| token_logprob(codec, id, lp))
+                    .collect();
+                (Some(chosen), top)
+            }
+            _ => (None, Vec::new()),
+        };
+        if let Some(reader) = &mut self.tool_calls {
+            reader.push(&step.text);
+        }
+        self.send(GenerationEvent::Token(TokenOutput {
+            text: step.text,
+            token_id: token,
+            logprob,
+            top_logprobs,
+        }))?;
+        if step.stopped {
+            return self.finish(FinishReason::Stop, String::new()).map(Some);
+        }
+        if self.generated >= self.params.max_tokens {
+            let (tail, stopped) = release_all(codec, &mut self.detok, &mut self.stops)?;
+            let reason = if stopped {
+                FinishReason::Stop
+            } else {
+                FinishReason::Length
+            };
+            return self.finish(reason, tail).map(Some);
+        }
+        Ok(None)
+    }
+}
+
+/// Flushes the decoder's held-back bytes through the stop matcher, then the matcher itself.
+/// Returns the final text and whether a stop string matched in it.
+fn release_all(
+    codec: &dyn TextCodec,
+    detok: &mut IncrementalDecoder,
+    stops: &mut StopMatcher,
+) -> EngineResult<(String, bool)> {
+    let rest = detok.finish(codec)?;
+    let step = stops.push(&rest);
+    if step.stopped {
+        return Ok((step.text, true));
+    }
+    Ok((step.text + &stops.finish(), false))
+}
+
+fn token_logprob(codec: &dyn TextCodec, id: u32, logprob: f32) -> TokenLogprob {
+    TokenLogprob {
+        id,
+        // A token that is part of a multi-byte character decodes to U+FFFD, as in vLLM.
+        token: codec.decode(&[id], false).unwrap_or_default(),
+        logprob,
+        bytes: codec.token_bytes(id),
+    }
+}
+
+#[cfg(test)]
+#[path = "generate_tests.rs"]
+mod tests;

@@ -1,0 +1,58 @@
+//! # ferry-engine
+//!
+//! Layer 2 of ferry (docs/ARCHITECTURE.md, "Crates"): generation. It depends on `ferry-model`
+//! (only for the chat message type, which lives with the tokenizer) and `ferry-metrics`, and may
+//! know nothing of the offload engine, devices or HTTP: a model is anything that implements
+//! [`LanguageModel`], a tokenizer anything that implements [`TextCodec`], and the HTTP layer
+//! sees the engine only through the [`Backend`] trait.
+//!
+//! A reuser implements those two traits for its model and tokenizer, starts an
+//! [`EngineHandle`] with [`EngineOptions`], and submits [`GenerationRequest`]s, receiving
+//! [`GenerationEvent`]s on a channel.
+//!
+//! The engine: owns loaded models on a dedicated thread and serves generation requests.
+//!
+//! The HTTP layer talks to it only through the [`Backend`] trait ([`backend`]); the request and
+//! event types it exchanges are plain data ([`request`]).
+//!
+//! Generation is written against two small traits ([`traits`]): [`LanguageModel`] (tokens in,
+//! last-position logits out, with per-sequence KV state) and [`TextCodec`] (tokenizer and chat
+//! template). [`worker`] runs one thread per model and implements [`Backend`] as
+//! [`EngineHandle`]; each thread batches its requests continuously (`serve_loop`, with the
+//! plain-state [`scheduler`], whose step budget [`pacer`] fits to a time target); [`queue`] is a job in transit. [`generate`] is the per-request
+//! state machine, built from [`sampling`] (with
+//! [`penalties`]), [`logprobs`], [`detokenize`] (incremental, UTF-8 safe) and [`stop`].
+//! [`tool_calls`] reads function calls out of replies and builds the grammar that enforces
+//! them.
+
+pub mod backend;
+pub mod detokenize;
+pub mod error;
+pub mod generate;
+pub mod grammar;
+pub mod logprobs;
+pub mod pacer;
+pub mod penalties;
+pub mod prefix_cache;
+pub mod queue;
+pub mod request;
+pub mod sampling;
+pub mod scheduler;
+mod serve_loop;
+pub mod stop;
+#[cfg(test)]
+pub(crate) mod test_support;
+pub mod tool_calls;
+pub mod traits;
+pub mod worker;
+
+pub use backend::{Backend, ModelCard, ModelStatus, Residency};
+pub use error::{EngineError, EngineResult};
+pub use grammar::{Grammar, GrammarCompiler, GrammarSpec};
+pub use prefix_cache::PrefixCacheOptions;
+pub use request::{
+    ChatMessage, FinishReason, GenerationEvent, GenerationParams, GenerationRequest,
+    PromptTokensDetails, SamplingParams, TokenLogprob, TokenOutput, Usage,
+};
+pub use traits::{LanguageModel, TextCodec};
+pub use worker::{EngineHandle, EngineOptions};

@@ -1,0 +1,306 @@
+//! AVX2 dot products of one raw GGUF k-quant row with one row of [`Q8KBlock`]s (same contract
+//! and layouts as [`super::scalar`]).
+//!
+//! Per 32-element chunk the weights are unpacked to unsigned bytes (0..63 at most), multiplied
+//! with the int8 activations by `vpmaddubsw` (no saturation: `2 * 63 * 127 < 2^15`), and the
+//! i16 pair sums by the chunk's two 16-element scales with `vpmaddwd`, accumulating in i32. The
+//! offset terms come from the activation's 16-element sums, so each block yields the same two
+//! exact integers as the scalar kernel and [`block_value`] combines them the same way: the
+//! results are bit-identical. Weights are prefetched as in [`crate::cpu_qmatmul::avx2`].
+
+use std::arch::x86_64::*;
+
+use super::super::avx2::{f16_at, Avx2, PREFETCH_AHEAD};
+use super::activation::Q8KBlock;
+use super::{block_value, scale_words_q3_k, scales_mins_k4, KFormat};
+
+/// Dot product of one row of `format` (at least `format.block_bytes() * a.len()` bytes) with
+/// `a`.
+pub fn dot(k: Avx2, format: KFormat, w: &[u8], a: &[Q8KBlock]) -> f32 {
+    let _ = k;
+    assert!(
+        w.len() >= format.block_bytes() * a.len(),
+        "{format:?} row too short"
+    );
+    // SAFETY: `k` proves AVX2, FMA and F16C; the assert bounds every read of `w`.
+    unsafe {
+        match format {
+            KFormat::Q2K => q2_k(w.as_ptr(), a),
+            KFormat::Q3K => q3_k(w.as_ptr(), a),
+            KFormat::Q4K => q4_k(w.as_ptr(), a),
+            KFormat::Q5K => q5_k(w.as_ptr(), a),
+            KFormat::Q6K => q6_k(w.as_ptr(), a),
+        }
+    }
+}
+
+/// Sum of eight i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<1>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// From sixteen i16 scales, scale `2 c` in every lane of the low half and `2 c + 1` in the
+/// high half: the scales of chunk `c`'s two 16-element halves.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn pair_scales(sc16: __m256i, c: usize) -> __m256i {
+    let pair = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(c as i32));
+    let pick = _mm256_setr_epi8(
+        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+        2, 3,
+    );
+    _mm256_shuffle_epi8(pair, pick)
+}
+
+/// Eight i32 lanes of `sum scale * q * y` for one chunk: `q` unsigned weight bytes, `y` the 32
+/// activation values at `y`, `scales` as [`pair_scales`] gives them.
+///
+/// # Safety
+/// `y..y + 32` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn chunk(q: __m256i, y: *const i8, scales: __m256i) -> __m256i {
+    let pairs = _mm256_maddubs_epi16(q, _mm256_loadu_si256(y.cast()));
+    _mm256_madd_epi16(pairs, scales)
+}
+
+/// The activation block's sixteen 16-element sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn bsums(a: &Q8KBlock) -> __m256i {
+    // SAFETY: `bsums` is 32 bytes.
+    unsafe { _mm256_loadu_si256(a.bsums.as_ptr().cast()) }
+}
+
+/// Eight i16 values, each duplicated into two adjacent lanes (for per-32 scales and mins).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn duplicated(v: [u8; 8]) -> __m256i {
+    let s = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(v)));
+    _mm256_set_m128i(_mm_unpackhi_epi16(s, s), _mm_unpacklo_epi16(s, s))
+}
+
+/// Prefetches the block `PREFETCH_AHEAD` bytes past the one at `p`, `bytes` long.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn prefetch(p: *const u8, bytes: usize) {
+    let mut off = 0;
+    while off < bytes {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD + off).cast());
+        off += 64;
+    }
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `w..w + 84 * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
+    let m4 = _mm_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(3);
+    let mut acc = 0f32;
+    for (i, a) in a.iter().enumerate() {
+        let p = w.add(84 * i);
+        prefetch(p, 84);
+        let raw = _mm_loadu_si128(p.cast());
+        let sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+        let mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), m4));
+        let summ = hsum_i32(_mm256_madd_epi16(mn16, bsums(a)));
+        let mut sum = _mm256_setzero_si256();
+        for n in 0..2 {
+            let mut q = _mm256_loadu_si256(p.add(16 + 32 * n).cast());
+            for j in 0..4 {
+                let c = 4 * n + j;
+                let v = _mm256_and_si256(q, m3);
+                sum = _mm256_add_epi32(
+                    sum,
+                    chunk(v, a.qs.as_ptr().add(32 * c), pair_scales(sc16, c)),
+                );
+                q = _mm256_srli_epi16::<2>(q);
+            }
+        }
+        acc += block_value(
+            f16_at(p.add(80)),
+            f16_at(p.add(82)),
+            a.d,
+            hsum_i32(sum),
+            summ,
+        );
+    }
+    acc
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `w..w + 110 * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
+    let m3 = _mm256_set1_epi8(3);
+    let one = _mm256_set1_epi8(1);
+    let mut acc = 0f32;
+    for (i, a) in a.iter().enumerate() {
+        let p = w.add(110 * i);
+        prefetch(p, 110);
+        let [w0, w1, w2, w3] = scale_words_q3_k(std::slice::from_raw_parts(p.add(96), 12));
+        let words = _mm_set_epi32(w3 as i32, w2 as i32, w1 as i32, w0 as i32);
+        let sc16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(words, _mm_set1_epi8(32)));
+        let offset = _mm256_madd_epi16(sc16, bsums(a));
+        let mut h = _mm256_loadu_si256(p.cast());
+        let mut sum = _mm256_setzero_si256();
+        for n in 0..2 {
+            let mut q = _mm256_loadu_si256(p.add(32 + 32 * n).cast());
+            for j in 0..4 {
+                let c = 4 * n + j;
+                let hb = _mm256_slli_epi16::<2>(_mm256_and_si256(h, one));
+                let v = _mm256_or_si256(_mm256_and_si256(q, m3), hb);
+                sum = _mm256_add_epi32(
+                    sum,
+                    chunk(v, a.qs.as_ptr().add(32 * c), pair_scales(sc16, c)),
+                );
+                q = _mm256_srli_epi16::<2>(q);
+                h = _mm256_srli_epi16::<1>(h);
+            }
+        }
+        let sumi = hsum_i32(_mm256_sub_epi32(sum, _mm256_slli_epi32::<2>(offset)));
+        acc += block_value(f16_at(p.add(108)), 0.0, a.d, sumi, 0);
+    }
+    acc
+}
+
+/// The shared body of Q4_K (`HIGH = false`, quants at byte 16) and Q5_K (`HIGH = true`, high
+/// bits at byte 16, quants at byte 48).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `w..w + BYTES * a.len()` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4<const BYTES: usize, const HIGH: bool>(w: *const u8, a: &[Q8KBlock]) -> f32 {
+    let qs_at = if HIGH { 48 } else { 16 };
+    let mut acc = 0f32;
+    for (i, a) in a.iter().enumerate() {
+        let p = w.add(BYTES * i);
+        prefetch(p, BYTES);
+        let (sc, mn) = scales_mins_k4(std::slice::from_raw_parts(p.add(4), 12));
+        let summ = hsum_i32(_mm256_madd_epi16(duplicated(mn), bsums(a)));
+        let sc16 = duplicated(sc);
+        let mut h = if HIGH {
+            _mm256_loadu_si256(p.add(16).cast())
+        } else {
+            _mm256_setzero_si256()
+        };
+        let mut sum = _mm256_setzero_si256();
+        for j in 0..4 {
+            let (lo, hi) = k4_quants::<HIGH>(p.add(qs_at + 32 * j), &mut h);
+            let y = a.qs.as_ptr().add(64 * j);
+            let s0 = chunk(lo, y, pair_scales(sc16, 2 * j));
+            let s1 = chunk(hi, y.add(32), pair_scales(sc16, 2 * j + 1));
+            sum = _mm256_add_epi32(sum, _mm256_add_epi32(s0, s1));
+        }
+        acc += block_value(f16_at(p), f16_at(p.add(2)), a.d, hsum_i32(sum), summ);
+    }
+    acc
+}
+
+/// # Safety
+/// As [`k4`] with 144-byte blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
+    k4::<144, false>(w, a)
+}
+
+/// # Safety
+/// As [`k4`] with 176-byte blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
+    k4::<176, true>(w, a)
+}
+
+/// The low and high nibbles of the 32 Q4_K / Q5_K quant bytes at `q` (64 quants, two chunks),
+/// with Q5_K's fifth bits (`HIGH`) taken from the low two bits of `h`, which moves on to the
+/// next two. Shared by the one-row and the four-row kernel.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `q..q + 32` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn k4_quants<const HIGH: bool>(
+    q: *const u8,
+    h: &mut __m256i,
+) -> (__m256i, __m256i) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let q = _mm256_loadu_si256(q.cast());
+    let mut lo = _mm256_and_si256(q, m4);
+    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+    if HIGH {
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(*h), bit4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(*h), bit4));
+        *h = _mm256_srli_epi16::<2>(*h);
+    }
+    (lo, hi)
+}
+
+/// The 128 six-bit quants of half `n` (0 or 1) of the Q6_K block at `p`, as bytes 0..63 in
+/// four vectors of 32 (chunks `4 * n .. 4 * n + 4`): low nibbles from `ql`, high two bits
+/// from `qh`. Shared by the one-row and the four-row kernel.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `p..p + 192` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6_k_quants(p: *const u8, n: usize) -> [__m256i; 4] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(3);
+    let m30 = _mm256_set1_epi8(0x30);
+    let ql0 = _mm256_loadu_si256(p.add(64 * n).cast());
+    let ql1 = _mm256_loadu_si256(p.add(64 * n + 32).cast());
+    let qh = _mm256_loadu_si256(p.add(128 + 32 * n).cast());
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(ql0, m4),
+            _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(ql1, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+            _mm256_and_si256(qh, m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+        ),
+    ]
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `w..w + 210 * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
+    let mut acc = 0f32;
+    for (i, a) in a.iter().enumerate() {
+        let p = w.add(210 * i);
+        prefetch(p, 210);
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192).cast()));
+        let offset = _mm256_madd_epi16(sc16, bsums(a));
+        let mut sum = _mm256_setzero_si256();
+        for n in 0..2 {
+            let q = q6_k_quants(p, n);
+            for (g, v) in q.into_iter().enumerate() {
+                let c = 4 * n + g;
+                sum = _mm256_add_epi32(
+                    sum,
+                    chunk(v, a.qs.as_ptr().add(32 * c), pair_scales(sc16, c)),
+                );
+            }
+        }
+        let sumi = hsum_i32(_mm256_sub_epi32(sum, _mm256_slli_epi32::<5>(offset)));
+        acc += block_value(f16_at(p.add(208)), 0.0, a.d, sumi, 0);
+    }
+    acc
+}

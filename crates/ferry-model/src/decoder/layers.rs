@@ -1,0 +1,48 @@
+//! Where a step's decoder layers come from: the [`LayerSource`] seam the forward loop pulls
+//! each layer's weights through, and [`ResidentLayers`], the source for layers already in
+//! memory (owned, as the loader returns them, or borrowed, as a swap lease holds them). The
+//! offload engine's `WeightStore` is the other source (a resident prefix plus streamed slots).
+//!
+//! A MoE layer's experts can come separately: the weights a source hands out may carry a
+//! [`RoutedExperts`] handle ([`LayerWeights::with_routed`]), which the MoE forward asks for the
+//! experts its router picked, after routing. Sources without one (such as [`ResidentLayers`])
+//! need nothing: the layer's own expert parts serve. The handle lives in the weights rather
+//! than in this trait because blocks run on the CPU worker pool, where the `&mut` source is
+//! not reachable.
+
+use crate::error::{ModelError, Result};
+use crate::weights::LayerWeights;
+pub use crate::weights::{ExpertWeights, RoutedExperts};
+
+/// Hands out the weights of decoder layer `index` for one forward pass.
+pub trait LayerSource {
+    /// Called once at the start of a forward pass with the rows (tokens, all sequences
+    /// together) it runs, before any [`LayerSource::layer`]: a source that chooses per step
+    /// where a layer runs (the offload engine's tiers) decides here.
+    fn begin_step(&mut self, rows: usize) -> Result<()> {
+        let _ = rows;
+        Ok(())
+    }
+    /// The weights of layer `index` (called once per layer per step, in order).
+    fn layer(&mut self, index: usize) -> Result<LayerWeights>;
+    /// Called when layer `index` has been computed and its weights may be reused.
+    fn release(&mut self, index: usize) -> Result<()> {
+        let _ = index;
+        Ok(())
+    }
+}
+
+/// Every layer already on the compute device: `ResidentLayers(Vec<LayerWeights>)` owns them,
+/// `ResidentLayers(&[LayerWeights])` borrows them (a swap lease's resident copy, without
+/// cloning the list every step).
+#[derive(Debug, Clone)]
+pub struct ResidentLayers<L = Vec<LayerWeights>>(pub L);
+
+impl<L: AsRef<[LayerWeights]>> LayerSource for ResidentLayers<L> {
+    fn layer(&mut self, index: usize) -> Result<LayerWeights> {
+        let layers = self.0.as_ref();
+        layers.get(index).cloned().ok_or_else(|| {
+            ModelError::MissingTensor(format!("layer {index} (of {})", layers.len()))
+        })
+    }
+}

@@ -1,0 +1,614 @@
+//! The per-sequence key/value cache: one buffer pair per layer, written in place.
+//!
+//! Each layer keeps `[1, n_kv_heads, capacity, head_dim]` buffers for keys and values. New
+//! positions are written with `slice_set` and attention reads a narrowed view, so a decode step
+//! copies only the new token's keys and values, never the whole history. Buffers start small
+//! and double (up to the limit) when a step does not fit, so a short chat does not reserve the
+//! model's full context. The cache never grows past its limit: a step that would is refused
+//! with [`ModelError::ContextOverflow`] before any layer runs.
+//!
+//! Positions are committed only after every layer has written them ([`KvCache::commit`]), so a
+//! forward pass that fails half-way leaves the cache as it was.
+//!
+//! The prefix cache keeps copies of some positions ([`KvSpan`], [`KvCache::copy_span`]) and a new
+//! sequence starts from them ([`KvCache::extend_from_spans`]) instead of computing them again.
+//!
+//! The buffers hold the cache's own dtype (`kv_dtype`, [`kv_dtype_for`]): new keys and values are
+//! converted on write, so an f16 or bf16 cache takes half the bytes of an f32 one.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::error::{ModelError, Result};
+use ferry_config::DtypeChoice;
+
+/// The KV cache's dtype for the setting `choice` with activations in `compute`: a set dtype as
+/// it is; `auto` f16 (half the bytes of f32, and llama.cpp's default), or bf16 when the
+/// activations are bf16, whose range f16 lacks. The same on every device: CUDA multiplies in
+/// the cache's dtype, and the CPU's attention (`decoder::flash_cpu`) widens f16 / bf16 keys and
+/// values in registers, so long-context decode, bound by reading the cache, gains about 1.5x
+/// over an f32 cache (docs/BENCHMARKS.md, "KV cache dtype on the CPU").
+pub fn kv_dtype_for(choice: DtypeChoice, compute: DType) -> DType {
+    match choice {
+        DtypeChoice::F32 => DType::F32,
+        DtypeChoice::F16 => DType::F16,
+        DtypeChoice::BF16 => DType::BF16,
+        DtypeChoice::Auto if compute == DType::BF16 => DType::BF16,
+        DtypeChoice::Auto => DType::F16,
+        // A weight quantization type says nothing of the cache (the kv_dtype setting refuses one).
+        DtypeChoice::Quantize(_) => kv_dtype_for(DtypeChoice::Auto, compute),
+    }
+}
+
+/// Smallest number of positions a layer buffer is allocated for.
+const MIN_CHUNK: usize = 256;
+
+/// Shape of the cached tensors, shared by every layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    /// Key/value heads.
+    pub n_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+/// The key/value cache of one sequence across all layers.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<LayerKv>,
+    len: usize,
+    max_len: usize,
+}
+
+impl KvCache {
+    /// An empty cache for `n_layers` layers that holds at most `max_len` positions.
+    pub fn new(
+        n_layers: usize,
+        shape: KvShape,
+        max_len: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Self {
+        let layer = LayerKv {
+            k: None,
+            v: None,
+            shape,
+            dtype,
+            device: device.clone(),
+            max_len,
+        };
+        Self {
+            layers: vec![layer; n_layers],
+            len: 0,
+            max_len,
+        }
+    }
+
+    /// Positions stored (the next token's position).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is stored yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Number of layers.
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Positions currently allocated in each layer's buffers.
+    pub fn capacity(&self) -> usize {
+        self.layers.first().map_or(0, LayerKv::capacity)
+    }
+
+    /// Bytes currently allocated across all layers (keys and values).
+    pub fn allocated_bytes(&self) -> usize {
+        self.layers.iter().map(LayerKv::allocated_bytes).sum()
+    }
+
+    /// Bytes of the positions stored across all layers (keys and values): on the CPU the part of
+    /// [`Self::allocated_bytes`] that is resident ([`super::kv_buffer`]), give or take a page per
+    /// head.
+    pub fn stored_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|layer| layer.bytes_for(self.len))
+            .sum()
+    }
+
+    /// Fails with [`ModelError::ContextOverflow`] when `extra` more positions do not fit.
+    pub fn check_room(&self, extra: usize) -> Result<()> {
+        let needed = self.len + extra;
+        if needed > self.max_len {
+            return Err(ModelError::ContextOverflow {
+                needed,
+                max: self.max_len,
+            });
+        }
+        Ok(())
+    }
+
+    /// The cache of layer `index`, for a block to write into.
+    pub fn layer_mut(&mut self, index: usize) -> Option<&mut LayerKv> {
+        self.layers.get_mut(index)
+    }
+
+    /// Marks `n` new positions as written by every layer.
+    pub fn commit(&mut self, n: usize) -> Result<()> {
+        self.check_room(n)?;
+        self.len += n;
+        Ok(())
+    }
+
+    /// An independent copy holding the same positions (its own buffers, so writes to either
+    /// never show in the other): how a request's other choices start after its prompt. (The
+    /// derived `Clone` shares the buffers.)
+    pub fn fork(&self) -> Result<Self> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| layer.fork(self.len))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            layers,
+            len: self.len,
+            max_len: self.max_len,
+        })
+    }
+
+    /// Forgets every position at or after `len` (keeps the buffers for reuse).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// A copy of positions `start..start + len` of every layer (all of them stored), with its
+    /// own buffers: what the prefix cache keeps of a prompt.
+    pub fn copy_span(&self, start: usize, len: usize) -> Result<KvSpan> {
+        if len == 0 || start + len > self.len {
+            return Err(candle_core::Error::Msg(format!(
+                "kv span {start}..{} is outside the {} positions stored",
+                start + len,
+                self.len
+            ))
+            .into());
+        }
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| layer.copy_span(start, len))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvSpan { layers, len })
+    }
+
+    /// Appends `spans` (consecutive positions, in order) after the positions stored, in every
+    /// layer, and commits them. On error nothing is committed.
+    pub fn extend_from_spans(&mut self, spans: &[&KvSpan]) -> Result<()> {
+        let added: usize = spans.iter().map(|s| s.len).sum();
+        if added == 0 {
+            return Ok(());
+        }
+        self.check_room(added)?;
+        if spans.iter().any(|s| s.layers.len() != self.layers.len()) {
+            return Err(candle_core::Error::Msg("kv span of another model".into()).into());
+        }
+        let pos = self.len;
+        for (index, layer) in self.layers.iter_mut().enumerate() {
+            let keys: Vec<&Tensor> = spans.iter().map(|s| &s.layers[index].0).collect();
+            let values: Vec<&Tensor> = spans.iter().map(|s| &s.layers[index].1).collect();
+            layer.write(pos, &Tensor::cat(&keys, 2)?, &Tensor::cat(&values, 2)?)?;
+        }
+        self.commit(added)
+    }
+
+    /// [`capacity_bound`] for this cache's limit.
+    pub fn capacity_bound(&self, len: usize) -> usize {
+        capacity_bound(len, self.max_len)
+    }
+}
+
+/// The most positions the buffers of a cache limited to `max_len` positions may be allocated
+/// for once it holds `len` positions, whatever steps it grew by: every growth takes the larger
+/// of twice the old capacity (below `len`, a multiple of [`MIN_CHUNK`]) and the new length
+/// rounded up to [`MIN_CHUNK`], capped at the limit. What a running sequence may come to hold,
+/// for budgets that must leave it room.
+pub fn capacity_bound(len: usize, max_len: usize) -> usize {
+    let rounded = len.max(1).div_ceil(MIN_CHUNK) * MIN_CHUNK;
+    let doubled = 2 * rounded.saturating_sub(MIN_CHUNK);
+    rounded.max(doubled).min(max_len)
+}
+
+/// Copies of some consecutive positions of every layer's keys and values, taken from one
+/// sequence's cache ([`KvCache::copy_span`]) to start others from ([`KvCache::extend_from_spans`]).
+#[derive(Debug)]
+pub struct KvSpan {
+    /// Per layer, keys and values `[1, n_kv_heads, len, head_dim]`.
+    layers: Vec<(Tensor, Tensor)>,
+    len: usize,
+}
+
+impl KvSpan {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no position (never, for a span made by [`KvCache::copy_span`]).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes held across all layers (keys and values).
+    pub fn allocated_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|(k, v)| (k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes())
+            .sum()
+    }
+}
+
+/// One layer's key and value buffers.
+#[derive(Debug, Clone)]
+pub struct LayerKv {
+    k: Option<Tensor>,
+    v: Option<Tensor>,
+    shape: KvShape,
+    dtype: DType,
+    device: Device,
+    max_len: usize,
+}
+
+impl LayerKv {
+    /// Writes `k` and `v` (`[1, n_kv_heads, seq, head_dim]`, contiguous) at positions
+    /// `pos..pos + seq` and returns views of positions `0..pos + seq`.
+    pub fn write(&mut self, pos: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let seq = k.dim(2)?;
+        let end = pos + seq;
+        if end > self.max_len {
+            return Err(ModelError::ContextOverflow {
+                needed: end,
+                max: self.max_len,
+            });
+        }
+        if end > self.capacity() {
+            self.grow(pos, end)?;
+        }
+        let (kb, vb) = match (&self.k, &self.v) {
+            (Some(kb), Some(vb)) => (kb, vb),
+            _ => return Err(candle_core::Error::Msg("kv cache buffers missing".into()).into()),
+        };
+        kb.slice_set(&k.to_dtype(self.dtype)?.contiguous()?, 2, pos)?;
+        vb.slice_set(&v.to_dtype(self.dtype)?.contiguous()?, 2, pos)?;
+        Ok((kb.narrow(2, 0, end)?, vb.narrow(2, 0, end)?))
+    }
+
+    /// A copy with its own buffers of the same capacity, holding positions `0..len`.
+    fn fork(&self, len: usize) -> Result<Self> {
+        let (k, v) = match (&self.k, &self.v) {
+            (Some(_), Some(_)) => {
+                let (k, v) = self.copied_into(self.capacity(), len)?;
+                (Some(k), Some(v))
+            }
+            _ => (None, None),
+        };
+        Ok(Self {
+            k,
+            v,
+            shape: self.shape,
+            dtype: self.dtype,
+            device: self.device.clone(),
+            max_len: self.max_len,
+        })
+    }
+
+    fn capacity(&self) -> usize {
+        self.k.as_ref().map_or(0, |k| k.dims()[2])
+    }
+
+    /// Copies of positions `start..start + len` of the keys and values, each in a buffer of
+    /// its own that holds just those positions. (`force_contiguous`, not candle's `copy`:
+    /// `copy` clones the whole storage under a view, so every span kept the layer's full
+    /// buffers alive; nor `contiguous`, which returns the view itself when the narrowed
+    /// positions happen to be contiguous, as they are with one key/value head.)
+    fn copy_span(&self, start: usize, len: usize) -> Result<(Tensor, Tensor)> {
+        let (Some(k), Some(v)) = (&self.k, &self.v) else {
+            return Err(candle_core::Error::Msg("kv cache buffers missing".into()).into());
+        };
+        Ok((
+            k.narrow(2, start, len)?.force_contiguous()?,
+            v.narrow(2, start, len)?.force_contiguous()?,
+        ))
+    }
+
+    fn allocated_bytes(&self) -> usize {
+        self.bytes_for(self.capacity())
+    }
+
+    /// Bytes of keys and values for `positions` positions.
+    fn bytes_for(&self, positions: usize) -> usize {
+        2 * positions * self.shape.n_kv_heads * self.shape.head_dim * self.dtype.size_in_bytes()
+    }
+
+    /// Reallocates to hold at least `needed` positions, keeping positions `0..keep`.
+    fn grow(&mut self, keep: usize, needed: usize) -> Result<()> {
+        let doubled = (self.capacity() * 2).max(MIN_CHUNK);
+        let rounded = needed.div_ceil(MIN_CHUNK) * MIN_CHUNK;
+        let capacity = doubled.max(rounded).min(self.max_len);
+        let (k, v) = self.copied_into(capacity, keep)?;
+        self.k = Some(k);
+        self.v = Some(v);
+        Ok(())
+    }
+
+    /// New key and value buffers of `capacity` positions ([`super::kv_buffer::zeroed`]: only
+    /// the pages written become resident) holding this layer's positions `0..keep`.
+    fn copied_into(&self, capacity: usize, keep: usize) -> Result<(Tensor, Tensor)> {
+        let shape = (1, self.shape.n_kv_heads, capacity, self.shape.head_dim);
+        let new_k = super::kv_buffer::zeroed(shape, self.dtype, &self.device)?;
+        let new_v = super::kv_buffer::zeroed(shape, self.dtype, &self.device)?;
+        if let (Some(old_k), Some(old_v), true) = (&self.k, &self.v, keep > 0) {
+            new_k.slice_set(&old_k.narrow(2, 0, keep)?.contiguous()?, 2, 0)?;
+            new_v.slice_set(&old_v.narrow(2, 0, keep)?.contiguous()?, 2, 0)?;
+        }
+        Ok((new_k, new_v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(cache: &mut KvCache, seq: usize, value: f32) -> Result<(Tensor, Tensor)> {
+        cache.check_room(seq)?;
+        let pos = cache.len();
+        let t = Tensor::full(value, (1, 2, seq, 4), &Device::Cpu)?;
+        let mut out = None;
+        for i in 0..cache.n_layers() {
+            let layer = cache.layer_mut(i).unwrap();
+            out = Some(layer.write(pos, &t, &(&t * 2.0)?)?);
+        }
+        cache.commit(seq)?;
+        Ok(out.unwrap())
+    }
+
+    #[test]
+    fn writes_in_place_and_grows_in_chunks() {
+        let shape = KvShape {
+            n_kv_heads: 2,
+            head_dim: 4,
+        };
+        let mut cache = KvCache::new(3, shape, 1000, DType::F32, &Device::Cpu);
+        let (k, v) = step(&mut cache, 5, 1.0).unwrap();
+        assert_eq!(k.dims(), &[1, 2, 5, 4]);
+        assert_eq!(cache.capacity(), 256);
+        let (k, v2) = step(&mut cache, 1, 3.0).unwrap();
+        assert_eq!(k.dims(), &[1, 2, 6, 4]);
+        let col: Vec<f32> = k
+            .narrow(2, 4, 2)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(&col[..8], &[1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0]);
+        assert_eq!(v.dims(), &[1, 2, 5, 4]);
+        let first: f32 = v2
+            .narrow(2, 0, 1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()[0];
+        assert_eq!(first, 2.0);
+        // Growing past the first chunk keeps the history.
+        let (k, _) = step(&mut cache, 300, 7.0).unwrap();
+        assert_eq!(cache.capacity(), 512);
+        let old: Vec<f32> = k
+            .narrow(2, 5, 1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(old[0], 3.0);
+        assert_eq!(cache.len(), 306);
+        // 3 layers x keys and values x 2 heads x 4 wide x 4 bytes per position.
+        assert_eq!(cache.stored_bytes(), 306 * 3 * 2 * 2 * 4 * 4);
+        assert_eq!(cache.allocated_bytes(), 512 * 3 * 2 * 2 * 4 * 4);
+    }
+
+    #[test]
+    fn a_fork_keeps_the_history_and_writes_apart() {
+        let shape = KvShape {
+            n_kv_heads: 2,
+            head_dim: 4,
+        };
+        let mut cache = KvCache::new(2, shape, 100, DType::F32, &Device::Cpu);
+        step(&mut cache, 3, 1.0).unwrap();
+        let mut fork = cache.fork().unwrap();
+        assert_eq!((fork.len(), fork.capacity()), (3, cache.capacity()));
+        let value_at = |k: &Tensor, pos: usize| -> f32 {
+            k.narrow(2, pos, 1)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()[0]
+        };
+        let (forked, _) = step(&mut fork, 1, 5.0).unwrap();
+        let (original, _) = step(&mut cache, 1, 9.0).unwrap();
+        assert_eq!(value_at(&forked, 0), 1.0, "the prompt's keys are copied");
+        assert_eq!(value_at(&forked, 2), 1.0, "every stored position is copied");
+        assert_eq!(value_at(&forked, 3), 5.0);
+        assert_eq!(value_at(&original, 3), 9.0, "the fork's write is its own");
+    }
+
+    #[test]
+    fn spans_copy_positions_out_and_start_another_cache_from_them() {
+        let shape = KvShape {
+            n_kv_heads: 2,
+            head_dim: 4,
+        };
+        let mut source = KvCache::new(2, shape, 600, DType::F32, &Device::Cpu);
+        step(&mut source, 3, 1.0).unwrap();
+        step(&mut source, 2, 2.0).unwrap();
+        step(&mut source, 1, 3.0).unwrap();
+        let first = source.copy_span(0, 3).unwrap();
+        let second = source.copy_span(3, 2).unwrap();
+        assert_eq!((first.len(), second.len()), (3, 2));
+        assert_eq!(first.allocated_bytes(), 2 * 2 * 3 * 2 * 4 * 4);
+        assert!(source.copy_span(4, 3).is_err(), "position 6 is not stored");
+        // The copies are their own: writing the source later does not change them.
+        source.truncate(0);
+        step(&mut source, 6, 9.0).unwrap();
+        let mut cache = KvCache::new(2, shape, 600, DType::F32, &Device::Cpu);
+        cache.extend_from_spans(&[&first, &second]).unwrap();
+        assert_eq!(cache.len(), 5);
+        let (k, v) = step(&mut cache, 1, 4.0).unwrap();
+        let keys: Vec<f32> = k
+            .narrow(1, 0, 1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let per_position: Vec<f32> = keys.chunks(4).map(|c| c[0]).collect();
+        assert_eq!(per_position, [1.0, 1.0, 1.0, 2.0, 2.0, 4.0]);
+        assert_eq!(v.dims(), &[1, 2, 6, 4]);
+        let mut small = KvCache::new(2, shape, 4, DType::F32, &Device::Cpu);
+        assert!(small.extend_from_spans(&[&first, &second]).is_err());
+        assert_eq!(small.len(), 0, "nothing committed");
+    }
+
+    /// Elements the storage under `t` holds (CPU): what keeping `t` keeps alive.
+    fn storage_elems(t: &Tensor) -> usize {
+        let (storage, _) = t.storage_and_layout();
+        match &*storage {
+            candle_core::Storage::Cpu(cpu) => cpu.as_slice::<f32>().unwrap().len(),
+            _ => unreachable!("CPU tensors only"),
+        }
+    }
+
+    #[test]
+    fn a_span_keeps_only_its_own_positions_alive() {
+        // One key/value head makes the narrowed positions contiguous (where `contiguous()` would
+        // hand back the view of the whole buffer), two heads make them strided (where candle's
+        // `copy()` clones the whole buffer): either way a span must own just its positions.
+        for n_kv_heads in [1, 2] {
+            let shape = KvShape {
+                n_kv_heads,
+                head_dim: 4,
+            };
+            let mut cache = KvCache::new(3, shape, 4096, DType::F32, &Device::Cpu);
+            let t = Tensor::ones((1, n_kv_heads, 600, 4), DType::F32, &Device::Cpu).unwrap();
+            for i in 0..3 {
+                cache.layer_mut(i).unwrap().write(0, &t, &t).unwrap();
+            }
+            cache.commit(600).unwrap();
+            assert_eq!(cache.capacity(), 768);
+            let span = cache.copy_span(32, 16).unwrap();
+            let per_tensor = n_kv_heads * 16 * 4;
+            for (k, v) in &span.layers {
+                assert_eq!(storage_elems(k), per_tensor, "{n_kv_heads} heads: keys");
+                assert_eq!(storage_elems(v), per_tensor, "{n_kv_heads} heads: values");
+            }
+            assert_eq!(span.allocated_bytes(), 3 * 2 * per_tensor * 4);
+        }
+    }
+
+    #[test]
+    fn the_capacity_bound_holds_for_every_way_of_growing() {
+        let shape = KvShape {
+            n_kv_heads: 2,
+            head_dim: 4,
+        };
+        let probe = KvCache::new(1, shape, 3000, DType::F32, &Device::Cpu);
+        assert_eq!(probe.capacity_bound(1), 256);
+        assert_eq!(probe.capacity_bound(1256), 2048);
+        assert_eq!(probe.capacity_bound(2900), 3000, "capped at the limit");
+        for (len, steps) in [(1256, 1), (1256, 7), (1000, 300), (513, 512), (2900, 97)] {
+            let mut cache = KvCache::new(1, shape, 3000, DType::F32, &Device::Cpu);
+            // A first chunk, then steps of `steps` tokens.
+            let mut fed = 0;
+            while fed < len {
+                let n = if fed == 0 {
+                    300.min(len)
+                } else {
+                    steps.min(len - fed)
+                };
+                step(&mut cache, n, 1.0).unwrap();
+                fed += n;
+                assert!(
+                    cache.capacity() <= probe.capacity_bound(len),
+                    "{len} {steps}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_kv_dtype_defaults_to_half_precision_and_a_set_one_is_kept() {
+        use DtypeChoice::*;
+        // auto: f16 for f32 (GGUF, on the CPU as on CUDA) and f16 activations, bf16 for bf16.
+        assert_eq!(kv_dtype_for(Auto, DType::F32), DType::F16);
+        assert_eq!(kv_dtype_for(Auto, DType::F16), DType::F16);
+        assert_eq!(kv_dtype_for(Auto, DType::BF16), DType::BF16);
+        let q8 = Quantize(ferry_config::QuantType::Q8_0);
+        assert_eq!(kv_dtype_for(q8, DType::F32), DType::F16);
+        for compute in [DType::F32, DType::F16, DType::BF16] {
+            assert_eq!(kv_dtype_for(F32, compute), DType::F32);
+            assert_eq!(kv_dtype_for(F16, compute), DType::F16);
+            assert_eq!(kv_dtype_for(BF16, compute), DType::BF16);
+        }
+    }
+
+    #[test]
+    fn a_half_precision_cache_stores_its_dtype_in_half_the_bytes() {
+        let shape = KvShape {
+            n_kv_heads: 2,
+            head_dim: 4,
+        };
+        let mut wide = KvCache::new(1, shape, 64, DType::F32, &Device::Cpu);
+        let mut half = KvCache::new(1, shape, 64, DType::F16, &Device::Cpu);
+        step(&mut wide, 3, 1.5).unwrap();
+        let (k, v) = step(&mut half, 3, 1.5).unwrap();
+        assert_eq!((k.dtype(), v.dtype()), (DType::F16, DType::F16));
+        assert_eq!(half.allocated_bytes() * 2, wide.allocated_bytes());
+        let values: Vec<f32> = v
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert!(values.iter().all(|&x| x == 3.0), "{values:?}");
+    }
+
+    #[test]
+    fn refuses_to_pass_the_limit_and_stays_consistent() {
+        let shape = KvShape {
+            n_kv_heads: 2,
+            head_dim: 4,
+        };
+        let mut cache = KvCache::new(2, shape, 10, DType::F32, &Device::Cpu);
+        step(&mut cache, 8, 1.0).unwrap();
+        assert_eq!(cache.capacity(), 10, "capacity is capped at the limit");
+        let err = step(&mut cache, 3, 1.0).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ModelError::ContextOverflow {
+                    needed: 11,
+                    max: 10
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(cache.len(), 8);
+        step(&mut cache, 2, 1.0).unwrap();
+        assert!(step(&mut cache, 1, 1.0).is_err());
+        cache.truncate(4);
+        assert_eq!(cache.len(), 4);
+    }
+}

@@ -1,0 +1,198 @@
+use super::*;
+use crate::layout::TensorEntry;
+use crate::plan::{plan, PlanInput};
+use ferry_config::OffloadMode;
+use ferry_model::header::GgufType;
+use ferry_model::loader::TensorKind;
+use ferry_model::tensors::Part;
+
+/// Bytes of 256 Q8_0 blocks: a multiple of the slab alignment, so slots hold exactly it.
+const PIECE: usize = 34 * 256;
+
+/// A Q8_0 layer whose attention/router parts take `base` bytes and whose `n` experts take
+/// `expert` bytes each (a third per gate/up/down).
+fn moe_layout(index: usize, base: usize, n: usize, expert: usize) -> LayerLayout {
+    let kind = TensorKind::Blocks(GgufType::Q8_0);
+    let mut entries = vec![TensorEntry {
+        name: "attn".into(),
+        part: Part::Q,
+        unit: 0,
+        kind,
+        shape: vec![base / 34 * 32],
+        offset: 0,
+        len: base,
+    }];
+    let mut offset = base;
+    for e in 0..n {
+        for part in [Part::ExpGate, Part::ExpUp, Part::ExpDown] {
+            entries.push(TensorEntry {
+                name: format!("exp{e}"),
+                part,
+                unit: e,
+                kind,
+                shape: vec![expert / 3 / 34 * 32],
+                offset,
+                len: expert / 3,
+            });
+            offset += expert / 3;
+        }
+    }
+    LayerLayout {
+        index,
+        entries,
+        blocks_len: offset,
+        dense_len: 0,
+    }
+}
+
+fn layouts(layers: usize, base: usize, n: usize, expert: usize) -> Vec<LayerLayout> {
+    (0..layers)
+        .map(|i| moe_layout(i, base, n, expert))
+        .collect()
+}
+
+fn input(mode: OffloadMode, layouts: Vec<LayerLayout>, budget: u64, n_used: usize) -> PlanInput {
+    let bytes = layouts.iter().map(|l| l.weight_bytes()).collect();
+    let mut input = PlanInput::new(mode, bytes, 0, budget);
+    input.layer_layouts = layouts;
+    input.experts = Some(ExpertInput {
+        n_used,
+        pool_slots: None,
+    });
+    input
+}
+
+#[test]
+fn dense_layers_have_no_expert_plan() {
+    let dense = vec![moe_layout(0, PIECE, 0, 0)];
+    assert_eq!(layer_experts(&dense, SlotKind::Cpu), None);
+    let p = plan(&input(OffloadMode::Sequential, dense, 1 << 20, 2)).expect("fits");
+    assert_eq!(p.experts, None);
+}
+
+/// Top-2 of 8 experts, every expert on the host: a decode token moves 2 experts per layer,
+/// whole-layer streaming all 8 and the attention: a ratio of 2 / (8 + 1) here (about 0.22; the experts alone: 1/4).
+#[test]
+fn top_2_of_8_moves_a_quarter_of_the_experts() {
+    let (layers, base, expert) = (4, PIECE * 3, PIECE * 3);
+    let p = plan(&input(
+        OffloadMode::Sequential,
+        layouts(layers, base, 8, expert),
+        1 << 30,
+        2,
+    ))
+    .expect("fits");
+    let ex = p.experts.as_ref().expect("experts placed");
+    assert_eq!(ex.host_experts(), layers * 8);
+    assert_eq!(ex.bytes_per_token, (layers * 2 * expert) as u64);
+    assert_eq!(
+        ex.whole_layer_bytes_per_token,
+        (layers * (base + 8 * expert)) as u64
+    );
+    let ratio = ex.bytes_per_token as f64 / ex.whole_layer_bytes_per_token as f64;
+    assert!((ratio - 2.0 / 9.0).abs() < 1e-9, "{ratio}");
+    // The pool holds one token's experts of one layer; the device the other parts and it.
+    assert_eq!(p.slots, 2);
+    assert_eq!(p.slot_bytes, expert as u64);
+    assert_eq!(p.device_bytes, (layers * base + 2 * expert) as u64);
+    assert_eq!(p.host_bytes, (layers * 8 * expert) as u64);
+    assert_eq!(p.streamed_bytes_per_step, ex.bytes_per_token);
+    assert!(p.layers.iter().all(|l| l.home == crate::Home::Device));
+}
+
+/// Top-8 of 128 (Qwen3-30B-A3B's routing): 8 / 128 of the experts, 1/16 of whole-layer
+/// streaming's expert bytes.
+#[test]
+fn top_8_of_128_moves_a_sixteenth_of_the_experts() {
+    let (layers, expert) = (3, PIECE * 3);
+    let p = plan(&input(
+        OffloadMode::Sequential,
+        layouts(layers, PIECE, 128, expert),
+        1 << 30,
+        8,
+    ))
+    .expect("fits");
+    let ex = p.experts.as_ref().expect("experts placed");
+    assert_eq!(ex.bytes_per_token, (layers * 8 * expert) as u64);
+    let experts_only = ex.whole_layer_bytes_per_token - (layers * PIECE) as u64;
+    assert_eq!(ex.bytes_per_token * 16, experts_only);
+}
+
+#[test]
+fn auto_spreads_resident_experts_evenly_within_the_budget() {
+    let (layers, base, expert) = (4, PIECE * 3, PIECE * 3);
+    let all = layouts(layers, base, 8, expert);
+    // Room for the other parts, the pool of 2 and 10 experts: 3 layers keep 3, one keeps 2..
+    let budget = (layers * base + 2 * expert + 10 * expert + expert / 2) as u64;
+    let p = plan(&input(OffloadMode::Auto, all.clone(), budget, 2)).expect("fits");
+    let ex = p.experts.as_ref().expect("experts placed");
+    let resident: Vec<usize> = ex.layers.iter().map(|l| l.device_experts).collect();
+    assert_eq!(resident, vec![3, 3, 2, 2]);
+    assert!(p.device_bytes <= budget, "{} > {budget}", p.device_bytes);
+    assert_eq!(p.resident_layer_bytes, (layers * base + 10 * expert) as u64);
+    // Fewer experts on the host, fewer bytes per token: 2 x (5 + 5 + 6 + 6) / 8 experts.
+    assert_eq!(ex.bytes_per_token, (2 * 22 * expert / 8) as u64);
+
+    // Room for everything: the plan of mode `none`.
+    let whole: u64 = all.iter().map(|l| l.weight_bytes()).sum();
+    let p = plan(&input(OffloadMode::Auto, all.clone(), whole, 2)).expect("fits");
+    assert_eq!((p.experts, p.slots), (None, 0));
+
+    // No room for the other parts and the pool: whole layers stream instead.
+    let p = plan(&input(
+        OffloadMode::Auto,
+        all,
+        (layers * base + expert) as u64,
+        2,
+    ));
+    assert!(p.map_or(true, |p| p.experts.is_none()));
+}
+
+#[test]
+fn a_larger_pool_is_counted_on_the_device() {
+    let all = layouts(2, PIECE, 4, 3 * PIECE);
+    let mut inp = input(OffloadMode::Sequential, all, 1 << 30, 2);
+    inp.experts = Some(ExpertInput {
+        n_used: 2,
+        pool_slots: Some(5),
+    });
+    let p = plan(&inp).expect("fits");
+    assert_eq!(p.slots, 5);
+    assert_eq!(p.device_bytes, (2 * PIECE + 5 * 3 * PIECE) as u64);
+}
+
+#[test]
+fn ferry_plan_shows_the_expert_tiers_and_the_bytes_per_token() {
+    use crate::render::{plan_json, render_text};
+    let (layers, base, expert) = (4, PIECE * 3, PIECE * 3);
+    let budget = (layers * base + 2 * expert + 10 * expert + expert / 2) as u64;
+    let mut inp = input(
+        OffloadMode::Auto,
+        layouts(layers, base, 8, expert),
+        budget,
+        2,
+    );
+    inp.link_bandwidth = Some(16_000_000_000);
+    let p = plan(&inp).expect("fits");
+    let text = render_text(&p);
+    for line in [
+        "experts top 2 of 8 per token",
+        "  layers 0-1    experts 3 of 8 on the device, 5 on the host (25.5 KiB each)",
+        "  layers 2-3    experts 2 of 8 on the device, 6 on the host (25.5 KiB each)",
+        "routed experts ~140.2 KiB moved per token (whole-layer streaming 918.0 KiB: 0.15x)",
+        "  expert pool  2 x 25.5 KiB = 51.0 KiB",
+    ] {
+        assert!(text.contains(line), "{line:?} not in\n{text}");
+    }
+    let json = plan_json(&p);
+    let ex = &json["experts"];
+    assert_eq!(ex["n_used"], 2);
+    assert_eq!(ex["pool_slots"], 2);
+    assert_eq!(ex["bytes_per_token"], p.streamed_bytes_per_step);
+    assert_eq!(ex["layers"].as_array().map(Vec::len), Some(4));
+    assert_eq!(ex["layers"][3]["host_experts"], 6);
+    assert!(
+        plan_json(&plan(&PlanInput::new(OffloadMode::None, vec![1], 0, 10)).unwrap())["experts"]
+            .is_null()
+    );
+}

@@ -1,0 +1,224 @@
+use super::*;
+use ferry_config::OffloadMode;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+/// 4 layers of 10 MiB, 5 MiB of fixed parts, 1 KiB of KV per token per layer (4 KiB a token),
+/// and a workspace of 64 bytes per (token of context x sequence).
+fn model(mode: OffloadMode, budget: u64) -> impl Fn(usize, usize) -> PlanInput {
+    move |max_context, max_batch| {
+        let mut input = PlanInput::new(mode, vec![10 * MIB; 4], 5 * MIB, budget);
+        input.max_context = max_context;
+        input.max_batch = max_batch;
+        input.kv_bytes_per_token_per_layer = KIB;
+        input.workspace_bytes = 64 * (max_context * max_batch) as u64;
+        input.prefetch = 1;
+        input
+    }
+}
+
+fn unset(model_context: usize) -> CacheRequest {
+    CacheRequest {
+        max_context: None,
+        max_batch: None,
+        model_context,
+        kv_dtype: Origin::Default,
+    }
+}
+
+/// Device bytes with every layer resident: 45 MiB + (4 KiB + 64 B) a token of every sequence.
+fn resident(context: usize, batch: usize) -> u64 {
+    45 * MIB + (4 * KIB + 64) * (context * batch) as u64
+}
+
+#[test]
+fn the_defaults_stay_when_they_fit() {
+    let fitted = fit(&unset(8192), &model(OffloadMode::Auto, 1024 * MIB)).expect("fits");
+    let plan = &fitted.plan;
+    assert_eq!(
+        (plan.max_context, plan.max_batch),
+        (8192, DEFAULT_MAX_BATCH)
+    );
+    assert_eq!(plan.origins.max_context, Origin::Default);
+    assert_eq!(plan.origins.max_batch, Origin::Default);
+    assert_eq!(plan.origins.model_context, 8192);
+    assert_eq!(plan.host_layers(), 0);
+    assert_eq!(fitted.reason, None, "nothing was lowered");
+}
+
+#[test]
+fn the_context_shrinks_first_keeping_every_layer_on_the_device() {
+    let budget = 300 * MIB;
+    let fitted = fit(&unset(1 << 20), &model(OffloadMode::Auto, budget)).expect("fits");
+    let plan = &fitted.plan;
+    assert_eq!(plan.max_batch, DEFAULT_MAX_BATCH, "the batch stays");
+    assert_eq!(plan.origins.max_context, Origin::Fitted);
+    assert_eq!(plan.origins.max_batch, Origin::Default);
+    assert_eq!(plan.host_layers(), 0, "no layer leaves the device");
+    assert!(plan.device_bytes <= budget);
+    // The largest multiple of 256 that fits: one step more would not.
+    let context = plan.max_context;
+    assert_eq!(context % CONTEXT_STEP, 0);
+    assert!(context >= CONTEXT_FLOOR);
+    assert!(resident(context, 8) <= budget);
+    assert!(resident(context + CONTEXT_STEP, 8) > budget);
+    assert_eq!(plan.device_bytes, resident(context, 8));
+    let reason = fitted.reason.expect("a log line");
+    assert!(
+        reason.contains(&format!(
+            "`max_context` {context} (the model's 1048576, lowered)"
+        )),
+        "{reason}"
+    );
+    assert!(reason.contains("`max_batch` 8 (the default)"), "{reason}");
+    assert!(
+        reason.contains("every layer stays on the device"),
+        "{reason}"
+    );
+    // What the full window would have cost: 4 KiB x 2^20 tokens x 8 = 32 GiB of KV.
+    assert!(reason.contains("32.0 GiB of KV cache"), "{reason}");
+}
+
+#[test]
+fn then_the_batch_shrinks_at_the_floor_context() {
+    // At the floor (4096 tokens) a sequence takes 16.25 MiB: room for 3 next to the weights.
+    let budget = 45 * MIB + 3 * (4 * KIB + 64) * 4096 + MIB;
+    let fitted = fit(&unset(32768), &model(OffloadMode::Auto, budget)).expect("fits");
+    let plan = &fitted.plan;
+    assert_eq!((plan.max_context, plan.max_batch), (CONTEXT_FLOOR, 3));
+    assert_eq!(plan.origins.max_batch, Origin::Fitted);
+    assert_eq!(plan.origins.max_context, Origin::Fitted);
+    assert_eq!(plan.host_layers(), 0);
+    let reason = fitted.reason.expect("a log line");
+    assert!(
+        reason.contains("`max_batch` 3 (the default 8, lowered)"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn layers_move_off_the_device_last() {
+    // Not even one sequence at the floor context next to every layer: 2 layers stream.
+    let budget = 45 * MIB + (4 * KIB + 64) * 4096 - 5 * MIB;
+    let fitted = fit(&unset(65536), &model(OffloadMode::Auto, budget)).expect("fits");
+    let plan = &fitted.plan;
+    assert_eq!((plan.max_context, plan.max_batch), (CONTEXT_FLOOR, 1));
+    assert!(plan.host_layers() > 0);
+    assert!(plan.device_bytes <= budget);
+    let reason = fitted.reason.expect("a log line");
+    assert!(reason.contains("stream from the host"), "{reason}");
+
+    // Mode `none` cannot move them: the planner's refusal names the smallest cache.
+    let err = fit(&unset(65536), &model(OffloadMode::None, budget)).expect_err("too small");
+    let message = err.to_string();
+    assert!(
+        message.contains("`max_context` 4096 (the model's 65536, lowered)")
+            && message.contains("`max_batch` 1 (the default 8, lowered)"),
+        "{message}"
+    );
+    assert!(
+        message.contains("the largest that fit: `max_context`"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_window_below_the_floor_is_the_floor() {
+    let budget = 45 * MIB + (4 * KIB + 64) * 2048 * 2 + MIB;
+    let fitted = fit(&unset(2048), &model(OffloadMode::Auto, budget)).expect("fits");
+    assert_eq!((fitted.plan.max_context, fitted.plan.max_batch), (2048, 2));
+    assert_eq!(fitted.plan.origins.max_context, Origin::Default);
+}
+
+#[test]
+fn set_values_are_kept_and_named_when_they_do_not_fit() {
+    let budget = 300 * MIB;
+    // A set context that streams layers in mode auto is honoured (it fits by streaming).
+    let request = CacheRequest {
+        max_context: Some(8192),
+        ..unset(1 << 20)
+    };
+    let fitted = fit(&request, &model(OffloadMode::Auto, budget)).expect("fits");
+    assert_eq!(fitted.plan.max_context, 8192);
+    assert_eq!(fitted.plan.origins.max_context, Origin::Set);
+    // Its batch shrank so that every layer stays (8192 x 8 would need 305 MiB in all).
+    assert_eq!(fitted.plan.host_layers(), 0);
+    assert_eq!(fitted.plan.origins.max_batch, Origin::Fitted);
+
+    // Set both, far too large: even streaming every layer, the cache alone exceeds the budget.
+    let request = CacheRequest {
+        max_context: Some(1 << 20),
+        max_batch: Some(8),
+        ..unset(1 << 20)
+    };
+    let err = fit(&request, &model(OffloadMode::Auto, budget)).expect_err("too large");
+    let message = err.to_string();
+    assert!(
+        message.starts_with(
+            "`max_context` 1048576 (set) with `max_batch` 8 (set) need 32.0 GiB of KV cache (f32) and 512.0 MiB of workspace, and offload mode `auto` needs at least"
+        ),
+        "{message}"
+    );
+    let PlanError::CacheDoesNotFit(overflow) = &err else {
+        panic!("{err:?}");
+    };
+    let largest = &overflow.largest;
+    // The largest context named fits at that batch, and one token more does not (streaming
+    // every layer: 5 MiB fixed + 2 slots of 10 MiB).
+    let context: usize = largest
+        .strip_prefix("`max_context` ")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{largest}"));
+    let ring = 25 * MIB;
+    assert!(
+        ring + (4 * KIB + 64) * (context * 8) as u64 <= budget,
+        "{largest}"
+    );
+    assert!(ring + (4 * KIB + 64) * ((context + 1) * 8) as u64 > budget);
+    // No batch fits a million tokens, so the context is the only way out.
+    assert_eq!(
+        largest,
+        &format!("`max_context` {context} with `max_batch` 8")
+    );
+
+    // A set batch with an unset context: both ways out are named.
+    let request = CacheRequest {
+        max_batch: Some(64),
+        ..unset(1 << 20)
+    };
+    let err = fit(&request, &model(OffloadMode::None, budget)).expect_err("too large");
+    let PlanError::CacheDoesNotFit(overflow) = &err else {
+        panic!("{err:?}");
+    };
+    let (asked, largest) = (&overflow.asked, &overflow.largest);
+    assert_eq!(
+        asked,
+        "`max_context` 4096 (the model's 1048576, lowered) with `max_batch` 64 (set)"
+    );
+    // 255 MiB next to the weights at 4160 bytes a token: 4096 x 15 fits, 16 does not; 64 x
+    // 1004 fits, 64 x 1005 does not.
+    assert_eq!(
+        largest,
+        "`max_context` 1004 with `max_batch` 64, or `max_batch` 15 with `max_context` 4096"
+    );
+}
+
+#[test]
+fn weights_that_cannot_fit_get_the_planners_own_error() {
+    // Mode none, 45 MiB of weights, 40 MiB of budget: no cache is small enough.
+    let err = fit(&unset(8192), &model(OffloadMode::None, 40 * MIB)).expect_err("too small");
+    assert!(matches!(err, PlanError::DoesNotFit { .. }), "{err:?}");
+}
+
+#[test]
+fn sequential_keeps_the_defaults_when_the_ring_fits() {
+    let fitted = fit(&unset(8192), &model(OffloadMode::Sequential, 400 * MIB)).expect("fits");
+    assert_eq!(
+        (fitted.plan.max_context, fitted.plan.max_batch),
+        (8192, DEFAULT_MAX_BATCH)
+    );
+    assert_eq!(fitted.plan.host_layers(), 4);
+    assert_eq!(fitted.reason, None);
+}

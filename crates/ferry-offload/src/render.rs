@@ -1,0 +1,477 @@
+//! What `ferry plan` prints: a human table of a [`Plan`] (runs of consecutive layers with the same
+//! home, the KV cache's context, batch and dtype and where they came from, bytes per tier, the
+//! slot ring and the PCIe-bound decode estimate) and the same plan as JSON
+//! (`--json`). Sizes use binary units (KiB, MiB, GiB); link speeds decimal ones (GB/s), as they are
+//! quoted.
+
+use std::fmt::Write as _;
+
+use serde_json::json;
+
+use super::experts_plan::{ExpertPlan, LayerExperts};
+use super::layout::SlotLayout;
+use super::plan::{mode_name, Home, Plan};
+use super::units::{format_bandwidth, format_bytes};
+
+/// A run of consecutive layers with the same home.
+struct Run {
+    first: usize,
+    last: usize,
+    home: Home,
+    total: u64,
+    smallest: u64,
+    largest: u64,
+}
+
+fn runs(plan: &Plan) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    for layer in &plan.layers {
+        match runs.last_mut() {
+            Some(run) if run.home == layer.home && run.last + 1 == layer.index => {
+                run.last = layer.index;
+                run.total = run.total.saturating_add(layer.bytes);
+                run.smallest = run.smallest.min(layer.bytes);
+                run.largest = run.largest.max(layer.bytes);
+            }
+            _ => runs.push(Run {
+                first: layer.index,
+                last: layer.index,
+                home: layer.home,
+                total: layer.bytes,
+                smallest: layer.bytes,
+                largest: layer.bytes,
+            }),
+        }
+    }
+    runs
+}
+
+/// The human table, e.g.
+///
+/// ```text
+/// mode auto, budget 6.0 GiB, 32 layers (12 on the device, 20 streamed from the host)
+///   layers 0-11   device  12 x 45.2 MiB = 542.4 MiB
+///   layers 12-31  host    20 x 45.2 MiB = 904.0 MiB
+/// device  2.3 GiB of 6.0 GiB
+///   fixed parts  180.0 MiB
+///   ...
+/// host    904.0 MiB (pinned)
+/// PCIe-bound decode <= 17.7 tok/s at 16 GB/s (904.0 MiB streamed per step)
+/// ```
+pub fn render_text(plan: &Plan) -> String {
+    let mut out = String::new();
+    let n = plan.layers.len();
+    let _ = writeln!(
+        out,
+        "mode {}, budget {}, {n} layers ({} on the device, {} streamed from the host)",
+        mode_name(plan.mode),
+        format_bytes(plan.budget_bytes),
+        plan.device_layers(),
+        plan.host_layers(),
+    );
+    for run in runs(plan) {
+        let label = if run.first == run.last {
+            format!("layer {}", run.first)
+        } else {
+            format!("layers {}-{}", run.first, run.last)
+        };
+        let count = run.last - run.first + 1;
+        let each = if run.smallest == run.largest {
+            format!("{count} x {}", format_bytes(run.largest))
+        } else {
+            format!(
+                "{count} layers of {}-{}",
+                format_bytes(run.smallest),
+                format_bytes(run.largest)
+            )
+        };
+        let _ = writeln!(
+            out,
+            "  {label:<14}{:<8}{each} = {}",
+            run.home.as_str(),
+            format_bytes(run.total)
+        );
+    }
+    if let Some(experts) = &plan.experts {
+        expert_lines(&mut out, experts);
+    }
+    let _ = writeln!(out, "{}", cache_line(plan));
+    let _ = writeln!(
+        out,
+        "device  {} of {}",
+        format_bytes(plan.device_bytes),
+        format_bytes(plan.budget_bytes)
+    );
+    let rows = [
+        ("fixed parts", format_bytes(plan.fixed_bytes)),
+        ("layers", format_bytes(plan.resident_layer_bytes)),
+        (
+            if plan.experts.is_some() {
+                "expert pool"
+            } else {
+                "slots"
+            },
+            format!(
+                "{} x {} = {}",
+                plan.slots,
+                format_bytes(plan.slot_bytes),
+                format_bytes(plan.slot_ring_bytes())
+            ),
+        ),
+        ("KV cache", format_bytes(plan.kv_bytes)),
+        ("workspace", format_bytes(plan.workspace_bytes)),
+        ("reserve", format_bytes(plan.reserve_bytes)),
+    ];
+    for (name, value) in rows {
+        let _ = writeln!(out, "  {name:<13}{value}");
+    }
+    let host_note = if plan.mode == ferry_config::OffloadMode::Model {
+        " (pinned; the whole model parks here while idle)"
+    } else {
+        " (pinned)"
+    };
+    let _ = writeln!(out, "host    {}{host_note}", format_bytes(plan.host_bytes));
+    if let (Some(rate), Some(bandwidth)) = (plan.estimated_decode_tokens_per_s, plan.link_bandwidth)
+    {
+        let _ = writeln!(
+            out,
+            "PCIe-bound decode <= {rate:.1} tok/s at {} ({} streamed per step)",
+            format_bandwidth(bandwidth),
+            format_bytes(plan.streamed_bytes_per_step)
+        );
+    }
+    for note in &plan.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+    out
+}
+
+/// The expert tiers of a MoE plan, one line per run of layers placed alike, and the bytes
+/// moved per token against whole-layer streaming:
+///
+/// ```text
+/// experts top 2 of 8 per token
+///   layers 0-1    experts 3 of 8 on the device, 5 on the host (1.5 MiB each)
+///   layer 2       experts 2 of 8 on the device, 6 on the host (1.5 MiB each)
+/// routed experts ~2.9 MiB moved per token (whole-layer streaming 13.5 MiB: 0.21x)
+/// ```
+fn expert_lines(out: &mut String, experts: &ExpertPlan) {
+    let _ = writeln!(
+        out,
+        "experts top {} of {} per token",
+        experts.n_used,
+        experts
+            .layers
+            .iter()
+            .map(|l| l.n_experts())
+            .max()
+            .unwrap_or(0)
+    );
+    let key = |l: &LayerExperts| {
+        let each = l.expert_bytes.iter().max().copied().unwrap_or(0);
+        (l.device_experts, l.n_experts(), each)
+    };
+    let mut runs: Vec<(usize, usize, (usize, usize, u64))> = Vec::new();
+    for l in &experts.layers {
+        match runs.last_mut() {
+            Some((_, last, k)) if *k == key(l) && *last + 1 == l.index => *last = l.index,
+            _ => runs.push((l.index, l.index, key(l))),
+        }
+    }
+    for (first, last, (device, n, each)) in runs {
+        let label = if first == last {
+            format!("layer {first}")
+        } else {
+            format!("layers {first}-{last}")
+        };
+        let _ = writeln!(
+            out,
+            "  {label:<14}experts {device} of {n} on the device, {} on the host ({} each)",
+            n - device,
+            format_bytes(each)
+        );
+    }
+    let whole = experts.whole_layer_bytes_per_token;
+    let ratio = if whole > 0 {
+        experts.bytes_per_token as f64 / whole as f64
+    } else {
+        0.0
+    };
+    let _ = writeln!(
+        out,
+        "routed experts ~{} moved per token (whole-layer streaming {}: {ratio:.2}x)",
+        format_bytes(experts.bytes_per_token),
+        format_bytes(whole)
+    );
+}
+
+fn experts_json(experts: &ExpertPlan) -> serde_json::Value {
+    let layers: Vec<serde_json::Value> = experts
+        .layers
+        .iter()
+        .map(|l| {
+            json!({
+                "index": l.index,
+                "base_bytes": l.base_bytes,
+                "device_experts": l.device_experts,
+                "host_experts": l.host_experts(),
+                "expert_bytes": l.expert_bytes.iter().max().copied().unwrap_or(0),
+                "device_bytes": l.device_bytes(),
+                "host_bytes": l.host_bytes(),
+            })
+        })
+        .collect();
+    json!({
+        "n_used": experts.n_used,
+        "pool_slots": experts.pool_slots,
+        "bytes_per_token": experts.bytes_per_token,
+        "whole_layer_bytes_per_token": experts.whole_layer_bytes_per_token,
+        "layers": layers,
+    })
+}
+
+/// `cache   max_context 4096 (fitted; the model's 131072), max_batch 8 (default), kv_dtype f16
+/// (default)`: the KV cache's shape and where each value came from.
+fn cache_line(plan: &Plan) -> String {
+    let o = &plan.origins;
+    let window = if o.model_context > 0 && o.model_context != plan.max_context {
+        format!("; the model's {}", o.model_context)
+    } else {
+        String::new()
+    };
+    format!(
+        "cache   max_context {} ({}{window}), max_batch {} ({}), kv_dtype {} ({})",
+        plan.max_context,
+        o.max_context.as_str(),
+        plan.max_batch,
+        o.max_batch.as_str(),
+        plan.kv_dtype.as_str(),
+        o.kv_dtype.as_str(),
+    )
+}
+
+/// The plan as a JSON value:
+///
+/// ```text
+/// {"mode", "budget_bytes", "layers": [{"index", "home": "device"|"host", "bytes"}],
+///  "device_bytes", "host_bytes", "kv_bytes", "slots", "slot_bytes",
+///  "estimated_decode_tokens_per_s", "notes": [".."], "fixed_bytes", "workspace_bytes", "reserve_bytes",
+///  "streamed_bytes_per_step", "link_bandwidth",
+///  "max_context", "max_batch", "kv_dtype": "f32"|"f16"|"bf16", "model_context",
+///  "origin": {"max_context", "max_batch", "kv_dtype": "default"|"set"|"fitted"},
+///  "slot_layout": {"kind": "cpu"|"cuda", "dense_bytes", "blocks_bytes",
+///                  "matrices": [{"part", "type", "shape", "bytes", "allocated"}]},
+///  "experts": {"n_used", "pool_slots", "bytes_per_token", "whole_layer_bytes_per_token",
+///              "layers": [{"index", "base_bytes", "device_experts", "host_experts",
+///                          "expert_bytes", "device_bytes", "host_bytes"}]}}
+/// ```
+///
+/// `estimated_decode_tokens_per_s`, `link_bandwidth`, `slot_layout` and `experts` (set for a
+/// MoE model placed expert by expert) are `null` when absent.
+pub fn plan_json(plan: &Plan) -> serde_json::Value {
+    json!({
+        "mode": mode_name(plan.mode),
+        "budget_bytes": plan.budget_bytes,
+        "layers": plan.layers,
+        "device_bytes": plan.device_bytes,
+        "host_bytes": plan.host_bytes,
+        "kv_bytes": plan.kv_bytes,
+        "slots": plan.slots,
+        "slot_bytes": plan.slot_bytes,
+        "estimated_decode_tokens_per_s": plan.estimated_decode_tokens_per_s,
+        "notes": plan.notes,
+        "fixed_bytes": plan.fixed_bytes,
+        "workspace_bytes": plan.workspace_bytes,
+        "reserve_bytes": plan.reserve_bytes,
+        "streamed_bytes_per_step": plan.streamed_bytes_per_step,
+        "link_bandwidth": plan.link_bandwidth,
+        "slot_layout": plan.slot_layout.as_ref().map(slot_layout_json),
+        "experts": plan.experts.as_ref().map(experts_json),
+        "max_context": plan.max_context,
+        "max_batch": plan.max_batch,
+        "kv_dtype": plan.kv_dtype.as_str(),
+        "model_context": plan.origins.model_context,
+        "origin": {
+            "max_context": plan.origins.max_context.as_str(),
+            "max_batch": plan.origins.max_batch.as_str(),
+            "kv_dtype": plan.origins.kv_dtype.as_str(),
+        },
+    })
+}
+
+fn slot_layout_json(slot: &SlotLayout) -> serde_json::Value {
+    let matrices: Vec<serde_json::Value> = slot
+        .matrices
+        .iter()
+        .map(|m| {
+            json!({
+                "part": format!("{:?}", m.part),
+                "type": format!("{:?}", m.dtype),
+                "shape": m.shape,
+                "bytes": m.bytes,
+                "allocated": m.allocated,
+            })
+        })
+        .collect();
+    json!({
+        "kind": slot.kind.as_str(),
+        "dense_bytes": slot.dense_bytes,
+        "blocks_bytes": slot.blocks_bytes,
+        "matrices": matrices,
+    })
+}
+
+/// [`plan_json`] pretty-printed.
+pub fn render_json(plan: &Plan) -> String {
+    format!("{:#}", plan_json(plan))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{plan, PlanInput};
+    use ferry_config::OffloadMode;
+
+    const MIB: u64 = 1024 * 1024;
+
+    fn auto_plan() -> Plan {
+        let mut input = PlanInput::new(OffloadMode::Auto, vec![10 * MIB; 8], 20 * MIB, 80 * MIB);
+        input.prefetch = 1;
+        input.reserve_bytes = 5 * MIB;
+        input.link_bandwidth = Some(16_000_000_000);
+        // base 25 MiB + 2 slots x 10 MiB = 45 MiB; 3 more layers fit (75 MiB), 5 stream.
+        plan(&input).expect("fits")
+    }
+
+    #[test]
+    fn text_groups_runs_and_shows_tiers_and_estimate() {
+        let plan = auto_plan();
+        assert_eq!(plan.device_layers(), 3);
+        let text = render_text(&plan);
+        assert!(text.starts_with("mode auto, budget 80.0 MiB, 8 layers (3 on the device, 5 streamed from the host)\n"), "{text}");
+        assert!(
+            text.contains("  layers 0-2    device  3 x 10.0 MiB = 30.0 MiB\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  layers 3-7    host    5 x 10.0 MiB = 50.0 MiB\n"),
+            "{text}"
+        );
+        assert!(text.contains("device  75.0 MiB of 80.0 MiB\n"), "{text}");
+        assert!(
+            text.contains("  slots        2 x 10.0 MiB = 20.0 MiB\n"),
+            "{text}"
+        );
+        assert!(text.contains("  reserve      5.0 MiB\n"), "{text}");
+        assert!(text.contains("host    50.0 MiB (pinned)\n"), "{text}");
+        // 16e9 / (50 MiB) = 305.2 tok/s.
+        assert!(
+            text.contains(
+                "PCIe-bound decode <= 305.2 tok/s at 16 GB/s (50.0 MiB streamed per step)"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn text_of_a_resident_plan_has_no_estimate_and_names_single_layers() {
+        let mut input = PlanInput::new(OffloadMode::None, vec![3 * MIB, 5 * MIB], MIB, 100 * MIB);
+        input.link_bandwidth = Some(16_000_000_000);
+        let plan = plan(&input).expect("fits");
+        let text = render_text(&plan);
+        assert!(
+            text.contains("  layers 0-1    device  2 layers of 3.0 MiB-5.0 MiB = 8.0 MiB\n"),
+            "{text}"
+        );
+        assert!(!text.contains("PCIe-bound"), "{text}");
+        assert!(text.contains("  slots        0 x 0 B = 0 B\n"), "{text}");
+
+        let mut input = PlanInput::new(OffloadMode::Sequential, vec![MIB], 0, 100 * MIB);
+        input.link_bandwidth = Some(16_000_000_000);
+        let text = render_text(&plan_fn(&input));
+        assert!(
+            text.contains("  layer 0       host    1 x 1.0 MiB = 1.0 MiB\n"),
+            "{text}"
+        );
+    }
+
+    fn plan_fn(input: &PlanInput) -> Plan {
+        plan(input).expect("fits")
+    }
+
+    #[test]
+    fn the_cache_line_and_json_say_where_context_batch_and_dtype_came_from() {
+        use crate::plan::{CacheOrigins, Origin};
+        let mut input = PlanInput::new(OffloadMode::None, vec![MIB], 0, 100 * MIB);
+        input.max_context = 4096;
+        input.max_batch = 8;
+        input.kv_dtype = candle_core::DType::F16;
+        input.origins = CacheOrigins {
+            max_context: Origin::Fitted,
+            max_batch: Origin::Default,
+            kv_dtype: Origin::Set,
+            model_context: 131072,
+        };
+        let plan = plan_fn(&input);
+        let text = render_text(&plan);
+        assert!(
+            text.contains("\ncache   max_context 4096 (fitted; the model's 131072), max_batch 8 (default), kv_dtype f16 (set)\n"),
+            "{text}"
+        );
+        let value = plan_json(&plan);
+        assert_eq!(value["max_context"], 4096);
+        assert_eq!(value["max_batch"], 8);
+        assert_eq!(value["kv_dtype"], "f16");
+        assert_eq!(value["model_context"], 131072);
+        assert_eq!(
+            value["origin"],
+            json!({"max_context": "fitted", "max_batch": "default", "kv_dtype": "set"})
+        );
+    }
+
+    #[test]
+    fn notes_close_the_text_and_are_listed_in_json() {
+        let mut plan = auto_plan();
+        assert!(!render_text(&plan).contains("note:"));
+        assert_eq!(plan_json(&plan)["notes"], serde_json::json!([]));
+        plan.notes = vec!["2 IQ4_XS tensors are dequantized at load".into()];
+        let text = render_text(&plan);
+        assert!(
+            text.ends_with("note: 2 IQ4_XS tensors are dequantized at load\n"),
+            "{text}"
+        );
+        assert_eq!(plan_json(&plan)["notes"][0], plan.notes[0].as_str());
+    }
+
+    #[test]
+    fn json_has_the_documented_shape() {
+        let plan = auto_plan();
+        let value: serde_json::Value =
+            serde_json::from_str(&render_json(&plan)).expect("valid JSON");
+        assert_eq!(value["mode"], "auto");
+        assert_eq!(value["budget_bytes"], 80 * MIB);
+        assert_eq!(value["device_bytes"], 75 * MIB);
+        assert_eq!(value["host_bytes"], 50 * MIB);
+        assert_eq!(value["kv_bytes"], 0);
+        assert_eq!(value["slots"], 2);
+        assert_eq!(value["slot_bytes"], 10 * MIB);
+        let layers = value["layers"].as_array().expect("layers array");
+        assert_eq!(layers.len(), 8);
+        assert_eq!(
+            layers[2],
+            json!({"index": 2, "home": "device", "bytes": 10 * MIB})
+        );
+        assert_eq!(
+            layers[3],
+            json!({"index": 3, "home": "host", "bytes": 10 * MIB})
+        );
+        let rate = value["estimated_decode_tokens_per_s"]
+            .as_f64()
+            .expect("a number");
+        assert!((rate - 16e9 / (50.0 * MIB as f64)).abs() < 1e-6, "{rate}");
+
+        let resident = plan_fn(&PlanInput::new(OffloadMode::None, vec![MIB], 0, 10 * MIB));
+        assert!(plan_json(&resident)["estimated_decode_tokens_per_s"].is_null());
+        assert_eq!(plan_json(&resident)["mode"], "none");
+    }
+}

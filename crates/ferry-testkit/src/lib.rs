@@ -1,0 +1,17 @@
+//! ferry-testkit: helpers that several of ferry's crates share in their tests and benches, and
+//! nothing else. It is only ever a dev-dependency (scripts/check-layering.sh refuses it as a
+//! normal one), so what is public here is public for tests, and no layer's own public surface
+//! grows for a test's sake.
+//!
+//! - [`random_bytes`]: raw bytes of every bit pattern from a seed (the CPU kernels' tests and
+//!   `benches/qmatmul_kernels.rs` write quantized blocks over them).
+//! - [`capture_logs`]: what code logs through `tracing` while a closure runs, as text (the
+//!   metrics' and the runtime's log-line tests).
+//!
+//! It depends on no ferry crate, so any layer may use it.
+
+mod log_capture;
+mod random;
+
+pub use log_capture::capture_logs;
+pub use random::random_bytes;
