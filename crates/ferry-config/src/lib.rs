@@ -27,15 +27,15 @@
 //! - [`load`]: the I/O edge (file, process environment, warnings about unknown `FERRY_*`
 //!   variables); [`show`]: `ferry config`'s listing; [`env`]: the unknown-variable check.
 
-pub mod env;
-pub mod error;
-pub mod load;
+mod env;
+mod error;
+mod load;
 pub mod raw;
-pub mod resolve;
+mod resolve;
 pub mod settings;
 pub mod show;
-pub mod types;
-pub mod units;
+mod types;
+mod units;
 pub mod values;
 
 pub use error::ConfigError;

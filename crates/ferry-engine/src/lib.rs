@@ -25,21 +25,21 @@
 //! [`tool_calls`] reads function calls out of replies and builds the grammar that enforces
 //! them.
 
-pub mod backend;
-pub mod detokenize;
-pub mod error;
-pub mod generate;
+mod backend;
+mod detokenize;
+mod error;
+mod generate;
 pub mod grammar;
-pub mod logprobs;
-pub mod pacer;
-pub mod penalties;
+mod logprobs;
+mod pacer;
+mod penalties;
 pub mod prefix_cache;
-pub mod queue;
-pub mod request;
+mod queue;
+mod request;
 pub mod sampling;
-pub mod scheduler;
+mod scheduler;
 mod serve_loop;
-pub mod stop;
+mod stop;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod tool_calls;

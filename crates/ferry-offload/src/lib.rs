@@ -56,34 +56,34 @@
 //!
 //! Planning reports failures through [`PlanError`], the running engine through [`OffloadError`].
 
-pub mod accounting;
-pub mod assemble;
+mod accounting;
+mod assemble;
 pub mod buffer;
 pub mod calibrate;
 pub mod calibrate_cache;
 mod copy_shared;
 pub mod cost;
-pub mod error;
-pub mod experts;
+mod error;
+mod experts;
 mod experts_copy;
 mod experts_gpu;
 pub mod experts_plan;
 pub mod fit;
-pub mod host;
+mod host;
 pub mod layout;
 mod link;
-pub mod load;
+mod load;
 pub mod plan;
-pub mod qview;
+mod qview;
 pub mod render;
 pub mod sizing;
-pub mod slot;
-pub mod slot_gpu;
+mod slot;
+mod slot_gpu;
 pub mod store;
-pub mod stream;
+mod stream;
 mod stream_gpu;
 mod stream_thread;
-pub mod swap;
+mod swap;
 mod swap_copy;
 pub mod tier_report;
 pub mod units;

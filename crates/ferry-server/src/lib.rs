@@ -39,21 +39,21 @@
 //! builds the engine from a configuration and hands it to [`run`].
 
 pub mod admission;
-pub mod auth;
+mod auth;
 mod connections;
-pub mod cors;
-pub mod error;
-pub mod extract;
-pub mod handlers;
+mod cors;
+mod error;
+mod extract;
+mod handlers;
 pub mod limits;
-pub mod listen;
-pub mod metrics;
-pub mod openai;
+mod listen;
+mod metrics;
+mod openai;
 pub mod options;
-pub mod request_id;
-pub mod shutdown;
-pub mod sse;
-pub mod validate;
+mod request_id;
+mod shutdown;
+mod sse;
+mod validate;
 
 use std::sync::Arc;
 
