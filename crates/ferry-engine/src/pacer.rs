@@ -51,7 +51,8 @@ impl StepPacer {
         });
     }
 
-    /// The estimated seconds per token of a prompt-heavy step, once one was seen.
+    /// The estimated seconds per token of a prompt-heavy step, once one was seen (for tests).
+    #[cfg(test)]
     pub fn seconds_per_token(&self) -> Option<f64> {
         self.per_token
     }

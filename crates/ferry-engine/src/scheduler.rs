@@ -185,7 +185,8 @@ impl<T: Schedulable> Scheduler<T> {
             .count()
     }
 
-    /// [`Self::plan_within`] the whole `max_step_tokens`, with no floor.
+    /// [`Self::plan_within`] the whole `max_step_tokens`, with no floor (for tests).
+    #[cfg(test)]
     pub fn plan(&mut self) -> Vec<StepShare> {
         self.plan_within(self.limits.max_step_tokens, 1)
     }

@@ -20,7 +20,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::buffer::{AlignedBytes, HostMemory};
 use super::error::OffloadError;
-pub use super::layout::{align_up, LayerLayout, TensorEntry, TENSOR_ALIGN};
+pub use super::layout::{LayerLayout, TensorEntry, TENSOR_ALIGN};
 use super::layout::{SlotKind, SlotLayout};
 use super::slot::SlotBuffers;
 use ferry_model::checkpoint::Checkpoint;

@@ -119,11 +119,6 @@ impl BlockArena {
         self.read().len()
     }
 
-    /// Whether the region is empty (the model has no block-quantized matrices).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Read access (a poisoned lock still holds plain bytes, so it is used as is).
     pub fn read(&self) -> RwLockReadGuard<'_, AlignedBytes> {
         self.data.read().unwrap_or_else(|e| e.into_inner())

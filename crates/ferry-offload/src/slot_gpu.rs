@@ -38,7 +38,6 @@ struct MatrixBuffer {
 
 /// The device buffers of one slot.
 pub struct GpuSlot {
-    device: Device,
     dense: Tensor,
     dense_dtype: DType,
     dense_address: DeviceAddress,
@@ -94,7 +93,6 @@ impl GpuSlot {
         let allocated =
             (elems * size + layout.matrices.iter().map(|m| m.allocated).sum::<usize>()) as u64;
         Ok(Self {
-            device: device.clone(),
             dense,
             dense_dtype,
             dense_address,
@@ -150,11 +148,6 @@ impl GpuSlot {
     /// the compute stream learns from the link's *loaded* event).
     pub fn views(&self, layer: &HostLayer) -> Result<LayerWeights> {
         layer_weights(layer, self)
-    }
-
-    /// The CUDA device the slot lives on.
-    pub fn device(&self) -> Device {
-        self.device.clone()
     }
 }
 

@@ -53,19 +53,9 @@ pub struct ValidRequest {
 }
 
 impl ValidRequest {
-    /// The backend's model id (aliases resolved).
-    pub fn model(&self) -> &str {
-        &self.model
-    }
-
     /// The model name as the client sent it (echoed in responses).
     pub fn served_name(&self) -> &str {
         &self.served_name
-    }
-
-    /// Prompt token ids.
-    pub fn prompt(&self) -> &[u32] {
-        &self.prompt
     }
 
     /// Generation parameters, `max_tokens` final.

@@ -98,11 +98,6 @@ impl TokenList {
             Self::Pieces(pieces) => pieces.len(),
         }
     }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// One token of a `with_pieces` answer.
