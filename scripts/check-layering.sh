@@ -3,15 +3,17 @@
 # refuses an import of a crate that is not a declared dependency, and a dependency that closes a
 # cycle (a lower layer naming one that names it) fails the build. What Cargo allows and the
 # layering does not is a dependency sideways or upward that closes no cycle, say ferry-gpu on
-# ferry-metrics, or ferry-engine on ferry-offload. This script reads the workspace's manifests
+# ferry-metrics, or ferry-engine on ferry-model. This script reads the workspace's manifests
 # (`cargo metadata --no-deps`, no build) and checks every dependency between ferry's crates
 # against the layers below, lowest first:
 #
-#   0  ferry-config, ferry-gpu, ferry-metrics   settings, CUDA primitives, the metrics registry
-#   1  ferry-model                              a model, its files and its kernels
-#   2  ferry-offload, ferry-engine              placement and streaming; generation and batching
-#   3  ferry-server                             HTTP, which knows only the engine's Backend trait
-#   4  ferry                                    runtime, CLI and `main`: builds it all
+#   0  ferry-config, ferry-gpu, ferry-metrics, ferry-chat
+#                                settings, CUDA primitives, the metrics registry, the chat message
+#   1  ferry-model, ferry-engine   a model (files, tokenizer, families, kernels); generation and
+#                                batching, which knows models only through its traits
+#   2  ferry-offload, ferry-server placement and streaming of weights; HTTP, which knows only the
+#                                engine's Backend trait
+#   3  ferry                       runtime, CLI and `main`: builds it all
 #
 # A crate may depend on crates of a lower layer only. ferry-testkit (helpers for tests) may only
 # be a dev-dependency; a dev-dependency otherwise follows the same rule. A workspace crate missing
@@ -28,9 +30,9 @@ metadata="$(cargo metadata --format-version 1 --no-deps --offline --manifest-pat
 if printf '%s' "$metadata" | perl -MJSON::PP -e '
 use strict;
 use warnings;
-my %rank = ("ferry-config" => 0, "ferry-gpu" => 0, "ferry-metrics" => 0,
-            "ferry-model" => 1, "ferry-offload" => 2, "ferry-engine" => 2,
-            "ferry-server" => 3, "ferry" => 4);
+my %rank = ("ferry-config" => 0, "ferry-gpu" => 0, "ferry-metrics" => 0, "ferry-chat" => 0,
+            "ferry-model" => 1, "ferry-engine" => 1,
+            "ferry-offload" => 2, "ferry-server" => 2, "ferry" => 3);
 my %dev_only = ("ferry-testkit" => 1);
 my $meta = JSON::PP->new->decode(do { local $/; <STDIN> });
 my %members = map { $_ => 1 } @{ $meta->{workspace_members} };

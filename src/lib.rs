@@ -17,6 +17,8 @@
 //! - [`metrics`] (`ferry-metrics`): the Prometheus registry (`ferry_*`) shared by the HTTP layer,
 //!   the engine and the offload engine, rendered by `GET /metrics`; one request's tracking and
 //!   the log sink.
+//! - [`chat`] (`ferry-chat`): the chat message the tokenizer renders and the engine's requests
+//!   carry, so that neither of the two depends on the other.
 //! - [`model`] (`ferry-model`): where a model comes from, what shape it has, its tokenizer and
 //!   chat template, its weights, the CPU quantized kernels, the per-layer forward loop every
 //!   architecture shares and each family's block.
@@ -37,6 +39,7 @@
 pub mod cli;
 pub mod runtime;
 
+pub use ferry_chat as chat;
 pub use ferry_config as config;
 pub use ferry_engine as engine;
 pub use ferry_gpu as gpu;

@@ -71,13 +71,14 @@ fn the_workspace_depends_downward_only() {
 
 #[test]
 fn a_sideways_dependency_fails_the_check() {
-    // Both are layer 2 and offload does not depend on the engine: no cycle, so Cargo accepts it.
-    let dir = planted("crates/ferry-engine", "ferry-offload");
+    // Both are layer 1 and the model does not depend on the engine: no cycle, so Cargo accepts
+    // it; the engine knows models only through its traits.
+    let dir = planted("crates/ferry-engine", "ferry-model");
     let output = check(dir.path());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("ferry-engine (layer 2) depends on ferry-offload (layer 2)"),
+        stderr.contains("ferry-engine (layer 1) depends on ferry-model (layer 1)"),
         "{stderr}"
     );
 }
@@ -96,8 +97,9 @@ fn a_test_helper_as_a_normal_dependency_fails_the_check() {
 
 #[test]
 fn an_upward_dependency_fails_the_build() {
-    // The model naming the engine, which names the model: Cargo refuses to resolve the cycle.
-    let dir = planted("crates/ferry-model", "ferry-engine");
+    // The configuration naming the model, which names the configuration: Cargo refuses to
+    // resolve the cycle.
+    let dir = planted("crates/ferry-config", "ferry-model");
     let output = Command::new(env!("CARGO"))
         .args([
             "metadata",
@@ -117,7 +119,7 @@ fn an_upward_dependency_fails_the_build() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("ferry-model (layer 1) depends on ferry-engine (layer 2)"),
+        stderr.contains("ferry-config (layer 0) depends on ferry-model (layer 1)"),
         "{stderr}"
     );
 }

@@ -1,10 +1,11 @@
 //! # ferry-engine
 //!
-//! Layer 2 of ferry (docs/ARCHITECTURE.md, "Crates"): generation. It depends on `ferry-model`
-//! (only for the chat message type, which lives with the tokenizer) and `ferry-metrics`, and may
-//! know nothing of the offload engine, devices or HTTP: a model is anything that implements
-//! [`LanguageModel`], a tokenizer anything that implements [`TextCodec`], and the HTTP layer
-//! sees the engine only through the [`Backend`] trait.
+//! Layer 1 of ferry (docs/ARCHITECTURE.md, "Crates"): generation. It depends on `ferry-chat`
+//! (the chat message its requests carry) and `ferry-metrics`, and may know nothing of the
+//! model crate, the offload engine, devices or HTTP: a model is anything that implements
+//! [`LanguageModel`], a tokenizer anything that implements [`TextCodec`] (the `ferry` package's
+//! runtime adapts the real ones), and the HTTP layer sees the engine only through the
+//! [`Backend`] trait.
 //!
 //! A reuser implements those two traits for its model and tokenizer, starts an
 //! [`EngineHandle`] with [`EngineOptions`], and submits [`GenerationRequest`]s, receiving

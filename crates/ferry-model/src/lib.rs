@@ -1,8 +1,9 @@
 //! # ferry-model
 //!
 //! Layer 1 of ferry (docs/ARCHITECTURE.md, "Crates"): a model, from its files to the logits of a
-//! batch. It depends on `ferry-config` only (the dtype and kernel choices are config types it
-//! reads) and may know nothing of the offload engine, the generation engine, devices beyond
+//! batch. It depends on `ferry-config` (the dtype and kernel choices are config types it reads)
+//! and `ferry-chat` (the chat message its templates render), and may know nothing of the
+//! offload engine, the generation engine, devices beyond
 //! candle's `Device`, or HTTP: where a layer's weights live is behind the [`decoder::LayerSource`]
 //! trait, which the offload engine implements from above.
 //!

@@ -1,6 +1,6 @@
 //! # ferry-server
 //!
-//! Layer 3 of ferry (docs/ARCHITECTURE.md, "Crates"): the OpenAI-compatible HTTP server. It
+//! Layer 2 of ferry (docs/ARCHITECTURE.md, "Crates"): the OpenAI-compatible HTTP server. It
 //! depends on `ferry-engine` (its [`ferry_engine::Backend`] trait and plain request/event types)
 //! and `ferry-metrics`, and may know nothing of models, weights, devices or the offload engine:
 //! it is tested against a small deterministic backend, no model needed.
@@ -34,9 +34,9 @@
 //! [`error::ApiError`], which alone decides the HTTP status and body.
 //!
 //! [`run`] serves on a TCP listener until a [`shutdown::ShutdownSignal`] stops it (see
-//! [`listen`] for the stop sequence). The server sits at the top of the crate with `runtime`:
-//! it imports the engine's `Backend` trait and nothing that loads models; `runtime::serve`
-//! builds the engine from a configuration and hands it to [`run`].
+//! [`listen`] for the stop sequence). The server imports the engine's `Backend` trait and
+//! nothing that loads models; the `ferry` package's `runtime::serve` builds the engine from a
+//! configuration and hands it to [`run`].
 
 pub mod admission;
 mod auth;

@@ -20,27 +20,7 @@ use serde::Serialize;
 use super::template_json::tojson;
 use crate::error::{ModelError, Result};
 
-/// One chat message after validation: role and flattened text content (what the HTTP layer hands
-/// the engine, and what the template renders; the engine re-exports it).
-#[derive(Debug, Clone, PartialEq, Default, Serialize)]
-pub struct ChatMessage {
-    /// "system", "user", "assistant" or "tool".
-    pub role: String,
-    /// The message text (content parts already joined).
-    pub content: String,
-    /// The participant's name (`messages[].name`), for templates that render it; absent from
-    /// the template's view when not given.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// An assistant message's calls, in OpenAI's shape (`{"id", "type": "function",
-    /// "function": {"name", "arguments"}}`) with `arguments` as a JSON object, as templates
-    /// expect them; absent when none.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<Vec<serde_json::Value>>,
-    /// A tool message's `tool_call_id`; absent when none.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
-}
+pub use ferry_chat::ChatMessage;
 
 /// Name of the single template in the environment.
 const NAME: &str = "chat";
