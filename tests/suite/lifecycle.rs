@@ -203,10 +203,12 @@ async fn a_burst_of_oversized_prompts_leaves_memory_where_it_was() {
     let took = started.elapsed();
     std::thread::sleep(Duration::from_millis(500));
     let after = server.rss_bytes();
-    let ratio = after as f64 / before as f64;
-    println!("RSS before {before} after {after} ({ratio:.3}); 8 rejections took {took:?}");
+    println!("RSS before {before} after {after}; 8 rejections took {took:?}");
+    // Less than one of the 10 MiB bodies may stay: an absolute bound, since the release
+    // binary's whole resident set is only ~30 MiB (10% of it is allocator noise after a burst).
+    const SLACK: u64 = 8 << 20;
     assert!(
-        (0.9..=1.1).contains(&ratio),
-        "RSS went from {before} to {after} bytes"
+        after <= before + SLACK,
+        "RSS went from {before} to {after} bytes (more than {SLACK} bytes kept)"
     );
 }
