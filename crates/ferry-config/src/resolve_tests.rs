@@ -269,16 +269,12 @@ fn a_relative_chat_template_file_in_a_file_is_relative_to_its_folder() {
 
 #[test]
 fn the_shipped_config_points_at_the_fetched_model_from_any_directory() {
-    let path = std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../config/default.toml"
-    ));
-    let raw = crate::load::read_file(path).expect("config/default.toml");
+    let path = ferry_testkit::repo_root().join("config/default.toml");
+    let raw = crate::load::read_file(&path).expect("config/default.toml");
     let resolved = Resolved::new(&raw, &Overrides::default(), &Overrides::default()).expect("ok");
     let source = std::path::Path::new(&resolved.config.models[0].source);
     assert!(source.is_absolute(), "{}", source.display());
-    let repo_model = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-        .join(DEFAULT_MODEL_SOURCE);
+    let repo_model = ferry_testkit::repo_root().join(DEFAULT_MODEL_SOURCE);
     if let Ok(real) = repo_model.canonicalize() {
         assert_eq!(source, real);
     } else {

@@ -99,8 +99,8 @@ const END: &str = "<!-- end of settings table -->";
 
 #[test]
 fn the_readme_table_is_the_settings_table() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
-        .expect("README.md");
+    let readme =
+        std::fs::read_to_string(ferry_testkit::repo_root().join("README.md")).expect("README.md");
     let start = readme.find(START).expect("README has the start marker") + START.len();
     let end = readme.find(END).expect("README has the end marker");
     let table = readme[start..end].trim();

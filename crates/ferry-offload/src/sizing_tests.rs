@@ -17,8 +17,7 @@ fn test_model() -> PathBuf {
     let path = std::env::var_os("FERRY_TEST_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-                .join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+            ferry_testkit::repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
         });
     assert!(
         path.exists(),

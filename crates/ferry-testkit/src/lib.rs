@@ -7,11 +7,15 @@
 //!   `benches/qmatmul_kernels.rs` write quantized blocks over them).
 //! - [`capture_logs`]: what code logs through `tracing` while a closure runs, as text (the
 //!   metrics' and the runtime's log-line tests).
+//! - [`repo_root`]: the repository's folder, where fixtures, the default model, the README and
+//!   the shipped configuration are.
 //!
 //! It depends on no ferry crate, so any layer may use it.
 
 mod log_capture;
+mod paths;
 mod random;
 
 pub use log_capture::capture_logs;
+pub use paths::repo_root;
 pub use random::random_bytes;

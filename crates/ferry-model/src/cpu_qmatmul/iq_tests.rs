@@ -24,10 +24,7 @@ struct Case {
 }
 
 fn fixture() -> Vec<Case> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/fixtures/iq-quants/blocks.json"
-    );
+    let path = ferry_testkit::repo_root().join("tests/fixtures/iq-quants/blocks.json");
     let text = std::fs::read_to_string(path).expect("fixture (scripts/make-iq-fixture.py)");
     let json: serde_json::Value = serde_json::from_str(&text).expect("fixture json");
     let cases = json["cases"].as_array().expect("cases");

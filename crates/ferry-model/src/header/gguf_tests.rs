@@ -4,7 +4,6 @@
 //! refuses it; malformed headers are errors, not panics.
 
 use std::borrow::Cow;
-use std::path::Path;
 
 use candle_core::quantized::gguf_file::{self, Content, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -13,7 +12,7 @@ use candle_core::{Device, Tensor};
 use super::*;
 
 fn fixture(name: &str) -> std::path::PathBuf {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+    ferry_testkit::repo_root()
         .join("tests/fixtures/gguf-types")
         .join(name)
 }

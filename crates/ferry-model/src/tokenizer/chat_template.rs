@@ -225,8 +225,7 @@ mod tests {
 
     #[test]
     fn real_templates_name_their_markup() {
-        let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-            .join("tests/fixtures/chat_templates");
+        let dir = ferry_testkit::repo_root().join("tests/fixtures/chat_templates");
         let cases = [
             ("Qwen-Qwen3-0.6B.jinja", "chatml"),
             ("meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3"),
