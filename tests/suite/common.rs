@@ -500,3 +500,48 @@ pub async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> Vec<u8> {
         }
     }
 }
+
+/// The Python that has the openai SDK and LangChain (`scripts/client-venv.sh` installs them;
+/// `scripts/test.sh` exports `FERRY_CLIENT_PYTHON`). Panics, naming the script, without it.
+pub fn client_python() -> std::path::PathBuf {
+    let path = std::env::var_os("FERRY_CLIENT_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").expect("HOME is set");
+            std::path::Path::new(&home).join(".cache/ferry/client-venv/bin/python")
+        });
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/client-venv.sh (scripts/test.sh does) to install the Python clients",
+        path.display()
+    );
+    path
+}
+
+/// Runs `script` (Python source) with [`client_python`], `base_url` (e.g. `http://127.0.0.1:PORT/v1`)
+/// in the variable `FERRY_BASE_URL`, off the async runtime; returns its stdout, or panics with
+/// its stderr when it fails. The script prints what the test asserts on (JSON is easiest).
+pub async fn run_python_client(script: &str, base_url: &str) -> String {
+    let python = client_python();
+    let script = script.to_owned();
+    let base_url = base_url.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let output = std::process::Command::new(&python)
+            .arg("-c")
+            .arg(&script)
+            .env("FERRY_BASE_URL", &base_url)
+            .env("OPENAI_API_KEY", "unused")
+            .env("NO_PROXY", "127.0.0.1,localhost")
+            .output()
+            .expect("start the Python client");
+        assert!(
+            output.status.success(),
+            "the Python client failed ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).expect("the client's output is UTF-8")
+    })
+    .await
+    .expect("the client thread")
+}
