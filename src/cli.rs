@@ -205,15 +205,6 @@ pub struct GenerateArgs {
     /// Tokens to generate at most.
     #[arg(long, default_value_t = 128, value_name = "N")]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0, value_name = "T")]
-    pub temperature: f32,
-    /// Nucleus sampling mass.
-    #[arg(long, default_value_t = 1.0, value_name = "P")]
-    pub top_p: f32,
-    /// Keep the k most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0, value_name = "K")]
-    pub top_k: usize,
     /// RNG seed for reproducible sampling.
     #[arg(long, value_name = "SEED")]
     pub seed: Option<u64>,

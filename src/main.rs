@@ -210,12 +210,11 @@ fn generate(config: Config, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
         prompt: prompt_tokens,
         params: GenerationParams {
             max_tokens: args.max_tokens,
+            // The model's sampling defaults, as a request that sends none gets them
+            // (`--temperature 0` is greedy).
             sampling: SamplingParams {
-                temperature: args.temperature,
-                top_p: args.top_p,
-                top_k: args.top_k,
                 seed: args.seed,
-                ..SamplingParams::default()
+                ..engine.sampling_defaults(&model.name)?
             },
             ignore_eos: args.ignore_eos,
             ..GenerationParams::default()

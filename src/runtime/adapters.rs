@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use ferry_engine::tool_calls::ToolSupport;
 use ferry_engine::traits::{LanguageModel, TextCodec};
-use ferry_engine::{ChatMessage, EngineError, EngineResult, GrammarCompiler};
+use ferry_engine::{ChatMessage, EngineError, EngineResult, GrammarCompiler, SamplingParams};
 use ferry_model::decoder::{Model, ResidentLayers, SeqInput};
 use ferry_model::kv_cache::{KvCache, KvSpan};
 use ferry_model::tokenizer::TextTokenizer;
@@ -275,21 +275,28 @@ impl LanguageModel for ModelRunner {
 /// The tokenizer and chat template of a model, shared by the engine thread and request handlers.
 pub struct TokenizerCodec {
     tokenizer: TextTokenizer,
+    /// What requests that send no sampling values get (settled at load).
+    sampling: SamplingParams,
     /// Built on the first `response_format` grammar (the token trie takes a moment).
     grammar: OnceLock<Result<Arc<GrammarCompiler>, EngineError>>,
 }
 
 impl TokenizerCodec {
-    /// Wraps a tokenizer for the engine.
-    pub fn new(tokenizer: TextTokenizer) -> Arc<Self> {
+    /// Wraps a tokenizer for the engine, with the model's sampling defaults.
+    pub fn new(tokenizer: TextTokenizer, sampling: SamplingParams) -> Arc<Self> {
         Arc::new(Self {
             tokenizer,
+            sampling,
             grammar: OnceLock::new(),
         })
     }
 }
 
 impl TextCodec for TokenizerCodec {
+    fn sampling_defaults(&self) -> SamplingParams {
+        self.sampling.clone()
+    }
+
     fn encode(&self, text: &str, add_special_tokens: bool) -> EngineResult<Vec<u32>> {
         self.tokenizer
             .encode(text, add_special_tokens)

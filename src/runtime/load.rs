@@ -16,7 +16,9 @@ use super::load_report::log_loaded;
 use super::planning::{open_checkpoint, plan_checkpoint};
 use super::RuntimeError;
 use ferry_config::{DeviceConfig, ModelConfig, OffloadMode};
+use ferry_engine::SamplingParams;
 use ferry_model::checkpoint::Checkpoint;
+use ferry_model::generation_defaults::recommended_sampling;
 use ferry_model::loader::{LoadOptions, LoadProgress};
 use ferry_model::source::{HubOptions, ModelFiles};
 use ferry_model::tokenizer::{TemplateOrigin, TextTokenizer};
@@ -157,9 +159,10 @@ pub fn load_planned(
             })?
             .map_err(wrap)?;
         log_loaded(config, &runner, checkpoint, plan, &tokenizer, started);
+        let sampling = sampling_defaults(config, checkpoint).map_err(wrap)?;
         Ok(LoadedForServing {
             runner,
-            codec: TokenizerCodec::new(tokenizer),
+            codec: TokenizerCodec::new(tokenizer, sampling),
         })
     })
 }
@@ -300,6 +303,30 @@ fn load_tokenizer(
         ),
     }
     Ok(tokenizer)
+}
+
+/// What requests that name no sampling values get: the model's settings, else what its files
+/// recommend, else llama.cpp's defaults (logged with the origin of each).
+fn sampling_defaults(
+    config: &ModelConfig,
+    checkpoint: &Checkpoint,
+) -> Result<SamplingParams, ModelError> {
+    let recommended = recommended_sampling(checkpoint)?;
+    let resolved = ferry_config::sampling::resolve(&config.sampling, &recommended);
+    tracing::info!(
+        model = %config.name,
+        "sampling defaults for requests that send none: {}",
+        resolved.describe()
+    );
+    let v = resolved.values;
+    Ok(SamplingParams {
+        temperature: v.temperature,
+        top_p: v.top_p,
+        top_k: v.top_k,
+        min_p: v.min_p,
+        repetition_penalty: v.repetition_penalty,
+        ..SamplingParams::default()
+    })
 }
 
 /// The tokenizer as the model's files describe it.

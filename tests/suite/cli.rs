@@ -20,12 +20,17 @@ fn generate_writes_only_the_text_to_stdout() {
         .args(["generate", "--model"])
         .arg(common::model_path())
         .args(["--prompt", "The capital of France is", "--max-tokens", "3"])
+        .args(["--temperature", "0"])
         .output()
         .expect("runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "stderr: {stderr}");
     let stdout = String::from_utf8(output.stdout).expect("utf-8");
     assert!(stdout.starts_with(" Paris"), "stdout was {stdout:?}");
+    assert!(
+        stderr.contains("temperature=0 (setting)"),
+        "greedy because asked: {stderr}"
+    );
     assert!(
         !stdout.contains("INFO"),
         "logs leaked to stdout: {stdout:?}"
@@ -38,6 +43,39 @@ fn generate_writes_only_the_text_to_stdout() {
     assert!(
         stderr.contains("| finish_reason length"),
         "the API's finish_reason: {stderr}"
+    );
+}
+
+/// `generate` samples as the server does for a request that sends no sampling fields: the
+/// model's defaults (SmolLM2's file recommends none, so llama.cpp's), seeded runs repeat.
+#[test]
+fn generate_samples_with_the_models_defaults() {
+    let run = |seed: &str| {
+        let output = ferry()
+            .args(["generate", "--model"])
+            .arg(common::model_path())
+            .args(["--prompt", "Once upon a time", "--max-tokens", "24"])
+            .args(["--seed", seed])
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "stderr: {stderr}");
+        (String::from_utf8(output.stdout).expect("utf-8"), stderr)
+    };
+    let (first, stderr) = run("7");
+    assert!(
+        stderr.contains(
+            "temperature=0.8 (llama.cpp default), top_p=0.95 (llama.cpp default), \
+             top_k=40 (llama.cpp default), min_p=0.05 (llama.cpp default), \
+             repetition_penalty=1 (llama.cpp default)"
+        ),
+        "the load log names each default and its origin: {stderr}"
+    );
+    assert_eq!(run("7").0, first, "the same seed, the same text");
+    let others: Vec<String> = ["8", "9", "10"].iter().map(|s| run(s).0).collect();
+    assert!(
+        others.iter().any(|text| *text != first),
+        "sampling, not greedy: seeds 7-10 all wrote {first:?}"
     );
 }
 

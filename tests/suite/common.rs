@@ -26,7 +26,7 @@ use tower::ServiceExt;
 
 use ferry::engine::{
     Backend, ChatMessage, EngineError, EngineResult, FinishReason, GenerationEvent,
-    GenerationRequest, ModelCard, ModelStatus, TokenLogprob, TokenOutput, Usage,
+    GenerationRequest, ModelCard, ModelStatus, SamplingParams, TokenLogprob, TokenOutput, Usage,
 };
 use ferry::metrics::Metrics;
 
@@ -38,6 +38,19 @@ pub const OUT_OF_MEMORY: &str = "oom-model";
 pub const STUCK: &str = "stuck-model";
 pub const MAX_CONTEXT: usize = 64;
 pub const BOS: u32 = 256;
+
+/// Every test model's sampling defaults (what a request that sends no sampling fields gets):
+/// unlike OpenAI's and llama.cpp's, so a test sees whose were applied.
+pub fn model_sampling_defaults() -> SamplingParams {
+    SamplingParams {
+        temperature: 0.7,
+        top_p: 0.8,
+        top_k: 20,
+        min_p: 0.1,
+        repetition_penalty: 1.05,
+        ..SamplingParams::default()
+    }
+}
 /// Token ids of the continuation start here.
 pub const FIRST_GENERATED_ID: u32 = 1000;
 pub const CONTINUATION: [&str; 8] = ["Hello", ",", " world", "!", " How", " are", " you", "?"];
@@ -187,6 +200,10 @@ impl Backend for TestBackend {
 
     fn max_context(&self, model: &str) -> EngineResult<usize> {
         self.ready(model).map(|_| MAX_CONTEXT)
+    }
+
+    fn sampling_defaults(&self, model: &str) -> EngineResult<SamplingParams> {
+        self.ready(model).map(|_| model_sampling_defaults())
     }
 
     fn tokenize(

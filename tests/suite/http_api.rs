@@ -134,7 +134,24 @@ async fn completion_defaults_and_token_prompts() {
     assert_eq!(sent.params.logprobs, None);
     assert_eq!(
         sent.params.sampling,
-        ferry::engine::SamplingParams::default()
+        common::model_sampling_defaults(),
+        "the model's sampling defaults, not OpenAI's"
+    );
+    // Chat too; a field the request sends wins, even one that means "off".
+    let reply = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"model": READY, "messages": [{"role": "user", "content": "hi"}], "top_k": 0}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let sent = backend.last().params.sampling;
+    assert_eq!(
+        sent,
+        ferry::engine::SamplingParams {
+            top_k: 0,
+            ..common::model_sampling_defaults()
+        }
     );
 }
 

@@ -39,6 +39,7 @@ mod plan_serve;
 mod prefix_cache;
 mod quant_llamacpp;
 mod quantize_on_load;
+mod readme_examples;
 mod real_model_api;
 mod real_model_http;
 mod role_injection;

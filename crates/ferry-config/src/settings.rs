@@ -6,6 +6,7 @@
 //! table are all driven by this list; adding a setting is adding one entry here and one field to
 //! the struct in [`super::types`].
 
+use super::sampling::{Fraction, Nucleus, OptionalCount, OptionalSampling, Penalty, Temperature};
 use super::types::{DeviceConfig, ModelConfig, ServerConfig};
 use super::values::{
     Bandwidth, Budget, Codec, Device, Dtype, Gflops, Kernels, KvDtype, Mode, Names, Number,
@@ -534,6 +535,61 @@ pub static SETTINGS: &[Setting] = &[
         example: "true",
         help: "Before loading, read every tensor once and refuse the model when one holds NaN or infinity (float values, block scales), naming the tensor; costs one read of the file.",
         field: field!(Model, Switch, verify_weights),
+    },
+    Setting {
+        name: "temperature",
+        short: None,
+        key: "sampling.temperature",
+        value_name: "T",
+        default: None,
+        default_note: "the model's own, else `0.8`",
+        example: "0.6",
+        help: "Sampling temperature for requests that send none (0 is greedy); unset = the model's generation_config.json or GGUF `general.sampling.temp`, else llama.cpp's 0.8. `ferry generate` uses it too.",
+        field: field!(Model, OptionalSampling<Temperature>, sampling.temperature),
+    },
+    Setting {
+        name: "top-p",
+        short: None,
+        key: "sampling.top_p",
+        value_name: "P",
+        default: None,
+        default_note: "the model's own, else `0.95`",
+        example: "0.9",
+        help: "Nucleus mass for requests that send no `top_p` (1 is off); unset = the model's own, else llama.cpp's 0.95.",
+        field: field!(Model, OptionalSampling<Nucleus>, sampling.top_p),
+    },
+    Setting {
+        name: "top-k",
+        short: None,
+        key: "sampling.top_k",
+        value_name: "K",
+        default: None,
+        default_note: "the model's own, else `40`",
+        example: "20",
+        help: "The k most likely tokens for requests that send no `top_k` (0 is off); unset = the model's own, else llama.cpp's 40.",
+        field: field!(Model, OptionalCount, sampling.top_k),
+    },
+    Setting {
+        name: "min-p",
+        short: None,
+        key: "sampling.min_p",
+        value_name: "P",
+        default: None,
+        default_note: "the model's own, else `0.05`",
+        example: "0",
+        help: "Minimum probability relative to the top token for requests that send no `min_p` (0 is off); unset = the model's own, else llama.cpp's 0.05.",
+        field: field!(Model, OptionalSampling<Fraction>, sampling.min_p),
+    },
+    Setting {
+        name: "repetition-penalty",
+        short: None,
+        key: "sampling.repetition_penalty",
+        value_name: "PENALTY",
+        default: None,
+        default_note: "the model's own, else `1`",
+        example: "1.1",
+        help: "Repetition penalty for requests that send none (1 is off); unset = the model's own, else 1.",
+        field: field!(Model, OptionalSampling<Penalty>, sampling.repetition_penalty),
     },
     Setting {
         name: "offload",

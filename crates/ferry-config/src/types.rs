@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::sampling::SamplingSettings;
 use super::settings::{in_scope, Scope, Section};
 use super::values::{
     ChatTemplateSource, CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode,
@@ -138,6 +139,9 @@ pub struct ModelConfig {
     pub chat_template: Option<ChatTemplateSource>,
     /// Check every tensor's values at load (`model::verify`).
     pub verify_weights: bool,
+    /// Sampling defaults for requests that name none; unset = the model's own, else
+    /// llama.cpp's ([`super::sampling`]).
+    pub sampling: SamplingSettings,
     /// Placement.
     pub offload: OffloadConfig,
     /// Where offloaded units run (`offload.tier`, `offload.host_gflops`, ...).
@@ -200,6 +204,7 @@ impl ModelConfig {
             prefix_cache_tokens: None,
             chat_template: None,
             verify_weights: false,
+            sampling: SamplingSettings::default(),
             offload: OffloadConfig {
                 mode: OffloadMode::Auto,
                 gpu_memory: MemoryBudget::FractionOfFree(1.0),

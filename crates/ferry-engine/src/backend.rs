@@ -8,7 +8,7 @@ use ferry_metrics::Metrics;
 
 use super::{
     grammar::{Grammar, GrammarSpec},
-    request::ChatMessage,
+    request::{ChatMessage, SamplingParams},
     tool_calls::ToolSupport,
     EngineError, EngineResult, GenerationEvent, GenerationRequest,
 };
@@ -65,6 +65,10 @@ pub trait Backend: Send + Sync + 'static {
 
     /// The context window of a ready model.
     fn max_context(&self, model: &str) -> EngineResult<usize>;
+
+    /// The sampling values a request to this ready model gets for the fields it does not send
+    /// ([`crate::traits::TextCodec::sampling_defaults`]).
+    fn sampling_defaults(&self, model: &str) -> EngineResult<SamplingParams>;
 
     /// Text to token ids; special-token text (`<|im_start|>`) becomes its control token.
     /// `add_special_tokens` adds BOS etc. when the model wants them (and nothing else: as in

@@ -116,6 +116,10 @@ impl Default for TestCodec {
 }
 
 impl TextCodec for TestCodec {
+    fn sampling_defaults(&self) -> SamplingParams {
+        SamplingParams::default()
+    }
+
     fn encode(&self, text: &str, add_special_tokens: bool) -> EngineResult<Vec<u32>> {
         let enc = self
             .tok

@@ -1,12 +1,14 @@
 //! The two seams the generation loop is written against: a language model that turns tokens into
-//! next-token logits, and a text codec (tokenizer + chat template). The model layer implements
+//! next-token logits, and a text codec (tokenizer + chat template + the model's sampling defaults). The model layer implements
 //! them with small adapters, so the engine never depends on a concrete architecture or tokenizer.
 
 use std::sync::Arc;
 
 use super::{
-    grammar::GrammarCompiler, request::ChatMessage, tool_calls::ToolSupport, EngineError,
-    EngineResult,
+    grammar::GrammarCompiler,
+    request::{ChatMessage, SamplingParams},
+    tool_calls::ToolSupport,
+    EngineError, EngineResult,
 };
 
 /// One loaded model instance that keeps its own KV state per sequence.
@@ -175,6 +177,12 @@ pub trait TextCodec: Send + Sync {
 
     /// Token ids that end a generation (EOS, `<|im_end|>`, `<|eot_id|>`, ...).
     fn eos_token_ids(&self) -> &[u32];
+
+    /// What a request that names no sampling values samples with: the model's settings, else
+    /// what its files recommend, else llama.cpp's defaults (settled when the model loads).
+    /// Only `temperature`, `top_p`, `top_k`, `min_p` and `repetition_penalty` are defaults of
+    /// the model; the other fields are neutral.
+    fn sampling_defaults(&self) -> SamplingParams;
 
     /// Renders chat messages through the chat template into one prompt string.
     fn render_chat(

@@ -34,7 +34,7 @@ use super::{
     grammar::{Grammar, GrammarSpec},
     prefix_cache::PrefixCacheOptions,
     queue::Job,
-    request::{ChatMessage, GenerationEvent, GenerationRequest},
+    request::{ChatMessage, GenerationEvent, GenerationRequest, SamplingParams},
     scheduler::StepLimits,
     serve_loop::{serve_requests, LoopContext},
     traits::{LanguageModel, TextCodec},
@@ -348,6 +348,10 @@ impl Backend for EngineHandle {
 
     fn max_context(&self, model: &str) -> EngineResult<usize> {
         Ok(self.ready(model)?.1.max_context)
+    }
+
+    fn sampling_defaults(&self, model: &str) -> EngineResult<SamplingParams> {
+        Ok(self.ready(model)?.1.codec.sampling_defaults())
     }
 
     fn tokenize(

@@ -43,6 +43,7 @@ pub mod cpu_qmatmul;
 pub mod decoder;
 mod error;
 mod gemma;
+pub mod generation_defaults;
 pub mod header;
 mod hub;
 mod kv_buffer;

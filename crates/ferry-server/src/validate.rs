@@ -126,6 +126,11 @@ pub async fn completion(
         .transpose()?;
     let model = resolve_model(&state.backend, options, &req.model)?;
     let max_context = state.backend.max_context(&model)?;
+    let sampling = model_defaults(
+        sampling,
+        &req.sampling,
+        &state.backend.sampling_defaults(&model)?,
+    );
     let prompt = match req.prompt {
         PromptWire::Tokens(ids) => ids,
         PromptWire::Text(text) => {
@@ -188,6 +193,11 @@ pub async fn chat(
     let logprobs = req.logprobs.then(|| top.unwrap_or(0));
     let model = resolve_model(&state.backend, options, &req.model)?;
     let max_context = state.backend.max_context(&model)?;
+    let sampling = model_defaults(
+        sampling,
+        &req.sampling,
+        &state.backend.sampling_defaults(&model)?,
+    );
     let tool_chars: usize = req
         .tools
         .tools
@@ -572,6 +582,33 @@ fn sampling(w: &SamplingWire) -> Result<SamplingParams, ApiError> {
     })
 }
 
+/// `sampling` (checked, with neutral values for the fields the request left out) with the
+/// model's defaults in those fields: `temperature`, `top_p`, `top_k`, `min_p` and
+/// `repetition_penalty` (settings, else the model's files, else llama.cpp's; the penalties
+/// OpenAI defines stay 0).
+fn model_defaults(
+    mut sampling: SamplingParams,
+    w: &SamplingWire,
+    defaults: &SamplingParams,
+) -> SamplingParams {
+    if w.temperature.is_none() {
+        sampling.temperature = defaults.temperature;
+    }
+    if w.top_p.is_none() {
+        sampling.top_p = defaults.top_p;
+    }
+    if w.top_k.is_none() {
+        sampling.top_k = defaults.top_k;
+    }
+    if w.min_p.is_none() {
+        sampling.min_p = defaults.min_p;
+    }
+    if w.repetition_penalty.is_none() {
+        sampling.repetition_penalty = defaults.repetition_penalty;
+    }
+    sampling
+}
+
 /// Characters of a chat message that reach the template: its content, name, tool call id and
 /// the calls it made (their JSON text, `arguments` included), counted without building the text.
 fn message_chars(message: &ChatMessage) -> usize {
@@ -607,6 +644,31 @@ impl std::io::Write for CharCounter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_model_fills_only_the_fields_a_request_leaves_out() {
+        let defaults = SamplingParams {
+            temperature: 0.7,
+            top_p: 0.9,
+            top_k: 20,
+            min_p: 0.05,
+            repetition_penalty: 1.1,
+            ..SamplingParams::default()
+        };
+        let wire = SamplingWire {
+            temperature: Some(0.0),
+            top_k: Some(-1),
+            presence_penalty: Some(0.5),
+            ..Default::default()
+        };
+        let s = model_defaults(sampling(&wire).unwrap(), &wire, &defaults);
+        // Sent: kept, even where they mean "off".
+        assert_eq!((s.temperature, s.top_k, s.presence_penalty), (0.0, 0, 0.5));
+        // Left out: the model's.
+        assert_eq!((s.top_p, s.min_p, s.repetition_penalty), (0.9, 0.05, 1.1));
+        // OpenAI's own penalties have no model default.
+        assert_eq!(s.frequency_penalty, 0.0);
+    }
 
     #[test]
     fn ranges() {
