@@ -148,3 +148,42 @@ fn hf_directory_and_offline_hub_cache_serve_the_same_model() {
         "{message}"
     );
 }
+
+/// A directory's `generation_config.json` gives the sampling defaults a setting does not:
+/// temperature and top_p from the file, top_k from the setting, min_p from llama.cpp's.
+#[test]
+fn generation_config_sets_the_sampling_defaults_a_setting_leaves_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny-llama");
+    std::fs::create_dir_all(&dir).unwrap();
+    write_tiny_hf_model(&dir);
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"bos_token_id": 1, "eos_token_id": 2, "do_sample": true,
+            "temperature": 0.6, "top_p": 0.9, "top_k": 20}"#,
+    )
+    .unwrap();
+    let mut config = config(dir.to_str().unwrap());
+    config.sampling.top_k = Some(5);
+    let loaded = load_for_serving(
+        &config,
+        &candle_core::Device::Cpu,
+        &HubOptions::from_env(|_| None),
+    )
+    .expect("loads");
+    let engine = EngineHandle::new(["tiny"]);
+    engine
+        .model_ready("tiny", loaded.runner, loaded.codec as Arc<dyn TextCodec>)
+        .expect("engine");
+    let defaults = engine.sampling_defaults("tiny").unwrap();
+    assert_eq!(
+        (
+            defaults.temperature,
+            defaults.top_p,
+            defaults.top_k,
+            defaults.min_p,
+            defaults.repetition_penalty
+        ),
+        (0.6, 0.9, 5, 0.05, 1.0)
+    );
+}
