@@ -23,6 +23,7 @@ mod cli;
 mod dense_tiers;
 mod expert_offload;
 mod fit;
+mod gguf_sources;
 mod gpu_check_dry;
 mod hf_model_serving;
 mod http_api;

@@ -13,6 +13,7 @@
 //! pages counted as resident.
 
 use std::borrow::Cow;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use candle_core::quantized::{QStorage, QTensor};
@@ -30,8 +31,12 @@ use super::tensors::{Format, StoredType, TensorRecord, TensorTable};
 /// The parsed headers of one model's files.
 #[derive(Debug)]
 enum Headers {
-    /// One GGUF file.
-    Gguf { map: Arc<Mmap>, header: GgufHeader },
+    /// One GGUF model: a file, or the splits of one (`-00001-of-0000N.gguf`), whose header
+    /// (the first split's, with every split's tensors) indexes `maps`.
+    Gguf {
+        maps: Vec<Arc<Mmap>>,
+        header: GgufHeader,
+    },
     /// Hugging Face safetensors shards.
     Safetensors(Shards),
 }
@@ -50,13 +55,9 @@ impl Checkpoint {
     pub fn open(files: &ModelFiles) -> Result<Self> {
         let (headers, spec) = match files {
             ModelFiles::Gguf { path } => {
-                let map = map_file(path)?;
-                let header = GgufHeader::parse(&map).map_err(|e| {
-                    ModelError::Source(format!("{} is not a GGUF file: {e}", path.display()))
-                })?;
+                let (maps, header) = open_gguf(path)?;
                 let spec = ModelSpec::from_gguf(&header)?;
-                let map = Arc::new(map);
-                (Headers::Gguf { map, header }, spec)
+                (Headers::Gguf { maps, header }, spec)
             }
             ModelFiles::HfDir {
                 config, weights, ..
@@ -77,7 +78,7 @@ impl Checkpoint {
                         name: info.name.clone(),
                         shape: info.shape.clone(),
                         stored: StoredType::Gguf(info.ty),
-                        file: 0,
+                        file: header.tensor_file(info),
                         range: header.data_range(info),
                     })
                 };
@@ -138,7 +139,7 @@ impl Checkpoint {
     /// a GGUF checkpoint.
     pub fn gguf_metadata(&self) -> Option<GgufMetadata<'_>> {
         match &self.headers {
-            Headers::Gguf { map, header } => Some(GgufMetadata::new(header, map)),
+            Headers::Gguf { maps, header } => Some(GgufMetadata::new(header, &maps[0])),
             Headers::Safetensors(_) => None,
         }
     }
@@ -146,7 +147,7 @@ impl Checkpoint {
     /// The stored bytes of `record`.
     pub fn bytes(&self, record: &TensorRecord) -> Result<&[u8]> {
         let file: &[u8] = match &self.headers {
-            Headers::Gguf { map, .. } => map,
+            Headers::Gguf { maps, .. } => maps.get(record.file).map_or(&[][..], |m| &m[..]),
             Headers::Safetensors(shards) => shards.bytes(record.file),
         };
         file.get(record.range.clone()).ok_or_else(|| {
@@ -157,13 +158,16 @@ impl Checkpoint {
     /// `record`'s GGUF blocks in place: a view of the mapped file that keeps the map alive
     /// (nothing is read or copied).
     pub fn view_blocks(&self, record: &TensorRecord) -> Result<Blocks> {
-        let (Headers::Gguf { map, .. }, StoredType::Gguf(ty)) = (&self.headers, record.stored)
+        let (Headers::Gguf { maps, .. }, StoredType::Gguf(ty)) = (&self.headers, record.stored)
         else {
             return Err(ModelError::Source(format!(
                 "`{}` is not a GGUF tensor",
                 record.name
             )));
         };
+        let map = maps.get(record.file).ok_or_else(|| {
+            ModelError::Source(format!("`{}` names a split that is not open", record.name))
+        })?;
         Blocks::mapped(map.clone(), record.range.clone(), ty, &record.shape)
     }
 
@@ -228,6 +232,88 @@ impl Checkpoint {
             record.name
         ))
     }
+}
+
+/// Maps a GGUF file and parses its header; when it is the first of a split model
+/// (`split.count` > 1), maps and parses the other splits beside it too
+/// ([`split_paths`]), and the header describes them all.
+fn open_gguf(path: &Path) -> Result<(Vec<Arc<Mmap>>, GgufHeader)> {
+    let parse = |path: &Path| -> Result<(Mmap, GgufHeader)> {
+        let map = map_file(path)?;
+        let header = GgufHeader::parse(&map).map_err(|e| {
+            ModelError::Source(format!("{} is not a GGUF file: {e}", path.display()))
+        })?;
+        Ok((map, header))
+    };
+    let (map, mut header) = parse(path)?;
+    let mut maps = vec![Arc::new(map)];
+    let count = header.split_count();
+    if count == 1 {
+        return Ok((maps, header));
+    }
+    if header.split_index() != 0 {
+        return Err(ModelError::Source(format!(
+            "{} is split {} of {count} of a model; pass the first split (-00001-of-{count:05}.gguf)",
+            path.display(),
+            header.split_index() + 1
+        )));
+    }
+    for (file, split) in split_paths(path, count)?.iter().enumerate().skip(1) {
+        let (map, part) = parse(split)?;
+        if part.split_index() != file || part.split_count() != count {
+            return Err(ModelError::Source(format!(
+                "{} says it is split {} of {}, not {} of {count}",
+                split.display(),
+                part.split_index() + 1,
+                part.split_count(),
+                file + 1
+            )));
+        }
+        header
+            .absorb_split(part, file)
+            .map_err(|e| ModelError::Source(format!("{}: {e}", split.display())))?;
+        maps.push(Arc::new(map));
+    }
+    tracing::info!(
+        path = %path.display(),
+        splits = count,
+        tensors = header.tensors.len(),
+        "a split GGUF: loading its {count} files as one model"
+    );
+    Ok((maps, header))
+}
+
+/// The files of a model split in `count` (llama.cpp's `PREFIX-00001-of-0000N.gguf` names),
+/// given the first; each must exist.
+pub fn split_paths(first: &Path, count: usize) -> Result<Vec<PathBuf>> {
+    let name = first.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let suffix = format!("-00001-of-{count:05}.gguf");
+    let prefix = name
+        .len()
+        .checked_sub(suffix.len())
+        .filter(|&at| name[at..].eq_ignore_ascii_case(&suffix))
+        .map(|at| &name[..at])
+        .ok_or_else(|| {
+            ModelError::Source(format!(
+                "{} is the first of {count} splits, but its name does not end in {suffix}, so                  the others cannot be found",
+                first.display()
+            ))
+        })?;
+    let dir = first.parent().unwrap_or(Path::new(""));
+    (1..=count)
+        .map(|no| {
+            let path = dir.join(format!("{prefix}-{no:05}-of-{count:05}.gguf"));
+            if path.is_file() {
+                Ok(path)
+            } else {
+                Err(ModelError::Source(format!(
+                    "split {no} of {count} of {} is missing: {} does not exist",
+                    first.display(),
+                    path.display()
+                )))
+            }
+        })
+        .collect()
 }
 
 /// The error for a GGUF tensor of a type ferry cannot compute (yet).

@@ -1,12 +1,16 @@
 //! Fetching a model's files from the Hugging Face hub (through hf-hub) or, offline, from the
-//! standard HF cache layout (`models--org--name/{refs,snapshots}`).
+//! standard HF cache layout (`models--org--name/{refs,snapshots}`): a safetensors repository's
+//! config, tokenizer and shards, or the GGUF (every split of it) that [`super::hub_gguf`]
+//! chooses from the repository's listing (the hub's file list online, the cached snapshot's
+//! files offline).
 
 use std::path::{Path, PathBuf};
 
 use hf_hub::api::sync::{ApiBuilder, ApiRepo};
 use hf_hub::{Repo, RepoType};
 
-use super::source::{shard_names, HubOptions, ModelFiles};
+use super::hub_gguf;
+use super::source::{shard_names, HubFiles, HubOptions, ModelFiles};
 use super::{ModelError, Result};
 
 /// Where files of one repo at one revision come from.
@@ -55,8 +59,61 @@ impl HubFetcher {
         })
     }
 
+    /// Fetches the model `files` names: a GGUF (with its splits), or a safetensors model.
+    pub fn fetch(&self, files: &HubFiles) -> Result<ModelFiles> {
+        let gguf = match files {
+            HubFiles::Auto => {
+                // A repository with config.json is a safetensors model (as before GGUF
+                // repositories were known); only without one is the listing needed.
+                if self.optional("config.json")?.is_some() {
+                    return self.fetch_safetensors();
+                }
+                hub_gguf::choose(&self.repo, &self.listing()?, None)?
+            }
+            HubFiles::Quant(tag) => hub_gguf::choose(&self.repo, &self.listing()?, Some(tag))?,
+            HubFiles::File(file) => hub_gguf::with_splits(&self.repo, &self.listing()?, file)?,
+        };
+        tracing::info!(repo = %self.repo, files = gguf.join(", "), "fetching a GGUF model");
+        let paths = gguf
+            .iter()
+            .map(|file| self.required(file))
+            .collect::<Result<Vec<_>>>()?;
+        let path = paths
+            .into_iter()
+            .next()
+            .ok_or_else(|| self.missing("*.gguf"))?;
+        Ok(ModelFiles::Gguf { path })
+    }
+
+    /// The repository's files: the hub's listing online, the cached snapshot's offline.
+    fn listing(&self) -> Result<Vec<String>> {
+        match &self.origin {
+            Origin::Online(api) => api
+                .info()
+                .map(|info| info.siblings.into_iter().map(|s| s.rfilename).collect())
+                .map_err(|err| ModelError::Hub {
+                    repo: self.repo.clone(),
+                    file: String::new(),
+                    message: format!(
+                        "cannot list the repository: {err} (set HF_HUB_OFFLINE=1 to use only the \
+                         cache at {})",
+                        self.options.cache_dir.display()
+                    ),
+                }),
+            Origin::Cache => {
+                let snapshot = self.snapshot_dir();
+                let mut files = Vec::new();
+                list_files(&snapshot, &snapshot, &mut files);
+                if files.is_empty() {
+                    return Err(self.missing("(any file: the repository is not in the cache)"));
+                }
+                Ok(files)
+            }
+        }
+    }
+
     /// Fetches config, tokenizer files and every weight shard.
-    pub fn fetch(&self) -> Result<ModelFiles> {
+    fn fetch_safetensors(&self) -> Result<ModelFiles> {
         let config = self.required("config.json")?;
         let tokenizer = self.required("tokenizer.json")?;
         let tokenizer_config = self.optional("tokenizer_config.json")?;
@@ -102,8 +159,15 @@ impl HubFetcher {
         }
     }
 
-    /// Looks a file up in the cache: `refs/<revision>` names a commit, or the revision is one.
+    /// Looks a file up in the cache.
     fn cached(&self, file: &str) -> Option<PathBuf> {
+        let path = self.snapshot_dir().join(file);
+        path.is_file().then_some(path)
+    }
+
+    /// The cached snapshot of the revision: `refs/<revision>` names a commit, or the revision
+    /// is one.
+    fn snapshot_dir(&self) -> PathBuf {
         let repo_dir = self
             .options
             .cache_dir
@@ -111,8 +175,7 @@ impl HubFetcher {
         let commit = std::fs::read_to_string(repo_dir.join("refs").join(&self.revision))
             .map(|text| text.trim().to_string())
             .unwrap_or_else(|_| self.revision.clone());
-        let path = repo_dir.join("snapshots").join(commit).join(file);
-        path.is_file().then_some(path)
+        repo_dir.join("snapshots").join(commit)
     }
 
     fn missing(&self, file: &str) -> ModelError {
@@ -130,6 +193,26 @@ impl HubFetcher {
             file: file.to_string(),
             cache: self.options.cache_dir.clone(),
             hint,
+        }
+    }
+}
+
+/// Every file under `dir`, as paths relative to `root` with `/` separators (symlinks followed:
+/// the cache links snapshot files to its blobs).
+fn list_files(root: &Path, dir: &Path, out: &mut Vec<String>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            list_files(root, &path, out);
+        } else if let Ok(relative) = path.strip_prefix(root) {
+            let parts: Vec<String> = relative
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            out.push(parts.join("/"));
         }
     }
 }

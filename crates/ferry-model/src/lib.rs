@@ -46,6 +46,7 @@ mod gemma;
 pub mod generation_defaults;
 pub mod header;
 mod hub;
+mod hub_gguf;
 mod kv_buffer;
 pub mod kv_cache;
 mod llama;

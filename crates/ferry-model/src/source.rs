@@ -47,7 +47,21 @@ pub enum ModelSource {
         repo: String,
         /// Branch, tag or commit; "main" when not given.
         revision: String,
+        /// Which of its files make the model.
+        files: HubFiles,
     },
+}
+
+/// Which files of a hub repository make the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HubFiles {
+    /// `org/name`: a safetensors model when the repo has config.json, else its GGUF
+    /// (Q4_K_M when it has several, as llama.cpp picks).
+    Auto,
+    /// `org/name:QUANT`: the GGUF (or split GGUF) whose name carries this quantization tag.
+    Quant(String),
+    /// `org/name/path/file.gguf`: that GGUF (with its other splits if it is the first).
+    File(String),
 }
 
 impl ModelSource {
@@ -68,8 +82,12 @@ impl ModelSource {
         if path.is_dir() {
             return Self::from_dir(path);
         }
-        if let Some((repo, revision)) = parse_hub_id(trimmed) {
-            return Ok(Self::Hub { repo, revision });
+        if let Some((repo, revision, files)) = parse_hub_id(trimmed) {
+            return Ok(Self::Hub {
+                repo,
+                revision,
+                files,
+            });
         }
         let hint = if has_gguf_extension(path) {
             " (for the default model, run scripts/fetch-model.sh first)"
@@ -112,18 +130,19 @@ fn has_gguf_extension(path: &Path) -> bool {
         .is_some_and(|ext| ext.eq_ignore_ascii_case("gguf"))
 }
 
-/// `org/name` or `org/name@revision`, each part made of the characters the hub allows.
-fn parse_hub_id(text: &str) -> Option<(String, String)> {
-    let (repo, revision) = match text.split_once('@') {
-        Some((repo, revision)) if !revision.is_empty() => (repo, revision),
+/// `org/name`, `org/name:QUANT` or `org/name/path/file.gguf`, each optionally `@revision`
+/// and (as Ollama writes them) after `hf.co/` or `huggingface.co/`; every part made of the
+/// characters the hub allows.
+fn parse_hub_id(text: &str) -> Option<(String, String, HubFiles)> {
+    let text = ["https://huggingface.co/", "huggingface.co/", "hf.co/"]
+        .iter()
+        .find_map(|prefix| text.strip_prefix(prefix))
+        .unwrap_or(text);
+    let (id, revision) = match text.split_once('@') {
+        Some((id, revision)) if !revision.is_empty() => (id, revision),
         Some(_) => return None,
         None => (text, "main"),
     };
-    let (org, name) = repo.split_once('/')?;
-    if has_gguf_extension(Path::new(name)) {
-        // `dir/file.gguf` that does not exist is a missing file, not a repository.
-        return None;
-    }
     let valid = |part: &str| {
         !part.is_empty()
             && !part.starts_with('.')
@@ -131,7 +150,35 @@ fn parse_hub_id(text: &str) -> Option<(String, String)> {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
     };
-    (valid(org) && valid(name)).then(|| (repo.to_string(), revision.to_string()))
+    let (id, quant) = match id.split_once(':') {
+        Some((id, quant)) if valid(quant) => (id, Some(quant)),
+        Some(_) => return None,
+        None => (id, None),
+    };
+    let mut parts = id.split('/');
+    let (org, name) = (parts.next()?, parts.next()?);
+    let path: Vec<&str> = parts.collect();
+    let repo = format!("{org}/{name}");
+    if !(valid(org) && valid(name)) {
+        return None;
+    }
+    let files = match (quant, path.as_slice()) {
+        (Some(quant), []) => HubFiles::Quant(quant.to_string()),
+        (None, []) if has_gguf_extension(Path::new(name)) => {
+            // `dir/file.gguf` that does not exist is a missing file, not a repository.
+            return None;
+        }
+        (None, []) => HubFiles::Auto,
+        (None, path) if path.iter().all(|p| valid(p)) => {
+            let file = path.join("/");
+            if !has_gguf_extension(Path::new(&file)) {
+                return None;
+            }
+            HubFiles::File(file)
+        }
+        _ => return None,
+    };
+    Some((repo, revision.to_string(), files))
 }
 
 /// How to reach the hub and its cache; read from the environment with [`HubOptions::from_env`].
@@ -178,9 +225,13 @@ pub fn resolve(source: &ModelSource, hub: &HubOptions) -> Result<ModelFiles> {
     match source {
         ModelSource::GgufFile(path) => Ok(ModelFiles::Gguf { path: path.clone() }),
         ModelSource::HfDir(dir) => hf_dir_files(dir),
-        ModelSource::Hub { repo, revision } => {
+        ModelSource::Hub {
+            repo,
+            revision,
+            files,
+        } => {
             let fetcher = super::hub::HubFetcher::new(repo, revision, hub)?;
-            fetcher.fetch()
+            fetcher.fetch(files)
         }
     }
 }

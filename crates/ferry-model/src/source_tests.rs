@@ -30,16 +30,43 @@ fn parses_local_files_directories_and_hub_ids() {
         ModelSource::parse("HuggingFaceTB/SmolLM2-135M-Instruct@v1.0").unwrap(),
         ModelSource::Hub {
             repo: "HuggingFaceTB/SmolLM2-135M-Instruct".into(),
-            revision: "v1.0".into()
+            revision: "v1.0".into(),
+            files: HubFiles::Auto,
         }
     );
     assert_eq!(
         ModelSource::parse("org/name").unwrap(),
         ModelSource::Hub {
             repo: "org/name".into(),
-            revision: "main".into()
+            revision: "main".into(),
+            files: HubFiles::Auto,
         }
     );
+    let hub = |repo: &str, revision: &str, files| ModelSource::Hub {
+        repo: repo.into(),
+        revision: revision.into(),
+        files,
+    };
+    for (text, expected) in [
+        (
+            "org/Model-GGUF:Q4_K_M",
+            hub("org/Model-GGUF", "main", HubFiles::Quant("Q4_K_M".into())),
+        ),
+        (
+            "hf.co/org/Model-GGUF:q8_0@v2",
+            hub("org/Model-GGUF", "v2", HubFiles::Quant("q8_0".into())),
+        ),
+        (
+            "org/Model-GGUF/Q4_K_M/model-Q4_K_M-00001-of-00002.gguf",
+            hub(
+                "org/Model-GGUF",
+                "main",
+                HubFiles::File("Q4_K_M/model-Q4_K_M-00001-of-00002.gguf".into()),
+            ),
+        ),
+    ] {
+        assert_eq!(ModelSource::parse(text).unwrap(), expected, "{text}");
+    }
 }
 
 #[test]
@@ -54,6 +81,10 @@ fn rejects_what_is_not_a_model() {
         "org/",
         "@x",
         "org/name@",
+        "org/name:",
+        "org/name:Q4/x",
+        "org/name/file.txt",
+        "org/name/../x.gguf",
     ] {
         let err = ModelSource::parse(bad).expect_err(bad);
         assert!(matches!(err, ModelError::Source(_)), "{bad}: {err}");

@@ -110,6 +110,10 @@ pub struct GgufHeader {
     /// Absolute byte offset of the data section.
     pub data_offset: u64,
     index: HashMap<String, usize>,
+    /// The file each tensor lies in (0 unless later splits were [absorbed](Self::absorb_split)).
+    tensor_files: Vec<usize>,
+    /// Each file's data section offset (`[data_offset]` for an unsplit file).
+    file_data_offsets: Vec<u64>,
 }
 
 impl GgufHeader {
@@ -176,6 +180,7 @@ impl GgufHeader {
                 return Err(format!("tensor `{}` appears twice", t.name));
             }
         }
+        let tensor_files = vec![0; tensors.len()];
         Ok(Self {
             version,
             metadata,
@@ -184,7 +189,48 @@ impl GgufHeader {
             alignment,
             data_offset,
             index,
+            tensor_files,
+            file_data_offsets: vec![data_offset],
         })
+    }
+
+    /// How many files a split model has (`split.count`; 1 for an ordinary file).
+    pub fn split_count(&self) -> usize {
+        self.metadata
+            .get("split.count")
+            .and_then(|v| crate::spec::as_u64(v).ok())
+            .map_or(1, |n| n.max(1) as usize)
+    }
+
+    /// Which split this file is (`split.no`, 0 for the first; 0 for an ordinary file).
+    pub fn split_index(&self) -> usize {
+        self.metadata
+            .get("split.no")
+            .and_then(|v| crate::spec::as_u64(v).ok())
+            .map_or(0, |n| n as usize)
+    }
+
+    /// Adds the tensors of a later split (`split`, parsed from file number `file` of the
+    /// model) to this first split's header, so the header describes the whole model; their
+    /// bytes lie in that file ([`Self::tensor_file`]).
+    pub fn absorb_split(&mut self, split: GgufHeader, file: usize) -> Result<(), String> {
+        if file != self.file_data_offsets.len() {
+            return Err(format!(
+                "split {} absorbed out of order (expected {})",
+                file + 1,
+                self.file_data_offsets.len() + 1
+            ));
+        }
+        self.file_data_offsets.push(split.data_offset);
+        for tensor in split.tensors {
+            if self.index.contains_key(&tensor.name) {
+                return Err(format!("tensor `{}` appears in two splits", tensor.name));
+            }
+            self.index.insert(tensor.name.clone(), self.tensors.len());
+            self.tensors.push(tensor);
+            self.tensor_files.push(file);
+        }
+        Ok(())
     }
 
     /// The tensor named `name`.
@@ -192,9 +238,17 @@ impl GgufHeader {
         self.index.get(name).map(|&i| &self.tensors[i])
     }
 
-    /// Absolute byte range of `info`'s data in the file.
+    /// The file (split) `info`'s data lies in: 0 for an ordinary file.
+    pub fn tensor_file(&self, info: &GgufTensorInfo) -> usize {
+        self.index
+            .get(&info.name)
+            .map_or(0, |&i| self.tensor_files[i])
+    }
+
+    /// Absolute byte range of `info`'s data in its file ([`Self::tensor_file`]).
     pub fn data_range(&self, info: &GgufTensorInfo) -> std::ops::Range<usize> {
-        let start = (self.data_offset + info.offset) as usize;
+        let data_offset = self.file_data_offsets[self.tensor_file(info)];
+        let start = (data_offset + info.offset) as usize;
         start..start + info.len as usize
     }
 
