@@ -324,14 +324,17 @@ impl TextCodec for TokenizerCodec {
         &self,
         messages: &[ChatMessage],
         tools: &[serde_json::Value],
+        variables: &serde_json::Map<String, serde_json::Value>,
         add_generation_prompt: bool,
         parse_special_in_content: bool,
     ) -> EngineResult<Vec<u32>> {
         let tools = (!tools.is_empty()).then_some(tools);
+        let variables = (!variables.is_empty()).then_some(variables);
         self.tokenizer
             .encode_chat_with_tools(
                 messages,
                 tools,
+                variables,
                 add_generation_prompt,
                 parse_special_in_content,
             )

@@ -50,6 +50,7 @@ fn real_templates_render_like_transformers() {
             unk_token: text("unk_token"),
             pad_token: text("pad_token"),
             tools: None,
+            variables: None,
         });
         let ok = match (&got, case.get("rendered"), case.get("error")) {
             (Ok(out), Some(want), _) => out == want.as_str().unwrap(),
@@ -85,6 +86,7 @@ fn strftime_now_reads_the_clock() {
         unk_token: None,
         pad_token: None,
         tools: None,
+        variables: None,
     };
     assert_eq!(
         template.render(&ctx).unwrap(),

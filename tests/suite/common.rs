@@ -268,6 +268,31 @@ impl Backend for TestBackend {
         Ok(text.bytes().map(u32::from).collect())
     }
 
+    /// Renders no tools (this template folds them); the template variables go first as
+    /// `<|v|>{json}\n`, so a test can see what reached the template.
+    fn encode_chat_with_tools(
+        &self,
+        model: &str,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        variables: &serde_json::Map<String, Value>,
+        add_generation_prompt: bool,
+        parse_special_in_content: bool,
+    ) -> EngineResult<Vec<u32>> {
+        assert!(tools.is_empty(), "the test double's template folds tools");
+        let mut ids: Vec<u32> = format!("<|v|>{}\n", Value::Object(variables.clone()))
+            .bytes()
+            .map(u32::from)
+            .collect();
+        ids.extend(self.encode_chat(
+            model,
+            messages,
+            add_generation_prompt,
+            parse_special_in_content,
+        )?);
+        Ok(ids)
+    }
+
     fn check_capacity(&self, model: &str) -> EngineResult<()> {
         self.ready(model)?;
         if self.overloaded.load(Ordering::SeqCst) {

@@ -113,6 +113,52 @@ async fn completion_response_has_every_field() {
     );
 }
 
+/// `chat_template_kwargs` and `reasoning_effort` reach the chat template as variables (the
+/// test double writes them before the prompt); `verbosity` and `modalities: ["text"]` are
+/// accepted; without any, the template sees no extra variables.
+#[tokio::test]
+async fn template_variables_reach_the_template() {
+    let backend = TestBackend::new();
+    let app = test_app(&backend);
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    let prompt_of = |backend: &TestBackend| {
+        String::from_utf8(backend.last().prompt.iter().map(|&id| id as u8).collect()).unwrap()
+    };
+    let reply = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"model": READY, "messages": messages,
+            "chat_template_kwargs": {"a": 1}, "max_tokens": 1,
+            "reasoning_effort": "low", "verbosity": "high", "modalities": ["text"]}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let prompt = prompt_of(&backend);
+    assert!(
+        prompt.starts_with(r#"<|v|>{"a":1,"reasoning_effort":"low"}"#),
+        "{prompt}"
+    );
+    // The kwargs win over the top-level field.
+    let reply = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"model": READY, "messages": messages,
+            "chat_template_kwargs": {"reasoning_effort": "high"}, "reasoning_effort": "low",
+            "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert!(prompt_of(&backend).starts_with(r#"<|v|>{"reasoning_effort":"high"}"#));
+    let reply = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"model": READY, "messages": messages}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert!(prompt_of(&backend).starts_with("<|user|>hi"));
+}
+
 #[tokio::test]
 async fn completion_defaults_and_token_prompts() {
     let backend = TestBackend::new();

@@ -472,6 +472,7 @@ fn real_templates_pick_their_format_and_render_tools_and_past_calls() {
                 unk_token: None,
                 pad_token: None,
                 tools: Some(&tools),
+                variables: None,
             })
             .unwrap_or_else(|e| panic!("{file}: {e}"));
         assert!(

@@ -6,9 +6,24 @@
 //! of the two depends on the other: a change to the model (its families, kernels or loader) does
 //! not rebuild the engine and the HTTP layer, and the engine knows models only through its
 //! `LanguageModel` and `TextCodec` traits. `ferry_model::tokenizer::ChatMessage` and
-//! `ferry_engine::ChatMessage` are this type. It depends on no ferry crate.
+//! `ferry_engine::ChatMessage` are this type. It depends on no ferry crate. Beside it,
+//! [`RESERVED_TEMPLATE_VARIABLES`]: the template variables every render sets, which a request's
+//! `chat_template_kwargs` may not replace (the server refuses them, the renderer ignores them).
 
 use serde::Serialize;
+
+/// The chat template variables every render sets (as transformers' `apply_chat_template`
+/// does), which a request's `chat_template_kwargs` may not replace.
+pub const RESERVED_TEMPLATE_VARIABLES: &[&str] = &[
+    "messages",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "pad_token",
+    "tools",
+    "documents",
+];
 
 /// One chat message after validation: role and flattened text content (what the HTTP layer hands
 /// the engine, and what the template renders; the engine re-exports it).

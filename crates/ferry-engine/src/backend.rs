@@ -102,20 +102,22 @@ pub trait Backend: Send + Sync + 'static {
         parse_special_in_content: bool,
     ) -> EngineResult<Vec<u32>>;
 
-    /// [`encode_chat`](Self::encode_chat) with the template's `tools` variable set to `tools`.
-    /// Default: without tools only (the server folds tools into the messages unless
+    /// [`encode_chat`](Self::encode_chat) with the template's `tools` variable set to `tools`
+    /// and the extra template `variables` (a request's `chat_template_kwargs`) set.
+    /// Default: without either (the server folds tools into the messages unless
     /// [`tool_support`](Self::tool_support) says the template renders them).
     fn encode_chat_with_tools(
         &self,
         model: &str,
         messages: &[ChatMessage],
         tools: &[serde_json::Value],
+        variables: &serde_json::Map<String, serde_json::Value>,
         add_generation_prompt: bool,
         parse_special_in_content: bool,
     ) -> EngineResult<Vec<u32>> {
-        if !tools.is_empty() {
+        if !tools.is_empty() || !variables.is_empty() {
             return Err(EngineError::Internal(
-                "this backend's chat templates do not render tools".into(),
+                "this backend's chat templates do not render tools or template variables".into(),
             ));
         }
         self.encode_chat(

@@ -54,6 +54,7 @@ pub use prefix_cache::PrefixCacheOptions;
 pub use request::{
     ChatMessage, FinishReason, GenerationEvent, GenerationParams, GenerationRequest,
     PromptTokensDetails, SamplingParams, TokenLogprob, TokenOutput, Usage,
+    RESERVED_TEMPLATE_VARIABLES,
 };
 pub use traits::{LanguageModel, TextCodec};
 pub use worker::{EngineHandle, EngineOptions};

@@ -7,7 +7,7 @@ use super::grammar::Grammar;
 use super::tool_calls::ToolParsing;
 
 /// The chat message type lives with the chat template that renders it.
-pub use ferry_chat::ChatMessage;
+pub use ferry_chat::{ChatMessage, RESERVED_TEMPLATE_VARIABLES};
 
 /// How to pick each next token. Defaults match OpenAI's: temperature 1, nucleus off.
 #[derive(Debug, Clone, PartialEq)]

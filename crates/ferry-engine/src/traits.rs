@@ -131,17 +131,19 @@ pub trait TextCodec: Send + Sync {
     }
 
     /// [`encode_chat`](Self::encode_chat) with the template's `tools` variable set to `tools`
-    /// (`{"type": "function", "function": {..}}` each). Default: without tools only.
+    /// (`{"type": "function", "function": {..}}` each) and the extra template `variables` set.
+    /// Default: without either.
     fn encode_chat_with_tools(
         &self,
         messages: &[ChatMessage],
         tools: &[serde_json::Value],
+        variables: &serde_json::Map<String, serde_json::Value>,
         add_generation_prompt: bool,
         parse_special_in_content: bool,
     ) -> EngineResult<Vec<u32>> {
-        if !tools.is_empty() {
+        if !tools.is_empty() || !variables.is_empty() {
             return Err(EngineError::Internal(
-                "this codec's chat template does not render tools".into(),
+                "this codec's chat template does not render tools or template variables".into(),
             ));
         }
         self.encode_chat(messages, add_generation_prompt, parse_special_in_content)

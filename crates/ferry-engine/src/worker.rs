@@ -403,12 +403,14 @@ impl Backend for EngineHandle {
         model: &str,
         messages: &[ChatMessage],
         tools: &[serde_json::Value],
+        variables: &serde_json::Map<String, serde_json::Value>,
         add_generation_prompt: bool,
         parse_special_in_content: bool,
     ) -> EngineResult<Vec<u32>> {
         self.ready(model)?.1.codec.encode_chat_with_tools(
             messages,
             tools,
+            variables,
             add_generation_prompt,
             parse_special_in_content,
         )

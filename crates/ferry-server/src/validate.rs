@@ -212,6 +212,7 @@ pub async fn chat(
     let (b, m, mut messages) = (Arc::clone(&state.backend), model.clone(), req.messages);
     let parse_special = options.parse_special_in_content;
     let format = req.response_format;
+    let variables = req.template_variables;
     // Grammars compile here, on the tokeniser pool, so a bad schema is a 400 before the
     // request is queued (the first one also builds the model's token trie).
     let (prompt, grammar) = state
@@ -227,16 +228,20 @@ pub async fn chat(
                     .map(|spec| b.compile_grammar(&m, &spec))
                     .transpose()?,
             };
-            let prompt = if tools.renders {
-                let offered: Vec<serde_json::Value> = tools
+            let offered: Vec<serde_json::Value> = if tools.renders {
+                tools
                     .offered
                     .iter()
                     .map(ToolSpec::to_template_value)
-                    .collect();
-                b.encode_chat_with_tools(&m, &messages, &offered, true, parse_special)?
+                    .collect()
             } else {
                 prompt::fold_into_messages(&mut messages, &tools.offered, tools.format);
+                Vec::new()
+            };
+            let prompt = if offered.is_empty() && variables.is_empty() {
                 b.encode_chat(&m, &messages, true, parse_special)?
+            } else {
+                b.encode_chat_with_tools(&m, &messages, &offered, &variables, true, parse_special)?
             };
             Ok((prompt, grammar))
         })

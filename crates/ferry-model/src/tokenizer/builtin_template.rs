@@ -118,6 +118,7 @@ mod tests {
                 unk_token: None,
                 pad_token: None,
                 tools: None,
+                variables: None,
             })
             .unwrap()
     }

@@ -178,6 +178,7 @@ impl ChatEncoder {
                 unk_token: None,
                 pad_token: None,
                 tools: None,
+                variables: None,
             };
             if let Ok(rendered) = rewritten.render(&ctx) {
                 if finder.find(&rendered).is_some() {

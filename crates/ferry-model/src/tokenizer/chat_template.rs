@@ -44,6 +44,12 @@ pub struct TemplateContext<'a> {
     pub pad_token: Option<&'a str>,
     /// The offered tools (`{"type": "function", "function": {..}}` each), or none.
     pub tools: Option<&'a [serde_json::Value]>,
+    /// More variables, as transformers' `apply_chat_template(**kwargs)` takes them (a request's
+    /// `chat_template_kwargs`: `enable_thinking`, `reasoning_effort`, ...); they cannot replace
+    /// the ones above (`ferry_chat::RESERVED_TEMPLATE_VARIABLES`: the server refuses them, and
+    /// [`ChatTemplate::render`] drops them).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub variables: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 /// The variable transformers always passes besides the context (`documents=None`), so
@@ -153,6 +159,25 @@ impl ChatTemplate {
             .env
             .get_template(NAME)
             .map_err(|e| ModelError::Template(describe(&e)))?;
+        let kept;
+        let ctx = match ctx.variables {
+            Some(vars)
+                if vars
+                    .keys()
+                    .any(|k| ferry_chat::RESERVED_TEMPLATE_VARIABLES.contains(&k.as_str())) =>
+            {
+                kept = vars
+                    .iter()
+                    .filter(|(k, _)| !ferry_chat::RESERVED_TEMPLATE_VARIABLES.contains(&k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect::<serde_json::Map<_, _>>();
+                &TemplateContext {
+                    variables: Some(&kept),
+                    ..ctx.clone()
+                }
+            }
+            _ => ctx,
+        };
         template
             .render(Value::from_serialize(Rendered {
                 ctx,
@@ -266,7 +291,36 @@ mod tests {
             unk_token: None,
             pad_token: None,
             tools: None,
+            variables: None,
         })
+    }
+
+    #[test]
+    fn request_variables_reach_the_template_but_never_replace_its_own() {
+        let m = msgs();
+        let src = "{% if enable_thinking is defined and not enable_thinking %}<no-think>{% endif %}\
+                   [{{ reasoning_effort | default('medium') }}]{{ bos_token }}{{ messages | length }}";
+        let template = ChatTemplate::new(src).unwrap();
+        let render = |variables: Option<&serde_json::Map<String, serde_json::Value>>| {
+            template
+                .render(&TemplateContext {
+                    messages: &m,
+                    add_generation_prompt: true,
+                    bos_token: "<s>",
+                    eos_token: "</s>",
+                    unk_token: None,
+                    pad_token: None,
+                    tools: None,
+                    variables,
+                })
+                .unwrap()
+        };
+        assert_eq!(render(None), "[medium]<s>2");
+        let vars = serde_json::json!({
+            "enable_thinking": false, "reasoning_effort": "low",
+            "bos_token": "EVIL", "messages": []
+        });
+        assert_eq!(render(vars.as_object()), "<no-think>[low]<s>2");
     }
 
     #[test]
@@ -320,6 +374,7 @@ mod tests {
                 unk_token: None,
                 pad_token: None,
                 tools: None,
+                variables: None,
             })
             .unwrap();
         assert_eq!(out, "system;user(alice);", "absent names stay undefined");
@@ -346,6 +401,7 @@ mod tests {
                 unk_token: None,
                 pad_token: None,
                 tools: Some(&tools),
+                variables: None,
             })
             .unwrap();
         assert_eq!(out, "f;f{\"a\": 1}False");

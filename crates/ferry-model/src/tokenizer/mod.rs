@@ -242,16 +242,19 @@ impl TextTokenizer {
         self.encode_chat_with_tools(
             messages,
             None,
+            None,
             add_generation_prompt,
             parse_special_in_content,
         )
     }
 
-    /// [`Self::encode_chat`] with the template's `tools` variable set to `tools`.
+    /// [`Self::encode_chat`] with the template's `tools` variable set to `tools`, and the
+    /// extra template `variables` (a request's `chat_template_kwargs`) set.
     pub fn encode_chat_with_tools(
         &self,
         messages: &[ChatMessage],
         tools: Option<&[serde_json::Value]>,
+        variables: Option<&serde_json::Map<String, serde_json::Value>>,
         add_generation_prompt: bool,
         parse_special_in_content: bool,
     ) -> Result<Vec<u32>> {
@@ -269,13 +272,14 @@ impl TextTokenizer {
                     unk_token: unk.as_deref(),
                     pad_token: pad.as_deref(),
                     tools,
+                    variables,
                 })?;
                 return encoder.encode_rendered(&rendered);
             }
         }
         // Asked to parse them, or no template the guard can follow (or none at all, which
         // apply_chat_template reports).
-        let text = self.render_chat(messages, tools, add_generation_prompt)?;
+        let text = self.render_chat(messages, tools, variables, add_generation_prompt)?;
         self.encode(&text, false)
     }
 
@@ -376,7 +380,7 @@ impl TextTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
-        self.render_chat(messages, None, add_generation_prompt)
+        self.render_chat(messages, None, None, add_generation_prompt)
     }
 
     /// The chat template's source, when the model ships one.
@@ -388,6 +392,7 @@ impl TextTokenizer {
         &self,
         messages: &[ChatMessage],
         tools: Option<&[serde_json::Value]>,
+        variables: Option<&serde_json::Map<String, serde_json::Value>>,
         add_generation_prompt: bool,
     ) -> Result<String> {
         let template = self.chat_template.as_ref().ok_or_else(|| {
@@ -406,6 +411,7 @@ impl TextTokenizer {
             unk_token: self.special.unk_text.as_deref(),
             pad_token: self.special.pad_text.as_deref(),
             tools,
+            variables,
         })
     }
 

@@ -6,7 +6,9 @@
 //! `top_logprobs`, the shared sampling fields ([`super::common::SAMPLING_FIELDS`]: `n` and
 //! `logit_bias` among them, with the ignored ones of [`super::common::IGNORED_FIELDS`]),
 //! `metadata` (ignored), `store` (false only), `response_format` (`text`, `json_object`, `json_schema`),
-//! `tools`, `tool_choice`, `parallel_tool_calls` ([`super::tools`]).
+//! `tools`, `tool_choice`, `parallel_tool_calls` ([`super::tools`]), `chat_template_kwargs`
+//! and `reasoning_effort` (template variables), `verbosity` (checked, ignored) and
+//! `modalities` (`["text"]` only).
 //! Messages: `role` (`system`, `user`, `assistant`, `tool`, and `developer`, treated as
 //! `system`), `content` (a string, an array of `{"type":"text","text"}` parts, or null for an
 //! assistant), `name` (passed to the chat template, which may render it), an assistant's
@@ -49,6 +51,10 @@ pub struct ChatRequest {
     pub response_format: Option<GrammarSpec>,
     /// `tools`, `tool_choice`, `parallel_tool_calls`.
     pub tools: ToolsWire,
+    /// Extra chat template variables: `chat_template_kwargs` (vLLM's and llama.cpp's field),
+    /// with `reasoning_effort` added as the variable of that name (gpt-oss's template reads it)
+    /// unless the kwargs set it.
+    pub template_variables: Map<String, Value>,
 }
 
 const OWN_FIELDS: &[&str] = &[
@@ -64,19 +70,38 @@ const OWN_FIELDS: &[&str] = &[
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "chat_template_kwargs",
+    "reasoning_effort",
+    "verbosity",
+    "modalities",
 ];
+/// Fields other servers accept that would change the output and that ferry does not
+/// implement: a 400 naming the field (README, "Fields other servers accept").
 const UNSUPPORTED: &[&str] = &[
     "functions",
     "function_call",
     "audio",
-    "modalities",
     "prediction",
-    "reasoning_effort",
     "web_search_options",
     "suffix",
     "echo",
     "best_of",
+    "min_tokens",
+    "stop_token_ids",
+    "include_stop_str_in_output",
+    "add_generation_prompt",
+    "continue_final_message",
+    "documents",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
 ];
+
+/// The `reasoning_effort` values OpenAI defines.
+const REASONING_EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high"];
+/// The `verbosity` values OpenAI defines.
+const VERBOSITIES: &[&str] = &["low", "medium", "high"];
 
 impl ChatRequest {
     /// Reads a request body.
@@ -87,6 +112,7 @@ impl ChatRequest {
         f.only("store", "a boolean", false)?;
         let response_format = read_response_format(&mut f)?;
         let tools = ToolsWire::read(&mut f)?;
+        let template_variables = read_template_variables(&mut f)?;
         let _metadata: Option<Map<String, Value>> = f.optional("metadata", "an object")?;
         let model = f.required("model", "a string")?;
         let messages = match f.take_raw("messages") {
@@ -115,8 +141,57 @@ impl ChatRequest {
             sampling: SamplingWire::read(&mut f)?,
             response_format,
             tools,
+            template_variables,
         })
     }
+}
+
+/// `chat_template_kwargs` (an object of template variables, none of the reserved ones),
+/// `reasoning_effort` (one of OpenAI's values, a template variable unless the kwargs set it),
+/// `verbosity` (checked and ignored: it steers OpenAI's own models; no open model's template
+/// reads it) and `modalities` (`["text"]` only).
+fn read_template_variables(f: &mut Fields) -> Result<Map<String, Value>, ApiError> {
+    let param = f.param("chat_template_kwargs");
+    let mut variables: Map<String, Value> = f
+        .optional("chat_template_kwargs", "an object")?
+        .unwrap_or_default();
+    if let Some(name) = variables
+        .keys()
+        .find(|k| ferry_engine::RESERVED_TEMPLATE_VARIABLES.contains(&k.as_str()))
+    {
+        return Err(ApiError::invalid_value(
+            &param,
+            format!(
+                "`{param}` may not set `{name}`: the server sets it from the request (reserved: {}).",
+                ferry_engine::RESERVED_TEMPLATE_VARIABLES.join(", ")
+            ),
+        ));
+    }
+    let one_of =
+        |f: &mut Fields, name: &str, allowed: &[&str]| -> Result<Option<String>, ApiError> {
+            let value: Option<String> = f.optional(name, "a string")?;
+            match value {
+                Some(v) if !allowed.contains(&v.as_str()) => Err(ApiError::invalid_value(
+                    &f.param(name),
+                    format!("`{name}` must be one of {}, got `{v}`.", allowed.join(", ")),
+                )),
+                other => Ok(other),
+            }
+        };
+    if let Some(effort) = one_of(f, "reasoning_effort", REASONING_EFFORTS)? {
+        variables
+            .entry("reasoning_effort")
+            .or_insert(Value::String(effort));
+    }
+    one_of(f, "verbosity", VERBOSITIES)?;
+    let modalities: Option<Vec<String>> = f.optional("modalities", "an array of strings")?;
+    if let Some(other) = modalities.iter().flatten().find(|m| *m != "text") {
+        return Err(ApiError::unsupported_value(
+            &f.param("modalities"),
+            format!("This server writes text only; `modalities` may not include `{other}`."),
+        ));
+    }
+    Ok(variables)
 }
 
 /// `response_format`: `{"type": "text"}` (plain text, the default) gives `None`;
