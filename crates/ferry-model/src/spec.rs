@@ -903,7 +903,7 @@ impl GgufMeta<'_> {
 }
 
 /// Integer metadata: writers disagree on the width, so accept any unsigned or non-negative type.
-fn as_u64(v: &Value) -> candle_core::Result<u64> {
+pub(crate) fn as_u64(v: &Value) -> candle_core::Result<u64> {
     match v {
         Value::U8(x) => Ok(*x as u64),
         Value::U16(x) => Ok(*x as u64),
