@@ -115,7 +115,9 @@ impl EmbedQueue {
         let result = catch_unwind(AssertUnwindSafe(|| model.embed(input))).unwrap_or_else(|p| {
             let message = panic_message(&*p);
             tracing::error!(model = ctx.name, panic = %message, "the model panicked embedding");
-            Err(EngineError::Internal(format!("the model panicked: {message}")))
+            Err(EngineError::Internal(format!(
+                "the model panicked: {message}"
+            )))
         });
         current.tracker.fed(input.len());
         match result {

@@ -49,7 +49,7 @@ pub mod tool_calls;
 pub mod traits;
 pub mod worker;
 
-pub use backend::{Backend, ModelCard, ModelStatus, Residency};
+pub use backend::{no_embeddings, Backend, ModelCard, ModelStatus, Residency};
 pub use embed::{EmbeddingReply, EmbeddingRequest};
 pub use error::{EngineError, EngineResult};
 pub use grammar::{Grammar, GrammarCompiler, GrammarSpec};

@@ -537,7 +537,10 @@ async fn refuses_embedding_inputs_it_cannot_run() {
     assert!(refused(Vec::new()).contains("must not be empty"));
     assert!(refused(vec![vec![1], Vec::new()]).contains("input 1 is empty"));
     let too_long = refused(vec![vec![1; 1025]]);
-    assert!(too_long.contains("1025 tokens") && too_long.contains("1024"), "{too_long}");
+    assert!(
+        too_long.contains("1025 tokens") && too_long.contains("1024"),
+        "{too_long}"
+    );
     assert!(refused(vec![vec![u32::MAX]]).contains("out of range"));
     let unknown = EmbeddingRequest {
         model: "x".into(),

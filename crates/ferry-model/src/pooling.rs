@@ -74,8 +74,9 @@ impl Pooling {
                     }
                 }
             }
-            (ModelFiles::HfDir { dir, .. }, None) => Self::from_dir(dir)?
-                .map(|p| (p, PoolingOrigin::SentenceTransformers)),
+            (ModelFiles::HfDir { dir, .. }, None) => {
+                Self::from_dir(dir)?.map(|p| (p, PoolingOrigin::SentenceTransformers))
+            }
             (ModelFiles::Gguf { .. }, None) => None,
         };
         Ok(declared.unwrap_or((Self::DEFAULT, PoolingOrigin::Default)))
@@ -191,7 +192,11 @@ impl Pooler {
                 Pooling::First if self.rows == 0 => self.acc.copy_from_slice(row),
                 Pooling::First => {}
                 Pooling::Last => self.acc.copy_from_slice(row),
-                Pooling::Max => self.acc.iter_mut().zip(row).for_each(|(a, v)| *a = a.max(*v)),
+                Pooling::Max => self
+                    .acc
+                    .iter_mut()
+                    .zip(row)
+                    .for_each(|(a, v)| *a = a.max(*v)),
             }
             self.rows += 1;
         }
@@ -215,9 +220,14 @@ impl Pooler {
 
 /// Scales `v` to unit L2 norm (summed in f64); a zero vector stays zero.
 pub fn l2_normalize(v: &mut [f32]) {
-    let norm = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+    let norm = v
+        .iter()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum::<f64>()
+        .sqrt();
     if norm > 0.0 {
-        v.iter_mut().for_each(|x| *x = (f64::from(*x) / norm) as f32);
+        v.iter_mut()
+            .for_each(|x| *x = (f64::from(*x) / norm) as f32);
     }
 }
 
@@ -276,8 +286,9 @@ mod tests {
             Ok(Pooling::First)
         );
         assert_eq!(st(r#"{"pooling_mode_lasttoken": true}"#), Ok(Pooling::Last));
-        assert!(st(r#"{"pooling_mode_mean_tokens": true, "pooling_mode_max_tokens": true}"#)
-            .is_err());
+        assert!(
+            st(r#"{"pooling_mode_mean_tokens": true, "pooling_mode_max_tokens": true}"#).is_err()
+        );
         assert!(st("{}").is_err());
     }
 

@@ -28,7 +28,10 @@ fn head_of_last(model: &Model, hidden: &Tensor) -> Vec<f32> {
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -38,7 +41,9 @@ fn hidden_states_through_the_head_are_the_logits() {
     let prompt: Vec<u32> = vec![1, 504, 3575, 282, 4649, 314, 253, 1345];
 
     let mut cache = model.new_cache();
-    let hidden = model.forward_hidden(&prompt, &mut cache, &mut layers).unwrap();
+    let hidden = model
+        .forward_hidden(&prompt, &mut cache, &mut layers)
+        .unwrap();
     assert_eq!(hidden.dims(), &[prompt.len(), hidden_size]);
     assert_eq!(cache.len(), prompt.len());
     let mut cache = model.new_cache();
@@ -54,9 +59,16 @@ fn hidden_states_through_the_head_are_the_logits() {
     let rest = model.forward_hidden(tail, &mut cache, &mut layers).unwrap();
     assert_eq!(rest.dims(), &[tail.len(), hidden_size]);
     let diff = max_diff(&head_of_last(&model, &rest), &logits);
-    assert!(diff < 1e-3, "the continued hidden path's logits differ by {diff}");
+    assert!(
+        diff < 1e-3,
+        "the continued hidden path's logits differ by {diff}"
+    );
     // The rows of the first chunk are the whole prompt's first rows.
-    let whole = hidden.narrow(0, 0, head.len()).unwrap().flatten_all().unwrap();
+    let whole = hidden
+        .narrow(0, 0, head.len())
+        .unwrap()
+        .flatten_all()
+        .unwrap();
     let diff = max_diff(
         &whole.to_vec1::<f32>().unwrap(),
         &first.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
