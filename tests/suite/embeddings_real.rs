@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use ferry::config::{DtypeChoice, OffloadMode};
 use ferry::engine::traits::LanguageModel;
 use ferry::engine::traits::TextCodec;
+use ferry::runtime::adapters::EMBED_CHUNK;
 use ferry::runtime::load::load_for_serving_on;
 use ferry::server::{app, ServerOptions};
 
@@ -135,7 +136,9 @@ async fn real_vectors_are_unit_stable_and_meaningful() {
 #[test]
 fn streamed_hidden_states_match_mode_none_and_the_logits() {
     let load = |mode| {
-        let config = real_model::offloaded(DtypeChoice::Auto, mode);
+        let mut config = real_model::offloaded(DtypeChoice::Auto, mode);
+        // Room for an input longer than one embedding chunk (`EMBED_CHUNK`).
+        config.max_context = Some(1024);
         load_for_serving_on(&config, &device_config(), &Device::Cpu, &hub())
             .unwrap_or_else(|e| panic!("load {mode:?}: {e}"))
     };
@@ -185,7 +188,12 @@ fn streamed_hidden_states_match_mode_none_and_the_logits() {
     let diff = max_diff(&e_none, &e_streamed);
     assert!(diff < 1e-5, "streamed embedding differs by {diff}");
     // A long input runs in chunks: the same vector as one pass would give (mean of all rows).
-    let long: Vec<u32> = prompt.iter().copied().cycle().take(200).collect();
+    let long: Vec<u32> = prompt
+        .iter()
+        .copied()
+        .cycle()
+        .take(EMBED_CHUNK + 188)
+        .collect();
     let mut seq = none.new_sequence();
     let whole = none.hidden_states(&mut seq, &long).unwrap();
     let mean = whole.mean(0).unwrap().to_vec1::<f32>().unwrap();

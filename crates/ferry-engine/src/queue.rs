@@ -27,7 +27,7 @@ pub struct Job {
 /// What a model's engine thread is sent.
 pub enum Work {
     /// A generation (its choices).
-    Generate(Job),
+    Generate(Box<Job>),
     /// An embedding request.
     Embed(EmbedJob),
 }

@@ -140,14 +140,14 @@ pub(super) fn serve_requests<M: LanguageModel>(
                 break;
             }
             match ctx.jobs.recv() {
-                Ok(Work::Generate(job)) => accept(model, ctx, &mut scheduler, job),
+                Ok(Work::Generate(job)) => accept(model, ctx, &mut scheduler, *job),
                 Ok(Work::Embed(job)) => embeds.push(ctx, job),
                 Err(_) => break,
             }
         }
         loop {
             match ctx.jobs.try_recv() {
-                Ok(Work::Generate(job)) => accept(model, ctx, &mut scheduler, job),
+                Ok(Work::Generate(job)) => accept(model, ctx, &mut scheduler, *job),
                 Ok(Work::Embed(job)) => embeds.push(ctx, job),
                 Err(std_mpsc::TryRecvError::Empty) => break,
                 Err(std_mpsc::TryRecvError::Disconnected) => {

@@ -385,7 +385,7 @@ fn tiny_tokenizer_round_trips_and_splits_an_emoji() {
 pub fn serve_job(model: &mut ScriptModel, job: Job, max_batch: usize, metrics: &Metrics) {
     let pending = AtomicUsize::new(1 + job.forks.len());
     let (jobs, receiver) = std_mpsc::channel();
-    jobs.send(Work::Generate(job))
+    jobs.send(Work::Generate(Box::new(job)))
         .expect("the receiver is alive");
     drop(jobs);
     let context = LoopContext {

@@ -509,7 +509,7 @@ impl Backend for EngineHandle {
             accepted: Instant::now(),
             context: RequestContext::current(),
         };
-        if entry.jobs.send(Work::Generate(job)).is_err() {
+        if entry.jobs.send(Work::Generate(Box::new(job))).is_err() {
             entry.pending.fetch_sub(n, Ordering::SeqCst);
             for _ in 0..n {
                 metrics.request_dequeued();

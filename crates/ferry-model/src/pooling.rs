@@ -179,7 +179,7 @@ impl Pooler {
 
     /// Adds the next rows (`rows.len()` a multiple of the width, row after row).
     pub fn add(&mut self, rows: &[f32]) -> Result<()> {
-        if self.width == 0 || rows.len() % self.width != 0 {
+        if self.width == 0 || !rows.len().is_multiple_of(self.width) {
             return Err(ModelError::Config(format!(
                 "{} hidden values are not whole rows of {}",
                 rows.len(),
