@@ -103,8 +103,9 @@ async fn real_vectors_are_unit_stable_and_meaningful() {
         let related = dot(&t[0], &t[1]);
         let unrelated = dot(&t[0], &t[2]);
         let also_unrelated = dot(&t[1], &t[2]);
+        // Measured: related 0.87..0.93, unrelated 0.55..0.80, the closest gap 0.07.
         assert!(
-            related > unrelated && related > also_unrelated,
+            related > unrelated.max(also_unrelated) + 0.05,
             "{triple:?}: related {related}, unrelated {unrelated} / {also_unrelated}"
         );
     }
