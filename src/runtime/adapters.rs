@@ -3,17 +3,23 @@
 //! resident or streamed, or in mode `model` from a [`Lease`] on the swap manager's resident copy),
 //! [`TokenizerCodec`] implements `TextCodec`.
 //!
+//! Embeddings ([`LanguageModel::embed`]) run the same forward path on a sequence of their own,
+//! stopping before the output head ([`ModelRunner::hidden_states`]), in chunks of
+//! [`EMBED_CHUNK`] tokens whose rows the model's [`Pooling`] folds into one L2-normalised vector.
+//!
 //! In mode `model` a sequence takes its lease at its first forward step and holds it until the
 //! engine drops the sequence, so the model stays on the device for the whole request and the
 //! keep_alive clock starts when the request ends.
 
 use std::sync::{Arc, OnceLock};
 
+use candle_core::Tensor;
 use ferry_engine::tool_calls::ToolSupport;
 use ferry_engine::traits::{LanguageModel, TextCodec};
 use ferry_engine::{ChatMessage, EngineError, EngineResult, GrammarCompiler, SamplingParams};
 use ferry_model::decoder::{Model, ResidentLayers, SeqInput};
 use ferry_model::kv_cache::{KvCache, KvSpan};
+use ferry_model::pooling::{Pooler, Pooling};
 use ferry_model::tokenizer::TextTokenizer;
 use ferry_model::weights::LayerWeights;
 use ferry_model::ModelError;
@@ -53,7 +59,13 @@ pub struct ModelRunner {
     layers: WeightStore,
     swapped: Option<Swapped>,
     max_context: usize,
+    /// How embeddings pool the hidden states, or why this model gives none.
+    pooling: Result<Pooling, String>,
 }
+
+/// Most tokens of one embedding input computed in one forward pass (longer inputs run in
+/// chunks against their own cache, so activations stay bounded as a prompt's do).
+pub const EMBED_CHUNK: usize = 512;
 
 /// One request's state: its KV cache and, in mode `model`, the lease that keeps the model
 /// resident while the request runs.
@@ -91,7 +103,45 @@ impl ModelRunner {
             layers: store,
             swapped: None,
             max_context,
+            pooling: Ok(Pooling::DEFAULT),
         }
+    }
+
+    /// Pools embeddings with `pooling`; an `Err` (a pooling ferry cannot compute) says why the
+    /// model gives no embeddings.
+    pub fn with_pooling(mut self, pooling: Result<Pooling, String>) -> Self {
+        self.pooling = pooling;
+        self
+    }
+
+    /// Takes `seq`'s lease on the resident copy in mode `model` (at its first step).
+    fn take_lease(&self, seq: &mut RunnerSequence) -> EngineResult<()> {
+        if let (Some(swapped), None) = (&self.swapped, &seq.lease) {
+            seq.lease = Some(swapped.client.acquire().map_err(swap_error)?);
+        }
+        Ok(())
+    }
+
+    /// Feeds `tokens` to `seq` through the one forward path and returns their final hidden
+    /// states (after the final norm, before the head) as f32 `[tokens.len(), hidden]`.
+    pub fn hidden_states(
+        &mut self,
+        seq: &mut RunnerSequence,
+        tokens: &[u32],
+    ) -> EngineResult<Tensor> {
+        self.take_lease(seq)?;
+        let RunnerSequence { cache, lease } = seq;
+        let hidden = match lease.as_ref().map(Lease::layers) {
+            None => self.model.forward_hidden(tokens, cache, &mut self.layers),
+            Some(layers) => self
+                .model
+                .forward_hidden(tokens, cache, &mut ResidentLayers(layers)),
+        }
+        .map_err(|e| self.step_error(e))?;
+        self.layers
+            .accounting()
+            .observe_kv(cache.allocated_bytes() as u64);
+        Ok(hidden)
     }
 
     /// Serves `model` in mode `model`: decoder layers come from `client`'s resident copy, made
@@ -179,12 +229,8 @@ impl LanguageModel for ModelRunner {
         batch: &mut [(&mut RunnerSequence, &[u32])],
     ) -> EngineResult<Vec<Vec<f32>>> {
         // Mode `model`: every sequence holds a lease; all leases name the same resident copy.
-        if let Some(swapped) = &self.swapped {
-            for (seq, _) in batch.iter_mut() {
-                if seq.lease.is_none() {
-                    seq.lease = Some(swapped.client.acquire().map_err(swap_error)?);
-                }
-            }
+        for (seq, _) in batch.iter_mut() {
+            self.take_lease(seq)?;
         }
         // Split each sequence into its cache (written) and its lease (read), so the first lease's
         // layers are borrowed in place rather than copied every step.
@@ -257,6 +303,42 @@ impl LanguageModel for ModelRunner {
         seq.cache
             .extend_from_spans(blocks)
             .map_err(|e| self.step_error(e))
+    }
+
+    fn embedding_size(&self) -> Option<usize> {
+        self.pooling
+            .is_ok()
+            .then_some(self.model.spec().hidden_size)
+    }
+
+    /// A fresh sequence sized to the input, fed in chunks of [`EMBED_CHUNK`]; each chunk's rows
+    /// go into the pooler, and the sequence (with its lease in mode `model`) is dropped at the end.
+    fn embed(&mut self, tokens: &[u32]) -> EngineResult<Vec<f32>> {
+        let pooling = self
+            .pooling
+            .clone()
+            .map_err(|reason| EngineError::InvalidRequest {
+                message: format!("this model gives no embeddings: {reason}"),
+                param: Some("model".into()),
+            })?;
+        let mut seq = RunnerSequence {
+            cache: self.model.new_cache_with_limit(tokens.len()),
+            lease: None,
+        };
+        let mut pooler = Pooler::new(pooling, self.model.spec().hidden_size);
+        for chunk in tokens.chunks(EMBED_CHUNK) {
+            let hidden = self.hidden_states(&mut seq, chunk)?;
+            let rows = hidden
+                .flatten_all()
+                .and_then(|rows| rows.to_vec1::<f32>())
+                .map_err(|e| self.step_error(e.into()))?;
+            pooler.add(&rows).map_err(internal)?;
+        }
+        drop(seq);
+        if tokens.len() >= RELEASE_AFTER_TOKENS {
+            ferry_server::limits::release_freed_memory();
+        }
+        pooler.finish().map_err(internal)
     }
 
     fn kv_reserve(&self, len: usize) -> usize {

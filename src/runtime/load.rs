@@ -20,6 +20,7 @@ use ferry_engine::SamplingParams;
 use ferry_model::checkpoint::Checkpoint;
 use ferry_model::generation_defaults::recommended_sampling;
 use ferry_model::loader::{LoadOptions, LoadProgress};
+use ferry_model::pooling::{Pooling, PoolingOrigin};
 use ferry_model::source::{HubOptions, ModelFiles};
 use ferry_model::tokenizer::{TemplateOrigin, TextTokenizer};
 use ferry_model::ModelError;
@@ -132,7 +133,8 @@ pub fn load_planned(
     // The tokenizer (tens of thousands of merges) builds on its own thread while the weights load.
     std::thread::scope(|scope| {
         let tokenizer = scope.spawn(|| load_tokenizer(config, checkpoint));
-        let runner = load_runner(config, device_config, device, swap, checkpoint, plan)?;
+        let runner = load_runner(config, device_config, device, swap, checkpoint, plan)?
+            .with_pooling(pooling_of(config, checkpoint));
         if let Some(experts) = runner.store().experts() {
             experts.set_tier(config.tier.choice);
             experts.set_cost_model(cost);
@@ -165,6 +167,25 @@ pub fn load_planned(
             codec: TokenizerCodec::new(tokenizer, sampling),
         })
     })
+}
+
+/// How `checkpoint`'s embeddings pool (logged), or why it gives none (a warning).
+fn pooling_of(config: &ModelConfig, checkpoint: &Checkpoint) -> Result<Pooling, String> {
+    match Pooling::of_checkpoint(checkpoint) {
+        Ok((pooling, origin)) => {
+            let origin = match origin {
+                PoolingOrigin::Gguf => "the GGUF's pooling_type",
+                PoolingOrigin::SentenceTransformers => "1_Pooling/config.json",
+                PoolingOrigin::Default => "the default for a decoder LM",
+            };
+            tracing::debug!(model = %config.name, pooling = pooling.name(), origin, "embeddings");
+            Ok(pooling)
+        }
+        Err(err) => {
+            tracing::warn!(model = %config.name, reason = %err, "this model gives no embeddings");
+            Err(err.to_string())
+        }
+    }
 }
 
 /// Loads the weights as `plan` places them: resident, streamed or parked for swapping.

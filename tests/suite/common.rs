@@ -9,6 +9,9 @@
 //! `oom-model` (its first step runs out of device memory, as a CUDA out-of-memory error does),
 //! `stuck-model` (one token, then nothing until the receiver is dropped: a request that stays
 //! in flight).
+//!
+//! Embeddings: `test-model` embeds each input as [`fake_embedding`] ([`EMBEDDING_WIDTH`] values,
+//! unit norm, a function of its token ids); the other models give none.
 
 #![allow(dead_code)]
 
@@ -21,12 +24,13 @@ use axum::http::{header, HeaderMap, Method, Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tower::ServiceExt;
 
 use ferry::engine::{
-    Backend, ChatMessage, EngineError, EngineResult, FinishReason, GenerationEvent,
-    GenerationRequest, ModelCard, ModelStatus, SamplingParams, TokenLogprob, TokenOutput, Usage,
+    Backend, ChatMessage, EmbeddingReply, EmbeddingRequest, EngineError, EngineResult,
+    FinishReason, GenerationEvent, GenerationRequest, ModelCard, ModelStatus, SamplingParams,
+    TokenLogprob, TokenOutput, Usage,
 };
 use ferry::metrics::Metrics;
 
@@ -55,12 +59,33 @@ pub fn model_sampling_defaults() -> SamplingParams {
 pub const FIRST_GENERATED_ID: u32 = 1000;
 pub const CONTINUATION: [&str; 8] = ["Hello", ",", " world", "!", " How", " are", " you", "?"];
 pub const CREATED: u64 = 1_700_000_000;
+/// The width of `test-model`'s embeddings.
+pub const EMBEDDING_WIDTH: usize = 8;
+
+/// `test-model`'s embedding of `tokens`: value `j` sums `(t + 1) * (j + 1) mod 17 - 8` over the
+/// tokens, then the vector is scaled to unit norm (an all-zero sum stays zero).
+pub fn fake_embedding(tokens: &[u32]) -> Vec<f32> {
+    let raw: Vec<f32> = (0..EMBEDDING_WIDTH as u64)
+        .map(|j| {
+            tokens
+                .iter()
+                .map(|&t| ((u64::from(t) + 1) * (j + 1) % 17) as f32 - 8.0)
+                .sum()
+        })
+        .collect();
+    let norm = raw.iter().map(|x| x * x).sum::<f32>().sqrt();
+    raw.iter()
+        .map(|x| if norm > 0.0 { x / norm } else { 0.0 })
+        .collect()
+}
 
 /// The test double.
 pub struct TestBackend {
     cards: Vec<ModelCard>,
     /// Every request submitted, in order.
     pub submitted: Mutex<Vec<GenerationRequest>>,
+    /// Every embedding request, in order.
+    pub embedded: Mutex<Vec<EmbeddingRequest>>,
     /// Set when a generation task found its receiver dropped.
     pub cancelled: Arc<AtomicBool>,
     /// Calls to `tokenize` and `encode_chat` (the tokeniser's work) so far.
@@ -94,6 +119,7 @@ impl TestBackend {
                 card(STUCK, ModelStatus::Ready),
             ],
             submitted: Mutex::new(Vec::new()),
+            embedded: Mutex::new(Vec::new()),
             cancelled: Arc::new(AtomicBool::new(false)),
             tokenize_calls: AtomicUsize::new(0),
             overloaded: AtomicBool::new(false),
@@ -121,6 +147,7 @@ impl TestBackend {
         Arc::new(Self {
             cards,
             submitted: Mutex::new(Vec::new()),
+            embedded: Mutex::new(Vec::new()),
             cancelled: Arc::new(AtomicBool::new(false)),
             tokenize_calls: AtomicUsize::new(0),
             overloaded: AtomicBool::new(false),
@@ -299,6 +326,24 @@ impl Backend for TestBackend {
             return Err(EngineError::Overloaded("the test backend is full".into()));
         }
         Ok(())
+    }
+
+    fn embedding_size(&self, model: &str) -> EngineResult<usize> {
+        self.ready(model)?;
+        if model != READY {
+            return Err(ferry::engine::no_embeddings(model));
+        }
+        Ok(EMBEDDING_WIDTH)
+    }
+
+    fn embed(&self, request: EmbeddingRequest) -> EngineResult<oneshot::Receiver<EmbeddingReply>> {
+        self.embedding_size(&request.model)?;
+        self.check_capacity(&request.model)?;
+        self.embedded.lock().unwrap().push(request.clone());
+        let (tx, rx) = oneshot::channel();
+        let vectors = request.inputs.iter().map(|i| fake_embedding(i)).collect();
+        let _ = tx.send(Ok(vectors));
+        Ok(rx)
     }
 
     fn submit(&self, request: GenerationRequest) -> EngineResult<mpsc::Receiver<GenerationEvent>> {

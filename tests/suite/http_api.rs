@@ -5,6 +5,7 @@
 mod bad_requests;
 use crate::common;
 mod connections;
+mod embeddings;
 mod guards;
 mod metrics;
 mod openai_client;

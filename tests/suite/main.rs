@@ -21,6 +21,7 @@ mod calibration;
 mod chat_templates;
 mod cli;
 mod dense_tiers;
+mod embeddings_real;
 mod expert_offload;
 mod fit;
 mod gguf_sources;

@@ -410,3 +410,47 @@ async fn the_logs_say_what_runs_and_what_the_api_answered() {
     assert_eq!(field(&plain, "finish_reason"), plain_reason, "{plain}");
     assert!(!plain.contains(" tool_calls="), "{plain}");
 }
+
+/// An embedding request through `ferry serve`: one `request finished` line with its id and
+/// its tokens, and a count in `ferry_requests_total` under its model.
+#[tokio::test]
+async fn an_embedding_request_logs_one_line_and_is_counted() {
+    let served = Served::start().await;
+    let base = &served.base;
+    let client = reqwest::Client::new();
+    let reply = client
+        .post(format!("{base}/v1/embeddings"))
+        .header("x-request-id", "embed-1")
+        .timeout(Duration::from_secs(300))
+        .json(&json!({"model": MODEL, "input": ["The capital of France", "is Paris"]}))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(reply.status(), 200);
+    let body: serde_json::Value = reply.json().await.expect("json");
+    assert_eq!(body["data"].as_array().map(Vec::len), Some(2), "{body}");
+    let prompt_tokens = body["usage"]["prompt_tokens"].as_u64().expect("usage");
+
+    let lines = served.lines_with("request_id=embed-1", 1).await;
+    assert_eq!(lines.len(), 1, "{}", served.text());
+    let line = &lines[0];
+    assert!(
+        line.contains("request finished") && line.contains(" INFO "),
+        "{line}"
+    );
+    assert_eq!(field(line, "model"), MODEL);
+    assert_eq!(field(line, "prompt_tokens"), prompt_tokens.to_string());
+    assert_eq!(field(line, "completion_tokens"), "0");
+    assert_eq!(field(line, "status"), "finished");
+
+    let page = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("GET")
+        .text()
+        .await
+        .expect("text");
+    let name = format!("ferry_requests_total{{model=\"{MODEL}\",status=\"200\"}}");
+    assert_eq!(metric(&page, &name), 1.0, "{page}");
+}

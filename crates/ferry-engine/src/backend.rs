@@ -2,11 +2,12 @@
 //! implements it, and HTTP tests can implement it without a model.
 
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use ferry_metrics::Metrics;
 
 use super::{
+    embed::{EmbeddingReply, EmbeddingRequest},
     grammar::{Grammar, GrammarSpec},
     request::{ChatMessage, SamplingParams},
     tool_calls::ToolSupport,
@@ -176,5 +177,26 @@ pub trait Backend: Send + Sync + 'static {
         (0..n.max(1))
             .map(|i| self.submit(request.for_choice(i)))
             .collect()
+    }
+
+    /// The width of `model`'s embedding vectors. A model that gives none is an invalid request
+    /// naming `model`. Default: no model gives embeddings.
+    fn embedding_size(&self, model: &str) -> EngineResult<usize> {
+        Err(no_embeddings(model))
+    }
+
+    /// Queues an embedding request (inputs non-empty, each within the context): the vectors
+    /// arrive on the returned receiver, in input order; dropping it cancels the request.
+    /// Default: no model gives embeddings.
+    fn embed(&self, request: EmbeddingRequest) -> EngineResult<oneshot::Receiver<EmbeddingReply>> {
+        Err(no_embeddings(&request.model))
+    }
+}
+
+/// The invalid request for embeddings from a model that gives none.
+pub fn no_embeddings(model: &str) -> EngineError {
+    EngineError::InvalidRequest {
+        message: format!("the model `{model}` does not give embeddings"),
+        param: Some("model".into()),
     }
 }

@@ -24,10 +24,12 @@
 //! state machine, built from [`sampling`] (with
 //! [`penalties`]), [`logprobs`], [`detokenize`] (incremental, UTF-8 safe) and [`stop`].
 //! [`tool_calls`] reads function calls out of replies and builds the grammar that enforces
-//! them.
+//! them. [`embed`] carries embedding requests to the model's thread, which runs them between
+//! its generation steps, one input at a time.
 
 mod backend;
 mod detokenize;
+pub mod embed;
 mod error;
 mod generate;
 pub mod grammar;
@@ -47,7 +49,8 @@ pub mod tool_calls;
 pub mod traits;
 pub mod worker;
 
-pub use backend::{Backend, ModelCard, ModelStatus, Residency};
+pub use backend::{no_embeddings, Backend, ModelCard, ModelStatus, Residency};
+pub use embed::{EmbeddingReply, EmbeddingRequest};
 pub use error::{EngineError, EngineResult};
 pub use grammar::{Grammar, GrammarCompiler, GrammarSpec};
 pub use prefix_cache::PrefixCacheOptions;

@@ -1,9 +1,11 @@
-//! A request on its way from [`super::EngineHandle::submit`] to a model's engine thread.
+//! A request on its way from [`super::EngineHandle::submit`] (or `embed`) to a model's engine
+//! thread: [`Work`] is what the model's channel carries.
 
 use std::time::Instant;
 
 use tokio::sync::mpsc;
 
+use super::embed::EmbedJob;
 use super::request::{GenerationEvent, GenerationRequest};
 use ferry_metrics::RequestContext;
 
@@ -20,4 +22,12 @@ pub struct Job {
     pub accepted: Instant,
     /// The HTTP request it came from (its id, for the request's log line), if any.
     pub context: Option<RequestContext>,
+}
+
+/// What a model's engine thread is sent.
+pub enum Work {
+    /// A generation (its choices).
+    Generate(Box<Job>),
+    /// An embedding request.
+    Embed(EmbedJob),
 }

@@ -23,6 +23,9 @@
 //! prompt's new blocks in. Before each step the cache shrinks to the KV room the running
 //! sequences leave ([`kv_room`]), so it never holds memory a running request may need.
 //!
+//! Embedding requests ([`EmbedQueue`]) run between the steps, one input per iteration, each on
+//! a fresh sequence of its own; the batch of running generations is untouched.
+//!
 //! The gauges and counters of [`Metrics`] are kept here: `waiting` and `running` move with the
 //! scheduler, the `pending` count (for `max_queue`) drops when a request leaves for good, and
 //! each request's [`RequestTracker`] hears of its admission, of the tokens each step feeds
@@ -36,10 +39,11 @@ use std::time::Instant;
 
 use ferry_metrics::{Metrics, RequestEnd, RequestTracker, TrackedRequest};
 
+use super::embed::EmbedQueue;
 use super::generate::{Generation, Outcome, Progress, Started};
 use super::pacer::StepPacer;
 use super::prefix_cache::{PrefixCache, PrefixCacheOptions};
-use super::queue::Job;
+use super::queue::{Job, Work};
 use super::request::FinishReason;
 use super::scheduler::{Schedulable, Scheduler, StepLimits, StepShare};
 use super::traits::{LanguageModel, TextCodec};
@@ -51,7 +55,7 @@ pub(super) struct LoopContext<'a> {
     /// The model's served id (for logs).
     pub name: &'a str,
     /// Incoming jobs; the loop ends when every sender is gone and nothing is left to run.
-    pub jobs: &'a std_mpsc::Receiver<Job>,
+    pub jobs: &'a std_mpsc::Receiver<Work>,
     /// Requests accepted and not finished (for `max_queue`).
     pub pending: &'a AtomicUsize,
     /// Where gauges, counters and latencies go.
@@ -128,20 +132,23 @@ pub(super) fn serve_requests<M: LanguageModel>(
     let mut scheduler = Scheduler::new(ctx.limits);
     let mut pacer = StepPacer::new(ctx.limits.step_time);
     let mut prefix = PrefixCache::from_options(&ctx.prefix).filter(|_| model.supports_blocks());
+    let mut embeds = EmbedQueue::default();
     let mut open = true;
     loop {
-        if scheduler.is_idle() {
+        if scheduler.is_idle() && embeds.is_empty() {
             if !open {
                 break;
             }
             match ctx.jobs.recv() {
-                Ok(job) => accept(model, ctx, &mut scheduler, job),
+                Ok(Work::Generate(job)) => accept(model, ctx, &mut scheduler, *job),
+                Ok(Work::Embed(job)) => embeds.push(ctx, job),
                 Err(_) => break,
             }
         }
         loop {
             match ctx.jobs.try_recv() {
-                Ok(job) => accept(model, ctx, &mut scheduler, job),
+                Ok(Work::Generate(job)) => accept(model, ctx, &mut scheduler, *job),
+                Ok(Work::Embed(job)) => embeds.push(ctx, job),
                 Err(std_mpsc::TryRecvError::Empty) => break,
                 Err(std_mpsc::TryRecvError::Disconnected) => {
                     open = false;
@@ -195,6 +202,8 @@ pub(super) fn serve_requests<M: LanguageModel>(
             ctx.pending.fetch_sub(ended, Ordering::SeqCst);
             scheduler.adopt(done.split_off);
         }
+        // Between generation steps: one embedding input (the streams wait for it once).
+        embeds.step(model, ctx);
         let kv_tokens = scheduler
             .running_mut()
             .iter()

@@ -131,13 +131,13 @@ fn serve_in_turn(
     for request in requests {
         let (events, rx) = mpsc::channel(4096);
         metrics.request_queued();
-        jobs.send(Job {
+        jobs.send(Work::Generate(Box::new(Job {
             request: request.clone(),
             events,
             forks: Vec::new(),
             accepted: Instant::now(),
             context: None,
-        })
+        })))
         .unwrap();
         receivers.push(rx);
     }

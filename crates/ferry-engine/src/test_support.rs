@@ -14,7 +14,7 @@ use ferry_metrics::Metrics;
 
 use super::{
     prefix_cache::PrefixCacheOptions,
-    queue::Job,
+    queue::{Job, Work},
     request::{ChatMessage, GenerationEvent, GenerationParams, GenerationRequest, SamplingParams},
     scheduler::StepLimits,
     serve_loop::{serve_requests, LoopContext},
@@ -295,6 +295,22 @@ impl LanguageModel for ScriptModel {
         ScriptSeq::default()
     }
 
+    /// Three values from the input's length, first and last ids, L2-normalised: inputs that
+    /// differ there get different vectors.
+    fn embedding_size(&self) -> Option<usize> {
+        Some(3)
+    }
+
+    fn embed(&mut self, tokens: &[u32]) -> EngineResult<Vec<f32>> {
+        std::thread::sleep(self.step_delay);
+        self.tokens_fed += tokens.len();
+        let first = tokens.first().copied().unwrap_or(0) as f32;
+        let last = tokens.last().copied().unwrap_or(0) as f32;
+        let v = [tokens.len() as f32, first + 1.0, last + 1.0];
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        Ok(v.iter().map(|x| x / norm).collect())
+    }
+
     fn forward_batch(
         &mut self,
         batch: &mut [(&mut ScriptSeq, &[u32])],
@@ -373,7 +389,8 @@ fn tiny_tokenizer_round_trips_and_splits_an_emoji() {
 pub fn serve_job(model: &mut ScriptModel, job: Job, max_batch: usize, metrics: &Metrics) {
     let pending = AtomicUsize::new(1 + job.forks.len());
     let (jobs, receiver) = std_mpsc::channel();
-    jobs.send(job).expect("the receiver is alive");
+    jobs.send(Work::Generate(Box::new(job)))
+        .expect("the receiver is alive");
     drop(jobs);
     let context = LoopContext {
         name: "m",

@@ -1,5 +1,6 @@
 //! The two seams the generation loop is written against: a language model that turns tokens into
-//! next-token logits, and a text codec (tokenizer + chat template + the model's sampling defaults). The model layer implements
+//! next-token logits (and, where it can, into embeddings), and a text codec (tokenizer + chat
+//! template + the model's sampling defaults). The model layer implements
 //! them with small adapters, so the engine never depends on a concrete architecture or tokenizer.
 
 use std::sync::Arc;
@@ -94,6 +95,22 @@ pub trait LanguageModel: Send {
     /// this room for every running sequence. Default `len`.
     fn kv_reserve(&self, len: usize) -> usize {
         len
+    }
+
+    /// The width of this model's embedding vectors ([`embed`](Self::embed)), or `None` when it
+    /// gives none. Default `None`.
+    fn embedding_size(&self) -> Option<usize> {
+        None
+    }
+
+    /// The embedding of `tokens` (one input, non-empty, within the context): the model's final
+    /// hidden states pooled as its configuration says and L2-normalised, computed on a sequence
+    /// of its own (no running sequence is touched). Default: an invalid request naming `model`.
+    fn embed(&mut self, _tokens: &[u32]) -> EngineResult<Vec<f32>> {
+        Err(EngineError::InvalidRequest {
+            message: "this model does not give embeddings".into(),
+            param: Some("model".into()),
+        })
     }
 
     /// The context window in tokens (prompt plus completion).

@@ -24,16 +24,17 @@ use std::{
     time::{Instant, SystemTime, UNIX_EPOCH},
 };
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use ferry_metrics::{Metrics, RequestContext};
 
 use super::{
-    backend::{Backend, ModelCard, ModelStatus, Residency},
+    backend::{no_embeddings, Backend, ModelCard, ModelStatus, Residency},
+    embed::{EmbedJob, EmbeddingReply, EmbeddingRequest},
     generate::validate_prompt,
     grammar::{Grammar, GrammarSpec},
     prefix_cache::PrefixCacheOptions,
-    queue::Job,
+    queue::{Job, Work},
     request::{ChatMessage, GenerationEvent, GenerationRequest, SamplingParams},
     scheduler::StepLimits,
     serve_loop::{serve_requests, LoopContext},
@@ -111,6 +112,8 @@ struct Loaded {
     codec: Arc<dyn TextCodec>,
     max_context: usize,
     vocab_size: usize,
+    /// The width of its embeddings, if it gives any.
+    embedding_size: Option<usize>,
 }
 
 enum LoadState {
@@ -130,9 +133,9 @@ struct ModelEntry {
     state: Arc<RwLock<LoadState>>,
     /// Jobs for the model's thread. A std channel: the receiving side is a plain thread that
     /// blocks on it, and senders never block.
-    jobs: std_mpsc::Sender<Job>,
+    jobs: std_mpsc::Sender<Work>,
     /// The receiving end, until `load` hands it to the thread.
-    receiver: Mutex<Option<std_mpsc::Receiver<Job>>>,
+    receiver: Mutex<Option<std_mpsc::Receiver<Work>>>,
     /// Requests accepted and not finished (for `max_queue`), shared with the thread.
     pending: Arc<AtomicUsize>,
 }
@@ -259,6 +262,7 @@ impl EngineHandle {
             codec: Arc::clone(&codec),
             max_context: model.max_context(),
             vocab_size: model.vocab_size(),
+            embedding_size: model.embedding_size(),
         });
         let thread = self.load(name, move || Ok((model, codec)))?;
         // The thread writes the same state once it starts; writing it here too closes the window
@@ -511,7 +515,7 @@ impl Backend for EngineHandle {
             accepted: Instant::now(),
             context: RequestContext::current(),
         };
-        if entry.jobs.send(job).is_err() {
+        if entry.jobs.send(Work::Generate(Box::new(job))).is_err() {
             entry.pending.fetch_sub(n, Ordering::SeqCst);
             for _ in 0..n {
                 metrics.request_dequeued();
@@ -520,6 +524,72 @@ impl Backend for EngineHandle {
         }
         Ok(receivers)
     }
+
+    fn embedding_size(&self, model: &str) -> EngineResult<usize> {
+        self.ready(model)?
+            .1
+            .embedding_size
+            .ok_or_else(|| no_embeddings(model))
+    }
+
+    /// One job for all the inputs; the serving loop embeds them one at a time between its
+    /// generation steps. Counts as one request for `max_queue` and the gauges.
+    fn embed(&self, request: EmbeddingRequest) -> EngineResult<oneshot::Receiver<EmbeddingReply>> {
+        let (entry, loaded) = self.ready(&request.model)?;
+        if loaded.embedding_size.is_none() {
+            return Err(no_embeddings(&request.model));
+        }
+        check_embedding_inputs(&request.inputs, loaded.max_context, loaded.vocab_size)?;
+        if entry.pending.fetch_add(1, Ordering::SeqCst) + 1 > self.capacity() {
+            entry.pending.fetch_sub(1, Ordering::SeqCst);
+            return Err(self.overloaded(entry));
+        }
+        let (reply, receiver) = oneshot::channel();
+        let metrics = &self.shared.options.metrics;
+        metrics.request_queued();
+        let job = EmbedJob {
+            request,
+            reply,
+            accepted: Instant::now(),
+            context: RequestContext::current(),
+        };
+        if entry.jobs.send(Work::Embed(job)).is_err() {
+            entry.pending.fetch_sub(1, Ordering::SeqCst);
+            metrics.request_dequeued();
+            return Err(EngineError::Unavailable);
+        }
+        Ok(receiver)
+    }
+}
+
+/// Refuses embedding inputs the model cannot run: none, an empty one, one longer than the
+/// context, an id outside the vocabulary (each an invalid request naming `input`).
+fn check_embedding_inputs(
+    inputs: &[Vec<u32>],
+    max_context: usize,
+    vocab_size: usize,
+) -> EngineResult<()> {
+    let invalid = |message: String| EngineError::InvalidRequest {
+        message,
+        param: Some("input".into()),
+    };
+    if inputs.is_empty() {
+        return Err(invalid("`input` must not be empty".into()));
+    }
+    for (i, input) in inputs.iter().enumerate() {
+        if input.is_empty() {
+            return Err(invalid(format!("input {i} is empty")));
+        }
+        if input.len() > max_context {
+            return Err(invalid(format!(
+                "input {i} is {} tokens long; this model's maximum context length is \
+                 {max_context} tokens",
+                input.len()
+            )));
+        }
+        check_token_ids(input, vocab_size).map_err(|e| invalid(format!("input {i}: {e}")))?;
+    }
+    Ok(())
 }
 
 /// Fails with an invalid request naming `tokens` when an id is outside the vocabulary.
@@ -536,7 +606,7 @@ fn check_token_ids(tokens: &[u32], vocab_size: usize) -> EngineResult<()> {
 /// What a model's engine thread shares with the handles.
 struct ThreadShared<'a> {
     state: &'a RwLock<LoadState>,
-    jobs: &'a std_mpsc::Receiver<Job>,
+    jobs: &'a std_mpsc::Receiver<Work>,
     pending: &'a AtomicUsize,
     metrics: &'a Metrics,
     limits: StepLimits,
@@ -572,6 +642,7 @@ where
         codec: Arc::clone(&codec),
         max_context,
         vocab_size: model.vocab_size(),
+        embedding_size: model.embedding_size(),
     });
     tracing::info!(model = name, max_context, "model ready");
     // Ready means resident; in offload mode `model` the swap manager's location replaces this

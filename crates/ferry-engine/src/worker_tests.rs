@@ -481,3 +481,110 @@ async fn check_capacity_refuses_before_submit_and_names_max_queue() {
         Err(EngineError::ModelNotFound("zz".into()))
     );
 }
+
+/// Embeddings run on the model's thread between the steps of a running generation: the
+/// vectors come back in input order, and the generation still finishes as it would alone.
+#[tokio::test]
+async fn embeds_between_generation_steps() {
+    let handle = EngineHandle::new(["m"]);
+    let mut model = ScriptModel::saying("he wo café he wo café he wo");
+    model.step_delay = Duration::from_millis(2);
+    handle.model_ready("m", model, codec()).unwrap();
+    assert_eq!(handle.embedding_size("m"), Ok(3));
+
+    let generation = handle.submit(greedy_request("m", vec![1, 2], 64)).unwrap();
+    let inputs = vec![vec![5, 6, 7], vec![9], vec![5, 6, 8]];
+    let request = EmbeddingRequest {
+        model: "m".into(),
+        inputs: inputs.clone(),
+    };
+    let vectors = handle.embed(request).unwrap().await.unwrap().unwrap();
+    assert_eq!(vectors.len(), 3);
+    for (input, vector) in inputs.iter().zip(&vectors) {
+        let v = [
+            input.len() as f32,
+            input[0] as f32 + 1.0,
+            input[input.len() - 1] as f32 + 1.0,
+        ];
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        let want: Vec<f32> = v.iter().map(|x| x / norm).collect();
+        assert_eq!(vector, &want, "input {input:?}");
+    }
+    let (text, end) = collect(generation).await;
+    assert_eq!(text, "he wo café he wo café he wo");
+    assert!(matches!(end, GenerationEvent::Finished { .. }), "{end:?}");
+}
+
+#[tokio::test]
+async fn refuses_embedding_inputs_it_cannot_run() {
+    let handle = EngineHandle::new(["m"]);
+    handle
+        .model_ready("m", ScriptModel::saying("he"), codec())
+        .unwrap();
+    let refused = |inputs: Vec<Vec<u32>>| {
+        let request = EmbeddingRequest {
+            model: "m".into(),
+            inputs,
+        };
+        match handle.embed(request) {
+            Err(EngineError::InvalidRequest { message, param }) => {
+                assert_eq!(param.as_deref(), Some("input"), "{message}");
+                message
+            }
+            other => panic!("expected an invalid request, got {:?}", other.map(|_| ())),
+        }
+    };
+    assert!(refused(Vec::new()).contains("must not be empty"));
+    assert!(refused(vec![vec![1], Vec::new()]).contains("input 1 is empty"));
+    let too_long = refused(vec![vec![1; 1025]]);
+    assert!(
+        too_long.contains("1025 tokens") && too_long.contains("1024"),
+        "{too_long}"
+    );
+    assert!(refused(vec![vec![u32::MAX]]).contains("out of range"));
+    let unknown = EmbeddingRequest {
+        model: "x".into(),
+        inputs: vec![vec![1]],
+    };
+    assert_eq!(
+        handle.embed(unknown).err(),
+        Some(EngineError::ModelNotFound("x".into()))
+    );
+}
+
+/// A client that goes away before its inputs are embedded frees its place in the queue.
+#[tokio::test]
+async fn a_dropped_embedding_request_is_dropped() {
+    let handle = EngineHandle::with_options(
+        ["m"],
+        EngineOptions {
+            max_queue: 0,
+            max_batch: 1,
+            ..EngineOptions::default()
+        },
+    );
+    let mut model = ScriptModel::saying("he");
+    model.step_delay = Duration::from_millis(20);
+    handle.model_ready("m", model, codec()).unwrap();
+    let request = EmbeddingRequest {
+        model: "m".into(),
+        inputs: vec![vec![1]; 50],
+    };
+    let started = Instant::now();
+    drop(handle.embed(request.clone()).unwrap());
+    // Capacity is one request: the dropped one holds it until the loop sees it gone.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let reply = loop {
+        match handle.embed(request.clone()) {
+            Ok(reply) => break reply,
+            Err(EngineError::Overloaded(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => panic!("the dropped request kept its place: {e}"),
+        }
+    };
+    assert_eq!(reply.await.unwrap().unwrap().len(), 50);
+    // 50 inputs of 20 ms: had the dropped request's run too, this would take twice as long.
+    let elapsed = started.elapsed();
+    assert!(elapsed < Duration::from_millis(1600), "{elapsed:?}");
+}

@@ -118,6 +118,9 @@ impl HubFetcher {
         let tokenizer = self.required("tokenizer.json")?;
         let tokenizer_config = self.optional("tokenizer_config.json")?;
         let generation_config = self.optional("generation_config.json")?;
+        // A sentence-transformers model's pooling (read from the snapshot beside config.json
+        // by `pooling`), fetched so that a hub id embeds as its directory would.
+        self.optional("1_Pooling/config.json")?;
         let weights = match self.optional("model.safetensors.index.json")? {
             Some(index) => shard_names(&index)?
                 .iter()

@@ -36,6 +36,8 @@
 //!   (Gemma 2 and 3) and [`phi3`]: the other families' blocks; [`moe`]: the routed-experts
 //!   MLP of Qwen3-MoE (in [`qwen3`]'s block) and Mixtral (in [`llama`]'s).
 //! - [`kv_cache`]: the per-sequence key/value cache.
+//! - [`pooling`]: embeddings: the pooling a model asks for and the pooler over its final
+//!   hidden states ([`decoder::Model::forward_hidden`]), L2-normalised.
 //! - [`verify`]: `verify_weights`, every tensor's values checked finite before a load.
 
 pub mod checkpoint;
@@ -53,6 +55,7 @@ mod llama;
 pub mod loader;
 mod moe;
 mod phi3;
+pub mod pooling;
 mod qwen3;
 pub mod source;
 pub mod spec;

@@ -14,7 +14,7 @@
 //! | 400 | `unsupported_parameter` | a known OpenAI field this server does not implement |
 //! | 400 | `unsupported_value` | a known field with a value we do not implement (`echo: true`) |
 //! | 400 | `unknown_parameter` | a field OpenAI does not define either |
-//! | 400 | `context_length_exceeded` | prompt + max_tokens beyond the model's context |
+//! | 400 | `context_length_exceeded` | prompt + max_tokens (or an embedding input) beyond the model's context |
 //! | 401 | `invalid_api_key` | missing or wrong bearer token |
 //! | 403 | `host_not_allowed` | the `Host` header is not in `server.allowed_hosts` |
 //! | 404 | `model_not_found` / `not_found` | unknown model / unknown route |
@@ -211,6 +211,18 @@ impl ApiError {
                 "This model's maximum context length is {max_context} tokens. However, you \
                  requested {requested} tokens ({prompt_tokens} in {what}, {max_tokens} in the \
                  completion). Please reduce the length of {what} or completion."
+            ),
+        )
+    }
+
+    /// 400 `context_length_exceeded` for embedding input `index`, `tokens` long.
+    pub fn input_too_long(index: usize, tokens: usize, max_context: usize) -> Self {
+        Self::bad_request(
+            "context_length_exceeded",
+            "input",
+            format!(
+                "This model's maximum context length is {max_context} tokens. However, input \
+                 {index} is {tokens} tokens long. Please reduce the length of the input."
             ),
         )
     }

@@ -17,6 +17,7 @@
 //! |---|---|
 //! | `POST /v1/completions` | [`handlers::completions`] |
 //! | `POST /v1/chat/completions` | [`handlers::chat`] |
+//! | `POST /v1/embeddings` | [`handlers::embeddings`] |
 //! | `GET /v1/models`, `GET /v1/models/{id}` | [`handlers::models`] |
 //! | `POST /tokenize`, `POST /detokenize` | [`handlers::tokenize`] (vLLM's extensions) |
 //! | `GET /health` | [`handlers::health`] (never behind the API key or the `Host` check) |
@@ -114,6 +115,7 @@ pub fn app_with_lifecycle(
             "/v1/chat/completions",
             post(handlers::chat::chat_completions),
         )
+        .route("/v1/embeddings", post(handlers::embeddings::embeddings))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             metrics::count_requests,

@@ -156,6 +156,11 @@ async fn a_10_mb_prompt_is_rejected_before_the_tokenizer_is_called() {
             json!({"model": READY, "prompt": huge}),
             "prompt",
         ),
+        (
+            "/v1/embeddings",
+            json!({"model": READY, "input": ["short", huge]}),
+            "input",
+        ),
     ];
     for (uri, body, param) in bodies {
         let reply = post(&app, uri, body).await;

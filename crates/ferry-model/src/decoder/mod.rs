@@ -9,6 +9,8 @@
 //!
 //! There is one forward path, [`Model::forward_batch`]: a step runs the new tokens of several
 //! sequences ([`SeqInput`]), each against its own cache; [`Model::forward`] is a batch of one.
+//! [`Model::forward_hidden`] runs the same layers and stops before the output head, returning
+//! every new position's final normed hidden state (what embeddings pool, [`crate::pooling`]).
 
 pub mod attention;
 pub mod block;
@@ -166,6 +168,56 @@ impl Model {
         batch: &mut [SeqInput<'_>],
         layers: &mut dyn LayerSource,
     ) -> Result<Tensor> {
+        let (x, offsets) = self.run_layers(batch, layers)?;
+        let last: Vec<u32> = batch
+            .iter()
+            .zip(&offsets)
+            .map(|(s, &offset)| (offset + s.tokens.len() - 1) as u32)
+            .collect();
+        let last = Tensor::from_vec(last, batch.len(), &self.device)?;
+        let last = x.squeeze(0)?.index_select(&last, 0)?.unsqueeze(0)?;
+        let last = self.final_norm(&last)?;
+        let logits = self.fixed.lm_head.forward(&last)?.to_dtype(DType::F32)?;
+        let logits = match self.spec.final_softcap {
+            None => logits,
+            Some(cap) => ((logits / cap as f64)?.tanh()? * cap as f64)?,
+        };
+        Ok(logits.squeeze(0)?)
+    }
+
+    /// The same step as [`Model::forward`] for one sequence, returning instead of the last
+    /// position's logits every new position's final hidden state (after the final norm, before
+    /// the output head) as f32 `[tokens.len(), hidden]`: what an embedding pools. On error the
+    /// cache keeps its previous length.
+    pub fn forward_hidden(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        layers: &mut dyn LayerSource,
+    ) -> Result<Tensor> {
+        let (x, _) = self.run_layers(&mut [SeqInput { tokens, cache }], layers)?;
+        Ok(self.final_norm(&x.squeeze(0)?)?.to_dtype(DType::F32)?)
+    }
+
+    /// The final RMSNorm (with the family's weight offset) over rows of the residual stream.
+    fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
+        rms_norm_plus(
+            x,
+            &self.fixed.final_norm,
+            self.spec.rms_norm_eps as f32,
+            self.spec.norm_offset,
+        )
+    }
+
+    /// The decoder proper, shared by every output: embeds the batch's new tokens as one row
+    /// block `[1, total, hidden]`, runs every layer over it (each fetched from `layers` once)
+    /// and commits the caches. Returns the residual stream after the last layer and each
+    /// sequence's first row in it. On error no cache is advanced.
+    fn run_layers(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        layers: &mut dyn LayerSource,
+    ) -> Result<(Tensor, Vec<usize>)> {
         if batch.is_empty() || batch.iter().any(|s| s.tokens.is_empty()) {
             return Err(ModelError::EmptyInput);
         }
@@ -227,26 +279,7 @@ impl Model {
         for s in batch.iter_mut() {
             s.cache.commit(s.tokens.len())?;
         }
-
-        let last: Vec<u32> = batch
-            .iter()
-            .zip(&offsets)
-            .map(|(s, &offset)| (offset + s.tokens.len() - 1) as u32)
-            .collect();
-        let last = Tensor::from_vec(last, batch.len(), &self.device)?;
-        let last = x.squeeze(0)?.index_select(&last, 0)?.unsqueeze(0)?;
-        let last = rms_norm_plus(
-            &last,
-            &self.fixed.final_norm,
-            self.spec.rms_norm_eps as f32,
-            self.spec.norm_offset,
-        )?;
-        let logits = self.fixed.lm_head.forward(&last)?.to_dtype(DType::F32)?;
-        let logits = match self.spec.final_softcap {
-            None => logits,
-            Some(cap) => ((logits / cap as f64)?.tanh()? * cap as f64)?,
-        };
-        Ok(logits.squeeze(0)?)
+        Ok((x, offsets))
     }
 
     /// Refuses a sequence this model cannot run: a cache of another model, a token past the
@@ -284,3 +317,7 @@ impl Model {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "hidden_tests.rs"]
+mod hidden_tests;

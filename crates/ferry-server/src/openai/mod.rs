@@ -2,9 +2,11 @@
 //! ([`fields::Fields`]) so each type error and each unsupported field is reported with `param`
 //! naming it; responses are plain `Serialize` structs.
 
+pub mod base64;
 pub mod chat;
 pub mod common;
 pub mod completions;
+pub mod embeddings;
 pub mod fields;
 pub mod tokenize;
 pub mod tools;
