@@ -5,6 +5,7 @@ pub mod chat;
 pub mod completions;
 pub mod health;
 pub mod models;
+pub mod responses;
 pub mod tokenize;
 
 use axum::http::{Method, Uri};
