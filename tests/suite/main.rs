@@ -41,6 +41,7 @@ mod quant_llamacpp;
 mod quantize_on_load;
 mod real_model_api;
 mod real_model_http;
+mod responses_api;
 mod role_injection;
 mod schema_limits;
 mod serving;

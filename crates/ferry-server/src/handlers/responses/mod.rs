@@ -168,7 +168,8 @@ fn submit(
         .ok_or_else(|| EngineError::Unavailable.into())
 }
 
-/// A validation error's `param` in the Responses API's names.
+/// A validation error's `param` (and the field named in its message) in the Responses API's
+/// names.
 fn responses_param(err: ApiError) -> ApiError {
     let Some(param) = err.param() else {
         return err;
@@ -179,7 +180,11 @@ fn responses_param(err: ApiError) -> ApiError {
         p if p.starts_with("tools[") => p.replacen(".function.", ".", 1),
         _ => return err,
     };
-    err.with_param(renamed)
+    let message = err
+        .message()
+        .replace(&format!("`{param}`"), &format!("`{renamed}`"));
+    let code = err.code().unwrap_or("invalid_value").to_owned();
+    ApiError::new(err.status(), &code, message).with_param(renamed)
 }
 
 /// What a response needs besides its output: the request's echo and the conversation to store.
