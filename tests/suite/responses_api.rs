@@ -528,6 +528,48 @@ async fn store_get_and_delete() {
 }
 
 #[tokio::test]
+async fn each_api_key_sees_only_its_own_responses() {
+    let options = ServerOptions::default()
+        .with_api_key("key-a")
+        .with_api_key("key-b");
+    let (server, _backend) = server_with(None, options).await;
+    let client = reqwest::Client::new();
+    let send = |key: &'static str, builder: reqwest::RequestBuilder| async move {
+        let response = builder.bearer_auth(key).send().await.expect("response");
+        let status = response.status();
+        (status, response.json::<Value>().await.expect("json"))
+    };
+    let (status, r) = send(
+        "key-a",
+        client
+            .post(server.url("/v1/responses"))
+            .json(&json!({"model": READY, "input": "hi"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    let url = server.url(&format!("/v1/responses/{}", r["id"].as_str().unwrap()));
+    let (status, _) = send("key-a", client.get(&url)).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = send("key-b", client.get(&url)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = send("key-b", client.delete(&url)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let follow = json!({"model": READY, "input": "more", "previous_response_id": r["id"]});
+    let (status, err) = send(
+        "key-b",
+        client.post(server.url("/v1/responses")).json(&follow),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{err}");
+    let (status, _) = send(
+        "key-a",
+        client.post(server.url("/v1/responses")).json(&follow),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
 async fn an_unknown_previous_response_is_a_404_in_openais_shape() {
     let (server, backend) = server(None).await;
     let (status, err) = create(

@@ -9,7 +9,9 @@
 //! Responses fields (`input`, `text.format`, `tools[i].parameters`, `max_output_tokens`). The
 //! engine's events become output items ([`output::OutputBuilder`]) and, with `stream: true`,
 //! the Responses event sequence ([`stream`]). With `store` (the default) the finished response
-//! and its conversation go to the bounded [`ResponseStore`](crate::response_store).
+//! and its conversation go to the bounded [`ResponseStore`](crate::response_store). With
+//! several API keys, each key sees only the responses made with it (another key's id is 404,
+//! as the prefix cache keeps keys apart).
 
 mod output;
 mod stream;
@@ -46,9 +48,21 @@ pub async fn create(
     label.attach(run(state, caller.map(|c| c.0), body).await)
 }
 
+/// The store's key for `id` made by `caller`: each API key has ids of its own.
+fn store_key(caller: Option<Caller>, id: &str) -> String {
+    match caller {
+        Some(Caller(key)) => format!("{key}/{id}"),
+        None => id.to_owned(),
+    }
+}
+
 /// `GET /v1/responses/{id}`: a stored response as it was returned.
-pub async fn retrieve(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    match state.responses.get(&id) {
+pub async fn retrieve(
+    State(state): State<AppState>,
+    caller: Option<Extension<Caller>>,
+    Path(id): Path<String>,
+) -> Response {
+    match state.responses.get(&store_key(caller.map(|c| c.0), &id)) {
         Some(entry) => (
             [(header::CONTENT_TYPE, "application/json")],
             entry.json.clone(),
@@ -59,8 +73,12 @@ pub async fn retrieve(State(state): State<AppState>, Path(id): Path<String>) -> 
 }
 
 /// `DELETE /v1/responses/{id}`: forgets a stored response.
-pub async fn delete(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    if state.responses.remove(&id) {
+pub async fn delete(
+    State(state): State<AppState>,
+    caller: Option<Extension<Caller>>,
+    Path(id): Path<String>,
+) -> Response {
+    if state.responses.remove(&store_key(caller.map(|c| c.0), &id)) {
         Json(serde_json::json!({"id": id, "object": "response", "deleted": true})).into_response()
     } else {
         not_found(&id).into_response()
@@ -84,7 +102,7 @@ async fn run(
     let history = match &req.previous_response_id {
         Some(id) => state
             .responses
-            .get(id)
+            .get(&store_key(caller, id))
             .ok_or_else(|| {
                 ApiError::new(
                     StatusCode::NOT_FOUND,
@@ -118,8 +136,10 @@ async fn run(
     let valid = validate::chat(&state, chat, caller)
         .await
         .map_err(responses_param)?;
+    let id = new_id("resp_");
     let pending = Pending {
-        id: new_id("resp_"),
+        key: store_key(caller, &id),
+        id,
         created_at: unix_now(),
         model: valid.served_name().to_owned(),
         instructions,
@@ -190,6 +210,8 @@ fn responses_param(err: ApiError) -> ApiError {
 /// What a response needs besides its output: the request's echo and the conversation to store.
 pub struct Pending {
     id: String,
+    /// The id as stored ([`store_key`]).
+    key: String,
     created_at: u64,
     model: String,
     instructions: Option<String>,
@@ -261,7 +283,7 @@ impl Pending {
             // An entry over the store's byte bound is not kept; a later continuation from it
             // gets `previous_response_not_found`.
             self.responses
-                .insert(&self.id, StoredResponse { json, conversation });
+                .insert(&self.key, StoredResponse { json, conversation });
         }
         response
     }
