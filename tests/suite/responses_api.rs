@@ -335,6 +335,7 @@ async fn max_output_tokens_makes_an_incomplete_response() {
     assert_eq!(r["status"], "incomplete");
     assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
     assert_eq!(r["max_output_tokens"], 3);
+    assert_eq!(r["output"][0]["status"], "incomplete", "{r}");
     assert_eq!(output_text(&r), CONTINUATION[..3].concat());
     let mut streamed = body;
     streamed["stream"] = json!(true);
@@ -342,6 +343,7 @@ async fn max_output_tokens_makes_an_incomplete_response() {
     let events = named_events(&text);
     let (name, last) = events.last().unwrap();
     assert_eq!(name, "response.incomplete");
+    assert_eq!(events[events.len() - 2].1["item"]["status"], "incomplete");
     assert_eq!(
         last["response"]["incomplete_details"]["reason"],
         "max_output_tokens"

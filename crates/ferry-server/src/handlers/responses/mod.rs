@@ -171,7 +171,7 @@ async fn run(
     };
     let mut builder = builder;
     builder.push(&done.text());
-    builder.finish("");
+    builder.finish("", done.reason == FinishReason::Length);
     let response = pending.finished(builder.items(), done.reason, done.usage);
     Ok(Json(response).into_response())
 }

@@ -3,7 +3,8 @@
 //! chat: plain text opens (or continues) a `message` item, each call a `function_call` item,
 //! and a new item closes the one before it. The non-streamed response runs the whole text
 //! through the same builder, so both answers have the same items. A reply with nothing in it
-//! still gets one (empty) message.
+//! still gets one (empty) message. A reply cut at `max_output_tokens` has its last item
+//! `incomplete`, as OpenAI's.
 
 use super::super::chat::call_id;
 use crate::openai::common::new_id;
@@ -43,8 +44,9 @@ impl OutputBuilder {
         out
     }
 
-    /// The events for the reply's last text (`trailing`), closing the last item.
-    pub fn finish(&mut self, trailing: &str) -> Vec<StreamEvent> {
+    /// The events for the reply's last text (`trailing`), closing the last item (as
+    /// `incomplete` when the reply was `cut` at the token limit).
+    pub fn finish(&mut self, trailing: &str, cut: bool) -> Vec<StreamEvent> {
         let mut out = self.push(trailing);
         if let Some(reader) = &mut self.reader {
             for event in reader.finish() {
@@ -54,7 +56,7 @@ impl OutputBuilder {
         if self.items.is_empty() {
             self.open_message(&mut out);
         }
-        self.close(&mut out);
+        self.close_as(if cut { "incomplete" } else { "completed" }, &mut out);
         out
     }
 
@@ -146,6 +148,11 @@ impl OutputBuilder {
 
     /// Closes the open item, if any, with its `done` events.
     fn close(&mut self, out: &mut Vec<StreamEvent>) {
+        self.close_as("completed", out);
+    }
+
+    /// Closes the open item, if any, as `done_status`.
+    fn close_as(&mut self, done_status: &'static str, out: &mut Vec<StreamEvent>) {
         if !self.open {
             return;
         }
@@ -161,7 +168,7 @@ impl OutputBuilder {
                 content,
                 ..
             } => {
-                *status = "completed";
+                *status = done_status;
                 let part = content
                     .first()
                     .cloned()
@@ -187,7 +194,7 @@ impl OutputBuilder {
                 status,
                 ..
             } => {
-                *status = "completed";
+                *status = done_status;
                 out.push(StreamEvent::ArgumentsDone {
                     item_id: id.clone(),
                     output_index,
@@ -227,7 +234,7 @@ mod tests {
         let mut events = b.push("Hel");
         events.extend(b.push(""));
         events.extend(b.push("lo"));
-        events.extend(b.finish("!"));
+        events.extend(b.finish("!", false));
         assert_eq!(
             names(&events),
             [
@@ -253,10 +260,11 @@ mod tests {
     #[test]
     fn an_empty_reply_is_an_empty_message() {
         let mut b = OutputBuilder::new(None);
-        let events = b.finish("");
+        let events = b.finish("", true);
         assert_eq!(events.len(), 5, "{:?}", names(&events));
         assert!(
-            matches!(&b.items()[0], OutputItem::Message { content, .. } if content[0].text.is_empty())
+            matches!(&b.items()[0], OutputItem::Message { content, status, .. }
+                if content[0].text.is_empty() && *status == "incomplete")
         );
     }
 
@@ -277,7 +285,7 @@ mod tests {
         for piece in text.as_bytes().chunks(7) {
             events.extend(b.push(std::str::from_utf8(piece).unwrap()));
         }
-        events.extend(b.finish(""));
+        events.extend(b.finish("", false));
         let names = names(&events);
         assert_eq!(
             names.first().map(String::as_str),

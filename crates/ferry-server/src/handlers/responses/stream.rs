@@ -25,7 +25,7 @@ use super::Pending;
 use crate::error::ApiError;
 use crate::openai::response_object::StreamEvent;
 use crate::shutdown::{Lifecycle, Phase};
-use ferry_engine::{EngineError, GenerationEvent};
+use ferry_engine::{EngineError, FinishReason, GenerationEvent};
 
 /// One response being streamed: its echo and its items so far.
 pub struct Run {
@@ -109,7 +109,8 @@ impl State {
                     usage,
                     trailing_text,
                 }) => {
-                    let events = self.run.builder.finish(&trailing_text);
+                    let cut = reason == FinishReason::Length;
+                    let events = self.run.builder.finish(&trailing_text, cut);
                     self.queue.extend(events.into_iter().map(value));
                     let response =
                         self.run
