@@ -4,7 +4,9 @@
 //! back as `function_call_output`, `previous_response_id` continuations (the second prompt holds
 //! the first exchange), `store`, `GET`/`DELETE /v1/responses/{id}`, errors in OpenAI's shape,
 //! the response store's bound, and the official openai Python SDK (`responses.create`, streamed
-//! and not, and the `responses.stream` helper) against the test double and the real model.
+//! and not, and the `responses.stream` helper) against the test double and the real model (on
+//! which `text.format` JSON and a `required` tool call with its output sent back are checked
+//! too).
 
 use std::sync::Arc;
 
@@ -834,6 +836,18 @@ j = client.responses.create(model="smollm2", input="Name a colour as JSON.", tem
     max_output_tokens=40,
     text={"format": {"type": "json_schema", "name": "colour", "schema": schema, "strict": True}})
 out["json"] = {"text": j.output_text, "status": j.status}
+tools = [{"type": "function", "name": "get_weather", "description": "The weather in a city.",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                         "required": ["city"], "additionalProperties": False}, "strict": True}]
+t = client.responses.create(model="smollm2", input="What is the weather in Paris?", tools=tools,
+    tool_choice="required", parallel_tool_calls=False, temperature=0, max_output_tokens=60)
+calls = [item for item in t.output if item.type == "function_call"]
+out["calls"] = [{"name": c.name, "arguments": json.loads(c.arguments)} for c in calls]
+answer = client.responses.create(model="smollm2", previous_response_id=t.id, tools=tools,
+    temperature=0, max_output_tokens=20,
+    input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny, 21 C"}])
+out["answer"] = {"status": answer.status, "text": answer.output_text,
+                 "input_tokens": answer.usage.input_tokens, "first_input_tokens": t.usage.input_tokens}
 print(json.dumps(out))
 "#;
 
@@ -860,15 +874,20 @@ async fn the_openai_python_sdk_on_the_real_model() {
     };
     assert_eq!(out["stream"]["last"], last, "{out}");
     // `text.format` goes through the grammar: the reply is JSON of the schema.
-    if out["json"]["status"] == "completed" {
-        let v: Value = serde_json::from_str(out["json"]["text"].as_str().unwrap())
-            .unwrap_or_else(|e| panic!("{e}: {out}"));
-        assert!(v["colour"].is_string(), "{out}");
-    } else {
-        // Cut at max_output_tokens: still a prefix of the schema's JSON.
-        assert!(
-            out["json"]["text"].as_str().unwrap().starts_with("{"),
-            "{out}"
-        );
-    }
+    assert_eq!(out["json"]["status"], "completed", "{out}");
+    let v: Value = serde_json::from_str(out["json"]["text"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(v["colour"].is_string(), "{out}");
+    // `tool_choice: required` is enforced: one call with schema-valid arguments, and its
+    // output sent back continues the conversation.
+    let calls = out["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{out}");
+    assert_eq!(calls[0]["name"], "get_weather");
+    assert!(calls[0]["arguments"]["city"].is_string(), "{out}");
+    let answer = &out["answer"];
+    assert!(
+        answer["input_tokens"].as_u64() > answer["first_input_tokens"].as_u64(),
+        "{out}"
+    );
+    assert!(!answer["text"].as_str().unwrap().is_empty(), "{out}");
 }
