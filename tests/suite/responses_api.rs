@@ -352,6 +352,40 @@ async fn max_output_tokens_makes_an_incomplete_response() {
     );
 }
 
+#[tokio::test]
+async fn a_failure_mid_stream_ends_it_with_an_error_event() {
+    let (server, _backend) = server(None).await;
+    let (status, body) = post(
+        &server,
+        &json!({"model": crate::common::BROKEN, "input": "hi", "stream": true}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let events = named_events(&body);
+    let names = names_in_order(&events);
+    assert_eq!(
+        names,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "error"
+        ]
+    );
+    let error = &events.last().unwrap().1;
+    assert_eq!(error["code"], "internal_error", "{error}");
+    assert!(
+        error["message"].as_str().unwrap().contains("broke"),
+        "{error}"
+    );
+    // A failed response is not stored.
+    let id = events[0].1["response"]["id"].as_str().unwrap();
+    let (status, _) = request(&server, reqwest::Method::GET, id).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
 /// A tool for the double, which compiles no grammars: without a `parameters` schema, nothing
 /// needs compiling (the real model's tool tests cover schemas).
 fn weather_tool() -> Value {
