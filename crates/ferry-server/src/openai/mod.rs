@@ -6,6 +6,7 @@ pub mod chat;
 pub mod common;
 pub mod completions;
 pub mod fields;
+pub mod response_input;
 pub mod response_object;
 pub mod responses;
 pub mod tokenize;

@@ -28,10 +28,11 @@ use crate::error::ApiError;
 use crate::extract::JsonObject;
 use crate::metrics::ModelLabel;
 use crate::openai::common::{new_id, unix_now};
+use crate::openai::response_input::template_call;
 use crate::openai::response_object::{
     IncompleteDetails, OutputItem, ResponseObject, ResponseUsage, StreamEvent,
 };
-use crate::openai::responses::{template_call, Echo, ResponsesRequest};
+use crate::openai::responses::{Echo, ResponsesRequest};
 use crate::response_store::{ResponseStore, StoredResponse};
 use crate::validate::{self, ValidRequest};
 use crate::AppState;
