@@ -1,8 +1,9 @@
 //! The README's `curl` examples, run as written against `ferry serve --config
 //! config/default.toml` (the README's run command) with the default model: each answers, and
 //! with the default config's sampling defaults the answers are not degenerate: they end on
-//! their own (`finish_reason` `stop`, before `max_tokens`) and hold no run of one short piece
-//! repeated over and over. The chat example samples, so it runs several times.
+//! their own (`finish_reason` `stop`, or a response `completed`, before `max_tokens`) and hold
+//! no run of one short piece repeated over and over; embeddings come back as unit vectors.
+//! Sampled examples run several times.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -66,11 +67,27 @@ fn longest_repeat(text: &str) -> usize {
     longest
 }
 
-/// The text and finish reason of a reply: a JSON body, or an SSE stream of chunks.
+/// The text and finish reason of a reply: a JSON body, or an SSE stream of chunks. A Responses
+/// API reply finishes `stop` when its status is `completed`.
 fn read_reply(body: &str) -> (String, String) {
     if body.trim_start().starts_with('{') {
         let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
-        assert!(v.get("error").is_none(), "an error: {body}");
+        assert!(v["error"].is_null(), "an error: {body}");
+        if v["object"] == "response" {
+            let text: String = v["output"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|item| item["content"].as_array().into_iter().flatten())
+                .filter_map(|part| part["text"].as_str())
+                .collect();
+            let finish = if v["status"] == "completed" {
+                "stop"
+            } else {
+                "length"
+            };
+            return (text, finish.into());
+        }
         let choice = &v["choices"][0];
         let text = choice["text"]
             .as_str()
@@ -125,6 +142,10 @@ async fn the_readme_curl_examples_give_sensible_answers() {
                 .expect("curl runs");
             assert!(output.status.success(), "{command}: {output:?}");
             let body = String::from_utf8(output.stdout).expect("UTF-8");
+            if command.contains("/v1/embeddings") {
+                check_embeddings(&body);
+                continue;
+            }
             let (text, finish) = read_reply(&body);
             println!("{command}\n  run {run}: {finish} {text:?}");
             assert!(!text.trim().is_empty(), "an empty answer to {command}");
@@ -141,6 +162,26 @@ async fn the_readme_curl_examples_give_sensible_answers() {
                 assert!(text.contains("Paris"), "{text:?}");
             }
         }
+    }
+}
+
+/// An embeddings reply: one unit-length vector per input, in order.
+fn check_embeddings(body: &str) {
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    let data = v["data"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no data: {body}"));
+    assert!(!data.is_empty(), "{body}");
+    for (index, item) in data.iter().enumerate() {
+        assert_eq!(item["index"], index, "{body}");
+        let vector: Vec<f64> = item["embedding"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no vector: {body}"))
+            .iter()
+            .map(|x| x.as_f64().expect("a number"))
+            .collect();
+        let norm = vector.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-3, "norm {norm}");
     }
 }
 

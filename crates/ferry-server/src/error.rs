@@ -18,6 +18,7 @@
 //! | 401 | `invalid_api_key` | missing or wrong bearer token |
 //! | 403 | `host_not_allowed` | the `Host` header is not in `server.allowed_hosts` |
 //! | 404 | `model_not_found` / `not_found` | unknown model / unknown route |
+//! | 404 | `previous_response_not_found` / `response_not_found` | a Responses id not (or no longer) stored |
 //! | 405 | `method_not_allowed` | the route exists, the method does not |
 //! | 408 | `request_timeout` | the body took longer than `server.body_read_timeout` |
 //! | 413 | `request_too_large` | the body is over `server.body_limit` |

@@ -18,6 +18,7 @@
 //! | `POST /v1/completions` | [`handlers::completions`] |
 //! | `POST /v1/chat/completions` | [`handlers::chat`] |
 //! | `POST /v1/embeddings` | [`handlers::embeddings`] |
+//! | `POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}` | [`handlers::responses`] (OpenAI's Responses API over the chat path; stored ones in [`response_store`]) |
 //! | `GET /v1/models`, `GET /v1/models/{id}` | [`handlers::models`] |
 //! | `POST /tokenize`, `POST /detokenize` | [`handlers::tokenize`] (vLLM's extensions) |
 //! | `GET /health` | [`handlers::health`] (never behind the API key or the `Host` check) |
@@ -52,6 +53,7 @@ mod metrics;
 mod openai;
 pub mod options;
 mod request_id;
+pub mod response_store;
 mod shutdown;
 mod sse;
 mod validate;
@@ -86,6 +88,8 @@ pub struct AppState {
     pub lifecycle: Lifecycle,
     /// Admission before work: tokeniser slots.
     pub admission: admission::Admission,
+    /// The Responses API's stored responses (bounded by `options.response_store`).
+    pub responses: response_store::ResponseStore,
 }
 
 /// The router with every endpoint, the body limit, the `Host` and API key checks, tracing and
@@ -105,6 +109,7 @@ pub fn app_with_lifecycle(
     let state = AppState {
         metrics: backend.metrics(),
         admission: admission::Admission::new(options.tokenize_concurrency),
+        responses: response_store::ResponseStore::new(options.response_store),
         backend,
         options: Arc::new(options),
         lifecycle,
@@ -116,6 +121,7 @@ pub fn app_with_lifecycle(
             post(handlers::chat::chat_completions),
         )
         .route("/v1/embeddings", post(handlers::embeddings::embeddings))
+        .route("/v1/responses", post(handlers::responses::create))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             metrics::count_requests,
@@ -125,6 +131,10 @@ pub fn app_with_lifecycle(
         .route("/metrics", get(metrics::render))
         .route("/v1/models", get(handlers::models::list_models))
         .route("/v1/models/{*id}", get(handlers::models::retrieve_model))
+        .route(
+            "/v1/responses/{id}",
+            get(handlers::responses::retrieve).delete(handlers::responses::delete),
+        )
         .route("/tokenize", post(handlers::tokenize::tokenize))
         .route("/detokenize", post(handlers::tokenize::detokenize))
         .merge(generation)

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use crate::response_store::StoreLimits;
+
 /// Default [`ServerOptions::body_limit`]: 16 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024 * 1024;
 
@@ -90,6 +92,10 @@ pub struct ServerOptions {
     /// Browser origins allowed to call the API cross-origin ([`super::cors`]); `*` allows any.
     /// Default: empty, CORS off (no CORS headers, preflights get 405).
     pub cors_origins: Vec<String>,
+    /// How many responses of `POST /v1/responses` (`store: true`) are kept in memory for
+    /// `previous_response_id` and `GET /v1/responses/{id}`, by count and by bytes, least
+    /// recently used first out. Default [`StoreLimits::default`] (1024 responses, 64 MiB).
+    pub response_store: StoreLimits,
 }
 
 impl Default for ServerOptions {
@@ -111,6 +117,7 @@ impl Default for ServerOptions {
             parse_special_in_content: false,
             tokenize_concurrency: std::thread::available_parallelism().map_or(2, |n| n.get()),
             cors_origins: Vec::new(),
+            response_store: StoreLimits::default(),
         }
     }
 }
@@ -134,6 +141,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("parse_special_in_content", &self.parse_special_in_content)
             .field("tokenize_concurrency", &self.tokenize_concurrency)
             .field("cors_origins", &self.cors_origins)
+            .field("response_store", &self.response_store)
             .finish()
     }
 }

@@ -305,7 +305,7 @@ fn tool_delta(call: ToolCallDelta) -> ChatDelta {
 
 /// A new call id: `call_` and 24 letters or digits; Mistral's templates require exactly nine
 /// letters or digits of the ids they get back in the history, so its calls get those.
-fn call_id(format: ToolCallFormat) -> String {
+pub(crate) fn call_id(format: ToolCallFormat) -> String {
     match format {
         ToolCallFormat::Mistral => {
             use rand::distr::{Alphanumeric, SampleString};

@@ -6,6 +6,7 @@ pub mod completions;
 pub mod embeddings;
 pub mod health;
 pub mod models;
+pub mod responses;
 pub mod tokenize;
 
 use axum::http::{Method, Uri};

@@ -99,7 +99,7 @@ const UNSUPPORTED: &[&str] = &[
 ];
 
 /// The `reasoning_effort` values OpenAI defines.
-const REASONING_EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high"];
+const REASONING_EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh"];
 /// The `verbosity` values OpenAI defines.
 const VERBOSITIES: &[&str] = &["low", "medium", "high"];
 

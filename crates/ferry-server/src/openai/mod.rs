@@ -8,5 +8,8 @@ pub mod common;
 pub mod completions;
 pub mod embeddings;
 pub mod fields;
+pub mod response_input;
+pub mod response_object;
+pub mod responses;
 pub mod tokenize;
 pub mod tools;

@@ -76,6 +76,12 @@ fn read_tool(item: Value, param: &str) -> Result<ToolSpec, ApiError> {
     };
     let mut g = Fields::from_value(function, &function_param)?;
     g.reject_others(&["name", "description", "parameters", "strict"], &[])?;
+    read_function(&mut g)
+}
+
+/// A function's `name`, `description`, `parameters` and `strict`, read from `g` (chat's
+/// `tools[i].function`, or a Responses tool, where they sit beside `type`).
+pub fn read_function(g: &mut Fields) -> Result<ToolSpec, ApiError> {
     let name: String = g.required("name", "a string")?;
     if name.is_empty()
         || name.len() > 64
