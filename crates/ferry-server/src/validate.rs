@@ -298,7 +298,8 @@ impl Tools {
         if forced && req.response_format.is_some() {
             return Err(ApiError::invalid_value(
                 "tool_choice",
-                "`tool_choice` `required` or a named function cannot be combined with                  `response_format`.",
+                "`tool_choice` `required` or a named function cannot be combined with \
+                 `response_format`.",
             ));
         }
         let support = backend.tool_support(model)?;
