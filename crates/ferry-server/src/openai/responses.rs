@@ -33,7 +33,7 @@ use super::chat::ChatRequest;
 use super::common::{SamplingWire, SAMPLING_FIELDS};
 use super::fields::Fields;
 use super::response_input::{message, read_items};
-use super::tools::{read_function, ToolsWire};
+use super::tools::{check_choice, choice_keyword, read_function, ToolsWire};
 use crate::error::ApiError;
 use ferry_engine::tool_calls::{ToolChoice, ToolSpec};
 use ferry_engine::GrammarSpec;
@@ -338,20 +338,7 @@ fn read_tool(item: Value, param: &str) -> Result<ToolSpec, ApiError> {
 fn read_choice(value: Value, tools: &[ToolSpec]) -> Result<ToolChoice, ApiError> {
     const PARAM: &str = "tool_choice";
     let choice = match value {
-        Value::String(s) => match s.as_str() {
-            "none" => ToolChoice::None,
-            "auto" => ToolChoice::Auto,
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(ApiError::invalid_value(
-                    PARAM,
-                    format!(
-                        "Unknown `tool_choice` `{other}`; expected none, auto, required or a \
-                         function."
-                    ),
-                ))
-            }
-        },
+        Value::String(s) => choice_keyword(&s, PARAM)?,
         other => {
             let mut f = Fields::from_value(other, PARAM)?;
             let kind: String = f.required("type", "a string")?;
@@ -365,19 +352,7 @@ fn read_choice(value: Value, tools: &[ToolSpec]) -> Result<ToolChoice, ApiError>
             ToolChoice::Named(f.required("name", "a string")?)
         }
     };
-    match &choice {
-        ToolChoice::Required if tools.is_empty() => Err(ApiError::invalid_value(
-            PARAM,
-            "`tool_choice` is `required` but the request offers no `tools`.",
-        )),
-        ToolChoice::Named(name) if !tools.iter().any(|t| &t.name == name) => {
-            Err(ApiError::invalid_value(
-                PARAM,
-                format!("`tool_choice` names the function `{name}`, which is not in `tools`."),
-            ))
-        }
-        _ => Ok(choice),
-    }
+    check_choice(choice, PARAM, tools)
 }
 
 #[cfg(test)]

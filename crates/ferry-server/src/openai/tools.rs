@@ -109,20 +109,7 @@ pub fn read_function(g: &mut Fields) -> Result<ToolSpec, ApiError> {
 
 fn read_choice(value: Value, param: &str, tools: &[ToolSpec]) -> Result<ToolChoice, ApiError> {
     let choice = match value {
-        Value::String(s) => match s.as_str() {
-            "none" => ToolChoice::None,
-            "auto" => ToolChoice::Auto,
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(ApiError::invalid_value(
-                    param,
-                    format!(
-                        "Unknown `tool_choice` `{other}`; expected none, auto, required or a \
-                         function."
-                    ),
-                ))
-            }
-        },
+        Value::String(s) => choice_keyword(&s, param)?,
         other => {
             let mut f = Fields::from_value(other, param)?;
             f.reject_others(&["type", "function"], &[])?;
@@ -142,6 +129,32 @@ fn read_choice(value: Value, param: &str, tools: &[ToolSpec]) -> Result<ToolChoi
             ToolChoice::Named(g.required("name", "a string")?)
         }
     };
+    check_choice(choice, param, tools)
+}
+
+/// `tool_choice` given as a string: `none`, `auto` or `required` (chat's and the Responses
+/// API's alike).
+pub(crate) fn choice_keyword(text: &str, param: &str) -> Result<ToolChoice, ApiError> {
+    match text {
+        "none" => Ok(ToolChoice::None),
+        "auto" => Ok(ToolChoice::Auto),
+        "required" => Ok(ToolChoice::Required),
+        other => Err(ApiError::invalid_value(
+            param,
+            format!(
+                "Unknown `tool_choice` `{other}`; expected none, auto, required or a function."
+            ),
+        )),
+    }
+}
+
+/// `choice` if the offered `tools` allow it: `required` needs a tool, a named function must be
+/// one of them.
+pub(crate) fn check_choice(
+    choice: ToolChoice,
+    param: &str,
+    tools: &[ToolSpec],
+) -> Result<ToolChoice, ApiError> {
     match &choice {
         ToolChoice::Required if tools.is_empty() => Err(ApiError::invalid_value(
             param,
