@@ -162,3 +162,147 @@ fn a_gguf_repository_in_the_hub_cache_is_served_by_tag_or_file() {
         "{err}"
     );
 }
+
+/// A hub on a loopback port serving `files` (path in the repo -> bytes) of `org/smol-GGUF` at
+/// one commit, as hf-hub's client reads a hub: the repository's listing at
+/// `/api/models/{repo}/revision/{rev}`, each file at `/{repo}/resolve/{rev}/{path}` with the
+/// `x-repo-commit`, `etag` and `Content-Range` headers it asks a `Range: bytes=0-0` request for,
+/// then the bytes from the range's start. Counts the file downloads (ranges past 0-0).
+struct FakeHub {
+    base: String,
+    downloads: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+const HUB_COMMIT: &str = "fedcba9876543210fedcba9876543210fedcba98";
+
+impl FakeHub {
+    async fn start(files: Vec<(String, Vec<u8>)>) -> Self {
+        use axum::extract::{Path as UrlPath, State};
+        use axum::http::{HeaderMap, StatusCode};
+        use axum::response::{IntoResponse, Response};
+        use axum::routing::get;
+
+        type Shared = (
+            Arc<Vec<(String, Vec<u8>)>>,
+            Arc<std::sync::Mutex<Vec<String>>>,
+        );
+        async fn listing(State((files, _)): State<Shared>) -> Response {
+            let siblings: Vec<serde_json::Value> = files
+                .iter()
+                .map(|(name, _)| serde_json::json!({"rfilename": name}))
+                .collect();
+            axum::Json(serde_json::json!({"siblings": siblings, "sha": HUB_COMMIT})).into_response()
+        }
+        async fn resolve(
+            State((files, downloads)): State<Shared>,
+            UrlPath((_rev, path)): UrlPath<(String, String)>,
+            headers: HeaderMap,
+        ) -> Response {
+            let Some((_, bytes)) = files.iter().find(|(name, _)| *name == path) else {
+                return StatusCode::NOT_FOUND.into_response();
+            };
+            let range = headers
+                .get("range")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("bytes=0-");
+            let spec = range.trim_start_matches("bytes=");
+            let (start, end) = spec.split_once('-').unwrap_or((spec, ""));
+            let start: usize = start.parse().unwrap_or(0);
+            let end: usize = end
+                .parse()
+                .map_or(bytes.len() - 1, |e: usize| e.min(bytes.len() - 1));
+            if range != "bytes=0-0" {
+                downloads.lock().unwrap().push(path.clone());
+            }
+            let etag = format!("\"{:016x}{:08x}\"", bytes.len(), path.len());
+            (
+                StatusCode::PARTIAL_CONTENT,
+                [
+                    ("x-repo-commit", HUB_COMMIT.to_string()),
+                    ("etag", etag),
+                    (
+                        "content-range",
+                        format!("bytes {start}-{end}/{}", bytes.len()),
+                    ),
+                ],
+                bytes[start..=end].to_vec(),
+            )
+                .into_response()
+        }
+
+        let downloads = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let app = axum::Router::new()
+            .route("/api/models/org/smol-GGUF/revision/{rev}", get(listing))
+            .route("/org/smol-GGUF/resolve/{rev}/{*path}", get(resolve))
+            .with_state((Arc::new(files), downloads.clone()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { base, downloads }
+    }
+
+    /// Hub options that reach this hub, with an empty cache at `cache`.
+    fn options(&self, cache: &Path) -> HubOptions {
+        let (endpoint, cache) = (self.base.clone(), cache.to_str().unwrap().to_string());
+        HubOptions::from_env(move |key| match key {
+            "HF_ENDPOINT" => Some(endpoint.clone()),
+            "HF_HUB_CACHE" => Some(cache.clone()),
+            _ => None,
+        })
+    }
+}
+
+/// Online: the listing comes from the hub's API, the chosen GGUF (both splits of a split one)
+/// is downloaded into the cache as hf-hub lays it out, and it decodes as the original file;
+/// a second load finds it in the cache and downloads nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gguf_repository_is_fetched_from_a_hub() {
+    let expected = tokio::task::spawn_blocking(|| {
+        greedy_tokens(model_path().to_str().unwrap(), &no_hub()).unwrap()
+    })
+    .await
+    .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let splits = write_splits(tmp.path(), "smol-Q4_K_M", 2);
+    let mut files: Vec<(String, Vec<u8>)> = splits
+        .iter()
+        .map(|p| {
+            let name = p.file_name().unwrap().to_str().unwrap();
+            (format!("split/{name}"), std::fs::read(p).unwrap())
+        })
+        .collect();
+    files.push(("README.md".into(), b"decoy".to_vec()));
+    files.push(("smol-Q8_0.gguf".into(), b"not fetched".to_vec()));
+    let hub = FakeHub::start(files).await;
+    let options = hub.options(&tmp.path().join("cache"));
+
+    for (source, fetched) in [("org/smol-GGUF:Q4_K_M", 2), ("org/smol-GGUF", 0)] {
+        let options = options.clone();
+        let tokens = tokio::task::spawn_blocking(move || greedy_tokens(source, &options))
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{source}: {e}"));
+        assert_eq!(tokens, expected, "{source}");
+        let mut downloads = std::mem::take(&mut *hub.downloads.lock().unwrap());
+        downloads.sort();
+        assert_eq!(downloads.len(), fetched, "{source}: {downloads:?}");
+        if fetched > 0 {
+            assert_eq!(
+                downloads,
+                [
+                    "split/smol-Q4_K_M-00001-of-00002.gguf",
+                    "split/smol-Q4_K_M-00002-of-00002.gguf"
+                ]
+            );
+        }
+    }
+    let options = options.clone();
+    let err = tokio::task::spawn_blocking(move || greedy_tokens("org/smol-GGUF:IQ4_XS", &options))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        err.contains("no GGUF tagged IQ4_XS") && err.contains("smol-Q8_0.gguf"),
+        "{err}"
+    );
+}
