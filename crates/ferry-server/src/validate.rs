@@ -204,7 +204,15 @@ pub async fn chat(
         .iter()
         .map(|t| t.to_template_value().to_string().chars().count())
         .sum();
-    let chars = tool_chars + req.messages.iter().map(message_chars).sum::<usize>();
+    let variable_chars = if req.template_variables.is_empty() {
+        0
+    } else {
+        serde_json::Value::Object(req.template_variables.clone())
+            .to_string()
+            .chars()
+            .count()
+    };
+    let chars = tool_chars + variable_chars + req.messages.iter().map(message_chars).sum::<usize>();
     check_prompt_chars(chars, max_context, "messages")?;
     state.backend.check_capacity(&model)?;
     let tools = Tools::choose(&state.backend, &model, &req)?;

@@ -227,6 +227,29 @@ async fn tool_call_arguments_count_toward_the_character_bound() {
     );
 }
 
+/// `chat_template_kwargs` reach the template, so their text counts toward the character bound
+/// too: a 10 MB variable is refused before the tokenizer runs.
+#[tokio::test]
+async fn template_variables_count_toward_the_character_bound() {
+    let backend = TestBackend::new();
+    let app = test_app(&backend);
+    let reply = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"model": READY, "messages": [{"role": "user", "content": "hi"}],
+            "chat_template_kwargs": {"context": "a".repeat(10 * 1024 * 1024)}}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        reply.json()["error"]["code"],
+        "context_length_exceeded",
+        "{}",
+        reply.text()
+    );
+    assert_eq!(backend.tokenize_calls.load(Ordering::SeqCst), 0);
+}
+
 #[tokio::test]
 async fn an_overloaded_engine_refuses_before_tokenizing() {
     let backend = TestBackend::new();
