@@ -3,7 +3,8 @@
 # needs Chromium and takes a minute). It starts `ferry serve --offload auto` on the default model
 # on the CPU device (a budget that leaves layers on the host), opens `GET /` in headless
 # Chromium, sends a chat message through the page's form (scripts/check-page.py, over the
-# Chrome DevTools protocol), checks the streamed answer appears, and saves a screenshot.
+# Chrome DevTools protocol), checks the streamed answer appears, and saves a screenshot (and a
+# second one at a phone's width, with `chromium --headless --screenshot`).
 #
 # Usage: scripts/check-page.sh [SCREENSHOT_PNG] (default: target/check-page.png)
 # Environment: FERRY (the binary, default target/release/ferry), MODEL (default
@@ -56,4 +57,10 @@ done
 
 mkdir -p "$(dirname "$screenshot")"
 "$python" "$root/scripts/check-page.py" "$devtools" "$screenshot" "What is the capital of France?"
+# The same page at a phone's width (a second, plain headless run: the layout, not the chat).
+phone="${screenshot%.png}-phone.png"
+"$chromium" --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir="$work/phone" \
+  --window-size=390,1600 --virtual-time-budget=4000 --screenshot="$phone" \
+  "http://127.0.0.1:$port/" >"$work/phone.log" 2>&1
+echo "check-page: phone-width screenshot in $phone"
 echo "check-page: ok"

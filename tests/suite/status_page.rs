@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use serde_json::{json, Value};
 
-use crate::common::{get, post, send, TestBackend, READY, SLOW};
+use crate::common::{get, send, TestBackend, READY, SLOW};
 use crate::real_model::{model_path, MODEL};
 use crate::serve_process::ServeProcess;
 use ferry::engine::placement::{BudgetUse, ExpertLocation, LayerExperts, LayerLocation, LayerSite};
@@ -153,16 +153,10 @@ async fn rates_are_measured_between_polls() {
     let app = app(backend.clone(), ServerOptions::default());
     get(&app, "/v1/ferry/status").await;
     let started = std::time::Instant::now();
-    // The double counts the tokens it answers (8 generated), as the engine does.
-    let reply = post(
-        &app,
-        "/v1/chat/completions",
-        json!({"model": READY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}),
-    )
-    .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    let generated = backend.metrics.generated_tokens();
-    assert!(generated > 0);
+    // What the engine counts as it samples: the model's tokens and the total.
+    let generated = 40;
+    backend.metrics.add_model_generated_tokens(READY, generated);
+    backend.metrics.add_model_prompt_tokens(READY, 12);
     tokio::time::sleep(Duration::from_millis(700)).await;
     let status = get(&app, "/v1/ferry/status").await.json();
     let elapsed = started.elapsed().as_secs_f64();
@@ -178,6 +172,11 @@ async fn rates_are_measured_between_polls() {
         .as_f64()
         .unwrap();
     assert_eq!(per_model, rate, "the only model that generated");
+    assert_eq!(
+        model(&status, SLOW)["tokens_per_s"]["generation"],
+        0.0,
+        "a model that did not"
+    );
 }
 
 fn page_request(uri: &str, key: Option<&str>) -> Request<Body> {
@@ -243,7 +242,7 @@ async fn web_ui_off_makes_the_page_404_but_keeps_the_status() {
     for path in ["/", "/page/style.css", "/page/app.js"] {
         let reply = get(&app, path).await;
         assert_eq!(reply.status, StatusCode::NOT_FOUND, "{path}");
-        assert_eq!(reply.json()["error"]["code"], "route_not_found", "{path}");
+        assert_eq!(reply.json()["error"]["code"], "not_found", "{path}");
     }
     assert_eq!(get(&app, "/v1/ferry/status").await.status, StatusCode::OK);
 }
@@ -275,6 +274,8 @@ fn flags() -> Vec<&'static str> {
         "sequential",
         "--max-context",
         "512",
+        "--gpu-memory",
+        "256MiB",
     ]
 }
 
@@ -345,14 +346,24 @@ async fn a_real_server_reports_the_plan_it_serves_and_counts_its_work() {
         .await
         .expect("JSON");
     assert_eq!(reply["usage"]["completion_tokens"], 4, "{reply}");
-    let after: Value = client
-        .get(&status_url)
-        .send()
-        .await
-        .expect("GET status")
-        .json()
-        .await
-        .expect("JSON");
+    // The offload engine's counters reach the registry twice a second (`runtime::telemetry`).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        let after: Value = client
+            .get(&status_url)
+            .send()
+            .await
+            .expect("GET status")
+            .json()
+            .await
+            .expect("JSON");
+        let decisions = &after["live"]["tier_decisions"];
+        let total = decisions["stream"].as_u64().unwrap() + decisions["host"].as_u64().unwrap();
+        if total > 0 || std::time::Instant::now() > deadline {
+            break after;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let served = model(&after, MODEL);
     assert!(
         served["kv_cache"]["capacity_tokens"].as_u64().unwrap() >= 512,
