@@ -21,6 +21,7 @@ pub mod device_plan;
 pub mod error;
 pub mod load;
 pub mod load_report;
+pub mod placement;
 pub mod planning;
 pub mod serve;
 pub mod swap;

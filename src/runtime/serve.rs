@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use super::device::{describe, select_device};
 use super::device_plan::prepare_serving;
 use super::load::{load_planned, release_after_load};
+use super::placement::model_placement;
 use super::swap::SwapResidency;
 use super::telemetry::Telemetry;
 use super::RuntimeError;
@@ -86,6 +87,7 @@ pub fn server_options(config: &Config, api_keys: Vec<String>) -> ServerOptions {
         max_tokens_limit: server.max_tokens_limit,
         parse_special_in_content: server.parse_special_in_content,
         cors_origins: server.cors_origins.clone(),
+        web_ui: server.web_ui,
         ..ServerOptions::default()
     }
 }
@@ -188,6 +190,13 @@ pub async fn serve(
         let model = planned.config;
         let plan = planned.plan;
         let cost = planned.tiers.as_ref().map(|t| t.calibration.model);
+        // What `GET /v1/ferry/status` shows of the model's placement: the plan it loads with.
+        engine
+            .set_placement(&model.name, model_placement(&plan, planned.tiers.as_ref()))
+            .map_err(|source| RuntimeError::Engine {
+                name: model.name.clone(),
+                source,
+            })?;
         let device = device.clone();
         let device_config = config.device.clone();
         let results = load_results.clone();

@@ -29,8 +29,8 @@ use tower::ServiceExt;
 
 use ferry::engine::{
     Backend, ChatMessage, EmbeddingReply, EmbeddingRequest, EngineError, EngineResult,
-    FinishReason, GenerationEvent, GenerationRequest, ModelCard, ModelStatus, SamplingParams,
-    TokenLogprob, TokenOutput, Usage,
+    FinishReason, GenerationEvent, GenerationRequest, ModelCard, ModelPlacement, ModelStatus,
+    SamplingParams, TokenLogprob, TokenOutput, Usage,
 };
 use ferry::metrics::Metrics;
 
@@ -95,6 +95,8 @@ pub struct TestBackend {
     /// The registry `/metrics` renders; the double counts prompt and generated tokens of the
     /// ready model as the engine does (the usage it reports).
     pub metrics: Metrics,
+    /// What `placement` answers, per model (none unless a test sets one).
+    pub placements: Mutex<Vec<(String, ModelPlacement)>>,
 }
 
 fn card(id: &str, status: ModelStatus) -> ModelCard {
@@ -124,6 +126,7 @@ impl TestBackend {
             tokenize_calls: AtomicUsize::new(0),
             overloaded: AtomicBool::new(false),
             metrics: Metrics::new(),
+            placements: Mutex::new(Vec::new()),
         })
     }
 
@@ -152,6 +155,7 @@ impl TestBackend {
             tokenize_calls: AtomicUsize::new(0),
             overloaded: AtomicBool::new(false),
             metrics: Metrics::new(),
+            placements: Mutex::new(Vec::new()),
         })
     }
 
@@ -223,6 +227,14 @@ impl Backend for TestBackend {
 
     fn models(&self) -> Vec<ModelCard> {
         self.cards.clone()
+    }
+
+    fn placement(&self, model: &str) -> Option<ModelPlacement> {
+        let placements = self.placements.lock().unwrap();
+        placements
+            .iter()
+            .find(|(name, _)| name == model)
+            .map(|(_, p)| p.clone())
     }
 
     fn max_context(&self, model: &str) -> EngineResult<usize> {

@@ -328,6 +328,17 @@ pub static SETTINGS: &[Setting] = &[
         field: field!(Server, Switch, parse_special_in_content),
     },
     Setting {
+        name: "web-ui",
+        short: None,
+        key: "web_ui",
+        value_name: "BOOL",
+        default: Some("true"),
+        default_note: "",
+        example: "false",
+        help: "Serve the status and chat page on GET / (behind the API key when one is set); false: GET / is 404.",
+        field: field!(Server, Switch, web_ui),
+    },
+    Setting {
         name: "cors-origins",
         short: None,
         key: "cors_origins",

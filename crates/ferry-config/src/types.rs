@@ -62,6 +62,8 @@ pub struct ServerConfig {
     pub parse_special_in_content: bool,
     /// Browser origins allowed cross-origin (CORS); empty = CORS off, `*` = any origin.
     pub cors_origins: Vec<String>,
+    /// Whether `GET /` serves the status and chat page.
+    pub web_ui: bool,
 }
 
 /// Resolved `[device]`.
@@ -170,6 +172,7 @@ impl ServerConfig {
             allowed_hosts: Vec::new(),
             parse_special_in_content: false,
             cors_origins: Vec::new(),
+            web_ui: false,
         }
     }
 }

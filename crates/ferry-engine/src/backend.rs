@@ -9,6 +9,7 @@ use ferry_metrics::Metrics;
 use super::{
     embed::{EmbeddingReply, EmbeddingRequest},
     grammar::{Grammar, GrammarSpec},
+    placement::ModelPlacement,
     request::{ChatMessage, SamplingParams},
     tool_calls::ToolSupport,
     EngineError, EngineResult, GenerationEvent, GenerationRequest,
@@ -63,6 +64,12 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Every configured model, loaded or not.
     fn models(&self) -> Vec<ModelCard>;
+
+    /// Where `model`'s parts live, as planned at load (`GET /v1/ferry/status`); `None` when
+    /// the backend does not know (default) or the model is unknown.
+    fn placement(&self, _model: &str) -> Option<ModelPlacement> {
+        None
+    }
 
     /// The context window of a ready model.
     fn max_context(&self, model: &str) -> EngineResult<usize>;

@@ -36,6 +36,7 @@ pub mod grammar;
 mod logprobs;
 mod pacer;
 mod penalties;
+pub mod placement;
 pub mod prefix_cache;
 mod queue;
 mod request;
@@ -53,6 +54,7 @@ pub use backend::{no_embeddings, Backend, ModelCard, ModelStatus, Residency};
 pub use embed::{EmbeddingReply, EmbeddingRequest};
 pub use error::{EngineError, EngineResult};
 pub use grammar::{Grammar, GrammarCompiler, GrammarSpec};
+pub use placement::ModelPlacement;
 pub use prefix_cache::PrefixCacheOptions;
 pub use request::{
     ChatMessage, FinishReason, GenerationEvent, GenerationParams, GenerationRequest,

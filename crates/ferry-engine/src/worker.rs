@@ -33,6 +33,7 @@ use super::{
     embed::{EmbedJob, EmbeddingReply, EmbeddingRequest},
     generate::validate_prompt,
     grammar::{Grammar, GrammarSpec},
+    placement::ModelPlacement,
     prefix_cache::PrefixCacheOptions,
     queue::{Job, Work},
     request::{ChatMessage, GenerationEvent, GenerationRequest, SamplingParams},
@@ -138,6 +139,8 @@ struct ModelEntry {
     receiver: Mutex<Option<std_mpsc::Receiver<Work>>>,
     /// Requests accepted and not finished (for `max_queue`), shared with the thread.
     pending: Arc<AtomicUsize>,
+    /// Where its parts live, set by the runtime ([`EngineHandle::set_placement`]).
+    placement: RwLock<Option<ModelPlacement>>,
 }
 
 struct Shared {
@@ -189,6 +192,7 @@ impl EngineHandle {
                 jobs,
                 receiver: Mutex::new(Some(receiver)),
                 pending: Arc::new(AtomicUsize::new(0)),
+                placement: RwLock::new(None),
             });
         }
         Self {
@@ -281,6 +285,17 @@ impl EngineHandle {
         let _ = self.shared.residency.set(probe);
     }
 
+    /// Records where `name`'s parts live (`GET /v1/ferry/status` reads it back through
+    /// [`Backend::placement`]); a later call replaces it. An unknown name is an error.
+    pub fn set_placement(&self, name: &str, placement: ModelPlacement) -> EngineResult<()> {
+        *self
+            .entry(name)?
+            .placement
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(placement);
+        Ok(())
+    }
+
     fn entry(&self, name: &str) -> EngineResult<&ModelEntry> {
         self.shared
             .models
@@ -348,6 +363,15 @@ impl Backend for EngineHandle {
 
     fn metrics(&self) -> Metrics {
         self.shared.options.metrics.clone()
+    }
+
+    fn placement(&self, model: &str) -> Option<ModelPlacement> {
+        self.entry(model)
+            .ok()?
+            .placement
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn max_context(&self, model: &str) -> EngineResult<usize> {

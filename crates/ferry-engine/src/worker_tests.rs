@@ -588,3 +588,33 @@ async fn a_dropped_embedding_request_is_dropped() {
     let elapsed = started.elapsed();
     assert!(elapsed < Duration::from_millis(1600), "{elapsed:?}");
 }
+
+#[test]
+fn placement_is_kept_per_model_and_unknown_names_are_refused() {
+    use crate::placement::{BudgetUse, LayerLocation, LayerSite};
+    let handle = EngineHandle::new(["a", "b"]);
+    assert_eq!(handle.placement("a"), None, "nothing set yet");
+    let placement = ModelPlacement {
+        offload_mode: "auto".into(),
+        budget: BudgetUse {
+            budget: 100,
+            weights: 60,
+            ..BudgetUse::default()
+        },
+        layers: vec![LayerSite {
+            index: 0,
+            location: LayerLocation::Streamed,
+            bytes: 40,
+        }],
+        experts: Vec::new(),
+        expert_cache_slots: 0,
+        max_context: 64,
+        max_batch: 2,
+        link_bytes_per_s: Some(1e9),
+    };
+    handle.set_placement("a", placement.clone()).unwrap();
+    assert_eq!(handle.placement("a"), Some(placement.clone()));
+    assert_eq!(handle.placement("b"), None, "only the model it was set on");
+    assert!(handle.set_placement("nope", placement).is_err());
+    assert_eq!(handle.placement("nope"), None);
+}

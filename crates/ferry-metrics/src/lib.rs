@@ -60,6 +60,7 @@
 
 pub mod log_sink;
 mod prefix_cache;
+mod readings;
 mod tracker;
 
 pub use tracker::{RequestContext, RequestEnd, RequestTracker, TrackedRequest};

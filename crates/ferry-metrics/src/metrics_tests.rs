@@ -247,3 +247,34 @@ fn a_request_offered_tools_logs_its_calls_and_the_apis_finish_reason() {
     }
     assert!(lines[3].ends_with("finish_reason=stop"), "{}", lines[3]);
 }
+
+#[test]
+fn readings_return_what_was_set() {
+    let m = Metrics::new();
+    assert_eq!(m.device_memory(MemoryKind::Kv), 0);
+    assert_eq!(m.model_kv_usage("a"), (0, 0));
+    m.set_device_memory(MemoryKind::Kv, 1234);
+    m.set_device_memory(MemoryKind::Weights, 99);
+    m.set_device_memory_budget(5000);
+    m.add_offload_bytes_copied(77);
+    m.add_offload_experts(3, 2, 1, 10);
+    m.add_model_prompt_tokens("a", 5);
+    m.set_kv_usage("a", 6, 64);
+    m.set_prefix_cache_tokens("a", 12);
+    assert_eq!(m.device_memory(MemoryKind::Kv), 1234);
+    assert_eq!(m.device_memory(MemoryKind::Weights), 99);
+    assert_eq!(m.device_memory_budget(), 5000);
+    assert_eq!(m.offload_bytes_copied(), 77);
+    assert_eq!(
+        [
+            m.offload_experts("hit"),
+            m.offload_experts("miss"),
+            m.offload_experts("host")
+        ],
+        [3, 2, 1]
+    );
+    assert_eq!(m.model_prompt_tokens("a"), 5);
+    assert_eq!(m.model_prompt_tokens("b"), 0);
+    assert_eq!(m.model_kv_usage("a"), (6, 64));
+    assert_eq!(m.prefix_cache_tokens("a"), 12);
+}

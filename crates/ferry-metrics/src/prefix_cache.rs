@@ -95,6 +95,18 @@ impl Metrics {
             .set(i64::try_from(tokens).unwrap_or(i64::MAX));
     }
 
+    /// `ferry_prefix_cache_tokens{model}`: prompt tokens `model`'s prefix cache holds.
+    pub fn prefix_cache_tokens(&self, model: &str) -> u64 {
+        let held = self
+            .prefix()
+            .held
+            .get_or_create(&ModelLabels {
+                model: model.to_owned(),
+            })
+            .get();
+        u64::try_from(held).unwrap_or(0)
+    }
+
     /// `ferry_prefix_cache_queries_total{model}` and `ferry_prefix_cache_hits_total{model}`.
     pub fn prefix_cache_counts(&self, model: &str) -> (u64, u64) {
         let labels = ModelLabels {

@@ -23,6 +23,8 @@
 //! | `POST /tokenize`, `POST /detokenize` | [`handlers::tokenize`] (vLLM's extensions) |
 //! | `GET /health` | [`handlers::health`] (never behind the API key or the `Host` check) |
 //! | `GET /metrics` | [`metrics::render`] (Prometheus text; behind the key only with `metrics_auth`) |
+//! | `GET /v1/ferry/status` | [`status::status`] (placement per model and live numbers, JSON) |
+//! | `GET /`, `GET /page/style.css`, `GET /page/app.js` | [`page::serve`] (the status and chat page; 404 with `web_ui` off) |
 //!
 //! Every response carries an `x-request-id` ([`request_id`]: the client's, or a new one). With
 //! `server.cors_origins` set, [`cors`] answers browsers' preflights and marks responses for
@@ -52,10 +54,12 @@ mod listen;
 mod metrics;
 mod openai;
 pub mod options;
+mod page;
 mod request_id;
 pub mod response_store;
 mod shutdown;
 mod sse;
+pub mod status;
 mod validate;
 
 use std::sync::Arc;
@@ -90,6 +94,8 @@ pub struct AppState {
     pub admission: admission::Admission,
     /// The Responses API's stored responses (bounded by `options.response_store`).
     pub responses: response_store::ResponseStore,
+    /// The counters' rates between polls of `GET /v1/ferry/status`.
+    pub rates: status::rates::RateMeter,
 }
 
 /// The router with every endpoint, the body limit, the `Host` and API key checks, tracing and
@@ -110,6 +116,7 @@ pub fn app_with_lifecycle(
         metrics: backend.metrics(),
         admission: admission::Admission::new(options.tokenize_concurrency),
         responses: response_store::ResponseStore::new(options.response_store),
+        rates: status::rates::RateMeter::default(),
         backend,
         options: Arc::new(options),
         lifecycle,
@@ -129,6 +136,10 @@ pub fn app_with_lifecycle(
     let guarded = Router::new()
         .route("/health", get(handlers::health::health))
         .route("/metrics", get(metrics::render))
+        .route("/v1/ferry/status", get(status::status))
+        .route("/", get(page::serve))
+        .route("/page/style.css", get(page::serve))
+        .route("/page/app.js", get(page::serve))
         .route("/v1/models", get(handlers::models::list_models))
         .route("/v1/models/{*id}", get(handlers::models::retrieve_model))
         .route(

@@ -96,6 +96,8 @@ pub struct ServerOptions {
     /// `previous_response_id` and `GET /v1/responses/{id}`, by count and by bytes, least
     /// recently used first out. Default [`StoreLimits::default`] (1024 responses, 64 MiB).
     pub response_store: StoreLimits,
+    /// Whether `GET /` serves the status and chat page ([`super::page`]). Default true.
+    pub web_ui: bool,
 }
 
 impl Default for ServerOptions {
@@ -118,6 +120,7 @@ impl Default for ServerOptions {
             tokenize_concurrency: std::thread::available_parallelism().map_or(2, |n| n.get()),
             cors_origins: Vec::new(),
             response_store: StoreLimits::default(),
+            web_ui: true,
         }
     }
 }
@@ -142,6 +145,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("tokenize_concurrency", &self.tokenize_concurrency)
             .field("cors_origins", &self.cors_origins)
             .field("response_store", &self.response_store)
+            .field("web_ui", &self.web_ui)
             .finish()
     }
 }
