@@ -182,13 +182,7 @@ async function send(event) {
     const r = await fetch("/v1/chat/completions", {
       method: "POST",
       headers: headers(),
-      body: JSON.stringify({
-        model: $("model").value,
-        messages: turns,
-        stream: true,
-        temperature: Number($("temperature").value),
-        max_tokens: Number($("max-tokens").value),
-      }),
+      body: JSON.stringify(chatRequest(turns)),
     });
     if (!r.ok) {
       const err = await r.json().catch(() => ({}));
@@ -219,3 +213,17 @@ $("send-form").addEventListener("submit", send);
 $("api-key").addEventListener("change", loadModels);
 loadModels();
 poll();
+
+// The chat request: an empty temperature field sends none, so the model's sampling defaults
+// (its setting, its files, else llama.cpp's) apply as they do for any client.
+function chatRequest(turns) {
+  const request = {
+    model: $("model").value,
+    messages: turns,
+    stream: true,
+    max_tokens: Number($("max-tokens").value),
+  };
+  const temperature = $("temperature").value.trim();
+  if (temperature !== "") request.temperature = Number(temperature);
+  return request;
+}
