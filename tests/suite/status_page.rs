@@ -157,6 +157,8 @@ async fn rates_are_measured_between_polls() {
     let generated = 40;
     backend.metrics.add_model_generated_tokens(READY, generated);
     backend.metrics.add_model_prompt_tokens(READY, 12);
+    // And the offload engine's waits for copies: 0.35 s of stall.
+    backend.metrics.add_offload_wait(Duration::from_millis(350));
     tokio::time::sleep(Duration::from_millis(700)).await;
     let status = get(&app, "/v1/ferry/status").await.json();
     let elapsed = started.elapsed().as_secs_f64();
@@ -168,6 +170,13 @@ async fn rates_are_measured_between_polls() {
         rate <= generated as f64 / 0.7 && rate >= generated as f64 / (elapsed + 0.5),
         "{rate} tokens/s for {generated} tokens over about {elapsed} s"
     );
+    let link = &status["live"]["link"];
+    let stall = link["stall_seconds_per_s"].as_f64().unwrap();
+    assert!(
+        stall <= 0.35 / 0.7 && stall >= 0.35 / (elapsed + 0.5),
+        "{stall} s/s of stall for 0.35 s over about {elapsed} s"
+    );
+    assert!((link["stall_seconds_total"].as_f64().unwrap() - 0.35).abs() < 1e-9);
     let per_model = model(&status, READY)["tokens_per_s"]["generation"]
         .as_f64()
         .unwrap();

@@ -34,6 +34,11 @@ impl Metrics {
         self.inner.offload_bytes.get()
     }
 
+    /// `ferry_offload_wait_seconds_total`: the time compute waited for a copy.
+    pub fn offload_wait_seconds(&self) -> f64 {
+        self.inner.offload_wait.get()
+    }
+
     /// `ferry_offload_experts_total{kind}` for `kind` = `hit`, `miss`, `host`, `prefetched` or
     /// `prefetch_hit` (0 for any other).
     pub fn offload_experts(&self, kind: &str) -> u64 {

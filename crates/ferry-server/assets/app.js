@@ -37,6 +37,7 @@ function drawLive(live) {
   const link = live.link;
   $("link").textContent = bytes(link.bytes_per_s) + "/s" +
     (link.measured_bytes_per_s ? " of " + bytes(link.measured_bytes_per_s) + "/s" : "");
+  $("stall").textContent = Math.round(100 * (link.stall_seconds_per_s || 0)) + "%";
   $("tiers").textContent = (live.tier_decisions.stream || 0) + " / " + (live.tier_decisions.host || 0);
   $("expert-hits").textContent = pct(live.experts.hit_rate);
 }

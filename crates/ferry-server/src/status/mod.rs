@@ -57,6 +57,10 @@ pub fn document(state: &AppState, now: Instant) -> Value {
                 "measured_bytes_per_s": measured_link,
                 "utilization": measured_link.filter(|m| *m > 0.0).map(|m| link_rate / m),
                 "bytes_total": metrics.offload_bytes_copied(),
+                // Seconds per second that compute waited for a copy (0: the copies kept up;
+                // near 1: every step waited on the link).
+                "stall_seconds_per_s": rate("stall_us") / 1e6,
+                "stall_seconds_total": metrics.offload_wait_seconds(),
             },
             "tier_decisions": TIER_LABELS
                 .iter()
@@ -74,6 +78,11 @@ fn counters(metrics: &Metrics, cards: &[ModelCard]) -> Counters {
     counters.insert("prompt_tokens".into(), metrics.prompt_tokens());
     counters.insert("generated_tokens".into(), metrics.generated_tokens());
     counters.insert("bytes_copied".into(), metrics.offload_bytes_copied());
+    // In microseconds, so the counter of seconds has a rate like the others.
+    counters.insert(
+        "stall_us".into(),
+        (metrics.offload_wait_seconds() * 1e6) as u64,
+    );
     for card in cards {
         let id = &card.id;
         counters.insert(
