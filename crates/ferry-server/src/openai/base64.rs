@@ -1,27 +1,12 @@
-//! Standard base64 (RFC 4648, `=` padded) of bytes, for `encoding_format: "base64"` embeddings:
-//! the only place the server writes base64, too small to take a dependency for.
+//! Standard base64 (RFC 4648, `=` padded) for `encoding_format: "base64"` embeddings: the
+//! vector's little-endian f32 bytes, as OpenAI sends them. The encoding is the `base64` crate's.
 
-const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+use ::base64::engine::general_purpose::STANDARD;
+use ::base64::Engine;
 
 /// `bytes` as base64 text.
 pub fn encode(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    STANDARD.encode(bytes)
 }
 
 /// `values` as little-endian f32 bytes in base64 (what OpenAI sends for `base64` embeddings).
