@@ -13,6 +13,7 @@ use serde_json::Value as Json;
 
 use super::checkpoint::Checkpoint;
 use super::header::gguf::GgufMetadata;
+use super::source::read_json;
 use super::source::ModelFiles;
 use super::spec::{as_f64, as_u64};
 use super::ModelError;
@@ -63,13 +64,7 @@ pub fn from_gguf(metadata: &GgufMetadata<'_>) -> SamplingSettings {
 
 /// The sampling values of a `generation_config.json`.
 pub fn from_generation_config(path: &Path) -> Result<SamplingSettings, ModelError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let json: Json = serde_json::from_str(&text)
-        .map_err(|e| ModelError::Config(format!("{} is not valid JSON: {e}", path.display())))?;
-    Ok(from_generation_json(&json))
+    Ok(from_generation_json(&read_json(path)?))
 }
 
 fn from_generation_json(json: &Json) -> SamplingSettings {

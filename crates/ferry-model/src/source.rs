@@ -276,6 +276,17 @@ fn hf_dir_files(dir: &Path) -> Result<ModelFiles> {
     })
 }
 
+/// A JSON file of the model's (a config, generation_config.json, ...), parsed; an error names
+/// the file.
+pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text)
+        .map_err(|e| ModelError::Config(format!("{} is not valid JSON: {e}", path.display())))
+}
+
 /// The shard file names of a `model.safetensors.index.json`, deduplicated, in sorted order.
 pub fn shard_names(index: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(index).map_err(|source| ModelError::Io {

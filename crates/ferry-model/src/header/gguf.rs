@@ -196,18 +196,18 @@ impl GgufHeader {
 
     /// How many files a split model has (`split.count`; 1 for an ordinary file).
     pub fn split_count(&self) -> usize {
-        self.metadata
-            .get("split.count")
-            .and_then(|v| crate::spec::as_u64(v).ok())
-            .map_or(1, |n| n.max(1) as usize)
+        self.split_key("split.count").map_or(1, |n| n.max(1))
     }
 
     /// Which split this file is (`split.no`, 0 for the first; 0 for an ordinary file).
     pub fn split_index(&self) -> usize {
-        self.metadata
-            .get("split.no")
-            .and_then(|v| crate::spec::as_u64(v).ok())
-            .map_or(0, |n| n as usize)
+        self.split_key("split.no").unwrap_or(0)
+    }
+
+    /// One of llama.cpp's `split.*` counts, if the header has it as a whole number.
+    fn split_key(&self, key: &str) -> Option<usize> {
+        let value = crate::spec::as_u64(self.metadata.get(key)?).ok()?;
+        usize::try_from(value).ok()
     }
 
     /// Adds the tensors of a later split (`split`, parsed from file number `file` of the

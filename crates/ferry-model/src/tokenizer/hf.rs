@@ -12,6 +12,7 @@ use tokenizers::Tokenizer;
 use super::gguf::{bos_template, dedup_keep_order};
 use super::SpecialTokens;
 use crate::error::{ModelError, Result};
+use crate::source::read_json;
 
 /// What the Hugging Face files say, ready for [`super::TextTokenizer`].
 pub(super) struct HfTokenizer {
@@ -19,15 +20,6 @@ pub(super) struct HfTokenizer {
     pub special: SpecialTokens,
     pub chat_template: Option<String>,
     pub byte_level: bool,
-}
-
-fn read_json(path: &Path) -> Result<Json> {
-    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    serde_json::from_str(&text)
-        .map_err(|e| ModelError::Config(format!("{} is not valid JSON: {e}", path.display())))
 }
 
 /// A special token entry of tokenizer_config.json: `"<s>"` or `{"content": "<s>", ...}`.
