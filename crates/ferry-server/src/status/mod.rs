@@ -35,13 +35,22 @@ pub fn document(state: &AppState, now: Instant) -> Value {
     let cards = state.backend.models();
     let rates = state.rates.sample(now, counters(metrics, &cards));
     let rate = |name: &str| rates.get(name).copied().unwrap_or(0.0);
-    let models: Vec<Value> = cards.iter().map(|card| model(state, card, &rate)).collect();
-    let measured_link = cards
+    // Each model's placement, read once per poll.
+    let placements: Vec<Option<ModelPlacement>> = cards
         .iter()
-        .filter_map(|c| state.backend.placement(&c.id)?.link_bytes_per_s)
+        .map(|card| state.backend.placement(&card.id))
+        .collect();
+    let measured_link = placements
+        .iter()
+        .filter_map(|p| p.as_ref()?.link_bytes_per_s)
         .fold(None, |best: Option<f64>, r| {
             Some(best.map_or(r, |b| b.max(r)))
         });
+    let models: Vec<Value> = cards
+        .iter()
+        .zip(placements)
+        .map(|(card, placement)| model(metrics, card, placement, &rate))
+        .collect();
     let link_rate = rate("bytes_copied");
     json!({
         "object": OBJECT,
@@ -123,15 +132,17 @@ fn device_memory(metrics: &Metrics) -> Value {
 }
 
 /// One model's entry: its card, its placement (or `null`), its caches and token rates.
-fn model(state: &AppState, card: &ModelCard, rate: &dyn Fn(&str) -> f64) -> Value {
-    let metrics = &state.metrics;
+fn model(
+    metrics: &Metrics,
+    card: &ModelCard,
+    placement: Option<ModelPlacement>,
+    rate: &dyn Fn(&str) -> f64,
+) -> Value {
     let id = &card.id;
     let (kv_used, kv_capacity) = metrics.model_kv_usage(id);
     let (queried, hits) = metrics.prefix_cache_counts(id);
-    let placement = state
-        .backend
-        .placement(id)
-        .map(|p| swapped_out(p, card.residency.as_deref()));
+    let cached = metrics.prefix_cache_tokens(id);
+    let placement = placement.map(|p| swapped_out(p, card.residency.as_deref()));
     json!({
         "id": id,
         "status": card.status,
@@ -143,9 +154,9 @@ fn model(state: &AppState, card: &ModelCard, rate: &dyn Fn(&str) -> f64) -> Valu
             "fill": ratio(kv_used, kv_capacity),
         },
         "prefix_cache": {
-            "tokens": metrics.prefix_cache_tokens(id),
+            "tokens": cached,
             "capacity_tokens": kv_capacity,
-            "fill": ratio(metrics.prefix_cache_tokens(id), kv_capacity),
+            "fill": ratio(cached, kv_capacity),
             "queried_tokens": queried,
             "hit_tokens": hits,
             "hit_rate": (queried > 0).then(|| hits as f64 / queried as f64),
