@@ -150,8 +150,8 @@ impl SamplingSettings {
     /// of the dropped ones.
     pub fn keep_valid(&mut self) -> Vec<&'static str> {
         let mut dropped = Vec::new();
-        let mut check = |value: &mut Option<f32>, ok: fn(f32) -> bool, name| {
-            if value.is_some_and(|v| !(v.is_finite() && ok(v))) {
+        let mut check = |value: &mut Option<f32>, ok: fn(f64) -> bool, name| {
+            if value.is_some_and(|v| !(v.is_finite() && ok(f64::from(v)))) {
                 *value = None;
                 dropped.push(name);
             }
@@ -172,15 +172,15 @@ impl SamplingSettings {
 pub trait Range {
     /// The rule, for the error message ("between 0 and 2").
     const RULE: &'static str;
-    /// Whether `value` (finite) is in range.
-    fn ok(value: f32) -> bool;
+    /// Whether `value` (finite) is in range (the request's and the setting's rule alike).
+    fn ok(value: f64) -> bool;
 }
 
 /// `temperature`: [0, 2], as the OpenAI API takes it.
 pub struct Temperature;
 impl Range for Temperature {
     const RULE: &'static str = "between 0 and 2";
-    fn ok(value: f32) -> bool {
+    fn ok(value: f64) -> bool {
         (0.0..=2.0).contains(&value)
     }
 }
@@ -189,7 +189,7 @@ impl Range for Temperature {
 pub struct Nucleus;
 impl Range for Nucleus {
     const RULE: &'static str = "greater than 0 and at most 1";
-    fn ok(value: f32) -> bool {
+    fn ok(value: f64) -> bool {
         value > 0.0 && value <= 1.0
     }
 }
@@ -198,7 +198,7 @@ impl Range for Nucleus {
 pub struct Fraction;
 impl Range for Fraction {
     const RULE: &'static str = "between 0 and 1";
-    fn ok(value: f32) -> bool {
+    fn ok(value: f64) -> bool {
         (0.0..=1.0).contains(&value)
     }
 }
@@ -207,7 +207,7 @@ impl Range for Fraction {
 pub struct Penalty;
 impl Range for Penalty {
     const RULE: &'static str = "greater than 0";
-    fn ok(value: f32) -> bool {
+    fn ok(value: f64) -> bool {
         value > 0.0
     }
 }
@@ -220,14 +220,14 @@ impl<R: Range> Codec for OptionalSampling<R> {
         if text.trim().is_empty() {
             return Ok(None);
         }
-        let value: f32 = text
+        let value: f64 = text
             .trim()
             .parse()
             .map_err(|_| format!("`{text}` is not a number"))?;
         if !(value.is_finite() && R::ok(value)) {
             return Err(format!("`{text}` must be {}", R::RULE));
         }
-        Ok(Some(value))
+        Ok(Some(value as f32))
     }
     fn show(value: &Option<f32>) -> Shown {
         value.map_or(Shown::Unset, |v| Shown::Text(v.to_string()))

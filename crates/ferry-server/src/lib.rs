@@ -1,8 +1,9 @@
 //! # ferry-server
 //!
 //! Layer 2 of ferry (docs/ARCHITECTURE.md, "Crates"): the OpenAI-compatible HTTP server. It
-//! depends on `ferry-engine` (its [`ferry_engine::Backend`] trait and plain request/event types)
-//! and `ferry-metrics`, and may know nothing of models, weights, devices or the offload engine:
+//! depends on `ferry-engine` (its [`ferry_engine::Backend`] trait and plain request/event types),
+//! `ferry-metrics`, and `ferry-config` for the sampling ranges a request shares with the
+//! settings, and may know nothing of models, weights, devices or the offload engine:
 //! it is tested against a small deterministic backend, no model needed.
 //!
 //! A reuser builds the router with [`app`] over any `Arc<dyn Backend>` and [`ServerOptions`],

@@ -8,6 +8,7 @@
 //! folded into the messages when the template does not render them), and `tool_choice:
 //! required` or a named function compiles the grammar that enforces the call.
 
+use ferry_config::sampling::{Fraction, Nucleus, Penalty, Range, Temperature};
 use std::sync::Arc;
 
 use super::admission::check_prompt_chars;
@@ -551,25 +552,13 @@ fn sampling(w: &SamplingWire) -> Result<SamplingParams, ApiError> {
         temperature: in_range(
             w.temperature,
             "temperature",
-            |v| (0.0..=2.0).contains(&v),
-            "between 0 and 2",
+            Temperature::ok,
+            Temperature::RULE,
             d.temperature,
         )?,
-        top_p: in_range(
-            w.top_p,
-            "top_p",
-            |v| v > 0.0 && v <= 1.0,
-            "greater than 0 and at most 1",
-            d.top_p,
-        )?,
+        top_p: in_range(w.top_p, "top_p", Nucleus::ok, Nucleus::RULE, d.top_p)?,
         top_k,
-        min_p: in_range(
-            w.min_p,
-            "min_p",
-            |v| (0.0..=1.0).contains(&v),
-            "between 0 and 1",
-            d.min_p,
-        )?,
+        min_p: in_range(w.min_p, "min_p", Fraction::ok, Fraction::RULE, d.min_p)?,
         seed: w.seed,
         presence_penalty: in_range(
             w.presence_penalty,
@@ -588,8 +577,8 @@ fn sampling(w: &SamplingWire) -> Result<SamplingParams, ApiError> {
         repetition_penalty: in_range(
             w.repetition_penalty,
             "repetition_penalty",
-            |v| v > 0.0,
-            "greater than 0",
+            Penalty::ok,
+            Penalty::RULE,
             d.repetition_penalty,
         )?,
         logit_bias: logit_bias(&w.logit_bias)?,
