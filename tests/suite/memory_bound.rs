@@ -121,3 +121,66 @@ async fn distinct_long_prompts_grow_memory_by_the_prefix_caches_tokens_only() {
         "RSS grew from {before} to {after} bytes with {cached} tokens cached ({per_token} B each)"
     );
 }
+
+/// The Responses API keeps what it stores (`store` defaults to true) in memory for
+/// `previous_response_id`: a real default server answering distinct long stored responses
+/// grows by no more than the prefix cache's KV plus a few times the text it was sent and
+/// answered (the store keeps each response's JSON and its conversation), plus the allowance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_responses_grow_memory_by_their_text_and_the_prefix_cache_only() {
+    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config/default.toml");
+    let args: Vec<OsString> = vec!["--config".into(), config.into()];
+    let server = ServeProcess::start(&args).await;
+    post(
+        &server,
+        "/v1/responses",
+        json!({"model": real_model::MODEL, "input": "Hello", "max_output_tokens": 1}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = server.rss_bytes();
+
+    let mut text_bytes = 0u64;
+    let mut ids = Vec::new();
+    for index in 200..212 {
+        let input = distinct_prompt(index, 600);
+        let reply = post(
+            &server,
+            "/v1/responses",
+            json!({"model": real_model::MODEL, "input": input, "max_output_tokens": 1,
+                "temperature": 0}),
+        )
+        .await;
+        assert_eq!(reply["store"], true, "{reply}");
+        text_bytes += (input.len() + reply.to_string().len()) as u64;
+        ids.push(reply["id"].as_str().expect("an id").to_string());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = server.rss_bytes();
+
+    // Every response is still there to continue from.
+    for id in [&ids[0], &ids[ids.len() - 1]] {
+        let status = reqwest::Client::new()
+            .get(format!("{}/v1/responses/{id}", server.base))
+            .send()
+            .await
+            .expect("request")
+            .status();
+        assert_eq!(status, 200, "{id}");
+    }
+    let cached = server.metric("ferry_prefix_cache_tokens").await as u64;
+    let allowance: u64 = 64 << 20;
+    let bound = before + cached * kv_bytes_per_token() * 5 / 4 + 4 * text_bytes + allowance;
+    println!(
+        "{} stored responses of {text_bytes} bytes of text, {cached} tokens cached; RSS {} -> {} \
+         MiB (bound {} MiB)",
+        ids.len(),
+        before >> 20,
+        after >> 20,
+        bound >> 20
+    );
+    assert!(
+        after <= bound,
+        "RSS grew from {before} to {after} bytes for {text_bytes} bytes of stored text"
+    );
+}
