@@ -19,8 +19,9 @@ use super::planning::{open_checkpoint, plan_checkpoint};
 use super::swap::{pool_plan, swap_manager, PoolPlan};
 use super::tiers::tier_report;
 use super::RuntimeError;
-use ferry_config::{Config, DtypeChoice, MemoryBudget, ModelConfig, OffloadMode};
+use ferry_config::{Config, DtypeChoice, MemoryBudget, ModelConfig, OffloadMode, QuantType};
 use ferry_model::checkpoint::Checkpoint;
+use ferry_model::kv_format::KvFormat;
 use ferry_model::source::HubOptions;
 use ferry_offload::plan::{resolve_budget, Plan};
 use ferry_offload::render::{plan_json, render_text};
@@ -89,11 +90,13 @@ pub struct DevicePlan {
 }
 
 /// The setting that names `dtype`.
-fn dtype_choice(dtype: DType) -> DtypeChoice {
-    match dtype {
-        DType::F16 => DtypeChoice::F16,
-        DType::BF16 => DtypeChoice::BF16,
-        _ => DtypeChoice::F32,
+fn dtype_choice(format: KvFormat) -> DtypeChoice {
+    match format {
+        KvFormat::Dense(DType::F16) => DtypeChoice::F16,
+        KvFormat::Dense(DType::BF16) => DtypeChoice::BF16,
+        KvFormat::Dense(_) => DtypeChoice::F32,
+        KvFormat::Q8_0 => DtypeChoice::Quantize(QuantType::Q8_0),
+        KvFormat::Q4_0 => DtypeChoice::Quantize(QuantType::Q4_0),
     }
 }
 

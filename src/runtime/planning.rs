@@ -11,6 +11,7 @@ use candle_core::Device;
 use super::RuntimeError;
 use ferry_config::{DeviceConfig, DtypeChoice, ModelConfig};
 use ferry_model::checkpoint::Checkpoint;
+use ferry_model::decoder::attention::score_block;
 use ferry_model::header::GgufType;
 use ferry_model::kv_cache::kv_dtype_for;
 use ferry_model::loader::{Holding, LoadOptions};
@@ -77,11 +78,8 @@ pub fn plan_checkpoint(
     let budget = resolve_budget(model.offload.gpu_memory, free_bytes)?;
     // Activations use the compute dtype (f32 for quantized weights); the KV cache its own.
     let kv_dtype = kv_dtype_for(model.kv_dtype, holding.compute());
-    let kv_per_token = kv_bytes_per_token_per_layer(
-        spec.n_kv_heads,
-        spec.head_dim,
-        kv_dtype.size_in_bytes() as u64,
-    );
+    kv_dtype.check(spec.head_dim, device).map_err(wrap)?;
+    let kv_per_token = kv_bytes_per_token_per_layer(spec.n_kv_heads, spec.head_dim, kv_dtype);
     let reserve_bytes = match device {
         Device::Cpu => DEFAULT_CPU_RESERVE_BYTES,
         _ => DEFAULT_CUDA_RESERVE_BYTES,
@@ -108,7 +106,7 @@ pub fn plan_checkpoint(
             max_batch,
             // The most tokens one engine step computes.
             prefill_chunk: model.max_step_tokens,
-            max_context,
+            score_block: score_block(device, max_context),
         });
         input.reserve_bytes = reserve_bytes;
         input.link_bandwidth = Some(link_bandwidth);

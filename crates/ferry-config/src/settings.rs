@@ -467,7 +467,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("auto"),
         default_note: "`auto`: f16 (bf16 for bf16 weights), on the CPU as on CUDA",
         example: "bf16",
-        help: "KV cache dtype: auto, f32, f16 or bf16 (f16 and bf16 halve the KV cache's bytes; f32 for the last bit of accuracy).",
+        help: "KV cache dtype: auto, f32, f16, bf16, or llama.cpp's q8_0 / q4_0 blocks (f16 and bf16 halve the KV cache's bytes, q8_0 takes 0.53x and q4_0 0.28x those of f16; q8_0/q4_0 on the CPU only so far, with heads a multiple of 32 wide; f32 for the last bit of accuracy).",
         field: field!(Model, KvDtype, kv_dtype),
     },
     Setting {

@@ -488,7 +488,7 @@ impl Codec for Dtype {
     }
 }
 
-/// `auto`, `f32`, `f16` or `bf16`: a dense dtype (the KV cache's).
+/// `auto`, `f32`, `f16`, `bf16` (dense), or llama.cpp's `q8_0` / `q4_0` blocks: the KV cache's.
 pub struct KvDtype;
 impl Codec for KvDtype {
     type Value = DtypeChoice;
@@ -498,12 +498,14 @@ impl Codec for KvDtype {
             "f32" | "float32" => Ok(DtypeChoice::F32),
             "f16" | "float16" | "half" => Ok(DtypeChoice::F16),
             "bf16" | "bfloat16" => Ok(DtypeChoice::BF16),
+            "q8_0" => Ok(DtypeChoice::Quantize(QuantType::Q8_0)),
+            "q4_0" => Ok(DtypeChoice::Quantize(QuantType::Q4_0)),
             other if QuantType::parse(other).is_some() => Err(format!(
-                "`{text}` is a weight quantization type; the KV cache is dense \
-                 (use auto, f32, f16 or bf16)"
+                "`{text}` is a weight quantization type the KV cache does not take \
+                 (use auto, f32, f16, bf16, q8_0 or q4_0)"
             )),
             _ => Err(format!(
-                "`{text}` is not a dtype (use auto, f32, f16 or bf16)"
+                "`{text}` is not a KV cache dtype (use auto, f32, f16, bf16, q8_0 or q4_0)"
             )),
         }
     }
@@ -774,14 +776,23 @@ mod tests {
     }
 
     #[test]
-    fn quantized_dtypes_parse_and_show_back_and_the_kv_cache_refuses_them() {
+    fn quantized_dtypes_parse_and_show_back_and_the_kv_cache_takes_q8_0_and_q4_0_only() {
         for q in QuantType::ALL {
             let parsed = Dtype::parse(&q.as_str().to_ascii_uppercase()).expect("quant type");
             assert_eq!(parsed, DtypeChoice::Quantize(q));
             assert_eq!(parsed.quantize(), Some(q));
             assert_eq!(Dtype::show(&parsed), Shown::Text(q.as_str().into()));
-            let err = KvDtype::parse(q.as_str()).expect_err("a dense cache");
-            assert!(err.contains("KV cache is dense"), "{err}");
+            match q {
+                QuantType::Q8_0 | QuantType::Q4_0 => {
+                    let kv = KvDtype::parse(q.as_str()).expect("a cache block type");
+                    assert_eq!(kv, DtypeChoice::Quantize(q));
+                    assert_eq!(KvDtype::show(&kv), Shown::Text(q.as_str().into()));
+                }
+                _ => {
+                    let err = KvDtype::parse(q.as_str()).expect_err("not a cache block type");
+                    assert!(err.contains("does not take"), "{err}");
+                }
+            }
         }
         assert_eq!(Dtype::parse("bf16"), Ok(DtypeChoice::BF16));
         assert_eq!(DtypeChoice::F16.quantize(), None);

@@ -26,13 +26,16 @@ pub fn zeroed(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<
         DType::F32 => Tensor::from_vec(zeroed_vec::<f32>(n), shape, device)?,
         DType::F16 => Tensor::from_vec(zeroed_vec::<half::f16>(n), shape, device)?,
         DType::BF16 => Tensor::from_vec(zeroed_vec::<half::bf16>(n), shape, device)?,
+        DType::U8 => Tensor::from_vec(zeroed_vec::<u8>(n), shape, device)?,
         other => Tensor::zeros(shape, other, device)?,
     };
     Ok(tensor)
 }
 
-/// Floating-point element types whose all-zero bytes are the value +0.0.
+/// Element types whose all-zero bytes are a valid value (+0.0 for the floats, and the raw
+/// bytes of a block-format cache).
 trait ZeroBytes: Copy {}
+impl ZeroBytes for u8 {}
 impl ZeroBytes for f32 {}
 impl ZeroBytes for half::f16 {}
 impl ZeroBytes for half::bf16 {}

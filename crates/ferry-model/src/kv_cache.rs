@@ -13,13 +13,15 @@
 //! The prefix cache keeps copies of some positions ([`KvSpan`], [`KvCache::copy_span`]) and a new
 //! sequence starts from them ([`KvCache::extend_from_spans`]) instead of computing them again.
 //!
-//! The buffers hold the cache's own dtype (`kv_dtype`, [`kv_dtype_for`]): new keys and values are
-//! converted on write, so an f16 or bf16 cache takes half the bytes of an f32 one.
+//! The buffers hold the cache's own format (`kv_dtype`, [`kv_dtype_for`], [`KvFormat`]): new keys
+//! and values are converted on write, so an f16 or bf16 cache takes half the bytes of an f32 one
+//! and a q8_0 / q4_0 one about 0.53x / 0.28x those of f16.
 
 use candle_core::{DType, Device, Tensor};
 
 use super::error::{ModelError, Result};
-use ferry_config::DtypeChoice;
+use super::kv_format::KvFormat;
+use ferry_config::{DtypeChoice, QuantType};
 
 /// The KV cache's dtype for the setting `choice` with activations in `compute`: a set dtype as
 /// it is; `auto` f16 (half the bytes of f32, and llama.cpp's default), or bf16 when the
@@ -27,14 +29,18 @@ use ferry_config::DtypeChoice;
 /// the cache's dtype, and the CPU's attention (`decoder::flash_cpu`) widens f16 / bf16 keys and
 /// values in registers, so long-context decode, bound by reading the cache, gains about 1.5x
 /// over an f32 cache (docs/BENCHMARKS.md, "KV cache dtype on the CPU").
-pub fn kv_dtype_for(choice: DtypeChoice, compute: DType) -> DType {
+/// `q8_0` and `q4_0` are llama.cpp's blocks ([`KvFormat`]).
+pub fn kv_dtype_for(choice: DtypeChoice, compute: DType) -> KvFormat {
     match choice {
-        DtypeChoice::F32 => DType::F32,
-        DtypeChoice::F16 => DType::F16,
-        DtypeChoice::BF16 => DType::BF16,
-        DtypeChoice::Auto if compute == DType::BF16 => DType::BF16,
-        DtypeChoice::Auto => DType::F16,
-        // A weight quantization type says nothing of the cache (the kv_dtype setting refuses one).
+        DtypeChoice::F32 => KvFormat::Dense(DType::F32),
+        DtypeChoice::F16 => KvFormat::Dense(DType::F16),
+        DtypeChoice::BF16 => KvFormat::Dense(DType::BF16),
+        DtypeChoice::Auto if compute == DType::BF16 => KvFormat::Dense(DType::BF16),
+        DtypeChoice::Auto => KvFormat::Dense(DType::F16),
+        DtypeChoice::Quantize(QuantType::Q8_0) => KvFormat::Q8_0,
+        DtypeChoice::Quantize(QuantType::Q4_0) => KvFormat::Q4_0,
+        // Another weight quantization type says nothing of the cache (the kv_dtype setting
+        // refuses one).
         DtypeChoice::Quantize(_) => kv_dtype_for(DtypeChoice::Auto, compute),
     }
 }
@@ -65,14 +71,14 @@ impl KvCache {
         n_layers: usize,
         shape: KvShape,
         max_len: usize,
-        dtype: DType,
+        format: KvFormat,
         device: &Device,
     ) -> Self {
         let layer = LayerKv {
             k: None,
             v: None,
             shape,
-            dtype,
+            format,
             device: device.clone(),
             max_len,
         };
@@ -197,7 +203,7 @@ impl KvCache {
         for (index, layer) in self.layers.iter_mut().enumerate() {
             let keys: Vec<&Tensor> = spans.iter().map(|s| &s.layers[index].0).collect();
             let values: Vec<&Tensor> = spans.iter().map(|s| &s.layers[index].1).collect();
-            layer.write(pos, &Tensor::cat(&keys, 2)?, &Tensor::cat(&values, 2)?)?;
+            layer.write_stored(pos, &Tensor::cat(&keys, 2)?, &Tensor::cat(&values, 2)?)?;
         }
         self.commit(added)
     }
@@ -239,7 +245,7 @@ impl KvSpan {
         self.len == 0
     }
 
-    /// Bytes held across all layers (keys and values).
+    /// Bytes held across all layers (keys and values; a block-format cache's are bytes).
     pub fn allocated_bytes(&self) -> usize {
         self.layers
             .iter()
@@ -254,15 +260,26 @@ pub struct LayerKv {
     k: Option<Tensor>,
     v: Option<Tensor>,
     shape: KvShape,
-    dtype: DType,
+    format: KvFormat,
     device: Device,
     max_len: usize,
 }
 
 impl LayerKv {
+    /// How the buffers store keys and values.
+    pub fn format(&self) -> KvFormat {
+        self.format
+    }
+
     /// Writes `k` and `v` (`[1, n_kv_heads, seq, head_dim]`, contiguous) at positions
-    /// `pos..pos + seq` and returns views of positions `0..pos + seq`.
+    /// `pos..pos + seq` and returns views of positions `0..pos + seq`, as the buffers store
+    /// them (`[1, n_kv_heads, pos + seq, row_len]` of [`KvFormat::storage_dtype`]).
     pub fn write(&mut self, pos: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        self.write_stored(pos, &self.format.encode(k)?, &self.format.encode(v)?)
+    }
+
+    /// [`Self::write`] of keys and values already in the buffers' format (a span's copies).
+    fn write_stored(&mut self, pos: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let seq = k.dim(2)?;
         let end = pos + seq;
         if end > self.max_len {
@@ -278,8 +295,8 @@ impl LayerKv {
             (Some(kb), Some(vb)) => (kb, vb),
             _ => return Err(candle_core::Error::Msg("kv cache buffers missing".into()).into()),
         };
-        kb.slice_set(&k.to_dtype(self.dtype)?.contiguous()?, 2, pos)?;
-        vb.slice_set(&v.to_dtype(self.dtype)?.contiguous()?, 2, pos)?;
+        kb.slice_set(&k.contiguous()?, 2, pos)?;
+        vb.slice_set(&v.contiguous()?, 2, pos)?;
         Ok((kb.narrow(2, 0, end)?, vb.narrow(2, 0, end)?))
     }
 
@@ -296,7 +313,7 @@ impl LayerKv {
             k,
             v,
             shape: self.shape,
-            dtype: self.dtype,
+            format: self.format,
             device: self.device.clone(),
             max_len: self.max_len,
         })
@@ -327,7 +344,7 @@ impl LayerKv {
 
     /// Bytes of keys and values for `positions` positions.
     fn bytes_for(&self, positions: usize) -> usize {
-        2 * positions * self.shape.n_kv_heads * self.shape.head_dim * self.dtype.size_in_bytes()
+        2 * positions * self.shape.n_kv_heads * self.format.row_bytes(self.shape.head_dim)
     }
 
     /// Reallocates to hold at least `needed` positions, keeping positions `0..keep`.
@@ -344,9 +361,11 @@ impl LayerKv {
     /// New key and value buffers of `capacity` positions ([`super::kv_buffer::zeroed`]: only
     /// the pages written become resident) holding this layer's positions `0..keep`.
     fn copied_into(&self, capacity: usize, keep: usize) -> Result<(Tensor, Tensor)> {
-        let shape = (1, self.shape.n_kv_heads, capacity, self.shape.head_dim);
-        let new_k = super::kv_buffer::zeroed(shape, self.dtype, &self.device)?;
-        let new_v = super::kv_buffer::zeroed(shape, self.dtype, &self.device)?;
+        let row = self.format.row_len(self.shape.head_dim);
+        let shape = (1, self.shape.n_kv_heads, capacity, row);
+        let dtype = self.format.storage_dtype();
+        let new_k = super::kv_buffer::zeroed(shape, dtype, &self.device)?;
+        let new_v = super::kv_buffer::zeroed(shape, dtype, &self.device)?;
         if let (Some(old_k), Some(old_v), true) = (&self.k, &self.v, keep > 0) {
             new_k.slice_set(&old_k.narrow(2, 0, keep)?.contiguous()?, 2, 0)?;
             new_v.slice_set(&old_v.narrow(2, 0, keep)?.contiguous()?, 2, 0)?;
@@ -378,7 +397,7 @@ mod tests {
             n_kv_heads: 2,
             head_dim: 4,
         };
-        let mut cache = KvCache::new(3, shape, 1000, DType::F32, &Device::Cpu);
+        let mut cache = KvCache::new(3, shape, 1000, KvFormat::Dense(DType::F32), &Device::Cpu);
         let (k, v) = step(&mut cache, 5, 1.0).unwrap();
         assert_eq!(k.dims(), &[1, 2, 5, 4]);
         assert_eq!(cache.capacity(), 256);
@@ -424,7 +443,7 @@ mod tests {
             n_kv_heads: 2,
             head_dim: 4,
         };
-        let mut cache = KvCache::new(2, shape, 100, DType::F32, &Device::Cpu);
+        let mut cache = KvCache::new(2, shape, 100, KvFormat::Dense(DType::F32), &Device::Cpu);
         step(&mut cache, 3, 1.0).unwrap();
         let mut fork = cache.fork().unwrap();
         assert_eq!((fork.len(), fork.capacity()), (3, cache.capacity()));
@@ -450,7 +469,7 @@ mod tests {
             n_kv_heads: 2,
             head_dim: 4,
         };
-        let mut source = KvCache::new(2, shape, 600, DType::F32, &Device::Cpu);
+        let mut source = KvCache::new(2, shape, 600, KvFormat::Dense(DType::F32), &Device::Cpu);
         step(&mut source, 3, 1.0).unwrap();
         step(&mut source, 2, 2.0).unwrap();
         step(&mut source, 1, 3.0).unwrap();
@@ -462,7 +481,7 @@ mod tests {
         // The copies are their own: writing the source later does not change them.
         source.truncate(0);
         step(&mut source, 6, 9.0).unwrap();
-        let mut cache = KvCache::new(2, shape, 600, DType::F32, &Device::Cpu);
+        let mut cache = KvCache::new(2, shape, 600, KvFormat::Dense(DType::F32), &Device::Cpu);
         cache.extend_from_spans(&[&first, &second]).unwrap();
         assert_eq!(cache.len(), 5);
         let (k, v) = step(&mut cache, 1, 4.0).unwrap();
@@ -476,7 +495,7 @@ mod tests {
         let per_position: Vec<f32> = keys.chunks(4).map(|c| c[0]).collect();
         assert_eq!(per_position, [1.0, 1.0, 1.0, 2.0, 2.0, 4.0]);
         assert_eq!(v.dims(), &[1, 2, 6, 4]);
-        let mut small = KvCache::new(2, shape, 4, DType::F32, &Device::Cpu);
+        let mut small = KvCache::new(2, shape, 4, KvFormat::Dense(DType::F32), &Device::Cpu);
         assert!(small.extend_from_spans(&[&first, &second]).is_err());
         assert_eq!(small.len(), 0, "nothing committed");
     }
@@ -500,7 +519,7 @@ mod tests {
                 n_kv_heads,
                 head_dim: 4,
             };
-            let mut cache = KvCache::new(3, shape, 4096, DType::F32, &Device::Cpu);
+            let mut cache = KvCache::new(3, shape, 4096, KvFormat::Dense(DType::F32), &Device::Cpu);
             let t = Tensor::ones((1, n_kv_heads, 600, 4), DType::F32, &Device::Cpu).unwrap();
             for i in 0..3 {
                 cache.layer_mut(i).unwrap().write(0, &t, &t).unwrap();
@@ -523,12 +542,12 @@ mod tests {
             n_kv_heads: 2,
             head_dim: 4,
         };
-        let probe = KvCache::new(1, shape, 3000, DType::F32, &Device::Cpu);
+        let probe = KvCache::new(1, shape, 3000, KvFormat::Dense(DType::F32), &Device::Cpu);
         assert_eq!(probe.capacity_bound(1), 256);
         assert_eq!(probe.capacity_bound(1256), 2048);
         assert_eq!(probe.capacity_bound(2900), 3000, "capped at the limit");
         for (len, steps) in [(1256, 1), (1256, 7), (1000, 300), (513, 512), (2900, 97)] {
-            let mut cache = KvCache::new(1, shape, 3000, DType::F32, &Device::Cpu);
+            let mut cache = KvCache::new(1, shape, 3000, KvFormat::Dense(DType::F32), &Device::Cpu);
             // A first chunk, then steps of `steps` tokens.
             let mut fed = 0;
             while fed < len {
@@ -551,15 +570,22 @@ mod tests {
     fn the_kv_dtype_defaults_to_half_precision_and_a_set_one_is_kept() {
         use DtypeChoice::*;
         // auto: f16 for f32 (GGUF, on the CPU as on CUDA) and f16 activations, bf16 for bf16.
-        assert_eq!(kv_dtype_for(Auto, DType::F32), DType::F16);
-        assert_eq!(kv_dtype_for(Auto, DType::F16), DType::F16);
-        assert_eq!(kv_dtype_for(Auto, DType::BF16), DType::BF16);
-        let q8 = Quantize(ferry_config::QuantType::Q8_0);
-        assert_eq!(kv_dtype_for(q8, DType::F32), DType::F16);
+        let dense = KvFormat::Dense;
+        assert_eq!(kv_dtype_for(Auto, DType::F32), dense(DType::F16));
+        assert_eq!(kv_dtype_for(Auto, DType::F16), dense(DType::F16));
+        assert_eq!(kv_dtype_for(Auto, DType::BF16), dense(DType::BF16));
+        // llama.cpp's two cache block types; another weight type says nothing of the cache.
+        let q = |t| Quantize(t);
+        assert_eq!(kv_dtype_for(q(QuantType::Q8_0), DType::F32), KvFormat::Q8_0);
+        assert_eq!(kv_dtype_for(q(QuantType::Q4_0), DType::F32), KvFormat::Q4_0);
+        assert_eq!(
+            kv_dtype_for(q(QuantType::Q6_K), DType::F32),
+            dense(DType::F16)
+        );
         for compute in [DType::F32, DType::F16, DType::BF16] {
-            assert_eq!(kv_dtype_for(F32, compute), DType::F32);
-            assert_eq!(kv_dtype_for(F16, compute), DType::F16);
-            assert_eq!(kv_dtype_for(BF16, compute), DType::BF16);
+            assert_eq!(kv_dtype_for(F32, compute), dense(DType::F32));
+            assert_eq!(kv_dtype_for(F16, compute), dense(DType::F16));
+            assert_eq!(kv_dtype_for(BF16, compute), dense(DType::BF16));
         }
     }
 
@@ -569,8 +595,8 @@ mod tests {
             n_kv_heads: 2,
             head_dim: 4,
         };
-        let mut wide = KvCache::new(1, shape, 64, DType::F32, &Device::Cpu);
-        let mut half = KvCache::new(1, shape, 64, DType::F16, &Device::Cpu);
+        let mut wide = KvCache::new(1, shape, 64, KvFormat::Dense(DType::F32), &Device::Cpu);
+        let mut half = KvCache::new(1, shape, 64, KvFormat::Dense(DType::F16), &Device::Cpu);
         step(&mut wide, 3, 1.5).unwrap();
         let (k, v) = step(&mut half, 3, 1.5).unwrap();
         assert_eq!((k.dtype(), v.dtype()), (DType::F16, DType::F16));
@@ -586,12 +612,50 @@ mod tests {
     }
 
     #[test]
+    fn a_block_cache_stores_llama_cpp_blocks_and_reads_back_close_values() {
+        let shape = KvShape {
+            n_kv_heads: 2,
+            head_dim: 64,
+        };
+        let f16 = KvCache::new(1, shape, 64, KvFormat::Dense(DType::F16), &Device::Cpu);
+        for (format, ratio) in [
+            (KvFormat::Q8_0, 68.0 / 128.0),
+            (KvFormat::Q4_0, 36.0 / 128.0),
+        ] {
+            let mut cache = KvCache::new(1, shape, 64, format, &Device::Cpu);
+            let data: Vec<f32> = (0..2 * 3 * 64).map(|i| (i % 13) as f32 - 6.0).collect();
+            let t = Tensor::from_vec(data.clone(), (1, 2, 3, 64), &Device::Cpu).unwrap();
+            let (k, _) = cache.layer_mut(0).unwrap().write(0, &t, &t).unwrap();
+            cache.commit(3).unwrap();
+            assert_eq!(k.dims(), &[1, 2, 3, format.row_bytes(64)]);
+            assert_eq!(k.dtype(), DType::U8);
+            let bytes = |c: &KvCache| c.stored_bytes() as f64;
+            let mut dense = f16.clone();
+            dense.len = 3;
+            assert_eq!(bytes(&cache) / bytes(&dense), ratio, "{format:?}");
+            let back = format.decode(&k, 64).unwrap();
+            let back = back.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let worst = data
+                .iter()
+                .zip(&back)
+                .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(worst <= 6.0 / 7.0, "{format:?}: {worst}");
+            // A span of a block cache starts another one, as a dense span does.
+            let span = cache.copy_span(1, 2).unwrap();
+            assert_eq!(span.allocated_bytes(), 2 * 2 * 2 * format.row_bytes(64));
+            let mut other = KvCache::new(1, shape, 64, format, &Device::Cpu);
+            other.extend_from_spans(&[&span]).unwrap();
+            assert_eq!(other.len(), 2);
+        }
+    }
+
+    #[test]
     fn refuses_to_pass_the_limit_and_stays_consistent() {
         let shape = KvShape {
             n_kv_heads: 2,
             head_dim: 4,
         };
-        let mut cache = KvCache::new(2, shape, 10, DType::F32, &Device::Cpu);
+        let mut cache = KvCache::new(2, shape, 10, KvFormat::Dense(DType::F32), &Device::Cpu);
         step(&mut cache, 8, 1.0).unwrap();
         assert_eq!(cache.capacity(), 10, "capacity is capped at the limit");
         let err = step(&mut cache, 3, 1.0).unwrap_err();

@@ -51,6 +51,7 @@ mod hub;
 mod hub_gguf;
 mod kv_buffer;
 pub mod kv_cache;
+pub mod kv_format;
 mod llama;
 pub mod loader;
 mod moe;

@@ -35,6 +35,7 @@ use super::experts_plan::{self, ExpertInput, ExpertPlan};
 use super::layout::{LayerLayout, SlotKind, SlotLayout};
 use super::units::format_bytes;
 use ferry_config::{MemoryBudget, OffloadMode};
+use ferry_model::kv_format::KvFormat;
 
 /// Default device reserve on CUDA: the CUDA context, cuBLAS workspace and allocator slack that the
 /// budget must leave untouched (256 MiB).
@@ -158,7 +159,7 @@ pub struct PlanInput {
     /// [`super::sizing::kv_bytes_per_token_per_layer`]), in [`PlanInput::kv_dtype`].
     pub kv_bytes_per_token_per_layer: u64,
     /// The KV cache's dtype (what `kv_bytes_per_token_per_layer` was computed with).
-    pub kv_dtype: DType,
+    pub kv_dtype: KvFormat,
     /// Where `max_context`, `max_batch` and `kv_dtype` came from (set by [`super::fit`]).
     pub origins: CacheOrigins,
     /// Layers in flight ahead of compute; the ring has `prefetch + 1` slots.
@@ -194,7 +195,7 @@ impl PlanInput {
             max_batch: 1,
             max_context: 0,
             kv_bytes_per_token_per_layer: 0,
-            kv_dtype: DType::F32,
+            kv_dtype: KvFormat::Dense(DType::F32),
             origins: CacheOrigins::default(),
             prefetch: 2,
             workspace_bytes: 0,
@@ -250,7 +251,7 @@ pub struct Plan {
     /// Sequences the KV cache is sized for.
     pub max_batch: usize,
     /// The KV cache's dtype.
-    pub kv_dtype: DType,
+    pub kv_dtype: KvFormat,
     /// Where `max_context`, `max_batch` and `kv_dtype` came from.
     pub origins: CacheOrigins,
     /// Activation workspace on the device.

@@ -405,7 +405,7 @@ mod tests {
         let mut input = PlanInput::new(OffloadMode::None, vec![MIB], 0, 100 * MIB);
         input.max_context = 4096;
         input.max_batch = 8;
-        input.kv_dtype = candle_core::DType::F16;
+        input.kv_dtype = ferry_model::kv_format::KvFormat::Dense(candle_core::DType::F16);
         input.origins = CacheOrigins {
             max_context: Origin::Fitted,
             max_batch: Origin::Default,

@@ -10,6 +10,7 @@
 
 use super::layout::{held_bytes, LayerLayout, SlotKind};
 use ferry_model::checkpoint::Checkpoint;
+use ferry_model::kv_format::KvFormat;
 use ferry_model::loader::{Holding, Role};
 use ferry_model::tensors::TensorRecord;
 
@@ -76,12 +77,11 @@ impl ModelSizes {
     }
 }
 
-/// KV-cache bytes one token takes in one layer: keys and values, `2 * n_kv_heads * head_dim *
-/// dtype_bytes`.
-pub fn kv_bytes_per_token_per_layer(n_kv_heads: usize, head_dim: usize, dtype_bytes: u64) -> u64 {
-    (2 * n_kv_heads as u64)
-        .saturating_mul(head_dim as u64)
-        .saturating_mul(dtype_bytes)
+/// KV-cache bytes one token takes in one layer: keys and values, `2 * n_kv_heads` rows of
+/// `head_dim` values in `format` ([`KvFormat::row_bytes`]: `head_dim * dtype bytes` dense,
+/// 34 or 18 bytes per 32 values in q8_0 / q4_0 blocks).
+pub fn kv_bytes_per_token_per_layer(n_kv_heads: usize, head_dim: usize, format: KvFormat) -> u64 {
+    (2 * n_kv_heads as u64).saturating_mul(format.row_bytes(head_dim) as u64)
 }
 
 /// What the activation workspace estimate depends on.
@@ -97,28 +97,31 @@ pub struct WorkspaceInput {
     pub max_batch: usize,
     /// Prompt tokens prefilled in one step.
     pub prefill_chunk: usize,
-    /// Longest sequence (keys one query attends to).
-    pub max_context: usize,
+    /// Keys a query is scored against at once: the device's attention block for the longest
+    /// sequence ([`ferry_model::decoder::attention::score_block`]), never the whole context.
+    pub score_block: usize,
 }
 
 /// Activation workspace estimate in bytes, with f32 activations (4 bytes) and one step at a time
 /// (either a prefill chunk or a decode batch, so `tokens = max(max_batch, prefill_chunk)`):
 ///
 /// ```text
-/// activations = tokens * hidden_size * 16 * 4          residual, norm, q/k/v, attention output
-///                                                      and the MLP's gate/up/activation (~8x hidden)
-/// scores      = 2 * n_heads * tokens * max_context * 4 attention scores and their softmax
-/// logits      = 2 * max_batch * vocab_size * 4         last-position logits and sampling copy
+/// activations = tokens * hidden_size * 16 * 4           residual, norm, q/k/v, attention output
+///                                                       and the MLP's gate/up/activation (~8x hidden)
+/// scores      = 3 * n_heads * tokens * score_block * 4  one block's scores, masked, and weights
+/// logits      = 2 * max_batch * vocab_size * 4          last-position logits and sampling copy
 /// workspace   = activations + scores + logits
 /// ```
 ///
-/// It is deliberately generous (no fused attention assumed): an underestimate would be a device
-/// out-of-memory error at run time, an overestimate only a layer more on the host.
+/// The attention scores a query against one block of keys at a time (a tile on the CPU, up to
+/// 2048 keys on CUDA), so the workspace does not grow with the context. It is deliberately
+/// generous otherwise: an underestimate would be a device out-of-memory error at run time, an
+/// overestimate only a layer more on the host.
 pub fn workspace_bytes(input: &WorkspaceInput) -> u64 {
     let product = |factors: &[u64]| factors.iter().fold(1u64, |p, &f| p.saturating_mul(f));
     let tokens = input.max_batch.max(input.prefill_chunk) as u64;
     let activations = product(&[tokens, input.hidden_size as u64, 16, 4]);
-    let scores = product(&[2, input.n_heads as u64, tokens, input.max_context as u64, 4]);
+    let scores = product(&[3, input.n_heads as u64, tokens, input.score_block as u64, 4]);
     let logits = product(&[2, input.max_batch as u64, input.vocab_size as u64, 4]);
     activations.saturating_add(scores).saturating_add(logits)
 }

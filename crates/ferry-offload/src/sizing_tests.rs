@@ -265,9 +265,20 @@ fn rejects_malformed_safetensors_headers() {
 #[test]
 fn kv_and_workspace_formulas() {
     // SmolLM2-135M: 3 KV heads of 64 dims in f16 = 768 bytes per token per layer.
-    assert_eq!(kv_bytes_per_token_per_layer(3, 64, 2), 768);
+    let f16 = KvFormat::Dense(candle_core::DType::F16);
+    assert_eq!(kv_bytes_per_token_per_layer(3, 64, f16), 768);
     // Llama-3-8B: 8 KV heads of 128 in bf16 = 4 KiB.
-    assert_eq!(kv_bytes_per_token_per_layer(8, 128, 2), 4096);
+    let bf16 = KvFormat::Dense(candle_core::DType::BF16);
+    assert_eq!(kv_bytes_per_token_per_layer(8, 128, bf16), 4096);
+    // llama.cpp's blocks: 34 bytes (q8_0) and 18 bytes (q4_0) per 32 values.
+    assert_eq!(
+        kv_bytes_per_token_per_layer(8, 128, KvFormat::Q8_0),
+        2 * 8 * 136
+    );
+    assert_eq!(
+        kv_bytes_per_token_per_layer(8, 128, KvFormat::Q4_0),
+        2 * 8 * 72
+    );
 
     let input = WorkspaceInput {
         hidden_size: 576,
@@ -275,10 +286,10 @@ fn kv_and_workspace_formulas() {
         n_heads: 9,
         max_batch: 8,
         prefill_chunk: 512,
-        max_context: 2048,
+        score_block: 2048,
     };
     let activations = 512 * 576 * 16 * 4;
-    let scores = 2 * 9 * 512 * 2048 * 4;
+    let scores = 3 * 9 * 512 * 2048 * 4;
     let logits = 2 * 8 * 49152 * 4;
     assert_eq!(workspace_bytes(&input), activations + scores + logits);
     // Decode batches larger than the prefill chunk size the activations instead.
@@ -287,6 +298,43 @@ fn kv_and_workspace_formulas() {
         ..input
     };
     assert!(workspace_bytes(&wide) > workspace_bytes(&input));
+}
+
+#[test]
+fn the_workspace_does_not_grow_with_the_context() {
+    use candle_core::Device;
+    use ferry_model::decoder::attention::score_block;
+    // A Qwen2.5-0.5B shape: 14 heads, hidden 896, 151936 tokens; one sequence, 512-token chunks.
+    let at = |device: &Device, max_context: usize| {
+        workspace_bytes(&WorkspaceInput {
+            hidden_size: 896,
+            vocab_size: 151_936,
+            n_heads: 14,
+            max_batch: 1,
+            prefill_chunk: 512,
+            score_block: score_block(device, max_context),
+        })
+    };
+    // The CPU's tiled kernel.
+    let (short, long) = (at(&Device::Cpu, 4096), at(&Device::Cpu, 32768));
+    assert!(
+        long as f64 <= short as f64 * 1.1,
+        "{short} at 4k, {long} at 32k"
+    );
+    // The block CUDA's matmul path goes by (the formula alone: no GPU needed).
+    let blocked = |max_context: usize| {
+        workspace_bytes(&WorkspaceInput {
+            hidden_size: 896,
+            vocab_size: 151_936,
+            n_heads: 14,
+            max_batch: 1,
+            prefill_chunk: 512,
+            score_block: ferry_model::decoder::attention::KEY_BLOCK.min(max_context),
+        })
+    };
+    assert_eq!(blocked(4096), blocked(32768));
+    // What the full score matrix came to at 32k (the 1.8 GiB), against now.
+    assert!(blocked(32768) < 256 << 20, "{}", blocked(32768));
 }
 
 #[test]
@@ -301,15 +349,18 @@ fn plans_the_real_model_end_to_end() {
     let mut input = PlanInput::new(OffloadMode::Auto, sizes.layers.clone(), sizes.fixed, 0);
     input.max_batch = 4;
     input.max_context = 2048;
-    input.kv_bytes_per_token_per_layer =
-        kv_bytes_per_token_per_layer(spec.n_kv_heads, spec.head_dim, 2);
+    input.kv_bytes_per_token_per_layer = kv_bytes_per_token_per_layer(
+        spec.n_kv_heads,
+        spec.head_dim,
+        KvFormat::Dense(candle_core::DType::F16),
+    );
     input.workspace_bytes = workspace_bytes(&WorkspaceInput {
         hidden_size: spec.hidden_size,
         vocab_size: spec.vocab_size,
         n_heads: spec.n_heads,
         max_batch: 4,
         prefill_chunk: 256,
-        max_context: 2048,
+        score_block: 2048,
     });
     input.link_bandwidth = Some(DEFAULT_LINK_BANDWIDTH);
     // A budget for everything but the last ten layers (and the ring of three slots).

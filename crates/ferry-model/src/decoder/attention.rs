@@ -8,6 +8,12 @@
 //! keys and values are never repeated in memory and one batched matmul per key/value head
 //! covers its whole group. Scores and softmax run in f32 whatever the compute dtype; the two
 //! matmuls in the KV cache's dtype where the device has that matmul.
+//!
+//! The matmul path scores at most [`KEY_BLOCK`] keys at once: a longer context runs block by
+//! block with an online softmax ([`blocked_attention`]) and builds each block's mask from
+//! positions, so its workspace (the scores of a step's queries against one block) does not grow
+//! with the context. [`score_block`] says how many keys each device scores at once, for the
+//! planner's workspace estimate.
 
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 
@@ -16,7 +22,23 @@ use super::flash_cpu::{self, KvData, KvHeads};
 use super::rope::Rope;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::LayerKv;
+use crate::kv_format::KvFormat;
 use crate::spec::ModelSpec;
+
+/// Most keys the matmul path scores a query against at once; longer contexts go block by block.
+pub const KEY_BLOCK: usize = 2048;
+
+/// Keys one query row is scored against at once on `device` with `kv_len` keys visible: a tile
+/// of the tiled kernel on the CPU ([`flash_cpu::TILE_K`]), at most [`KEY_BLOCK`] elsewhere. The
+/// score matrix of a step is `heads x queries x score_block`, whatever the context.
+pub fn score_block(device: &Device, kv_len: usize) -> usize {
+    let block = if device.is_cpu() {
+        flash_cpu::TILE_K
+    } else {
+        KEY_BLOCK
+    };
+    block.min(kv_len.max(1))
+}
 
 /// Head layout and scoring of one layer's attention.
 #[derive(Debug, Clone, Copy)]
@@ -72,8 +94,9 @@ pub struct Step<'a> {
 }
 
 impl<'a> Step<'a> {
-    /// The step of `seq` new tokens at `pos`; the masks are built only where the matmul path
-    /// runs (off the CPU).
+    /// The step of `seq` new tokens at `pos`; the masks are built only where the one-shot
+    /// matmul path runs (off the CPU, at most [`KEY_BLOCK`] keys: a longer context builds a mask
+    /// per block, never one of `[seq, pos + seq]`).
     pub fn new(
         seq: usize,
         pos: usize,
@@ -83,7 +106,7 @@ impl<'a> Step<'a> {
         local_window: Option<usize>,
         device: &Device,
     ) -> Result<Self> {
-        let masks = !device.is_cpu();
+        let masks = !device.is_cpu() && pos + seq <= KEY_BLOCK;
         let mask = match masks {
             true => causal_mask(seq, pos, window, device)?,
             false => None,
@@ -156,9 +179,18 @@ pub fn attend(
     let v = heads(v, dims.n_kv_heads)?;
     let q = rope.apply(&q, step.pos)?;
     let k = rope.apply(&k, step.pos)?;
+    let format = kv.format();
     let (k, v) = kv.write(step.pos, &k, &v)?;
     if q.device().is_cpu() && b == 1 {
-        return tiled_attention(&q, &k, &v, step.pos, window, dims);
+        return tiled_attention(&q, &k, &v, format, step.pos, window, dims);
+    }
+    // The matmul paths multiply dense tensors: a block-format cache is decoded for them.
+    let (k, v) = match format {
+        KvFormat::Dense(_) => (k, v),
+        _ => (format.decode(&k, head_dim)?, format.decode(&v, head_dim)?),
+    };
+    if k.dim(2)? > KEY_BLOCK {
+        return blocked_attention(&q, &k, &v, step.pos, window, dims, KEY_BLOCK);
     }
     let mask = match mask {
         Some(mask) => Some(mask.clone()),
@@ -219,13 +251,135 @@ pub fn matmul_attention(
         .reshape((b, seq, n_heads * head_dim))?)
 }
 
+/// [`matmul_attention`] over the keys in blocks of `block` with an online softmax: per block
+/// the scores of every query against its keys, their maximum folded into each row's running
+/// maximum, sum and weighted sum of values (rescaled when the maximum grows). Queries are at
+/// positions `pos..` and each block's mask is built from positions (causal, and `window`), so
+/// no tensor of `[seq, kv_len]` is ever made. Same contract as [`matmul_attention`]; equal to
+/// it up to the order of the floating-point sums.
+pub fn blocked_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    pos: usize,
+    window: Option<usize>,
+    dims: AttentionDims,
+    block: usize,
+) -> Result<Tensor> {
+    let (b, _, seq, _) = q.dims4()?;
+    let AttentionDims {
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        scale,
+        softcap,
+        ..
+    } = dims;
+    let kv_len = k.dim(2)?;
+    let compute = q.dtype();
+    let dtype = if q.device().is_cpu() && k.dtype() == DType::BF16 {
+        compute
+    } else {
+        k.dtype()
+    };
+    let group = n_heads / n_kv_heads;
+    let rows = group * seq;
+    let q = q
+        .to_dtype(dtype)?
+        .reshape((b, n_kv_heads, rows, head_dim))?;
+    // Rows whose keys so far are all masked keep this floor as their maximum, so that
+    // `-inf - max` stays `-inf` (a weight of 0) instead of NaN.
+    const FLOOR: f64 = -1e30;
+    let mut max: Option<Tensor> = None;
+    let mut sum: Option<Tensor> = None;
+    let mut acc: Option<Tensor> = None;
+    let mut start = 0;
+    while start < kv_len {
+        let n = block.max(1).min(kv_len - start);
+        let kb = k.narrow(2, start, n)?.to_dtype(dtype)?;
+        let vb = v.narrow(2, start, n)?.to_dtype(dtype)?;
+        let scores = (q.matmul(&kb.t()?)?.to_dtype(DType::F32)? * scale)?;
+        let scores = match softcap {
+            None => scores,
+            Some(cap) => ((scores / cap as f64)?.tanh()? * cap as f64)?,
+        };
+        let scores = match block_mask(seq, pos, start, n, window, q.device())? {
+            None => scores,
+            Some(mask) => scores
+                .reshape((b, n_kv_heads, group, seq, n))?
+                .broadcast_add(&mask)?
+                .reshape((b, n_kv_heads, rows, n))?,
+        };
+        let block_max = scores.max_keepdim(candle_core::D::Minus1)?;
+        let new_max = match &max {
+            None => block_max.maximum(FLOOR)?,
+            Some(old) => old.maximum(&block_max)?,
+        };
+        let weights = scores.broadcast_sub(&new_max)?.exp()?;
+        let block_sum = weights.sum_keepdim(candle_core::D::Minus1)?;
+        let values = weights.to_dtype(dtype)?.matmul(&vb)?.to_dtype(DType::F32)?;
+        (sum, acc) = match (&max, sum, acc) {
+            (Some(old), Some(sum), Some(acc)) => {
+                let correction = (old - &new_max)?.exp()?;
+                (
+                    Some(((sum * &correction)? + block_sum)?),
+                    Some((acc.broadcast_mul(&correction)? + values)?),
+                )
+            }
+            _ => (Some(block_sum), Some(values)),
+        };
+        max = Some(new_max);
+        start += n;
+    }
+    let (Some(sum), Some(acc)) = (sum, acc) else {
+        return Err(candle_core::Error::Msg("attention over no keys".into()).into());
+    };
+    let y = acc.broadcast_div(&sum)?.to_dtype(compute)?;
+    Ok(y.reshape((b, n_heads, seq, head_dim))?
+        .transpose(1, 2)?
+        .reshape((b, seq, n_heads * head_dim))?)
+}
+
+/// The additive mask of keys `start..start + n` for `seq` queries at positions `pos..`
+/// (causal, and only the last `window` positions when set); `None` when every query sees
+/// every key of the block.
+fn block_mask(
+    seq: usize,
+    pos: usize,
+    start: usize,
+    n: usize,
+    window: Option<usize>,
+    device: &Device,
+) -> Result<Option<Tensor>> {
+    let window = window.unwrap_or(usize::MAX);
+    let last_key = start + n - 1;
+    let last_query = pos + seq - 1;
+    if last_key <= pos && last_query - start < window {
+        return Ok(None);
+    }
+    let mut data = Vec::with_capacity(seq * n);
+    for i in 0..seq {
+        let p = pos + i;
+        data.extend((start..start + n).map(|j| {
+            if j <= p && p - j < window {
+                0.0f32
+            } else {
+                f32::NEG_INFINITY
+            }
+        }));
+    }
+    Ok(Some(Tensor::from_vec(data, (seq, n), device)?))
+}
+
 /// The attention core on the CPU in tiles ([`flash_cpu::attend`]), same contract as
 /// [`matmul_attention`] for a batch of one, with the causal mask and `window` applied by
-/// position (the query rows are positions `pos..`). Keys and values are read in place.
+/// position (the query rows are positions `pos..`). Keys and values are read in place, as the
+/// cache stores them in `format`.
 pub fn tiled_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    format: KvFormat,
     pos: usize,
     window: Option<usize>,
     dims: AttentionDims,
@@ -253,8 +407,8 @@ pub fn tiled_attention(
         softcap: dims.softcap,
         window,
     };
-    let k_heads = kv_heads(cpu_storage(&k_store)?, k_layout)?;
-    let v_heads = kv_heads(cpu_storage(&v_store)?, v_layout)?;
+    let k_heads = kv_heads(cpu_storage(&k_store)?, k_layout, format, head_dim)?;
+    let v_heads = kv_heads(cpu_storage(&v_store)?, v_layout, format, head_dim)?;
     let mut out = vec![0f32; q_len];
     flash_cpu::attend(q_rows, k_heads, v_heads, &shape, &mut out)?;
     let y = Tensor::from_vec(out, (1, n_heads, seq, head_dim), &Device::Cpu)?;
@@ -284,18 +438,40 @@ fn cpu_storage(storage: &Storage) -> Result<&CpuStorage> {
     }
 }
 
-/// The key/value heads of a `[1, heads, len, dim]` view whose rows are contiguous.
-fn kv_heads<'a>(storage: &'a CpuStorage, layout: &candle_core::Layout) -> Result<KvHeads<'a>> {
+/// The key/value heads of a `[1, heads, len, row_len]` view whose rows are contiguous, stored
+/// in `format` (a block format's head stride, in bytes, becomes one in values).
+fn kv_heads<'a>(
+    storage: &'a CpuStorage,
+    layout: &candle_core::Layout,
+    format: KvFormat,
+    head_dim: usize,
+) -> Result<KvHeads<'a>> {
     let start = layout.start_offset();
     let head_stride = layout.stride()[1];
-    let data = match storage {
-        CpuStorage::F32(s) => KvData::F32(&s[start.min(s.len())..]),
-        CpuStorage::F16(s) => KvData::F16(&s[start.min(s.len())..]),
-        CpuStorage::BF16(s) => KvData::BF16(&s[start.min(s.len())..]),
+    let (data, head_stride) = match (storage, format) {
+        (CpuStorage::F32(s), KvFormat::Dense(_)) => {
+            (KvData::F32(&s[start.min(s.len())..]), head_stride)
+        }
+        (CpuStorage::F16(s), KvFormat::Dense(_)) => {
+            (KvData::F16(&s[start.min(s.len())..]), head_stride)
+        }
+        (CpuStorage::BF16(s), KvFormat::Dense(_)) => {
+            (KvData::BF16(&s[start.min(s.len())..]), head_stride)
+        }
+        (CpuStorage::U8(s), KvFormat::Q8_0 | KvFormat::Q4_0) => {
+            let row = format.row_bytes(head_dim);
+            let bytes = &s[start.min(s.len())..];
+            let data = match format {
+                KvFormat::Q8_0 => KvData::Q8_0(bytes),
+                _ => KvData::Q4_0(bytes),
+            };
+            (data, head_stride / row * head_dim)
+        }
         _ => {
-            return Err(ModelError::Unsupported(
-                "tiled CPU attention of a key/value cache that is not f32, f16 or bf16".into(),
-            ))
+            return Err(ModelError::Unsupported(format!(
+                "tiled CPU attention of a {} key/value cache held in other storage",
+                format.as_str()
+            )))
         }
     };
     Ok(KvHeads { data, head_stride })
@@ -353,6 +529,69 @@ mod tests {
             ]
         );
         assert!(causal_mask(1, 9, None, &Device::Cpu).unwrap().is_none());
+    }
+
+    /// Random `[1, heads, len, dim]` values from a fixed seed.
+    fn random(heads: usize, len: usize, dim: usize, seed: u64) -> Tensor {
+        let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let data: Vec<f32> = (0..heads * len * dim)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect();
+        Tensor::from_vec(data, (1, heads, len, dim), &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn key_blocks_give_the_one_shot_attention() {
+        // (queries, position of the first, window, soft-cap, key block): prefill from 0, a chunk
+        // after cached keys, decode, a window that masks whole blocks, a block of one key.
+        let cases = [
+            (7, 0, None, None, 3),
+            (5, 11, None, None, 4),
+            (1, 20, None, Some(5.0), 6),
+            (6, 14, Some(4), None, 3),
+            (1, 30, Some(7), None, 5),
+            (4, 3, Some(2), Some(2.0), 1),
+        ];
+        for (seq, pos, window, softcap, block) in cases {
+            let dims = AttentionDims {
+                n_heads: 4,
+                n_kv_heads: 2,
+                head_dim: 8,
+                scale: 0.35,
+                softcap,
+                sliding: window.is_some(),
+            };
+            let kv_len = pos + seq;
+            let q = random(4, seq, 8, 1 + pos as u64);
+            let k = random(2, kv_len, 8, 2 + seq as u64);
+            let v = random(2, kv_len, 8, 3);
+            let mask = causal_mask(seq, pos, window, &Device::Cpu).unwrap();
+            let one_shot = matmul_attention(&q, &k, &v, mask.as_ref(), dims).unwrap();
+            let blocked = blocked_attention(&q, &k, &v, pos, window, dims, block).unwrap();
+            assert_eq!(blocked.dims(), one_shot.dims());
+            let diff: f32 = (blocked - &one_shot)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar()
+                .unwrap();
+            let case = (seq, pos, window, softcap, block);
+            assert!(diff < 1e-5, "{case:?}: largest difference {diff}");
+        }
+    }
+
+    #[test]
+    fn the_score_block_does_not_grow_with_the_context() {
+        assert_eq!(score_block(&Device::Cpu, 4096), flash_cpu::TILE_K);
+        assert_eq!(score_block(&Device::Cpu, 32768), flash_cpu::TILE_K);
+        assert_eq!(score_block(&Device::Cpu, 10), 10);
     }
 
     #[test]

@@ -30,6 +30,7 @@ use self::block::{rms_norm_plus, BatchRows};
 use self::rope::Rope;
 use super::error::{ModelError, Result};
 use super::kv_cache::{KvCache, KvShape};
+use super::kv_format::KvFormat;
 use super::spec::ModelSpec;
 use super::weights::FixedWeights;
 
@@ -66,7 +67,7 @@ pub struct Model {
     local_rope: Option<Rope>,
     device: Device,
     dtype: DType,
-    kv_dtype: DType,
+    kv_dtype: KvFormat,
 }
 
 impl Model {
@@ -90,7 +91,7 @@ impl Model {
             rope,
             device: parts.device,
             dtype: parts.dtype,
-            kv_dtype: parts.dtype,
+            kv_dtype: KvFormat::Dense(parts.dtype),
         })
     }
 
@@ -114,14 +115,15 @@ impl Model {
         self.dtype
     }
 
-    /// The dtype new key/value caches hold (the activation dtype unless set).
-    pub fn kv_dtype(&self) -> DType {
+    /// The format new key/value caches hold (the activation dtype unless set).
+    pub fn kv_dtype(&self) -> KvFormat {
         self.kv_dtype
     }
 
-    /// Makes new key/value caches hold `dtype` (see [`super::kv_cache::kv_dtype_for`]).
-    pub fn set_kv_dtype(&mut self, dtype: DType) {
-        self.kv_dtype = dtype;
+    /// Makes new key/value caches hold `format` (see [`super::kv_cache::kv_dtype_for`]; a
+    /// block format was checked against the heads and the device by [`KvFormat::check`]).
+    pub fn set_kv_dtype(&mut self, format: KvFormat) {
+        self.kv_dtype = format;
     }
 
     /// An empty key/value cache that can hold the model's whole context.

@@ -31,6 +31,7 @@ unsafe fn widen<S: Lanes>(data: &KvData<'_>, at: usize, dst: &mut [f32]) {
         KvData::F32(x) => dst.copy_from_slice(&x[at..at + n]),
         KvData::F16(x) => S::widen(&x[at..at + n], dst),
         KvData::BF16(x) => S::widen(&x[at..at + n], dst),
+        KvData::Q8_0(_) | KvData::Q4_0(_) => data.read(at, dst),
     }
 }
 

@@ -118,10 +118,48 @@ fn range<K: Kernel>(k: &KvHeads<'_>, v: &KvHeads<'_>, s: &Shape, task: Task<'_>)
     let keys_at = task.kv_head * k.head_stride;
     let values_at = task.kv_head * v.head_stride;
     let rows = |at: usize| at + r.start * d..at + r.end * d;
+    if k.data.is_blocks() || v.data.is_blocks() {
+        return range_decoded::<K>(k, v, keys_at, values_at, s, task);
+    }
     match k.data {
         KvData::F32(x) => with_values::<K, f32>(&x[rows(keys_at)], v, rows(values_at), s, task),
         KvData::F16(x) => with_values::<K, f16>(&x[rows(keys_at)], v, rows(values_at), s, task),
         KvData::BF16(x) => with_values::<K, bf16>(&x[rows(keys_at)], v, rows(values_at), s, task),
+        KvData::Q8_0(_) | KvData::Q4_0(_) => unreachable!("block caches are decoded above"),
+    }
+}
+
+/// The task on a block-format cache: each tile's key and value rows decoded into two buffers of
+/// [`TILE`] rows (never more of the cache at once), then the same tile step as the dense path.
+#[inline(always)]
+fn range_decoded<K: Kernel>(
+    k: &KvHeads<'_>,
+    v: &KvHeads<'_>,
+    keys_at: usize,
+    values_at: usize,
+    s: &Shape,
+    task: Task<'_>,
+) {
+    let d = s.head_dim;
+    let group = task.q.len() / d;
+    let part = task.part;
+    start(part, d);
+    let mut scores = vec![0f32; group * TILE];
+    let (mut k_tile, mut v_tile) = (vec![0f32; TILE * d], vec![0f32; TILE * d]);
+    let mut t0 = task.keys.start;
+    while t0 < task.keys.end {
+        let n = (task.keys.end - t0).min(TILE);
+        k.data.read(keys_at + t0 * d, &mut k_tile[..n * d]);
+        v.data.read(values_at + t0 * d, &mut v_tile[..n * d]);
+        tile_step::<K, f32, f32>(
+            task.q,
+            &k_tile[..n * d],
+            &v_tile[..n * d],
+            s,
+            part,
+            &mut scores,
+        );
+        t0 += n;
     }
 }
 
@@ -137,6 +175,7 @@ fn with_values<K: Kernel, TK: Elem>(
         KvData::F32(x) => range_typed::<K, TK, f32>(keys, &x[at], s, task),
         KvData::F16(x) => range_typed::<K, TK, f16>(keys, &x[at], s, task),
         KvData::BF16(x) => range_typed::<K, TK, bf16>(keys, &x[at], s, task),
+        KvData::Q8_0(_) | KvData::Q4_0(_) => unreachable!("block caches take range_decoded"),
     }
 }
 
@@ -149,37 +188,60 @@ fn range_typed<K: Kernel, TK: Elem, TV: Elem>(
     task: Task<'_>,
 ) {
     let d = s.head_dim;
-    let width = d + 2;
     let group = task.q.len() / d;
     let part = task.part;
-    for state in part.chunks_exact_mut(width) {
-        state[..d].fill(0.0);
-        state[d] = f32::NEG_INFINITY;
-        state[d + 1] = 0.0;
-    }
+    start(part, d);
     let mut scores = vec![0f32; group * TILE];
     let n_keys = keys.len() / d;
     let mut t0 = 0;
     while t0 < n_keys {
         let n = (n_keys - t0).min(TILE);
         let (k_tile, v_tile) = (&keys[t0 * d..(t0 + n) * d], &values[t0 * d..(t0 + n) * d]);
-        // SAFETY: `range`'s callers run a kernel only on a CPU with its features.
-        unsafe { K::dots(task.q, group, k_tile, d, &mut scores, TILE) };
-        for (g, state) in part.chunks_exact_mut(width).enumerate() {
-            let (acc, running) = state.split_at_mut(d);
-            let (max, sum) = running.split_at_mut(1);
-            let row = &mut scores[g * TILE..g * TILE + n];
-            let correction = online_softmax(s, row, &mut max[0], &mut sum[0]);
-            if correction != 1.0 {
-                for o in acc.iter_mut() {
-                    *o *= correction;
-                }
-            }
-        }
-        // SAFETY: as above.
-        unsafe { K::weighted(&scores, TILE, group, v_tile, d, part, width) };
+        tile_step::<K, TK, TV>(task.q, k_tile, v_tile, s, part, &mut scores);
         t0 += n;
     }
+}
+
+/// Clears a task's running state: per query head, weighted sum 0, maximum -inf, sum 0.
+#[inline(always)]
+fn start(part: &mut [f32], d: usize) {
+    for state in part.chunks_exact_mut(d + 2) {
+        state[..d].fill(0.0);
+        state[d] = f32::NEG_INFINITY;
+        state[d + 1] = 0.0;
+    }
+}
+
+/// Folds one tile of key and value rows (`[n, head_dim]` each, `n <= TILE`) into the group's
+/// running state `part`, with `scores` (`group * TILE`) as scratch.
+#[inline(always)]
+fn tile_step<K: Kernel, TK: Elem, TV: Elem>(
+    q: &[f32],
+    k_tile: &[TK],
+    v_tile: &[TV],
+    s: &Shape,
+    part: &mut [f32],
+    scores: &mut [f32],
+) {
+    let d = s.head_dim;
+    let width = d + 2;
+    let group = q.len() / d;
+    let n = k_tile.len() / d;
+    // SAFETY: `range`'s callers run a kernel only on a CPU with its features.
+    unsafe { K::dots(q, group, k_tile, d, scores, TILE) };
+    for (g, state) in part.chunks_exact_mut(width).enumerate() {
+        let (acc, running) = state.split_at_mut(d);
+        let (max, sum) = running.split_at_mut(1);
+        let row = &mut scores[g * TILE..g * TILE + n];
+        let correction = online_softmax(s, row, &mut max[0], &mut sum[0]);
+        if correction != 1.0 {
+            for o in acc.iter_mut() {
+                *o *= correction;
+            }
+        }
+    }
+    // SAFETY: as above.
+    unsafe { K::weighted(scores, TILE, group, v_tile, d, part, width) };
 }
 
 /// Writes each query head's output from its ranges' partial results (`partial`: per key/value

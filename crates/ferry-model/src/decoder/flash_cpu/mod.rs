@@ -3,8 +3,9 @@
 //! values, rescaled when the maximum grows) over keys and values read in place from the cache.
 //!
 //! The API is plain slices: queries and the output are f32 `[heads, seq, head_dim]`; keys and
-//! values are read in place from the cache in its dtype (f32, f16 or bf16, widened to f32 as
-//! they are used) as `[kv_heads, .., head_dim]` rows. Query head `h` reads key/value head
+//! values are read in place from the cache in its format (f32, f16 or bf16, widened to f32 as
+//! they are used; or q8_0 / q4_0 blocks, decoded a tile at a time into a small buffer) as
+//! `[kv_heads, .., head_dim]` rows. Query head `h` reads key/value head
 //! `h / (heads / kv_heads)` (grouped-query attention). Query row `i` is at position
 //! `pos + i` and sees keys `j <= pos + i`, and only the last `window` of them when a sliding
 //! window is set; scores are `q . k * scale`, soft-capped to `cap * tanh(s / cap)` when a cap
@@ -31,6 +32,7 @@ mod simd;
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 
 use crate::error::{ModelError, Result};
+use crate::kv_format::{decode_blocks, KvFormat, BLOCK};
 
 pub use prefill::{TILE_K, TILE_Q};
 
@@ -43,6 +45,11 @@ pub enum KvData<'a> {
     F16(&'a [f16]),
     /// bfloat16.
     BF16(&'a [bf16]),
+    /// llama.cpp's q8_0 blocks, as bytes (elements count the values they decode to; reads start
+    /// and end on whole blocks).
+    Q8_0(&'a [u8]),
+    /// llama.cpp's q4_0 blocks, as bytes (as [`KvData::Q8_0`]).
+    Q4_0(&'a [u8]),
 }
 
 impl KvData<'_> {
@@ -51,14 +58,30 @@ impl KvData<'_> {
             KvData::F32(s) => s.len(),
             KvData::F16(s) => s.len(),
             KvData::BF16(s) => s.len(),
+            KvData::Q8_0(b) => b.len() / 34 * BLOCK,
+            KvData::Q4_0(b) => b.len() / 18 * BLOCK,
         }
     }
 
-    /// Widens `dst.len()` values starting at element `at` into `dst`.
+    /// Whether the values are blocks that must be decoded before use.
+    fn is_blocks(&self) -> bool {
+        matches!(self, KvData::Q8_0(_) | KvData::Q4_0(_))
+    }
+
+    /// Widens `dst.len()` values starting at element `at` into `dst` (for blocks, `at` and
+    /// the length are whole blocks: the cache's rows are).
     #[inline(always)]
     fn read(&self, at: usize, dst: &mut [f32]) {
         let n = dst.len();
         match self {
+            KvData::Q8_0(b) => {
+                let bytes = &b[at / BLOCK * 34..(at + n) / BLOCK * 34];
+                decode_blocks(KvFormat::Q8_0, bytes, dst);
+            }
+            KvData::Q4_0(b) => {
+                let bytes = &b[at / BLOCK * 18..(at + n) / BLOCK * 18];
+                decode_blocks(KvFormat::Q4_0, bytes, dst);
+            }
             KvData::F32(s) => dst.copy_from_slice(&s[at..at + n]),
             KvData::F16(s) => s[at..at + n].convert_to_f32_slice(dst),
             // A bf16 is the top half of an f32: a shift, which vectorizes (half's slice
@@ -179,6 +202,16 @@ fn check(q: &[f32], k: &KvHeads<'_>, v: &KvHeads<'_>, s: &Shape, out: &[f32]) ->
     }
     if s.window == Some(0) {
         return bad("a sliding window of 0 positions".into());
+    }
+    if (k.data.is_blocks() || v.data.is_blocks())
+        && (!s.head_dim.is_multiple_of(BLOCK)
+            || !k.head_stride.is_multiple_of(BLOCK)
+            || !v.head_stride.is_multiple_of(BLOCK))
+    {
+        return bad(format!(
+            "a block-format cache with heads of {} values (not whole {BLOCK}-value blocks)",
+            s.head_dim
+        ));
     }
     let kv_len = s.pos + s.seq;
     for (name, t) in [("key", k), ("value", v)] {

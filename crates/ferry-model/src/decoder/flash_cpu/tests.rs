@@ -7,6 +7,7 @@ use super::Isa;
 use super::*;
 use crate::decoder::attention::{causal_mask, matmul_attention, tiled_attention, AttentionDims};
 use crate::kv_cache::{KvCache, KvShape};
+use crate::kv_format::KvFormat;
 
 /// Deterministic values in about `[-amp, amp)`.
 fn random(n: usize, seed: u64, amp: f32) -> Vec<f32> {
@@ -33,6 +34,8 @@ struct Case {
     window: Option<usize>,
     softcap: Option<f32>,
     cache: DType,
+    /// A block-format cache instead of the dense `cache` dtype.
+    blocks: Option<KvFormat>,
     /// Spread of the inputs (larger: peakier softmax).
     amp: f32,
 }
@@ -46,8 +49,16 @@ const BASE: Case = Case {
     window: None,
     softcap: None,
     cache: DType::F32,
+    blocks: None,
     amp: 1.0,
 };
+
+impl Case {
+    /// The cache's format.
+    fn format(&self) -> KvFormat {
+        self.blocks.unwrap_or(KvFormat::Dense(self.cache))
+    }
+}
 
 /// The case's dimensions for candle's attention paths.
 fn dims_of(c: &Case) -> AttentionDims {
@@ -70,7 +81,7 @@ fn max_difference(c: Case) -> f32 {
         n_kv_heads: c.kv_heads,
         head_dim: c.dim,
     };
-    let mut cache = KvCache::new(1, shape, c.pos + c.seq + 7, c.cache, &dev);
+    let mut cache = KvCache::new(1, shape, c.pos + c.seq + 7, c.format(), &dev);
     let kv = cache.layer_mut(0).unwrap();
     let tensor = |len: usize, heads: usize, seed: u64| {
         let data = random(heads * len * c.dim, seed, c.amp);
@@ -93,11 +104,11 @@ fn max_difference(c: Case) -> f32 {
         .unwrap();
     let q = tensor(c.seq, c.heads, 5);
 
-    let tiled = tiled_attention(&q, &k, &v, c.pos, c.window, dims).unwrap();
+    let tiled = tiled_attention(&q, &k, &v, c.format(), c.pos, c.window, dims).unwrap();
     // The reference reads the cache's values up to f32 first, so both see the same numbers.
     let (k32, v32) = (
-        k.to_dtype(DType::F32).unwrap(),
-        v.to_dtype(DType::F32).unwrap(),
+        c.format().decode(&k, c.dim).unwrap(),
+        c.format().decode(&v, c.dim).unwrap(),
     );
     let mask = causal_mask(c.seq, c.pos, c.window, &dev).unwrap();
     let reference = matmul_attention(&q, &k32, &v32, mask.as_ref(), dims).unwrap();
@@ -200,6 +211,48 @@ fn half_precision_caches_are_read_up_to_f32() {
 }
 
 #[test]
+fn block_caches_are_decoded_tile_by_tile() {
+    // Through a real cache (the blocks written by `LayerKv::write`) against the matmul path on
+    // the decoded values: prefill, decode and a chunk after cached positions, with a window.
+    for blocks in [KvFormat::Q8_0, KvFormat::Q4_0] {
+        for (pos, seq, window) in [(0, 17, None), (300, 1, None), (130, 33, Some(40))] {
+            assert_close(Case {
+                dim: 32,
+                blocks: Some(blocks),
+                pos,
+                seq,
+                window,
+                ..BASE
+            });
+        }
+    }
+}
+
+#[test]
+fn block_caches_match_on_every_instruction_set_and_key_range_split() {
+    for blocks in [KvFormat::Q8_0, KvFormat::Q4_0] {
+        let c = Case {
+            heads: 8,
+            kv_heads: 2,
+            dim: 64,
+            blocks: Some(blocks),
+            ..BASE
+        };
+        for (pos, seq) in [(0, 40), (9, 1), (500, 1)] {
+            assert_isas_close(Case { pos, seq, ..c }, None);
+        }
+        assert_isas_close(
+            Case {
+                pos: 299,
+                seq: 1,
+                ..c
+            },
+            Some(7),
+        );
+    }
+}
+
+#[test]
 fn the_exponential_is_close_to_the_library_one() {
     for i in 0..2000 {
         let x = -(i as f32) * 0.05;
@@ -257,10 +310,26 @@ enum Stored {
     F32(Vec<f32>),
     F16(Vec<half::f16>),
     BF16(Vec<half::bf16>),
+    Q8_0(Vec<u8>),
+    Q4_0(Vec<u8>),
 }
 
 impl Stored {
-    fn new(values: &[f32], dtype: DType) -> (Self, Vec<f32>) {
+    fn new(values: &[f32], format: KvFormat) -> (Self, Vec<f32>) {
+        let dtype = match format {
+            KvFormat::Dense(dtype) => dtype,
+            blocks => {
+                let t = Tensor::from_vec(values.to_vec(), (1, 1, 1, values.len()), &Device::Cpu);
+                let stored = blocks.encode(&t.unwrap()).unwrap();
+                let back = blocks.decode(&stored, values.len()).unwrap();
+                let back = back.flatten_all().unwrap().to_vec1().unwrap();
+                let bytes = stored.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+                return match blocks {
+                    KvFormat::Q8_0 => (Stored::Q8_0(bytes), back),
+                    _ => (Stored::Q4_0(bytes), back),
+                };
+            }
+        };
         match dtype {
             DType::F16 => {
                 let h: Vec<_> = values.iter().map(|&x| half::f16::from_f32(x)).collect();
@@ -281,6 +350,8 @@ impl Stored {
             Stored::F32(s) => KvData::F32(s),
             Stored::F16(s) => KvData::F16(s),
             Stored::BF16(s) => KvData::BF16(s),
+            Stored::Q8_0(b) => KvData::Q8_0(b),
+            Stored::Q4_0(b) => KvData::Q4_0(b),
         }
     }
 }
@@ -295,7 +366,7 @@ impl Cache {
             for h in 0..c.kv_heads {
                 all[h * stride + len * c.dim..(h + 1) * stride].fill(1e4);
             }
-            let (stored, back) = Stored::new(&all, c.cache);
+            let (stored, back) = Stored::new(&all, c.format());
             let used: Vec<f32> = (0..c.kv_heads)
                 .flat_map(|h| back[h * stride..h * stride + len * c.dim].to_vec())
                 .collect();
