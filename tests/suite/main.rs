@@ -56,3 +56,4 @@ mod tokenizer;
 mod tokenizer_llamacpp;
 mod tool_calls;
 mod weight_integrity;
+mod window_cache;

@@ -10,6 +10,15 @@
 //! Positions are committed only after every layer has written them ([`KvCache::commit`]), so a
 //! forward pass that fails half-way leaves the cache as it was.
 //!
+//! A layer that attends within a sliding window ([`KvCache::with_windows`]: Gemma 2/3's local
+//! layers, Mistral's) keeps only what its queries can still see: when its buffer is full it
+//! moves the last `window` positions (and [`ROLLBACK_SLACK`] more) to the front and forgets the
+//! older ones, so its bytes stop growing at about [`window_positions`] while the global layers
+//! grow with the context. Its reads are views of the positions it holds, from
+//! [`LayerKv::first_position`] on (attention is the same relative to any first position). The
+//! positions a window layer has forgotten cannot be copied out ([`KvCache::copy_span`] refuses
+//! them), so the prefix cache keeps such a model's prompts only while they are held.
+//!
 //! The prefix cache keeps copies of some positions ([`KvSpan`], [`KvCache::copy_span`]) and a new
 //! sequence starts from them ([`KvCache::extend_from_spans`]) instead of computing them again.
 //!
@@ -48,6 +57,17 @@ pub fn kv_dtype_for(choice: DtypeChoice, compute: DType) -> KvFormat {
 /// Smallest number of positions a layer buffer is allocated for.
 const MIN_CHUNK: usize = 256;
 
+/// Positions a sliding-window layer keeps beyond its window, so that a sequence cut back by this
+/// many positions (a rejected speculation) still has every key its next query sees.
+pub const ROLLBACK_SLACK: usize = 64;
+
+/// The most positions a layer with a sliding `window` holds when no step writes more than
+/// `max_step` positions (what the plan counts for such a layer): its window, the slack and one
+/// step, in whole chunks.
+pub fn window_positions(window: usize, max_step: usize) -> usize {
+    (window + ROLLBACK_SLACK + max_step).next_multiple_of(MIN_CHUNK)
+}
+
 /// Shape of the cached tensors, shared by every layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvShape {
@@ -81,12 +101,23 @@ impl KvCache {
             format,
             device: device.clone(),
             max_len,
+            window: None,
+            first: 0,
         };
         Self {
             layers: vec![layer; n_layers],
             len: 0,
             max_len,
         }
+    }
+
+    /// The cache with layer `i` attending within `windows[i]` positions (`None`: every
+    /// position), for an empty cache: such a layer keeps only its window ([`window_positions`]).
+    pub fn with_windows(mut self, windows: &[Option<usize>]) -> Self {
+        for (layer, window) in self.layers.iter_mut().zip(windows) {
+            layer.window = window.filter(|&w| w > 0);
+        }
+        self
     }
 
     /// Positions stored (the next token's position).
@@ -120,7 +151,7 @@ impl KvCache {
     pub fn stored_bytes(&self) -> usize {
         self.layers
             .iter()
-            .map(|layer| layer.bytes_for(self.len))
+            .map(|layer| layer.bytes_for(self.len.saturating_sub(layer.first)))
             .sum()
     }
 
@@ -203,7 +234,7 @@ impl KvCache {
         for (index, layer) in self.layers.iter_mut().enumerate() {
             let keys: Vec<&Tensor> = spans.iter().map(|s| &s.layers[index].0).collect();
             let values: Vec<&Tensor> = spans.iter().map(|s| &s.layers[index].1).collect();
-            layer.write_stored(pos, &Tensor::cat(&keys, 2)?, &Tensor::cat(&values, 2)?)?;
+            layer.append_stored(pos, &Tensor::cat(&keys, 2)?, &Tensor::cat(&values, 2)?)?;
         }
         self.commit(added)
     }
@@ -263,6 +294,10 @@ pub struct LayerKv {
     format: KvFormat,
     device: Device,
     max_len: usize,
+    /// The layer's sliding window, when it keeps only that.
+    window: Option<usize>,
+    /// The position buffer row 0 holds (0 unless a window layer forgot older positions).
+    first: usize,
 }
 
 impl LayerKv {
@@ -271,9 +306,15 @@ impl LayerKv {
         self.format
     }
 
+    /// The first position the buffers hold: row 0 of the views [`Self::write`] returns.
+    pub fn first_position(&self) -> usize {
+        self.first
+    }
+
     /// Writes `k` and `v` (`[1, n_kv_heads, seq, head_dim]`, contiguous) at positions
-    /// `pos..pos + seq` and returns views of positions `0..pos + seq`, as the buffers store
-    /// them (`[1, n_kv_heads, pos + seq, row_len]` of [`KvFormat::storage_dtype`]).
+    /// `pos..pos + seq` and returns views of positions `first..pos + seq`
+    /// ([`Self::first_position`], after the write), as the buffers store them
+    /// (`[1, n_kv_heads, pos + seq - first, row_len]` of [`KvFormat::storage_dtype`]).
     pub fn write(&mut self, pos: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         self.write_stored(pos, &self.format.encode(k)?, &self.format.encode(v)?)
     }
@@ -288,23 +329,86 @@ impl LayerKv {
                 max: self.max_len,
             });
         }
-        if end > self.capacity() {
-            self.grow(pos, end)?;
+        if let Some(window) = self.window {
+            // The first query of this write sees positions from `pos + 1 - window` on.
+            let needed_from = (pos + 1).saturating_sub(window);
+            if pos < self.first || needed_from < self.first {
+                return Err(candle_core::Error::Msg(format!(
+                    "kv cache: a sliding-window layer no longer holds position {} (it holds {}..)",
+                    needed_from.min(pos),
+                    self.first
+                ))
+                .into());
+            }
+            if end - self.first > self.capacity() {
+                self.forget_before(needed_from.saturating_sub(ROLLBACK_SLACK), pos)?;
+            }
+        }
+        let rows = end - self.first;
+        if rows > self.capacity() {
+            self.grow(pos - self.first, rows, seq)?;
         }
         let (kb, vb) = match (&self.k, &self.v) {
             (Some(kb), Some(vb)) => (kb, vb),
             _ => return Err(candle_core::Error::Msg("kv cache buffers missing".into()).into()),
         };
-        kb.slice_set(&k.contiguous()?, 2, pos)?;
-        vb.slice_set(&v.contiguous()?, 2, pos)?;
-        Ok((kb.narrow(2, 0, end)?, vb.narrow(2, 0, end)?))
+        kb.slice_set(&k.contiguous()?, 2, pos - self.first)?;
+        vb.slice_set(&v.contiguous()?, 2, pos - self.first)?;
+        Ok((kb.narrow(2, 0, rows)?, vb.narrow(2, 0, rows)?))
     }
 
-    /// A copy with its own buffers of the same capacity, holding positions `0..len`.
+    /// [`Self::write_stored`] of positions no query of this write reads (a restored prefix): a
+    /// window layer keeps only the last of them its next queries can see.
+    fn append_stored(&mut self, pos: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        let seq = k.dim(2)?;
+        let end = pos + seq;
+        let keep_from = match self.window {
+            Some(window) => end.saturating_sub(window + ROLLBACK_SLACK),
+            None => 0,
+        };
+        if keep_from <= pos {
+            self.write_stored(pos, k, v)?;
+            return Ok(());
+        }
+        // Everything held and the span's first positions are older than the next queries see.
+        let (skip, rows) = (keep_from - pos, end - keep_from);
+        self.first = keep_from;
+        if rows > self.capacity() {
+            self.grow(0, rows, rows)?;
+        }
+        let (Some(kb), Some(vb)) = (&self.k, &self.v) else {
+            return Err(candle_core::Error::Msg("kv cache buffers missing".into()).into());
+        };
+        kb.slice_set(&k.narrow(2, skip, rows)?.contiguous()?, 2, 0)?;
+        vb.slice_set(&v.narrow(2, skip, rows)?.contiguous()?, 2, 0)?;
+        Ok(())
+    }
+
+    /// Moves positions `keep_from..pos` to the front of the buffers and forgets the older ones
+    /// (nothing when none is older).
+    fn forget_before(&mut self, keep_from: usize, pos: usize) -> Result<()> {
+        if keep_from <= self.first {
+            return Ok(());
+        }
+        if let (Some(kb), Some(vb)) = (&self.k, &self.v) {
+            let (from, rows) = (keep_from - self.first, pos - keep_from);
+            if rows > 0 {
+                // Own copies first: the rows move within the same buffers.
+                let keys = kb.narrow(2, from, rows)?.force_contiguous()?;
+                let values = vb.narrow(2, from, rows)?.force_contiguous()?;
+                kb.slice_set(&keys, 2, 0)?;
+                vb.slice_set(&values, 2, 0)?;
+            }
+        }
+        self.first = keep_from;
+        Ok(())
+    }
+
+    /// A copy with its own buffers of the same capacity, holding positions `first..len`.
     fn fork(&self, len: usize) -> Result<Self> {
         let (k, v) = match (&self.k, &self.v) {
             (Some(_), Some(_)) => {
-                let (k, v) = self.copied_into(self.capacity(), len)?;
+                let (k, v) = self.copied_into(self.capacity(), len.saturating_sub(self.first))?;
                 (Some(k), Some(v))
             }
             _ => (None, None),
@@ -316,6 +420,8 @@ impl LayerKv {
             format: self.format,
             device: self.device.clone(),
             max_len: self.max_len,
+            window: self.window,
+            first: self.first,
         })
     }
 
@@ -332,9 +438,17 @@ impl LayerKv {
         let (Some(k), Some(v)) = (&self.k, &self.v) else {
             return Err(candle_core::Error::Msg("kv cache buffers missing".into()).into());
         };
+        if start < self.first {
+            return Err(candle_core::Error::Msg(format!(
+                "kv span from position {start}: a sliding-window layer holds {}.. only",
+                self.first
+            ))
+            .into());
+        }
+        let row = start - self.first;
         Ok((
-            k.narrow(2, start, len)?.force_contiguous()?,
-            v.narrow(2, start, len)?.force_contiguous()?,
+            k.narrow(2, row, len)?.force_contiguous()?,
+            v.narrow(2, row, len)?.force_contiguous()?,
         ))
     }
 
@@ -347,11 +461,16 @@ impl LayerKv {
         2 * positions * self.shape.n_kv_heads * self.format.row_bytes(self.shape.head_dim)
     }
 
-    /// Reallocates to hold at least `needed` positions, keeping positions `0..keep`.
-    fn grow(&mut self, keep: usize, needed: usize) -> Result<()> {
+    /// Reallocates to hold at least `needed` rows, keeping rows `0..keep`; a window layer no
+    /// more than its window, the slack and this `step` need ([`window_positions`]).
+    fn grow(&mut self, keep: usize, needed: usize, step: usize) -> Result<()> {
         let doubled = (self.capacity() * 2).max(MIN_CHUNK);
         let rounded = needed.div_ceil(MIN_CHUNK) * MIN_CHUNK;
-        let capacity = doubled.max(rounded).min(self.max_len);
+        let limit = match self.window {
+            Some(window) => window_positions(window, step).max(rounded),
+            None => usize::MAX,
+        };
+        let capacity = doubled.min(limit).max(rounded).min(self.max_len);
         let (k, v) = self.copied_into(capacity, keep)?;
         self.k = Some(k);
         self.v = Some(v);

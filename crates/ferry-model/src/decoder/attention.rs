@@ -181,8 +181,12 @@ pub fn attend(
     let k = rope.apply(&k, step.pos)?;
     let format = kv.format();
     let (k, v) = kv.write(step.pos, &k, &v)?;
+    // The views start at the layer's first held position (a window layer forgets older ones);
+    // causal and window masks are the same relative to it.
+    let first = kv.first_position();
+    let pos = step.pos - first;
     if q.device().is_cpu() && b == 1 {
-        return tiled_attention(&q, &k, &v, format, step.pos, window, dims);
+        return tiled_attention(&q, &k, &v, format, pos, window, dims);
     }
     // The matmul paths multiply dense tensors: a block-format cache is decoded for them.
     let (k, v) = match format {
@@ -190,11 +194,11 @@ pub fn attend(
         _ => (format.decode(&k, head_dim)?, format.decode(&v, head_dim)?),
     };
     if k.dim(2)? > KEY_BLOCK {
-        return blocked_attention(&q, &k, &v, step.pos, window, dims, KEY_BLOCK);
+        return blocked_attention(&q, &k, &v, pos, window, dims, KEY_BLOCK);
     }
     let mask = match mask {
-        Some(mask) => Some(mask.clone()),
-        None => causal_mask(seq, step.pos, window, q.device())?,
+        Some(mask) if first == 0 => Some(mask.clone()),
+        _ => causal_mask(seq, pos, window, q.device())?,
     };
     matmul_attention(&q, &k, &v, mask.as_ref(), dims)
 }

@@ -131,13 +131,17 @@ impl Model {
         self.new_cache_with_limit(self.spec.max_context)
     }
 
-    /// An empty key/value cache limited to `max_len` positions (capped at the model's context).
+    /// An empty key/value cache limited to `max_len` positions (capped at the model's context),
+    /// its sliding-window layers keeping only their window ([`KvCache::with_windows`]).
     pub fn new_cache_with_limit(&self, max_len: usize) -> KvCache {
         let shape = KvShape {
             n_kv_heads: self.spec.n_kv_heads,
             head_dim: self.spec.head_dim,
         };
         let max_len = max_len.min(self.spec.max_context);
+        let windows: Vec<Option<usize>> = (0..self.spec.n_layers)
+            .map(|i| self.spec.layer_window(i))
+            .collect();
         KvCache::new(
             self.spec.n_layers,
             shape,
@@ -145,6 +149,7 @@ impl Model {
             self.kv_dtype,
             &self.device,
         )
+        .with_windows(&windows)
     }
 
     /// One sequence's step: runs `tokens` at positions `cache.len()..` and returns the last
