@@ -6,24 +6,26 @@
 
 use std::collections::BTreeMap;
 
-use candle_core::Device;
+use candle_core::{DType, Device};
 
 use super::RuntimeError;
 use ferry_config::{DeviceConfig, DtypeChoice, ModelConfig};
 use ferry_model::checkpoint::Checkpoint;
 use ferry_model::decoder::attention::score_block;
 use ferry_model::header::GgufType;
-use ferry_model::kv_cache::kv_dtype_for;
+use ferry_model::kv_cache::{kv_dtype_for, window_positions};
+use ferry_model::kv_format::{self, KvFormat};
 use ferry_model::loader::{Holding, LoadOptions};
 use ferry_model::source::{self, HubOptions, ModelSource};
+use ferry_model::spec::ModelSpec;
 use ferry_model::tensors::StoredType;
 use ferry_model::ModelError;
 use ferry_offload::experts_plan::ExpertInput;
 use ferry_offload::fit::{fit, CacheRequest};
 use ferry_offload::layout::SlotKind;
 use ferry_offload::plan::{
-    resolve_budget, Origin, Plan, PlanInput, DEFAULT_CPU_RESERVE_BYTES, DEFAULT_CUDA_RESERVE_BYTES,
-    DEFAULT_LINK_BANDWIDTH,
+    resolve_budget, KvLayout, Origin, Plan, PlanInput, DEFAULT_CPU_RESERVE_BYTES,
+    DEFAULT_CUDA_RESERVE_BYTES, DEFAULT_LINK_BANDWIDTH,
 };
 use ferry_offload::sizing::{
     kv_bytes_per_token_per_layer, workspace_bytes, ModelSizes, WorkspaceInput,
@@ -80,6 +82,7 @@ pub fn plan_checkpoint(
     let kv_dtype = kv_dtype_for(model.kv_dtype, holding.compute());
     kv_dtype.check(spec.head_dim, device).map_err(wrap)?;
     let kv_per_token = kv_bytes_per_token_per_layer(spec.n_kv_heads, spec.head_dim, kv_dtype);
+    let kv_layout = kv_layout(spec, model.max_step_tokens);
     let reserve_bytes = match device {
         Device::Cpu => DEFAULT_CPU_RESERVE_BYTES,
         _ => DEFAULT_CUDA_RESERVE_BYTES,
@@ -98,6 +101,7 @@ pub fn plan_checkpoint(
         input.max_context = max_context;
         input.kv_bytes_per_token_per_layer = kv_per_token;
         input.kv_dtype = kv_dtype;
+        input.kv_layout = kv_layout.clone();
         input.prefetch = model.offload.prefetch;
         input.workspace_bytes = workspace_bytes(&WorkspaceInput {
             hidden_size: spec.hidden_size,
@@ -146,6 +150,39 @@ pub fn plan_checkpoint(
         );
     }
     Ok(fitted.plan)
+}
+
+/// The KV cache's layout for `spec`: its sliding-window layers (each keeps at most its window,
+/// the slack and one step of `max_step` tokens) and one token's bytes per layer in every format
+/// the cache holds (the block formats only where the heads are whole blocks).
+fn kv_layout(spec: &ModelSpec, max_step: usize) -> KvLayout {
+    let windows: Vec<usize> = (0..spec.n_layers)
+        .filter_map(|i| spec.layer_window(i))
+        .collect();
+    let window = windows.iter().copied().max().unwrap_or(0);
+    let formats = [
+        KvFormat::Dense(DType::F32),
+        KvFormat::Dense(DType::F16),
+        KvFormat::Dense(DType::BF16),
+        KvFormat::Q8_0,
+        KvFormat::Q4_0,
+    ];
+    KvLayout {
+        window_layers: windows.len(),
+        window_positions: if window > 0 {
+            window_positions(window, max_step)
+        } else {
+            0
+        },
+        per_token_by_format: formats
+            .into_iter()
+            .filter(|f| !f.is_quantized() || spec.head_dim.is_multiple_of(kv_format::BLOCK))
+            .map(|f| {
+                let bytes = kv_bytes_per_token_per_layer(spec.n_kv_heads, spec.head_dim, f);
+                (f.as_str(), bytes)
+            })
+            .collect(),
+    }
 }
 
 /// One line per GGUF block type of `checkpoint` that the device has no kernels for (on CUDA:

@@ -1,4 +1,5 @@
 use super::*;
+use crate::plan::KvLayout;
 use ferry_config::OffloadMode;
 
 const KIB: u64 = 1024;
@@ -221,4 +222,47 @@ fn sequential_keeps_the_defaults_when_the_ring_fits() {
     );
     assert_eq!(fitted.plan.host_layers(), 4);
     assert_eq!(fitted.reason, None);
+}
+
+/// A Gemma-3-1B-like shape: 26 layers of 1 MiB, 22 of them sliding-window layers that keep at
+/// most 1280 positions (a 512 window, the slack and a 512-token step), 1 KiB of KV per token
+/// and layer; one sequence, no workspace.
+fn windowed(window_layers: usize, budget: u64) -> impl Fn(usize, usize) -> PlanInput {
+    move |max_context, max_batch| {
+        let mut input = PlanInput::new(OffloadMode::Auto, vec![MIB; 26], MIB, budget);
+        input.max_context = max_context;
+        input.max_batch = max_batch;
+        input.kv_bytes_per_token_per_layer = KIB;
+        input.kv_layout = KvLayout {
+            window_layers,
+            window_positions: 1280,
+            per_token_by_format: Vec::new(),
+        };
+        input
+    }
+}
+
+#[test]
+fn window_layers_let_the_context_grow_about_five_fold() {
+    let one = CacheRequest {
+        max_context: None,
+        max_batch: Some(1),
+        model_context: 1 << 17,
+        kv_dtype: Origin::Default,
+    };
+    // The KV cache gets 26 layers x 8192 positions of 1 KiB when every layer holds them all.
+    let budget = 27 * MIB + 26 * 8192 * KIB;
+    let full = fit(&one, &windowed(0, budget)).expect("fits").plan;
+    let with_windows = fit(&one, &windowed(22, budget)).expect("fits").plan;
+    assert_eq!(full.max_context, 8192);
+    assert!(
+        with_windows.max_context >= 5 * full.max_context,
+        "{} with window layers, {} without",
+        with_windows.max_context,
+        full.max_context
+    );
+    // The bytes: 4 global layers at the context, 22 at their 1280 positions.
+    let expected = (4 * with_windows.max_context as u64 + 22 * 1280) * KIB;
+    assert_eq!(with_windows.kv_bytes, expected);
+    assert!(with_windows.device_bytes <= budget);
 }

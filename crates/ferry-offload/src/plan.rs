@@ -160,6 +160,8 @@ pub struct PlanInput {
     pub kv_bytes_per_token_per_layer: u64,
     /// The KV cache's dtype (what `kv_bytes_per_token_per_layer` was computed with).
     pub kv_dtype: KvFormat,
+    /// Which layers keep only a window, and what a token costs in each format.
+    pub kv_layout: KvLayout,
     /// Where `max_context`, `max_batch` and `kv_dtype` came from (set by [`super::fit`]).
     pub origins: CacheOrigins,
     /// Layers in flight ahead of compute; the ring has `prefetch + 1` slots.
@@ -196,6 +198,7 @@ impl PlanInput {
             max_context: 0,
             kv_bytes_per_token_per_layer: 0,
             kv_dtype: KvFormat::Dense(DType::F32),
+            kv_layout: KvLayout::default(),
             origins: CacheOrigins::default(),
             prefetch: 2,
             workspace_bytes: 0,
@@ -213,12 +216,19 @@ impl PlanInput {
         self.layer_bytes.len()
     }
 
-    /// KV-cache bytes: `max_batch * max_context * n_layers * kv_bytes_per_token_per_layer`. The
-    /// cache of every layer stays on the device, streamed or not.
+    /// KV-cache bytes: `max_batch * positions * kv_bytes_per_token_per_layer`, where each
+    /// layer holds `max_context` positions, a window layer at most
+    /// [`KvLayout::window_positions`]. The cache of every layer stays on the device, streamed
+    /// or not.
     pub fn kv_bytes(&self) -> u64 {
-        (self.max_batch as u64)
+        let windowed = self.kv_layout.window_layers.min(self.n_layers()) as u64;
+        let full = self.n_layers() as u64 - windowed;
+        let window = self.kv_layout.window_positions.min(self.max_context) as u64;
+        let positions = full
             .saturating_mul(self.max_context as u64)
-            .saturating_mul(self.n_layers() as u64)
+            .saturating_add(windowed.saturating_mul(window));
+        (self.max_batch as u64)
+            .saturating_mul(positions)
             .saturating_mul(self.kv_bytes_per_token_per_layer)
     }
 
@@ -229,6 +239,19 @@ impl PlanInput {
             .saturating_add(self.workspace_bytes)
             .saturating_add(self.reserve_bytes)
     }
+}
+
+/// How the KV cache's bytes depend on the layers: how many keep only a window of positions
+/// (sliding-window layers: Gemma 2/3's local layers, Mistral's), and what one token takes in
+/// one layer in each format the cache can hold (what `ferry plan` shows each choice saves).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct KvLayout {
+    /// Layers that keep only a window of positions.
+    pub window_layers: usize,
+    /// The most positions such a layer holds ([`ferry_model::kv_cache::window_positions`]).
+    pub window_positions: usize,
+    /// `(format, bytes of one token in one layer)` for each format, e.g. `("q8_0", 408)`.
+    pub per_token_by_format: Vec<(&'static str, u64)>,
 }
 
 /// Where everything goes, and what it costs.
@@ -252,6 +275,10 @@ pub struct Plan {
     pub max_batch: usize,
     /// The KV cache's dtype.
     pub kv_dtype: KvFormat,
+    /// KV bytes of one token in one layer, in `kv_dtype`.
+    pub kv_bytes_per_token_per_layer: u64,
+    /// Which layers keep only a window, and what a token costs in each format.
+    pub kv_layout: KvLayout,
     /// Where `max_context`, `max_batch` and `kv_dtype` came from.
     pub origins: CacheOrigins,
     /// Activation workspace on the device.
@@ -451,6 +478,8 @@ impl<'a> Costs<'a> {
             max_context: input.max_context,
             max_batch: input.max_batch,
             kv_dtype: input.kv_dtype,
+            kv_bytes_per_token_per_layer: input.kv_bytes_per_token_per_layer,
+            kv_layout: input.kv_layout.clone(),
             origins: input.origins,
             workspace_bytes: input.workspace_bytes,
             reserve_bytes: input.reserve_bytes,

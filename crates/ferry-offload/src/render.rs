@@ -118,7 +118,10 @@ pub fn render_text(plan: &Plan) -> String {
                 format_bytes(plan.slot_ring_bytes())
             ),
         ),
-        ("KV cache", format_bytes(plan.kv_bytes)),
+        (
+            "KV cache",
+            format!("{}{}", format_bytes(plan.kv_bytes), kv_note(plan)),
+        ),
         ("workspace", format_bytes(plan.workspace_bytes)),
         ("reserve", format_bytes(plan.reserve_bytes)),
     ];
@@ -230,6 +233,38 @@ fn experts_json(experts: &ExpertPlan) -> serde_json::Value {
     })
 }
 
+/// What the KV cache's bytes are made of, after its size: `(768 B per token and layer in f16;
+/// 6 window layers keep at most 1280 positions; q8_0: 408 B, q4_0: 216 B)`.
+fn kv_note(plan: &Plan) -> String {
+    let layout = &plan.kv_layout;
+    if plan.kv_bytes_per_token_per_layer == 0 {
+        return String::new();
+    }
+    let mut parts = vec![format!(
+        "{} B per token and layer in {}",
+        plan.kv_bytes_per_token_per_layer,
+        plan.kv_dtype.as_str()
+    )];
+    if layout.window_layers > 0 {
+        parts.push(format!(
+            "{} of {} layers keep a window, at most {} positions",
+            layout.window_layers,
+            plan.layers.len(),
+            layout.window_positions
+        ));
+    }
+    let others: Vec<String> = layout
+        .per_token_by_format
+        .iter()
+        .filter(|(name, _)| *name != plan.kv_dtype.as_str())
+        .map(|(name, bytes)| format!("{name}: {bytes} B"))
+        .collect();
+    if !others.is_empty() {
+        parts.push(others.join(", "));
+    }
+    format!(" ({})", parts.join("; "))
+}
+
 /// `cache   max_context 4096 (fitted; the model's 131072), max_batch 8 (default), kv_dtype f16
 /// (default)`: the KV cache's shape and where each value came from.
 fn cache_line(plan: &Plan) -> String {
@@ -257,7 +292,9 @@ fn cache_line(plan: &Plan) -> String {
 ///  "device_bytes", "host_bytes", "kv_bytes", "slots", "slot_bytes",
 ///  "estimated_decode_tokens_per_s", "notes": [".."], "fixed_bytes", "workspace_bytes", "reserve_bytes",
 ///  "streamed_bytes_per_step", "link_bandwidth",
-///  "max_context", "max_batch", "kv_dtype": "f32"|"f16"|"bf16", "model_context",
+///  "max_context", "max_batch", "kv_dtype": "f32"|"f16"|"bf16"|"q8_0"|"q4_0", "model_context",
+///  "kv_bytes_per_token_per_layer", "kv_window_layers", "kv_window_positions",
+///  "kv_bytes_per_token_per_layer_by_dtype": {"f16": .., "q8_0": .., ..},
 ///  "origin": {"max_context", "max_batch", "kv_dtype": "default"|"set"|"fitted"},
 ///  "slot_layout": {"kind": "cpu"|"cuda", "dense_bytes", "blocks_bytes",
 ///                  "matrices": [{"part", "type", "shape", "bytes", "allocated"}]},
@@ -290,6 +327,15 @@ pub fn plan_json(plan: &Plan) -> serde_json::Value {
         "max_context": plan.max_context,
         "max_batch": plan.max_batch,
         "kv_dtype": plan.kv_dtype.as_str(),
+        "kv_bytes_per_token_per_layer": plan.kv_bytes_per_token_per_layer,
+        "kv_window_layers": plan.kv_layout.window_layers,
+        "kv_window_positions": plan.kv_layout.window_positions,
+        "kv_bytes_per_token_per_layer_by_dtype": plan
+            .kv_layout
+            .per_token_by_format
+            .iter()
+            .map(|(name, bytes)| (name.to_string(), json!(bytes)))
+            .collect::<serde_json::Map<_, _>>(),
         "model_context": plan.origins.model_context,
         "origin": {
             "max_context": plan.origins.max_context.as_str(),
