@@ -103,6 +103,7 @@ fn runs_to_max_tokens_with_usage() {
         completion_tokens: n,
         total_tokens: p + n,
         prompt_tokens_details: None,
+        completion_tokens_details: None,
     };
     assert_eq!(finished(&events), (FinishReason::Length, usage));
     assert_eq!(model.sequence_steps, n);
