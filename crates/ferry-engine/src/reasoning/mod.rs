@@ -42,6 +42,13 @@ impl ReasoningFormat {
         }
     }
 
+    /// The format a model's replies are read in: the template's, except that think blocks
+    /// stay in the content unless `split_think` (the `reasoning_format` setting's `auto`);
+    /// harmony is always read, its markup being special tokens no client could use.
+    pub fn settle(source: Option<&str>, split_think: bool) -> Option<Self> {
+        Self::from_template(source).filter(|f| split_think || *f == Self::Harmony)
+    }
+
     /// The format's name, as logs and docs spell it.
     pub fn name(self) -> &'static str {
         match self {
@@ -139,6 +146,21 @@ mod tests {
             ReasoningFormat::from_template(Some(deepseek_r1)),
             Some(ReasoningFormat::Think)
         );
+    }
+
+    #[test]
+    fn the_setting_leaves_think_blocks_but_never_harmony() {
+        let (think, harmony) = (Some("<think>"), Some("<|channel|>"));
+        assert_eq!(
+            ReasoningFormat::settle(think, true),
+            Some(ReasoningFormat::Think)
+        );
+        assert_eq!(ReasoningFormat::settle(think, false), None);
+        assert_eq!(
+            ReasoningFormat::settle(harmony, false),
+            Some(ReasoningFormat::Harmony)
+        );
+        assert_eq!(ReasoningFormat::settle(Some("{{ x }}"), true), None);
     }
 
     #[test]

@@ -387,6 +387,10 @@ pub struct ChatResponseMessage {
     pub role: &'static str,
     /// The generated text; `null` when the reply was only tool calls.
     pub content: Option<String>,
+    /// A reasoning template's thinking, apart from `content` (vLLM's and llama.cpp's field);
+    /// absent when the reply had none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Always `null` (this server never refuses in words); required by OpenAI's schema.
     pub refusal: Option<String>,
     /// Always empty (this server cites no sources); OpenAI's message always has it.
@@ -438,6 +442,9 @@ pub struct ChatDelta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// New reasoning text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// `[]` in the first chunk only, as in the whole message.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub annotations: Option<Vec<Value>>,
