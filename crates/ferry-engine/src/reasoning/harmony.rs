@@ -85,16 +85,10 @@ impl HarmonyStream {
         }
     }
 
-    /// Whether the reply is (still) in reasoning: in an `analysis` body, or in a header that
-    /// may open one.
+    /// Whether the reply is in reasoning: in an `analysis` body (a header is not, until its
+    /// `<|message|>` opens the body).
     pub fn in_reasoning(&self) -> bool {
-        match self.phase {
-            Phase::Body(body) => body == Body::Reasoning,
-            Phase::Header { .. } => {
-                !self.pending.contains(" to=") && header_may_be_analysis(&self.pending)
-            }
-            Phase::Between => false,
-        }
+        self.phase == Phase::Body(Body::Reasoning)
     }
 
     /// Takes the next piece of the reply.
@@ -211,22 +205,6 @@ fn recipient(header: &str) -> Option<String> {
 fn channel(header: &str) -> Option<&str> {
     let at = header.find(CHANNEL)?;
     Some(header_word(&header[at + CHANNEL.len()..]))
-}
-
-/// Whether a header read so far may still open an `analysis` body.
-fn header_may_be_analysis(header: &str) -> bool {
-    match header.find(CHANNEL) {
-        Some(at) => {
-            let rest = &header[at + CHANNEL.len()..];
-            let word = header_word(rest);
-            if word.len() < rest.len() {
-                word == "analysis"
-            } else {
-                "analysis".starts_with(word)
-            }
-        }
-        None => true,
-    }
 }
 
 /// The word at the start of `text`: up to whitespace or a marker.
@@ -356,8 +334,10 @@ mod tests {
     #[test]
     fn the_phase_is_known_as_the_text_arrives() {
         let mut stream = HarmonyStream::new();
-        assert!(stream.in_reasoning());
-        stream.push("<|channel|>analysis<|message|>hm");
+        assert!(!stream.in_reasoning());
+        stream.push("<|channel|>analysis");
+        assert!(!stream.in_reasoning());
+        stream.push("<|message|>hm");
         assert!(stream.in_reasoning());
         stream.push("<|end|>");
         assert!(!stream.in_reasoning());
