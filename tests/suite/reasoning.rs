@@ -336,3 +336,77 @@ fn real_templates_render_what_the_readers_expect() {
     let opened = render(THINK_TEMPLATE, json!({}));
     assert!(ReasoningParsing::for_prompt(ReasoningFormat::Think, &opened).starts_inside);
 }
+
+/// `/v1/responses` returns the reasoning as a `reasoning` item before the message, streamed as
+/// `response.reasoning_text.delta` events, with the reasoning tokens in its usage.
+#[tokio::test]
+async fn responses_return_a_reasoning_item() {
+    let server = Loopback::start(backend(ReasoningChoice::Auto), ServerOptions::default()).await;
+    let chat = request(false, json!({}));
+    let schema = &chat["response_format"]["json_schema"]["schema"];
+    let body = |stream: bool| {
+        json!({
+            "model": real_model::MODEL,
+            "input": "What is 2 + 2?",
+            "max_output_tokens": 60,
+            "temperature": 0,
+            "stream": stream,
+            "text": {"format": {"type": "json_schema", "name": "forced", "schema": schema}},
+        })
+    };
+    let post = |body: Value| {
+        let url = server.url("/v1/responses");
+        async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .expect("response");
+            assert_eq!(response.status(), 200);
+            response.text().await.expect("body")
+        }
+    };
+    let whole: Value = serde_json::from_str(&post(body(false)).await).expect("JSON");
+    let output = whole["output"].as_array().expect("output");
+    assert_eq!(output.len(), 2, "{whole}");
+    assert_eq!(output[0]["type"], "reasoning", "{whole}");
+    assert_eq!(output[0]["content"][0]["type"], "reasoning_text");
+    assert_eq!(output[0]["content"][0]["text"], format!("\"{REASONING}"));
+    assert_eq!(output[1]["type"], "message", "{whole}");
+    assert_eq!(output[1]["content"][0]["text"], format!("{ANSWER}\""));
+    let reasoning_tokens = whole["usage"]["output_tokens_details"]["reasoning_tokens"]
+        .as_u64()
+        .expect("count");
+    assert!(reasoning_tokens > 0, "{whole}");
+
+    let sse = post(body(true)).await;
+    // Named events: `event: NAME` then `data: {..}`.
+    let events: Vec<Value> = sse
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| serde_json::from_str(data).expect("event JSON"))
+        .collect();
+    let of = |kind: &str| -> String {
+        events
+            .iter()
+            .filter(|e| e["type"] == kind)
+            .map(|e| e["delta"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        of("response.reasoning_text.delta"),
+        format!("\"{REASONING}")
+    );
+    assert_eq!(of("response.output_text.delta"), format!("{ANSWER}\""));
+    let done = events.last().expect("events");
+    assert_eq!(done["type"], "response.completed");
+    assert_eq!(
+        done["response"]["output"][0]["content"],
+        output[0]["content"]
+    );
+    assert_eq!(
+        done["response"]["usage"]["output_tokens_details"]["reasoning_tokens"],
+        reasoning_tokens
+    );
+}

@@ -154,7 +154,7 @@ async fn run(
         conversation,
         responses: state.responses.clone(),
     };
-    let builder = OutputBuilder::new(valid.tool_calls());
+    let builder = OutputBuilder::new(valid.tool_calls(), valid.params().reasoning);
     let rx = submit(&state, &valid)?;
     if valid.stream() {
         return Ok(stream::response(
@@ -316,6 +316,8 @@ fn assistant_message(items: &[OutputItem]) -> ChatMessage {
                 arguments,
                 ..
             } => calls.push(template_call(call_id, name, arguments)),
+            // The reasoning is not carried into the next turn (the templates drop it too).
+            OutputItem::Reasoning { .. } => {}
         }
     }
     ChatMessage {
