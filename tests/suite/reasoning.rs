@@ -26,8 +26,10 @@ use ferry::model::tokenizer::chat_template::{ChatTemplate, TemplateContext};
 use ferry::runtime::load::load_for_serving;
 use ferry::server::ServerOptions;
 
-/// ChatML whose generation prompt opens a think block (closed at once without thinking).
-const THINK_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+/// ChatML whose generation prompt opens a think block (closed at once without thinking); a past
+/// assistant turn's `reasoning_content` is rendered in its block.
+const THINK_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n\
+{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}\
 {% if add_generation_prompt %}<|im_start|>assistant\n\
 {% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}";
 
@@ -236,6 +238,14 @@ off = {{"chat_template_kwargs": {{"enable_thinking": False}}}}
 r = client.chat.completions.create(model="{model}", messages=messages, max_tokens=200,
     temperature=0, tools=tools, tool_choice=named, extra_body=off)
 call = r.choices[0].message.tool_calls[0]
+# The reply sent back with its reasoning continues the chat.
+replay = {{"role": "assistant", "content": m.content, "reasoning_content": m.reasoning_content}}
+again = client.chat.completions.create(model="{model}", max_tokens=5, temperature=0,
+    messages=messages + [replay, {{"role": "user", "content": "And 3 + 3?"}}])
+bare = client.chat.completions.create(model="{model}", max_tokens=5, temperature=0,
+    messages=messages + [{{"role": "assistant", "content": m.content}},
+        {{"role": "user", "content": "And 3 + 3?"}}])
+out["replayed_prompt_tokens"] = [again.usage.prompt_tokens, bare.usage.prompt_tokens]
 out["sdk_call"] = [call.function.name, json.loads(call.function.arguments),
     r.choices[0].finish_reason]
 llm = ChatOpenAI(model="{model}", base_url=base, temperature=0, max_tokens=60,
@@ -262,6 +272,12 @@ print(json.dumps(out))
     assert_eq!(
         out["streamed"],
         json!({"reasoning": reasoning, "content": answer})
+    );
+    // The replayed reasoning reached the template: the prompt is longer by it.
+    let replayed = &out["replayed_prompt_tokens"];
+    assert!(
+        replayed[0].as_u64().unwrap() > replayed[1].as_u64().unwrap() + 3,
+        "{out}"
     );
     assert_eq!(out["sdk_call"][0], "add", "{out}");
     assert!(
@@ -409,4 +425,31 @@ async fn responses_return_a_reasoning_item() {
         done["response"]["usage"]["output_tokens_details"]["reasoning_tokens"],
         reasoning_tokens
     );
+}
+
+/// Only an assistant message may carry `reasoning_content`, and it must be a string.
+#[tokio::test]
+async fn reasoning_content_in_the_history_is_checked() {
+    let server = Loopback::start(backend(ReasoningChoice::Auto), ServerOptions::default()).await;
+    for (messages, param) in [
+        (
+            json!([{"role": "user", "content": "hi", "reasoning_content": "x"}]),
+            "messages[0].reasoning_content",
+        ),
+        (
+            json!([{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "yo", "reasoning_content": 3}]),
+            "messages[1].reasoning_content",
+        ),
+    ] {
+        let response = reqwest::Client::new()
+            .post(server.url("/v1/chat/completions"))
+            .json(&json!({"model": real_model::MODEL, "messages": messages, "max_tokens": 1}))
+            .send()
+            .await
+            .expect("response");
+        assert_eq!(response.status(), 400);
+        let body: Value = response.json().await.expect("JSON");
+        assert_eq!(body["error"]["param"], param, "{body}");
+    }
 }

@@ -646,6 +646,10 @@ fn message_chars(message: &ChatMessage) -> usize {
             .tool_call_id
             .as_ref()
             .map_or(0, |n| n.chars().count())
+        + message
+            .reasoning_content
+            .as_ref()
+            .map_or(0, |r| r.chars().count())
         + calls
 }
 
