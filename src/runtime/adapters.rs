@@ -14,6 +14,7 @@
 use std::sync::{Arc, OnceLock};
 
 use candle_core::Tensor;
+use ferry_engine::reasoning::ReasoningFormat;
 use ferry_engine::tool_calls::ToolSupport;
 use ferry_engine::traits::{LanguageModel, TextCodec};
 use ferry_engine::{ChatMessage, EngineError, EngineResult, GrammarCompiler, SamplingParams};
@@ -359,16 +360,21 @@ pub struct TokenizerCodec {
     tokenizer: TextTokenizer,
     /// What requests that send no sampling values get (settled at load).
     sampling: SamplingParams,
+    /// The reasoning markup chat replies are read for (settled at load).
+    reasoning: Option<ReasoningFormat>,
     /// Built on the first `response_format` grammar (the token trie takes a moment).
     grammar: OnceLock<Result<Arc<GrammarCompiler>, EngineError>>,
 }
 
 impl TokenizerCodec {
-    /// Wraps a tokenizer for the engine, with the model's sampling defaults.
-    pub fn new(tokenizer: TextTokenizer, sampling: SamplingParams) -> Arc<Self> {
+    /// Wraps a tokenizer for the engine, with the model's sampling defaults; `split_think` is
+    /// the `reasoning_format` setting's `auto` ([`ReasoningFormat::settle`]).
+    pub fn new(tokenizer: TextTokenizer, sampling: SamplingParams, split_think: bool) -> Arc<Self> {
+        let reasoning = ReasoningFormat::settle(tokenizer.chat_template_source(), split_think);
         Arc::new(Self {
             tokenizer,
             sampling,
+            reasoning,
             grammar: OnceLock::new(),
         })
     }
@@ -425,6 +431,10 @@ impl TextCodec for TokenizerCodec {
 
     fn tool_support(&self) -> ToolSupport {
         ToolSupport::from_template(self.tokenizer.chat_template_source())
+    }
+
+    fn reasoning_format(&self) -> Option<ReasoningFormat> {
+        self.reasoning
     }
 
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> EngineResult<String> {

@@ -15,7 +15,7 @@ use super::device::free_bytes;
 use super::load_report::log_loaded;
 use super::planning::{open_checkpoint, plan_checkpoint};
 use super::RuntimeError;
-use ferry_config::{DeviceConfig, ModelConfig, OffloadMode};
+use ferry_config::{DeviceConfig, ModelConfig, OffloadMode, ReasoningChoice};
 use ferry_engine::SamplingParams;
 use ferry_model::checkpoint::Checkpoint;
 use ferry_model::generation_defaults::recommended_sampling;
@@ -164,7 +164,11 @@ pub fn load_planned(
         let sampling = sampling_defaults(config, checkpoint).map_err(wrap)?;
         Ok(LoadedForServing {
             runner,
-            codec: TokenizerCodec::new(tokenizer, sampling),
+            codec: TokenizerCodec::new(
+                tokenizer,
+                sampling,
+                config.reasoning_format == ReasoningChoice::Auto,
+            ),
         })
     })
 }

@@ -10,7 +10,8 @@ use std::time::Instant;
 use candle_core::Device;
 
 use super::adapters::ModelRunner;
-use ferry_config::{ModelConfig, OffloadMode};
+use ferry_config::{ModelConfig, OffloadMode, ReasoningChoice};
+use ferry_engine::reasoning::ReasoningFormat;
 use ferry_engine::tool_calls::ToolSupport;
 use ferry_model::checkpoint::Checkpoint;
 use ferry_model::loader::summary::weight_groups;
@@ -36,6 +37,14 @@ pub fn log_loaded(
     let weights = weights(config, device, checkpoint);
     let chat_template = chat_template(checkpoint, tokenizer);
     let tool_calls = tool_calls(tokenizer);
+    let reasoning = ReasoningFormat::settle(
+        tokenizer.chat_template_source(),
+        config.reasoning_format == ReasoningChoice::Auto,
+    )
+    .map_or(
+        "none: replies are content as written",
+        ReasoningFormat::name,
+    );
     let offload_tier = offload_tier(config, device, plan);
     tracing::info!(
         model = %config.name,
@@ -48,6 +57,7 @@ pub fn log_loaded(
         weights = weights.as_str(),
         chat_template = chat_template.as_str(),
         tool_calls = tool_calls.as_str(),
+        reasoning,
         offload_tier = offload_tier.as_str(),
         seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
         "model loaded"

@@ -419,6 +419,7 @@ impl Backend for TestBackend {
                         completion_tokens: n,
                         total_tokens: prompt_tokens + n,
                         prompt_tokens_details: None,
+                        completion_tokens_details: None,
                     };
                     send(GenerationEvent::Finished {
                         reason,

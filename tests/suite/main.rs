@@ -44,6 +44,7 @@ mod quantize_on_load;
 mod readme_examples;
 mod real_model_api;
 mod real_model_http;
+mod reasoning;
 mod responses_api;
 mod role_injection;
 mod schema_limits;

@@ -122,6 +122,7 @@ impl Backend for Scripted {
                 completion_tokens: reply.len(),
                 total_tokens: prompt_tokens + reply.len(),
                 prompt_tokens_details: None,
+                completion_tokens_details: None,
             },
             trailing_text: String::new(),
         });

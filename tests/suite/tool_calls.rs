@@ -419,6 +419,7 @@ fn real_templates_pick_their_format_and_render_tools_and_past_calls() {
             "Mistral-Small-3.2-24B-Instruct-2506.jinja",
             Some(ToolCallFormat::Mistral),
         ),
+        ("openai-gpt-oss-120b.jinja", Some(ToolCallFormat::Harmony)),
         ("google-gemma-2-2b-it.jinja", None),
         ("microsoft-Phi-3.5-mini-instruct.jinja", None),
     ];

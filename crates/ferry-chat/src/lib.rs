@@ -10,7 +10,8 @@
 //! [`RESERVED_TEMPLATE_VARIABLES`]: the template variables every render sets, which a request's
 //! `chat_template_kwargs` may not replace (the server refuses them, the renderer ignores them).
 
-use serde::Serialize;
+use serde::ser::SerializeMap;
+use serde::{Serialize, Serializer};
 
 /// The chat template variables every render sets (as transformers' `apply_chat_template`
 /// does), which a request's `chat_template_kwargs` may not replace.
@@ -27,7 +28,7 @@ pub const RESERVED_TEMPLATE_VARIABLES: &[&str] = &[
 
 /// One chat message after validation: role and flattened text content (what the HTTP layer hands
 /// the engine, and what the template renders; the engine re-exports it).
-#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ChatMessage {
     /// "system", "user", "assistant" or "tool".
     pub role: String,
@@ -35,14 +36,69 @@ pub struct ChatMessage {
     pub content: String,
     /// The participant's name (`messages[].name`), for templates that render it; absent from
     /// the template's view when not given.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// An assistant message's calls, in OpenAI's shape (`{"id", "type": "function",
     /// "function": {"name", "arguments"}}`) with `arguments` as a JSON object, as templates
     /// expect them; absent when none.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<serde_json::Value>>,
     /// A tool message's `tool_call_id`; absent when none.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant message's reasoning, as a client sends a reply's `reasoning_content` back;
+    /// templates see it as `reasoning_content` (Qwen3's name) and `thinking` (gpt-oss's), and
+    /// neither when absent.
+    pub reasoning_content: Option<String>,
+}
+
+/// What a template sees of a message: `role` and `content` always, the optional fields only
+/// when present, the reasoning under both names templates read.
+impl Serialize for ChatMessage {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("role", &self.role)?;
+        map.serialize_entry("content", &self.content)?;
+        if let Some(name) = &self.name {
+            map.serialize_entry("name", name)?;
+        }
+        if let Some(calls) = &self.tool_calls {
+            map.serialize_entry("tool_calls", calls)?;
+        }
+        if let Some(id) = &self.tool_call_id {
+            map.serialize_entry("tool_call_id", id)?;
+        }
+        if let Some(reasoning) = &self.reasoning_content {
+            map.serialize_entry("reasoning_content", reasoning)?;
+            map.serialize_entry("thinking", reasoning)?;
+        }
+        map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_see_present_fields_only_and_the_reasoning_under_both_names() {
+        let plain = ChatMessage {
+            role: "user".into(),
+            content: "hi".into(),
+            ..ChatMessage::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&plain).unwrap(),
+            serde_json::json!({"role": "user", "content": "hi"})
+        );
+        let replayed = ChatMessage {
+            role: "assistant".into(),
+            content: "4".into(),
+            tool_call_id: Some("c".into()),
+            reasoning_content: Some("2 + 2".into()),
+            ..ChatMessage::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&replayed).unwrap(),
+            serde_json::json!({"role": "assistant", "content": "4", "tool_call_id": "c",
+                "reasoning_content": "2 + 2", "thinking": "2 + 2"})
+        );
+    }
 }

@@ -47,5 +47,6 @@ pub use types::TierConfig;
 pub use types::{Config, DeviceConfig, ModelConfig, OffloadConfig, ServerConfig};
 pub use values::TierChoice;
 pub use values::{
-    ChatTemplateSource, CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode, QuantType,
+    ChatTemplateSource, CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode,
+    QuantType, ReasoningChoice,
 };

@@ -10,8 +10,8 @@ use super::sampling::{Fraction, Nucleus, OptionalCount, OptionalSampling, Penalt
 use super::types::{DeviceConfig, ModelConfig, ServerConfig};
 use super::values::{
     Bandwidth, Budget, Codec, Device, Dtype, Gflops, Kernels, KvDtype, Mode, Names, Number,
-    OptionalPositive, OptionalSwitch, OptionalText, Positive, Secret, Secrets, Shown, Size, Spread,
-    Switch, Template, Text, Tiers, Time,
+    OptionalPositive, OptionalSwitch, OptionalText, Positive, Reasoning, Secret, Secrets, Shown,
+    Size, Spread, Switch, Template, Text, Tiers, Time,
 };
 
 /// The table a setting lives in.
@@ -535,6 +535,17 @@ pub static SETTINGS: &[Setting] = &[
         example: "templates/chat.jinja",
         help: "Chat template instead of the model's own: Jinja written out (a value with {{ or {%), else the path of a file of it. Unset, a model without one gets ferry's built-in Gemma, Llama 3, Mistral or ChatML template, chosen from its architecture and special tokens (the load log names it).",
         field: field!(Model, Template, chat_template),
+    },
+    Setting {
+        name: "reasoning-format",
+        short: None,
+        key: "reasoning_format",
+        value_name: "FORMAT",
+        default: Some("auto"),
+        default_note: "",
+        example: "none",
+        help: "auto: when the chat template is a reasoning one (think blocks: Qwen3, QwQ, DeepSeek-R1; gpt-oss's harmony), chat replies carry the thinking in `reasoning_content`, apart from `content`; none: think blocks stay in `content` as written (harmony replies are always split: their markup is special tokens).",
+        field: field!(Model, Reasoning, reasoning_format),
     },
     Setting {
         name: "verify-weights",

@@ -8,7 +8,7 @@ use super::sampling::SamplingSettings;
 use super::settings::{in_scope, Scope, Section};
 use super::values::{
     ChatTemplateSource, CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode,
-    TierChoice,
+    ReasoningChoice, TierChoice,
 };
 
 /// A fully resolved configuration.
@@ -139,6 +139,9 @@ pub struct ModelConfig {
     /// The chat template to use instead of the model's own; unset = the model's, else a
     /// built-in one for its family (`model::tokenizer::builtin_template`).
     pub chat_template: Option<ChatTemplateSource>,
+    /// Whether chat replies of a reasoning template get their reasoning apart
+    /// (`engine::reasoning`).
+    pub reasoning_format: ReasoningChoice,
     /// Check every tensor's values at load (`model::verify`).
     pub verify_weights: bool,
     /// Sampling defaults for requests that name none; unset = the model's own, else
@@ -206,6 +209,7 @@ impl ModelConfig {
             prefix_cache: false,
             prefix_cache_tokens: None,
             chat_template: None,
+            reasoning_format: ReasoningChoice::Auto,
             verify_weights: false,
             sampling: SamplingSettings::default(),
             offload: OffloadConfig {

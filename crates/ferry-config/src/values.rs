@@ -124,6 +124,19 @@ pub enum CpuQmatmul {
     Candle,
 }
 
+/// Whether a reasoning template's replies are read apart (`reasoning_format`). A config type
+/// the runtime reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReasoningChoice {
+    /// Split the reasoning off when the chat template is a reasoning one (think blocks,
+    /// harmony).
+    #[default]
+    Auto,
+    /// Leave think blocks in `content` (harmony replies are still read: their markup is
+    /// special tokens, not text).
+    None,
+}
+
 /// Where weights live (DESIGN.md 4.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OffloadMode {
@@ -645,6 +658,30 @@ impl Codec for Kernels {
             match value {
                 CpuQmatmul::Auto => "auto",
                 CpuQmatmul::Candle => "candle",
+            }
+            .to_string(),
+        )
+    }
+}
+
+/// `auto` or `none`.
+pub struct Reasoning;
+impl Codec for Reasoning {
+    type Value = ReasoningChoice;
+    fn parse(text: &str) -> Result<ReasoningChoice, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(ReasoningChoice::Auto),
+            "none" => Ok(ReasoningChoice::None),
+            _ => Err(format!(
+                "`{text}` is not a reasoning format (use auto or none)"
+            )),
+        }
+    }
+    fn show(value: &ReasoningChoice) -> Shown {
+        Shown::Text(
+            match value {
+                ReasoningChoice::Auto => "auto",
+                ReasoningChoice::None => "none",
             }
             .to_string(),
         )

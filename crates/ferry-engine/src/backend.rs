@@ -10,6 +10,7 @@ use super::{
     embed::{EmbeddingReply, EmbeddingRequest},
     grammar::{Grammar, GrammarSpec},
     placement::ModelPlacement,
+    reasoning::ReasoningFormat,
     request::{ChatMessage, SamplingParams},
     tool_calls::ToolSupport,
     EngineError, EngineResult, GenerationEvent, GenerationRequest,
@@ -140,6 +141,12 @@ pub trait Backend: Send + Sync + 'static {
     /// whether it renders tool definitions itself. Default: Hermes, folded into the messages.
     fn tool_support(&self, _model: &str) -> EngineResult<ToolSupport> {
         Ok(ToolSupport::default())
+    }
+
+    /// The reasoning markup `model`'s chat replies are read for (`None`: not a reasoning
+    /// template, or `reasoning_format = "none"`). Default: none.
+    fn reasoning_format(&self, _model: &str) -> EngineResult<Option<ReasoningFormat>> {
+        Ok(None)
     }
 
     /// Fails with `Overloaded` when [`submit`](Self::submit) would refuse a request for

@@ -12,9 +12,11 @@
 //! `blocking_send`, so drive a generation from a plain thread, never from inside a tokio
 //! runtime; once the receiver is dropped, the generation ends without a final event.
 //!
-//! With tools offered ([`GenerationParams::tool_calls`]) the emitted text also goes through a
-//! [`ToolCallStream`], only to count the reply's calls for the request's log line (the HTTP
-//! layer reads the calls themselves from the same text).
+//! With tools offered ([`GenerationParams::tool_calls`]) or a reasoning template
+//! ([`GenerationParams::reasoning`]) the emitted text also goes through a [`ReplyReader`],
+//! only to count the reply's calls for the request's log line and its reasoning tokens for
+//! `usage` (the HTTP layer reads the reply itself from the same text). A harmony reply is
+//! decoded with special tokens kept: its channel markers are special tokens.
 
 use tokio::sync::mpsc;
 
@@ -24,13 +26,13 @@ use super::{
     detokenize::IncrementalDecoder,
     grammar::GrammarState,
     logprobs::LogSoftmax,
+    reasoning::ReplyReader,
     request::{
-        FinishReason, GenerationEvent, GenerationParams, GenerationRequest, PromptTokensDetails,
-        TokenLogprob, TokenOutput, Usage,
+        CompletionTokensDetails, FinishReason, GenerationEvent, GenerationParams,
+        GenerationRequest, PromptTokensDetails, TokenLogprob, TokenOutput, Usage,
     },
     sampling::Sampler,
     stop::StopMatcher,
-    tool_calls::ToolCallStream,
     traits::TextCodec,
     EngineError, EngineResult,
 };
@@ -129,8 +131,11 @@ pub struct Generation {
     grammar: Option<GrammarState>,
     detok: IncrementalDecoder,
     stops: StopMatcher,
-    /// With tools offered: the reply read for calls (counted for the log line).
-    tool_calls: Option<ToolCallStream>,
+    /// With tools offered or a reasoning template: the reply read for its calls (counted for
+    /// the log line) and its reasoning.
+    reply: Option<ReplyReader>,
+    /// Generated tokens that were reasoning ([`CompletionTokensDetails`]).
+    reasoning_tokens: usize,
     events: mpsc::Sender<GenerationEvent>,
     tracker: RequestTracker,
     /// Prompt tokens already through the model.
@@ -165,12 +170,14 @@ impl Generation {
         let mut g = Generation {
             sampler: Sampler::new(&params.sampling, prompt),
             grammar: params.grammar.as_ref().map(GrammarState::new),
-            detok: IncrementalDecoder::new(prompt, true),
+            detok: IncrementalDecoder::new(
+                prompt,
+                !params.reasoning.is_some_and(|r| r.keeps_special_tokens()),
+            ),
             stops: StopMatcher::new(&params.stop),
-            tool_calls: params
-                .tool_calls
-                .as_ref()
-                .map(|t| ToolCallStream::new(t.format, t.tools.clone())),
+            reply: (params.tool_calls.is_some() || params.reasoning.is_some())
+                .then(|| ReplyReader::new(params.reasoning, params.tool_calls.as_ref())),
+            reasoning_tokens: 0,
             prompt: prompt.clone(),
             cache_partition: request.cache_partition,
             params: params.clone(),
@@ -307,10 +314,13 @@ impl Generation {
         reason: FinishReason,
         trailing_text: String,
     ) -> Result<(FinishReason, Usage), Abort> {
-        if let Some(reader) = &mut self.tool_calls {
+        if let Some(reader) = &mut self.reply {
             reader.push(&trailing_text);
             reader.finish();
-            self.tracker.tool_calls(reader.calls());
+            // Harmony names calls even when no tools were offered; the API answers them.
+            if self.params.tool_calls.is_some() || reader.calls() > 0 {
+                self.tracker.tool_calls(reader.calls());
+            }
         }
         if let Some(grammar) = &self.grammar {
             let (masks, average, engine) = grammar.mask_stats();
@@ -324,6 +334,9 @@ impl Generation {
             prompt_tokens_details: self
                 .cached
                 .map(|cached_tokens| PromptTokensDetails { cached_tokens }),
+            completion_tokens_details: self.params.reasoning.map(|_| CompletionTokensDetails {
+                reasoning_tokens: self.reasoning_tokens,
+            }),
         };
         self.send(GenerationEvent::Finished {
             reason,
@@ -371,8 +384,12 @@ impl Generation {
             }
             _ => (None, Vec::new()),
         };
-        if let Some(reader) = &mut self.tool_calls {
+        if let Some(reader) = &mut self.reply {
+            let before = reader.in_reasoning();
             reader.push(&step.text);
+            if before || reader.in_reasoning() {
+                self.reasoning_tokens += 1;
+            }
         }
         self.send(GenerationEvent::Token(TokenOutput {
             text: step.text,

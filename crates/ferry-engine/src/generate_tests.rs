@@ -8,7 +8,7 @@ use super::*;
 use crate::{
     queue::Job,
     request::SamplingParams,
-    test_support::{serve_job, text_of, ScriptModel, TestCodec, EOS},
+    test_support::{serve_job, serve_job_with, text_of, ScriptModel, TestCodec, EOS},
     worker::DEFAULT_MAX_BATCH,
 };
 use ferry_metrics::Metrics;
@@ -48,6 +48,28 @@ fn serve(
         context: None,
     };
     serve_job(model, job, DEFAULT_MAX_BATCH, &Metrics::new());
+}
+
+/// Serves `request` to `model`, whose text codec is `codec`, and returns every event it sent.
+fn events_of_with(
+    model: &mut ScriptModel,
+    request: GenerationRequest,
+    codec: &TestCodec,
+) -> Vec<GenerationEvent> {
+    let (tx, mut rx) = mpsc::channel(4096);
+    let job = Job {
+        request,
+        events: tx,
+        forks: Vec::new(),
+        accepted: Instant::now(),
+        context: None,
+    };
+    serve_job_with(model, job, DEFAULT_MAX_BATCH, &Metrics::new(), codec);
+    let mut events = Vec::new();
+    while let Some(e) = rx.blocking_recv() {
+        events.push(e);
+    }
+    events
 }
 
 /// Serves `request` to `model` and returns every event it sent.
@@ -103,6 +125,7 @@ fn runs_to_max_tokens_with_usage() {
         completion_tokens: n,
         total_tokens: p + n,
         prompt_tokens_details: None,
+        completion_tokens_details: None,
     };
     assert_eq!(finished(&events), (FinishReason::Length, usage));
     assert_eq!(model.sequence_steps, n);
@@ -255,4 +278,48 @@ fn seeded_sampling_is_reproducible_end_to_end() {
     let a = run();
     assert_eq!(a.len(), 16);
     assert_eq!(a, run());
+}
+
+/// A harmony reply keeps its markers in the text (they are special tokens, which other
+/// replies drop), counts the tokens of its analysis as reasoning, and ends at `<|call|>`.
+#[test]
+fn harmony_replies_keep_their_markers_and_count_reasoning() {
+    use crate::reasoning::{ReasoningFormat, ReasoningParsing};
+    let codec = TestCodec::harmony();
+    let reply =
+        "<|channel|>analysis<|message|>he wo<|end|><|start|>assistant<|channel|>final<|message|>he";
+    let mut script = codec.encode(reply, false).unwrap();
+    let call = codec.encode("<|call|>", false).unwrap()[0];
+    script.push(call);
+    let analysis = codec
+        .encode("<|message|>he wo<|end|>", false)
+        .unwrap()
+        .len();
+    let prompt = codec.encode("he said:", false).unwrap();
+    let run = |reasoning: Option<ReasoningParsing>| {
+        let mut model = ScriptModel::new(script.clone(), EOS, codec.vocab_size());
+        let params = GenerationParams {
+            reasoning,
+            ..greedy(50)
+        };
+        events_of_with(&mut model, request(prompt.clone(), params), &codec)
+    };
+    let events = run(Some(ReasoningParsing::for_prompt(
+        ReasoningFormat::Harmony,
+        "",
+    )));
+    assert_eq!(text_of(&events), reply);
+    let (reason, usage) = finished(&events);
+    assert_eq!(reason, FinishReason::Stop);
+    assert_eq!(usage.completion_tokens, script.len());
+    // The analysis body with the markers around it (`<|message|>`, `<|end|>`).
+    let counted = usage
+        .completion_tokens_details
+        .expect("details")
+        .reasoning_tokens;
+    assert_eq!(counted, analysis, "{usage:?}");
+    // Without harmony parsing the special tokens are dropped, as for every other reply.
+    let plain = run(None);
+    assert_eq!(text_of(&plain), "analysishe woassistantfinalhe");
+    assert_eq!(finished(&plain).1.completion_tokens_details, None);
 }

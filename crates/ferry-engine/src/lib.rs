@@ -24,7 +24,8 @@
 //! state machine, built from [`sampling`] (with
 //! [`penalties`]), [`logprobs`], [`detokenize`] (incremental, UTF-8 safe) and [`stop`].
 //! [`tool_calls`] reads function calls out of replies and builds the grammar that enforces
-//! them. [`embed`] carries embedding requests to the model's thread, which runs them between
+//! them; [`reasoning`] reads a reasoning model's thinking apart from its answer (think blocks,
+//! gpt-oss's harmony channels) and puts both readers behind one `ReplyReader`. [`embed`] carries embedding requests to the model's thread, which runs them between
 //! its generation steps, one input at a time.
 
 mod backend;
@@ -39,6 +40,7 @@ mod penalties;
 pub mod placement;
 pub mod prefix_cache;
 mod queue;
+pub mod reasoning;
 mod request;
 pub mod sampling;
 mod scheduler;
@@ -57,8 +59,8 @@ pub use grammar::{Grammar, GrammarCompiler, GrammarSpec};
 pub use placement::ModelPlacement;
 pub use prefix_cache::PrefixCacheOptions;
 pub use request::{
-    ChatMessage, FinishReason, GenerationEvent, GenerationParams, GenerationRequest,
-    PromptTokensDetails, SamplingParams, TokenLogprob, TokenOutput, Usage,
+    ChatMessage, CompletionTokensDetails, FinishReason, GenerationEvent, GenerationParams,
+    GenerationRequest, PromptTokensDetails, SamplingParams, TokenLogprob, TokenOutput, Usage,
     RESERVED_TEMPLATE_VARIABLES,
 };
 pub use traits::{LanguageModel, TextCodec};

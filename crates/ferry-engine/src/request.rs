@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::grammar::Grammar;
+use super::reasoning::ReasoningParsing;
 use super::tool_calls::ToolParsing;
 
 /// The chat message type lives with the chat template that renders it.
@@ -70,6 +71,11 @@ pub struct GenerationParams {
     /// request's log line (`finish_reason=tool_calls`, `tool_calls=N`), as the chat API
     /// answers; the HTTP layer reads the calls themselves.
     pub tool_calls: Option<ToolParsing>,
+    /// A chat reply of a reasoning template: how its reasoning is read. The engine counts
+    /// the reasoning's tokens (`usage.completion_tokens_details`) and, for harmony, decodes
+    /// with special tokens kept (its markers are special tokens); the HTTP layer splits the
+    /// text.
+    pub reasoning: Option<ReasoningParsing>,
 }
 
 impl Default for GenerationParams {
@@ -82,6 +88,7 @@ impl Default for GenerationParams {
             logprobs: None,
             grammar: None,
             tool_calls: None,
+            reasoning: None,
         }
     }
 }
@@ -174,6 +181,19 @@ pub struct Usage {
     /// `prompt_tokens_details.cached_tokens`); `None` when the model's prefix cache is off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_details: Option<PromptTokensDetails>,
+    /// How many of the completion tokens were reasoning (OpenAI's
+    /// `completion_tokens_details.reasoning_tokens`); `None` when the reply was not read for
+    /// reasoning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+/// The breakdown of `Usage::completion_tokens`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CompletionTokensDetails {
+    /// Generated tokens that were part of the reasoning (counted as each token's text reached
+    /// the reasoning reader: a token that opens, continues or closes the reasoning).
+    pub reasoning_tokens: usize,
 }
 
 /// The breakdown of `Usage::prompt_tokens`.

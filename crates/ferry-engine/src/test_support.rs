@@ -56,6 +56,22 @@ pub const EOS: u32 = 256 + MERGES.len() as u32;
 
 /// A byte-level BPE tokenizer: ids 0..256 are the bytes, then the merges, then `<eos>` (special).
 pub fn tiny_tokenizer() -> Tokenizer {
+    tiny_tokenizer_with(&[])
+}
+
+/// gpt-oss's harmony markers, special tokens of [`TestCodec::harmony`] (ids after [`EOS`]).
+pub const HARMONY_SPECIALS: [&str; 7] = [
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|constrain|>",
+];
+
+/// [`tiny_tokenizer`] with `specials` added as special tokens after `<eos>`.
+pub fn tiny_tokenizer_with(specials: &[&str]) -> Tokenizer {
     let mut vocab: HashMap<String, u32> = byte_chars()
         .into_iter()
         .map(|(b, c)| (c.to_string(), b as u32))
@@ -64,15 +80,24 @@ pub fn tiny_tokenizer() -> Tokenizer {
         vocab.insert(format!("{a}{b}"), 256 + i as u32);
     }
     vocab.insert("<eos>".to_owned(), EOS);
+    let mut added = vec![json!({
+        "id": EOS, "content": "<eos>", "single_word": false, "lstrip": false,
+        "rstrip": false, "normalized": false, "special": true
+    })];
+    for (i, special) in specials.iter().enumerate() {
+        let id = EOS + 1 + i as u32;
+        vocab.insert((*special).to_owned(), id);
+        added.push(json!({
+            "id": id, "content": special, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true
+        }));
+    }
     let merges: Vec<String> = MERGES.iter().map(|(a, b)| format!("{a} {b}")).collect();
     let spec = json!({
         "version": "1.0",
         "truncation": null,
         "padding": null,
-        "added_tokens": [{
-            "id": EOS, "content": "<eos>", "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": true
-        }],
+        "added_tokens": added,
         "normalizer": null,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
         "post_processor": null,
@@ -91,6 +116,8 @@ pub struct TestCodec {
     tok: Tokenizer,
     eos: Vec<u32>,
     byte_of: HashMap<char, u8>,
+    /// Special tokens besides `<eos>` (ids after it).
+    specials: usize,
 }
 
 impl TestCodec {
@@ -100,12 +127,27 @@ impl TestCodec {
             tok: tiny_tokenizer(),
             eos: vec![EOS],
             byte_of: byte_chars().into_iter().map(|(b, c)| (c, b)).collect(),
+            specials: 0,
         }
     }
 
-    /// Vocabulary size including the special token.
+    /// The codec with gpt-oss's harmony markers as special tokens ([`HARMONY_SPECIALS`]);
+    /// `<|return|>` and `<|call|>` end a generation, as in gpt-oss's vocabulary.
+    pub fn harmony() -> Self {
+        let tok = tiny_tokenizer_with(&HARMONY_SPECIALS);
+        let id = |t: &str| tok.token_to_id(t).expect("a harmony special");
+        let eos = vec![EOS, id("<|return|>"), id("<|call|>")];
+        Self {
+            eos,
+            tok,
+            byte_of: byte_chars().into_iter().map(|(b, c)| (c, b)).collect(),
+            specials: HARMONY_SPECIALS.len(),
+        }
+    }
+
+    /// Vocabulary size including the special tokens.
     pub fn vocab_size(&self) -> usize {
-        EOS as usize + 1
+        EOS as usize + 1 + self.specials
     }
 }
 
@@ -136,7 +178,7 @@ impl TextCodec for TestCodec {
 
     fn token_bytes(&self, id: u32) -> Vec<u8> {
         match self.tok.id_to_token(id) {
-            Some(t) if id != EOS => t
+            Some(t) if id < EOS => t
                 .chars()
                 .filter_map(|c| self.byte_of.get(&c))
                 .copied()
@@ -148,6 +190,10 @@ impl TextCodec for TestCodec {
 
     fn eos_token_ids(&self) -> &[u32] {
         &self.eos
+    }
+
+    fn is_special_token(&self, id: u32) -> bool {
+        id >= EOS
     }
 
     fn render_chat(
@@ -387,6 +433,17 @@ fn tiny_tokenizer_round_trips_and_splits_an_emoji() {
 /// Serves `job` to `model` through the serving loop on this thread (batches of up to
 /// `max_batch`, counting into `metrics`) until it and every fork of it have ended.
 pub fn serve_job(model: &mut ScriptModel, job: Job, max_batch: usize, metrics: &Metrics) {
+    serve_job_with(model, job, max_batch, metrics, &TestCodec::new());
+}
+
+/// [`serve_job`] with `codec` as the model's text codec.
+pub fn serve_job_with(
+    model: &mut ScriptModel,
+    job: Job,
+    max_batch: usize,
+    metrics: &Metrics,
+    codec: &TestCodec,
+) {
     let pending = AtomicUsize::new(1 + job.forks.len());
     let (jobs, receiver) = std_mpsc::channel();
     jobs.send(Work::Generate(Box::new(job)))
@@ -405,6 +462,6 @@ pub fn serve_job(model: &mut ScriptModel, job: Job, max_batch: usize, metrics: &
         },
         prefix: PrefixCacheOptions::default(),
     };
-    serve_requests(model, &TestCodec::new(), &context);
+    serve_requests(model, codec, &context);
     assert_eq!(pending.load(Ordering::SeqCst), 0, "every choice ended");
 }

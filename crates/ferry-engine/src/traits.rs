@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::{
     grammar::GrammarCompiler,
+    reasoning::ReasoningFormat,
     request::{ChatMessage, SamplingParams},
     tool_calls::ToolSupport,
     EngineError, EngineResult,
@@ -170,6 +171,12 @@ pub trait TextCodec: Send + Sync {
     /// Default: Hermes markup, tools folded into the messages.
     fn tool_support(&self) -> ToolSupport {
         ToolSupport::default()
+    }
+
+    /// The reasoning markup of the chat template's replies, when they are read apart
+    /// (settled at load from the template and the model's `reasoning_format`). Default: none.
+    fn reasoning_format(&self) -> Option<ReasoningFormat> {
+        None
     }
 
     /// Token ids to text. Incomplete UTF-8 at the end decodes to U+FFFD (the incremental

@@ -448,6 +448,13 @@ impl Backend for EngineHandle {
         Ok(self.ready(model)?.1.codec.tool_support())
     }
 
+    fn reasoning_format(
+        &self,
+        model: &str,
+    ) -> EngineResult<Option<crate::reasoning::ReasoningFormat>> {
+        Ok(self.ready(model)?.1.codec.reasoning_format())
+    }
+
     fn check_capacity(&self, model: &str) -> EngineResult<()> {
         let entry = self.entry(model)?;
         if entry.pending.load(Ordering::SeqCst) >= self.capacity() {

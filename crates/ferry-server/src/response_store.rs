@@ -71,6 +71,7 @@ fn message_bytes(m: &ChatMessage) -> usize {
         + m.content.len()
         + m.name.as_ref().map_or(0, String::len)
         + m.tool_call_id.as_ref().map_or(0, String::len)
+        + m.reasoning_content.as_ref().map_or(0, String::len)
         + calls
 }
 

@@ -280,6 +280,7 @@ mod tests {
                 completion_tokens,
                 total_tokens: 5 + completion_tokens,
                 prompt_tokens_details: None,
+                completion_tokens_details: None,
             },
             trailing_text: String::new(),
         };

@@ -18,6 +18,7 @@ use super::openai::chat::ChatRequest;
 use super::openai::common::SamplingWire;
 use super::openai::completions::{CompletionRequest, PromptWire};
 use super::{AppState, ServerOptions};
+use ferry_engine::reasoning::{ReasoningFormat, ReasoningParsing};
 use ferry_engine::tool_calls::{
     constrain, prompt, ToolCallFormat, ToolChoice, ToolParsing, ToolSpec,
 };
@@ -218,13 +219,14 @@ pub async fn chat(
     state.backend.check_capacity(&model)?;
     let tools = Tools::choose(&state.backend, &model, &req)?;
     let tool_calls = tools.parsing();
+    let reasoning_format = state.backend.reasoning_format(&model)?;
     let (b, m, mut messages) = (Arc::clone(&state.backend), model.clone(), req.messages);
     let parse_special = options.parse_special_in_content;
     let format = req.response_format;
     let variables = req.template_variables;
     // Grammars compile here, on the tokeniser pool, so a bad schema is a 400 before the
     // request is queued (the first one also builds the model's token trie).
-    let (prompt, grammar) = state
+    let (prompt, grammar, reasoning) = state
         .admission
         .tokenize(move || {
             tools.check_schemas(b.as_ref(), &m)?;
@@ -252,7 +254,18 @@ pub async fn chat(
             } else {
                 b.encode_chat_with_tools(&m, &messages, &offered, &variables, true, parse_special)?
             };
-            Ok((prompt, grammar))
+            let reasoning = reasoning_format
+                .map(|format| -> Result<_, EngineError> {
+                    // Whether the prompt opened a think block: its last few tokens tell.
+                    let tail = &prompt[prompt.len().saturating_sub(PROMPT_TAIL_TOKENS)..];
+                    let text = match format {
+                        ReasoningFormat::Think => b.detokenize(&m, tail)?,
+                        ReasoningFormat::Harmony => String::new(),
+                    };
+                    Ok(ReasoningParsing::for_prompt(format, &text))
+                })
+                .transpose()?;
+            Ok((prompt, grammar, reasoning))
         })
         .await?;
     let max_tokens = fit(
@@ -269,6 +282,7 @@ pub async fn chat(
         params: GenerationParams {
             grammar,
             tool_calls,
+            reasoning,
             ..params(max_tokens, sampling, &req.sampling, logprobs)
         },
         n,
@@ -417,8 +431,13 @@ fn params(
         logprobs,
         grammar: None,
         tool_calls: None,
+        reasoning: None,
     }
 }
+
+/// How many of a chat prompt's last tokens are decoded to see whether it opens a think block
+/// (`<think>\n` is one to three tokens).
+const PROMPT_TAIL_TOKENS: usize = 8;
 
 /// Checks the context and returns the final `max_tokens`: `requested` must fit with the
 /// prompt; without one, `default` is lowered to what the context leaves (an error only when the
@@ -627,6 +646,10 @@ fn message_chars(message: &ChatMessage) -> usize {
             .tool_call_id
             .as_ref()
             .map_or(0, |n| n.chars().count())
+        + message
+            .reasoning_content
+            .as_ref()
+            .map_or(0, |r| r.chars().count())
         + calls
 }
 

@@ -5,16 +5,10 @@
 
 use serde_json::{json, Value};
 
-use super::{ToolCallFormat, ToolSpec};
+use super::{harmony, ToolCallFormat, ToolSpec};
 
 /// The Lark grammar for calls of `tools` (already narrowed to the named one, if any).
 pub fn lark(format: ToolCallFormat, tools: &[ToolSpec], parallel: bool) -> String {
-    let calls: Vec<String> = tools
-        .iter()
-        .enumerate()
-        .map(|(i, tool)| format!("call_{i}: {}", call_rule(format, tool)))
-        .collect();
-    let alternatives: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
     let (one, sep, head, tail) = match format {
         ToolCallFormat::Hermes => (
             "\"<tool_call>\\n\" call \"\\n</tool_call>\"",
@@ -30,7 +24,16 @@ pub fn lark(format: ToolCallFormat, tools: &[ToolSpec], parallel: bool) -> Strin
         ),
         ToolCallFormat::Llama3Json => ("call", "\"; \"", "", ""),
         ToolCallFormat::Mistral => ("call", "\", \"", "\"[\" ", " \"]\""),
+        ToolCallFormat::Harmony => {
+            return harmony::lark(tools, |tool| format!("%json {}", schema(&tool.parameters)))
+        }
     };
+    let calls: Vec<String> = tools
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| format!("call_{i}: {}", call_rule(format, tool)))
+        .collect();
+    let alternatives: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
     let body = if parallel {
         format!("{head}block ({sep} block)*{tail}")
     } else {
@@ -55,7 +58,8 @@ fn call_rule(format: ToolCallFormat, tool: &ToolSpec) -> String {
     let name = lit(&serde_json::to_string(&tool.name).unwrap_or_default());
     let args = format!("%json {}", schema(&tool.parameters));
     match format {
-        ToolCallFormat::Hermes | ToolCallFormat::Mistral => {
+        // Harmony's calls are written by `harmony::lark`; its arm is never taken.
+        ToolCallFormat::Hermes | ToolCallFormat::Mistral | ToolCallFormat::Harmony => {
             format!(
                 "{} {name} {} {args} \"}}\"",
                 lit("{\"name\": "),

@@ -102,13 +102,15 @@ pub fn object(region: &str, tools: &[ToolSpec]) -> RegionScan {
 /// One item inside a fence: the family's markup, a call object or an array of them.
 fn item(rest: &str, format: ToolCallFormat, tools: &[ToolSpec]) -> RegionScan {
     let marker = match format {
-        ToolCallFormat::Hermes | ToolCallFormat::Qwen3Coder => hermes::OPEN,
+        ToolCallFormat::Hermes | ToolCallFormat::Qwen3Coder | ToolCallFormat::Harmony => {
+            hermes::OPEN
+        }
         ToolCallFormat::Llama3Json => llama3::PYTHON_TAG,
         ToolCallFormat::Mistral => mistral::TOOL_CALLS,
     };
     let scan = if rest.starts_with(marker) {
         match format {
-            ToolCallFormat::Hermes => hermes::scan(rest),
+            ToolCallFormat::Hermes | ToolCallFormat::Harmony => hermes::scan(rest),
             ToolCallFormat::Qwen3Coder => qwen3_coder::scan(rest, tools),
             ToolCallFormat::Llama3Json => llama3::scan(rest),
             ToolCallFormat::Mistral => mistral::scan(rest),

@@ -3,7 +3,9 @@
 //! required` or a named function) and how to show tools to a template that does not render them.
 //!
 //! The format ([`ToolCallFormat`]) is chosen from the chat template's source
-//! ([`ToolSupport::from_template`]): Qwen3-Coder's XML (`<function=` in a template with
+//! ([`ToolSupport::from_template`]): gpt-oss's harmony (`<|channel|>`: its calls are read by
+//! [`crate::reasoning::harmony`] with the rest of its channels, [`harmony`] writes and forces
+//! them), Qwen3-Coder's XML (`<function=` in a template with
 //! `<tool_call>`), Hermes/Qwen `<tool_call>{json}</tool_call>`, Mistral `[TOOL_CALLS]`, Llama 3.x
 //! JSON (`<|python_tag|>` or `ipython`); anything else falls back to Hermes. One file per
 //! format ([`hermes`], [`qwen3_coder`], [`llama3`], [`mistral`]) reads a *region* (the text from a
@@ -16,6 +18,7 @@
 //! template that does not know them.
 
 pub mod constrain;
+pub mod harmony;
 pub mod hermes;
 mod json_scan;
 pub mod lenient;
@@ -91,6 +94,10 @@ pub enum ToolCallFormat {
     Llama3Json,
     /// `[TOOL_CALLS][{"name": .., "arguments": {..}}, ..]`, or `[TOOL_CALLS]name[ARGS]{..}`.
     Mistral,
+    /// gpt-oss: `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{..}`
+    /// (special tokens; read by the harmony reasoning reader, never by [`ToolCallStream`],
+    /// which for this format reads only the fenced and bare forms).
+    Harmony,
 }
 
 impl ToolCallFormat {
@@ -101,6 +108,7 @@ impl ToolCallFormat {
             Self::Qwen3Coder => "qwen3_coder",
             Self::Llama3Json => "llama3_json",
             Self::Mistral => "mistral",
+            Self::Harmony => "harmony",
         }
     }
 
@@ -112,6 +120,7 @@ impl ToolCallFormat {
             Self::Qwen3Coder => qwen3_coder::render_call(name, arguments),
             Self::Llama3Json => llama3::render_call(name, arguments),
             Self::Mistral => mistral::render_call(name, arguments),
+            Self::Harmony => harmony::render_call(name, arguments),
         }
     }
 }
@@ -142,7 +151,9 @@ impl ToolSupport {
         let Some(src) = source else {
             return Self::default();
         };
-        let format = if src.contains("<tool_call>") && src.contains("<function=") {
+        let format = if src.contains("<|channel|>") {
+            ToolCallFormat::Harmony
+        } else if src.contains("<tool_call>") && src.contains("<function=") {
             ToolCallFormat::Qwen3Coder
         } else if src.contains("<tool_call>") {
             ToolCallFormat::Hermes
@@ -282,6 +293,11 @@ mod tests {
             (
                 Some("{% if tools is not none %}<|start_header_id|>ipython{% endif %}"),
                 ToolCallFormat::Llama3Json,
+                true,
+            ),
+            (
+                Some("{% if tools %}namespace functions{% endif %}<|channel|>commentary"),
+                ToolCallFormat::Harmony,
                 true,
             ),
         ];

@@ -162,6 +162,7 @@ impl ToolCallStream {
             ToolCallFormat::Hermes | ToolCallFormat::Qwen3Coder => &[hermes::OPEN, lenient::FENCE],
             ToolCallFormat::Llama3Json => &[llama3::PYTHON_TAG, lenient::FENCE],
             ToolCallFormat::Mistral => &[mistral::TOOL_CALLS, lenient::FENCE],
+            ToolCallFormat::Harmony => &[lenient::FENCE],
         }
     }
 
@@ -184,7 +185,7 @@ impl ToolCallStream {
         match self.format {
             ToolCallFormat::Llama3Json => Some('{'),
             ToolCallFormat::Mistral => Some('['),
-            ToolCallFormat::Hermes | ToolCallFormat::Qwen3Coder => None,
+            ToolCallFormat::Hermes | ToolCallFormat::Qwen3Coder | ToolCallFormat::Harmony => None,
         }
     }
 
@@ -197,6 +198,11 @@ impl ToolCallStream {
             (Opening::Native, ToolCallFormat::Qwen3Coder) => qwen3_coder::scan(region, &self.tools),
             (Opening::Native, ToolCallFormat::Llama3Json) => llama3::scan(region),
             (Opening::Native, ToolCallFormat::Mistral) => mistral::scan(region),
+            // No native marker opens a harmony region (its markup is special tokens).
+            (Opening::Native, ToolCallFormat::Harmony) => RegionScan {
+                calls: Vec::new(),
+                end: RegionEnd::NotACall,
+            },
         };
         scan.settle(region.len(), done)
     }

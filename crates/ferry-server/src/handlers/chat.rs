@@ -1,8 +1,10 @@
 //! `POST /v1/chat/completions`: validate, submit, then answer with one `chat.completion` or an
 //! SSE stream of `chat.completion.chunk`s (first one role chunk per choice; every chunk names
-//! its choice by `index`). With tools offered, each choice's text goes through its
-//! [`ToolCallStream`]: content chunks carry only what is not call markup, each call's first
-//! chunk its `index`, `id` and name, the next ones its argument fragments.
+//! its choice by `index`). With tools offered or a reasoning template, each choice's text goes
+//! through its [`ReplyReader`]: reasoning chunks carry `reasoning_content`, content chunks
+//! only what is neither reasoning nor call markup, each call's first chunk its `index`, `id`
+//! and name, the next ones its argument fragments. A whole reply is read by the same reader, so
+//! `message.reasoning_content`, `content` and `tool_calls` are what the chunks add up to.
 
 use axum::extract::State;
 use axum::response::Response;
@@ -23,9 +25,8 @@ use crate::openai::tools::{FunctionDelta, FunctionWire, ToolCallDelta, ToolCallW
 use crate::sse::{to_data, ChunkFormatter};
 use crate::validate::{self, ValidRequest};
 use crate::AppState;
-use ferry_engine::tool_calls::{
-    ParsedOutput, ToolCallFormat, ToolCallStream, ToolEvent, ToolParsing,
-};
+use ferry_engine::reasoning::{ParsedReply, ReasoningParsing, ReplyEvent, ReplyReader};
+use ferry_engine::tool_calls::{ParsedOutput, ToolCallFormat, ToolEvent, ToolParsing};
 use ferry_engine::{FinishReason, TokenOutput, Usage};
 
 /// The handler; its response carries the model label for `ferry_requests_total`.
@@ -59,8 +60,10 @@ struct Formatter {
     choices: u32,
     /// How to read tool calls, when tools are offered.
     tools: Option<ToolParsing>,
-    /// Per choice (streaming), when tools are offered: its tool-call reader.
-    readers: Vec<ToolCallStream>,
+    /// How to read the reasoning, for a reasoning template.
+    reasoning: Option<ReasoningParsing>,
+    /// Per choice (streaming), when tools are offered or the template reasons: its reader.
+    readers: Vec<ReplyReader>,
 }
 
 impl Formatter {
@@ -73,39 +76,52 @@ impl Formatter {
             logprobs: valid.params().logprobs.is_some(),
             choices: u32::try_from(valid.n()).unwrap_or(u32::MAX),
             tools: valid.tool_calls().cloned(),
-            readers: match valid.tool_calls() {
-                Some(t) => (0..valid.n())
-                    .map(|_| ToolCallStream::new(t.format, t.tools.clone()))
-                    .collect(),
-                None => Vec::new(),
+            reasoning: valid.params().reasoning,
+            readers: if valid.tool_calls().is_some() || valid.params().reasoning.is_some() {
+                (0..valid.n())
+                    .map(|_| ReplyReader::new(valid.params().reasoning, valid.tool_calls()))
+                    .collect()
+            } else {
+                Vec::new()
             },
         }
     }
 
-    /// A choice's message: its text, or with tools offered, its content and calls.
+    /// A choice's message: its text, or read for its reasoning, content and calls.
     fn message(&self, text: String) -> (ChatResponseMessage, usize) {
-        let Some(tools) = &self.tools else {
-            return (message(Some(text), None), 0);
-        };
-        let ParsedOutput { content, calls } =
-            ToolCallStream::parse(tools.format, tools.tools.clone(), &text);
-        if calls.is_empty() {
-            return (message(Some(content), None), 0);
+        if self.tools.is_none() && self.reasoning.is_none() {
+            return (message(Some(text), None, None), 0);
         }
+        let ParsedReply {
+            reasoning,
+            output: ParsedOutput { content, calls },
+        } = ReplyReader::parse(self.reasoning, self.tools.as_ref(), &text);
+        let reasoning = (!reasoning.is_empty()).then_some(reasoning);
         let n = calls.len();
-        let wire = calls
-            .into_iter()
-            .map(|call| ToolCallWire {
-                id: call_id(tools.format),
-                kind: "function",
-                function: FunctionWire {
-                    name: call.name,
-                    arguments: call.arguments,
-                },
-            })
-            .collect();
-        let content = (!content.is_empty()).then_some(content);
-        (message(content, Some(wire)), n)
+        let wire = (!calls.is_empty()).then(|| {
+            calls
+                .into_iter()
+                .map(|call| ToolCallWire {
+                    id: call_id(self.format()),
+                    kind: "function",
+                    function: FunctionWire {
+                        name: call.name,
+                        arguments: call.arguments,
+                    },
+                })
+                .collect()
+        });
+        // Only an answer with nothing else in it keeps an empty `content`.
+        let alone = wire.is_none() && reasoning.is_none();
+        let content = (alone || !content.is_empty()).then_some(content);
+        (message(content, reasoning, wire), n)
+    }
+
+    /// The tool-call format call ids are made for.
+    fn format(&self) -> ToolCallFormat {
+        self.tools
+            .as_ref()
+            .map_or(ToolCallFormat::Hermes, |t| t.format)
     }
 
     /// The chunks for a choice's new text: as it is, or through its tool-call reader.
@@ -118,7 +134,7 @@ impl Formatter {
     ) -> Vec<String> {
         let events = match self.readers.get_mut(index as usize) {
             None if text.is_empty() && logprobs.is_none() => Vec::new(),
-            None => vec![ToolEvent::Content(text.to_owned())],
+            None => vec![ReplyEvent::Output(ToolEvent::Content(text.to_owned()))],
             Some(reader) => {
                 let mut events = reader.push(text);
                 if finished {
@@ -130,15 +146,18 @@ impl Formatter {
         let mut chunks = Vec::with_capacity(events.len().max(1));
         for event in events {
             let delta = match event {
-                ToolEvent::Content(content) => ChatDelta {
+                ReplyEvent::Reasoning(reasoning) => ChatDelta {
+                    reasoning_content: Some(reasoning),
+                    ..ChatDelta::default()
+                },
+                ReplyEvent::Output(ToolEvent::Content(content)) => ChatDelta {
                     content: Some(content),
                     ..ChatDelta::default()
                 },
-                ToolEvent::CallStart { index: call, name } => {
-                    let format = self.tools.as_ref().map(|t| t.format);
+                ReplyEvent::Output(ToolEvent::CallStart { index: call, name }) => {
                     tool_delta(ToolCallDelta {
                         index: call,
-                        id: Some(call_id(format.unwrap_or(ToolCallFormat::Hermes))),
+                        id: Some(call_id(self.format())),
                         kind: Some("function"),
                         function: FunctionDelta {
                             name: Some(name),
@@ -146,10 +165,10 @@ impl Formatter {
                         },
                     })
                 }
-                ToolEvent::Arguments {
+                ReplyEvent::Output(ToolEvent::Arguments {
                     index: call,
                     fragment,
-                } => tool_delta(ToolCallDelta {
+                }) => tool_delta(ToolCallDelta {
                     index: call,
                     id: None,
                     kind: None,
@@ -243,7 +262,7 @@ impl ChunkFormatter for Formatter {
                     role: Some("assistant"),
                     content: Some(String::new()),
                     annotations: Some(Vec::new()),
-                    tool_calls: None,
+                    ..ChatDelta::default()
                 };
                 self.chunk(vec![self.choice(index, delta, None)], self.chunk_usage())
             })
@@ -271,7 +290,7 @@ impl ChunkFormatter for Formatter {
         let calls = self
             .readers
             .get(index as usize)
-            .map_or(0, ToolCallStream::calls);
+            .map_or(0, ReplyReader::calls);
         let mut last = self.choice(index, ChatDelta::default(), None);
         last.finish_reason = Some(ChatFinishReason::of(reason, calls));
         chunks.push(self.chunk(vec![last], self.chunk_usage()));
@@ -286,10 +305,15 @@ impl ChunkFormatter for Formatter {
     }
 }
 
-fn message(content: Option<String>, tool_calls: Option<Vec<ToolCallWire>>) -> ChatResponseMessage {
+fn message(
+    content: Option<String>,
+    reasoning_content: Option<String>,
+    tool_calls: Option<Vec<ToolCallWire>>,
+) -> ChatResponseMessage {
     ChatResponseMessage {
         role: "assistant",
         content,
+        reasoning_content,
         refusal: None,
         annotations: Vec::new(),
         tool_calls,

@@ -12,8 +12,9 @@
 //! Messages: `role` (`system`, `user`, `assistant`, `tool`, and `developer`, treated as
 //! `system`), `content` (a string, an array of `{"type":"text","text"}` parts, or null for an
 //! assistant), `name` (passed to the chat template, which may render it), an assistant's
-//! `tool_calls` and a tool message's `tool_call_id` (both passed to the template). Everything
-//! else is rejected with `param` naming it.
+//! `tool_calls`, `reasoning_content` (a reply's reasoning sent back; passed to the template as
+//! `reasoning_content` and `thinking`) and a tool message's `tool_call_id` (passed to the
+//! template). Everything else is rejected with `param` naming it.
 //!
 //! The response's message carries `refusal: null` and `annotations: []` (in a stream, the first
 //! chunk's delta), and every choice its `logprobs` (null unless asked): the fields OpenAI's
@@ -255,7 +256,14 @@ fn read_messages(value: Value) -> Result<Vec<ChatMessage>, ApiError> {
 fn read_message(item: Value, param: &str) -> Result<ChatMessage, ApiError> {
     let mut f = Fields::from_value(item, param)?;
     f.reject_others(
-        &["role", "content", "name", "tool_call_id", "tool_calls"],
+        &[
+            "role",
+            "content",
+            "name",
+            "tool_call_id",
+            "tool_calls",
+            "reasoning_content",
+        ],
         &["function_call", "audio", "refusal"],
     )?;
     let role: String = f.required("role", "a string")?;
@@ -286,6 +294,15 @@ fn read_message(item: Value, param: &str) -> Result<ChatMessage, ApiError> {
         Some(value) => Some(read_message_calls(value, &calls_param)?),
     };
     let name: Option<String> = f.optional("name", "a string")?;
+    // A reply's reasoning sent back with it (the openai SDK replays the message's extra fields).
+    let reasoning_param = f.param("reasoning_content");
+    let reasoning_content: Option<String> = f.optional("reasoning_content", "a string")?;
+    if reasoning_content.is_some() && role != "assistant" {
+        return Err(ApiError::invalid_value(
+            &reasoning_param,
+            "Only assistant messages carry `reasoning_content`.",
+        ));
+    }
     let content_param = f.param("content");
     let content = match f.take_raw("content") {
         None if role == "assistant" => String::new(),
@@ -306,6 +323,7 @@ fn read_message(item: Value, param: &str) -> Result<ChatMessage, ApiError> {
         name,
         tool_calls,
         tool_call_id,
+        reasoning_content,
     })
 }
 
@@ -387,6 +405,10 @@ pub struct ChatResponseMessage {
     pub role: &'static str,
     /// The generated text; `null` when the reply was only tool calls.
     pub content: Option<String>,
+    /// A reasoning template's thinking, apart from `content` (vLLM's and llama.cpp's field);
+    /// absent when the reply had none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Always `null` (this server never refuses in words); required by OpenAI's schema.
     pub refusal: Option<String>,
     /// Always empty (this server cites no sources); OpenAI's message always has it.
@@ -438,6 +460,9 @@ pub struct ChatDelta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// New reasoning text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// `[]` in the first chunk only, as in the whole message.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub annotations: Option<Vec<Value>>,

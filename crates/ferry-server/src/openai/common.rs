@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::fields::{as_integer, Fields};
 use crate::error::ApiError;
-use ferry_engine::Usage;
+use ferry_engine::{CompletionTokensDetails, Usage};
 
 /// Most stop sequences a request may give (OpenAI allows 4; we allow more).
 pub const MAX_STOP_SEQUENCES: usize = 16;
@@ -227,6 +227,12 @@ pub fn choices_usage(usages: &[Usage]) -> Usage {
         total_tokens: prompt_tokens + completion_tokens,
         // The prompt's breakdown is the first choice's, which computed it.
         prompt_tokens_details: usages.first().and_then(|u| u.prompt_tokens_details),
+        completion_tokens_details: usages
+            .iter()
+            .filter_map(|u| u.completion_tokens_details)
+            .reduce(|a, b| CompletionTokensDetails {
+                reasoning_tokens: a.reasoning_tokens + b.reasoning_tokens,
+            }),
     }
 }
 

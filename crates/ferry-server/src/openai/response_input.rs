@@ -1,8 +1,8 @@
 //! The Responses API's `input` items as chat messages: messages (`{"role","content"}`, `type:
 //! "message"` optional) with `input_text` / `output_text` parts, `function_call` items joined
 //! to the assistant turn before them as its calls (in the shape chat templates read),
-//! `function_call_output` items as tool messages, and `reasoning` items dropped (ferry has
-//! none to replay). Item `id` and `status` are accepted and ignored; other item and part types
+//! `function_call_output` items as tool messages, and `reasoning` items dropped (reasoning
+//! templates drop past reasoning). Item `id` and `status` are accepted and ignored; other item and part types
 //! are 400 `unsupported_value` naming them.
 
 use serde_json::Value;
@@ -75,8 +75,8 @@ pub fn read_items(items: Vec<Value>) -> Result<Vec<ChatMessage>, ApiError> {
                     ..message("tool", output)
                 });
             }
-            // ferry produces no reasoning items; one sent back (as OpenAI's clients replay
-            // output) has nothing for the template.
+            // A reasoning item sent back (as OpenAI's clients replay output) is dropped: the
+            // reasoning templates drop past turns' reasoning too.
             Some("reasoning") => {}
             Some(other) => {
                 return Err(ApiError::unsupported_value(

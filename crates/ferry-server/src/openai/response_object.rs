@@ -96,10 +96,11 @@ pub struct InputTokensDetails {
     pub cached_tokens: usize,
 }
 
-/// `{"reasoning_tokens": 0}`: ferry does not yet tell reasoning from the answer.
+/// `{"reasoning_tokens": n}`: generated tokens that were reasoning (0 unless the model's
+/// template is a reasoning one).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct OutputTokensDetails {
-    /// Always 0 for now.
+    /// Reasoning tokens among the output tokens.
     pub reasoning_tokens: usize,
 }
 
@@ -112,7 +113,9 @@ impl From<Usage> for ResponseUsage {
             },
             output_tokens: u.completion_tokens,
             output_tokens_details: OutputTokensDetails {
-                reasoning_tokens: 0,
+                reasoning_tokens: u
+                    .completion_tokens_details
+                    .map_or(0, |d| d.reasoning_tokens),
             },
             total_tokens: u.total_tokens,
         }
@@ -134,6 +137,17 @@ pub enum OutputItem {
         /// Its one `output_text` part (none in `response.output_item.added`).
         content: Vec<OutputText>,
     },
+    /// A reasoning model's thinking (its text in one `reasoning_text` part; no summary).
+    Reasoning {
+        /// `rs_...`.
+        id: String,
+        /// Always empty (ferry writes no summaries).
+        summary: Vec<Value>,
+        /// The reasoning text (empty in `response.output_item.added`).
+        content: Vec<ReasoningText>,
+        /// `in_progress` while streamed, then `completed` (or `incomplete`).
+        status: &'static str,
+    },
     /// A tool call.
     FunctionCall {
         /// `fc_...`.
@@ -147,6 +161,26 @@ pub enum OutputItem {
         /// `in_progress` while streamed, then `completed`.
         status: &'static str,
     },
+}
+
+/// `{"type":"reasoning_text","text"}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReasoningText {
+    /// Always `"reasoning_text"`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The text.
+    pub text: String,
+}
+
+impl ReasoningText {
+    /// A part holding `text`.
+    pub fn new(text: String) -> Self {
+        Self {
+            kind: "reasoning_text",
+            text,
+        }
+    }
 }
 
 /// `{"type":"output_text","text","annotations":[],"logprobs":[]}`.
@@ -250,6 +284,30 @@ pub enum StreamEvent {
         content_index: usize,
         /// The whole part.
         part: OutputText,
+    },
+    /// New reasoning text.
+    #[serde(rename = "response.reasoning_text.delta")]
+    ReasoningDelta {
+        /// The reasoning item's id.
+        item_id: String,
+        /// Its place in `output`.
+        output_index: usize,
+        /// Always 0.
+        content_index: usize,
+        /// The text added.
+        delta: String,
+    },
+    /// A reasoning item's text is complete.
+    #[serde(rename = "response.reasoning_text.done")]
+    ReasoningDone {
+        /// The reasoning item's id.
+        item_id: String,
+        /// Its place in `output`.
+        output_index: usize,
+        /// Always 0.
+        content_index: usize,
+        /// The whole text.
+        text: String,
     },
     /// A call's next argument text.
     #[serde(rename = "response.function_call_arguments.delta")]

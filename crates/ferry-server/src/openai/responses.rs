@@ -12,8 +12,8 @@
 //! `{"type":"function","name"}`), `parallel_tool_calls`, `text` (`format`: `text`, `json_object`
 //! or `{"type":"json_schema","name","schema","description","strict"}`, compiled into the same
 //! grammar as chat's `response_format`; `verbosity` checked, ignored), `reasoning` (`effort`,
-//! `summary`: echoed; `effort` becomes the template variable `reasoning_effort`; ferry does not split reasoning from the
-//! answer), `truncation` (`disabled` only), `metadata` (echoed), `include` (empty only), and
+//! `summary`: echoed; `effort` becomes the template variable `reasoning_effort`; a reasoning
+//! template's thinking comes back as a `reasoning` item, without summaries), `truncation` (`disabled` only), `metadata` (echoed), `include` (empty only), and
 //! ferry's sampling extensions shared with chat (`top_k`, `min_p`, `seed`, the penalties,
 //! `stop`, `ignore_eos`, `cache_salt`). Accepted and ignored: `user`, `prompt_cache_key`,
 //! `safety_identifier`, `service_tier` ([`super::common::IGNORED_FIELDS`]).
@@ -22,7 +22,7 @@
 //! `system`, `developer` (as system), `assistant`; content a string or `input_text` /
 //! `output_text` parts), `function_call` (`call_id`, `name`, `arguments`: joined to the
 //! assistant turn before it), `function_call_output` (`call_id`, `output`: a tool message) and
-//! `reasoning` (dropped: ferry has none to replay). Item `id` and `status` are accepted and
+//! `reasoning` (dropped: the templates drop past reasoning too). Item `id` and `status` are accepted and
 //! ignored. Anything else (images, files, audio, other item and tool types, `background`,
 //! `conversation`, `prompt`, `max_tool_calls`, `top_logprobs`) is rejected with `param` naming
 //! it.

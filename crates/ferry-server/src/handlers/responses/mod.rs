@@ -154,7 +154,7 @@ async fn run(
         conversation,
         responses: state.responses.clone(),
     };
-    let builder = OutputBuilder::new(valid.tool_calls());
+    let builder = OutputBuilder::new(valid.tool_calls(), valid.params().reasoning);
     let rx = submit(&state, &valid)?;
     if valid.stream() {
         return Ok(stream::response(
@@ -304,6 +304,7 @@ impl Pending {
 /// The assistant turn a continuation's template sees: the text and the calls of `items`.
 fn assistant_message(items: &[OutputItem]) -> ChatMessage {
     let mut content = String::new();
+    let mut reasoning = String::new();
     let mut calls = Vec::new();
     for item in items {
         match item {
@@ -316,12 +317,17 @@ fn assistant_message(items: &[OutputItem]) -> ChatMessage {
                 arguments,
                 ..
             } => calls.push(template_call(call_id, name, arguments)),
+            // As a chat client sends it back: the template decides what to keep of it.
+            OutputItem::Reasoning { content: parts, .. } => {
+                parts.iter().for_each(|p| reasoning.push_str(&p.text));
+            }
         }
     }
     ChatMessage {
         role: "assistant".into(),
         content,
         tool_calls: (!calls.is_empty()).then_some(calls),
+        reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
         ..ChatMessage::default()
     }
 }

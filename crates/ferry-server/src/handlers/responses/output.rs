@@ -1,19 +1,21 @@
 //! [`OutputBuilder`]: a reply's text becomes Responses output items and the stream events that
-//! build them. With tools offered, the text goes through the model's [`ToolCallStream`] as in
-//! chat: plain text opens (or continues) a `message` item, each call a `function_call` item,
-//! and a new item closes the one before it. The non-streamed response runs the whole text
+//! build them. With tools offered or a reasoning template, the text goes through the model's
+//! [`ReplyReader`] as in chat: reasoning opens (or continues) a `reasoning` item (its text
+//! streamed as `response.reasoning_text.delta`), plain text a `message` item, each call a
+//! `function_call` item, and a new item closes the one before it. The non-streamed response runs the whole text
 //! through the same builder, so both answers have the same items. A reply with nothing in it
 //! still gets one (empty) message. A reply cut at `max_output_tokens` has its last item
 //! `incomplete`, as OpenAI's.
 
 use super::super::chat::call_id;
 use crate::openai::common::new_id;
-use crate::openai::response_object::{OutputItem, OutputText, StreamEvent};
-use ferry_engine::tool_calls::{ToolCallFormat, ToolCallStream, ToolEvent, ToolParsing};
+use crate::openai::response_object::{OutputItem, OutputText, ReasoningText, StreamEvent};
+use ferry_engine::reasoning::{ReasoningParsing, ReplyEvent, ReplyReader};
+use ferry_engine::tool_calls::{ToolCallFormat, ToolEvent, ToolParsing};
 
 /// The items of one reply, built as its text arrives.
 pub struct OutputBuilder {
-    reader: Option<ToolCallStream>,
+    reader: Option<ReplyReader>,
     format: ToolCallFormat,
     items: Vec<OutputItem>,
     /// Whether the last item is still open.
@@ -21,10 +23,11 @@ pub struct OutputBuilder {
 }
 
 impl OutputBuilder {
-    /// A builder for a reply with `tools` offered (or none).
-    pub fn new(tools: Option<&ToolParsing>) -> Self {
+    /// A builder for a reply with `tools` offered (or none), read for `reasoning` (or not).
+    pub fn new(tools: Option<&ToolParsing>, reasoning: Option<ReasoningParsing>) -> Self {
         Self {
-            reader: tools.map(|t| ToolCallStream::new(t.format, t.tools.clone())),
+            reader: (tools.is_some() || reasoning.is_some())
+                .then(|| ReplyReader::new(reasoning, tools)),
             format: tools.map_or(ToolCallFormat::Hermes, |t| t.format),
             items: Vec::new(),
             open: false,
@@ -35,7 +38,7 @@ impl OutputBuilder {
     pub fn push(&mut self, text: &str) -> Vec<StreamEvent> {
         let events = match &mut self.reader {
             Some(reader) => reader.push(text),
-            None => vec![ToolEvent::Content(text.to_owned())],
+            None => vec![ReplyEvent::Output(ToolEvent::Content(text.to_owned()))],
         };
         let mut out = Vec::new();
         for event in events {
@@ -65,7 +68,11 @@ impl OutputBuilder {
         &self.items
     }
 
-    fn apply(&mut self, event: ToolEvent, out: &mut Vec<StreamEvent>) {
+    fn apply(&mut self, event: ReplyEvent, out: &mut Vec<StreamEvent>) {
+        let event = match event {
+            ReplyEvent::Reasoning(text) => return self.reasoning(text, out),
+            ReplyEvent::Output(event) => event,
+        };
         match event {
             ToolEvent::Content(text) if text.is_empty() => {}
             ToolEvent::Content(text) => {
@@ -116,6 +123,41 @@ impl OutputBuilder {
                     });
                 }
             }
+        }
+    }
+
+    /// Adds reasoning text to the open `reasoning` item, opening one first if need be.
+    fn reasoning(&mut self, text: String, out: &mut Vec<StreamEvent>) {
+        if text.is_empty() {
+            return;
+        }
+        if !(self.open && matches!(self.items.last(), Some(OutputItem::Reasoning { .. }))) {
+            self.close(out);
+            let item = OutputItem::Reasoning {
+                id: new_id("rs_"),
+                summary: Vec::new(),
+                content: Vec::new(),
+                status: "in_progress",
+            };
+            out.push(StreamEvent::ItemAdded {
+                output_index: self.items.len(),
+                item: item.clone(),
+            });
+            self.items.push(item);
+            self.open = true;
+        }
+        let output_index = self.items.len() - 1;
+        if let Some(OutputItem::Reasoning { id, content, .. }) = self.items.last_mut() {
+            match content.first_mut() {
+                Some(part) => part.text.push_str(&text),
+                None => content.push(ReasoningText::new(text.clone())),
+            }
+            out.push(StreamEvent::ReasoningDelta {
+                item_id: id.clone(),
+                output_index,
+                content_index: 0,
+                delta: text,
+            });
         }
     }
 
@@ -187,6 +229,20 @@ impl OutputBuilder {
                     part,
                 });
             }
+            OutputItem::Reasoning {
+                id,
+                content,
+                status,
+                ..
+            } => {
+                *status = done_status;
+                out.push(StreamEvent::ReasoningDone {
+                    item_id: id.clone(),
+                    output_index,
+                    content_index: 0,
+                    text: content.first().map(|p| p.text.clone()).unwrap_or_default(),
+                });
+            }
             OutputItem::FunctionCall {
                 id,
                 name,
@@ -230,7 +286,7 @@ mod tests {
 
     #[test]
     fn plain_text_is_one_message() {
-        let mut b = OutputBuilder::new(None);
+        let mut b = OutputBuilder::new(None, None);
         let mut events = b.push("Hel");
         events.extend(b.push(""));
         events.extend(b.push("lo"));
@@ -259,7 +315,7 @@ mod tests {
 
     #[test]
     fn an_empty_reply_is_an_empty_message() {
-        let mut b = OutputBuilder::new(None);
+        let mut b = OutputBuilder::new(None, None);
         let events = b.finish("", true);
         assert_eq!(events.len(), 5, "{:?}", names(&events));
         assert!(
@@ -279,7 +335,7 @@ mod tests {
             }]
             .into(),
         };
-        let mut b = OutputBuilder::new(Some(&tools));
+        let mut b = OutputBuilder::new(Some(&tools), None);
         let text = "Let me look.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
         let mut events = Vec::new();
         for piece in text.as_bytes().chunks(7) {
@@ -314,5 +370,61 @@ mod tests {
         );
         assert!(call_id.starts_with("call_"));
         assert_eq!(*status, "completed");
+    }
+
+    #[test]
+    fn reasoning_becomes_a_reasoning_item_before_the_message() {
+        use ferry_engine::reasoning::{ReasoningFormat, ReasoningParsing};
+        let reasoning = ReasoningParsing {
+            format: ReasoningFormat::Think,
+            starts_inside: true,
+        };
+        let text = "Two and two.\n</think>\n\nFour.";
+        let mut whole = OutputBuilder::new(None, Some(reasoning));
+        let mut events = whole.push(text);
+        events.extend(whole.finish("", false));
+        let mut pieces = OutputBuilder::new(None, Some(reasoning));
+        let mut streamed = Vec::new();
+        for c in text.chars() {
+            streamed.extend(pieces.push(&c.to_string()));
+        }
+        streamed.extend(pieces.finish("", false));
+        let [OutputItem::Reasoning {
+            content, status, ..
+        }, OutputItem::Message {
+            content: message, ..
+        }] = whole.items()
+        else {
+            panic!("{:?}", whole.items())
+        };
+        assert_eq!(
+            (content[0].text.as_str(), *status),
+            ("Two and two.", "completed")
+        );
+        assert_eq!(message[0].text, "Four.");
+        let names = names(&events);
+        assert_eq!(names[0], "response.output_item.added");
+        assert_eq!(names[1], "response.reasoning_text.delta");
+        assert!(names.contains(&"response.reasoning_text.done".to_owned()));
+        // The streamed items are the whole reply's, ids aside.
+        let text_of = |items: &[OutputItem]| -> Vec<String> {
+            items
+                .iter()
+                .map(|i| match i {
+                    OutputItem::Reasoning { content, .. } => format!("r:{}", content[0].text),
+                    OutputItem::Message { content, .. } => format!("m:{}", content[0].text),
+                    OutputItem::FunctionCall { name, .. } => format!("f:{name}"),
+                })
+                .collect()
+        };
+        assert_eq!(text_of(pieces.items()), text_of(whole.items()));
+        let deltas: String = streamed
+            .iter()
+            .filter_map(|e| match e {
+                StreamEvent::ReasoningDelta { delta, .. } => Some(delta.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(deltas, "Two and two.");
     }
 }
