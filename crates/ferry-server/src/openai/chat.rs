@@ -263,9 +263,13 @@ fn read_message(item: Value, param: &str) -> Result<ChatMessage, ApiError> {
             "tool_call_id",
             "tool_calls",
             "reasoning_content",
+            "annotations",
         ],
         &["function_call", "audio", "refusal"],
     )?;
+    // A reply's citations, sent back with it when a client replays the reply's message object
+    // (the openai SDK's does, with `annotations: []` and `refusal: null`): not model input.
+    let _: Option<Vec<Value>> = f.optional("annotations", "an array")?;
     let role: String = f.required("role", "a string")?;
     let role = match role.as_str() {
         "system" | "developer" => "system",
@@ -534,6 +538,25 @@ mod tests {
     fn req(v: Value) -> Result<ChatRequest, ApiError> {
         let Value::Object(map) = v else { panic!() };
         ChatRequest::from_json(map)
+    }
+
+    #[test]
+    fn a_replayed_reply_with_its_annotations_and_null_refusal_is_accepted() {
+        let r = req(json!({"model": "m", "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello", "refusal": null, "annotations": [],
+             "audio": null, "function_call": null, "tool_calls": null},
+            {"role": "user", "content": "again"}]}))
+        .unwrap();
+        assert_eq!(r.messages[1].content.as_str(), "hello");
+        let err = req(json!({"model": "m", "messages": [
+            {"role": "assistant", "content": "x", "annotations": "none"}]}))
+        .unwrap_err();
+        assert!(format!("{err:?}").contains("annotations"), "{err:?}");
+        let err = req(json!({"model": "m", "messages": [
+            {"role": "assistant", "content": "x", "refusal": "no"}]}))
+        .unwrap_err();
+        assert!(format!("{err:?}").contains("refusal"), "{err:?}");
     }
 
     #[test]
