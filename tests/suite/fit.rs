@@ -311,9 +311,9 @@ fn block_caches_keep_the_top_choice_of_an_f16_cache() {
     // Five prompts: the top-1 next token with an f16 cache, against each block format's, and
     // then over 16 greedy steps, each format fed the f16 run's tokens. A near tie can flip a
     // step with any change of cache (an f32 cache differs from f16 by up to 0.6 in the logits
-    // of this model). q8_0 must agree on the first token of 4 of 5 prompts and 90% of the
-    // steps; q4_0 is coarser (measured: 3 of 5 and 79% of the steps, recorded in
-    // docs/BENCHMARKS.md) and must keep 3 of 5 and 70%.
+    // of this model). Both must agree on the first token of 4 of 5 prompts; q8_0 on 90% of the
+    // steps, the coarser q4_0 on 85% (measured: 77 and 73 of 80; q4_0 kept 63 before its cache
+    // was rotated, `kv_format::rotate`).
     let files = ModelFiles::Gguf { path: model_path() };
     let vocab = ferry::model::tokenizer::TextTokenizer::from_gguf_metadata(
         ferry::model::checkpoint::Checkpoint::open(&files)
@@ -339,7 +339,8 @@ fn block_caches_keep_the_top_choice_of_an_f16_cache() {
             (prompt, reference)
         })
         .collect();
-    for (format, prompts_floor, steps_floor) in [(KvFormat::Q8_0, 4, 0.9), (KvFormat::Q4_0, 3, 0.7)]
+    for (format, prompts_floor, steps_floor) in
+        [(KvFormat::Q8_0, 4, 0.9), (KvFormat::Q4_0, 4, 0.85)]
     {
         let (mut first_equal, mut steps_equal) = (0, 0);
         for (text, (prompt, reference)) in prompts.iter().zip(&references) {

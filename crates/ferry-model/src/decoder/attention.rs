@@ -22,7 +22,7 @@ use super::flash_cpu::{self, KvData, KvHeads};
 use super::rope::Rope;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::LayerKv;
-use crate::kv_format::KvFormat;
+use crate::kv_format::{self, KvFormat};
 use crate::spec::ModelSpec;
 
 /// Most keys the matmul path scores a query against at once; longer contexts go block by block.
@@ -180,13 +180,40 @@ pub fn attend(
     let q = rope.apply(&q, step.pos)?;
     let k = rope.apply(&k, step.pos)?;
     let format = kv.format();
-    let (k, v) = kv.write(step.pos, &k, &v)?;
+    if format.rotates(head_dim) {
+        // A block-format cache stores rotated keys and values (`kv_format::rotate`): rotated
+        // queries score the same, and the output comes back rotated once more.
+        let (q, k, v) = (
+            kv_format::rotate(&q)?,
+            kv_format::rotate(&k)?,
+            kv_format::rotate(&v)?,
+        );
+        let y = attend_stored(&q, &k, &v, kv, step, dims, (window, mask))?;
+        return kv_format::rotate(&y);
+    }
+    attend_stored(&q, &k, &v, kv, step, dims, (window, mask))
+}
+
+/// [`attend`] after RoPE (and the rotation of a block-format cache): writes `k` and `v` to the
+/// cache and attends `q` to every position the layer holds.
+fn attend_stored(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv: &mut LayerKv,
+    step: &Step<'_>,
+    dims: AttentionDims,
+    (window, mask): (Option<usize>, &Option<Tensor>),
+) -> Result<Tensor> {
+    let (b, _, seq, head_dim) = q.dims4()?;
+    let format = kv.format();
+    let (k, v) = kv.write(step.pos, k, v)?;
     // The views start at the layer's first held position (a window layer forgets older ones);
     // causal and window masks are the same relative to it.
     let first = kv.first_position();
     let pos = step.pos - first;
     if q.device().is_cpu() && b == 1 {
-        return tiled_attention(&q, &k, &v, format, pos, window, dims);
+        return tiled_attention(q, &k, &v, format, pos, window, dims);
     }
     // The matmul paths multiply dense tensors: a block-format cache is decoded for them.
     let (k, v) = match format {
@@ -194,13 +221,13 @@ pub fn attend(
         _ => (format.decode(&k, head_dim)?, format.decode(&v, head_dim)?),
     };
     if k.dim(2)? > KEY_BLOCK {
-        return blocked_attention(&q, &k, &v, pos, window, dims, KEY_BLOCK);
+        return blocked_attention(q, &k, &v, pos, window, dims, KEY_BLOCK);
     }
     let mask = match mask {
         Some(mask) if first == 0 => Some(mask.clone()),
         _ => causal_mask(seq, pos, window, q.device())?,
     };
-    matmul_attention(&q, &k, &v, mask.as_ref(), dims)
+    matmul_attention(q, &k, &v, mask.as_ref(), dims)
 }
 
 /// The attention core by candle's matmuls: `q` (`[b, heads, seq, dim]`, RoPE applied)
