@@ -104,8 +104,28 @@ fn qwen2_config_gives_the_planner_its_dims() {
     assert!(error.contains("missing field"), "{error}");
 }
 
-/// A small valid spec of family `arch` (from a config.json of that family).
+/// A small valid spec of family `arch` (from a config.json of that family; the GGUF-only
+/// families from Qwen3-MoE's with their own fields set as the GGUF reader sets them).
 pub(crate) fn tiny_spec(arch: Architecture) -> ModelSpec {
+    if arch.gguf_only() {
+        let mut spec = tiny_spec(Architecture::Qwen3Moe);
+        spec.architecture = arch;
+        spec.qk_norm = false;
+        let moe = spec.moe.as_mut().unwrap();
+        moe.norm_topk = false;
+        if arch == Architecture::GptOss {
+            moe.gating = Gating::SoftmaxOfTopK;
+            moe.activation = ExpertActivation::ClampedSwiglu;
+            spec.attn_sinks = true;
+            spec.attention_bias = true;
+            spec.sliding_window = Some(128);
+            spec.sliding_window_pattern = Some(2);
+        } else {
+            moe.shared_ff = Some(96);
+            spec.attention_bias = true;
+        }
+        return spec;
+    }
     let name = match arch {
         Architecture::Gemma3 => "gemma3_text",
         Architecture::Qwen3Moe => "qwen3_moe",

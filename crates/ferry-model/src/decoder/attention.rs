@@ -1,5 +1,7 @@
 //! Causal self-attention with grouped-query heads, RoPE and the in-place key/value cache;
-//! per layer a score scale, an optional soft-cap and global or sliding-window attention.
+//! per layer a score scale, an optional soft-cap, global or sliding-window attention and
+//! optional attention sinks (gpt-oss: a learned logit per query head that joins the softmax's
+//! denominator and adds no value).
 //!
 //! On the CPU the core runs in tiles with an online softmax ([`super::flash_cpu`]): no
 //! `[queries, keys]` score matrix and no mask tensor, keys and values read in place from the
@@ -107,17 +109,33 @@ impl<'a> Step<'a> {
 /// [`attend`] for every sequence of a step, each on its own rows of the batched projections
 /// (`q` `[1, rows, heads * dim]`, `k` and `v` `[1, rows, kv_heads * dim]`) against its own
 /// cache; the heads' outputs are concatenated back in row order (`[1, rows, heads * dim]`).
+/// `sinks` (`[heads]`, the layer's attention sinks) join every head's softmax when given.
 pub fn attend_each(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     seqs: &mut [BatchRows<'_, '_>],
     dims: AttentionDims,
+    sinks: Option<&Tensor>,
 ) -> Result<Tensor> {
+    let sinks = match sinks {
+        None => None,
+        Some(t) => {
+            let values = t.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+            if values.len() != dims.n_heads {
+                return Err(ModelError::BadShape {
+                    name: "attn_sinks".into(),
+                    actual: vec![values.len()],
+                    expected: vec![dims.n_heads],
+                });
+            }
+            Some(values)
+        }
+    };
     let mut outputs = Vec::with_capacity(seqs.len());
     for s in seqs.iter_mut() {
         let (q, k, v) = (s.rows(q)?, s.rows(k)?, s.rows(v)?);
-        outputs.push(attend(&q, &k, &v, s.kv, s.step, dims)?);
+        outputs.push(attend(&q, &k, &v, s.kv, s.step, dims, sinks.as_deref())?);
     }
     Ok(Tensor::cat(&outputs, 1)?)
 }
@@ -126,7 +144,8 @@ pub fn attend_each(
 /// `q` (`[1, seq, heads * dim]`), `k` and `v` (`[1, seq, kv_heads * dim]`), applies RoPE at
 /// `step.pos`, writes keys and values to `kv` and returns the heads' output
 /// (`[1, seq, heads * dim]`, before the output projection). [`attend_each`] calls it once per
-/// sequence on that sequence's rows of the batched projections.
+/// sequence on that sequence's rows of the batched projections; `sinks` (one logit per query
+/// head) join each head's softmax.
 pub fn attend(
     q: &Tensor,
     k: &Tensor,
@@ -134,6 +153,7 @@ pub fn attend(
     kv: &mut LayerKv,
     step: &Step<'_>,
     dims: AttentionDims,
+    sinks: Option<&[f32]>,
 ) -> Result<Tensor> {
     let (b, seq, _) = q.dims3()?;
     let head_dim = dims.head_dim;
@@ -158,24 +178,27 @@ pub fn attend(
     let k = rope.apply(&k, step.pos)?;
     let (k, v) = kv.write(step.pos, &k, &v)?;
     if q.device().is_cpu() && b == 1 {
-        return tiled_attention(&q, &k, &v, step.pos, window, dims);
+        return tiled_attention(&q, &k, &v, step.pos, window, dims, sinks);
     }
     let mask = match mask {
         Some(mask) => Some(mask.clone()),
         None => causal_mask(seq, step.pos, window, q.device())?,
     };
-    matmul_attention(&q, &k, &v, mask.as_ref(), dims)
+    matmul_attention(&q, &k, &v, mask.as_ref(), dims, sinks)
 }
 
 /// The attention core by candle's matmuls: `q` (`[b, heads, seq, dim]`, RoPE applied)
 /// against the cached `k` and `v` (`[b, kv_heads, kv_len, dim]`) under the additive `mask`
 /// (`[seq, kv_len]`, see [`causal_mask`]); returns `[b, seq, heads * dim]` in `q`'s dtype.
+/// `sinks` (one logit per query head) are a column of scores that joins the softmax and is
+/// dropped before the values.
 pub fn matmul_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     mask: Option<&Tensor>,
     dims: AttentionDims,
+    sinks: Option<&[f32]>,
 ) -> Result<Tensor> {
     let (b, _, seq, _) = q.dims4()?;
     let AttentionDims {
@@ -212,7 +235,23 @@ pub fn matmul_attention(
             .broadcast_add(mask)?
             .reshape((b, n_kv_heads, group * seq, kv_len))?,
     };
-    let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
+    let probs = match sinks {
+        None => candle_nn::ops::softmax_last_dim(&scores)?,
+        Some(sinks) => {
+            // Row `g * seq + i` of key/value head `h` is query head `h * group + g`.
+            let column: Vec<f32> = sinks
+                .iter()
+                .flat_map(|&s| std::iter::repeat_n(s, seq))
+                .collect();
+            let column = Tensor::from_vec(column, (1, n_kv_heads, group * seq, 1), q.device())?
+                .broadcast_as((b, n_kv_heads, group * seq, 1))?;
+            let with_sinks = Tensor::cat(&[&scores, &column], 3)?;
+            candle_nn::ops::softmax_last_dim(&with_sinks)?
+                .narrow(3, 0, kv_len)?
+                .contiguous()?
+        }
+    };
+    let probs = probs.to_dtype(v.dtype())?;
     let y = probs.matmul(&v)?.to_dtype(compute)?;
     Ok(y.reshape((b, n_heads, seq, head_dim))?
         .transpose(1, 2)?
@@ -229,6 +268,7 @@ pub fn tiled_attention(
     pos: usize,
     window: Option<usize>,
     dims: AttentionDims,
+    sinks: Option<&[f32]>,
 ) -> Result<Tensor> {
     let (_, n_heads, seq, head_dim) = q.dims4()?;
     let compute = q.dtype();
@@ -252,6 +292,7 @@ pub fn tiled_attention(
         scale: dims.scale as f32,
         softcap: dims.softcap,
         window,
+        sinks,
     };
     let k_heads = kv_heads(cpu_storage(&k_store)?, k_layout)?;
     let v_heads = kv_heads(cpu_storage(&v_store)?, v_layout)?;
