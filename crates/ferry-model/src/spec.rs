@@ -1,6 +1,7 @@
 //! [`ModelSpec`]: the architecture and dimensions of a decoder model (the Llama family, Qwen3,
-//! Qwen3-MoE, Mixtral, Gemma 2/3, Phi-3), read either from a Hugging Face `config.json` or from
-//! GGUF metadata (keys prefixed by `general.architecture`).
+//! Qwen3-MoE, Mixtral, Gemma 2/3, Phi-3, and from GGUF only gpt-oss and Qwen2-MoE), read either
+//! from a Hugging Face `config.json` or from GGUF metadata (keys prefixed by
+//! `general.architecture`).
 //!
 //! The spec is everything the blocks need besides weights: head layout, RoPE parameters (and
 //! their scalings, Gemma 3's local base), the attention windows per layer, soft-caps, norm
@@ -16,8 +17,9 @@ use super::error::{ModelError, Result};
 use super::header::GgufHeader;
 use super::tensors::{FixedPart, Format, Part};
 
-/// The model families ferry implements. The Llama family (Llama, Qwen2, Mistral) shares one
-/// block; Qwen3, Gemma 2/3 and Phi-3 have blocks of their own (`super::decoder::block`).
+/// The model families ferry implements. The Llama family (Llama, Qwen2, Mistral, and the MoE
+/// families Mixtral, Qwen2-MoE and gpt-oss) shares one block; Qwen3, Gemma 2/3 and Phi-3 have
+/// blocks of their own (`super::decoder::block`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     /// Llama 1/2/3, SmolLM, TinyLlama and other `LlamaForCausalLM` checkpoints.
