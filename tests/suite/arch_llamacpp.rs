@@ -200,3 +200,56 @@ fn gpt_oss_mxfp4_dequantized_matches_llamacpp() {
 fn qwen2_moe_matches_llamacpp() {
     check_top1("qwen2moe", 1e-4, 5);
 }
+
+/// What the GGUF reader takes from the gpt-oss and Qwen2-MoE fixtures' metadata (the features
+/// the logit checks above exercise, each read from its own key).
+#[test]
+fn gpt_oss_and_qwen2_moe_metadata_is_read() {
+    use ferry::model::checkpoint::Checkpoint;
+    use ferry::model::spec::{ExpertActivation, Gating, YarnScaling};
+
+    let open = |file: &str| {
+        Checkpoint::open(&ModelFiles::Gguf {
+            path: dir().join(file),
+        })
+        .unwrap()
+    };
+    let oss = open("gpt-oss-mxfp4.gguf");
+    let spec = oss.spec();
+    assert_eq!(spec.architecture.name(), "gpt-oss");
+    assert!(spec.attn_sinks && spec.attention_bias);
+    assert_eq!(
+        (spec.sliding_window, spec.sliding_window_pattern),
+        (Some(4), Some(2))
+    );
+    assert!(spec.is_sliding_layer(0) && !spec.is_sliding_layer(1));
+    assert_eq!(
+        spec.rope_yarn,
+        Some(YarnScaling {
+            factor: 32.0,
+            original_context: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        })
+    );
+    assert_eq!(spec.rope_linear_factor, None);
+    let moe = spec.moe.unwrap();
+    assert_eq!(
+        (moe.gating, moe.activation, moe.norm_topk, moe.shared_ff),
+        (
+            Gating::SoftmaxOfTopK,
+            ExpertActivation::ClampedSwiglu,
+            false,
+            None
+        )
+    );
+    let qwen = open("qwen2moe.gguf");
+    let spec = qwen.spec();
+    assert_eq!(spec.architecture.name(), "qwen2moe");
+    assert!(!spec.attn_sinks && spec.attention_bias && spec.rope_yarn.is_none());
+    let moe = spec.moe.unwrap();
+    assert_eq!(
+        (moe.gating, moe.activation, moe.norm_topk, moe.shared_ff),
+        (Gating::Softmax, ExpertActivation::Swiglu, false, Some(96))
+    );
+}

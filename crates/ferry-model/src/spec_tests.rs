@@ -302,3 +302,15 @@ fn transformers5_rope_parameters_and_qwen3_moe_expert_count() {
     assert_eq!(spec.rope_local_theta, Some(10_000.0));
     assert_eq!(spec.rope_linear_factor, Some(8.0));
 }
+
+#[test]
+fn gguf_only_families_are_refused_from_a_config_json() {
+    for model_type in ["gpt-oss", "qwen2moe"] {
+        let json = SMOL_LIKE.replace(
+            "\"model_type\": \"llama\"",
+            &format!("\"model_type\": \"{model_type}\""),
+        );
+        let err = ModelSpec::from_hf_config(&json).unwrap_err().to_string();
+        assert!(err.contains("GGUF"), "{model_type}: {err}");
+    }
+}

@@ -284,6 +284,36 @@ mod tests {
     }
 
     #[test]
+    fn yarn_keeps_fast_frequencies_and_interpolates_slow_ones() {
+        // gpt-oss's numbers: head_dim 64, base 150000, factor 32 over 4096 positions. The
+        // correction dimensions are floor(8.09) = 8 and ceil(17.4) = 18.
+        let y = YarnScaling {
+            factor: 32.0,
+            original_context: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        };
+        let freqs = inverse_frequencies(64, 150_000.0);
+        let scaled = yarn_scale(&freqs, &y, 150_000.0);
+        for i in 0..=8 {
+            assert_eq!(scaled[i], freqs[i], "pair {i} is kept");
+        }
+        for i in 18..32 {
+            assert!(
+                (scaled[i] - freqs[i] / 32.0).abs() <= 1e-6 * freqs[i],
+                "pair {i}"
+            );
+        }
+        for i in 9..18 {
+            assert!(
+                scaled[i] < freqs[i] && scaled[i] > freqs[i] / 32.0,
+                "pair {i}"
+            );
+        }
+        assert!((yarn_magnitude(&y) - (1.0 + 0.1 * 32f32.ln())).abs() < 1e-7);
+    }
+
+    #[test]
     fn position_zero_is_identity() {
         let json = r#"{"model_type":"llama","hidden_size":8,"intermediate_size":8,
             "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":4,
