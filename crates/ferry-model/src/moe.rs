@@ -229,7 +229,7 @@ mod tests {
             shared_ff: None,
         };
         // Logits whose softmax is [0.1, 0.4, 0.2, 0.3] and a uniform row.
-        let probs = vec![vec![0.1f32, 0.4, 0.2, 0.3], vec![0.25, 0.25, 0.25, 0.25]];
+        let probs = [vec![0.1f32, 0.4, 0.2, 0.3], vec![0.25, 0.25, 0.25, 0.25]];
         let logits: Vec<Vec<f32>> = probs
             .iter()
             .map(|p| p.iter().map(|x| x.ln()).collect())

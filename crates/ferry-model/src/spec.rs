@@ -458,7 +458,13 @@ impl ModelSpec {
         let spec = ModelSpec {
             architecture,
             hidden_size,
-            intermediate_size: md.usize(&key("feed_forward_length"))?,
+            // A MoE GGUF without a dense FFN width (none of its layers is dense) has its
+            // experts' width there.
+            intermediate_size: match (md.opt_usize(&key("feed_forward_length"))?, moe) {
+                (Some(ff), _) => ff,
+                (None, Some(moe)) => moe.expert_ff,
+                (None, None) => md.usize(&key("feed_forward_length"))?,
+            },
             n_layers,
             n_heads,
             n_kv_heads,
