@@ -72,6 +72,7 @@ fn main() -> Result<(), String> {
         scale: 1.0 / (d as f32).sqrt(),
         softcap: None,
         window: None,
+        sinks: None,
     };
     let mut out = vec![0f32; q.len()];
     let mut best = [f64::INFINITY; 3];

@@ -5,8 +5,10 @@ llama.cpp (through llama-cpp-python) gives for the last position of five fixed t
 tests/suite/arch_llamacpp.rs loads the same GGUFs with ferry and compares.
 
 Usage: /work/venv-oracle/bin/python scripts/make-arch-fixture-llamacpp.py [--write-only]
+           [--only NAME,NAME]
 Needs gguf 0.19 and numpy to write the files, llama-cpp-python 0.3.36 for the expected logits
-(`--write-only` skips that step). No network, no torch.
+(`--write-only` skips that step; `--only` writes the named fixtures and replaces only their
+entries in an existing expected.json). No network, no torch.
 
 The files follow the tensor names and metadata keys llama.cpp's convert_hf_to_gguf writes for
 each architecture (checked against llama.cpp's src/models/<arch>.cpp, the version vendored in
@@ -24,6 +26,14 @@ llama-cpp-python 0.3.36):
   RoPE base from `rope.freq_base_swa` (50000 rather than the usual 10000, so a reader that
   ignores the key and assumes 10000 shows).
 - phi3: fused attn_qkv and gate/up (`ffn_up` 2 * ff rows), GQA.
+- gpt-oss: q/k/v/o biases, `attn_sinks` (one logit per head, large enough to take a real share
+  of the softmax), sliding window 4 on the even layers (`gpt-oss` alternates with pattern 2),
+  YaRN RoPE with gpt-oss's own numbers (base 150000, factor 32, original context 4096), the
+  MLP pre-norm named `post_attention_norm`, a router with a bias, experts with stacked biases,
+  gate/up weights large enough that the clamped SwiGLU's limits (gate <= 7, |up| <= 7) bite.
+- gpt-oss-mxfp4: the same with the experts stored as MXFP4 (what gpt-oss ships).
+- qwen2moe: Qwen2 attention (q/k/v biases), routed experts plus a shared expert
+  (`ffn_*_shexp`, `expert_shared_feed_forward_length`) gated by `sigmoid(ffn_gate_inp_shexp . h)`.
 All share one small SentencePiece-style vocabulary (llama.cpp needs tokenizer keys to load a
 model; the prompts are token ids, so nothing is tokenized). Prompts up to 8 tokens, so the
 windowed layers really drop keys.
@@ -52,7 +62,8 @@ PROMPTS = [
 
 BASE = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, ff=128, layers=2, eps=1e-5,
             rope_base=10000.0, tied=False, qk_norm=False, experts=0, used=0, expert_ff=0,
-            qkv_bias=False, dtype="f32")
+            qkv_bias=False, dtype="f32", o_bias=False, sinks=False, expert_bias=False,
+            expert_gain=1.0, shared_ff=0, ffn_norm="ffn_norm", expert_dtype="f32")
 FIXTURES = {
     "llama": dict(arch="llama"),
     "llama-q8": dict(arch="llama", dtype="q8_0"),
@@ -67,6 +78,15 @@ FIXTURES = {
     "gemma3": dict(arch="gemma3", tied=True, eps=1e-6, qk_norm=True, window=4,
                    window_pattern=2, rope_base=1_000_000.0, rope_base_swa=50000.0),
     "phi3": dict(arch="phi3", eps=1e-5),
+    "gpt-oss": dict(arch="gpt-oss", qkv_bias=True, o_bias=True, sinks=True, window=4,
+                    rope_base=150000.0, yarn=(32.0, 4096), experts=4, used=2, expert_ff=64,
+                    expert_bias=True, expert_gain=5.0, ffn_norm="post_attention_norm"),
+    "gpt-oss-mxfp4": dict(arch="gpt-oss", qkv_bias=True, o_bias=True, sinks=True, window=4,
+                          rope_base=150000.0, yarn=(32.0, 4096), experts=4, used=2,
+                          expert_ff=64, expert_bias=True, expert_gain=5.0,
+                          ffn_norm="post_attention_norm", expert_dtype="mxfp4"),
+    "qwen2moe": dict(arch="qwen2moe", qkv_bias=True, eps=1e-6, rope_base=1_000_000.0,
+                     experts=4, used=2, expert_ff=64, shared_ff=96),
 }
 
 
@@ -112,19 +132,37 @@ def write(name, cfg):
             for part, n in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
                 tensors[p + f"attn_{part}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
         tensors[p + "attn_output.weight"] = mat(h, nh * hd)
+        if c["o_bias"]:
+            tensors[p + "attn_output.bias"] = (0.5 * rng.standard_normal(h)).astype(np.float32)
+        if c["sinks"]:
+            # Around the scores' size, so the sinks take a real share of each softmax.
+            tensors[p + "attn_sinks.weight"] = (1.0 + rng.standard_normal(nh)).astype(np.float32)
         if c["qk_norm"]:
             tensors[p + "attn_q_norm.weight"] = norm(hd)
             tensors[p + "attn_k_norm.weight"] = norm(hd)
         if gemma:
             tensors[p + "post_attention_norm.weight"] = norm(h)
             tensors[p + "post_ffw_norm.weight"] = norm(h)
-        tensors[p + "ffn_norm.weight"] = norm(h)
+        tensors[p + c["ffn_norm"] + ".weight"] = norm(h)
         if c["experts"]:
-            e, eff = c["experts"], c["expert_ff"]
+            e, eff, gain = c["experts"], c["expert_ff"], c["expert_gain"]
             tensors[p + "ffn_gate_inp.weight"] = mat(e, h, 2.0)
-            tensors[p + "ffn_gate_exps.weight"] = np.stack([mat(eff, h) for _ in range(e)])
-            tensors[p + "ffn_up_exps.weight"] = np.stack([mat(eff, h) for _ in range(e)])
+            tensors[p + "ffn_gate_exps.weight"] = np.stack([mat(eff, h, gain) for _ in range(e)])
+            tensors[p + "ffn_up_exps.weight"] = np.stack([mat(eff, h, gain) for _ in range(e)])
             tensors[p + "ffn_down_exps.weight"] = np.stack([mat(h, eff) for _ in range(e)])
+            if c["expert_bias"]:
+                def bias(*shape):
+                    return (0.5 * rng.standard_normal(shape)).astype(np.float32)
+                tensors[p + "ffn_gate_inp.bias"] = bias(e)
+                tensors[p + "ffn_gate_exps.bias"] = bias(e, eff)
+                tensors[p + "ffn_up_exps.bias"] = bias(e, eff)
+                tensors[p + "ffn_down_exps.bias"] = bias(e, h)
+            if c["shared_ff"]:
+                sff = c["shared_ff"]
+                tensors[p + "ffn_gate_inp_shexp.weight"] = mat(1, h, 2.0)[0]
+                tensors[p + "ffn_gate_shexp.weight"] = mat(sff, h)
+                tensors[p + "ffn_up_shexp.weight"] = mat(sff, h)
+                tensors[p + "ffn_down_shexp.weight"] = mat(h, sff)
         elif arch == "phi3":
             tensors[p + "ffn_up.weight"] = np.concatenate([mat(ff, h), mat(ff, h)])
             tensors[p + "ffn_down.weight"] = mat(h, ff)
@@ -157,10 +195,17 @@ def write(name, cfg):
             # llama.cpp's `llama` sizes experts by feed_forward_length (Mixtral's converter
             # writes no expert width).
             w.add_expert_feed_forward_length(c["expert_ff"])
+        if c["shared_ff"]:
+            w.add_expert_shared_feed_forward_length(c["shared_ff"])
     if "window" in c:
         w.add_sliding_window(c["window"])
     if "window_pattern" in c:
         w.add_uint32(f"{arch}.attention.sliding_window_pattern", c["window_pattern"])
+    if "yarn" in c:
+        factor, original = c["yarn"]
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(factor)
+        w.add_rope_scaling_orig_ctx_len(original)
     if "rope_base_swa" in c:
         w.add_rope_freq_base_swa(c["rope_base_swa"])
     if "attn_softcap" in c:
@@ -181,6 +226,9 @@ def write(name, cfg):
         if c["dtype"] == "q8_0" and t.ndim == 2:
             q = gguf.quants.quantize(t, gguf.GGMLQuantizationType.Q8_0)
             w.add_tensor(tname, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        elif c["expert_dtype"] == "mxfp4" and tname.endswith("_exps.weight"):
+            q = gguf.quants.quantize(t, gguf.GGMLQuantizationType.MXFP4)
+            w.add_tensor(tname, q, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
         else:
             w.add_tensor(tname, t)
     w.write_header_to_file()
@@ -228,10 +276,17 @@ def oracle(path):
 
 
 def main():
-    write_only = "--write-only" in sys.argv[1:]
+    args = sys.argv[1:]
+    write_only = "--write-only" in args
+    only = args[args.index("--only") + 1].split(",") if "--only" in args else list(FIXTURES)
     os.makedirs(OUT, exist_ok=True)
     expected = {"vocab": VOCAB, "prompts": PROMPTS, "models": {}}
-    for name, cfg in FIXTURES.items():
+    existing = os.path.join(OUT, "expected.json")
+    if "--only" in args and os.path.exists(existing):
+        with open(existing) as f:
+            expected = json.load(f)
+    for name in only:
+        cfg = FIXTURES[name]
         path = write(name, cfg)
         print(f"wrote {path} ({os.path.getsize(path)} bytes)")
         if not write_only:

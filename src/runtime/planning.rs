@@ -4,7 +4,7 @@
 //! lowered). Loading plans the same way from the checkpoint it then loads ([`plan_checkpoint`]),
 //! so the plan `ferry plan` prints is the one `ferry serve` follows.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use candle_core::{DType, Device};
 
@@ -189,7 +189,7 @@ fn kv_layout(spec: &ModelSpec, max_step: usize) -> KvLayout {
 /// IQ4_NL, IQ4_XS, MXFP4) while `holding` would keep blocks: those tensors are dequantized at
 /// load, and the plan counts their dense bytes.
 pub fn dequantized_notes(checkpoint: &Checkpoint, holding: &Holding) -> Vec<String> {
-    let mut by_type: BTreeMap<GgufType, (usize, u64, u64)> = BTreeMap::new();
+    let mut by_type: BTreeMap<GgufType, (BTreeSet<&str>, u64, u64)> = BTreeMap::new();
     let dense_size = holding.compute().size_in_bytes() as u64;
     for record in checkpoint.tensors().records() {
         let StoredType::Gguf(ty) = record.stored else {
@@ -199,13 +199,20 @@ pub fn dequantized_notes(checkpoint: &Checkpoint, holding: &Holding) -> Vec<Stri
             continue;
         }
         let entry = by_type.entry(ty).or_default();
-        entry.0 += 1;
+        // A stacked expert tensor (gpt-oss's MXFP4 experts) has one record per expert
+        // (`name[e]`): it counts once.
+        let name = record
+            .name
+            .split_once('[')
+            .map_or(&*record.name, |(n, _)| n);
+        entry.0.insert(name);
         entry.1 += record.stored_bytes() as u64;
         entry.2 += record.elem_count() as u64 * dense_size;
     }
     by_type
         .into_iter()
-        .map(|(ty, (count, stored, dense))| {
+        .map(|(ty, (names, stored, dense))| {
+            let count = names.len();
             format!(
                 "{count} {ty} tensors ({} in the file) have no kernels on this device: \
                  dequantized to {} at load, {} (counted above)",

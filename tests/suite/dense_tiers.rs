@@ -288,6 +288,27 @@ fn tiny_families_host_tier_decodes_like_none() {
     }
 }
 
+/// Issue 28's families (the llama.cpp-checked fixtures: gpt-oss with MXFP4 experts, Qwen2-MoE
+/// with its shared expert) on the host tier, quantized and dequantized. With 2 layers only
+/// prefetch 0 offloads anything (a ring of two slots is as big as both layers).
+#[test]
+fn gpt_oss_and_qwen2_moe_host_tier_decodes_like_none() {
+    for file in ["gpt-oss-mxfp4.gguf", "qwen2moe.gguf"] {
+        let path = crate::fixtures::path("arch-llamacpp").join(file);
+        for dtype in [DtypeChoice::Auto, DtypeChoice::F32] {
+            let mut base = tiny_base(&path);
+            base.dtype = dtype;
+            base.tier.experts = false;
+            let prompts: Vec<Vec<u32>> = (0..4)
+                .map(|i| crate::tiny::PROMPT[..crate::tiny::PROMPT.len() - i].to_vec())
+                .collect();
+            let layer = plan_for(&base).layers[0].bytes;
+            println!("{file} {dtype:?}");
+            check(&base, &prompts, &[0], layer / 4);
+        }
+    }
+}
+
 /// A tiny model entry for the host-tier checks: context 64, four sequences.
 fn tiny_base(path: &Path) -> ModelConfig {
     let mut config = offloaded(DtypeChoice::Auto, OffloadMode::None);

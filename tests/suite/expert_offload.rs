@@ -4,7 +4,10 @@
 //! all computed on the host, mixed with a tiny cache) decodes the greedy tokens of mode `none`
 //! at batch 1 and 4; the device accounting stays within the plan and the expert pool is
 //! allocated once; the bytes moved equal the routed-expert arithmetic, with the routing
-//! recorded independently on the resident model.
+//! recorded independently on the resident model. The same placements on the llama.cpp-checked
+//! fixtures of issue 28's families (tests/fixtures/arch-llamacpp: gpt-oss with MXFP4 and with
+//! f32 experts, Qwen2-MoE with its shared expert; 4 experts, top 2, 2 layers): their expert
+//! biases and shared expert stay with the layer, the routed experts are the units.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -204,7 +207,8 @@ fn placements(checkpoint: &Checkpoint) -> Vec<Placement> {
     // Room for the other parts, a pool of 3 and about a third of the experts.
     let ex = all.experts.as_ref().unwrap();
     let expert = ex.layers[0].expert_bytes[0];
-    let mixed_budget = all.device_bytes + expert + 8 * expert;
+    let n_experts: u64 = ex.layers.iter().map(|l| l.expert_bytes.len() as u64).sum();
+    let mixed_budget = all.device_bytes + expert + n_experts / 3 * expert;
     let mixed = plan_for(checkpoint, OffloadMode::Auto, mixed_budget, 3);
     let m = mixed.experts.as_ref().expect("mixed placement");
     assert!(m.host_experts() > 0 && m.layers.iter().any(|l| l.device_experts > 0));
@@ -324,6 +328,14 @@ fn every_placement_matches_none(path: &Path) {
 fn qwen3_moe_placements_decode_the_tokens_of_none() {
     let dir = tempfile::tempdir().unwrap();
     every_placement_matches_none(&qwen3_moe(dir.path()));
+}
+
+#[test]
+fn gpt_oss_and_qwen2_moe_placements_decode_the_tokens_of_none() {
+    for file in ["gpt-oss-mxfp4.gguf", "gpt-oss.gguf", "qwen2moe.gguf"] {
+        println!("{file}");
+        every_placement_matches_none(&crate::fixtures::path("arch-llamacpp").join(file));
+    }
 }
 
 #[test]

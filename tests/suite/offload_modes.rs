@@ -293,6 +293,36 @@ fn tiny_families_decode_like_none_in_every_mode() {
     }
 }
 
+/// Issue 28's families (the llama.cpp-checked fixtures, 2 layers: gpt-oss with MXFP4 and f32
+/// experts, Qwen2-MoE) stream whole layers like the others: their sinks, biases, stacked
+/// expert biases and shared expert travel in the layer's slot. With 2 layers, no layer
+/// resident (one resident and a slot is as big as both resident).
+#[test]
+fn gpt_oss_and_qwen2_moe_decode_like_none_in_every_mode() {
+    let cases = [(Resident::Exactly(0), 0)];
+    for file in ["gpt-oss-mxfp4.gguf", "gpt-oss.gguf", "qwen2moe.gguf"] {
+        let source = crate::fixtures::path("arch-llamacpp")
+            .join(file)
+            .to_string_lossy()
+            .into_owned();
+        let prompt = Some(crate::tiny::PROMPT);
+        for dtype in [DtypeChoice::Auto, DtypeChoice::F32] {
+            println!("{file} {dtype:?}");
+            let layer = plan_for(&config_from(
+                source.clone(),
+                64,
+                dtype,
+                OffloadMode::None,
+                BIG,
+                0,
+            ))
+            .layers[0]
+                .bytes;
+            check_modes_of(&source, 64, prompt, layer / 4, dtype, &cases, &[0, 1]);
+        }
+    }
+}
+
 #[test]
 fn none_over_budget_fails_with_advice() {
     let cfg = config(

@@ -58,7 +58,7 @@ impl Block for GemmaBlock {
             q = head_norm(&q, w.vector(Part::QNorm)?, self.layer.eps, self.offset)?;
             k = head_norm(&k, w.vector(Part::KNorm)?, self.layer.eps, self.offset)?;
         }
-        let y = attention::attend_each(&q, &k, &v, seqs, self.layer.attn)?;
+        let y = attention::attend_each(&q, &k, &v, seqs, self.layer.attn, None)?;
         let y = w.linear(Part::O)?.forward(&y)?;
         let x = (x + self.norm(&y, w, Part::PostAttnNorm)?)?;
         let h = self.norm(&x, w, Part::FfnNorm)?;

@@ -1,6 +1,9 @@
-//! The Llama family's decoder layer (Llama, Qwen2, Mistral, Mixtral): pre-norm, `x + attn(rms(x))`,
-//! then `x + mlp(rms(x))`, with grouped-query attention under RoPE (q/k/v biases when the
-//! checkpoint has them, Mistral's sliding window through the step's mask) and a SwiGLU MLP.
+//! The Llama family's decoder layer (Llama, Qwen2, Mistral, Mixtral, and the MoE families on
+//! the same layout: Qwen2-MoE, gpt-oss): pre-norm, `x + attn(rms(x))`, then
+//! `x + mlp(rms(x))`, with grouped-query attention under RoPE (q/k/v/o biases when the
+//! checkpoint has them, Mistral's sliding window through the step's mask, gpt-oss's
+//! alternating windows and attention sinks) and a SwiGLU MLP or a mixture of experts
+//! ([`moe`]).
 //!
 //! Reference: HF transformers' `modeling_llama.py` / `modeling_qwen2.py` /
 //! `modeling_mistral.py`, cross-checked in `tests/suite/arch_crosscheck.rs` against
@@ -64,7 +67,8 @@ impl Block for LlamaBlock {
             q = head_norm(&q, w.vector(Part::QNorm)?, self.layer.eps, 0.0)?;
             k = head_norm(&k, w.vector(Part::KNorm)?, self.layer.eps, 0.0)?;
         }
-        let y = attention::attend_each(&q, &k, &v, seqs, self.layer.attn)?;
+        let sinks = w.opt_vector(Part::AttnSinks);
+        let y = attention::attend_each(&q, &k, &v, seqs, self.layer.attn, sinks)?;
         let x = (x + w.linear(Part::O)?.forward(&y)?)?;
         let h = rms_norm(&x, w.vector(Part::FfnNorm)?, self.layer.eps)?;
         let m = match self.moe {

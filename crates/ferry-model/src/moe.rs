@@ -1,7 +1,13 @@
-//! The routed mixture-of-experts MLP (Qwen3-MoE, Mixtral): a router scores every expert for
-//! each row, the softmax's top-k experts run their SwiGLU on that row, and their outputs are
-//! summed weighted by the routing probabilities (renormalised over the top k when the model
-//! says so). No shared expert.
+//! The mixture-of-experts MLP (Qwen3-MoE, Mixtral, Qwen2-MoE, gpt-oss): a router scores
+//! every expert for each row, the top-k experts run their gated MLP on that row, and their
+//! outputs are summed weighted by the routing weights. The families differ in how the weights
+//! come from the router's logits ([`Gating`]: a softmax over all experts, renormalised over the
+//! top k when the model says so, or gpt-oss's softmax over the chosen k logits), in the
+//! experts' activation ([`ExpertActivation`]: SwiGLU or gpt-oss's clamped one), in biases
+//! (gpt-oss: the router's and each expert's, kept as stacked layer parts) and in a shared
+//! expert (Qwen2-MoE): a SwiGLU every row runs, scaled by `sigmoid(h . w)` and added to the
+//! routed sum. The shared expert is part of the layer (the offload engine keeps it with the
+//! layer's other tensors); only the routed experts are units.
 //!
 //! Each expert's gate/up/down is its own unit in [`LayerWeights`] (one table record each, a
 //! slice of GGUF's stacked tensors), so the offload engine can place experts one by one; the
@@ -10,13 +16,15 @@
 //!
 //! Reference: HF transformers' `modeling_qwen3_moe.py` / `modeling_mixtral.py`,
 //! cross-checked in `tests/suite/arch_families.rs` against candle-transformers' `qwen3_moe`,
-//! `mixtral`, `quantized_qwen3_moe` and `quantized_llama`.
+//! `mixtral`, `quantized_qwen3_moe` and `quantized_llama`; Qwen2-MoE and gpt-oss against
+//! llama.cpp (`tests/suite/arch_llamacpp.rs`), whose `build_moe_ffn` fixes the order of the
+//! steps (gpt-oss's alpha 1.702 and limit 7.0 are llama.cpp's constants too).
 
 use candle_core::{DType, Tensor};
 
 use super::decoder::block::projections;
 use super::error::{ModelError, Result};
-use super::spec::MoeSpec;
+use super::spec::{ExpertActivation, Gating, MoeSpec};
 use super::tensors::Part;
 use super::weights::LayerWeights;
 
@@ -29,21 +37,48 @@ pub struct Routing {
     pub weights: Vec<Vec<f32>>,
 }
 
-/// Routes rows whose router probabilities are `probs` (`[rows][n_experts]`, a softmax): each
-/// row's `moe.n_used` most probable experts (ties: lower index), weighted by their probability,
-/// renormalised over the chosen ones when `moe.norm_topk`.
-pub fn route(probs: &[Vec<f32>], moe: MoeSpec) -> Routing {
+/// gpt-oss's clamped SwiGLU: the gate is capped at `CLAMP_LIMIT`, the up projection clamped
+/// to `±CLAMP_LIMIT`, and the gate's sigmoid is sharpened by `CLAMP_ALPHA` (llama.cpp's
+/// constants for `swiglu_oai`).
+const CLAMP_ALPHA: f64 = 1.702;
+/// See [`CLAMP_ALPHA`].
+const CLAMP_LIMIT: f64 = 7.0;
+
+/// `e^(x - max)` normalised over `xs`.
+fn softmax(xs: &[f32]) -> Vec<f32> {
+    let max = xs.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let exps: Vec<f32> = xs.iter().map(|&x| (x - max).exp()).collect();
+    let sum: f32 = exps.iter().sum();
+    exps.into_iter().map(|e| e / sum).collect()
+}
+
+/// Routes rows whose router logits are `logits` (`[rows][n_experts]`, biases added): each
+/// row's `moe.n_used` highest-scoring experts (ties: lower index). With [`Gating::Softmax`] the
+/// score and the weight are the softmax probability over all experts, renormalised over the
+/// chosen ones when `moe.norm_topk`; with [`Gating::SoftmaxOfTopK`] the score is the logit
+/// and the weights a softmax over the chosen logits.
+pub fn route(logits: &[Vec<f32>], moe: MoeSpec) -> Routing {
     let mut routing = Routing {
         rows: vec![Vec::new(); moe.n_experts],
         weights: vec![Vec::new(); moe.n_experts],
     };
-    for (row, p) in probs.iter().enumerate() {
-        let mut order: Vec<usize> = (0..p.len()).collect();
-        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    for (row, l) in logits.iter().enumerate() {
+        let scores = match moe.gating {
+            Gating::Softmax => softmax(l),
+            Gating::SoftmaxOfTopK => l.clone(),
+        };
+        let mut order: Vec<usize> = (0..scores.len()).collect();
+        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
         let top = &order[..moe.n_used.min(order.len())];
-        let sum: f32 = top.iter().map(|&e| p[e]).sum();
-        for &e in top {
-            let w = if moe.norm_topk { p[e] / sum } else { p[e] };
+        let mut weights: Vec<f32> = match moe.gating {
+            Gating::Softmax => top.iter().map(|&e| scores[e]).collect(),
+            Gating::SoftmaxOfTopK => softmax(&top.iter().map(|&e| scores[e]).collect::<Vec<_>>()),
+        };
+        if moe.norm_topk {
+            let sum: f32 = weights.iter().sum();
+            weights.iter_mut().for_each(|w| *w /= sum);
+        }
+        for (&e, w) in top.iter().zip(weights) {
             routing.rows[e].push(row as u32);
             routing.weights[e].push(w);
         }
@@ -66,8 +101,7 @@ fn route_rows(
             moe.n_experts
         )));
     }
-    let probs = candle_nn::ops::softmax_last_dim(&logits)?.to_vec2::<f32>()?;
-    let routing = route(&probs, moe);
+    let routing = route(&logits.to_vec2::<f32>()?, moe);
     let wanted: Vec<usize> = (0..moe.n_experts)
         .filter(|&e| !routing.rows[e].is_empty())
         .collect();
@@ -86,13 +120,21 @@ pub fn forward(h: &Tensor, w: &LayerWeights, moe: MoeSpec) -> Result<Tensor> {
     let hidden = *dims.last().unwrap_or(&0);
     let x = h.reshape(((), hidden))?;
     let (routing, wanted, rows) = route_rows(&x, w, moe)?;
+    let biases = ExpertBiases::of(w)?;
     let mut outputs: Vec<Option<Tensor>> = vec![None; wanted.len()];
     w.each_routed_expert(&wanted, &rows, &mut |i, [gate, up, down]| {
         let e = wanted[i];
         let idx = Tensor::new(routing.rows[e].as_slice(), x.device())?;
         let xe = x.index_select(&idx, 0)?;
-        let [g, u] = projections(&[gate, up], &xe)?;
-        let y = down.forward(&(candle_nn::ops::silu(&g)? * u)?)?;
+        let [mut g, mut u] = projections(&[gate, up], &xe)?;
+        if let Some(b) = &biases {
+            g = g.broadcast_add(&b.gate.get(e)?)?;
+            u = u.broadcast_add(&b.up.get(e)?)?;
+        }
+        let mut y = down.forward(&activate(&g, &u, moe.activation)?)?;
+        if let Some(b) = &biases {
+            y = y.broadcast_add(&b.down.get(e)?)?;
+        }
         let weights = Tensor::new(routing.weights[e].as_slice(), x.device())?
             .to_dtype(y.dtype())?
             .unsqueeze(1)?;
@@ -107,7 +149,56 @@ pub fn forward(h: &Tensor, w: &LayerWeights, moe: MoeSpec) -> Result<Tensor> {
         let idx = Tensor::new(routing.rows[e].as_slice(), x.device())?;
         out = out.index_add(&idx, &y, 0)?;
     }
+    if moe.shared_ff.is_some() {
+        out = (out + shared_expert(&x, w)?)?;
+    }
     Ok(out.reshape(dims)?)
+}
+
+/// A layer's stacked expert biases (gpt-oss), `[n_experts, width]` each.
+struct ExpertBiases<'a> {
+    gate: &'a Tensor,
+    up: &'a Tensor,
+    down: &'a Tensor,
+}
+
+impl<'a> ExpertBiases<'a> {
+    /// Layer `w`'s expert biases: all three or none.
+    fn of(w: &'a LayerWeights) -> Result<Option<Self>> {
+        match w.opt_vector(Part::ExpGateBias) {
+            None => Ok(None),
+            Some(gate) => Ok(Some(Self {
+                gate,
+                up: w.vector(Part::ExpUpBias)?,
+                down: w.vector(Part::ExpDownBias)?,
+            })),
+        }
+    }
+}
+
+/// The gated activation of an expert's gate `g` and up `u` projections.
+fn activate(g: &Tensor, u: &Tensor, activation: ExpertActivation) -> Result<Tensor> {
+    Ok(match activation {
+        ExpertActivation::Swiglu => (candle_nn::ops::silu(g)? * u)?,
+        ExpertActivation::ClampedSwiglu => {
+            let g = g.minimum(CLAMP_LIMIT)?;
+            let u = u.clamp(-CLAMP_LIMIT, CLAMP_LIMIT)?;
+            let glu = (&g * candle_nn::ops::sigmoid(&(&g * CLAMP_ALPHA)?)?)?;
+            (glu * (u + 1.0)?)?
+        }
+    })
+}
+
+/// The shared expert of layer `w` on rows `x` (`[rows, hidden]`): its SwiGLU, scaled per row
+/// by `sigmoid(x . gate_inp)`.
+fn shared_expert(x: &Tensor, w: &LayerWeights) -> Result<Tensor> {
+    let [g, u] = projections(&[w.linear(Part::ShexpGate)?, w.linear(Part::ShexpUp)?], x)?;
+    let y = w
+        .linear(Part::ShexpDown)?
+        .forward(&(candle_nn::ops::silu(&g)? * u)?)?;
+    let gate_inp = w.vector(Part::ShexpGateInp)?.to_dtype(x.dtype())?;
+    let gate = x.broadcast_mul(&gate_inp)?.sum_keepdim(1)?;
+    Ok(y.broadcast_mul(&candle_nn::ops::sigmoid(&gate)?)?)
 }
 
 /// Pre-gating: before layer `w`'s attention runs, its router applied to `normed` (the hidden
@@ -133,20 +224,65 @@ mod tests {
             n_used: 2,
             expert_ff: 1,
             norm_topk: true,
+            gating: Gating::Softmax,
+            activation: ExpertActivation::Swiglu,
+            shared_ff: None,
         };
-        let probs = vec![vec![0.1, 0.4, 0.2, 0.3], vec![0.25, 0.25, 0.25, 0.25]];
-        let r = route(&probs, moe);
+        // Logits whose softmax is [0.1, 0.4, 0.2, 0.3] and a uniform row.
+        let probs = [vec![0.1f32, 0.4, 0.2, 0.3], vec![0.25, 0.25, 0.25, 0.25]];
+        let logits: Vec<Vec<f32>> = probs
+            .iter()
+            .map(|p| p.iter().map(|x| x.ln()).collect())
+            .collect();
+        let r = route(&logits, moe);
         assert_eq!(r.rows, vec![vec![1], vec![0, 1], vec![], vec![0]]);
         assert!((r.weights[1][0] - 0.4 / 0.7).abs() < 1e-6);
         assert!((r.weights[3][0] - 0.3 / 0.7).abs() < 1e-6);
-        assert_eq!(r.weights[0], vec![0.5]);
+        assert!((r.weights[0][0] - 0.5).abs() < 1e-6);
         let raw = route(
-            &probs,
+            &logits,
             MoeSpec {
                 norm_topk: false,
                 ..moe
             },
         );
-        assert_eq!(raw.weights[1], vec![0.4, 0.25]);
+        assert!((raw.weights[1][0] - 0.4).abs() < 1e-6);
+        assert!((raw.weights[1][1] - 0.25).abs() < 1e-6);
+    }
+
+    #[test]
+    fn softmax_of_top_k_weighs_the_chosen_logits_only() {
+        let moe = MoeSpec {
+            n_experts: 4,
+            n_used: 2,
+            expert_ff: 1,
+            norm_topk: false,
+            gating: Gating::SoftmaxOfTopK,
+            activation: ExpertActivation::ClampedSwiglu,
+            shared_ff: None,
+        };
+        // Top two logits 3 and 1: weights softmax([3, 1]), whatever the others are.
+        let r = route(&[vec![1.0, -5.0, 3.0, 0.5]], moe);
+        assert_eq!(r.rows, vec![vec![0], vec![], vec![0], vec![]]);
+        let e = (2f32).exp();
+        assert!((r.weights[2][0] - e / (1.0 + e)).abs() < 1e-6);
+        assert!((r.weights[0][0] - 1.0 / (1.0 + e)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_clamped_swiglu_clamps_gate_and_up() {
+        let g = Tensor::new(&[[0.5f32, 10.0, -3.0]], &candle_core::Device::Cpu).unwrap();
+        let u = Tensor::new(&[[1.0f32, 20.0, -9.0]], &candle_core::Device::Cpu).unwrap();
+        let y: Vec<f32> = activate(&g, &u, ExpertActivation::ClampedSwiglu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let glu = |x: f32| x / (1.0 + (-1.702 * x).exp());
+        let expected = [glu(0.5) * 2.0, glu(7.0) * 8.0, glu(-3.0) * -6.0];
+        for (a, b) in y.iter().zip(expected) {
+            assert!((a - b).abs() < 1e-5, "{y:?} vs {expected:?}");
+        }
     }
 }

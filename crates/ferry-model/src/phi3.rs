@@ -47,7 +47,7 @@ impl Block for Phi3Block {
         let q = qkv.narrow(D::Minus1, 0, q_len)?;
         let k = qkv.narrow(D::Minus1, q_len, kv_len)?;
         let v = qkv.narrow(D::Minus1, q_len + kv_len, kv_len)?;
-        let y = attention::attend_each(&q, &k, &v, seqs, self.layer.attn)?;
+        let y = attention::attend_each(&q, &k, &v, seqs, self.layer.attn, None)?;
         let x = (x + w.linear(Part::O)?.forward(&y)?)?;
         let h = rms_norm(&x, w.vector(Part::FfnNorm)?, self.layer.eps)?;
         let gate_up = w.linear(Part::GateUp)?.forward(&h)?;

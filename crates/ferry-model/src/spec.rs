@@ -1,6 +1,7 @@
 //! [`ModelSpec`]: the architecture and dimensions of a decoder model (the Llama family, Qwen3,
-//! Qwen3-MoE, Mixtral, Gemma 2/3, Phi-3), read either from a Hugging Face `config.json` or from
-//! GGUF metadata (keys prefixed by `general.architecture`).
+//! Qwen3-MoE, Mixtral, Gemma 2/3, Phi-3, and from GGUF only gpt-oss and Qwen2-MoE), read either
+//! from a Hugging Face `config.json` or from GGUF metadata (keys prefixed by
+//! `general.architecture`).
 //!
 //! The spec is everything the blocks need besides weights: head layout, RoPE parameters (and
 //! their scalings, Gemma 3's local base), the attention windows per layer, soft-caps, norm
@@ -16,8 +17,9 @@ use super::error::{ModelError, Result};
 use super::header::GgufHeader;
 use super::tensors::{FixedPart, Format, Part};
 
-/// The model families ferry implements. The Llama family (Llama, Qwen2, Mistral) shares one
-/// block; Qwen3, Gemma 2/3 and Phi-3 have blocks of their own (`super::decoder::block`).
+/// The model families ferry implements. The Llama family (Llama, Qwen2, Mistral, and the MoE
+/// families Mixtral, Qwen2-MoE and gpt-oss) shares one block; Qwen3, Gemma 2/3 and Phi-3 have
+/// blocks of their own (`super::decoder::block`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     /// Llama 1/2/3, SmolLM, TinyLlama and other `LlamaForCausalLM` checkpoints.
@@ -42,11 +44,19 @@ pub enum Architecture {
     /// Mixtral: Llama/Mistral attention, routed SwiGLU experts (top-k of a softmax,
     /// renormalised). GGUFs call it `llama` and carry `expert_count`.
     Mixtral,
+    /// gpt-oss: biased q/k/v/o, a learned sink logit per head in the softmax, sliding-window
+    /// (even) and global (odd) layers alternating, YaRN RoPE, routed experts with biases and
+    /// the clamped SwiGLU, routed by the top-k router logits with the softmax over the chosen
+    /// ones. GGUF only.
+    GptOss,
+    /// Qwen2-MoE (Qwen1.5-MoE): Qwen2's attention, routed SwiGLU experts (top-k of a softmax,
+    /// not renormalised) plus a shared expert scaled by a sigmoid gate. GGUF only.
+    Qwen2Moe,
 }
 
 impl Architecture {
     /// Every family.
-    pub const ALL: [Architecture; 9] = [
+    pub const ALL: [Architecture; 11] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Mistral,
@@ -56,6 +66,8 @@ impl Architecture {
         Architecture::Phi3,
         Architecture::Qwen3Moe,
         Architecture::Mixtral,
+        Architecture::GptOss,
+        Architecture::Qwen2Moe,
     ];
 
     /// The lowercase name used by HF `model_type` and GGUF `general.architecture`.
@@ -70,6 +82,8 @@ impl Architecture {
             Architecture::Phi3 => "phi3",
             Architecture::Qwen3Moe => "qwen3moe",
             Architecture::Mixtral => "mixtral",
+            Architecture::GptOss => "gpt-oss",
+            Architecture::Qwen2Moe => "qwen2moe",
         }
     }
 
@@ -93,6 +107,12 @@ impl Architecture {
             })
     }
 
+    /// Families ferry reads from GGUF files only (their Hugging Face layouts differ: gpt-oss
+    /// fuses gate/up and stores MXFP4 as blocks and scales).
+    pub fn gguf_only(self) -> bool {
+        matches!(self, Architecture::GptOss | Architecture::Qwen2Moe)
+    }
+
     /// Gemma 2 and 3.
     pub fn is_gemma(self) -> bool {
         matches!(self, Architecture::Gemma2 | Architecture::Gemma3)
@@ -102,7 +122,7 @@ impl Architecture {
     /// Gemma 3: 6); `None`: the window, if any, applies to every layer.
     fn default_window_pattern(self) -> Option<usize> {
         match self {
-            Architecture::Gemma2 => Some(2),
+            Architecture::Gemma2 | Architecture::GptOss => Some(2),
             Architecture::Gemma3 => Some(6),
             _ => None,
         }
@@ -121,6 +141,32 @@ pub struct MoeSpec {
     /// Renormalise the top-k routing weights to sum to 1 (Mixtral always; Qwen3-MoE's
     /// `norm_topk_prob`).
     pub norm_topk: bool,
+    /// How router logits become the chosen experts' weights.
+    pub gating: Gating,
+    /// The experts' gated activation.
+    pub activation: ExpertActivation,
+    /// Width of the shared expert every row runs (Qwen2-MoE), if the layer has one.
+    pub shared_ff: Option<usize>,
+}
+
+/// How a MoE router's logits choose experts and weigh them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    /// A softmax over every expert; the top k by probability, weighted by it (Mixtral,
+    /// Qwen-MoE).
+    Softmax,
+    /// The top k by logit, weighted by a softmax over the k chosen logits (gpt-oss).
+    SoftmaxOfTopK,
+}
+
+/// The activation of a routed expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertActivation {
+    /// `silu(gate) * up`.
+    Swiglu,
+    /// gpt-oss's clamped SwiGLU: `g * sigmoid(1.702 g) * (u + 1)` with `g = min(gate, 7)` and
+    /// `u = clamp(up, -7, 7)`.
+    ClampedSwiglu,
 }
 
 impl MoeSpec {
@@ -131,7 +177,7 @@ impl MoeSpec {
                 self.n_experts, self.n_used
             )));
         }
-        if self.expert_ff == 0 {
+        if self.expert_ff == 0 || self.shared_ff == Some(0) {
             return Err(ModelError::Config("expert width must be positive".into()));
         }
         Ok(self)
@@ -168,6 +214,22 @@ pub struct Llama3RopeScaling {
     pub high_freq_factor: f32,
     /// The context length the model was pretrained with.
     pub original_max_position_embeddings: usize,
+}
+
+/// YaRN RoPE scaling as llama.cpp applies it (`rope.scaling.type = yarn`): each frequency is
+/// blended between the interpolated one (divided by `factor`) and the original by a ramp over
+/// the rotation count at `original_context` positions (between `beta_fast` and `beta_slow`
+/// rotations), and cos/sin are scaled by `1 + 0.1 ln(factor)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct YarnScaling {
+    /// Context extension factor (positions are interpolated by `1 / factor`).
+    pub factor: f32,
+    /// The context length the model was pretrained with.
+    pub original_context: usize,
+    /// Rotations above which a frequency is kept as it is (llama.cpp's default 32).
+    pub beta_fast: f32,
+    /// Rotations below which a frequency is fully interpolated (llama.cpp's default 1).
+    pub beta_slow: f32,
 }
 
 /// Shape and hyper-parameters of a decoder.
@@ -219,6 +281,11 @@ pub struct ModelSpec {
     pub rope_freq_factors: Option<Vec<f32>>,
     /// The cos/sin tables are multiplied by this (longrope's attention factor).
     pub rope_attn_factor: Option<f32>,
+    /// YaRN RoPE scaling (gpt-oss), if the checkpoint uses it.
+    pub rope_yarn: Option<YarnScaling>,
+    /// Each query head has a learned sink logit that joins its softmax (gpt-oss's
+    /// `attn_sinks`): it takes a share of the probability and contributes no value.
+    pub attn_sinks: bool,
     /// Per-head RMSNorms of queries and keys before RoPE (Qwen3, Gemma 3).
     pub qk_norm: bool,
     /// Routed experts instead of one MLP (Qwen3-MoE, Mixtral).
@@ -267,9 +334,31 @@ impl ModelSpec {
                         None => md.usize(&key("feed_forward_length"))?,
                     },
                     // llama.cpp: Mixtral always, Qwen3-MoE by `expert_weights_norm` (its
-                    // converter writes true for norm_topk_prob models; default true).
-                    norm_topk: architecture == Architecture::Mixtral
-                        || md.opt_bool(&key("expert_weights_norm"))?.unwrap_or(true),
+                    // converter writes true for norm_topk_prob models; default true),
+                    // Qwen2-MoE and gpt-oss never.
+                    norm_topk: match architecture {
+                        Architecture::Mixtral => true,
+                        Architecture::Qwen2Moe | Architecture::GptOss => false,
+                        _ => md.opt_bool(&key("expert_weights_norm"))?.unwrap_or(true),
+                    },
+                    gating: match architecture {
+                        Architecture::GptOss => Gating::SoftmaxOfTopK,
+                        _ => Gating::Softmax,
+                    },
+                    activation: match architecture {
+                        Architecture::GptOss => ExpertActivation::ClampedSwiglu,
+                        _ => ExpertActivation::Swiglu,
+                    },
+                    // llama.cpp: the shared expert's width, else the dense FFN's.
+                    shared_ff: match architecture {
+                        Architecture::Qwen2Moe => Some(
+                            match md.opt_usize(&key("expert_shared_feed_forward_length"))? {
+                                Some(ff) => ff,
+                                None => md.usize(&key("feed_forward_length"))?,
+                            },
+                        ),
+                        _ => None,
+                    },
                 }
                 .checked()?,
             ),
@@ -291,9 +380,39 @@ impl ModelSpec {
                 )));
             }
         }
-        let rope_linear_factor = match md.opt_string(&key("rope.scaling.type"))?.as_deref() {
-            // Phi-3's longrope factors are tensors; the type key says nothing more.
-            None | Some("none") | Some("longrope") | Some("su") => None,
+        let scaling_type = md.opt_string(&key("rope.scaling.type"))?;
+        let rope_yarn = match scaling_type.as_deref() {
+            Some("yarn") => {
+                // llama.cpp: factor from `rope.scaling.factor`, the original context from
+                // `rope.scaling.original_context_length` (else the trained one), betas 32 / 1.
+                let factor = md.opt_f64(&key("rope.scaling.factor"))?.unwrap_or(1.0) as f32;
+                if md
+                    .opt_f64(&key("rope.scaling.yarn_log_multiplier"))?
+                    .is_some_and(|m| m != 0.0)
+                {
+                    return Err(ModelError::Unsupported(
+                        "YaRN with a log multiplier (rope.scaling.yarn_log_multiplier)".into(),
+                    ));
+                }
+                (factor > 1.0)
+                    .then(|| -> Result<YarnScaling> {
+                        Ok(YarnScaling {
+                            factor,
+                            original_context: md
+                                .opt_usize(&key("rope.scaling.original_context_length"))?
+                                .map_or_else(|| md.usize(&key("context_length")), Ok)?,
+                            beta_fast: 32.0,
+                            beta_slow: 1.0,
+                        })
+                    })
+                    .transpose()?
+            }
+            _ => None,
+        };
+        let rope_linear_factor = match scaling_type.as_deref() {
+            // Phi-3's longrope factors are tensors; the type key says nothing more; YaRN is
+            // `rope_yarn`.
+            None | Some("none") | Some("longrope") | Some("su") | Some("yarn") => None,
             Some("linear") => md
                 .opt_f64(&key("rope.scaling.factor"))?
                 .filter(|f| *f != 1.0)
@@ -339,7 +458,13 @@ impl ModelSpec {
         let spec = ModelSpec {
             architecture,
             hidden_size,
-            intermediate_size: md.usize(&key("feed_forward_length"))?,
+            // A MoE GGUF without a dense FFN width (none of its layers is dense) has its
+            // experts' width there.
+            intermediate_size: match (md.opt_usize(&key("feed_forward_length"))?, moe) {
+                (Some(ff), _) => ff,
+                (None, Some(moe)) => moe.expert_ff,
+                (None, None) => md.usize(&key("feed_forward_length"))?,
+            },
             n_layers,
             n_heads,
             n_kv_heads,
@@ -371,6 +496,8 @@ impl ModelSpec {
                 .opt_f64(&key("rope.scaling.attn_factor"))?
                 .filter(|f| *f != 1.0)
                 .map(|f| f as f32),
+            rope_yarn,
+            attn_sinks: architecture == Architecture::GptOss,
             qk_norm: matches!(
                 architecture,
                 Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
@@ -411,6 +538,12 @@ impl ModelSpec {
             }
         };
         let architecture = Architecture::from_name(&model_type)?;
+        if architecture.gguf_only() {
+            return Err(ModelError::Unsupported(format!(
+                "`{}` from a Hugging Face config.json (ferry reads it from GGUF files)",
+                architecture.name()
+            )));
+        }
         let gemma = architecture.is_gemma();
         let activation = match raw
             .hidden_activation
@@ -493,6 +626,8 @@ impl ModelSpec {
             rope_linear_factor: rope.linear,
             rope_freq_factors: rope.freq_factors,
             rope_attn_factor: rope.attn_factor,
+            rope_yarn: None,
+            attn_sinks: false,
             qk_norm: matches!(
                 architecture,
                 Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
@@ -603,6 +738,9 @@ fn hf_moe(raw: &HfConfig, architecture: Architecture) -> Result<Option<MoeSpec>>
                 n_used: raw.num_experts_per_tok.unwrap_or(0),
                 expert_ff: raw.moe_intermediate_size.unwrap_or(0),
                 norm_topk: raw.norm_topk_prob.unwrap_or(false),
+                gating: Gating::Softmax,
+                activation: ExpertActivation::Swiglu,
+                shared_ff: None,
             }
         }
         Architecture::Mixtral => MoeSpec {
@@ -610,6 +748,9 @@ fn hf_moe(raw: &HfConfig, architecture: Architecture) -> Result<Option<MoeSpec>>
             n_used: raw.num_experts_per_tok.unwrap_or(0),
             expert_ff: raw.intermediate_size,
             norm_topk: true,
+            gating: Gating::Softmax,
+            activation: ExpertActivation::Swiglu,
+            shared_ff: None,
         },
         _ => return Ok(None),
     };

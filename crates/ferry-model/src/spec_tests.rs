@@ -104,8 +104,28 @@ fn qwen2_config_gives_the_planner_its_dims() {
     assert!(error.contains("missing field"), "{error}");
 }
 
-/// A small valid spec of family `arch` (from a config.json of that family).
+/// A small valid spec of family `arch` (from a config.json of that family; the GGUF-only
+/// families from Qwen3-MoE's with their own fields set as the GGUF reader sets them).
 pub(crate) fn tiny_spec(arch: Architecture) -> ModelSpec {
+    if arch.gguf_only() {
+        let mut spec = tiny_spec(Architecture::Qwen3Moe);
+        spec.architecture = arch;
+        spec.qk_norm = false;
+        let moe = spec.moe.as_mut().unwrap();
+        moe.norm_topk = false;
+        if arch == Architecture::GptOss {
+            moe.gating = Gating::SoftmaxOfTopK;
+            moe.activation = ExpertActivation::ClampedSwiglu;
+            spec.attn_sinks = true;
+            spec.attention_bias = true;
+            spec.sliding_window = Some(128);
+            spec.sliding_window_pattern = Some(2);
+        } else {
+            moe.shared_ff = Some(96);
+            spec.attention_bias = true;
+        }
+        return spec;
+    }
     let name = match arch {
         Architecture::Gemma3 => "gemma3_text",
         Architecture::Qwen3Moe => "qwen3_moe",
@@ -281,4 +301,16 @@ fn transformers5_rope_parameters_and_qwen3_moe_expert_count() {
     assert_eq!(spec.rope_theta, 1_000_000.0);
     assert_eq!(spec.rope_local_theta, Some(10_000.0));
     assert_eq!(spec.rope_linear_factor, Some(8.0));
+}
+
+#[test]
+fn gguf_only_families_are_refused_from_a_config_json() {
+    for model_type in ["gpt-oss", "qwen2moe"] {
+        let json = SMOL_LIKE.replace(
+            "\"model_type\": \"llama\"",
+            &format!("\"model_type\": \"{model_type}\""),
+        );
+        let err = ModelSpec::from_hf_config(&json).unwrap_err().to_string();
+        assert!(err.contains("GGUF"), "{model_type}: {err}");
+    }
 }

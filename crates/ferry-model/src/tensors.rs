@@ -98,11 +98,31 @@ pub enum Part {
     ExpUp,
     /// One expert's SwiGLU down projection, `[hidden, expert_ff]`.
     ExpDown,
+    /// Per query head, the learned logit of its attention sink, `[heads]` (gpt-oss).
+    AttnSinks,
+    /// MoE router bias, `[n_experts]` (gpt-oss).
+    RouterBias,
+    /// The experts' gate biases, stacked `[n_experts, expert_ff]` (gpt-oss); a layer part,
+    /// not an expert's, so offloaded experts stay their three matrices.
+    ExpGateBias,
+    /// The experts' up biases, stacked `[n_experts, expert_ff]` (gpt-oss).
+    ExpUpBias,
+    /// The experts' down biases, stacked `[n_experts, hidden]` (gpt-oss).
+    ExpDownBias,
+    /// The shared expert's SwiGLU gate, `[shared_ff, hidden]` (Qwen2-MoE): part of the layer,
+    /// as every row runs it.
+    ShexpGate,
+    /// The shared expert's SwiGLU up projection, `[shared_ff, hidden]`.
+    ShexpUp,
+    /// The shared expert's SwiGLU down projection, `[hidden, shared_ff]`.
+    ShexpDown,
+    /// The shared expert's gate, `[hidden]`: its output is scaled by `sigmoid(h . w)`.
+    ShexpGateInp,
 }
 
 /// Every layer part with its GGUF and Hugging Face name suffix (after `<prefix>N.`), as the
 /// Llama family names them; [`NAME_OVERRIDES`] has the families that name a part otherwise.
-const LAYER_NAMES: [(Part, &str, &str); 26] = [
+const LAYER_NAMES: [(Part, &str, &str); 35] = [
     (Part::AttnNorm, "attn_norm.weight", "input_layernorm.weight"),
     (Part::Q, "attn_q.weight", "self_attn.q_proj.weight"),
     (Part::QBias, "attn_q.bias", "self_attn.q_proj.bias"),
@@ -155,6 +175,45 @@ const LAYER_NAMES: [(Part, &str, &str); 26] = [
         "ffn_down_exps.weight",
         "mlp.experts.{}.down_proj.weight",
     ),
+    // The parts below belong to GGUF-only families; their Hugging Face names are the
+    // transformers modules' for reference.
+    (Part::AttnSinks, "attn_sinks.weight", "self_attn.sinks"),
+    (Part::RouterBias, "ffn_gate_inp.bias", "mlp.router.bias"),
+    (
+        Part::ExpGateBias,
+        "ffn_gate_exps.bias",
+        "mlp.experts.gate_proj_bias",
+    ),
+    (
+        Part::ExpUpBias,
+        "ffn_up_exps.bias",
+        "mlp.experts.up_proj_bias",
+    ),
+    (
+        Part::ExpDownBias,
+        "ffn_down_exps.bias",
+        "mlp.experts.down_proj_bias",
+    ),
+    (
+        Part::ShexpGate,
+        "ffn_gate_shexp.weight",
+        "mlp.shared_expert.gate_proj.weight",
+    ),
+    (
+        Part::ShexpUp,
+        "ffn_up_shexp.weight",
+        "mlp.shared_expert.up_proj.weight",
+    ),
+    (
+        Part::ShexpDown,
+        "ffn_down_shexp.weight",
+        "mlp.shared_expert.down_proj.weight",
+    ),
+    (
+        Part::ShexpGateInp,
+        "ffn_gate_inp_shexp.weight",
+        "mlp.shared_expert_gate.weight",
+    ),
 ];
 
 /// Names that differ by family: `(families, part, format, suffix)`. Gemma's Hugging Face
@@ -162,7 +221,15 @@ const LAYER_NAMES: [(Part, &str, &str); 26] = [
 /// `post_attention_layernorm` is the norm of the attention output ([`Part::PostAttnNorm`]).
 /// (Names shared by two parts, such as llama.cpp's `ffn_up` for both [`Part::Up`] and Phi-3's
 /// fused [`Part::GateUp`], belong to families that never have both.)
-const NAME_OVERRIDES: [(&[Architecture], Part, Format, &str); 5] = [
+const NAME_OVERRIDES: [(&[Architecture], Part, Format, &str); 6] = [
+    // gpt-oss's MLP pre-norm is its `post_attention_norm` (transformers'
+    // `post_attention_layernorm`).
+    (
+        &[Architecture::GptOss],
+        Part::FfnNorm,
+        Format::Gguf,
+        "post_attention_norm.weight",
+    ),
     (
         &[Architecture::Gemma2, Architecture::Gemma3],
         Part::FfnNorm,
@@ -208,10 +275,10 @@ pub enum Presence {
 
 impl Part {
     /// Every part, in table order (each bias after its weight).
-    pub const ALL: [Part; 26] = {
-        let mut all = [Part::AttnNorm; 26];
+    pub const ALL: [Part; 35] = {
+        let mut all = [Part::AttnNorm; 35];
         let mut i = 0;
-        while i < 26 {
+        while i < 35 {
             all[i] = LAYER_NAMES[i].0;
             i += 1;
         }
@@ -250,6 +317,9 @@ impl Part {
                 | Part::ExpGate
                 | Part::ExpUp
                 | Part::ExpDown
+                | Part::ShexpGate
+                | Part::ShexpUp
+                | Part::ShexpDown
         )
     }
 
@@ -268,6 +338,7 @@ impl Part {
             Part::Gate => Part::GateBias,
             Part::Up => Part::UpBias,
             Part::Down => Part::DownBias,
+            Part::Router => Part::RouterBias,
             _ => return None,
         })
     }
@@ -283,6 +354,7 @@ impl Part {
                 | Part::GateBias
                 | Part::UpBias
                 | Part::DownBias
+                | Part::RouterBias
         )
     }
 
@@ -313,6 +385,17 @@ impl Part {
             Part::Router => vec![spec.moe.map_or(0, |m| m.n_experts), h],
             Part::ExpGate | Part::ExpUp => vec![spec.moe.map_or(0, |m| m.expert_ff), h],
             Part::ExpDown => vec![h, spec.moe.map_or(0, |m| m.expert_ff)],
+            Part::AttnSinks => vec![spec.n_heads],
+            Part::RouterBias => vec![spec.moe.map_or(0, |m| m.n_experts)],
+            Part::ExpGateBias | Part::ExpUpBias => spec
+                .moe
+                .map_or(vec![0, 0], |m| vec![m.n_experts, m.expert_ff]),
+            Part::ExpDownBias => vec![spec.moe.map_or(0, |m| m.n_experts), h],
+            Part::ShexpGate | Part::ShexpUp => {
+                vec![spec.moe.and_then(|m| m.shared_ff).unwrap_or(0), h]
+            }
+            Part::ShexpDown => vec![h, spec.moe.and_then(|m| m.shared_ff).unwrap_or(0)],
+            Part::ShexpGateInp => vec![h],
         }
     }
 
@@ -324,6 +407,8 @@ impl Part {
         let arch = spec.architecture;
         let fused = arch == A::Phi3;
         let moe = spec.moe.is_some();
+        let expert_biases = arch == A::GptOss;
+        let shared = spec.moe.is_some_and(|m| m.shared_ff.is_some());
         let required = |yes: bool| {
             if yes {
                 Presence::Required
@@ -342,6 +427,14 @@ impl Part {
             Part::DownBias if moe => Presence::Absent,
             Part::QBias | Part::KBias | Part::VBias if spec.attention_bias => Presence::Required,
             Part::QNorm | Part::KNorm => required(spec.qk_norm),
+            Part::AttnSinks => required(spec.attn_sinks),
+            Part::RouterBias => required(moe && expert_biases),
+            Part::ExpGateBias | Part::ExpUpBias | Part::ExpDownBias => {
+                required(moe && expert_biases)
+            }
+            Part::ShexpGate | Part::ShexpUp | Part::ShexpDown | Part::ShexpGateInp => {
+                required(shared)
+            }
             Part::PostAttnNorm | Part::PostFfnNorm => {
                 required(matches!(arch, A::Gemma2 | A::Gemma3))
             }
@@ -706,8 +799,10 @@ mod tests {
         );
         // Every unfused dense projection has a bias part, and only projections do.
         for part in Part::ALL {
-            let no_bias =
-                matches!(part, Part::Qkv | Part::GateUp | Part::Router) || part.is_expert();
+            let no_bias = matches!(
+                part,
+                Part::Qkv | Part::GateUp | Part::ShexpGate | Part::ShexpUp | Part::ShexpDown
+            ) || part.is_expert();
             assert_eq!(
                 part.bias().is_some(),
                 part.is_matrix() && !no_bias,

@@ -1,5 +1,7 @@
 //! Causal self-attention with grouped-query heads, RoPE and the in-place key/value cache;
-//! per layer a score scale, an optional soft-cap and global or sliding-window attention.
+//! per layer a score scale, an optional soft-cap, global or sliding-window attention and
+//! optional attention sinks (gpt-oss: a learned logit per query head that joins the softmax's
+//! denominator and adds no value).
 //!
 //! On the CPU the core runs in tiles with an online softmax ([`super::flash_cpu`]): no
 //! `[queries, keys]` score matrix and no mask tensor, keys and values read in place from the
@@ -130,17 +132,33 @@ impl<'a> Step<'a> {
 /// [`attend`] for every sequence of a step, each on its own rows of the batched projections
 /// (`q` `[1, rows, heads * dim]`, `k` and `v` `[1, rows, kv_heads * dim]`) against its own
 /// cache; the heads' outputs are concatenated back in row order (`[1, rows, heads * dim]`).
+/// `sinks` (`[heads]`, the layer's attention sinks) join every head's softmax when given.
 pub fn attend_each(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     seqs: &mut [BatchRows<'_, '_>],
     dims: AttentionDims,
+    sinks: Option<&Tensor>,
 ) -> Result<Tensor> {
+    let sinks = match sinks {
+        None => None,
+        Some(t) => {
+            let values = t.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+            if values.len() != dims.n_heads {
+                return Err(ModelError::BadShape {
+                    name: "attn_sinks".into(),
+                    actual: vec![values.len()],
+                    expected: vec![dims.n_heads],
+                });
+            }
+            Some(values)
+        }
+    };
     let mut outputs = Vec::with_capacity(seqs.len());
     for s in seqs.iter_mut() {
         let (q, k, v) = (s.rows(q)?, s.rows(k)?, s.rows(v)?);
-        outputs.push(attend(&q, &k, &v, s.kv, s.step, dims)?);
+        outputs.push(attend(&q, &k, &v, s.kv, s.step, dims, sinks.as_deref())?);
     }
     Ok(Tensor::cat(&outputs, 1)?)
 }
@@ -149,7 +167,8 @@ pub fn attend_each(
 /// `q` (`[1, seq, heads * dim]`), `k` and `v` (`[1, seq, kv_heads * dim]`), applies RoPE at
 /// `step.pos`, writes keys and values to `kv` and returns the heads' output
 /// (`[1, seq, heads * dim]`, before the output projection). [`attend_each`] calls it once per
-/// sequence on that sequence's rows of the batched projections.
+/// sequence on that sequence's rows of the batched projections; `sinks` (one logit per query
+/// head) join each head's softmax.
 pub fn attend(
     q: &Tensor,
     k: &Tensor,
@@ -157,6 +176,7 @@ pub fn attend(
     kv: &mut LayerKv,
     step: &Step<'_>,
     dims: AttentionDims,
+    sinks: Option<&[f32]>,
 ) -> Result<Tensor> {
     let (b, seq, _) = q.dims3()?;
     let head_dim = dims.head_dim;
@@ -188,10 +208,10 @@ pub fn attend(
             kv_format::rotate(&k)?,
             kv_format::rotate(&v)?,
         );
-        let y = attend_stored(&q, &k, &v, kv, step, dims, (window, mask))?;
+        let y = attend_stored(&q, &k, &v, kv, step, dims, (window, mask, sinks))?;
         return kv_format::rotate(&y);
     }
-    attend_stored(&q, &k, &v, kv, step, dims, (window, mask))
+    attend_stored(&q, &k, &v, kv, step, dims, (window, mask, sinks))
 }
 
 /// [`attend`] after RoPE (and the rotation of a block-format cache): writes `k` and `v` to the
@@ -203,7 +223,7 @@ fn attend_stored(
     kv: &mut LayerKv,
     step: &Step<'_>,
     dims: AttentionDims,
-    (window, mask): (Option<usize>, &Option<Tensor>),
+    (window, mask, sinks): (Option<usize>, &Option<Tensor>, Option<&[f32]>),
 ) -> Result<Tensor> {
     let (b, _, seq, head_dim) = q.dims4()?;
     let format = kv.format();
@@ -213,7 +233,8 @@ fn attend_stored(
     let first = kv.first_position();
     let pos = step.pos - first;
     if q.device().is_cpu() && b == 1 {
-        return tiled_attention(q, &k, &v, format, pos, window, dims);
+        let queries = Queries { pos, window, sinks };
+        return tiled_attention(q, &k, &v, format, dims, queries);
     }
     // The matmul paths multiply dense tensors: a block-format cache is decoded for them.
     let (k, v) = match format {
@@ -221,24 +242,28 @@ fn attend_stored(
         _ => (format.decode(&k, head_dim)?, format.decode(&v, head_dim)?),
     };
     if k.dim(2)? > KEY_BLOCK {
-        return blocked_attention(q, &k, &v, pos, window, dims, KEY_BLOCK);
+        let queries = Queries { pos, window, sinks };
+        return blocked_attention(q, &k, &v, dims, queries, KEY_BLOCK);
     }
     let mask = match mask {
         Some(mask) if first == 0 => Some(mask.clone()),
         _ => causal_mask(seq, pos, window, q.device())?,
     };
-    matmul_attention(q, &k, &v, mask.as_ref(), dims)
+    matmul_attention(q, &k, &v, mask.as_ref(), dims, sinks)
 }
 
 /// The attention core by candle's matmuls: `q` (`[b, heads, seq, dim]`, RoPE applied)
 /// against the cached `k` and `v` (`[b, kv_heads, kv_len, dim]`) under the additive `mask`
 /// (`[seq, kv_len]`, see [`causal_mask`]); returns `[b, seq, heads * dim]` in `q`'s dtype.
+/// `sinks` (one logit per query head) are a column of scores that joins the softmax and is
+/// dropped before the values.
 pub fn matmul_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     mask: Option<&Tensor>,
     dims: AttentionDims,
+    sinks: Option<&[f32]>,
 ) -> Result<Tensor> {
     let (b, _, seq, _) = q.dims4()?;
     let AttentionDims {
@@ -275,7 +300,23 @@ pub fn matmul_attention(
             .broadcast_add(mask)?
             .reshape((b, n_kv_heads, group * seq, kv_len))?,
     };
-    let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
+    let probs = match sinks {
+        None => candle_nn::ops::softmax_last_dim(&scores)?,
+        Some(sinks) => {
+            // Row `g * seq + i` of key/value head `h` is query head `h * group + g`.
+            let column: Vec<f32> = sinks
+                .iter()
+                .flat_map(|&s| std::iter::repeat_n(s, seq))
+                .collect();
+            let column = Tensor::from_vec(column, (1, n_kv_heads, group * seq, 1), q.device())?
+                .broadcast_as((b, n_kv_heads, group * seq, 1))?;
+            let with_sinks = Tensor::cat(&[&scores, &column], 3)?;
+            candle_nn::ops::softmax_last_dim(&with_sinks)?
+                .narrow(3, 0, kv_len)?
+                .contiguous()?
+        }
+    };
+    let probs = probs.to_dtype(v.dtype())?;
     let y = probs.matmul(&v)?.to_dtype(compute)?;
     Ok(y.reshape((b, n_heads, seq, head_dim))?
         .transpose(1, 2)?
@@ -292,11 +333,11 @@ pub fn blocked_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    pos: usize,
-    window: Option<usize>,
     dims: AttentionDims,
+    queries: Queries<'_>,
     block: usize,
 ) -> Result<Tensor> {
+    let Queries { pos, window, sinks } = queries;
     let (b, _, seq, _) = q.dims4()?;
     let AttentionDims {
         n_heads,
@@ -362,13 +403,45 @@ pub fn blocked_attention(
         max = Some(new_max);
         start += n;
     }
-    let (Some(sum), Some(acc)) = (sum, acc) else {
+    let (Some(max), Some(sum), Some(acc)) = (max, sum, acc) else {
         return Err(candle_core::Error::Msg("attention over no keys".into()).into());
+    };
+    // Sinks: one more logit per query head, with no value, joins each row's softmax.
+    let (sum, acc) = match sinks {
+        None => (sum, acc),
+        Some(sinks) => {
+            // Row `g * seq + i` of key/value head `h` is query head `h * group + g`.
+            let column: Vec<f32> = sinks
+                .iter()
+                .flat_map(|&s| std::iter::repeat_n(s, seq))
+                .collect();
+            let column = Tensor::from_vec(column, (1, n_kv_heads, rows, 1), q.device())?
+                .broadcast_as((b, n_kv_heads, rows, 1))?;
+            let new_max = max.maximum(&column)?;
+            let correction = (&max - &new_max)?.exp()?;
+            let sink = (column - &new_max)?.exp()?;
+            (
+                ((sum * &correction)? + sink)?,
+                acc.broadcast_mul(&correction)?,
+            )
+        }
     };
     let y = acc.broadcast_div(&sum)?.to_dtype(compute)?;
     Ok(y.reshape((b, n_heads, seq, head_dim))?
         .transpose(1, 2)?
         .reshape((b, seq, n_heads * head_dim))?)
+}
+
+/// What the query rows of [`tiled_attention`] and [`blocked_attention`] see: the first row's
+/// position (relative to the first key held), the window, and the sinks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Queries<'a> {
+    /// Position of the first query row; row `i` sees keys `j <= pos + i`.
+    pub pos: usize,
+    /// A query sees only the last `window` positions (itself included).
+    pub window: Option<usize>,
+    /// One logit per query head that joins its softmax (gpt-oss).
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// The additive mask of keys `start..start + n` for `seq` queries at positions `pos..`
@@ -411,10 +484,10 @@ pub fn tiled_attention(
     k: &Tensor,
     v: &Tensor,
     format: KvFormat,
-    pos: usize,
-    window: Option<usize>,
     dims: AttentionDims,
+    queries: Queries<'_>,
 ) -> Result<Tensor> {
+    let Queries { pos, window, sinks } = queries;
     let (_, n_heads, seq, head_dim) = q.dims4()?;
     let compute = q.dtype();
     let q = q.to_dtype(DType::F32)?.contiguous()?;
@@ -437,6 +510,7 @@ pub fn tiled_attention(
         scale: dims.scale as f32,
         softcap: dims.softcap,
         window,
+        sinks,
     };
     let k_heads = kv_heads(cpu_storage(&k_store)?, k_layout, format, head_dim)?;
     let v_heads = kv_heads(cpu_storage(&v_store)?, v_layout, format, head_dim)?;
@@ -602,19 +676,23 @@ mod tests {
             let k = random(2, kv_len, 8, 2 + seq as u64);
             let v = random(2, kv_len, 8, 3);
             let mask = causal_mask(seq, pos, window, &Device::Cpu).unwrap();
-            let one_shot = matmul_attention(&q, &k, &v, mask.as_ref(), dims).unwrap();
-            let blocked = blocked_attention(&q, &k, &v, pos, window, dims, block).unwrap();
-            assert_eq!(blocked.dims(), one_shot.dims());
-            let diff: f32 = (blocked - &one_shot)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar()
-                .unwrap();
-            let case = (seq, pos, window, softcap, block);
-            assert!(diff < 1e-5, "{case:?}: largest difference {diff}");
+            // Without and with sinks (one logit per query head, one large enough to dominate).
+            for sinks in [None, Some(&[0.3f32, -1.0, 2.5, 9.0][..])] {
+                let one_shot = matmul_attention(&q, &k, &v, mask.as_ref(), dims, sinks).unwrap();
+                let queries = Queries { pos, window, sinks };
+                let blocked = blocked_attention(&q, &k, &v, dims, queries, block).unwrap();
+                assert_eq!(blocked.dims(), one_shot.dims());
+                let diff: f32 = (blocked - &one_shot)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar()
+                    .unwrap();
+                let case = (seq, pos, window, softcap, block, sinks.is_some());
+                assert!(diff < 1e-5, "{case:?}: largest difference {diff}");
+            }
         }
     }
 

@@ -86,7 +86,9 @@ pub fn for_layer(spec: &ModelSpec, index: usize) -> Arc<dyn Block> {
         Architecture::Llama
         | Architecture::Qwen2
         | Architecture::Mistral
-        | Architecture::Mixtral => Arc::new(LlamaBlock::new(spec, index)),
+        | Architecture::Mixtral
+        | Architecture::Qwen2Moe
+        | Architecture::GptOss => Arc::new(LlamaBlock::new(spec, index)),
         Architecture::Qwen3 | Architecture::Qwen3Moe => Arc::new(qwen3::block(spec, index)),
         Architecture::Gemma2 | Architecture::Gemma3 => Arc::new(GemmaBlock::new(spec, index)),
         Architecture::Phi3 => Arc::new(Phi3Block::new(spec, index)),

@@ -1,6 +1,7 @@
 //! Rotary position embeddings: cos/sin tables for the positions in use (grown on demand up to
 //! the model's context),
-//! with Llama 3 or linear frequency scaling or per-frequency factors (GGUF `rope_freqs.weight`),
+//! with Llama 3, YaRN or linear frequency scaling or per-frequency factors (GGUF
+//! `rope_freqs.weight`),
 //! a second set for sliding-window layers with their own base (Gemma 3), applied
 //! either interleaved (pairs `2i, 2i+1`, GGUF llama layout) or as HF "rotate half" (pairs
 //! `i, i + d/2`).
@@ -11,7 +12,7 @@ use std::sync::{Arc, RwLock};
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{ModelError, Result};
-use crate::spec::{Llama3RopeScaling, ModelSpec};
+use crate::spec::{Llama3RopeScaling, ModelSpec, YarnScaling};
 
 /// Positions the tables first hold, and the step they grow by at least.
 const MIN_POSITIONS: usize = 1024;
@@ -47,7 +48,8 @@ struct Tables {
 }
 
 impl Rope {
-    /// Rotary embeddings of the global layers: base `rope_theta`, Llama 3 or linear scaling.
+    /// Rotary embeddings of the global layers: base `rope_theta`, Llama 3, YaRN or linear
+    /// scaling.
     /// `freq_factors` (one per frequency) divide the base frequencies, as llama.cpp does with
     /// a GGUF `rope_freqs` tensor. Tables are in `dtype`.
     pub fn new(
@@ -63,6 +65,11 @@ impl Rope {
         if let Some(factor) = spec.rope_linear_factor {
             freqs.iter_mut().for_each(|f| *f /= factor);
         }
+        let mut attn_factor = spec.rope_attn_factor;
+        if let Some(yarn) = &spec.rope_yarn {
+            freqs = yarn_scale(&freqs, yarn, spec.rope_theta);
+            attn_factor = Some(attn_factor.unwrap_or(1.0) * yarn_magnitude(yarn));
+        }
         // Divisors from the config (longrope) or from the file (`rope_freqs`, GGUF longrope).
         if let Some(factors) = spec.rope_freq_factors.as_deref().or(freq_factors) {
             if factors.len() != freqs.len() {
@@ -76,7 +83,7 @@ impl Rope {
                 *f /= *factor;
             }
         }
-        Self::with_freqs(spec, freqs, dtype, device)
+        Self::with_freqs(spec, freqs, attn_factor, dtype, device)
     }
 
     /// The rotary embeddings of the sliding-window layers when their base differs (Gemma 3's
@@ -86,7 +93,7 @@ impl Rope {
             None => Ok(None),
             Some(theta) => {
                 let freqs = inverse_frequencies(spec.head_dim, theta);
-                Self::with_freqs(spec, freqs, dtype, device).map(Some)
+                Self::with_freqs(spec, freqs, spec.rope_attn_factor, dtype, device).map(Some)
             }
         }
     }
@@ -94,12 +101,13 @@ impl Rope {
     fn with_freqs(
         spec: &ModelSpec,
         freqs: Vec<f32>,
+        attn_factor: Option<f32>,
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
         let angles = Angles {
             freqs,
-            attn_factor: spec.rope_attn_factor,
+            attn_factor,
             dtype,
             device: device.clone(),
         };
@@ -222,6 +230,36 @@ fn llama3_scale(freqs: &[f32], s: &Llama3RopeScaling) -> Vec<f32> {
         .collect()
 }
 
+/// YaRN as ggml computes it (`rope_yarn`, ext_factor 1): the angle of pair `i` blends the
+/// interpolated `theta / factor` and the original `theta` by a ramp that is 1 (keep) below
+/// correction dimension `low` and 0 (interpolate) above `high`; the correction dimensions are
+/// where a frequency turns `beta_fast` and `beta_slow` times over the original context.
+/// Both angles are linear in the position, so the blend is a scaled frequency.
+fn yarn_scale(freqs: &[f32], y: &YarnScaling, base: f32) -> Vec<f32> {
+    let dims = 2 * freqs.len();
+    let corr_dim = |rotations: f32| {
+        dims as f32 * (y.original_context as f32 / (rotations * 2.0 * PI)).ln() / (2.0 * base.ln())
+    };
+    let low = corr_dim(y.beta_fast).floor().max(0.0);
+    let high = corr_dim(y.beta_slow).ceil().min(dims as f32 - 1.0);
+    let scale = 1.0 / y.factor;
+    freqs
+        .iter()
+        .enumerate()
+        .map(|(i, &f)| {
+            let ramp = 1.0 - ((i as f32 - low) / (high - low).max(0.001)).clamp(0.0, 1.0);
+            let interp = f * scale;
+            interp * (1.0 - ramp) + f * ramp
+        })
+        .collect()
+}
+
+/// YaRN's magnitude correction of cos and sin, `1 + 0.1 ln(factor)` (what llama.cpp's rope
+/// multiplies in when YaRN extrapolates).
+fn yarn_magnitude(y: &YarnScaling) -> f32 {
+    1.0 + 0.1 * (y.factor).ln()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +281,36 @@ mod tests {
             .iter()
             .zip(&freqs)
             .all(|(a, b)| a <= b && *a >= b / 8.0));
+    }
+
+    #[test]
+    fn yarn_keeps_fast_frequencies_and_interpolates_slow_ones() {
+        // gpt-oss's numbers: head_dim 64, base 150000, factor 32 over 4096 positions. The
+        // correction dimensions are floor(8.09) = 8 and ceil(17.4) = 18.
+        let y = YarnScaling {
+            factor: 32.0,
+            original_context: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        };
+        let freqs = inverse_frequencies(64, 150_000.0);
+        let scaled = yarn_scale(&freqs, &y, 150_000.0);
+        for i in 0..=8 {
+            assert_eq!(scaled[i], freqs[i], "pair {i} is kept");
+        }
+        for i in 18..32 {
+            assert!(
+                (scaled[i] - freqs[i] / 32.0).abs() <= 1e-6 * freqs[i],
+                "pair {i}"
+            );
+        }
+        for i in 9..18 {
+            assert!(
+                scaled[i] < freqs[i] && scaled[i] > freqs[i] / 32.0,
+                "pair {i}"
+            );
+        }
+        assert!((yarn_magnitude(&y) - (1.0 + 0.1 * 32f32.ln())).abs() < 1e-7);
     }
 
     #[test]

@@ -16,7 +16,7 @@
 
 use super::lanes::Lanes;
 use super::prefill::{Task, TILE_K, TILE_Q};
-use super::{first_visible, KvData, KvHeads, Shape};
+use super::{denominator, first_visible, KvData, KvHeads, Shape};
 
 /// Keys per step of the score micro-kernel.
 const KEYS: usize = 4;
@@ -169,9 +169,11 @@ pub(super) unsafe fn task<S: Lanes>(
     }
 
     for (g, out) in task.outs.iter_mut().enumerate() {
+        let head = task.kv_head * (s.n_heads / s.n_kv_heads) + g;
         for (r, row) in out.chunks_exact_mut(d).enumerate() {
             let (vi, lane) = (g * subs + r / l, r % l);
-            let inv = 1.0 / sum[vi * l + lane];
+            let at = vi * l + lane;
+            let inv = 1.0 / denominator(s, head, max[at], sum[at]);
             for (c, o) in row.iter_mut().enumerate() {
                 *o = ot[(vi * d + c) * l + lane] * inv;
             }

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use super::simd::{Avx2, Avx512};
 use super::simd::{Elem, Kernel, Scalar};
-use super::{first_visible, online_softmax, Call, Isa, KvData, KvHeads, Shape};
+use super::{denominator, first_visible, online_softmax, Call, Isa, KvData, KvHeads, Shape};
 
 /// Keys per tile inside a task (the group's scores of one tile are a small buffer).
 const TILE: usize = 128;
@@ -85,7 +85,7 @@ pub(super) fn run_split(isa: Isa, ranges: usize, parallel: bool, call: Call<'_>,
     } else {
         partial.chunks_mut(group * width).enumerate().for_each(job);
     }
-    merge(&partial, ranges, group, d, out);
+    merge(&partial, ranges, group, s, out);
 }
 
 /// One task: a key/value head's range of keys against every query head of its group.
@@ -246,7 +246,8 @@ fn tile_step<K: Kernel, TK: Elem, TV: Elem>(
 
 /// Writes each query head's output from its ranges' partial results (`partial`: per key/value
 /// head, per range, per query head of the group, `head_dim + 2` values as [`Task::part`]).
-fn merge(partial: &[f32], ranges: usize, group: usize, d: usize, out: &mut [f32]) {
+fn merge(partial: &[f32], ranges: usize, group: usize, s: &Shape<'_>, out: &mut [f32]) {
+    let d = s.head_dim;
     let width = d + 2;
     for (head, out) in out.chunks_exact_mut(d).enumerate() {
         let (kv_head, g) = (head / group, head % group);
@@ -265,7 +266,7 @@ fn merge(partial: &[f32], ranges: usize, group: usize, d: usize, out: &mut [f32]
                 *o += x * scale;
             }
         }
-        let inv = 1.0 / sum;
+        let inv = 1.0 / denominator(s, head, max, sum);
         for o in out.iter_mut() {
             *o *= inv;
         }

@@ -9,7 +9,9 @@
 //! `h / (heads / kv_heads)` (grouped-query attention). Query row `i` is at position
 //! `pos + i` and sees keys `j <= pos + i`, and only the last `window` of them when a sliding
 //! window is set; scores are `q . k * scale`, soft-capped to `cap * tanh(s / cap)` when a cap
-//! is set (Gemma 2).
+//! is set (Gemma 2). With attention sinks (gpt-oss), head `h`'s sink logit joins the softmax's
+//! denominator when each row is finished: `sum + e^(sink - max)`, which is the softmax over the
+//! keys and the sink with the sink's column dropped.
 //!
 //! Two schedules, one per job:
 //! - [`decode`] (one query row per head, a decode step): one task per key/value head and
@@ -108,7 +110,7 @@ pub struct KvHeads<'a> {
 
 /// What one attention call computes.
 #[derive(Debug, Clone, Copy)]
-pub struct Shape {
+pub struct Shape<'a> {
     /// Query heads.
     pub n_heads: usize,
     /// Key/value heads (divides `n_heads`).
@@ -125,6 +127,8 @@ pub struct Shape {
     pub softcap: Option<f32>,
     /// A query sees only the last `window` positions (itself included).
     pub window: Option<usize>,
+    /// One sink logit per query head (`n_heads` of them), if the layer has attention sinks.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// The inputs of one call [`check`] accepted, as the schedules take them.
@@ -135,7 +139,7 @@ struct Call<'a> {
     /// Keys and values of every key/value head.
     k: &'a KvHeads<'a>,
     v: &'a KvHeads<'a>,
-    s: &'a Shape,
+    s: &'a Shape<'a>,
 }
 
 /// Writes the attention output of every query head to `out` (`[n_heads, seq, head_dim]`,
@@ -211,6 +215,13 @@ fn check(q: &[f32], k: &KvHeads<'_>, v: &KvHeads<'_>, s: &Shape, out: &[f32]) ->
         return bad(format!(
             "a block-format cache with heads of {} values (not whole {BLOCK}-value blocks)",
             s.head_dim
+        ));
+    }
+    if let Some(sinks) = s.sinks.filter(|sinks| sinks.len() != s.n_heads) {
+        return bad(format!(
+            "{} attention sinks for {} heads",
+            sinks.len(),
+            s.n_heads
         ));
     }
     let kv_len = s.pos + s.seq;
@@ -289,6 +300,16 @@ fn exp_neg(x: f32) -> f32 {
     p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
     y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// The softmax denominator of a row of query head `head` whose running maximum and sum of
+/// exponentials are `max` and `sum`: `sum`, plus `e^(sink - max)` when the head has a sink.
+#[inline(always)]
+fn denominator(s: &Shape<'_>, head: usize, max: f32, sum: f32) -> f32 {
+    match s.sinks {
+        None => sum,
+        Some(sinks) => sum + (sinks[head] - max).exp(),
+    }
 }
 
 /// The first position a query at `p` sees.

@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::{first_visible, online_softmax, Call, Isa, KvHeads, Shape};
+use super::{denominator, first_visible, online_softmax, Call, Isa, KvHeads, Shape};
 
 /// Query rows per head per task.
 pub const TILE_Q: usize = 16;
@@ -181,8 +181,10 @@ fn tile<const FMA: bool>(
         t0 = t1;
     }
     for (g, acc) in task.outs.iter_mut().enumerate() {
+        let head = kv_head * (s.n_heads / s.n_kv_heads) + g;
         for (r, out) in acc.chunks_exact_mut(d).enumerate() {
-            let inv = 1.0 / sum[g * TILE_Q + r];
+            let at = g * TILE_Q + r;
+            let inv = 1.0 / denominator(s, head, max[at], sum[at]);
             for o in out.iter_mut() {
                 *o *= inv;
             }

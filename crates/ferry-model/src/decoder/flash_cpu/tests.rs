@@ -5,7 +5,9 @@ use candle_core::{DType, Device, Tensor};
 
 use super::Isa;
 use super::*;
-use crate::decoder::attention::{causal_mask, matmul_attention, tiled_attention, AttentionDims};
+use crate::decoder::attention::{
+    causal_mask, matmul_attention, tiled_attention, AttentionDims, Queries,
+};
 use crate::kv_cache::{KvCache, KvShape};
 use crate::kv_format::KvFormat;
 
@@ -38,6 +40,8 @@ struct Case {
     blocks: Option<KvFormat>,
     /// Spread of the inputs (larger: peakier softmax).
     amp: f32,
+    /// Random attention sinks, one per query head.
+    sinks: bool,
 }
 
 const BASE: Case = Case {
@@ -51,6 +55,7 @@ const BASE: Case = Case {
     cache: DType::F32,
     blocks: None,
     amp: 1.0,
+    sinks: false,
 };
 
 impl Case {
@@ -104,14 +109,21 @@ fn max_difference(c: Case) -> f32 {
         .unwrap();
     let q = tensor(c.seq, c.heads, 5);
 
-    let tiled = tiled_attention(&q, &k, &v, c.format(), c.pos, c.window, dims).unwrap();
+    let sinks = sinks_of(&c);
+    let queries = Queries {
+        pos: c.pos,
+        window: c.window,
+        sinks: sinks.as_deref(),
+    };
+    let tiled = tiled_attention(&q, &k, &v, c.format(), dims, queries).unwrap();
     // The reference reads the cache's values up to f32 first, so both see the same numbers.
     let (k32, v32) = (
         c.format().decode(&k, c.dim).unwrap(),
         c.format().decode(&v, c.dim).unwrap(),
     );
     let mask = causal_mask(c.seq, c.pos, c.window, &dev).unwrap();
-    let reference = matmul_attention(&q, &k32, &v32, mask.as_ref(), dims).unwrap();
+    let reference =
+        matmul_attention(&q, &k32, &v32, mask.as_ref(), dims, sinks.as_deref()).unwrap();
     assert_eq!(tiled.dims(), &[1, c.seq, c.heads * c.dim]);
     assert_eq!(tiled.dims(), reference.dims());
     let diff = (tiled - reference).unwrap().abs().unwrap();
@@ -184,6 +196,55 @@ fn the_soft_cap_matches() {
             ..BASE
         });
     }
+}
+
+#[test]
+fn attention_sinks_match_in_prefill_decode_and_windows() {
+    for (pos, seq, window) in [
+        (0, 70, None),
+        (40, 1, None),
+        (300, 1, Some(128)),
+        (5, 33, Some(4)),
+    ] {
+        assert_close(Case {
+            pos,
+            seq,
+            window,
+            sinks: true,
+            ..BASE
+        });
+    }
+    for (pos, seq, ranges) in [(0, 40, None), (299, 1, Some(7)), (1000, 1, None)] {
+        assert_isas_close(
+            Case {
+                pos,
+                seq,
+                heads: 8,
+                kv_heads: 2,
+                dim: 32,
+                sinks: true,
+                ..BASE
+            },
+            ranges,
+        );
+    }
+}
+
+#[test]
+fn attention_sinks_take_probability_away() {
+    // A sink far above every score takes (almost) all the probability: the output goes to 0.
+    let c = Case { seq: 3, ..BASE };
+    let cache = Cache::new(&c);
+    let q = random(c.heads * c.seq * c.dim, 13, c.amp);
+    let plain = reference(&c, &q, &cache, None);
+    let sunk = reference(&c, &q, &cache, Some(&[60.0; 4]));
+    assert!(plain.iter().any(|x| x.abs() > 1e-2));
+    assert!(sunk.iter().all(|x| x.abs() < 1e-12), "{sunk:?}");
+    let (k, v) = cache.heads();
+    let sinks = [60.0f32; 4];
+    let mut out = vec![f32::NAN; q.len()];
+    attend(&q, k, v, &shape_of(&c, Some(&sinks)), &mut out).unwrap();
+    assert!(out.iter().all(|x| x.abs() < 1e-12), "{out:?}");
 }
 
 #[test]
@@ -276,6 +337,7 @@ fn inconsistent_shapes_are_refused() {
         scale: 1.0,
         softcap: None,
         window: None,
+        sinks: None,
     };
     let kv = [0f32; 8];
     let heads = KvHeads {
@@ -398,7 +460,12 @@ impl Cache {
     }
 }
 
-fn shape_of(c: &Case) -> Shape {
+/// The case's sinks (random logits around 0, some above the scores), if it has them.
+fn sinks_of(c: &Case) -> Option<Vec<f32>> {
+    c.sinks.then(|| random(c.heads, 6, 4.0))
+}
+
+fn shape_of<'a>(c: &Case, sinks: Option<&'a [f32]>) -> Shape<'a> {
     Shape {
         n_heads: c.heads,
         n_kv_heads: c.kv_heads,
@@ -408,17 +475,18 @@ fn shape_of(c: &Case) -> Shape {
         scale: 1.0 / (c.dim as f32).sqrt(),
         softcap: c.softcap,
         window: c.window,
+        sinks,
     }
 }
 
 /// candle's plain `softmax(q k^T * scale) v` (the matmul path) on the cache's numbers, as
 /// `[heads, seq, dim]`.
-fn reference(c: &Case, q: &[f32], cache: &Cache) -> Vec<f32> {
+fn reference(c: &Case, q: &[f32], cache: &Cache, sinks: Option<&[f32]>) -> Vec<f32> {
     let dims = dims_of(c);
     let dev = Device::Cpu;
     let qt = Tensor::from_vec(q.to_vec(), (1, c.heads, c.seq, c.dim), &dev).unwrap();
     let mask = causal_mask(c.seq, c.pos, c.window, &dev).unwrap();
-    let y = matmul_attention(&qt, &cache.k32, &cache.v32, mask.as_ref(), dims).unwrap();
+    let y = matmul_attention(&qt, &cache.k32, &cache.v32, mask.as_ref(), dims, sinks).unwrap();
     y.reshape((c.seq, c.heads, c.dim))
         .unwrap()
         .transpose(0, 1)
@@ -444,8 +512,9 @@ fn isa_differences(c: Case, ranges: Option<usize>) -> Vec<(Isa, f32, f32)> {
     let cache = Cache::new(&c);
     let (k, v) = cache.heads();
     let q = random(c.heads * c.seq * c.dim, 13, c.amp);
-    let s = shape_of(&c);
-    let expected = reference(&c, &q, &cache);
+    let sinks = sinks_of(&c);
+    let s = shape_of(&c, sinks.as_deref());
+    let expected = reference(&c, &q, &cache, sinks.as_deref());
     let run = |isa: Isa| {
         let mut out = vec![f32::NAN; q.len()];
         match ranges {
