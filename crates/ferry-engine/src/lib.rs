@@ -43,6 +43,7 @@ mod request;
 pub mod sampling;
 mod scheduler;
 mod serve_loop;
+pub mod speculative;
 mod stop;
 #[cfg(test)]
 pub(crate) mod test_support;
@@ -61,5 +62,6 @@ pub use request::{
     PromptTokensDetails, SamplingParams, TokenLogprob, TokenOutput, Usage,
     RESERVED_TEMPLATE_VARIABLES,
 };
+pub use speculative::{Speculation, SpeculationMethod};
 pub use traits::{LanguageModel, TextCodec};
 pub use worker::{EngineHandle, EngineOptions};
