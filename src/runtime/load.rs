@@ -122,6 +122,12 @@ pub fn load_planned(
         name: config.name.clone(),
         source,
     };
+    if config.speculative.method == SpeculativeMethod::Draft {
+        return Err(RuntimeError::Placement(format!(
+            "model `{}`: speculative method `draft` is not available yet; use `ngram` or `none`",
+            config.name
+        )));
+    }
     if config.verify_weights {
         ferry_model::verify::verify_weights(checkpoint).map_err(wrap)?;
         tracing::info!(

@@ -537,7 +537,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("none"),
         default_note: "",
         example: "ngram",
-        help: "Speculative decoding: none, draft (a smaller model with the same vocabulary proposes tokens, `draft`) or ngram (tokens copied from where the context's last tokens occurred before). The model checks every proposal in one step; the output is what it would give without.",
+        help: "Speculative decoding: none, ngram (tokens copied from where the context's last tokens occurred before) or draft (a smaller model with the same vocabulary, `draft`; not available yet: serve refuses it). The model checks every proposal in one step; the output is what it would give without.",
         field: field!(Model, Speculation, speculative.method),
     },
     Setting {
@@ -548,7 +548,7 @@ pub static SETTINGS: &[Setting] = &[
         default: None,
         default_note: "none",
         example: "models/draft.gguf",
-        help: "The draft model of method draft: any source ferry loads, with the served model's vocabulary; it is placed on the device first.",
+        help: "The draft model of method draft (a source, as `source`).",
         field: field!(Model, OptionalText, speculative.draft),
     },
     Setting {
@@ -559,7 +559,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("4"),
         default_note: "",
         example: "8",
-        help: "Most tokens proposed per sequence and step; each sequence proposes fewer, down to none, where its measured acceptance says more would not pay.",
+        help: "Most tokens proposed per sequence and step (at most 15); each sequence proposes fewer, down to none, where its measured acceptance and the measured step cost say more would not pay.",
         field: field!(Model, Positive, speculative.tokens),
     },
     Setting {

@@ -100,7 +100,11 @@ impl LanguageModel for Chain {
 
 /// Each seed's reply (token ids) to a prompt ending in token 10, `tokens` long, served all in
 /// one loop (a batch of 8) with `method` proposing up to 4 tokens; and the metrics.
-fn replies(seeds: std::ops::Range<u64>, tokens: usize, method: SpeculationMethod) -> (Vec<Vec<u32>>, Metrics) {
+fn replies(
+    seeds: std::ops::Range<u64>,
+    tokens: usize,
+    method: SpeculationMethod,
+) -> (Vec<Vec<u32>>, Metrics) {
     let mut model = Chain {
         vocab: TestCodec::new().vocab_size(),
         speculation: Speculation {
@@ -201,7 +205,10 @@ fn sampled_replies_keep_the_models_distribution_and_their_seeds() {
     let mut counts = [0f64; 5];
     for reply in &fast {
         assert_eq!(reply.len(), 3);
-        let at = TOKENS.iter().position(|&t| t == reply[2]).expect("a chain token");
+        let at = TOKENS
+            .iter()
+            .position(|&t| t == reply[2])
+            .expect("a chain token");
         counts[at] += 1.0;
     }
     let expected = after(0, 3);
@@ -214,7 +221,10 @@ fn sampled_replies_keep_the_models_distribution_and_their_seeds() {
         })
         .sum();
     // 4 degrees of freedom: 18.47 is the 0.1% point.
-    assert!(chi2 < 18.47, "chi-square {chi2}: {counts:?} against {expected:?}");
+    assert!(
+        chi2 < 18.47,
+        "chi-square {chi2}: {counts:?} against {expected:?}"
+    );
     // Seeded: the replies are the ones without speculation, token for token.
     let (plain, _) = replies(0..200, 12, SpeculationMethod::Off);
     let (fast, _) = replies(0..200, 12, SpeculationMethod::Ngram);
