@@ -221,9 +221,11 @@ impl Generation {
     }
 
     /// Most tokens worth proposing for the next step: what can still be emitted after the
-    /// token the step samples anyway (`max_tokens`), 0 while prefilling.
+    /// token the step samples anyway (`max_tokens`); 0 while prefilling, and for a
+    /// grammar-constrained request (its rows would each need the grammar's mask after the
+    /// proposals before them: not done, so it does not speculate).
     pub fn proposal_room(&self) -> usize {
-        if self.prefill_remaining() > 0 {
+        if self.prefill_remaining() > 0 || self.grammar.is_some() {
             return 0;
         }
         self.params

@@ -3,9 +3,15 @@
 //! Jobs arriving on the channel become [`Generation`]s (validated, with a fresh model sequence)
 //! and wait in the [`Scheduler`]. Each iteration is one step: drop cancelled requests, admit
 //! waiting ones into free places in the batch (`max_batch`), run one
-//! [`LanguageModel::forward_batch`] over every scheduled sequence (one decode token each, then
+//! [`LanguageModel::forward_rows`] over every scheduled sequence (one decode token each, then
 //! prompt chunks within the step's token budget), sample each one's next token, and retire the
 //! finished. A client that goes away is therefore dropped within one step.
+//!
+//! With speculation on ([`LanguageModel::speculation`]), a decoding sequence feeds the tokens
+//! proposed after its last one too ([`Speculating::propose`], lengths from
+//! [`crate::speculative::length`]), gets the logits after each of them from the same step, and
+//! samples them in order until a sampled token differs from its proposal; the rejected
+//! positions are dropped ([`LanguageModel::truncate_sequence`]) (see [`crate::speculative`]).
 //!
 //! A request with `n` > 1 choices enters as one entry holding `n` places: the first choice's
 //! sequence prefills the prompt, and in the step that completes it the other choices split off
@@ -204,7 +210,9 @@ pub(super) fn serve_requests<M: LanguageModel>(
             let pacing = (&mut pacer, ctx.prefix.exact_chunk_rows);
             speculating.propose(model, &mut scheduler);
             let done = step(model, codec, ctx.name, &mut scheduler, pacing, cache);
-            speculating.cost.observe(done.took, done.tokens);
+            if done.tokens > 0 {
+                speculating.cost.observe(done.took, done.tokens);
+            }
             let retired = scheduler.retire(&done.finished);
             let ended = retired.len() + done.forks_ended;
             for _ in 0..ended {
