@@ -186,7 +186,7 @@ impl Model {
             || batch
                 .iter()
                 .zip(outputs)
-                .any(|(s, &n)| n == 0 || n > s.tokens.len())
+                .any(|(s, &n)| !s.tokens.is_empty() && (n == 0 || n > s.tokens.len()))
         {
             return Err(ModelError::Config(format!(
                 "forward_rows: {} output counts for {} sequences, each 1 to its token count",
