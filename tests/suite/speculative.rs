@@ -128,8 +128,10 @@ fn replies(engine: &EngineHandle, prompts: &[&str], max_tokens: usize) -> Vec<Ve
                 ..Default::default()
             }];
             let prompt = engine.encode_chat(MODEL, &messages, true, false).unwrap();
-            let mut params = GenerationParams::default();
-            params.max_tokens = max_tokens;
+            let mut params = GenerationParams {
+                max_tokens,
+                ..GenerationParams::default()
+            };
             params.sampling.temperature = 0.0;
             engine
                 .submit(GenerationRequest {

@@ -127,9 +127,9 @@ mod tests {
             .unwrap();
         assert!(diff < 1e-4, "{diff}");
         let all = all.to_vec2::<f32>().unwrap();
-        for i in 0..7 {
+        for (i, row) in all.iter().enumerate() {
             let one = project(&x.narrow(0, i, 1).unwrap(), &w).unwrap().unwrap();
-            assert!(one.to_vec2::<f32>().unwrap()[0] == all[i], "row {i}");
+            assert!(&one.to_vec2::<f32>().unwrap()[0] == row, "row {i}");
         }
         assert_eq!(dot_plain(&[1.0; 37], &[2.0; 37]), 74.0);
         // Too many rows, or another dtype: candle's path.
