@@ -17,7 +17,9 @@ use candle_core::Tensor;
 use ferry_engine::reasoning::ReasoningFormat;
 use ferry_engine::tool_calls::ToolSupport;
 use ferry_engine::traits::{LanguageModel, TextCodec};
-use ferry_engine::{ChatMessage, EngineError, EngineResult, GrammarCompiler, SamplingParams};
+use ferry_engine::{
+    ChatMessage, EngineError, EngineResult, GrammarCompiler, SamplingParams, Speculation,
+};
 use ferry_model::decoder::{Model, ResidentLayers, SeqInput};
 use ferry_model::kv_cache::{KvCache, KvSpan};
 use ferry_model::pooling::{Pooler, Pooling};
@@ -62,6 +64,8 @@ pub struct ModelRunner {
     max_context: usize,
     /// How embeddings pool the hidden states, or why this model gives none.
     pooling: Result<Pooling, String>,
+    /// How decode steps speculate (`models[].speculative`).
+    speculation: Speculation,
 }
 
 /// Most tokens of one embedding input computed in one forward pass (longer inputs run in
@@ -105,7 +109,14 @@ impl ModelRunner {
             swapped: None,
             max_context,
             pooling: Ok(Pooling::DEFAULT),
+            speculation: Speculation::default(),
         }
+    }
+
+    /// Speculates as `speculation` says (`models[].speculative`).
+    pub fn with_speculation(mut self, speculation: Speculation) -> Self {
+        self.speculation = speculation;
+        self
     }
 
     /// Pools embeddings with `pooling`; an `Err` (a pooling ferry cannot compute) says why the
@@ -225,9 +236,10 @@ impl LanguageModel for ModelRunner {
         }
     }
 
-    fn forward_batch(
+    fn forward_rows(
         &mut self,
         batch: &mut [(&mut RunnerSequence, &[u32])],
+        outputs: &[usize],
     ) -> EngineResult<Vec<Vec<f32>>> {
         // Mode `model`: every sequence holds a lease; all leases name the same resident copy.
         for (seq, _) in batch.iter_mut() {
@@ -250,10 +262,13 @@ impl LanguageModel for ModelRunner {
             .map(|input| input.cache.allocated_bytes())
             .sum();
         let logits = match leased {
-            None => self.model.forward_batch(&mut inputs, &mut self.layers),
-            Some(layers) => self
+            None => self
                 .model
-                .forward_batch(&mut inputs, &mut ResidentLayers(layers)),
+                .forward_rows(&mut inputs, outputs, &mut self.layers),
+            Some(layers) => {
+                self.model
+                    .forward_rows(&mut inputs, outputs, &mut ResidentLayers(layers))
+            }
         }
         .map_err(|e| self.step_error(e))?;
         drop(inputs);
@@ -284,6 +299,25 @@ impl LanguageModel for ModelRunner {
 
     fn supports_blocks(&self) -> bool {
         true
+    }
+
+    fn truncate_sequence(&self, seq: &mut RunnerSequence, len: usize) -> EngineResult<()> {
+        if len > seq.cache.len() {
+            return Err(EngineError::Internal(format!(
+                "cannot keep {len} positions of a sequence holding {}",
+                seq.cache.len()
+            )));
+        }
+        seq.cache.truncate(len);
+        Ok(())
+    }
+
+    fn supports_truncate(&self) -> bool {
+        true
+    }
+
+    fn speculation(&self) -> Speculation {
+        self.speculation
     }
 
     /// Copies the positions' keys and values out of the cache (device to device).

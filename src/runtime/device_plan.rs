@@ -19,7 +19,10 @@ use super::planning::{open_checkpoint, plan_checkpoint};
 use super::swap::{pool_plan, swap_manager, PoolPlan};
 use super::tiers::tier_report;
 use super::RuntimeError;
-use ferry_config::{Config, DtypeChoice, MemoryBudget, ModelConfig, OffloadMode, QuantType};
+use ferry_config::{
+    Config, DtypeChoice, MemoryBudget, ModelConfig, OffloadMode, QuantType, SpeculativeMethod,
+};
+use ferry_engine::speculative::MAX_PROPOSAL;
 use ferry_model::checkpoint::Checkpoint;
 use ferry_model::kv_format::KvFormat;
 use ferry_model::source::HubOptions;
@@ -232,6 +235,7 @@ impl DevicePlan {
             if let Some(tiers) = &model.tiers {
                 out.push_str(&tiers.render_text());
             }
+            out.push_str(&speculative_line(&model.config));
         }
         if let Some(pool) = &self.pool {
             out.push_str(&format!(
@@ -252,7 +256,7 @@ impl DevicePlan {
     }
 
     /// One JSON document: `{"device", "free_bytes", "device_bytes", "models": [{"name",
-    /// "source", "plan", "tiers"}], "pool": null | {"models", "budget_bytes", "always_bytes",
+    /// "source", "plan", "tiers", "speculative": {"method", "draft", "tokens"}}], "pool": null | {"models", "budget_bytes", "always_bytes",
     /// "layer_budget_bytes", "device_bytes"}}`.
     pub fn to_json(&self) -> Value {
         let models: Vec<Value> = self
@@ -264,6 +268,7 @@ impl DevicePlan {
                     "source": m.config.source,
                     "plan": plan_json(&m.plan),
                     "tiers": m.tiers.as_ref().map(TierReport::json),
+                    "speculative": speculative_json(&m.config),
                 })
             })
             .collect();
@@ -284,4 +289,36 @@ impl DevicePlan {
             "pool": pool,
         })
     }
+}
+
+/// `ferry plan`'s line on a model's speculative decoding (`models[].speculative`).
+fn speculative_line(config: &ModelConfig) -> String {
+    let speculative = &config.speculative;
+    match speculative.method {
+        SpeculativeMethod::None => "speculative none\n".to_string(),
+        SpeculativeMethod::Ngram => format!(
+            "speculative ngram (prompt lookup), up to {} tokens per step, fewer where acceptance says it does not pay\n",
+            speculative.tokens.min(MAX_PROPOSAL)
+        ),
+        SpeculativeMethod::Draft => format!(
+            "speculative draft {}, up to {} tokens per step: not available yet (serve refuses it)\n",
+            speculative.draft.as_deref().unwrap_or("(none)"),
+            speculative.tokens.min(MAX_PROPOSAL)
+        ),
+    }
+}
+
+/// [`speculative_line`] as JSON.
+fn speculative_json(config: &ModelConfig) -> Value {
+    let speculative = &config.speculative;
+    let method = match speculative.method {
+        SpeculativeMethod::None => "none",
+        SpeculativeMethod::Ngram => "ngram",
+        SpeculativeMethod::Draft => "draft",
+    };
+    json!({
+        "method": method,
+        "draft": speculative.draft,
+        "tokens": speculative.tokens.min(MAX_PROPOSAL),
+    })
 }

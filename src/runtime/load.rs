@@ -15,8 +15,8 @@ use super::device::free_bytes;
 use super::load_report::log_loaded;
 use super::planning::{open_checkpoint, plan_checkpoint};
 use super::RuntimeError;
-use ferry_config::{DeviceConfig, ModelConfig, OffloadMode, ReasoningChoice};
-use ferry_engine::SamplingParams;
+use ferry_config::{DeviceConfig, ModelConfig, OffloadMode, ReasoningChoice, SpeculativeMethod};
+use ferry_engine::{SamplingParams, Speculation, SpeculationMethod};
 use ferry_model::checkpoint::Checkpoint;
 use ferry_model::generation_defaults::recommended_sampling;
 use ferry_model::loader::{LoadOptions, LoadProgress};
@@ -122,6 +122,12 @@ pub fn load_planned(
         name: config.name.clone(),
         source,
     };
+    if config.speculative.method == SpeculativeMethod::Draft {
+        return Err(RuntimeError::Placement(format!(
+            "model `{}`: speculative method `draft` is not available yet; use `ngram` or `none`",
+            config.name
+        )));
+    }
     if config.verify_weights {
         ferry_model::verify::verify_weights(checkpoint).map_err(wrap)?;
         tracing::info!(
@@ -134,7 +140,8 @@ pub fn load_planned(
     std::thread::scope(|scope| {
         let tokenizer = scope.spawn(|| load_tokenizer(config, checkpoint));
         let runner = load_runner(config, device_config, device, swap, checkpoint, plan)?
-            .with_pooling(pooling_of(config, checkpoint));
+            .with_pooling(pooling_of(config, checkpoint))
+            .with_speculation(speculation_of(config));
         if let Some(experts) = runner.store().experts() {
             experts.set_tier(config.tier.choice);
             experts.set_cost_model(cost);
@@ -171,6 +178,19 @@ pub fn load_planned(
             ),
         })
     })
+}
+
+/// The engine's speculation for `config` (`models[].speculative`).
+pub fn speculation_of(config: &ModelConfig) -> Speculation {
+    let method = match config.speculative.method {
+        SpeculativeMethod::None => SpeculationMethod::Off,
+        SpeculativeMethod::Draft => SpeculationMethod::Draft,
+        SpeculativeMethod::Ngram => SpeculationMethod::Ngram,
+    };
+    Speculation {
+        method,
+        max_tokens: config.speculative.tokens,
+    }
 }
 
 /// How `checkpoint`'s embeddings pool (logged), or why it gives none (a warning).

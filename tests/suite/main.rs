@@ -50,6 +50,7 @@ mod responses_api;
 mod role_injection;
 mod schema_limits;
 mod serving;
+mod speculative;
 mod status_page;
 mod structured_outputs;
 mod tiers;

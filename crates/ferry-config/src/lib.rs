@@ -43,10 +43,10 @@ pub use error::ConfigError;
 pub use load::load;
 pub use resolve::{Origin, Origins, Overrides, Resolved};
 pub use sampling::SamplingSettings;
-pub use types::TierConfig;
 pub use types::{Config, DeviceConfig, ModelConfig, OffloadConfig, ServerConfig};
+pub use types::{SpeculativeConfig, TierConfig};
 pub use values::TierChoice;
 pub use values::{
     ChatTemplateSource, CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode,
-    QuantType, ReasoningChoice,
+    QuantType, ReasoningChoice, SpeculativeMethod,
 };

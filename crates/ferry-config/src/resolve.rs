@@ -16,11 +16,13 @@ use std::path::Path;
 
 use super::raw::{RawConfig, RawTable};
 use super::settings::{
-    find, in_scope, Scope, Section, Setting, CHAT_TEMPLATE, DEFAULT_MODEL_NAME, NAME, SETTINGS,
-    SOURCE,
+    find, in_scope, Scope, Section, Setting, CHAT_TEMPLATE, DEFAULT_MODEL_NAME, DRAFT_MODEL, NAME,
+    SETTINGS, SOURCE,
 };
 use super::types::{Config, DeviceConfig, ModelConfig, ServerConfig};
-use super::values::{ChatTemplateSource, Codec, MemoryBudget, OffloadMode, Template};
+use super::values::{
+    ChatTemplateSource, Codec, MemoryBudget, OffloadMode, SpeculativeMethod, Template,
+};
 use super::ConfigError;
 
 /// Settings given as text by one layer (the environment, or the flags), by setting name.
@@ -311,6 +313,16 @@ fn resolve_model(
                 let picked = picked.as_ref().map(|(o, t)| (*o, t.as_str()));
                 resolve_one(setting, &mut model, picked, key, origins)?;
             }
+            DRAFT_MODEL => {
+                let picked = match layers.pick(setting, table) {
+                    Some((Origin::File, text)) => {
+                        Some((Origin::File, rebase_source(text, layers.raw)))
+                    }
+                    other => other.map(|(origin, text)| (origin, text.to_string())),
+                };
+                let picked = picked.as_ref().map(|(o, t)| (*o, t.as_str()));
+                resolve_one(setting, &mut model, picked, key, origins)?;
+            }
             CHAT_TEMPLATE => {
                 let picked = match layers.pick(setting, table) {
                     Some((Origin::File, text)) => {
@@ -363,9 +375,17 @@ fn resolve_model(
     Ok(model)
 }
 
-/// Rules that span models: unique names; one device budget for every mode-`model` entry.
+/// Rules that span settings or models: unique names; a draft model for method `draft`; one
+/// device budget for every mode-`model` entry.
 fn check_models(models: &[ModelConfig], origins: &Origins) -> Result<(), ConfigError> {
     for (i, model) in models.iter().enumerate() {
+        let speculative = &model.speculative;
+        if speculative.method == SpeculativeMethod::Draft && speculative.draft.is_none() {
+            return Err(ConfigError::invalid(
+                format!("models[{i}].speculative.method"),
+                "method `draft` needs a draft model: set `speculative.draft` (--draft-model)",
+            ));
+        }
         if models[..i].iter().any(|other| other.name == model.name) {
             return Err(ConfigError::invalid(
                 format!("models[{i}].name"),

@@ -369,3 +369,73 @@ fn origins_say_where_each_value_came_from() {
     assert_eq!(resolved.config.models[0].name, "a");
     assert_eq!(resolved.config.server.host, "::1");
 }
+
+#[test]
+fn speculative_settings_come_from_the_table_file_variables_and_flags() {
+    use crate::values::SpeculativeMethod;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("draft.gguf"), b"GGUF").expect("write");
+    let mut raw = RawConfig::from_toml(
+        "[[models]]\nsource = \"m.gguf\"\n[models.speculative]\nmethod = \"draft\"\ndraft = \"draft.gguf\"\ntokens = 6\n",
+    )
+    .expect("toml");
+    raw.path = Some(dir.path().join("ferry.toml"));
+    let config = Config::resolve(&raw, &Overrides::default(), &Overrides::default()).expect("ok");
+    let speculative = &config.models[0].speculative;
+    assert_eq!(speculative.method, SpeculativeMethod::Draft);
+    assert_eq!(speculative.tokens, 6);
+    let draft = speculative.draft.as_deref().expect("a draft");
+    assert_eq!(
+        std::path::Path::new(draft),
+        dir.path()
+            .join("draft.gguf")
+            .canonicalize()
+            .expect("exists"),
+        "a draft in a file is relative to its folder, as a source is"
+    );
+    // Variables over the file, flags over the variables.
+    let env = over(&[
+        ("FERRY_SPECULATIVE_METHOD", "ngram"),
+        ("FERRY_SPECULATIVE_TOKENS", "3"),
+    ]);
+    let config = Config::resolve(&raw, &env, &set(&[("speculative-tokens", "9")])).expect("ok");
+    assert_eq!(
+        config.models[0].speculative.method,
+        SpeculativeMethod::Ngram
+    );
+    assert_eq!(config.models[0].speculative.tokens, 9);
+    // The default is off, with 4 tokens.
+    let plain = Config::resolve(
+        &RawConfig::default(),
+        &Overrides::default(),
+        &Overrides::default(),
+    )
+    .expect("defaults");
+    assert_eq!(plain.models[0].speculative.method, SpeculativeMethod::None);
+    assert_eq!(plain.models[0].speculative.tokens, 4);
+    // Method draft without a draft, an unknown method and 0 tokens are errors naming the key.
+    let err = Config::resolve(
+        &RawConfig::default(),
+        &Overrides::default(),
+        &set(&[("speculative-method", "draft")]),
+    )
+    .expect_err("no draft")
+    .to_string();
+    assert!(
+        err.contains("speculative.method") && err.contains("--draft-model"),
+        "{err}"
+    );
+    for (name, value, says) in [
+        ("speculative-method", "medusa", "none, draft or ngram"),
+        ("speculative-tokens", "0", "at least 1"),
+    ] {
+        let err = Config::resolve(
+            &RawConfig::default(),
+            &Overrides::default(),
+            &set(&[(name, value)]),
+        )
+        .expect_err(value)
+        .to_string();
+        assert!(err.contains(says), "{err}");
+    }
+}

@@ -11,7 +11,7 @@ use super::types::{DeviceConfig, ModelConfig, ServerConfig};
 use super::values::{
     Bandwidth, Budget, Codec, Device, Dtype, Gflops, Kernels, KvDtype, Mode, Names, Number,
     OptionalPositive, OptionalSwitch, OptionalText, Positive, Reasoning, Secret, Secrets, Shown,
-    Size, Spread, Switch, Template, Text, Tiers, Time,
+    Size, Speculation, Spread, Switch, Template, Text, Tiers, Time,
 };
 
 /// The table a setting lives in.
@@ -119,6 +119,10 @@ pub const NAME: &str = "served-name";
 /// `--chat-template` / `models[].chat_template`: a relative file path written in a config file
 /// is relative to the file's folder.
 pub const CHAT_TEMPLATE: &str = "chat-template";
+
+/// `--draft-model` / `models[].speculative.draft`: a relative path written in a config file is
+/// relative to the file's folder, as `source` is.
+pub const DRAFT_MODEL: &str = "draft-model";
 
 /// The model served when neither the config nor `--model` names one: the file
 /// `scripts/fetch-model.sh` fetches, relative to the working directory.
@@ -524,6 +528,39 @@ pub static SETTINGS: &[Setting] = &[
         example: "4096",
         help: "Most prompt tokens the prefix cache holds. It never takes KV room a running request may need (max_batch x max_context positions in all), least recently used blocks go first.",
         field: field!(Model, OptionalPositive, prefix_cache_tokens),
+    },
+    Setting {
+        name: "speculative-method",
+        short: None,
+        key: "speculative.method",
+        value_name: "METHOD",
+        default: Some("none"),
+        default_note: "",
+        example: "ngram",
+        help: "Speculative decoding: none, ngram (tokens copied from where the context's last tokens occurred before) or draft (a smaller model with the same vocabulary, `draft`; not available yet: serve refuses it). The model checks every proposal in one step; the output is what it would give without.",
+        field: field!(Model, Speculation, speculative.method),
+    },
+    Setting {
+        name: DRAFT_MODEL,
+        short: None,
+        key: "speculative.draft",
+        value_name: "SOURCE",
+        default: None,
+        default_note: "none",
+        example: "models/draft.gguf",
+        help: "The draft model of method draft (a source, as `source`).",
+        field: field!(Model, OptionalText, speculative.draft),
+    },
+    Setting {
+        name: "speculative-tokens",
+        short: None,
+        key: "speculative.tokens",
+        value_name: "N",
+        default: Some("4"),
+        default_note: "",
+        example: "8",
+        help: "Most tokens proposed per sequence and step (at most 15); each sequence proposes fewer, down to none, where its measured acceptance and the measured step cost say more would not pay.",
+        field: field!(Model, Positive, speculative.tokens),
     },
     Setting {
         name: CHAT_TEMPLATE,

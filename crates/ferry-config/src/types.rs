@@ -8,7 +8,7 @@ use super::sampling::SamplingSettings;
 use super::settings::{in_scope, Scope, Section};
 use super::values::{
     ChatTemplateSource, CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode,
-    ReasoningChoice, TierChoice,
+    ReasoningChoice, SpeculativeMethod, TierChoice,
 };
 
 /// A fully resolved configuration.
@@ -151,6 +151,19 @@ pub struct ModelConfig {
     pub offload: OffloadConfig,
     /// Where offloaded units run (`offload.tier`, `offload.host_gflops`, ...).
     pub tier: TierConfig,
+    /// Speculative decoding (`[models.speculative]`).
+    pub speculative: SpeculativeConfig,
+}
+
+/// Resolved `[models.speculative]`: how decode steps propose tokens for the model to verify.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SpeculativeConfig {
+    /// Who proposes: nobody, a draft model or prompt lookup.
+    pub method: SpeculativeMethod,
+    /// The draft model's source (method `draft`).
+    pub draft: Option<String>,
+    /// Most tokens proposed per sequence and step.
+    pub tokens: usize,
 }
 
 impl ServerConfig {
@@ -219,6 +232,7 @@ impl ModelConfig {
                 keep_alive: Duration::ZERO,
             },
             tier: TierConfig::default(),
+            speculative: SpeculativeConfig::default(),
         }
     }
 }

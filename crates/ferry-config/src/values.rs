@@ -569,6 +569,46 @@ impl Codec for Mode {
     }
 }
 
+/// How a model's decode steps speculate (`speculative.method`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpeculativeMethod {
+    /// One token per sequence per step.
+    #[default]
+    None,
+    /// A second, smaller model with the same vocabulary proposes the tokens
+    /// (`speculative.draft`).
+    Draft,
+    /// Prompt lookup: the tokens that followed the latest earlier occurrence of the sequence's
+    /// last tokens are proposed; no second model.
+    Ngram,
+}
+
+/// `none`, `draft` or `ngram`.
+pub struct Speculation;
+impl Codec for Speculation {
+    type Value = SpeculativeMethod;
+    fn parse(text: &str) -> Result<SpeculativeMethod, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "none" => Ok(SpeculativeMethod::None),
+            "draft" => Ok(SpeculativeMethod::Draft),
+            "ngram" => Ok(SpeculativeMethod::Ngram),
+            _ => Err(format!(
+                "`{text}` is not a speculative method (use none, draft or ngram)"
+            )),
+        }
+    }
+    fn show(value: &SpeculativeMethod) -> Shown {
+        Shown::Text(
+            match value {
+                SpeculativeMethod::None => "none",
+                SpeculativeMethod::Draft => "draft",
+                SpeculativeMethod::Ngram => "ngram",
+            }
+            .to_string(),
+        )
+    }
+}
+
 /// `auto`, `stream` or `host`.
 pub struct Tiers;
 impl Codec for Tiers {

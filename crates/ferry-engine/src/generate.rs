@@ -140,8 +140,11 @@ pub struct Generation {
     tracker: RequestTracker,
     /// Prompt tokens already through the model.
     fed: usize,
-    /// The last sampled token (the next decode input).
-    last: [u32; 1],
+    /// The next decode input: the last sampled token, then the tokens proposed after it for
+    /// this step (speculation, [`Generation::propose`]).
+    pending: Vec<u32>,
+    /// The tokens generated so far (what prompt lookup searches, with the prompt).
+    output: Vec<u32>,
     generated: usize,
     /// Prompt tokens restored from the prefix cache, when the model's cache is on (reported
     /// in `usage.prompt_tokens_details`).
@@ -184,7 +187,8 @@ impl Generation {
             events,
             tracker,
             fed: 0,
-            last: [0],
+            pending: vec![0],
+            output: Vec::new(),
             generated: 0,
             cached: None,
         };
@@ -208,14 +212,56 @@ impl Generation {
     }
 
     /// The tokens to run next: up to `budget` (at least 1) prompt tokens while prefilling,
-    /// else the last sampled token.
+    /// else the last sampled token and the tokens proposed after it.
     pub fn input(&self, budget: usize) -> &[u32] {
         if self.fed < self.prompt.len() {
             let end = self.prompt.len().min(self.fed + budget.max(1));
             &self.prompt[self.fed..end]
         } else {
-            &self.last
+            &self.pending
         }
+    }
+
+    /// Tokens proposed for the next decode step (0 while prefilling or not speculating).
+    pub fn proposed(&self) -> usize {
+        self.pending.len() - 1
+    }
+
+    /// Most tokens worth proposing for the next step: what can still be emitted after the
+    /// token the step samples anyway (`max_tokens`); 0 while prefilling, and for a
+    /// grammar-constrained request (its rows would each need the grammar's mask after the
+    /// proposals before them: not done, so it does not speculate).
+    pub fn proposal_room(&self) -> usize {
+        if self.prefill_remaining() > 0 || self.grammar.is_some() {
+            return 0;
+        }
+        self.params
+            .max_tokens
+            .saturating_sub(self.generated)
+            .saturating_sub(1)
+    }
+
+    /// Every token of the sequence so far: the prompt, then the generated tokens (the last one
+    /// not yet fed to the model).
+    pub fn context(&self) -> Vec<u32> {
+        let mut all = Vec::with_capacity(self.prompt.len() + self.output.len());
+        all.extend_from_slice(&self.prompt);
+        all.extend_from_slice(&self.output);
+        all
+    }
+
+    /// Positions the model holds for this sequence once the last sampled token's step is done
+    /// and before the next: the prompt and every generated token but the last.
+    pub fn positions(&self) -> usize {
+        self.prompt.len() + self.generated.saturating_sub(1)
+    }
+
+    /// Sets the tokens proposed after the last sampled one for the next decode step (at most
+    /// [`Self::proposal_room`] of them are kept).
+    pub fn propose(&mut self, tokens: &[u32]) {
+        let keep = tokens.len().min(self.proposal_room());
+        self.pending.truncate(1);
+        self.pending.extend_from_slice(&tokens[..keep]);
     }
 
     /// Records that `input(..)` (of length `n`) went through the model. Returns whether the
@@ -275,13 +321,38 @@ impl Generation {
         self.cached = Some(cached);
     }
 
-    /// Samples the next token from `logits` and emits it.
-    pub fn advance(&mut self, mut logits: Vec<f32>, codec: &dyn TextCodec) -> Progress {
-        match self.step(&mut logits, codec) {
-            Ok(None) => Progress::Continue,
-            Ok(Some(done)) => Progress::Done(self.end(Ok(done))),
-            Err(abort) => Progress::Done(self.end(Err(abort))),
+    /// Samples the next token from the logits of the step's last position and emits it; after
+    /// a speculating decode step, `rows` are the logits after the last sampled token and after
+    /// each token proposed for this step ([`Self::input`]; one row when none was), sampled in
+    /// order, each token emitted, until a sampled token
+    /// differs from the proposal at its place (it is emitted, the rest are rejected), the rows
+    /// run out, or the generation ends. Returns the progress and how many proposals were
+    /// accepted; the proposals are cleared.
+    pub fn advance(&mut self, rows: Vec<Vec<f32>>, codec: &dyn TextCodec) -> (Progress, usize) {
+        let proposals = self.pending.split_off(1.min(self.pending.len()));
+        let mut accepted = 0;
+        let mut progress = Progress::Continue;
+        for (i, mut logits) in rows.into_iter().enumerate() {
+            match self.step(&mut logits, codec) {
+                Ok(None) => {}
+                Ok(Some(done)) => {
+                    progress = Progress::Done(self.end(Ok(done)));
+                    break;
+                }
+                Err(abort) => {
+                    progress = Progress::Done(self.end(Err(abort)));
+                    break;
+                }
+            }
+            match proposals.get(i) {
+                Some(&proposed) if proposed == self.pending[0] => accepted += 1,
+                _ => break,
+            }
         }
+        if !proposals.is_empty() {
+            self.tracker.speculated(proposals.len(), accepted);
+        }
+        (progress, accepted)
     }
 
     /// Ends the generation with a model failure (reported to the client).
@@ -362,7 +433,8 @@ impl Generation {
         let token = self.sampler.sample(logits);
         self.generated += 1;
         self.tracker.token();
-        self.last = [token];
+        self.pending = vec![token];
+        self.output.push(token);
         let eos = codec.eos_token_ids().contains(&token);
         if eos && (!self.params.ignore_eos || self.grammar.is_some()) {
             let (tail, _) = release_all(codec, &mut self.detok, &mut self.stops)?;

@@ -45,6 +45,7 @@ mod request;
 pub mod sampling;
 mod scheduler;
 mod serve_loop;
+pub mod speculative;
 mod stop;
 #[cfg(test)]
 pub(crate) mod test_support;
@@ -63,5 +64,6 @@ pub use request::{
     GenerationRequest, PromptTokensDetails, SamplingParams, TokenLogprob, TokenOutput, Usage,
     RESERVED_TEMPLATE_VARIABLES,
 };
+pub use speculative::{Speculation, SpeculationMethod};
 pub use traits::{LanguageModel, TextCodec};
 pub use worker::{EngineHandle, EngineOptions};

@@ -45,6 +45,11 @@ pub trait Schedulable {
     fn places(&self) -> usize {
         1
     }
+    /// Tokens it feeds in a decode step: its last sampled token and the tokens speculation
+    /// proposed after it. Default 1.
+    fn decode_tokens(&self) -> usize {
+        1
+    }
 }
 
 /// What one [`Scheduler::admit`] did.
@@ -63,7 +68,7 @@ pub struct Admission<T> {
 pub struct StepShare {
     /// Index into [`Scheduler::running_mut`].
     pub index: usize,
-    /// Most tokens it feeds this step (1 when decoding).
+    /// Most tokens it feeds this step (when decoding: 1, plus its proposals when it speculates).
     pub budget: usize,
 }
 
@@ -177,12 +182,14 @@ impl<T: Schedulable> Scheduler<T> {
         self.limits
     }
 
-    /// Sequences decoding (their prompt done): each feeds one token every step.
-    pub fn decoding_len(&self) -> usize {
+    /// Tokens the decoding sequences (their prompt done) feed next step: one each, plus what
+    /// speculation proposed ([`Schedulable::decode_tokens`]).
+    pub fn decoding_tokens(&self) -> usize {
         self.running
             .iter()
             .filter(|e| e.prefill_remaining() == 0)
-            .count()
+            .map(|e| e.decode_tokens().max(1))
+            .sum()
     }
 
     /// [`Self::plan_within`] the whole `max_step_tokens`, with no floor (for tests).
@@ -191,8 +198,8 @@ impl<T: Schedulable> Scheduler<T> {
         self.plan_within(self.limits.max_step_tokens, 1)
     }
 
-    /// The sequences of the next step, in running order: every decoding one with budget 1,
-    /// then the prefilling ones share what is left of `step_tokens` (at most
+    /// The sequences of the next step, in running order: every decoding one with budget 1 (or
+    /// its [`Schedulable::decode_tokens`] when it speculates), then the prefilling ones share what is left of `step_tokens` (at most
     /// `max_step_tokens`): first a share of `floor` tokens each (or all its chunk needs, if
     /// less), in turn from [`Self::turn`] while the budget lasts, then the rest evenly, each
     /// up to the end of its chunk. A share that stops short of its chunk's end leaves at least
@@ -201,7 +208,7 @@ impl<T: Schedulable> Scheduler<T> {
     /// above what the decodes leave of `step_tokens` is lowered to it.
     pub fn plan_within(&mut self, step_tokens: usize, floor: usize) -> Vec<StepShare> {
         let step_tokens = step_tokens.clamp(1, self.limits.max_step_tokens);
-        let mut budget = step_tokens.saturating_sub(self.decoding_len());
+        let mut budget = step_tokens.saturating_sub(self.decoding_tokens());
         // A budget set below the floor (a small `max_step_tokens`) is kept: shares shrink.
         let floor = floor.clamp(1, budget.max(1));
         let chunk = self.limits.prefill_chunk;
@@ -273,7 +280,10 @@ impl<T: Schedulable> Scheduler<T> {
         let mut prefills = wants.iter().zip(&take).peekable();
         for (index, entry) in self.running.iter().enumerate() {
             if entry.prefill_remaining() == 0 {
-                shares.push(StepShare { index, budget: 1 });
+                shares.push(StepShare {
+                    index,
+                    budget: entry.decode_tokens().max(1),
+                });
             } else if let Some((_, &taken)) = prefills.next_if(|((i, _), _)| *i == index) {
                 if taken > 0 {
                     shares.push(StepShare {

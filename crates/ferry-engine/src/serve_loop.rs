@@ -3,9 +3,15 @@
 //! Jobs arriving on the channel become [`Generation`]s (validated, with a fresh model sequence)
 //! and wait in the [`Scheduler`]. Each iteration is one step: drop cancelled requests, admit
 //! waiting ones into free places in the batch (`max_batch`), run one
-//! [`LanguageModel::forward_batch`] over every scheduled sequence (one decode token each, then
+//! [`LanguageModel::forward_rows`] over every scheduled sequence (one decode token each, then
 //! prompt chunks within the step's token budget), sample each one's next token, and retire the
 //! finished. A client that goes away is therefore dropped within one step.
+//!
+//! With speculation on ([`LanguageModel::speculation`]), a decoding sequence feeds the tokens
+//! proposed after its last one too ([`Speculating::propose`], lengths from
+//! [`crate::speculative::length`]), gets the logits after each of them from the same step, and
+//! samples them in order until a sampled token differs from its proposal; the rejected
+//! positions are dropped ([`LanguageModel::truncate_sequence`]) (see [`crate::speculative`]).
 //!
 //! A request with `n` > 1 choices enters as one entry holding `n` places: the first choice's
 //! sequence prefills the prompt, and in the step that completes it the other choices split off
@@ -46,6 +52,8 @@ use super::prefix_cache::{PrefixCache, PrefixCacheOptions};
 use super::queue::{Job, Work};
 use super::request::FinishReason;
 use super::scheduler::{Schedulable, Scheduler, StepLimits, StepShare};
+use super::speculative::length::{Acceptance, StepCost};
+use super::speculative::{ngram, Speculation, SpeculationMethod};
 use super::traits::{LanguageModel, TextCodec};
 use super::worker::panic_message;
 use super::EngineError;
@@ -79,6 +87,8 @@ struct Active<S> {
     /// ([`PrefixCacheOptions::exact_chunk_rows`]).
     /// Only these are offered to the prefix cache.
     exact: usize,
+    /// How its speculative proposals fared (the next ones' length follows it).
+    acceptance: Acceptance,
 }
 
 /// A choice that starts once its request's first choice has prefilled the prompt.
@@ -121,6 +131,10 @@ impl<S> Schedulable for Active<S> {
     fn places(&self) -> usize {
         1 + self.forks.len()
     }
+
+    fn decode_tokens(&self) -> usize {
+        1 + self.generation.proposed()
+    }
 }
 
 /// Serves jobs until the channel closes and every accepted request is done.
@@ -133,6 +147,7 @@ pub(super) fn serve_requests<M: LanguageModel>(
     let mut pacer = StepPacer::new(ctx.limits.step_time);
     let mut prefix = PrefixCache::from_options(&ctx.prefix).filter(|_| model.supports_blocks());
     let mut embeds = EmbedQueue::default();
+    let mut speculating = Speculating::new(&*model);
     let mut open = true;
     loop {
         if scheduler.is_idle() && embeds.is_empty() {
@@ -193,7 +208,11 @@ pub(super) fn serve_requests<M: LanguageModel>(
         if scheduler.running_len() > 0 {
             let cache = prefix.as_mut().map(|cache| (cache, room));
             let pacing = (&mut pacer, ctx.prefix.exact_chunk_rows);
+            speculating.propose(model, &mut scheduler);
             let done = step(model, codec, ctx.name, &mut scheduler, pacing, cache);
+            if done.tokens > 0 {
+                speculating.cost.observe(done.took, done.tokens);
+            }
             let retired = scheduler.retire(&done.finished);
             let ended = retired.len() + done.forks_ended;
             for _ in 0..ended {
@@ -311,6 +330,7 @@ fn accept<M: LanguageModel>(
             tracker: first.tracker,
             forks: choices.collect(),
             exact: usize::MAX,
+            acceptance: Acceptance::default(),
         });
     }
 }
@@ -323,6 +343,9 @@ struct StepDone<S> {
     split_off: Vec<Active<S>>,
     /// Choices split off this step that ended at once (their first token ended them).
     forks_ended: usize,
+    /// The forward pass's time and tokens (for speculation's cost model).
+    took: std::time::Duration,
+    tokens: usize,
 }
 
 /// The shares of the next step: its tokens fitted to the time target by `pacer` when the step
@@ -334,14 +357,15 @@ fn plan_step<S>(
     floor: usize,
 ) -> Vec<StepShare> {
     let shared = scheduler.running_len() > 1 || scheduler.waiting_len() > 0;
-    let least = scheduler.decoding_len() + floor;
+    let least = scheduler.decoding_tokens() + floor;
     let tokens = pacer.budget(shared, least, scheduler.limits().max_step_tokens);
     scheduler.plan_within(tokens, floor)
 }
 
 /// One batched forward step over the scheduled sequences (timed for the pacer): samples each
-/// one whose prompt is complete, and splits off the other choices of a request whose prompt it
-/// completed.
+/// one whose prompt is complete (a speculating one from the logits after each of its proposed
+/// tokens, forgetting the positions it rejected), and splits off the other choices of a request
+/// whose prompt it completed.
 fn step<M: LanguageModel>(
     model: &mut M,
     codec: &dyn TextCodec,
@@ -357,6 +381,20 @@ fn step<M: LanguageModel>(
         .iter()
         .map(|share| running[share.index].generation.input(share.budget).to_vec())
         .collect();
+    // A decoding sequence wants the logits after each of its tokens (its proposals'
+    // verification), a prefilling one after its chunk's last.
+    let outputs: Vec<usize> = plan
+        .iter()
+        .zip(&inputs)
+        .map(
+            |(share, input)| match running[share.index].generation.prefill_remaining() {
+                0 => input.len(),
+                _ => 1,
+            },
+        )
+        .collect();
+    let tokens = inputs.iter().map(Vec::len).sum();
+    let started = Instant::now();
     let result = {
         let mut members = plan.iter().peekable();
         let mut batch: Vec<(&mut M::Sequence, &[u32])> = Vec::with_capacity(plan.len());
@@ -365,16 +403,19 @@ fn step<M: LanguageModel>(
                 batch.push((&mut active.seq, &inputs[batch.len()]));
             }
         }
-        let started = Instant::now();
-        let result = catch_unwind(AssertUnwindSafe(|| model.forward_batch(&mut batch)));
-        pacer.observe(started.elapsed(), inputs.iter().map(Vec::len).sum());
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            model.forward_rows(&mut batch, &outputs)
+        }));
+        pacer.observe(started.elapsed(), tokens);
         result
     };
-    let logits = match result {
-        Ok(Ok(rows)) if rows.len() == plan.len() => rows,
+    let took = started.elapsed();
+    let wanted: usize = outputs.iter().sum();
+    let mut logits = match result {
+        Ok(Ok(rows)) if rows.len() == wanted => rows.into_iter(),
         Ok(Ok(rows)) => {
             let message = format!(
-                "the model returned {} rows for {} sequences",
+                "the model returned {} rows for {} sequences wanting {wanted}",
                 rows.len(),
                 plan.len()
             );
@@ -392,8 +433,11 @@ fn step<M: LanguageModel>(
         finished: Vec::new(),
         split_off: Vec::new(),
         forks_ended: 0,
+        took,
+        tokens,
     };
-    for ((share, row), input) in plan.iter().zip(logits).zip(&inputs) {
+    for ((share, input), &wanted) in plan.iter().zip(&inputs).zip(&outputs) {
+        let rows: Vec<Vec<f32>> = logits.by_ref().take(wanted).collect();
         let active = &mut running[share.index];
         active.tracker.fed(input.len());
         let prefilling = active.generation.prefill_remaining() > 0;
@@ -404,6 +448,14 @@ fn step<M: LanguageModel>(
         if !active.generation.fed(input.len()) {
             continue;
         }
+        if !prefilling {
+            if let Some(outcome) = verify(&*model, active, rows, codec) {
+                end_request(&active.tracker, &outcome);
+                done.finished.push(share.index);
+            }
+            continue;
+        }
+        let row = rows.into_iter().next().unwrap_or_default();
         if let (true, Some((cache, room))) = (prefilling, prefix.as_mut()) {
             let prompt = active.generation.prompt();
             let exact = &prompt[..active.exact.min(prompt.len())];
@@ -414,12 +466,170 @@ fn step<M: LanguageModel>(
             let prefilled = (&active.seq, active.generation.cached());
             split_off(&*model, codec, prefilled, fork, &row, &mut done);
         }
-        if let Some(outcome) = sample(&mut active.generation, row, codec) {
+        if let Some(outcome) = sample(&mut active.generation, vec![row], codec) {
             end_request(&active.tracker, &outcome);
             done.finished.push(share.index);
         }
     }
     done
+}
+
+/// A decode step's sampling: from the logits after the last token and after each proposed
+/// one (`rows`), until the first sampled token that differs from its proposal. The positions
+/// after the last accepted proposal are forgotten (the sequence then holds every emitted token
+/// but the last, as after a plain decode step). The outcome if that ended the request.
+fn verify<M: LanguageModel>(
+    model: &M,
+    active: &mut Active<M::Sequence>,
+    rows: Vec<Vec<f32>>,
+    codec: &dyn TextCodec,
+) -> Option<Outcome> {
+    let proposed = active.generation.proposed();
+    let generation = &mut active.generation;
+    let (progress, accepted) = catch_unwind(AssertUnwindSafe(|| generation.advance(rows, codec)))
+        .unwrap_or_else(|panic| {
+            let message = panic_message(&*panic);
+            let failed = generation.fail(EngineError::Internal(format!(
+                "sampling panicked: {message}"
+            )));
+            (Progress::Done(failed), 0)
+        });
+    active.acceptance.observe(proposed, accepted);
+    if let Progress::Done(outcome) = progress {
+        return Some(outcome);
+    }
+    if accepted < proposed {
+        let keep = active.generation.positions();
+        let truncated = catch_unwind(AssertUnwindSafe(|| {
+            model.truncate_sequence(&mut active.seq, keep)
+        }))
+        .unwrap_or_else(|panic| {
+            Err(EngineError::Internal(format!(
+                "forgetting rejected positions panicked: {}",
+                panic_message(&*panic)
+            )))
+        });
+        if let Err(err) = truncated {
+            return Some(active.generation.fail(err));
+        }
+        active.tracker.unfed(proposed - accepted);
+    }
+    None
+}
+
+/// Speculative decoding in one model's loop: the model's method and the cost of its steps,
+/// which with each sequence's acceptance sets how many tokens it proposes
+/// ([`crate::speculative::length`]).
+struct Speculating {
+    speculation: Speculation,
+    cost: StepCost,
+}
+
+impl Speculating {
+    /// The model's speculation, off when it cannot forget positions.
+    fn new<M: LanguageModel>(model: &M) -> Self {
+        let speculation = if model.supports_truncate() {
+            model.speculation()
+        } else {
+            Speculation::default()
+        };
+        Self {
+            speculation,
+            cost: StepCost::default(),
+        }
+    }
+
+    /// Sets the proposals of every decoding sequence for the next step, their lengths chosen
+    /// per sequence and their total within what the step's token budget leaves. A draft model
+    /// that fails proposes nothing this step (logged); the step goes on without.
+    fn propose<M: LanguageModel>(
+        &mut self,
+        model: &mut M,
+        scheduler: &mut Scheduler<Active<M::Sequence>>,
+    ) {
+        let max = self.speculation.max_proposals();
+        if max == 0 {
+            return;
+        }
+        let step_tokens = scheduler.limits().max_step_tokens;
+        let running = scheduler.running_mut();
+        let decoding = running
+            .iter()
+            .filter(|a| a.generation.prefill_remaining() == 0)
+            .count();
+        let mut left = step_tokens.saturating_sub(decoding);
+        let mut lengths = Vec::with_capacity(running.len());
+        for active in running.iter() {
+            let room = active.generation.proposal_room().min(left);
+            let k = match active.generation.prefill_remaining() {
+                0 => active
+                    .acceptance
+                    .length(&self.cost, decoding, max.min(room)),
+                _ => 0,
+            };
+            left -= k;
+            lengths.push(k);
+        }
+        match self.speculation.method {
+            SpeculationMethod::Off => {}
+            SpeculationMethod::Ngram => {
+                for (active, &k) in running.iter_mut().zip(&lengths) {
+                    if k > 0 {
+                        let tokens = ngram::propose(&active.generation.context(), k);
+                        active.generation.propose(&tokens);
+                    }
+                }
+            }
+            SpeculationMethod::Draft => {
+                let contexts: Vec<Vec<u32>> = running
+                    .iter()
+                    .zip(&lengths)
+                    .filter(|(_, &k)| k > 0)
+                    .map(|(a, _)| a.generation.context())
+                    .collect();
+                if contexts.is_empty() {
+                    return;
+                }
+                let mut batch: Vec<(&mut M::Sequence, &[u32], usize)> = running
+                    .iter_mut()
+                    .zip(&lengths)
+                    .filter(|(_, &k)| k > 0)
+                    .zip(&contexts)
+                    .map(|((a, &k), context)| (&mut a.seq, context.as_slice(), k))
+                    .collect();
+                let started = Instant::now();
+                let proposed = catch_unwind(AssertUnwindSafe(|| model.propose(&mut batch)))
+                    .unwrap_or_else(|panic| {
+                        Err(EngineError::Internal(format!(
+                            "the draft model panicked: {}",
+                            panic_message(&*panic)
+                        )))
+                    });
+                drop(batch);
+                let proposals = match proposed {
+                    Ok(p) if p.len() == contexts.len() => p,
+                    Ok(p) => {
+                        tracing::warn!(
+                            proposals = p.len(),
+                            sequences = contexts.len(),
+                            "the draft model answered for another number of sequences"
+                        );
+                        return;
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "the draft model failed; no proposals this step");
+                        return;
+                    }
+                };
+                let total: usize = proposals.iter().map(Vec::len).sum();
+                self.cost.observe_draft(started.elapsed(), total);
+                let speculating = running.iter_mut().zip(&lengths).filter(|(_, &k)| k > 0);
+                for ((active, _), tokens) in speculating.zip(&proposals) {
+                    active.generation.propose(tokens);
+                }
+            }
+        }
+    }
 }
 
 /// Starts `fork` from a copy of `prefilled` (the sequence of its request's first choice, whose
@@ -445,7 +655,7 @@ fn split_off<M: LanguageModel>(
         Ok(Some(seq)) => {
             fork.generation.skip_prefill(cached);
             fork.tracker.fed(fork.generation.prompt_len());
-            match sample(&mut fork.generation, logits.to_vec(), codec) {
+            match sample(&mut fork.generation, vec![logits.to_vec()], codec) {
                 None => {
                     done.split_off.push(Active {
                         generation: fork.generation,
@@ -453,6 +663,7 @@ fn split_off<M: LanguageModel>(
                         tracker: fork.tracker,
                         forks: Vec::new(),
                         exact: usize::MAX,
+                        acceptance: Acceptance::default(),
                     });
                     return;
                 }
@@ -472,13 +683,18 @@ fn split_off<M: LanguageModel>(
             tracker: fork.tracker,
             forks: Vec::new(),
             exact: usize::MAX,
+            acceptance: Acceptance::default(),
         }),
     }
 }
 
-/// Samples `generation`'s next token from `logits`; the outcome if that ended it.
-fn sample(generation: &mut Generation, logits: Vec<f32>, codec: &dyn TextCodec) -> Option<Outcome> {
-    let progress = catch_unwind(AssertUnwindSafe(|| generation.advance(logits, codec)))
+/// Samples `generation`'s next token from `logits` (one row); the outcome if that ended it.
+fn sample(
+    generation: &mut Generation,
+    logits: Vec<Vec<f32>>,
+    codec: &dyn TextCodec,
+) -> Option<Outcome> {
+    let progress = catch_unwind(AssertUnwindSafe(|| generation.advance(logits, codec).0))
         .unwrap_or_else(|panic| {
             let message = panic_message(&*panic);
             Progress::Done(generation.fail(EngineError::Internal(format!(
@@ -510,6 +726,8 @@ fn fail_all<S>(
         finished: plan.iter().map(|share| share.index).collect(),
         split_off: Vec::new(),
         forks_ended,
+        took: std::time::Duration::ZERO,
+        tokens: 0,
     }
 }
 

@@ -274,3 +274,90 @@ fn the_cache_keeps_within_its_limit_and_the_kv_room() {
         .render()
         .contains("ferry_prefix_cache_tokens{model=\"m\"} 0"));
 }
+
+/// Serves `request` to a model saying `text`, with speculation `method` (up to 4 tokens) or
+/// without; returns its events, the model's sequence steps and the metrics.
+fn serve_speculating(
+    text: &str,
+    request: &GenerationRequest,
+    method: SpeculationMethod,
+    truncate: bool,
+) -> (Vec<GenerationEvent>, ScriptModel, Metrics) {
+    let mut model = ScriptModel::saying(text);
+    model.truncate = truncate;
+    model.speculation = Speculation {
+        method,
+        max_tokens: 4,
+    };
+    let (mut choices, metrics) = serve_choices(&mut model, request.clone(), 1, 4);
+    (choices.remove(0), model, metrics)
+}
+
+#[test]
+fn prompt_lookup_gives_the_same_events_in_fewer_steps() {
+    // The reply repeats the prompt's text, then goes its own way: the proposals copied from
+    // the prompt are right for a while, then wrong.
+    let prompt = TestCodec::new()
+        .encode("copy: the cat sat on the mat.", false)
+        .unwrap();
+    let text = "the cat sat on the mat. the cat ran off the mat.";
+    let mut request = greedy_request("m", prompt, 60);
+    request.params.logprobs = Some(2);
+    let (plain, plain_model, plain_metrics) =
+        serve_speculating(text, &request, SpeculationMethod::Off, true);
+    let (fast, fast_model, metrics) =
+        serve_speculating(text, &request, SpeculationMethod::Ngram, true);
+    assert_eq!(text_of(&plain), text);
+    assert_eq!(fast, plain, "the same tokens, logprobs and end");
+    assert_eq!(plain_metrics.speculation_counts("m"), (0, 0));
+    let (drafted, accepted) = metrics.speculation_counts("m");
+    assert!(accepted > 10, "{accepted} of {drafted} accepted");
+    assert!(accepted < drafted, "some proposals were rejected");
+    assert!(
+        fast_model.sequence_steps < plain_model.sequence_steps * 2 / 3,
+        "{} steps against {}",
+        fast_model.sequence_steps,
+        plain_model.sequence_steps
+    );
+}
+
+#[test]
+fn speculation_keeps_max_tokens_stop_strings_and_models_that_cannot_forget() {
+    let prompt = TestCodec::new().encode("abcabcabc", false).unwrap();
+    let text = "abcabcabcabcabcabcabc";
+    for max_tokens in [1, 2, 5, 7, 12] {
+        let request = greedy_request("m", prompt.clone(), max_tokens);
+        let (plain, ..) = serve_speculating(text, &request, SpeculationMethod::Off, true);
+        let (fast, ..) = serve_speculating(text, &request, SpeculationMethod::Ngram, true);
+        assert_eq!(fast, plain, "max_tokens {max_tokens}");
+        assert_eq!(usage_of(&fast).completion_tokens, max_tokens);
+    }
+    let mut request = greedy_request("m", prompt.clone(), 30);
+    request.params.stop = vec!["cab".into()];
+    let (plain, ..) = serve_speculating(text, &request, SpeculationMethod::Off, true);
+    let (fast, _, metrics) = serve_speculating(text, &request, SpeculationMethod::Ngram, true);
+    assert_eq!(fast, plain);
+    assert_eq!(text_of(&fast), "ab");
+    assert!(metrics.speculation_counts("m").0 > 0);
+    // A model that cannot forget positions does not speculate.
+    let request = greedy_request("m", prompt, 12);
+    let (fast, model, metrics) = serve_speculating(text, &request, SpeculationMethod::Ngram, false);
+    assert_eq!(text_of(&fast), &text[..12]);
+    assert_eq!(metrics.speculation_counts("m"), (0, 0));
+    assert_eq!(model.tokens_fed, 9 + 11, "one token a step");
+}
+
+#[test]
+fn speculating_choices_of_one_request_end_alike() {
+    let prompt = TestCodec::new().encode("xyzxyz", false).unwrap();
+    let mut model = ScriptModel::saying("xyzxyzxyzxyz");
+    model.speculation = Speculation {
+        method: SpeculationMethod::Ngram,
+        max_tokens: 3,
+    };
+    let (choices, metrics) = serve_choices(&mut model, greedy_request("m", prompt, 10), 3, 4);
+    for events in &choices {
+        assert_eq!(text_of(events), "xyzxyzxyzx");
+    }
+    assert!(metrics.speculation_counts("m").1 > 0);
+}

@@ -18,6 +18,7 @@ use super::{
     request::{ChatMessage, GenerationEvent, GenerationParams, GenerationRequest, SamplingParams},
     scheduler::StepLimits,
     serve_loop::{serve_requests, LoopContext},
+    speculative::Speculation,
     traits::{LanguageModel, TextCodec},
     worker::{DEFAULT_MAX_STEP_TOKENS, DEFAULT_PREFILL_CHUNK},
     EngineError, EngineResult,
@@ -242,6 +243,11 @@ pub struct ScriptModel {
     pub sequences_before_panic: Option<usize>,
     /// Sequences made so far.
     pub sequences_made: std::cell::Cell<usize>,
+    /// Whether [`LanguageModel::truncate_sequence`] works (so the serving loop may
+    /// speculate). Default true.
+    pub truncate: bool,
+    /// What [`LanguageModel::speculation`] says. Default off.
+    pub speculation: Speculation,
 }
 
 impl ScriptModel {
@@ -260,6 +266,8 @@ impl ScriptModel {
             blocks: false,
             sequences_before_panic: None,
             sequences_made: std::cell::Cell::new(0),
+            truncate: true,
+            speculation: Speculation::default(),
         }
     }
 
@@ -309,18 +317,24 @@ pub struct ScriptSeq {
 }
 
 impl ScriptModel {
-    /// One sequence's part of a step: the logits favouring its next scripted token.
-    fn step(&mut self, seq: &mut ScriptSeq, tokens: &[u32]) -> Vec<f32> {
+    /// One sequence's part of a step: for each of its last `outputs` positions, the logits
+    /// favouring its next scripted token (each output row counts as one step, as feeding the
+    /// positions one at a time would).
+    fn step(&mut self, seq: &mut ScriptSeq, tokens: &[u32], outputs: usize) -> Vec<Vec<f32>> {
         self.sequence_steps += 1;
         self.tokens_fed += tokens.len();
         seq.fed.extend_from_slice(tokens);
-        let next = self.script.get(seq.steps).copied().unwrap_or(self.after);
-        seq.steps += 1;
-        let mut logits = vec![0.0; self.vocab];
-        if let Some(l) = logits.get_mut(next as usize) {
-            *l = 30.0;
-        }
-        logits
+        (0..outputs)
+            .map(|_| {
+                let next = self.script.get(seq.steps).copied().unwrap_or(self.after);
+                seq.steps += 1;
+                let mut logits = vec![0.0; self.vocab];
+                if let Some(l) = logits.get_mut(next as usize) {
+                    *l = 30.0;
+                }
+                logits
+            })
+            .collect()
     }
 }
 
@@ -357,9 +371,10 @@ impl LanguageModel for ScriptModel {
         Ok(v.iter().map(|x| x / norm).collect())
     }
 
-    fn forward_batch(
+    fn forward_rows(
         &mut self,
         batch: &mut [(&mut ScriptSeq, &[u32])],
+        outputs: &[usize],
     ) -> EngineResult<Vec<Vec<f32>>> {
         let poisoned = self
             .poison
@@ -370,8 +385,27 @@ impl LanguageModel for ScriptModel {
         std::thread::sleep(self.step_delay);
         Ok(batch
             .iter_mut()
-            .map(|(seq, tokens)| self.step(seq, tokens))
+            .zip(outputs)
+            .flat_map(|((seq, tokens), &n)| self.step(seq, tokens, n))
             .collect())
+    }
+
+    /// Drops the tokens fed from `len` on and the scripted steps their rows took.
+    fn truncate_sequence(&self, seq: &mut ScriptSeq, len: usize) -> EngineResult<()> {
+        let dropped = seq.fed.len().checked_sub(len).ok_or_else(|| {
+            EngineError::Internal(format!("truncating {} positions to {len}", seq.fed.len()))
+        })?;
+        seq.fed.truncate(len);
+        seq.steps -= dropped.min(seq.steps);
+        Ok(())
+    }
+
+    fn supports_truncate(&self) -> bool {
+        self.truncate
+    }
+
+    fn speculation(&self) -> Speculation {
+        self.speculation
     }
 
     fn fork_sequence(&self, seq: &ScriptSeq) -> EngineResult<Option<ScriptSeq>> {

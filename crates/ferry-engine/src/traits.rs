@@ -9,6 +9,7 @@ use super::{
     grammar::GrammarCompiler,
     reasoning::ReasoningFormat,
     request::{ChatMessage, SamplingParams},
+    speculative::Speculation,
     tool_calls::ToolSupport,
     EngineError, EngineResult,
 };
@@ -29,15 +30,61 @@ pub trait LanguageModel: Send {
     fn new_sequence(&self) -> Self::Sequence;
 
     /// One step for several sequences at once: each `(sequence, tokens)` pair feeds `tokens`
-    /// (a prompt chunk, or the one token of a decode step) to its sequence, and the result
-    /// holds each one's last-position logits (one `f32` per vocabulary entry), in order. The
-    /// model runs every layer once for all of them (one pass over the weights per step, which
-    /// is what makes offloaded serving pay off). On error, no sequence may have advanced past a
-    /// consistent state the caller can drop.
+    /// (a prompt chunk, the one token of a decode step, or that token and the tokens proposed
+    /// after it by speculation) to its sequence, and the result holds the logits (one `f32` per
+    /// vocabulary entry) of each one's last `outputs[i]` positions (1 to its token count):
+    /// `outputs[0]` rows for the first sequence, its positions in order, then the next one's.
+    /// The model runs every layer once for all of them (one pass over the weights per step,
+    /// which is what makes offloaded serving pay off), and every position's logits are the ones
+    /// feeding its tokens one step at a time would give. On error, no sequence may have
+    /// advanced past a consistent state the caller can drop.
+    fn forward_rows(
+        &mut self,
+        batch: &mut [(&mut Self::Sequence, &[u32])],
+        outputs: &[usize],
+    ) -> EngineResult<Vec<Vec<f32>>>;
+
+    /// [`forward_rows`](Self::forward_rows) with each sequence's last-position logits only,
+    /// one row per sequence, in order.
     fn forward_batch(
         &mut self,
         batch: &mut [(&mut Self::Sequence, &[u32])],
-    ) -> EngineResult<Vec<Vec<f32>>>;
+    ) -> EngineResult<Vec<Vec<f32>>> {
+        let ones = vec![1; batch.len()];
+        self.forward_rows(batch, &ones)
+    }
+
+    /// Forgets every position of `seq` at or after `len` (their keys and values, and a draft
+    /// model's), as if they had never been fed: how a speculative step drops the proposals the
+    /// model rejected. Default: an error (see [`supports_truncate`](Self::supports_truncate)).
+    fn truncate_sequence(&self, _seq: &mut Self::Sequence, _len: usize) -> EngineResult<()> {
+        Err(EngineError::Internal(
+            "this model cannot forget positions".into(),
+        ))
+    }
+
+    /// Whether [`truncate_sequence`](Self::truncate_sequence) works, so the serving loop may
+    /// speculate. Default false.
+    fn supports_truncate(&self) -> bool {
+        false
+    }
+
+    /// How this model's decode steps speculate (set where the model is served). Default: off.
+    fn speculation(&self) -> Speculation {
+        Speculation::default()
+    }
+
+    /// Method [`SpeculationMethod::Draft`](super::speculative::SpeculationMethod::Draft): for each `(sequence, context, k)`, up to `k` tokens
+    /// a draft model proposes greedily after `context` (every token of the sequence so far, the
+    /// last one not yet fed to the served model). The draft keeps its own state per sequence,
+    /// fed what it has not seen of `context`, and forgets with
+    /// [`truncate_sequence`](Self::truncate_sequence). Default: no proposals.
+    fn propose(
+        &mut self,
+        batch: &mut [(&mut Self::Sequence, &[u32], usize)],
+    ) -> EngineResult<Vec<Vec<u32>>> {
+        Ok(vec![Vec::new(); batch.len()])
+    }
 
     /// [`forward_batch`](Self::forward_batch) for one sequence: feeds `tokens` (a whole prompt,
     /// or one decode token) and returns the logits of the last position.

@@ -367,19 +367,24 @@ impl LanguageModel for Recording {
         self.inner.forward(&mut seq.1, tokens)
     }
 
-    fn forward_batch(
+    fn forward_rows(
         &mut self,
         batch: &mut [(&mut Self::Sequence, &[u32])],
+        outputs: &[usize],
     ) -> EngineResult<Vec<Vec<f32>>> {
         let step = batch
             .iter()
             .map(|(seq, tokens)| (seq.0, tokens.len()))
             .collect();
         self.steps.lock().unwrap().push(step);
-        batch
-            .iter_mut()
-            .map(|(seq, tokens)| self.inner.forward(&mut seq.1, tokens))
-            .collect()
+        let mut rows = Vec::new();
+        for ((seq, tokens), &n) in batch.iter_mut().zip(outputs) {
+            rows.extend(
+                self.inner
+                    .forward_rows(&mut [(&mut seq.1, *tokens)], &[n])?,
+            );
+        }
+        Ok(rows)
     }
 
     fn max_context(&self) -> usize {

@@ -37,6 +37,8 @@
 //! | `ferry_prefix_cache_queries_total{model}` | counter | engine: prompt tokens looked up in the prefix cache ([`prefix_cache`]) |
 //! | `ferry_prefix_cache_hits_total{model}` | counter | engine: prompt tokens the prefix cache supplied |
 //! | `ferry_prefix_cache_tokens{model}` | gauge | engine: prompt tokens the prefix cache holds |
+//! | `ferry_spec_draft_tokens_total{model}` | counter | engine: tokens speculative decoding proposed for verification ([`speculative`]) |
+//! | `ferry_spec_accepted_tokens_total{model}` | counter | engine: proposed tokens the model accepted |
 //!
 //! Every series exists from the start: the per-model ones from [`Metrics::register_model`]
 //! (the engine calls it for each configured model before any is loaded), the device-memory
@@ -61,6 +63,7 @@
 pub mod log_sink;
 mod prefix_cache;
 mod readings;
+mod speculative;
 mod tracker;
 
 pub use tracker::{RequestContext, RequestEnd, RequestTracker, TrackedRequest};
@@ -186,6 +189,7 @@ struct Inner {
     swaps: Counter,
     resident: Family<ModelLabels, Gauge>,
     prefix_cache: prefix_cache::PrefixCacheMetrics,
+    speculative: speculative::SpeculativeMetrics,
 }
 
 /// The process's metrics registry. Cheap to clone; every clone updates the same values.
@@ -384,6 +388,7 @@ impl Metrics {
             kv_usage.clone(),
         );
         let prefix_cache = prefix_cache::PrefixCacheMetrics::register(r, &mut aliases);
+        let speculative = speculative::SpeculativeMetrics::register(r, &mut aliases);
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -411,6 +416,7 @@ impl Metrics {
                 swaps,
                 resident,
                 prefix_cache,
+                speculative,
             }),
         }
     }
@@ -439,6 +445,7 @@ impl Metrics {
         drop(inner.model_generated_tokens.get_or_create(&labels));
         drop(inner.request_duration.get_or_create(&labels));
         inner.prefix_cache.register_model(&labels);
+        inner.speculative.register_model(&labels);
     }
 
     // ---- HTTP layer ----

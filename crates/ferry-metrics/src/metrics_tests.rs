@@ -249,6 +249,33 @@ fn a_request_offered_tools_logs_its_calls_and_the_apis_finish_reason() {
 }
 
 #[test]
+fn a_speculating_request_logs_its_acceptance() {
+    let m = Metrics::new();
+    let ((), text) = ferry_testkit::capture_logs(|| {
+        let tracker = RequestTracker::new(
+            &m,
+            TrackedRequest {
+                model: "m1".into(),
+                accepted: Instant::now(),
+                prompt_tokens: 3,
+                context: None,
+            },
+        );
+        tracker.speculated(4, 3);
+        tracker.speculated(4, 0);
+        tracker.fed(9);
+        tracker.unfed(4);
+        assert_eq!(tracker.kv_tokens(), 5);
+        tracker.end(RequestEnd::Finished { reason: "stop" });
+    });
+    assert!(
+        text.contains("spec_drafted=8 spec_accepted=3 spec_acceptance=0.38"),
+        "{text}"
+    );
+    assert_eq!(m.speculation_counts("m1"), (8, 3));
+}
+
+#[test]
 fn readings_return_what_was_set() {
     let m = Metrics::new();
     assert_eq!(m.device_memory(MemoryKind::Kv), 0);

@@ -17,7 +17,8 @@
 //! ```
 //!
 //! A chat request offered tools adds `tool_calls=N`, and its `finish_reason` is the API's
-//! (`tool_calls` when the reply called tools).
+//! (`tool_calls` when the reply called tools). A request whose decode steps speculated adds
+//! `spec_drafted=N spec_accepted=M spec_acceptance=R` (tokens proposed, accepted, and M / N).
 //!
 //! A failed request logs the same line at WARN with `status=failed` and its `error`.
 
@@ -113,6 +114,8 @@ struct Progress {
     fed: usize,
     /// With tools offered, the calls the reply made (the chat API then answers `tool_calls`).
     tool_calls: Option<usize>,
+    /// Speculative decoding: tokens proposed and accepted, once it proposed any.
+    speculated: Option<(usize, usize)>,
     ended: bool,
 }
 
@@ -173,6 +176,21 @@ impl RequestTracker {
     /// `n` of its tokens went through the model in a step.
     pub fn fed(&self, n: usize) {
         self.with(|_, p| p.fed += n);
+    }
+
+    /// The model forgot `n` of the tokens fed (speculative proposals it rejected).
+    pub fn unfed(&self, n: usize) {
+        self.with(|_, p| p.fed = p.fed.saturating_sub(n));
+    }
+
+    /// A speculative step proposed `drafted` tokens, of which the model accepted `accepted`.
+    pub fn speculated(&self, drafted: usize, accepted: usize) {
+        self.with(|t, p| {
+            t.metrics.speculated(&t.request.model, drafted, accepted);
+            let (d, a) = p.speculated.get_or_insert((0, 0));
+            *d += drafted;
+            *a += accepted;
+        });
     }
 
     /// Tokens this request holds in its KV cache (0 for a detached tracker).
@@ -241,6 +259,14 @@ fn decode_rate(p: &Progress) -> f64 {
     }
 }
 
+/// Accepted over proposed tokens, two decimals.
+fn acceptance(drafted: usize, accepted: usize) -> f64 {
+    if drafted == 0 {
+        return 0.0;
+    }
+    (accepted as f64 / drafted as f64 * 100.0).round() / 100.0
+}
+
 fn log_line(request: &TrackedRequest, p: &Progress, e2e: Duration, end: RequestEnd<'_>) {
     let request_id = request.context.as_ref().map_or("-", RequestContext::id);
     let queue_ms = p
@@ -272,6 +298,9 @@ fn log_line(request: &TrackedRequest, p: &Progress, e2e: Duration, end: RequestE
                 status = %status,
                 finish_reason = %finish_reason,
                 tool_calls = p.tool_calls,
+                spec_drafted = p.speculated.map(|(d, _)| d),
+                spec_accepted = p.speculated.map(|(_, a)| a),
+                spec_acceptance = p.speculated.map(|(d, a)| acceptance(d, a)),
                 error = error.map(tracing::field::display),
                 "request finished"
             )

@@ -165,35 +165,33 @@ impl KvFormat {
 
 /// `x` (any shape whose element count is a multiple of [`ROTATION`], in f32 or another float
 /// dtype) with each consecutive group of [`ROTATION`] values multiplied by the orthonormal
-/// Hadamard matrix of that size (Sylvester's construction over `1 / sqrt(64)`). The matrix is
-/// symmetric and its own inverse, so rotating twice gives `x` back.
+/// Hadamard matrix of that size (Sylvester's, over `1 / sqrt(64)`), by the fast
+/// Walsh-Hadamard butterflies. The matrix is symmetric and its own inverse, so rotating twice
+/// gives `x` back. Each group is computed alone, in the same order whatever the number of rows,
+/// so a row rotates to the same bits in a one-token step as in a longer one (what speculative
+/// verification needs to match decoding exactly).
 pub fn rotate(x: &Tensor) -> Result<Tensor> {
     let dims = x.dims().to_vec();
     let dtype = x.dtype();
-    let groups = x.elem_count() / ROTATION;
-    let h = hadamard(x.device())?;
-    let rotated = x
-        .to_dtype(DType::F32)?
-        .reshape((groups, ROTATION))?
-        .matmul(&h)?;
-    Ok(rotated.reshape(dims)?.to_dtype(dtype)?)
-}
-
-/// The normalized `ROTATION x ROTATION` Hadamard matrix on `device`.
-fn hadamard(device: &Device) -> Result<Tensor> {
+    let mut values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     let scale = 1.0 / (ROTATION as f32).sqrt();
-    let values: Vec<f32> = (0..ROTATION * ROTATION)
-        .map(|i| {
-            let (r, c) = (i / ROTATION, i % ROTATION);
-            // Sylvester: the sign is (-1)^(popcount(r & c)).
-            if (r & c).count_ones() % 2 == 0 {
-                scale
-            } else {
-                -scale
+    for group in values.chunks_exact_mut(ROTATION) {
+        let mut half = 1;
+        while half < ROTATION {
+            for start in (0..ROTATION).step_by(2 * half) {
+                for i in start..start + half {
+                    let (a, b) = (group[i], group[i + half]);
+                    group[i] = a + b;
+                    group[i + half] = a - b;
+                }
             }
-        })
-        .collect();
-    Ok(Tensor::from_vec(values, (ROTATION, ROTATION), device)?)
+            half *= 2;
+        }
+        for v in group.iter_mut() {
+            *v *= scale;
+        }
+    }
+    Ok(Tensor::from_vec(values, dims, x.device())?.to_dtype(dtype)?)
 }
 
 /// `values` (a multiple of [`BLOCK`]) quantized to blocks of `T`, as bytes.
@@ -320,6 +318,22 @@ mod tests {
             "{spread:?}"
         );
         assert!(KvFormat::Q4_0.rotates(64) && !KvFormat::Q4_0.rotates(96));
+        // The butterflies are the matrix: row r of Sylvester's matrix has sign
+        // (-1)^popcount(r & c) in column c.
+        for r in [0usize, 1, 5, 37, 63] {
+            let mut unit = vec![0f32; 64];
+            unit[r] = 1.0;
+            let row = rotate(&Tensor::from_vec(unit, (1, 64), &Device::Cpu).unwrap()).unwrap();
+            let row = row.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for (c, x) in row.iter().enumerate() {
+                let sign = if (r & c).count_ones() % 2 == 0 {
+                    1.0
+                } else {
+                    -1.0
+                };
+                assert!((x - sign / 8.0).abs() < 1e-7, "row {r} column {c}: {x}");
+            }
+        }
         assert!(!KvFormat::Dense(DType::F16).rotates(64));
     }
 

@@ -43,6 +43,7 @@
 pub mod checkpoint;
 pub mod cpu_qmatmul;
 pub mod decoder;
+mod dense_rows;
 mod error;
 mod gemma;
 pub mod generation_defaults;

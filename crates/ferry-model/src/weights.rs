@@ -114,7 +114,12 @@ impl Linear {
                     }
                 };
                 let rows: usize = lead.iter().product();
-                let y = x.reshape((rows, in_dim))?.matmul(&weight.t()?)?;
+                let x = x.reshape((rows, in_dim))?;
+                // A few f32 rows on the CPU: each row alike whatever the rows beside it.
+                let y = match crate::dense_rows::project(&x, weight)? {
+                    Some(y) => y,
+                    None => x.matmul(&weight.t()?)?,
+                };
                 let mut out = lead;
                 out.push(weight.dim(0)?);
                 y.reshape(out)?

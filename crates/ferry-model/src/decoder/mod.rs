@@ -169,22 +169,53 @@ impl Model {
     /// `[n_seqs, vocab]`, in input order. Every decoder layer is fetched from `layers` once and
     /// serves the whole batch: its block sees every row together (rows concatenated) and runs
     /// attention per sequence against its own cache, so each sequence gets the logits it would
-    /// get alone. On error no cache is advanced.
+    /// get alone. On error no cache is advanced. [`Model::forward_rows`] with one row each.
     pub fn forward_batch(
         &self,
         batch: &mut [SeqInput<'_>],
         layers: &mut dyn LayerSource,
     ) -> Result<Tensor> {
+        let ones = vec![1; batch.len()];
+        self.forward_rows(batch, &ones, layers)
+    }
+
+    /// [`Model::forward_batch`] returning the logits of each sequence's last `outputs[i]`
+    /// positions (at least 1, at most its new tokens) as f32 `[sum of outputs, vocab]`, the
+    /// sequences in input order and each one's positions in order: what a speculative step's
+    /// verification reads (the logits after every proposed token), from the same pass.
+    pub fn forward_rows(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        outputs: &[usize],
+        layers: &mut dyn LayerSource,
+    ) -> Result<Tensor> {
+        if outputs.len() != batch.len()
+            || batch
+                .iter()
+                .zip(outputs)
+                .any(|(s, &n)| !s.tokens.is_empty() && (n == 0 || n > s.tokens.len()))
+        {
+            return Err(ModelError::Config(format!(
+                "forward_rows: {} output counts for {} sequences, each 1 to its token count",
+                outputs.len(),
+                batch.len()
+            )));
+        }
         let (x, offsets) = self.run_layers(batch, layers)?;
-        let last: Vec<u32> = batch
+        let rows: Vec<u32> = batch
             .iter()
             .zip(&offsets)
-            .map(|(s, &offset)| (offset + s.tokens.len() - 1) as u32)
+            .zip(outputs)
+            .flat_map(|((s, &offset), &n)| {
+                let end = offset + s.tokens.len();
+                (end - n..end).map(|row| row as u32)
+            })
             .collect();
-        let last = Tensor::from_vec(last, batch.len(), &self.device)?;
-        let last = x.squeeze(0)?.index_select(&last, 0)?.unsqueeze(0)?;
-        let last = self.final_norm(&last)?;
-        let logits = self.fixed.lm_head.forward(&last)?.to_dtype(DType::F32)?;
+        let count = rows.len();
+        let rows = Tensor::from_vec(rows, count, &self.device)?;
+        let rows = x.squeeze(0)?.index_select(&rows, 0)?.unsqueeze(0)?;
+        let rows = self.final_norm(&rows)?;
+        let logits = self.fixed.lm_head.forward(&rows)?.to_dtype(DType::F32)?;
         let logits = match self.spec.final_softcap {
             None => logits,
             Some(cap) => ((logits / cap as f64)?.tanh()? * cap as f64)?,

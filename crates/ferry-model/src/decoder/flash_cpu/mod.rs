@@ -19,7 +19,9 @@
 //!   for the group), each range with its own maximum and sum, merged at the end
 //!   (flash-decoding), so every thread is busy even with few heads and long contexts.
 //! - [`prefill`] (several rows): one task per key/value head and tile of query rows, the
-//!   group's query heads over one transposed key tile.
+//!   group's query heads over one transposed key tile. Up to [`ROW_BY_ROW`] rows run instead
+//!   one at a time as decode steps, so a short chunk (a speculative step's proposals) computes
+//!   each position exactly as decoding it alone does.
 //!
 //! Inner loops are explicit SIMD ([`simd`]: AVX-512, AVX2 + FMA) or written for the
 //! auto-vectorizer, with the variant picked at run time from the CPU's features ([`Isa`]) and
@@ -181,10 +183,48 @@ pub(crate) fn attend_with(
     };
     if shape.seq == 1 {
         decode::run(isa, call, out);
+    } else if shape.seq <= ROW_BY_ROW {
+        row_by_row(isa, call, out);
     } else {
         prefill::run(isa, call, out);
     }
     Ok(())
+}
+
+/// Query rows up to this many per head run one at a time through [`decode`], each as the
+/// decode step at its position would run it, so a short chunk computes every position bit for
+/// bit as decoding token by token does: what a speculative step's verification needs (the
+/// logits after each proposed token are the ones decoding it would give).
+pub const ROW_BY_ROW: usize = 16;
+
+/// Runs each query row of `call` as a decode step at its position.
+fn row_by_row(isa: Isa, call: Call<'_>, out: &mut [f32]) {
+    let s = call.s;
+    let d = s.head_dim;
+    let mut q_row = vec![0f32; s.n_heads * d];
+    let mut out_row = vec![0f32; s.n_heads * d];
+    for i in 0..s.seq {
+        for h in 0..s.n_heads {
+            let at = (h * s.seq + i) * d;
+            q_row[h * d..(h + 1) * d].copy_from_slice(&call.q[at..at + d]);
+        }
+        let shape = Shape {
+            seq: 1,
+            pos: s.pos + i,
+            ..*s
+        };
+        let row = Call {
+            q: &q_row,
+            k: call.k,
+            v: call.v,
+            s: &shape,
+        };
+        decode::run(isa, row, &mut out_row);
+        for h in 0..s.n_heads {
+            let at = (h * s.seq + i) * d;
+            out[at..at + d].copy_from_slice(&out_row[h * d..(h + 1) * d]);
+        }
+    }
 }
 
 /// Refuses inconsistent shapes and storage too short for them.

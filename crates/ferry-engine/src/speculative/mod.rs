@@ -1,0 +1,62 @@
+//! Speculative decoding: a sequence's decode step feeds, after its last sampled token, a few
+//! tokens proposed for what follows ([`ngram`]: copied from earlier in its context; or a draft
+//! model's, [`crate::traits::LanguageModel::propose`]), and the model returns the logits after
+//! every one of them from that one pass ([`crate::traits::LanguageModel::forward_rows`]). The
+//! generation samples from those rows in order exactly as it samples a decode step's, and stops
+//! at the first sampled token that differs from the proposal ([`crate::generate`]); the positions
+//! after it are forgotten ([`crate::traits::LanguageModel::truncate_sequence`]). So one pass over
+//! the weights (one stream of an offloaded model) can yield several tokens, and the output is
+//! the one decoding token by token gives: greedy output is identical, and with sampling each
+//! token is the draw the request's seeded generator makes at that position anyway.
+//!
+//! That is the standard rejection scheme for a proposal that is a point mass `q` on token `x`:
+//! accept `x` with probability `min(1, p(x) / q(x)) = p(x)`, else draw from `max(0, p - q)`
+//! normalised, which is `p` without `x`. Drawing `y ~ p` and accepting when `y == x` does both
+//! with one draw: `y == x` has probability `p(x)`, and a `y != x` is distributed as `p`
+//! restricted to the other tokens. Both methods propose point masses (the draft model proposes
+//! greedily), so no second draw and no draft distribution is needed.
+//!
+//! [`length`] picks each sequence's number of proposals from its measured acceptance and the
+//! measured cost of a step, down to none when proposing does not pay.
+
+pub mod length;
+pub mod ngram;
+
+/// Most tokens proposed per sequence and step: a step's verification of up to this many
+/// proposals plus the last token computes each position exactly as decoding it would (the
+/// model's CPU attention runs chunks of up to 16 rows row by row).
+pub const MAX_PROPOSAL: usize = 15;
+
+/// Who proposes tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpeculationMethod {
+    /// Nobody: one token per sequence and step.
+    #[default]
+    Off,
+    /// A draft model next to the served one ([`crate::traits::LanguageModel::propose`]).
+    Draft,
+    /// Prompt lookup over the sequence's own context ([`ngram::propose`]).
+    Ngram,
+}
+
+/// How a model's decode steps speculate ([`crate::traits::LanguageModel::speculation`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Speculation {
+    /// Who proposes.
+    pub method: SpeculationMethod,
+    /// Most tokens proposed per sequence and step (capped at [`MAX_PROPOSAL`]).
+    pub max_tokens: usize,
+}
+
+impl Speculation {
+    /// The most proposals per sequence and step: 0 when off.
+    pub fn max_proposals(&self) -> usize {
+        match self.method {
+            SpeculationMethod::Off => 0,
+            _ => self.max_tokens.min(MAX_PROPOSAL),
+        }
+    }
+}
+
+#[cfg(test)]
+mod sampling_tests;
