@@ -526,7 +526,11 @@ async fn parallel_calls_under_required_are_each_valid() {
 /// stays text.
 #[tokio::test]
 async fn auto_reads_fenced_and_bare_calls_the_real_model_writes() {
-    let server = Loopback::start(real_model::backend(), ServerOptions::default()).await;
+    // Its own engine: the shared one batches other tests' requests with these, and a prompt
+    // chunk cut short by a shared step (<= 16 rows run row by row, for speculation's exactness)
+    // can change a greedy reply, which would make the streamed and whole replies differ.
+    let engine = real_model::engine_with(ferry::engine::EngineOptions::default());
+    let server = Loopback::start(std::sync::Arc::new(engine), ServerOptions::default()).await;
     let echo = |text: &str| {
         json!({
             "model": real_model::MODEL,
