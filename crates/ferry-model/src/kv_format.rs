@@ -120,29 +120,16 @@ impl KvFormat {
     /// `rows` (`[1, heads, seq, head_dim]`, any float dtype) as this format stores them.
     pub fn encode(self, rows: &Tensor) -> Result<Tensor> {
         let (b, heads, seq, dim) = rows.dims4()?;
-        match self {
-            KvFormat::Dense(dtype) => Ok(rows.to_dtype(dtype)?.contiguous()?),
-            KvFormat::Q8_0 => {
-                let values = rows.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                let bytes = quantize::<BlockQ8_0>(&values);
-                let row = self.row_bytes(dim);
-                Ok(Tensor::from_vec(
-                    bytes,
-                    (b, heads, seq, row),
-                    rows.device(),
-                )?)
-            }
-            KvFormat::Q4_0 => {
-                let values = rows.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                let bytes = quantize::<BlockQ4_0>(&values);
-                let row = self.row_bytes(dim);
-                Ok(Tensor::from_vec(
-                    bytes,
-                    (b, heads, seq, row),
-                    rows.device(),
-                )?)
-            }
+        if let KvFormat::Dense(dtype) = self {
+            return Ok(rows.to_dtype(dtype)?.contiguous()?);
         }
+        let values = rows.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let bytes = match self {
+            KvFormat::Q8_0 => quantize::<BlockQ8_0>(&values),
+            _ => quantize::<BlockQ4_0>(&values),
+        };
+        let shape = (b, heads, seq, self.row_bytes(dim));
+        Ok(Tensor::from_vec(bytes, shape, rows.device())?)
     }
 
     /// The values of `stored` (`[1, heads, len, row_len]` of this format) as f32

@@ -275,19 +275,10 @@ pub fn matmul_attention(
         ..
     } = dims;
     let kv_len = k.dim(2)?;
-    // The matmuls run in the cache's dtype where the device multiplies it (an f16 or bf16 cache
-    // is not read up to f32 on CUDA); candle's CPU matmul has no bf16, so there a bf16 cache is
-    // read up to the compute dtype. An f32 cache with f32 activations is the plain f32 path.
     let compute = q.dtype();
-    let dtype = if q.device().is_cpu() && k.dtype() == DType::BF16 {
-        compute
-    } else {
-        k.dtype()
-    };
-    let (q, k, v) = (q.to_dtype(dtype)?, k.to_dtype(dtype)?, v.to_dtype(dtype)?);
-
+    let (q, dtype) = grouped_queries(q, k.dtype(), dims)?;
+    let (k, v) = (k.to_dtype(dtype)?, v.to_dtype(dtype)?);
     let group = n_heads / n_kv_heads;
-    let q = q.reshape((b, n_kv_heads, group * seq, head_dim))?;
     let scores = (q.matmul(&k.t()?)?.to_dtype(DType::F32)? * scale)?;
     let scores = match softcap {
         None => scores,
@@ -323,6 +314,26 @@ pub fn matmul_attention(
         .reshape((b, seq, n_heads * head_dim))?)
 }
 
+/// `q` (`[b, heads, seq, dim]`) in the dtype the attention matmuls run in for a cache of
+/// `cache` dtype, grouped by the key/value head its heads share (`[b, kv_heads, group * seq,
+/// dim]`, so keys and values are never repeated), and that dtype. The matmuls run in the
+/// cache's dtype where the device multiplies it (an f16 or bf16 cache is not read up to f32 on
+/// CUDA); candle's CPU matmul has no bf16, so there a bf16 cache is read up to the compute
+/// dtype. An f32 cache with f32 activations is the plain f32 path.
+fn grouped_queries(q: &Tensor, cache: DType, dims: AttentionDims) -> Result<(Tensor, DType)> {
+    let (b, _, seq, _) = q.dims4()?;
+    let dtype = if q.device().is_cpu() && cache == DType::BF16 {
+        q.dtype()
+    } else {
+        cache
+    };
+    let group = dims.n_heads / dims.n_kv_heads;
+    let q = q
+        .to_dtype(dtype)?
+        .reshape((b, dims.n_kv_heads, group * seq, dims.head_dim))?;
+    Ok((q, dtype))
+}
+
 /// [`matmul_attention`] over the keys in blocks of `block` with an online softmax: per block
 /// the scores of every query against its keys, their maximum folded into each row's running
 /// maximum, sum and weighted sum of values (rescaled when the maximum grows). Queries are at
@@ -349,16 +360,9 @@ pub fn blocked_attention(
     } = dims;
     let kv_len = k.dim(2)?;
     let compute = q.dtype();
-    let dtype = if q.device().is_cpu() && k.dtype() == DType::BF16 {
-        compute
-    } else {
-        k.dtype()
-    };
+    let (q, dtype) = grouped_queries(q, k.dtype(), dims)?;
     let group = n_heads / n_kv_heads;
     let rows = group * seq;
-    let q = q
-        .to_dtype(dtype)?
-        .reshape((b, n_kv_heads, rows, head_dim))?;
     // Rows whose keys so far are all masked keep this floor as their maximum, so that
     // `-inf - max` stays `-inf` (a weight of 0) instead of NaN.
     const FLOOR: f64 = -1e30;
