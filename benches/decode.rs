@@ -36,7 +36,7 @@ struct Options {
     /// Runs (one JSON line each).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// KV cache dtype, as the `kv_dtype` setting takes it (auto, f32, f16, bf16).
+    /// KV cache dtype, as the `kv_dtype` setting takes it (auto, f32, f16, bf16, q8_0, q4_0).
     #[arg(long, default_value = "auto", value_parser = Dtype::parse)]
     kv_dtype: DtypeChoice,
 }
