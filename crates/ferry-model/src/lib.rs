@@ -35,7 +35,9 @@
 //! - [`llama`]: the Llama family's block (Llama, Qwen2, Mistral); [`qwen3`], [`gemma`]
 //!   (Gemma 2 and 3) and [`phi3`]: the other families' blocks; [`moe`]: the routed-experts
 //!   MLP of Qwen3-MoE (in [`qwen3`]'s block) and Mixtral (in [`llama`]'s).
-//! - [`kv_cache`]: the per-sequence key/value cache.
+//! - [`kv_cache`]: the per-sequence key/value cache (its sliding-window layers keep only their
+//!   window); [`kv_format`]: what it stores per position (a dense dtype, or q8_0 / q4_0 blocks
+//!   behind a Hadamard rotation).
 //! - [`pooling`]: embeddings: the pooling a model asks for and the pooler over its final
 //!   hidden states ([`decoder::Model::forward_hidden`]), L2-normalised.
 //! - [`verify`]: `verify_weights`, every tensor's values checked finite before a load.
