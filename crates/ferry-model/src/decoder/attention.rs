@@ -265,42 +265,16 @@ pub fn matmul_attention(
     dims: AttentionDims,
     sinks: Option<&[f32]>,
 ) -> Result<Tensor> {
-    let (b, _, seq, _) = q.dims4()?;
-    let AttentionDims {
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        scale,
-        softcap,
-        ..
-    } = dims;
+    let seq = q.dim(2)?;
     let kv_len = k.dim(2)?;
     let compute = q.dtype();
     let (q, dtype) = grouped_queries(q, k.dtype(), dims)?;
     let (k, v) = (k.to_dtype(dtype)?, v.to_dtype(dtype)?);
-    let group = n_heads / n_kv_heads;
-    let scores = (q.matmul(&k.t()?)?.to_dtype(DType::F32)? * scale)?;
-    let scores = match softcap {
-        None => scores,
-        Some(cap) => ((scores / cap as f64)?.tanh()? * cap as f64)?,
-    };
-    let scores = match mask {
-        None => scores,
-        Some(mask) => scores
-            .reshape((b, n_kv_heads, group, seq, kv_len))?
-            .broadcast_add(mask)?
-            .reshape((b, n_kv_heads, group * seq, kv_len))?,
-    };
+    let scores = masked(scaled_scores(&q, &k, dims)?, mask, dims, seq)?;
     let probs = match sinks {
         None => candle_nn::ops::softmax_last_dim(&scores)?,
         Some(sinks) => {
-            // Row `g * seq + i` of key/value head `h` is query head `h * group + g`.
-            let column: Vec<f32> = sinks
-                .iter()
-                .flat_map(|&s| std::iter::repeat_n(s, seq))
-                .collect();
-            let column = Tensor::from_vec(column, (1, n_kv_heads, group * seq, 1), q.device())?
-                .broadcast_as((b, n_kv_heads, group * seq, 1))?;
+            let column = sink_column(sinks, &q, seq)?;
             let with_sinks = Tensor::cat(&[&scores, &column], 3)?;
             candle_nn::ops::softmax_last_dim(&with_sinks)?
                 .narrow(3, 0, kv_len)?
@@ -309,6 +283,57 @@ pub fn matmul_attention(
     };
     let probs = probs.to_dtype(v.dtype())?;
     let y = probs.matmul(&v)?.to_dtype(compute)?;
+    heads_to_rows(&y, dims, seq)
+}
+
+/// `q . k^T * scale` in f32 for grouped queries `q` (`[b, kv_heads, group * seq, dim]`) and keys
+/// `k` (`[b, kv_heads, keys, dim]`), soft-capped when the layer caps.
+fn scaled_scores(q: &Tensor, k: &Tensor, dims: AttentionDims) -> Result<Tensor> {
+    let scores = (q.matmul(&k.t()?)?.to_dtype(DType::F32)? * dims.scale)?;
+    Ok(match dims.softcap {
+        None => scores,
+        Some(cap) => ((scores / cap as f64)?.tanh()? * cap as f64)?,
+    })
+}
+
+/// `scores` (`[b, kv_heads, group * seq, keys]`) plus the additive `mask` (`[seq, keys]`), which
+/// every query head of a group shares.
+fn masked(
+    scores: Tensor,
+    mask: Option<&Tensor>,
+    dims: AttentionDims,
+    seq: usize,
+) -> Result<Tensor> {
+    let Some(mask) = mask else {
+        return Ok(scores);
+    };
+    let (b, kv_heads, rows, keys) = scores.dims4()?;
+    Ok(scores
+        .reshape((b, kv_heads, dims.n_heads / dims.n_kv_heads, seq, keys))?
+        .broadcast_add(mask)?
+        .reshape((b, kv_heads, rows, keys))?)
+}
+
+/// The sink logit of each row of grouped queries `q` (`[b, kv_heads, group * seq, dim]`) as a
+/// `[b, kv_heads, group * seq, 1]` column: row `g * seq + i` of key/value head `h` is query head
+/// `h * group + g`.
+fn sink_column(sinks: &[f32], q: &Tensor, seq: usize) -> Result<Tensor> {
+    let (b, kv_heads, rows, _) = q.dims4()?;
+    let column: Vec<f32> = sinks
+        .iter()
+        .flat_map(|&s| std::iter::repeat_n(s, seq))
+        .collect();
+    Ok(
+        Tensor::from_vec(column, (1, kv_heads, rows, 1), q.device())?
+            .broadcast_as((b, kv_heads, rows, 1))?,
+    )
+}
+
+/// The heads' outputs `[b, kv_heads, group * seq, dim]` (grouped as the queries were) back in
+/// row order, `[b, seq, heads * dim]`.
+fn heads_to_rows(y: &Tensor, dims: AttentionDims, seq: usize) -> Result<Tensor> {
+    let b = y.dim(0)?;
+    let (n_heads, head_dim) = (dims.n_heads, dims.head_dim);
     Ok(y.reshape((b, n_heads, seq, head_dim))?
         .transpose(1, 2)?
         .reshape((b, seq, n_heads * head_dim))?)
@@ -349,20 +374,10 @@ pub fn blocked_attention(
     block: usize,
 ) -> Result<Tensor> {
     let Queries { pos, window, sinks } = queries;
-    let (b, _, seq, _) = q.dims4()?;
-    let AttentionDims {
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        scale,
-        softcap,
-        ..
-    } = dims;
+    let seq = q.dim(2)?;
     let kv_len = k.dim(2)?;
     let compute = q.dtype();
     let (q, dtype) = grouped_queries(q, k.dtype(), dims)?;
-    let group = n_heads / n_kv_heads;
-    let rows = group * seq;
     // Rows whose keys so far are all masked keep this floor as their maximum, so that
     // `-inf - max` stays `-inf` (a weight of 0) instead of NaN.
     const FLOOR: f64 = -1e30;
@@ -374,18 +389,8 @@ pub fn blocked_attention(
         let n = block.max(1).min(kv_len - start);
         let kb = k.narrow(2, start, n)?.to_dtype(dtype)?;
         let vb = v.narrow(2, start, n)?.to_dtype(dtype)?;
-        let scores = (q.matmul(&kb.t()?)?.to_dtype(DType::F32)? * scale)?;
-        let scores = match softcap {
-            None => scores,
-            Some(cap) => ((scores / cap as f64)?.tanh()? * cap as f64)?,
-        };
-        let scores = match block_mask(seq, pos, start, n, window, q.device())? {
-            None => scores,
-            Some(mask) => scores
-                .reshape((b, n_kv_heads, group, seq, n))?
-                .broadcast_add(&mask)?
-                .reshape((b, n_kv_heads, rows, n))?,
-        };
+        let mask = block_mask(seq, pos, start, n, window, q.device())?;
+        let scores = masked(scaled_scores(&q, &kb, dims)?, mask.as_ref(), dims, seq)?;
         let block_max = scores.max_keepdim(candle_core::D::Minus1)?;
         let new_max = match &max {
             None => block_max.maximum(FLOOR)?,
@@ -414,13 +419,7 @@ pub fn blocked_attention(
     let (sum, acc) = match sinks {
         None => (sum, acc),
         Some(sinks) => {
-            // Row `g * seq + i` of key/value head `h` is query head `h * group + g`.
-            let column: Vec<f32> = sinks
-                .iter()
-                .flat_map(|&s| std::iter::repeat_n(s, seq))
-                .collect();
-            let column = Tensor::from_vec(column, (1, n_kv_heads, rows, 1), q.device())?
-                .broadcast_as((b, n_kv_heads, rows, 1))?;
+            let column = sink_column(sinks, &q, seq)?;
             let new_max = max.maximum(&column)?;
             let correction = (&max - &new_max)?.exp()?;
             let sink = (column - &new_max)?.exp()?;
@@ -431,9 +430,7 @@ pub fn blocked_attention(
         }
     };
     let y = acc.broadcast_div(&sum)?.to_dtype(compute)?;
-    Ok(y.reshape((b, n_heads, seq, head_dim))?
-        .transpose(1, 2)?
-        .reshape((b, seq, n_heads * head_dim))?)
+    heads_to_rows(&y, dims, seq)
 }
 
 /// What the query rows of [`tiled_attention`] and [`blocked_attention`] see: the first row's
