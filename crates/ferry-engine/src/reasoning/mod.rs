@@ -11,6 +11,8 @@
 //! seen so far (what could still be markup is held back), so a whole reply reads to exactly
 //! what its streamed pieces add up to.
 
+pub(crate) use crate::tool_calls::stream::held_back;
+
 pub mod harmony;
 pub mod reply;
 pub mod think;
@@ -88,22 +90,6 @@ impl ReasoningParsing {
 pub fn opens_think(text: &str) -> bool {
     text.rfind(think::OPEN)
         .is_some_and(|at| !text[at..].contains(think::CLOSE))
-}
-
-/// Bytes at the end of `text` that could be the start of one of `markers` (held back while
-/// more text may complete it).
-fn held_back(text: &str, markers: &[&str]) -> usize {
-    markers
-        .iter()
-        .filter_map(|marker| {
-            text.char_indices()
-                .map(|(i, _)| i)
-                .filter(|&i| text.len() - i < marker.len())
-                .find(|&i| marker.starts_with(&text[i..]))
-                .map(|i| text.len() - i)
-        })
-        .max()
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -268,7 +268,11 @@ impl ToolCallStream {
                 .min();
             let object = self.object_start();
             let Some(at) = bare.or([marker, object].into_iter().flatten().min()) else {
-                let hold = if done { 0 } else { self.held_back() };
+                let hold = if done {
+                    0
+                } else {
+                    held_back(&self.pending, self.markers())
+                };
                 let cut = self.pending.len() - hold;
                 let text: String = self.pending.drain(..cut).collect();
                 self.content(&text, out);
@@ -290,22 +294,6 @@ impl ToolCallStream {
             self.at_start = false;
             self.region_first = self.calls.len();
         }
-    }
-
-    /// Bytes at the end of the pending text that could begin a marker.
-    fn held_back(&self) -> usize {
-        let text = self.pending.as_str();
-        self.markers()
-            .iter()
-            .filter_map(|marker| {
-                text.char_indices()
-                    .map(|(i, _)| i)
-                    .filter(|&i| text.len() - i < marker.len())
-                    .find(|&i| marker.starts_with(&text[i..]))
-                    .map(|i| text.len() - i)
-            })
-            .max()
-            .unwrap_or(0)
     }
 
     /// Emits decided content, holding back its trailing whitespace and dropping whitespace
@@ -358,6 +346,23 @@ impl ToolCallStream {
             }
         }
     }
+}
+
+/// Bytes at the end of `text` that could be the start of one of `markers` (held back while
+/// more text may complete it): what every streaming reader of markup (these and the tool-call
+/// stream) holds back.
+pub(crate) fn held_back(text: &str, markers: &[&str]) -> usize {
+    markers
+        .iter()
+        .filter_map(|marker| {
+            text.char_indices()
+                .map(|(i, _)| i)
+                .filter(|&i| text.len() - i < marker.len())
+                .find(|&i| marker.starts_with(&text[i..]))
+                .map(|i| text.len() - i)
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
