@@ -9,6 +9,8 @@
 //!   slot ring is not reallocated while decoding;
 //! - a CUDA out-of-memory error fails the step with `OutOfMemory` (HTTP 503) and the next step
 //!   on the same runner succeeds;
+//! - a KV cache in host memory (`kv_offload = on`, and a q8_0 cache, which CUDA keeps there)
+//!   gives the device cache's logits, and the device holds none of its bytes;
 //! - a tiny Qwen3-MoE with its experts offloaded (streamed through the expert pool, or half
 //!   resident) decodes the tokens of `none`.
 
@@ -21,7 +23,8 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 use ferry::config::{
-    DeviceChoice, DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
+    DeviceChoice, DeviceConfig, DtypeChoice, KvOffload, MemoryBudget, ModelConfig, OffloadConfig,
+    OffloadMode, QuantType,
 };
 use ferry::engine::traits::{LanguageModel, TextCodec};
 use ferry::engine::EngineError;
@@ -182,6 +185,7 @@ fn runner(case: &Case, config: &ModelConfig, device: &Device) -> (ModelRunner, P
         .unwrap_or_else(|e| panic!("{} {:?}: load: {e}", case.label, config.offload.mode));
     // The cache the plan counted.
     placed.model.set_kv_dtype(plan.kv_dtype);
+    placed.model.set_kv_host(plan.kv_host);
     (
         ModelRunner::new(placed.model, placed.store, Some(MAX_CONTEXT)),
         plan,
@@ -321,6 +325,71 @@ fn gpu_logits_match_the_cpu() {
             case.label
         );
     }
+}
+
+/// Logits of every step with the CPU's `tokens` forced after `PROMPT`.
+fn forced(runner: &mut ModelRunner, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let mut seq = runner.new_sequence();
+    let mut logits = vec![runner.forward(&mut seq, PROMPT).expect("prefill")];
+    for &t in tokens {
+        logits.push(runner.forward(&mut seq, &[t]).expect("decode"));
+    }
+    logits
+}
+
+#[test]
+fn a_host_kv_cache_decodes_like_the_device_cache_on_the_gpu() {
+    let device = gpu();
+    let dir = tempfile::tempdir().expect("tempdir");
+    for case in cases(dir.path()) {
+        let tolerance = match case.label {
+            "hf f32" => 1e-3,
+            "hf f16" | "hf bf16" => 2e-2,
+            _ => 1e-3,
+        };
+        let on_device = model_config(&case, OffloadMode::None, BIG, 0);
+        let (mut reference_runner, plan) = runner(&case, &on_device, &device);
+        assert!(!plan.kv_host, "{}", case.label);
+        let (tokens, reference) = greedy(&mut reference_runner, PROMPT);
+        drop(reference_runner);
+        for mode in [OffloadMode::None, OffloadMode::Sequential] {
+            let mut config = model_config(&case, mode, BIG, 1);
+            config.kv_offload = KvOffload::On;
+            let (mut r, plan) = runner(&case, &config, &device);
+            let what = format!("{} {mode:?} kv_offload on", case.label);
+            assert!(plan.kv_host, "{what}");
+            let logits = forced(&mut r, &tokens);
+            let diff = max_diff(&logits, &reference);
+            let scale = max_abs(&reference).max(1.0);
+            eprintln!("{what}: max |host kv - device kv| = {diff} (largest logit {scale})");
+            assert!(diff <= tolerance * scale, "{what}: logits differ by {diff}");
+            let acc = r.accounting();
+            assert_eq!(acc.kv_peak, 0, "{what}: KV bytes on the device: {acc:?}");
+            assert_eq!(acc.check_within_plan(), Ok(()), "{what}: {acc:?}");
+        }
+    }
+    // A block-format cache lives on the host on CUDA (auto puts it there): its logits are the
+    // CPU device's with the same cache, within the weights' rounding.
+    let case = cases(dir.path())
+        .into_iter()
+        .find(|c| c.label == "hf f32")
+        .expect("f32");
+    let mut config = model_config(&case, OffloadMode::Sequential, BIG, 1);
+    config.kv_dtype = DtypeChoice::Quantize(QuantType::Q8_0);
+    let (mut on_gpu, plan) = runner(&case, &config, &device);
+    assert!(plan.kv_host, "q8_0 on CUDA goes to the host: {plan:?}");
+    let mut cpu_config = model_config(&case, OffloadMode::None, BIG, 0);
+    cpu_config.kv_dtype = config.kv_dtype;
+    let (mut on_cpu, _) = runner(&case, &cpu_config, &Device::Cpu);
+    let (tokens, cpu_logits) = greedy(&mut on_cpu, PROMPT);
+    let gpu_logits = forced(&mut on_gpu, &tokens);
+    let diff = max_diff(&gpu_logits, &cpu_logits);
+    let scale = max_abs(&cpu_logits).max(1.0);
+    eprintln!("q8_0 host cache on the GPU: max |gpu - cpu| = {diff} (largest logit {scale})");
+    assert!(
+        diff <= 1e-3 * scale,
+        "q8_0 host cache: logits differ by {diff}"
+    );
 }
 
 /// The 1B-class model the GPU check script generates (an HF directory with a tokenizer).

@@ -152,7 +152,7 @@ impl ModelRunner {
         .map_err(|e| self.step_error(e))?;
         self.layers
             .accounting()
-            .observe_kv(cache.allocated_bytes() as u64);
+            .observe_kv(cache.device_allocated_bytes() as u64);
         Ok(hidden)
     }
 
@@ -274,9 +274,10 @@ impl LanguageModel for ModelRunner {
         drop(inputs);
         let mut kv_after = 0;
         for (seq, _) in batch.iter() {
-            let bytes = seq.cache.allocated_bytes();
-            kv_after += bytes;
-            self.layers.accounting().observe_kv(bytes as u64);
+            kv_after += seq.cache.allocated_bytes();
+            self.layers
+                .accounting()
+                .observe_kv(seq.cache.device_allocated_bytes() as u64);
         }
         let logits = logits
             .to_vec2::<f32>()

@@ -20,7 +20,8 @@ use super::swap::{pool_plan, swap_manager, PoolPlan};
 use super::tiers::tier_report;
 use super::RuntimeError;
 use ferry_config::{
-    Config, DtypeChoice, MemoryBudget, ModelConfig, OffloadMode, QuantType, SpeculativeMethod,
+    Config, DtypeChoice, KvOffload, MemoryBudget, ModelConfig, OffloadMode, QuantType,
+    SpeculativeMethod,
 };
 use ferry_engine::speculative::MAX_PROPOSAL;
 use ferry_model::checkpoint::Checkpoint;
@@ -149,6 +150,11 @@ impl DevicePlan {
             pinned.max_context = Some(plan.max_context);
             pinned.max_batch = Some(plan.max_batch);
             pinned.kv_dtype = dtype_choice(plan.kv_dtype);
+            pinned.kv_offload = if plan.kv_host {
+                KvOffload::On
+            } else {
+                KvOffload::Off
+            };
             let tiers = tier_report(&pinned, &config.device, device, &checkpoint, &plan)?;
             models.push(ModelPlan {
                 config: pinned,

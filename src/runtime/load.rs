@@ -263,6 +263,7 @@ fn load_runner(
     placed.store.accounting().log(&config.name, plan);
     // The KV cache the plan sized: its context (fitted or set) and dtype.
     placed.model.set_kv_dtype(plan.kv_dtype);
+    placed.model.set_kv_host(plan.kv_host);
     Ok(ModelRunner::new(
         placed.model,
         placed.store,
@@ -288,6 +289,7 @@ fn load_swapped(
     let mut parked =
         load_parked(checkpoint, options, &mut |p| progress.update(&p)).map_err(wrap)?;
     parked.model.set_kv_dtype(plan.kv_dtype);
+    parked.model.set_kv_host(plan.kv_host);
     progress.finish();
     let accounting = Arc::new(Accounting::new(plan));
     accounting.add_weights(parked.fixed_bytes);

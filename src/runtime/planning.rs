@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use candle_core::{DType, Device};
 
 use super::RuntimeError;
-use ferry_config::{DeviceConfig, DtypeChoice, ModelConfig};
+use ferry_config::{DeviceConfig, DtypeChoice, KvOffload, ModelConfig};
 use ferry_model::checkpoint::Checkpoint;
 use ferry_model::decoder::attention::score_block;
 use ferry_model::header::GgufType;
@@ -80,7 +80,12 @@ pub fn plan_checkpoint(
     let budget = resolve_budget(model.offload.gpu_memory, free_bytes)?;
     // Activations use the compute dtype (f32 for quantized weights); the KV cache its own.
     let kv_dtype = kv_dtype_for(model.kv_dtype, holding.compute());
-    kv_dtype.check(spec.head_dim, device).map_err(wrap)?;
+    let kv_offload = kv_offload_for(model.kv_offload, kv_dtype, device);
+    let kv_device = match kv_offload {
+        KvOffload::On => Device::Cpu,
+        _ => device.clone(),
+    };
+    kv_dtype.check(spec.head_dim, &kv_device).map_err(wrap)?;
     let kv_per_token = kv_bytes_per_token_per_layer(spec.n_kv_heads, spec.head_dim, kv_dtype);
     let kv_layout = kv_layout(spec, model.max_step_tokens);
     let reserve_bytes = match device {
@@ -136,6 +141,13 @@ pub fn plan_checkpoint(
         } else {
             Origin::Set
         },
+        kv_offload,
+        // The host's free memory, a tenth kept back: what the plan puts there (offloaded
+        // weights and the cache) must fit in it.
+        host_free_bytes: match kv_offload {
+            KvOffload::Auto => cpu_free_bytes().ok().map(|free| free / 10 * 9),
+            _ => None,
+        },
     };
     let mut fitted = fit(&request, &input_for)?;
     fitted.plan.notes = dequantized_notes(checkpoint, &holding);
@@ -150,6 +162,18 @@ pub fn plan_checkpoint(
         );
     }
     Ok(fitted.plan)
+}
+
+/// Where the KV cache may live, as the fit reads it: on the CPU device `auto` is `off` (its
+/// memory is host memory already); on CUDA a block format (q8_0, q4_0), whose attention runs in
+/// the CPU's kernel only, puts the cache on the host unless it is set `off` (the format's check
+/// then refuses it).
+fn kv_offload_for(setting: KvOffload, format: KvFormat, device: &Device) -> KvOffload {
+    match setting {
+        KvOffload::Auto if device.is_cpu() => KvOffload::Off,
+        KvOffload::Auto if format.is_quantized() => KvOffload::On,
+        other => other,
+    }
 }
 
 /// The KV cache's layout for `spec`: its sliding-window layers (each keeps at most its window,

@@ -47,6 +47,6 @@ pub use types::{Config, DeviceConfig, ModelConfig, OffloadConfig, ServerConfig};
 pub use types::{SpeculativeConfig, TierConfig};
 pub use values::TierChoice;
 pub use values::{
-    ChatTemplateSource, CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode,
-    QuantType, ReasoningChoice, SpeculativeMethod,
+    ChatTemplateSource, CpuQmatmul, DeviceChoice, DtypeChoice, KvOffload, MemoryBudget,
+    OffloadMode, QuantType, ReasoningChoice, SpeculativeMethod,
 };

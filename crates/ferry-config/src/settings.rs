@@ -9,9 +9,9 @@
 use super::sampling::{Fraction, Nucleus, OptionalCount, OptionalSampling, Penalty, Temperature};
 use super::types::{DeviceConfig, ModelConfig, ServerConfig};
 use super::values::{
-    Bandwidth, Budget, Codec, Device, Dtype, Gflops, Kernels, KvDtype, Mode, Names, Number,
-    OptionalPositive, OptionalSwitch, OptionalText, Positive, Reasoning, Secret, Secrets, Shown,
-    Size, Speculation, Spread, Switch, Template, Text, Tiers, Time,
+    Bandwidth, Budget, Codec, Device, Dtype, Gflops, Kernels, KvDtype, KvPlace, Mode, Names,
+    Number, OptionalPositive, OptionalSwitch, OptionalText, Positive, Reasoning, Secret, Secrets,
+    Shown, Size, Speculation, Spread, Switch, Template, Text, Tiers, Time,
 };
 
 /// The table a setting lives in.
@@ -471,8 +471,19 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("auto"),
         default_note: "`auto`: f16 (bf16 for bf16 weights), on the CPU as on CUDA",
         example: "bf16",
-        help: "KV cache dtype: auto, f32, f16, bf16, or llama.cpp's q8_0 / q4_0 blocks (f16 and bf16 halve the KV cache's bytes, q8_0 takes 0.53x and q4_0 0.28x those of f16; q8_0/q4_0 on the CPU only so far, with heads a multiple of 32 wide; f32 for the last bit of accuracy).",
+        help: "KV cache dtype: auto, f32, f16, bf16, or llama.cpp's q8_0 / q4_0 blocks (f16 and bf16 halve the KV cache's bytes, q8_0 takes 0.53x and q4_0 0.28x those of f16; q8_0/q4_0 need heads a multiple of 32 wide and are read by the CPU's attention, so on CUDA they live in host memory (kv_offload); f32 for the last bit of accuracy).",
         field: field!(Model, KvDtype, kv_dtype),
+    },
+    Setting {
+        name: "kv-offload",
+        short: None,
+        key: "kv_offload",
+        value_name: "WHERE",
+        default: Some("auto"),
+        default_note: "`auto`: on the device, on the host when the device cannot hold the context",
+        example: "on",
+        help: "Where the KV cache lives: off (on the compute device; an unset max_context is lowered to fit the budget), on (in host memory, attention for every layer computed there by the CPU kernels: only a step's queries, new keys/values and outputs cross the link, like llama.cpp's --no-kv-offload), auto (on the device when it holds the context set, else the model's window, with every layer; otherwise on the host when host memory holds it). On the CPU device auto is off.",
+        field: field!(Model, KvPlace, kv_offload),
     },
     Setting {
         name: "prefill-chunk",

@@ -7,8 +7,8 @@ use std::time::Duration;
 use super::sampling::SamplingSettings;
 use super::settings::{in_scope, Scope, Section};
 use super::values::{
-    ChatTemplateSource, CpuQmatmul, DeviceChoice, DtypeChoice, MemoryBudget, OffloadMode,
-    ReasoningChoice, SpeculativeMethod, TierChoice,
+    ChatTemplateSource, CpuQmatmul, DeviceChoice, DtypeChoice, KvOffload, MemoryBudget,
+    OffloadMode, ReasoningChoice, SpeculativeMethod, TierChoice,
 };
 
 /// A fully resolved configuration.
@@ -126,6 +126,9 @@ pub struct ModelConfig {
     pub max_batch: Option<usize>,
     /// KV cache dtype; `Auto`: f16, bf16 for bf16 activations (`model::kv_cache::kv_dtype_for`).
     pub kv_dtype: DtypeChoice,
+    /// Where the KV cache lives: the device, the host, or the host when the device cannot hold
+    /// the context (`offload::fit`).
+    pub kv_offload: KvOffload,
     /// Most prompt tokens one sequence feeds per engine step.
     pub prefill_chunk: usize,
     /// Most tokens one engine step computes, decodes and prompt chunks together.
@@ -216,6 +219,7 @@ impl ModelConfig {
             max_context: None,
             max_batch: None,
             kv_dtype: DtypeChoice::Auto,
+            kv_offload: KvOffload::Auto,
             prefill_chunk: 0,
             max_step_tokens: 0,
             step_time: Duration::ZERO,

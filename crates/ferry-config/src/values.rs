@@ -137,6 +137,21 @@ pub enum ReasoningChoice {
     None,
 }
 
+/// Where the KV cache lives (`kv_offload`). A config type the runtime reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvOffload {
+    /// On the compute device, unless the context it must hold does not fit there (the context
+    /// set, else the model's window) while it fits in host memory: then on the host. The same as
+    /// `Off` on the CPU device, whose memory is host memory.
+    #[default]
+    Auto,
+    /// On the compute device (the fit shortens an unset context to the budget).
+    Off,
+    /// In host memory, attention computed there: only a step's queries, new keys and values
+    /// and the attention's output cross the link.
+    On,
+}
+
 /// Where weights live (DESIGN.md 4.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OffloadMode {
@@ -722,6 +737,32 @@ impl Codec for Reasoning {
             match value {
                 ReasoningChoice::Auto => "auto",
                 ReasoningChoice::None => "none",
+            }
+            .to_string(),
+        )
+    }
+}
+
+/// `auto`, `on` (or `true`) or `off` (or `false`).
+pub struct KvPlace;
+impl Codec for KvPlace {
+    type Value = KvOffload;
+    fn parse(text: &str) -> Result<KvOffload, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(KvOffload::Auto),
+            "on" | "true" | "host" => Ok(KvOffload::On),
+            "off" | "false" | "device" => Ok(KvOffload::Off),
+            _ => Err(format!(
+                "`{text}` is not a KV placement (use auto, on or off)"
+            )),
+        }
+    }
+    fn show(value: &KvOffload) -> Shown {
+        Shown::Text(
+            match value {
+                KvOffload::Auto => "auto",
+                KvOffload::On => "on",
+                KvOffload::Off => "off",
             }
             .to_string(),
         )

@@ -103,6 +103,7 @@ impl KvCache {
             max_len,
             window: None,
             first: 0,
+            host: false,
         };
         Self {
             layers: vec![layer; n_layers],
@@ -116,6 +117,18 @@ impl KvCache {
     pub fn with_windows(mut self, windows: &[Option<usize>]) -> Self {
         for (layer, window) in self.layers.iter_mut().zip(windows) {
             layer.window = window.filter(|&w| w > 0);
+        }
+        self
+    }
+
+    /// The cache with every layer's buffers in host memory (`kv_offload`): attention for them
+    /// runs on the host ([`LayerKv::on_host`]), for an empty cache.
+    pub fn on_host(mut self, host: bool) -> Self {
+        if host {
+            for layer in &mut self.layers {
+                layer.host = true;
+                layer.device = Device::Cpu;
+            }
         }
         self
     }
@@ -143,6 +156,15 @@ impl KvCache {
     /// Bytes currently allocated across all layers (keys and values).
     pub fn allocated_bytes(&self) -> usize {
         self.layers.iter().map(LayerKv::allocated_bytes).sum()
+    }
+
+    /// The part of [`Self::allocated_bytes`] on the compute device (none of a host cache's).
+    pub fn device_allocated_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|layer| !layer.host)
+            .map(LayerKv::allocated_bytes)
+            .sum()
     }
 
     /// Bytes of the positions stored across all layers (keys and values): on the CPU the part of
@@ -298,9 +320,17 @@ pub struct LayerKv {
     window: Option<usize>,
     /// The position buffer row 0 holds (0 unless a window layer forgot older positions).
     first: usize,
+    /// Whether the buffers live in host memory while the model computes elsewhere.
+    host: bool,
 }
 
 impl LayerKv {
+    /// Whether the buffers live in host memory (`kv_offload`), so attention against them runs
+    /// on the host whatever the compute device ([`crate::decoder::attention::attend`]).
+    pub fn on_host(&self) -> bool {
+        self.host
+    }
+
     /// How the buffers store keys and values.
     pub fn format(&self) -> KvFormat {
         self.format
@@ -422,6 +452,7 @@ impl LayerKv {
             max_len: self.max_len,
             window: self.window,
             first: self.first,
+            host: self.host,
         })
     }
 

@@ -110,7 +110,8 @@ impl KvFormat {
         if !device.is_cpu() {
             return Err(ModelError::Unsupported(format!(
                 "kv_dtype {} runs on the CPU only so far (its attention reads the blocks in the \
-                 CPU's tiled kernel); use f16 or bf16 on CUDA",
+                 CPU's tiled kernel): on CUDA set kv_offload = \"on\" (the cache in host memory, \
+                 attended there) or use f16 / bf16",
                 self.as_str()
             )));
         }

@@ -21,7 +21,7 @@ pub struct PlannedBytes {
     pub weights: u64,
     /// The whole slot ring.
     pub slots: u64,
-    /// KV cache.
+    /// KV cache on the device (0 when it lives on the host).
     pub kv: u64,
     /// Activation workspace.
     pub workspace: u64,
@@ -35,7 +35,7 @@ impl PlannedBytes {
         Self {
             weights: plan.fixed_bytes.saturating_add(plan.resident_layer_bytes),
             slots: plan.slot_ring_bytes(),
-            kv: plan.kv_bytes,
+            kv: if plan.kv_host { 0 } else { plan.kv_bytes },
             workspace: plan.workspace_bytes,
             total: plan.device_bytes,
         }

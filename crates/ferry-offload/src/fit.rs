@@ -17,6 +17,10 @@
 //!    unset value would keep them; a server that wants more sequences next to streamed layers
 //!    sets `max_batch`.
 //!
+//! With `kv_offload = auto` a cache the device cannot hold at step 1's values goes to host
+//! memory instead (when the host holds it), before anything is lowered; with `on` it is there
+//! from the start and the steps size what the device keeps without it.
+//!
 //! Set values are never changed. When the values planned do not fit at all and smaller ones
 //! would, the error ([`PlanError::CacheDoesNotFit`]) names `max_context` and `max_batch`, what
 //! they cost and the largest values that fit.
@@ -24,7 +28,7 @@
 use super::error::{CacheOverflow, PlanError, Result};
 use super::plan::{plan, CacheOrigins, Origin, Plan, PlanInput};
 use super::units::format_bytes;
-use ferry_config::OffloadMode;
+use ferry_config::{KvOffload, OffloadMode};
 
 /// `max_batch` when it is not set and fits.
 pub const DEFAULT_MAX_BATCH: usize = 8;
@@ -47,6 +51,11 @@ pub struct CacheRequest {
     pub model_context: usize,
     /// Where the KV dtype came from (`Default` or `Set`), copied into the plan.
     pub kv_dtype: Origin,
+    /// Where the KV cache may live (`kv_offload`; on the CPU device `auto` arrives as `Off`).
+    pub kv_offload: KvOffload,
+    /// Host memory the KV cache may take besides the plan's other host bytes (`auto` keeps it
+    /// on the device when it would not fit there either); `None`: unknown, not checked.
+    pub host_free_bytes: Option<u64>,
 }
 
 /// A plan with its KV cache fitted, and why, when ferry lowered a value.
@@ -78,6 +87,13 @@ pub fn fit(
         kv_dtype: request.kv_dtype,
         model_context: window,
     };
+    let on_host = request.kv_offload == KvOffload::On;
+    let input_at = |context: usize, batch: usize| {
+        let mut input = input_for(context, batch);
+        input.kv_host = on_host;
+        input
+    };
+    let input_for = &input_at;
     let attempt = |context: usize, batch: usize| {
         let mut input = input_for(context, batch);
         input.origins = origins(context, batch);
@@ -109,6 +125,25 @@ pub fn fit(
             attempt(top_context, top_batch)?,
         ));
     }
+    // 1b. `auto`: the same values with the KV cache in host memory, when the host holds it.
+    if request.kv_offload == KvOffload::Auto {
+        let mut input = input_for(top_context, top_batch);
+        input.origins = origins(top_context, top_batch);
+        input.kv_host = true;
+        if let Ok(hosted) = plan(&input) {
+            let host_fits = request
+                .host_free_bytes
+                .is_none_or(|free| hosted.host_bytes <= free);
+            if host_fits && (hosted.mode != OffloadMode::Auto || hosted.host_layers() == 0) {
+                let device = input_for(top_context, top_batch);
+                let reason = host_reason(request, &hosted, &device);
+                return Ok(Fitted {
+                    plan: hosted,
+                    reason: Some(reason),
+                });
+            }
+        }
+    }
     // 2. A shorter context at the default batch.
     if request.max_context.is_none() && floor_context < top_context {
         let steps = |m: usize| (m * CONTEXT_STEP).max(floor_context);
@@ -135,6 +170,19 @@ pub fn fit(
             &attempt,
         )),
     }
+}
+
+/// The log line of `kv_offload = auto` moving the cache to the host: what the device could not
+/// hold, and what it costs.
+fn host_reason(request: &CacheRequest, hosted: &Plan, device: &PlanInput) -> String {
+    format!(
+        "kept the KV cache in host memory (kv_offload = auto): {} with {} need {} of KV cache ({}), which the device budget {} does not hold beside the weights; attention runs on the host for every layer; set `kv_offload = \"off\"` to shorten the context instead",
+        describe_context(request, hosted.max_context),
+        describe_batch(request, hosted.max_batch),
+        format_bytes(device.kv_bytes()),
+        hosted.kv_dtype.as_str(),
+        format_bytes(hosted.budget_bytes),
+    )
 }
 
 fn origin(set: bool, lowered: bool) -> Origin {

@@ -25,6 +25,8 @@ fn unset(model_context: usize) -> CacheRequest {
         max_batch: None,
         model_context,
         kv_dtype: Origin::Default,
+        kv_offload: KvOffload::Off,
+        host_free_bytes: None,
     }
 }
 
@@ -249,6 +251,8 @@ fn window_layers_let_the_context_grow_about_five_fold() {
         max_batch: Some(1),
         model_context: 1 << 17,
         kv_dtype: Origin::Default,
+        kv_offload: KvOffload::Off,
+        host_free_bytes: None,
     };
     // The KV cache gets 26 layers x 8192 positions of 1 KiB when every layer holds them all.
     let budget = 27 * MIB + 26 * 8192 * KIB;
@@ -265,4 +269,68 @@ fn window_layers_let_the_context_grow_about_five_fold() {
     let expected = (4 * with_windows.max_context as u64 + 22 * 1280) * KIB;
     assert_eq!(with_windows.kv_bytes, expected);
     assert!(with_windows.device_bytes <= budget);
+}
+
+#[test]
+fn kv_offload_auto_keeps_the_window_in_host_memory_when_the_device_cannot() {
+    let budget = 300 * MIB;
+    let auto = CacheRequest {
+        kv_offload: KvOffload::Auto,
+        host_free_bytes: Some(64 * 1024 * MIB),
+        ..unset(1 << 16)
+    };
+    let fitted = fit(&auto, &model(OffloadMode::Auto, budget)).expect("fits");
+    let plan = &fitted.plan;
+    // The whole window and the default batch, every layer on the device, the cache on the host.
+    assert_eq!(
+        (plan.max_context, plan.max_batch),
+        (1 << 16, DEFAULT_MAX_BATCH)
+    );
+    assert!(plan.kv_host);
+    assert_eq!(plan.host_layers(), 0);
+    assert_eq!(plan.kv_bytes, 4 * KIB * (1 << 16) * 8);
+    assert_eq!(plan.device_bytes, resident(1 << 16, 8) - plan.kv_bytes);
+    assert!(plan.host_bytes >= plan.kv_bytes);
+    let reason = fitted.reason.expect("said why");
+    assert!(reason.contains("host memory"), "{reason}");
+
+    // When the device holds it, auto keeps it there.
+    let fitted = fit(&auto, &model(OffloadMode::Auto, 1 << 40)).expect("fits");
+    assert!(!fitted.plan.kv_host);
+    assert_eq!(fitted.reason, None);
+
+    // When the host does not hold it either, auto shortens the context as `off` does.
+    let small_host = CacheRequest {
+        host_free_bytes: Some(MIB),
+        ..auto
+    };
+    let fitted = fit(&small_host, &model(OffloadMode::Auto, budget)).expect("fits");
+    let off = fit(&unset(1 << 16), &model(OffloadMode::Auto, budget)).expect("fits");
+    assert!(!fitted.plan.kv_host);
+    assert_eq!(fitted.plan.max_context, off.plan.max_context);
+    assert!(fitted.plan.max_context < 1 << 16);
+}
+
+#[test]
+fn kv_offload_on_keeps_the_cache_off_the_device_budget() {
+    let on = CacheRequest {
+        max_context: Some(1 << 16),
+        max_batch: Some(8),
+        kv_offload: KvOffload::On,
+        ..unset(1 << 16)
+    };
+    // 45 MiB of weights and 32 MiB of workspace fit; 2 GiB of KV cache would not.
+    let budget = 100 * MIB;
+    let plan = fit(&on, &model(OffloadMode::None, budget))
+        .expect("fits")
+        .plan;
+    assert!(plan.kv_host);
+    assert_eq!(plan.device_bytes, 45 * MIB + 64 * (1 << 16) * 8);
+    assert!(plan.device_bytes <= budget);
+    assert_eq!(plan.host_bytes, plan.kv_bytes);
+    let off = CacheRequest {
+        kv_offload: KvOffload::Off,
+        ..on
+    };
+    assert!(fit(&off, &model(OffloadMode::None, budget)).is_err());
 }

@@ -162,6 +162,9 @@ pub struct PlanInput {
     pub kv_dtype: KvFormat,
     /// Which layers keep only a window, and what a token costs in each format.
     pub kv_layout: KvLayout,
+    /// Whether the KV cache lives in host memory (`kv_offload`): its bytes then count there,
+    /// not against the device budget.
+    pub kv_host: bool,
     /// Where `max_context`, `max_batch` and `kv_dtype` came from (set by [`super::fit`]).
     pub origins: CacheOrigins,
     /// Layers in flight ahead of compute; the ring has `prefetch + 1` slots.
@@ -199,6 +202,7 @@ impl PlanInput {
             kv_bytes_per_token_per_layer: 0,
             kv_dtype: KvFormat::Dense(DType::F32),
             kv_layout: KvLayout::default(),
+            kv_host: false,
             origins: CacheOrigins::default(),
             prefetch: 2,
             workspace_bytes: 0,
@@ -219,7 +223,7 @@ impl PlanInput {
     /// KV-cache bytes: `max_batch * positions * kv_bytes_per_token_per_layer`, where each
     /// layer holds `max_context` positions, a window layer at most
     /// [`KvLayout::window_positions`]. The cache of every layer stays on the device, streamed
-    /// or not.
+    /// or not, unless [`PlanInput::kv_host`] puts all of it in host memory.
     pub fn kv_bytes(&self) -> u64 {
         let windowed = self.kv_layout.window_layers.min(self.n_layers()) as u64;
         let full = self.n_layers() as u64 - windowed;
@@ -232,10 +236,19 @@ impl PlanInput {
             .saturating_mul(self.kv_bytes_per_token_per_layer)
     }
 
+    /// KV-cache bytes on the device: [`PlanInput::kv_bytes`], or 0 when the cache is on the host.
+    pub fn device_kv_bytes(&self) -> u64 {
+        if self.kv_host {
+            0
+        } else {
+            self.kv_bytes()
+        }
+    }
+
     /// Device bytes that do not depend on placement: fixed parts, KV, workspace and reserve.
     pub(super) fn base_bytes(&self) -> u64 {
         self.fixed_bytes
-            .saturating_add(self.kv_bytes())
+            .saturating_add(self.device_kv_bytes())
             .saturating_add(self.workspace_bytes)
             .saturating_add(self.reserve_bytes)
     }
@@ -267,8 +280,10 @@ pub struct Plan {
     pub fixed_bytes: u64,
     /// Sum of the resident layers' bytes.
     pub resident_layer_bytes: u64,
-    /// KV cache on the device.
+    /// KV cache, on the device (or on the host when `kv_host`).
     pub kv_bytes: u64,
+    /// Whether the KV cache lives in host memory, attention computed there (`kv_offload`).
+    pub kv_host: bool,
     /// Tokens per sequence the KV cache is sized for.
     pub max_context: usize,
     /// Sequences the KV cache is sized for.
@@ -297,7 +312,8 @@ pub struct Plan {
     /// Device total: fixed + resident layers + slots + KV + workspace + reserve; never above
     /// `budget_bytes`.
     pub device_bytes: u64,
-    /// Pinned host total: the offloaded layers; in mode `model`, the whole model (its parked copy).
+    /// Host total: the offloaded layers (pinned); in mode `model`, the whole model (its parked
+    /// copy); and the KV cache when `kv_host`.
     pub host_bytes: u64,
     /// Bytes copied host-to-device per forward pass (the streamed layers).
     pub streamed_bytes_per_step: u64,
@@ -457,11 +473,12 @@ impl<'a> Costs<'a> {
             })
             .collect();
         let streamed = self.prefix[n].saturating_sub(self.prefix[k]);
-        let host_bytes = if input.mode == OffloadMode::Model {
+        let host_weights = if input.mode == OffloadMode::Model {
             input.fixed_bytes.saturating_add(self.prefix[n])
         } else {
             streamed
         };
+        let host_bytes = host_weights.saturating_add(input.kv_bytes() - input.device_kv_bytes());
         let slot_layout = (slots > 0 && !input.layer_layouts.is_empty())
             .then(|| SlotLayout::of(input.slot_kind, &input.layer_layouts[k..]));
         let estimate = match (input.link_bandwidth, streamed) {
@@ -475,6 +492,7 @@ impl<'a> Costs<'a> {
             fixed_bytes: input.fixed_bytes,
             resident_layer_bytes: self.prefix[k],
             kv_bytes: input.kv_bytes(),
+            kv_host: input.kv_host,
             max_context: input.max_context,
             max_batch: input.max_batch,
             kv_dtype: input.kv_dtype,
@@ -521,7 +539,9 @@ impl<'a> Costs<'a> {
             .base_bytes()
             .saturating_add(placed.resident_bytes())
             .saturating_add(placed.pool_bytes());
-        plan.host_bytes = placed.host_bytes();
+        plan.host_bytes = placed
+            .host_bytes()
+            .saturating_add(input.kv_bytes() - input.device_kv_bytes());
         plan.streamed_bytes_per_step = placed.bytes_per_token;
         plan.estimated_decode_tokens_per_s = match (input.link_bandwidth, placed.bytes_per_token) {
             (Some(bandwidth), s) if s > 0 => Some(bandwidth as f64 / s as f64),

@@ -240,11 +240,18 @@ fn kv_note(plan: &Plan) -> String {
     if plan.kv_bytes_per_token_per_layer == 0 {
         return String::new();
     }
-    let mut parts = vec![format!(
+    let mut parts = Vec::new();
+    if plan.kv_host {
+        parts.push(
+            "in host memory, not on the device: attention runs on the host (kv_offload)"
+                .to_string(),
+        );
+    }
+    parts.push(format!(
         "{} B per token and layer in {}",
         plan.kv_bytes_per_token_per_layer,
         plan.kv_dtype.as_str()
-    )];
+    ));
     if layout.window_layers > 0 {
         parts.push(format!(
             "{} of {} layers keep a window, at most {} positions",
@@ -289,7 +296,7 @@ fn cache_line(plan: &Plan) -> String {
 ///
 /// ```text
 /// {"mode", "budget_bytes", "layers": [{"index", "home": "device"|"host", "bytes"}],
-///  "device_bytes", "host_bytes", "kv_bytes", "slots", "slot_bytes",
+///  "device_bytes", "host_bytes", "kv_bytes", "kv_host", "slots", "slot_bytes",
 ///  "estimated_decode_tokens_per_s", "notes": [".."], "fixed_bytes", "workspace_bytes", "reserve_bytes",
 ///  "streamed_bytes_per_step", "link_bandwidth",
 ///  "max_context", "max_batch", "kv_dtype": "f32"|"f16"|"bf16"|"q8_0"|"q4_0", "model_context",
@@ -313,6 +320,7 @@ pub fn plan_json(plan: &Plan) -> serde_json::Value {
         "device_bytes": plan.device_bytes,
         "host_bytes": plan.host_bytes,
         "kv_bytes": plan.kv_bytes,
+        "kv_host": plan.kv_host,
         "slots": plan.slots,
         "slot_bytes": plan.slot_bytes,
         "estimated_decode_tokens_per_s": plan.estimated_decode_tokens_per_s,

@@ -16,6 +16,9 @@
 //! positions, so its workspace (the scores of a step's queries against one block) does not grow
 //! with the context. [`score_block`] says how many keys each device scores at once, for the
 //! planner's workspace estimate.
+//!
+//! A cache in host memory (`kv_offload`, [`LayerKv::on_host`]) is attended on the host whatever
+//! the compute device: the step's queries, keys and values go down, the output comes back.
 
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 
@@ -199,19 +202,46 @@ pub fn attend(
     let v = heads(v, dims.n_kv_heads)?;
     let q = rope.apply(&q, step.pos)?;
     let k = rope.apply(&k, step.pos)?;
+    if kv.on_host() && !q.device().is_cpu() {
+        // The cache lives in host memory (`kv_offload`): the step's queries, keys and values
+        // cross to the host, attention runs there (the CPU's tiled kernel, in f32), and only its
+        // output crosses back, never the cache.
+        let host =
+            |t: &Tensor| -> Result<Tensor> { Ok(t.to_device(&Device::Cpu)?.to_dtype(DType::F32)?) };
+        // The device's mask does not serve the host: the tiled kernel masks by position.
+        let no_mask = None;
+        let (hq, hk, hv) = (host(&q)?, host(&k)?, host(&v)?);
+        let y = attend_rotated(&hq, &hk, &hv, kv, step, dims, (window, &no_mask, sinks))?;
+        return Ok(y.to_device(q.device())?.to_dtype(q.dtype())?);
+    }
+    attend_rotated(&q, &k, &v, kv, step, dims, (window, mask, sinks))
+}
+
+/// [`attend`] after RoPE, on the device the cache lives on: rotates a block-format cache's
+/// queries, keys and values around it and attends.
+fn attend_rotated(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv: &mut LayerKv,
+    step: &Step<'_>,
+    dims: AttentionDims,
+    (window, mask, sinks): (Option<usize>, &Option<Tensor>, Option<&[f32]>),
+) -> Result<Tensor> {
+    let head_dim = dims.head_dim;
     let format = kv.format();
     if format.rotates(head_dim) {
         // A block-format cache stores rotated keys and values (`kv_format::rotate`): rotated
         // queries score the same, and the output comes back rotated once more.
         let (q, k, v) = (
-            kv_format::rotate(&q)?,
-            kv_format::rotate(&k)?,
-            kv_format::rotate(&v)?,
+            kv_format::rotate(q)?,
+            kv_format::rotate(k)?,
+            kv_format::rotate(v)?,
         );
         let y = attend_stored(&q, &k, &v, kv, step, dims, (window, mask, sinks))?;
         return kv_format::rotate(&y);
     }
-    attend_stored(&q, &k, &v, kv, step, dims, (window, mask, sinks))
+    attend_stored(q, k, v, kv, step, dims, (window, mask, sinks))
 }
 
 /// [`attend`] after RoPE (and the rotation of a block-format cache): writes `k` and `v` to the

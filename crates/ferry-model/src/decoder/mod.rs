@@ -68,6 +68,7 @@ pub struct Model {
     device: Device,
     dtype: DType,
     kv_dtype: KvFormat,
+    kv_host: bool,
 }
 
 impl Model {
@@ -92,6 +93,7 @@ impl Model {
             device: parts.device,
             dtype: parts.dtype,
             kv_dtype: KvFormat::Dense(parts.dtype),
+            kv_host: false,
         })
     }
 
@@ -126,6 +128,17 @@ impl Model {
         self.kv_dtype = format;
     }
 
+    /// Whether new key/value caches live in host memory (`kv_offload`: attention for every
+    /// layer then runs on the host, [`KvCache::on_host`]).
+    pub fn kv_host(&self) -> bool {
+        self.kv_host
+    }
+
+    /// Makes new key/value caches live in host memory (`true`) or on the compute device.
+    pub fn set_kv_host(&mut self, host: bool) {
+        self.kv_host = host;
+    }
+
     /// An empty key/value cache that can hold the model's whole context.
     pub fn new_cache(&self) -> KvCache {
         self.new_cache_with_limit(self.spec.max_context)
@@ -150,6 +163,7 @@ impl Model {
             &self.device,
         )
         .with_windows(&windows)
+        .on_host(self.kv_host)
     }
 
     /// One sequence's step: runs `tokens` at positions `cache.len()..` and returns the last
