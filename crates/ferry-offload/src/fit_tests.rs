@@ -1,5 +1,6 @@
 use super::*;
 use crate::plan::KvLayout;
+use ferry_model::kv_format::KvFormat;
 use ferry_config::OffloadMode;
 
 const KIB: u64 = 1024;
@@ -333,4 +334,62 @@ fn kv_offload_on_keeps_the_cache_off_the_device_budget() {
         ..on
     };
     assert!(fit(&off, &model(OffloadMode::None, budget)).is_err());
+}
+
+/// A Qwen2.5-0.5B Q4_K_M on CUDA with `--max-batch 1 --gpu-memory 1GiB`: 24 layers of about
+/// 13.2 MB and 145 MB of Q8_0 embedding (the file's bytes), 2 key/value heads of 64, the CUDA
+/// reserve and the key-blocked workspace.
+fn half_billion(kv: KvFormat, kv_host: bool) -> impl Fn(usize, usize) -> PlanInput {
+    use crate::plan::DEFAULT_CUDA_RESERVE_BYTES;
+    use crate::sizing::{kv_bytes_per_token_per_layer, workspace_bytes, WorkspaceInput};
+    move |max_context, max_batch| {
+        let mut input = PlanInput::new(OffloadMode::Auto, vec![13_200_000; 24], 145_000_000, 1 << 30);
+        input.max_context = max_context;
+        input.max_batch = max_batch;
+        input.kv_bytes_per_token_per_layer = kv_bytes_per_token_per_layer(2, 64, kv);
+        input.kv_dtype = kv;
+        input.kv_host = kv_host;
+        input.reserve_bytes = DEFAULT_CUDA_RESERVE_BYTES;
+        input.workspace_bytes = workspace_bytes(&WorkspaceInput {
+            hidden_size: 896,
+            vocab_size: 151_936,
+            n_heads: 14,
+            max_batch,
+            prefill_chunk: 512,
+            score_block: ferry_model::decoder::attention::KEY_BLOCK.min(max_context),
+        });
+        input
+    }
+}
+
+#[test]
+fn a_half_billion_model_keeps_its_32k_window_at_1_gib_with_the_cache_on_the_host() {
+    use candle_core::DType;
+    let request = CacheRequest {
+        max_batch: Some(1),
+        ..unset(32768)
+    };
+    // f16 on the device: the window does not fit beside the weights, the fit shortens it.
+    let f16 = KvFormat::Dense(DType::F16);
+    let on_device = fit(&request, &half_billion(f16, false)).expect("fits").plan;
+    assert!(on_device.max_context < 32768, "{}", on_device.max_context);
+    assert!(!on_device.kv_host);
+    // q8_0, which CUDA keeps in host memory: the whole window, every layer on the device.
+    let q8 = CacheRequest {
+        kv_offload: KvOffload::On,
+        ..request
+    };
+    let plan = fit(&q8, &half_billion(KvFormat::Q8_0, false)).expect("fits").plan;
+    assert_eq!(plan.max_context, 32768);
+    assert!(plan.kv_host && plan.host_layers() == 0);
+    assert_eq!(plan.kv_bytes, 24 * 32768 * 272);
+    // f16 with `auto` and a host that holds it: the same.
+    let auto = CacheRequest {
+        kv_offload: KvOffload::Auto,
+        host_free_bytes: Some(8 << 30),
+        ..request
+    };
+    let plan = fit(&auto, &half_billion(f16, false)).expect("fits").plan;
+    assert_eq!(plan.max_context, 32768);
+    assert!(plan.kv_host && plan.host_layers() == 0);
 }
