@@ -10,6 +10,8 @@
 //! candle-transformers' `llama`, `qwen2`, `mistral` and `quantized_llama` on the same random
 //! weights.
 
+use std::sync::OnceLock;
+
 use candle_core::Tensor;
 
 use super::decoder::attention;
@@ -21,12 +23,16 @@ use super::tensors::Part;
 use super::weights::LayerWeights;
 
 /// The decoder layer of the Llama family (every layer alike).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct LlamaBlock {
     layer: LayerDims,
     moe: Option<MoeSpec>,
     /// An RMSNorm over each query and key head before RoPE (Qwen3's layer).
     qk_norm: bool,
+    /// The layer's attention sinks (gpt-oss), read to the host from the first call's weights
+    /// and kept: the attention adds them on the host, and reading them every step would wait
+    /// on the device once per layer.
+    sinks: OnceLock<Option<Vec<f32>>>,
 }
 
 impl LlamaBlock {
@@ -41,8 +47,14 @@ impl LlamaBlock {
             layer: LayerDims::of(spec, index),
             moe: spec.moe,
             qk_norm,
+            sinks: OnceLock::new(),
         }
     }
+}
+
+/// A vector's values on the host, as f32.
+fn host_values(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?)
 }
 
 impl Block for LlamaBlock {
@@ -67,7 +79,13 @@ impl Block for LlamaBlock {
             q = head_norm(&q, w.vector(Part::QNorm)?, self.layer.eps, 0.0)?;
             k = head_norm(&k, w.vector(Part::KNorm)?, self.layer.eps, 0.0)?;
         }
-        let sinks = w.opt_vector(Part::AttnSinks);
+        let sinks = match self.sinks.get() {
+            Some(sinks) => sinks.as_deref(),
+            None => {
+                let read = w.opt_vector(Part::AttnSinks).map(host_values).transpose()?;
+                self.sinks.get_or_init(|| read).as_deref()
+            }
+        };
         let y = attention::attend_each(&q, &k, &v, seqs, self.layer.attn, sinks)?;
         let x = (x + w.linear(Part::O)?.forward(&y)?)?;
         let h = rms_norm(&x, w.vector(Part::FfnNorm)?, self.layer.eps)?;

@@ -1,7 +1,7 @@
 use super::*;
 use crate::plan::KvLayout;
-use ferry_model::kv_format::KvFormat;
 use ferry_config::OffloadMode;
+use ferry_model::kv_format::KvFormat;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
@@ -343,7 +343,12 @@ fn half_billion(kv: KvFormat, kv_host: bool) -> impl Fn(usize, usize) -> PlanInp
     use crate::plan::DEFAULT_CUDA_RESERVE_BYTES;
     use crate::sizing::{kv_bytes_per_token_per_layer, workspace_bytes, WorkspaceInput};
     move |max_context, max_batch| {
-        let mut input = PlanInput::new(OffloadMode::Auto, vec![13_200_000; 24], 145_000_000, 1 << 30);
+        let mut input = PlanInput::new(
+            OffloadMode::Auto,
+            vec![13_200_000; 24],
+            145_000_000,
+            1 << 30,
+        );
         input.max_context = max_context;
         input.max_batch = max_batch;
         input.kv_bytes_per_token_per_layer = kv_bytes_per_token_per_layer(2, 64, kv);
@@ -379,7 +384,9 @@ fn a_half_billion_model_keeps_its_32k_window_at_1_gib_with_the_cache_on_the_host
         kv_offload: KvOffload::On,
         ..request
     };
-    let plan = fit(&q8, &half_billion(KvFormat::Q8_0, false)).expect("fits").plan;
+    let plan = fit(&q8, &half_billion(KvFormat::Q8_0, false))
+        .expect("fits")
+        .plan;
     assert_eq!(plan.max_context, 32768);
     assert!(plan.kv_host && plan.host_layers() == 0);
     assert_eq!(plan.kv_bytes, 24 * 32768 * 272);

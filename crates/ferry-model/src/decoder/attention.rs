@@ -135,33 +135,26 @@ impl<'a> Step<'a> {
 /// [`attend`] for every sequence of a step, each on its own rows of the batched projections
 /// (`q` `[1, rows, heads * dim]`, `k` and `v` `[1, rows, kv_heads * dim]`) against its own
 /// cache; the heads' outputs are concatenated back in row order (`[1, rows, heads * dim]`).
-/// `sinks` (`[heads]`, the layer's attention sinks) join every head's softmax when given.
+/// `sinks` (one per query head, the layer's attention sinks) join every head's softmax when given.
 pub fn attend_each(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     seqs: &mut [BatchRows<'_, '_>],
     dims: AttentionDims,
-    sinks: Option<&Tensor>,
+    sinks: Option<&[f32]>,
 ) -> Result<Tensor> {
-    let sinks = match sinks {
-        None => None,
-        Some(t) => {
-            let values = t.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-            if values.len() != dims.n_heads {
-                return Err(ModelError::BadShape {
-                    name: "attn_sinks".into(),
-                    actual: vec![values.len()],
-                    expected: vec![dims.n_heads],
-                });
-            }
-            Some(values)
-        }
-    };
+    if let Some(values) = sinks.filter(|v| v.len() != dims.n_heads) {
+        return Err(ModelError::BadShape {
+            name: "attn_sinks".into(),
+            actual: vec![values.len()],
+            expected: vec![dims.n_heads],
+        });
+    }
     let mut outputs = Vec::with_capacity(seqs.len());
     for s in seqs.iter_mut() {
         let (q, k, v) = (s.rows(q)?, s.rows(k)?, s.rows(v)?);
-        outputs.push(attend(&q, &k, &v, s.kv, s.step, dims, sinks.as_deref())?);
+        outputs.push(attend(&q, &k, &v, s.kv, s.step, dims, sinks)?);
     }
     Ok(Tensor::cat(&outputs, 1)?)
 }
