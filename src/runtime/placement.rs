@@ -63,7 +63,7 @@ pub fn model_placement(plan: &Plan, tiers: Option<&TierReport>) -> ModelPlacemen
             budget: plan.budget_bytes,
             weights: plan.fixed_bytes.saturating_add(plan.resident_layer_bytes),
             slots: plan.slot_ring_bytes(),
-            kv_cache: plan.kv_bytes,
+            kv_cache: plan.device_kv_bytes(),
             workspace: plan.workspace_bytes,
             reserve: plan.reserve_bytes,
             device_total: plan.device_bytes,

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use candle_core::{DType, Device};
 
 use super::RuntimeError;
-use ferry_config::{DeviceConfig, DtypeChoice, KvOffload, ModelConfig};
+use ferry_config::{DeviceConfig, DtypeChoice, KvOffload, ModelConfig, OffloadMode};
 use ferry_model::checkpoint::Checkpoint;
 use ferry_model::decoder::attention::score_block;
 use ferry_model::header::GgufType;
@@ -151,6 +151,10 @@ pub fn plan_checkpoint(
     };
     let mut fitted = fit(&request, &input_for)?;
     fitted.plan.notes = dequantized_notes(checkpoint, &holding);
+    if let Some(note) = needless_streaming(&fitted.plan, &input_for) {
+        tracing::warn!(model = %model.name, "{note}");
+        fitted.plan.notes.push(note);
+    }
     if let Some(reason) = &fitted.reason {
         tracing::info!(
             model = %model.name,
@@ -162,6 +166,29 @@ pub fn plan_checkpoint(
         );
     }
     Ok(fitted.plan)
+}
+
+/// A warning when mode `sequential` streams every layer of a model that the budget holds
+/// whole at the same context and batch (mode `none` would plan it): every step pays the link
+/// for nothing.
+fn needless_streaming(
+    plan: &Plan,
+    input_for: &dyn Fn(usize, usize) -> PlanInput,
+) -> Option<String> {
+    if plan.mode != OffloadMode::Sequential {
+        return None;
+    }
+    let mut resident = input_for(plan.max_context, plan.max_batch);
+    resident.mode = OffloadMode::None;
+    resident.kv_host = plan.kv_host;
+    let whole = ferry_offload::plan::plan(&resident).ok()?;
+    Some(format!(
+        "offload mode `sequential` streams all {} layers ({} per step) though the whole model fits the budget ({} of {}): set `offload.mode = \"auto\"` (or `none`) to keep them on the device",
+        plan.layers.len(),
+        format_bytes(plan.streamed_bytes_per_step),
+        format_bytes(whole.device_bytes),
+        format_bytes(whole.budget_bytes),
+    ))
 }
 
 /// Where the KV cache may live, as the fit reads it: on the CPU device `auto` is `off` (its

@@ -64,7 +64,7 @@ pub fn pool_plan(plans: &[(&str, &Plan)]) -> Result<Option<PoolPlan>, RuntimeErr
     for (_, plan) in &swapped {
         always = always
             .saturating_add(plan.fixed_bytes)
-            .saturating_add(plan.kv_bytes)
+            .saturating_add(plan.device_kv_bytes())
             .saturating_add(plan.workspace_bytes);
         reserve = reserve.max(plan.reserve_bytes);
         all_layers = all_layers.saturating_add(plan.resident_layer_bytes);

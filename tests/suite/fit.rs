@@ -117,6 +117,48 @@ fn a_long_context_model_is_planned_with_a_fitted_context() {
 }
 
 #[test]
+fn sequential_streaming_of_a_model_that_fits_is_warned_about() {
+    let plan = |budget: &str| {
+        run_plan(
+            Command::new(env!("CARGO_BIN_EXE_ferry"))
+                .args(["plan", "--json", "--model"])
+                .arg(model_path())
+                .args([
+                    "--device",
+                    "cpu",
+                    "--offload",
+                    "sequential",
+                    "--gpu-memory",
+                    budget,
+                ])
+                .args(["--max-context", "1024", "--max-batch", "1"]),
+        )
+    };
+    let (ok, stdout, stderr) = plan("4GiB");
+    assert!(ok, "{stderr}");
+    let document: Value = serde_json::from_str(&stdout).expect("JSON");
+    let notes = &document["models"][0]["plan"]["notes"];
+    let warning = "offload mode `sequential` streams all 30 layers";
+    assert!(
+        notes.as_array().is_some_and(|n| n
+            .iter()
+            .any(|note| note.as_str().is_some_and(|t| t.starts_with(warning)))),
+        "{notes}"
+    );
+    assert!(
+        stderr.contains("WARN") && stderr.contains(warning),
+        "{stderr}"
+    );
+    // A budget that holds the ring but not the whole model: streaming is the point.
+    let (ok, stdout, stderr) = plan("85MiB");
+    assert!(ok, "{stderr}");
+    assert!(
+        !stdout.contains(warning) && !stderr.contains(warning),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn an_oversized_max_context_is_refused_with_its_cost_and_what_fits() {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = long_context_gguf(dir.path());

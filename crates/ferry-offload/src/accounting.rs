@@ -35,7 +35,7 @@ impl PlannedBytes {
         Self {
             weights: plan.fixed_bytes.saturating_add(plan.resident_layer_bytes),
             slots: plan.slot_ring_bytes(),
-            kv: if plan.kv_host { 0 } else { plan.kv_bytes },
+            kv: plan.device_kv_bytes(),
             workspace: plan.workspace_bytes,
             total: plan.device_bytes,
         }

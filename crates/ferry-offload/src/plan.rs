@@ -346,6 +346,15 @@ impl Plan {
         self.layers.len() - self.device_layers()
     }
 
+    /// KV-cache bytes on the device: `kv_bytes`, or 0 when the cache lives on the host.
+    pub fn device_kv_bytes(&self) -> u64 {
+        if self.kv_host {
+            0
+        } else {
+            self.kv_bytes
+        }
+    }
+
     /// Bytes of the whole slot ring.
     pub fn slot_ring_bytes(&self) -> u64 {
         (self.slots as u64).saturating_mul(self.slot_bytes)
