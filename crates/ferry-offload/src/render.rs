@@ -233,11 +233,13 @@ fn experts_json(experts: &ExpertPlan) -> serde_json::Value {
     })
 }
 
-/// What the KV cache's bytes are made of, after its size: `(768 B per token and layer in f16;
-/// 6 window layers keep at most 1280 positions; q8_0: 408 B, q4_0: 216 B)`.
+/// What the KV cache's bytes are made of, after its size, and what each choice saves: `(768 B
+/// per token and layer in f16; 22 of 26 layers keep a window of at most 1280 positions, 3.1 GiB
+/// less than full caches; q8_0: 408 B per token and layer, 1.2 GiB in all; q4_0: ...)`.
 fn kv_note(plan: &Plan) -> String {
     let layout = &plan.kv_layout;
-    if plan.kv_bytes_per_token_per_layer == 0 {
+    let per_token = plan.kv_bytes_per_token_per_layer;
+    if per_token == 0 {
         return String::new();
     }
     let mut parts = Vec::new();
@@ -248,23 +250,31 @@ fn kv_note(plan: &Plan) -> String {
         );
     }
     parts.push(format!(
-        "{} B per token and layer in {}",
-        plan.kv_bytes_per_token_per_layer,
+        "{per_token} B per token and layer in {}",
         plan.kv_dtype.as_str()
     ));
     if layout.window_layers > 0 {
+        let full = (plan.max_batch as u64)
+            .saturating_mul(plan.max_context as u64)
+            .saturating_mul(plan.layers.len() as u64)
+            .saturating_mul(per_token);
         parts.push(format!(
-            "{} of {} layers keep a window, at most {} positions",
+            "{} of {} layers keep a window of at most {} positions, {} less than full caches",
             layout.window_layers,
             plan.layers.len(),
-            layout.window_positions
+            layout.window_positions,
+            format_bytes(full.saturating_sub(plan.kv_bytes))
         ));
     }
+    // The same positions in another format: the bytes scale with one token's.
     let others: Vec<String> = layout
         .per_token_by_format
         .iter()
         .filter(|(name, _)| *name != plan.kv_dtype.as_str())
-        .map(|(name, bytes)| format!("{name}: {bytes} B"))
+        .map(|(name, bytes)| {
+            let total = (plan.kv_bytes as u128 * *bytes as u128 / per_token as u128) as u64;
+            format!("{name}: {bytes} B, {} in all", format_bytes(total))
+        })
         .collect();
     if !others.is_empty() {
         parts.push(others.join(", "));
@@ -425,6 +435,41 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_kv_line_says_what_windows_formats_and_the_host_save() {
+        use crate::plan::KvLayout;
+        use candle_core::DType;
+        use ferry_model::kv_format::KvFormat;
+        let mut input = PlanInput::new(OffloadMode::None, vec![MIB; 4], MIB, 1 << 30);
+        input.max_context = 8192;
+        input.max_batch = 2;
+        input.kv_bytes_per_token_per_layer = 512;
+        input.kv_dtype = KvFormat::Dense(DType::F16);
+        input.kv_layout = KvLayout {
+            window_layers: 3,
+            window_positions: 1024,
+            per_token_by_format: vec![("f16", 512), ("q8_0", 272)],
+        };
+        let resident = plan(&input).expect("fits");
+        // 2 x (8192 + 3 x 1024) positions x 512 B = 11 MiB; full caches: 2 x 4 x 8192 x 512 B.
+        assert_eq!(resident.kv_bytes, 11 * MIB);
+        let text = render_text(&resident);
+        assert!(
+            text.contains("  KV cache     11.0 MiB (512 B per token and layer in f16; 3 of 4 layers keep a window of at most 1024 positions, 21.0 MiB less than full caches; q8_0: 272 B, 5.8 MiB in all)\n"),
+            "{text}"
+        );
+        input.kv_host = true;
+        let hosted = plan(&input).expect("fits");
+        assert_eq!(hosted.device_bytes + 11 * MIB, resident.device_bytes);
+        assert_eq!(hosted.host_bytes, 11 * MIB);
+        let text = render_text(&hosted);
+        assert!(
+            text.contains("  KV cache     11.0 MiB (in host memory, not on the device: attention runs on the host (kv_offload); 512 B"),
+            "{text}"
+        );
+        assert_eq!(plan_json(&hosted)["kv_host"], true);
     }
 
     #[test]
