@@ -2,9 +2,12 @@
 //! query rows at a given position, the same pseudo-random keys and values stored as f32, f16 and
 //! bf16, the dtypes alternating in one process so their ratio holds on a shared machine. Shape
 //! defaults to SmolLM2-135M's (9 query heads, 3 key/value heads, head_dim 64). Prints one line
-//! per call and each dtype's best time.
+//! per call and each dtype's best time, with the rate it read the cache at and, against it, the
+//! time the same cache would take over a link of `--link-bandwidth` bytes/s: what attention on
+//! the host (`kv_offload = on`) costs per layer against streaming the layer's cache to the GPU.
 //!
 //! Usage: cargo bench --bench flash_attention -- [--seq 512] [--pos 3584] [--rounds 4]
+//!        [--link-bandwidth 16e9]
 //! Threads: RAYON_NUM_THREADS.
 
 use std::time::Instant;
@@ -34,6 +37,12 @@ struct Options {
     /// Rounds, each timing one call per dtype.
     #[arg(long, default_value_t = 4)]
     rounds: usize,
+    /// Host-to-device bytes/s the cache would stream at instead (PCIe 4.0 x16 moves about 25e9).
+    #[arg(long, default_value_t = 16e9)]
+    link_bandwidth: f64,
+    /// The flag `cargo bench` appends.
+    #[arg(long = "bench", hide = true)]
+    _bench: bool,
 }
 
 /// Deterministic values in [-1, 1) (xorshift).
@@ -93,7 +102,17 @@ fn main() -> Result<(), String> {
     for (i, (name, _, _)) in caches.iter().enumerate() {
         // Two multiply-adds per (query row, visible key, column): scores and weighted values.
         let gflops = 4.0 * pairs * d as f64 / (best[i] * 1e6);
-        println!("best {name}: {:.1} ms ({gflops:.1} GFLOP/s)", best[i]);
+        let element = [4.0, 2.0, 2.0][i];
+        let cache_bytes = 2.0 * (o.kv_heads * len * d) as f64 * element;
+        let read = cache_bytes / (best[i] * 1e6);
+        let stream_ms = cache_bytes / o.link_bandwidth * 1e3;
+        println!(
+            "best {name}: {:.2} ms ({gflops:.1} GFLOP/s, cache {:.1} MB read at {read:.1} GB/s); streaming it at {:.0} GB/s: {stream_ms:.2} ms (host / stream = {:.2})",
+            best[i],
+            cache_bytes / 1e6,
+            o.link_bandwidth / 1e9,
+            best[i] / stream_ms
+        );
     }
     Ok(())
 }

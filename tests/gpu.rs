@@ -10,7 +10,8 @@
 //! - a CUDA out-of-memory error fails the step with `OutOfMemory` (HTTP 503) and the next step
 //!   on the same runner succeeds;
 //! - a KV cache in host memory (`kv_offload = on`, and a q8_0 cache, which CUDA keeps there)
-//!   gives the device cache's logits, and the device holds none of its bytes;
+//!   gives the device cache's logits, attended on the host or streamed to the device, and the
+//!   device holds none of its bytes;
 //! - a tiny Qwen3-MoE with its experts offloaded (streamed through the expert pool, or half
 //!   resident) decodes the tokens of `none`.
 
@@ -29,6 +30,7 @@ use ferry::config::{
 use ferry::engine::traits::{LanguageModel, TextCodec};
 use ferry::engine::EngineError;
 use ferry::model::checkpoint::Checkpoint;
+use ferry::model::kv_cache::HostKvRates;
 use ferry::model::loader::LoadOptions;
 use ferry::model::source::{HubOptions, ModelFiles};
 use ferry::offload::plan::Plan;
@@ -352,11 +354,23 @@ fn a_host_kv_cache_decodes_like_the_device_cache_on_the_gpu() {
         assert!(!plan.kv_host, "{}", case.label);
         let (tokens, reference) = greedy(&mut reference_runner, PROMPT);
         drop(reference_runner);
-        for mode in [OffloadMode::None, OffloadMode::Sequential] {
+        // Attention on the host (no rates), and on the device with the positions streamed to
+        // it every step (a link the rates call infinitely fast).
+        let streamed = HostKvRates {
+            link_bytes_per_s: f64::INFINITY,
+            host_read_bytes_per_s: 1.0,
+            host_flops_per_s: 1.0,
+        };
+        for (mode, rates) in [
+            (OffloadMode::None, None),
+            (OffloadMode::Sequential, None),
+            (OffloadMode::None, Some(streamed)),
+        ] {
             let mut config = model_config(&case, mode, BIG, 1);
             config.kv_offload = KvOffload::On;
             let (mut r, plan) = runner(&case, &config, &device);
-            let what = format!("{} {mode:?} kv_offload on", case.label);
+            r.set_host_kv_rates(rates);
+            let what = format!("{} {mode:?} kv_offload on, rates {rates:?}", case.label);
             assert!(plan.kv_host, "{what}");
             let logits = forced(&mut r, &tokens);
             let diff = max_diff(&logits, &reference);

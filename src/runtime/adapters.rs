@@ -21,7 +21,7 @@ use ferry_engine::{
     ChatMessage, EngineError, EngineResult, GrammarCompiler, SamplingParams, Speculation,
 };
 use ferry_model::decoder::{Model, ResidentLayers, SeqInput};
-use ferry_model::kv_cache::{KvCache, KvSpan};
+use ferry_model::kv_cache::{HostKvRates, KvCache, KvSpan};
 use ferry_model::pooling::{Pooler, Pooling};
 use ferry_model::tokenizer::TextTokenizer;
 use ferry_model::weights::LayerWeights;
@@ -218,6 +218,13 @@ impl ModelRunner {
     /// The model (spec, fixed weights, device).
     pub fn model(&self) -> &Model {
         &self.model
+    }
+
+    /// The rates by which attention against a host KV cache runs on the host or on the device,
+    /// per layer and step (`kv_offload`; `None`: always on the host). For sequences started
+    /// after the call.
+    pub fn set_host_kv_rates(&mut self, rates: Option<HostKvRates>) {
+        self.model.set_host_kv_rates(rates);
     }
 }
 

@@ -19,6 +19,7 @@ use ferry_config::{DeviceConfig, ModelConfig, OffloadMode, ReasoningChoice, Spec
 use ferry_engine::{SamplingParams, Speculation, SpeculationMethod};
 use ferry_model::checkpoint::Checkpoint;
 use ferry_model::generation_defaults::recommended_sampling;
+use ferry_model::kv_cache::HostKvRates;
 use ferry_model::loader::{LoadOptions, LoadProgress};
 use ferry_model::pooling::{Pooling, PoolingOrigin};
 use ferry_model::source::{HubOptions, ModelFiles};
@@ -139,9 +140,15 @@ pub fn load_planned(
     // The tokenizer (tens of thousands of merges) builds on its own thread while the weights load.
     std::thread::scope(|scope| {
         let tokenizer = scope.spawn(|| load_tokenizer(config, checkpoint));
-        let runner = load_runner(config, device_config, device, swap, checkpoint, plan)?
+        let mut runner = load_runner(config, device_config, device, swap, checkpoint, plan)?
             .with_pooling(pooling_of(config, checkpoint))
             .with_speculation(speculation_of(config));
+        // A host KV cache is attended where the calibrated rates say a step costs less.
+        runner.set_host_kv_rates(cost.filter(|_| plan.kv_host).map(|c| HostKvRates {
+            link_bytes_per_s: c.link_bytes_per_s,
+            host_read_bytes_per_s: c.host_read_bytes_per_s,
+            host_flops_per_s: c.host_flops_per_s,
+        }));
         if let Some(experts) = runner.store().experts() {
             experts.set_tier(config.tier.choice);
             experts.set_cost_model(cost);

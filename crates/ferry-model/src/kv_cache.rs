@@ -68,6 +68,38 @@ pub fn window_positions(window: usize, max_step: usize) -> usize {
     (window + ROLLBACK_SLACK + max_step).next_multiple_of(MIN_CHUNK)
 }
 
+/// The rates that decide, per layer and step, where attention against a cache in host memory
+/// runs ([`KvCache::on_host`]): on the host, which reads the cache and computes there, or on the
+/// device, the positions the step attends to crossing the link first. What crosses in the first
+/// case is a step's queries, keys and values and the output: nothing next to the cache.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostKvRates {
+    /// Host-to-device bytes/s.
+    pub link_bytes_per_s: f64,
+    /// Bytes/s the host reads the cache at.
+    pub host_read_bytes_per_s: f64,
+    /// Flop/s of the host's attention.
+    pub host_flops_per_s: f64,
+}
+
+impl HostKvRates {
+    /// Whether `bytes` of cache are sooner over the link than read and used for `flops` on the
+    /// host (a rate that is not a positive number counts as infinitely slow).
+    pub fn streams(&self, bytes: f64, flops: f64) -> bool {
+        let time = |amount: f64, rate: f64| {
+            if rate.is_finite() && rate > 0.0 {
+                amount / rate
+            } else if rate.is_infinite() && rate > 0.0 {
+                0.0
+            } else {
+                f64::INFINITY
+            }
+        };
+        let host = time(bytes, self.host_read_bytes_per_s).max(time(flops, self.host_flops_per_s));
+        time(bytes, self.link_bytes_per_s) < host
+    }
+}
+
 /// Shape of the cached tensors, shared by every layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvShape {
@@ -104,6 +136,7 @@ impl KvCache {
             window: None,
             first: 0,
             host: false,
+            rates: None,
         };
         Self {
             layers: vec![layer; n_layers],
@@ -121,12 +154,14 @@ impl KvCache {
         self
     }
 
-    /// The cache with every layer's buffers in host memory (`kv_offload`): attention for them
-    /// runs on the host ([`LayerKv::on_host`]), for an empty cache.
-    pub fn on_host(mut self, host: bool) -> Self {
+    /// The cache with every layer's buffers in host memory (`kv_offload`), for an empty cache:
+    /// attention against them runs on the host, or, where `rates` say the link is quicker for a
+    /// step, on the device after the positions cross ([`LayerKv::streams`]).
+    pub fn on_host(mut self, host: bool, rates: Option<HostKvRates>) -> Self {
         if host {
             for layer in &mut self.layers {
                 layer.host = true;
+                layer.rates = rates;
                 layer.device = Device::Cpu;
             }
         }
@@ -322,6 +357,8 @@ pub struct LayerKv {
     first: usize,
     /// Whether the buffers live in host memory while the model computes elsewhere.
     host: bool,
+    /// What decides where attention against them runs when `host` (`None`: on the host).
+    rates: Option<HostKvRates>,
 }
 
 impl LayerKv {
@@ -329,6 +366,19 @@ impl LayerKv {
     /// on the host whatever the compute device ([`crate::decoder::attention::attend`]).
     pub fn on_host(&self) -> bool {
         self.host
+    }
+
+    /// Whether a step of `rows` queries (of `heads` heads) attends on the device, this layer's
+    /// positions up to `end` crossing the link, rather than on the host: the rates' choice for
+    /// the bytes the host would read and the work it would do.
+    pub fn streams(&self, rows: usize, heads: usize, end: usize) -> bool {
+        let Some(rates) = self.rates.filter(|_| self.host) else {
+            return false;
+        };
+        let positions = end.saturating_sub(self.first);
+        let bytes = self.bytes_for(positions) as f64;
+        let flops = 4.0 * (rows * heads * positions * self.shape.head_dim) as f64;
+        rates.streams(bytes, flops)
     }
 
     /// How the buffers store keys and values.
@@ -453,6 +503,7 @@ impl LayerKv {
             window: self.window,
             first: self.first,
             host: self.host,
+            rates: self.rates,
         })
     }
 
@@ -824,5 +875,60 @@ mod tests {
         assert!(step(&mut cache, 1, 1.0).is_err());
         cache.truncate(4);
         assert_eq!(cache.len(), 4);
+    }
+
+    #[test]
+    fn a_host_cache_streams_the_steps_the_link_is_quicker_for() {
+        // A 7B-like layer: 4 key/value heads of 128, 28 query heads, f16.
+        let shape = KvShape {
+            n_kv_heads: 4,
+            head_dim: 128,
+        };
+        let rates = HostKvRates {
+            link_bytes_per_s: 16e9,
+            host_read_bytes_per_s: 40e9,
+            host_flops_per_s: 200e9,
+        };
+        let cache = |rates| {
+            KvCache::new(1, shape, 1 << 16, KvFormat::Dense(DType::F16), &Device::Cpu)
+                .on_host(true, rates)
+        };
+        let hosted = cache(Some(rates));
+        let layer = &hosted.layers[0];
+        assert!(layer.on_host());
+        // Decode at 8k: 16.8 MB of cache, read on the host in 0.42 ms, 0.12 GFLOP in 0.59 ms;
+        // over the link 1.05 ms: the host.
+        assert!(!layer.streams(1, 28, 8192));
+        // A 512-row chunk: 60 GFLOP, 0.3 s on the host: the link.
+        assert!(layer.streams(512, 28, 8192));
+        // A slower host streams even decode (1.17 ms of work at 100 GFLOP/s).
+        let slow_host = HostKvRates {
+            host_flops_per_s: 100e9,
+            ..rates
+        };
+        assert!(cache(Some(slow_host)).layers[0].streams(1, 28, 8192));
+        // Without rates, and for a device cache, attention never moves.
+        assert!(!cache(None).layers[0].streams(512, 28, 8192));
+        let on_device = KvCache::new(1, shape, 1 << 16, KvFormat::Dense(DType::F16), &Device::Cpu)
+            .on_host(false, Some(rates));
+        assert!(!on_device.layers[0].streams(512, 28, 8192));
+        assert!(!on_device.layers[0].on_host());
+    }
+
+    #[test]
+    fn host_kv_rates_compare_the_link_with_the_hosts_read_and_work() {
+        let rates = HostKvRates {
+            link_bytes_per_s: 10.0,
+            host_read_bytes_per_s: 20.0,
+            host_flops_per_s: 100.0,
+        };
+        // 100 bytes: 10 s over the link, 5 s read on the host; the work decides.
+        assert!(!rates.streams(100.0, 500.0), "5 s of host work: stay");
+        assert!(rates.streams(100.0, 2000.0), "20 s of host work: stream");
+        let broken = HostKvRates {
+            link_bytes_per_s: 0.0,
+            ..rates
+        };
+        assert!(!broken.streams(100.0, 1e9), "no link rate: never stream");
     }
 }

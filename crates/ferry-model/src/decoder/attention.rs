@@ -18,7 +18,9 @@
 //! planner's workspace estimate.
 //!
 //! A cache in host memory (`kv_offload`, [`LayerKv::on_host`]) is attended on the host whatever
-//! the compute device: the step's queries, keys and values go down, the output comes back.
+//! the compute device (the step's queries, keys and values go down, the output comes back), or,
+//! for a step whose rows make the host's work cost more than the link ([`LayerKv::streams`]: a
+//! long prompt chunk), on the device after the positions it attends to cross.
 
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 
@@ -196,15 +198,28 @@ pub fn attend(
     let q = rope.apply(&q, step.pos)?;
     let k = rope.apply(&k, step.pos)?;
     if kv.on_host() && !q.device().is_cpu() {
-        // The cache lives in host memory (`kv_offload`): the step's queries, keys and values
-        // cross to the host, attention runs there (the CPU's tiled kernel, in f32), and only its
-        // output crosses back, never the cache.
+        // The cache lives in host memory (`kv_offload`): the step's keys and values cross to
+        // the host to be written there.
         let host =
             |t: &Tensor| -> Result<Tensor> { Ok(t.to_device(&Device::Cpu)?.to_dtype(DType::F32)?) };
-        // The device's mask does not serve the host: the tiled kernel masks by position.
+        let (hk, hv) = (host(&k)?, host(&v)?);
+        if kv.streams(seq, dims.n_heads, step.pos + seq) {
+            // The link is quicker for this step (a long prompt chunk): the positions it
+            // attends to cross to the device, and attention runs there.
+            return attend_rotated(&q, &hk, &hv, kv, step, dims, (window, mask, sinks));
+        }
+        // Else the queries cross too, attention runs on the host (the CPU's tiled kernel, in
+        // f32, masking by position), and only its output crosses back, never the cache.
         let no_mask = None;
-        let (hq, hk, hv) = (host(&q)?, host(&k)?, host(&v)?);
-        let y = attend_rotated(&hq, &hk, &hv, kv, step, dims, (window, &no_mask, sinks))?;
+        let y = attend_rotated(
+            &host(&q)?,
+            &hk,
+            &hv,
+            kv,
+            step,
+            dims,
+            (window, &no_mask, sinks),
+        )?;
         return Ok(y.to_device(q.device())?.to_dtype(q.dtype())?);
     }
     attend_rotated(&q, &k, &v, kv, step, dims, (window, mask, sinks))
@@ -259,11 +274,20 @@ fn attend_stored(
         let queries = Queries { pos, window, sinks };
         return tiled_attention(q, &k, &v, format, dims, queries);
     }
-    // The matmul paths multiply dense tensors: a block-format cache is decoded for them.
+    // The matmul paths multiply dense tensors: a block-format cache is decoded for them; a
+    // host cache's views cross to the queries' device (`kv_offload`, a step the link is quicker
+    // for: just the positions held, not the buffers' capacity).
     let (k, v) = match format {
         KvFormat::Dense(_) => (k, v),
         _ => (format.decode(&k, head_dim)?, format.decode(&v, head_dim)?),
     };
+    let onto = |t: Tensor| -> Result<Tensor> {
+        if t.device().same_device(q.device()) {
+            return Ok(t);
+        }
+        Ok(t.force_contiguous()?.to_device(q.device())?)
+    };
+    let (k, v) = (onto(k)?, onto(v)?);
     if k.dim(2)? > KEY_BLOCK {
         let queries = Queries { pos, window, sinks };
         return blocked_attention(q, &k, &v, dims, queries, KEY_BLOCK);

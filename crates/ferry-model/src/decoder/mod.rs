@@ -29,7 +29,7 @@ use self::attention::Step;
 use self::block::{rms_norm_plus, BatchRows};
 use self::rope::Rope;
 use super::error::{ModelError, Result};
-use super::kv_cache::{KvCache, KvShape};
+use super::kv_cache::{HostKvRates, KvCache, KvShape};
 use super::kv_format::KvFormat;
 use super::spec::ModelSpec;
 use super::weights::FixedWeights;
@@ -69,6 +69,7 @@ pub struct Model {
     dtype: DType,
     kv_dtype: KvFormat,
     kv_host: bool,
+    host_kv_rates: Option<HostKvRates>,
 }
 
 impl Model {
@@ -94,6 +95,7 @@ impl Model {
             dtype: parts.dtype,
             kv_dtype: KvFormat::Dense(parts.dtype),
             kv_host: false,
+            host_kv_rates: None,
         })
     }
 
@@ -139,6 +141,12 @@ impl Model {
         self.kv_host = host;
     }
 
+    /// The rates by which a host cache's attention runs on the host or on the device, per layer
+    /// and step ([`HostKvRates`]); `None` (the default): always on the host.
+    pub fn set_host_kv_rates(&mut self, rates: Option<HostKvRates>) {
+        self.host_kv_rates = rates;
+    }
+
     /// An empty key/value cache that can hold the model's whole context.
     pub fn new_cache(&self) -> KvCache {
         self.new_cache_with_limit(self.spec.max_context)
@@ -163,7 +171,7 @@ impl Model {
             &self.device,
         )
         .with_windows(&windows)
-        .on_host(self.kv_host)
+        .on_host(self.kv_host, self.host_kv_rates)
     }
 
     /// One sequence's step: runs `tokens` at positions `cache.len()..` and returns the last
