@@ -404,6 +404,20 @@ fn a_host_kv_cache_decodes_like_the_device_cache_on_the_gpu() {
         diff <= 1e-3 * scale,
         "q8_0 host cache: logits differ by {diff}"
     );
+    // The same cache decoded and streamed to the device every step.
+    let (mut streaming, _) = runner(&case, &config, &device);
+    streaming.set_host_kv_rates(Some(HostKvRates {
+        link_bytes_per_s: f64::INFINITY,
+        host_read_bytes_per_s: 1.0,
+        host_flops_per_s: 1.0,
+    }));
+    let streamed_logits = forced(&mut streaming, &tokens);
+    let diff = max_diff(&streamed_logits, &cpu_logits);
+    eprintln!("q8_0 host cache streamed to the GPU: max |gpu - cpu| = {diff}");
+    assert!(
+        diff <= 1e-3 * scale,
+        "q8_0 streamed: logits differ by {diff}"
+    );
 }
 
 /// The 1B-class model the GPU check script generates (an HF directory with a tokenizer).
