@@ -129,6 +129,7 @@ pub fn plan_checkpoint(
             .map(|moe| ExpertInput {
                 n_used: moe.n_used,
                 pool_slots: None,
+                host_layers: model.tier.host_expert_layers,
             });
         input
     };

@@ -78,6 +78,7 @@ fn plan_for(checkpoint: &Checkpoint, mode: OffloadMode, budget: u64, pool: usize
     input.experts = Some(ExpertInput {
         n_used: 2,
         pool_slots: Some(pool),
+        host_layers: 0,
     });
     plan(&input).unwrap()
 }
@@ -648,6 +649,7 @@ fn a_cuda_plan_places_experts_and_counts_the_pool() {
         input.experts = Some(ExpertInput {
             n_used: 2,
             pool_slots: Some(3),
+            host_layers: 0,
         });
         plan(&input).unwrap()
     };
@@ -758,4 +760,49 @@ fn a_pool_refilled_in_rounds_decodes_the_tokens_of_none() {
             assert!(after.expert_misses > routes.len() as u64, "{what}");
         }
     }
+}
+
+/// `offload.host_expert_layers` (llama.cpp's `--n-cpu-moe`): `ferry plan` keeps every expert of
+/// the first MoE layers on the host though the budget holds them, and places the rest as before.
+#[test]
+fn the_first_layers_experts_stay_on_the_host_by_setting() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = qwen3_moe(dir.path());
+    let plan = |extra: &[&str]| {
+        let (ok, stdout, stderr) = crate::fit::run_plan(
+            std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+                .args([
+                    "plan",
+                    "--json",
+                    "--device",
+                    "cpu",
+                    "--gpu-memory",
+                    "1GiB",
+                    "--model",
+                ])
+                .arg(&path)
+                .args(extra),
+        );
+        assert!(ok, "{stderr}");
+        let document: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+        document["models"][0]["plan"].clone()
+    };
+    assert!(
+        plan(&[])["experts"].is_null(),
+        "the budget holds every expert"
+    );
+    let pinned = plan(&["--host-expert-layers", "1"]);
+    let layers = pinned["experts"]["layers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("placed by expert: {pinned}"))
+        .clone();
+    let resident: Vec<u64> = layers
+        .iter()
+        .map(|l| l["device_experts"].as_u64().expect("device_experts"))
+        .collect();
+    let all = layers[1]["device_experts"].as_u64().expect("count")
+        + layers[1]["host_experts"].as_u64().expect("count");
+    assert_eq!(resident[0], 0, "{pinned}");
+    assert!(resident[1..].iter().all(|&n| n == all), "{pinned}");
+    assert!(pinned["host_bytes"].as_u64() > Some(0), "{pinned}");
 }

@@ -706,6 +706,17 @@ pub static SETTINGS: &[Setting] = &[
         field: field!(Model, Switch, tier.experts),
     },
     Setting {
+        name: "host-expert-layers",
+        short: None,
+        key: "offload.host_expert_layers",
+        value_name: "N",
+        default: Some("0"),
+        default_note: "the budget decides",
+        example: "12",
+        help: "Keep every expert of the first N MoE layers on the host whatever the budget (llama.cpp's --n-cpu-moe), the other layers' experts placed by the budget; mode auto with offload.experts. On the CPU device such experts are computed on the host or streamed per step by the cost model; on CUDA they stream.",
+        field: field!(Model, Number<usize>, tier.host_expert_layers),
+    },
+    Setting {
         name: "offload-tier",
         short: None,
         key: "offload.tier",

@@ -108,6 +108,9 @@ pub struct TierConfig {
     pub device_gflops: Option<f64>,
     /// Place a mixture of experts expert by expert (`offload.experts`).
     pub experts: bool,
+    /// The first this many MoE layers keep every expert on the host
+    /// (`offload.host_expert_layers`).
+    pub host_expert_layers: usize,
 }
 
 /// Resolved `[[models]]` entry.

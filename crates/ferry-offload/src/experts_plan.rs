@@ -3,7 +3,9 @@
 //! For a mixture-of-experts model the planner places, in order: the fixed parts, the KV cache,
 //! workspace and reserve, then the non-expert parts of every layer (attention, norms, router),
 //! then a pool of expert slots (at least one token's routed experts), then experts, spread
-//! evenly over the layers (expert 0 of every layer, then expert 1, ...), until the budget. The
+//! evenly over the layers (expert 0 of every layer, then expert 1, ...), until the budget
+//! (except in the first [`ExpertInput::host_layers`] MoE layers, which keep them all on the host
+//! by setting, as llama.cpp's `--n-cpu-moe` does). The
 //! remaining experts live in host slabs, one per expert (its gate, up and down together), and
 //! are either copied into a slot of the pool when the router picks them or computed where they
 //! are ([`super::experts`] runs both).
@@ -25,6 +27,9 @@ pub struct ExpertInput {
     /// Expert slots of the device pool (the cache of hot experts); `None`: `n_used` (one
     /// token's experts of one layer).
     pub pool_slots: Option<usize>,
+    /// The first this many MoE layers keep every expert on the host, whatever the budget
+    /// (`offload.host_expert_layers`, llama.cpp's `--n-cpu-moe`); 0: the budget decides.
+    pub host_layers: usize,
 }
 
 /// One MoE layer's experts in a plan.
@@ -176,8 +181,18 @@ pub fn place(
             .map(LayerExperts::n_experts)
             .max()
             .unwrap_or(0);
+        // The layers whose experts stay on the host by setting: the first MoE ones.
+        let pinned: Vec<usize> = layers
+            .iter()
+            .filter(|l| l.n_experts() > 0)
+            .take(input.host_layers)
+            .map(|l| l.index)
+            .collect();
         'fill: for e in 0..most {
-            for l in layers.iter_mut().filter(|l| e < l.n_experts()) {
+            for l in layers
+                .iter_mut()
+                .filter(|l| e < l.n_experts() && !pinned.contains(&l.index))
+            {
                 let bytes = l.expert_bytes[e];
                 if bytes > left {
                     break 'fill;

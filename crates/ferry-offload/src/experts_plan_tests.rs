@@ -58,8 +58,39 @@ fn input(mode: OffloadMode, layouts: Vec<LayerLayout>, budget: u64, n_used: usiz
     input.experts = Some(ExpertInput {
         n_used,
         pool_slots: None,
+        host_layers: 0,
     });
     input
+}
+
+#[test]
+fn the_first_moe_layers_keep_their_experts_on_the_host_by_setting() {
+    // Four layers of 4 experts; the budget holds all of them.
+    let all = layouts(4, PIECE, 4, 3 * PIECE);
+    let mut inp = input(OffloadMode::Auto, all, 1 << 30, 2);
+    assert_eq!(plan(&inp).expect("fits").experts, None, "all resident");
+    inp.experts = inp.experts.map(|e| ExpertInput {
+        host_layers: 2,
+        ..e
+    });
+    let p = plan(&inp).expect("fits");
+    let experts = p.experts.expect("placed by expert");
+    let resident: Vec<usize> = experts.layers.iter().map(|l| l.device_experts).collect();
+    assert_eq!(resident, [0, 0, 4, 4]);
+    assert_eq!(p.host_bytes, 2 * 4 * 3 * PIECE as u64);
+    assert!(p.device_bytes <= p.budget_bytes);
+    // A budget too small for the rest spreads what fits over the other layers only.
+    let tight = layouts(4, PIECE, 4, 3 * PIECE);
+    let device_for =
+        |experts: u64| 4 * PIECE as u64 + 2 * 3 * PIECE as u64 + experts * 3 * PIECE as u64;
+    let mut inp = input(OffloadMode::Auto, tight, device_for(3), 2);
+    inp.experts = inp.experts.map(|e| ExpertInput {
+        host_layers: 1,
+        ..e
+    });
+    let experts = plan(&inp).expect("fits").experts.expect("placed by expert");
+    let resident: Vec<usize> = experts.layers.iter().map(|l| l.device_experts).collect();
+    assert_eq!(resident, [0, 1, 1, 1]);
 }
 
 #[test]
@@ -155,6 +186,7 @@ fn a_larger_pool_is_counted_on_the_device() {
     inp.experts = Some(ExpertInput {
         n_used: 2,
         pool_slots: Some(5),
+        host_layers: 0,
     });
     let p = plan(&inp).expect("fits");
     assert_eq!(p.slots, 5);

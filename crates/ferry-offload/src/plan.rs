@@ -606,7 +606,8 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
             })
         }
         OffloadMode::Auto => {
-            if !costs.fits(n) {
+            let pinned = input.experts.is_some_and(|e| e.host_layers > 0);
+            if !costs.fits(n) || pinned {
                 if let Some(plan) = costs.experts(true) {
                     return Ok(plan);
                 }
