@@ -279,7 +279,12 @@ fn glm4_moe_metadata_is_read() {
         assert!(spec.attention_bias && !spec.rope_interleaved, "{file}");
         let moe = spec.moe.unwrap();
         assert_eq!(
-            (moe.gating, moe.norm_topk, moe.selection_bias, moe.weights_scale),
+            (
+                moe.gating,
+                moe.norm_topk,
+                moe.selection_bias,
+                moe.weights_scale
+            ),
             (Gating::Sigmoid, true, true, 2.5),
             "{file}"
         );
@@ -288,13 +293,18 @@ fn glm4_moe_metadata_is_read() {
             (Some(moe.expert_ff), false),
             "{file}"
         );
-        assert_eq!((moe.dense_lead, moe.groups), (1, ExpertGroups::NONE), "{file}");
+        assert_eq!(
+            (moe.dense_lead, moe.groups),
+            (1, ExpertGroups::NONE),
+            "{file}"
+        );
         assert!(spec.moe_at(0).is_none() && spec.moe_at(1).is_some());
         // The table holds the layers that run only: no layer 3, no `nextn` tensor.
         let table = checkpoint.tensors();
         assert_eq!(table.layers.len(), 3);
-        assert!(table.records().all(|r| !r.name.contains("nextn")
-            && !r.name.starts_with("blk.3.")));
+        assert!(table
+            .records()
+            .all(|r| !r.name.contains("nextn") && !r.name.starts_with("blk.3.")));
     }
 }
 

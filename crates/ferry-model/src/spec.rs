@@ -99,8 +99,9 @@ impl Architecture {
         let name = match name {
             // Gemma 3's text-only checkpoints (1B) say `gemma3_text`.
             "gemma3_text" => "gemma3",
-            // transformers' name; llama.cpp's is `qwen3moe`.
+            // transformers' names; llama.cpp's are `qwen3moe` and `glm4moe`.
             "qwen3_moe" => "qwen3moe",
+            "glm4_moe" => "glm4moe",
             other => other,
         };
         Self::ALL
@@ -835,8 +836,7 @@ impl ModelSpec {
                 self.head_dim
             )));
         }
-        if self.rope_dim == 0 || !self.rope_dim.is_multiple_of(2) || self.rope_dim > self.head_dim
-        {
+        if self.rope_dim == 0 || !self.rope_dim.is_multiple_of(2) || self.rope_dim > self.head_dim {
             return Err(ModelError::Config(format!(
                 "RoPE over {} of {} head dims",
                 self.rope_dim, self.head_dim

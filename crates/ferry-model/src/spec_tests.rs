@@ -316,7 +316,7 @@ fn transformers5_rope_parameters_and_qwen3_moe_expert_count() {
 
 #[test]
 fn gguf_only_families_are_refused_from_a_config_json() {
-    for model_type in ["gpt-oss", "qwen2moe"] {
+    for model_type in ["gpt-oss", "qwen2moe", "glm4moe", "glm4_moe"] {
         let json = SMOL_LIKE.replace(
             "\"model_type\": \"llama\"",
             &format!("\"model_type\": \"{model_type}\""),

@@ -358,6 +358,46 @@ mod tests {
     }
 
     #[test]
+    fn partial_rope_rotates_the_first_dims_as_a_narrower_head_and_keeps_the_rest() {
+        let json = r#"{"model_type":"qwen2","hidden_size":64,"intermediate_size":8,
+            "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":4,
+            "max_position_embeddings":64,"rms_norm_eps":1e-5}"#;
+        let full = ModelSpec::from_hf_config(json).unwrap();
+        let partial = ModelSpec {
+            rope_dim: full.head_dim / 2,
+            ..full.clone()
+        };
+        // The rotated half alone, as a head of that width with the same frequencies.
+        let narrow = ModelSpec {
+            head_dim: partial.rope_dim,
+            rope_dim: partial.rope_dim,
+            ..full.clone()
+        };
+        let x = Tensor::arange(0f32, (2 * 3 * full.head_dim) as f32, &Device::Cpu)
+            .unwrap()
+            .reshape((1, 2, 3, full.head_dim))
+            .unwrap();
+        let rope = |spec: &ModelSpec| Rope::new(spec, None, DType::F32, &Device::Cpu).unwrap();
+        let y = rope(&partial).apply(&x, 5).unwrap();
+        let half = partial.rope_dim;
+        let rotated = rope(&narrow)
+            .apply(&x.narrow(3, 0, half).unwrap(), 5)
+            .unwrap();
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(flat(&y.narrow(3, 0, half).unwrap()), flat(&rotated));
+        let rest = full.head_dim - half;
+        assert_eq!(
+            flat(&y.narrow(3, half, rest).unwrap()),
+            flat(&x.narrow(3, half, rest).unwrap())
+        );
+        assert_ne!(
+            flat(&y),
+            flat(&rope(&full).apply(&x, 5).unwrap()),
+            "a full rotation differs"
+        );
+    }
+
+    #[test]
     fn tables_are_candles_cos_and_sin_of_the_angles_bit_for_bit() {
         let json = r#"{"model_type":"llama","hidden_size":64,"intermediate_size":8,
             "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":4,
