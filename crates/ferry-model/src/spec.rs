@@ -1,8 +1,7 @@
 //! [`ModelSpec`]: the architecture and dimensions of a decoder model (the Llama family, Qwen3,
 //! Qwen3-MoE, Mixtral, Gemma 2/3, Phi-3, and from GGUF only gpt-oss, Qwen2-MoE and GLM-4.5's
-//! `glm4moe`), read either
-//! from a Hugging Face `config.json` or from GGUF metadata (keys prefixed by
-//! `general.architecture`).
+//! `glm4moe`), read either from a Hugging Face `config.json` or from GGUF metadata (keys
+//! prefixed by `general.architecture`).
 //!
 //! The spec is everything the blocks need besides weights: head layout, RoPE parameters (and
 //! their scalings, Gemma 3's local base), the attention windows per layer, soft-caps, norm
