@@ -34,7 +34,16 @@ llama-cpp-python 0.3.36):
 - gpt-oss-mxfp4: the same with the experts stored as MXFP4 (what gpt-oss ships).
 - qwen2moe: Qwen2 attention (q/k/v biases), routed experts plus a shared expert
   (`ffn_*_shexp`, `expert_shared_feed_forward_length`) gated by `sigmoid(ffn_gate_inp_shexp . h)`.
-All share one small SentencePiece-style vocabulary (llama.cpp needs tokenizer keys to load a
+- glm4moe: q/k/v biases, q/k norms (GLM-4.5's; the Air has none), partial NEOX RoPE (16 of 32 head
+  dims rotated), the MLP pre-norm named `post_attention_norm`, one leading dense layer
+  (`leading_dense_block_count`), then routed experts with sigmoid scores, a selection-only
+  correction bias (`exp_probs_b`, large enough to change the choice), the chosen weights
+  normalised and scaled by `expert_weights_scale` 2.5, plus an ungated shared expert
+  (`expert_shared_count` 1: the experts' width); and a trailing multi-token-prediction block
+  (`nextn_predict_layers` 1, with its `nextn.*` tensors) that llama.cpp loads but never runs.
+- glm4moe-q8: the same with Q8_0 matrices and no q/k norms (GLM-4.5-Air's attention).
+Fixtures with `greedy` also record the ids llama.cpp decodes greedily after each prompt (8
+tokens, through its cache). All share one small SentencePiece-style vocabulary (llama.cpp needs tokenizer keys to load a
 model; the prompts are token ids, so nothing is tokenized). Prompts up to 8 tokens, so the
 windowed layers really drop keys.
 """
@@ -63,7 +72,8 @@ PROMPTS = [
 BASE = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, ff=128, layers=2, eps=1e-5,
             rope_base=10000.0, tied=False, qk_norm=False, experts=0, used=0, expert_ff=0,
             qkv_bias=False, dtype="f32", o_bias=False, sinks=False, expert_bias=False,
-            expert_gain=1.0, shared_ff=0, ffn_norm="ffn_norm", expert_dtype="f32")
+            expert_gain=1.0, shared_ff=0, ffn_norm="ffn_norm", expert_dtype="f32",
+            rope_dim=None, dense_lead=0, nextn=0, shared_gate=True, probs_bias=False)
 FIXTURES = {
     "llama": dict(arch="llama"),
     "llama-q8": dict(arch="llama", dtype="q8_0"),
@@ -87,6 +97,14 @@ FIXTURES = {
                           ffn_norm="post_attention_norm", expert_dtype="mxfp4"),
     "qwen2moe": dict(arch="qwen2moe", qkv_bias=True, eps=1e-6, rope_base=1_000_000.0,
                      experts=4, used=2, expert_ff=64, shared_ff=96),
+    "glm4moe": dict(arch="glm4moe", qkv_bias=True, qk_norm=True, head_dim=32, rope_dim=16,
+                    eps=1e-5, rope_base=1_000_000.0, experts=8, used=2, expert_ff=48,
+                    shared_ff=48, shared_gate=False, probs_bias=True, dense_lead=1, nextn=1,
+                    layers=3, ffn_norm="post_attention_norm", greedy=8),
+    "glm4moe-q8": dict(arch="glm4moe", qkv_bias=True, head_dim=32, rope_dim=16, eps=1e-5,
+                       rope_base=1_000_000.0, experts=8, used=2, expert_ff=64, shared_ff=64,
+                       shared_gate=False, probs_bias=True, dense_lead=1, nextn=1, layers=3,
+                       ffn_norm="post_attention_norm", dtype="q8_0", greedy=8),
 }
 
 
@@ -119,7 +137,7 @@ def write(name, cfg):
     if not c["tied"]:
         tensors["output.weight"] = mat(VOCAB, h, 2.0)
     qk_gain = 2.0 if gemma else 1.0
-    for i in range(c["layers"]):
+    for i in range(c["layers"] + c["nextn"]):
         p = f"blk.{i}."
         tensors[p + "attn_norm.weight"] = norm(h)
         q, k, v = mat(nh * hd, h, qk_gain), mat(nkv * hd, h, qk_gain), mat(nkv * hd, h)
@@ -144,7 +162,7 @@ def write(name, cfg):
             tensors[p + "post_attention_norm.weight"] = norm(h)
             tensors[p + "post_ffw_norm.weight"] = norm(h)
         tensors[p + c["ffn_norm"] + ".weight"] = norm(h)
-        if c["experts"]:
+        if c["experts"] and i >= c["dense_lead"]:
             e, eff, gain = c["experts"], c["expert_ff"], c["expert_gain"]
             tensors[p + "ffn_gate_inp.weight"] = mat(e, h, 2.0)
             tensors[p + "ffn_gate_exps.weight"] = np.stack([mat(eff, h, gain) for _ in range(e)])
@@ -159,10 +177,14 @@ def write(name, cfg):
                 tensors[p + "ffn_down_exps.bias"] = bias(e, h)
             if c["shared_ff"]:
                 sff = c["shared_ff"]
-                tensors[p + "ffn_gate_inp_shexp.weight"] = mat(1, h, 2.0)[0]
+                if c["shared_gate"]:
+                    tensors[p + "ffn_gate_inp_shexp.weight"] = mat(1, h, 2.0)[0]
                 tensors[p + "ffn_gate_shexp.weight"] = mat(sff, h)
                 tensors[p + "ffn_up_shexp.weight"] = mat(sff, h)
                 tensors[p + "ffn_down_shexp.weight"] = mat(h, sff)
+            if c["probs_bias"]:
+                # Around the spread of the sigmoid scores, so it changes which experts win.
+                tensors[p + "exp_probs_b.bias"] = (0.3 * rng.standard_normal(e)).astype(np.float32)
         elif arch == "phi3":
             tensors[p + "ffn_up.weight"] = np.concatenate([mat(ff, h), mat(ff, h)])
             tensors[p + "ffn_down.weight"] = mat(h, ff)
@@ -170,6 +192,12 @@ def write(name, cfg):
             tensors[p + "ffn_gate.weight"] = mat(ff, h)
             tensors[p + "ffn_up.weight"] = mat(ff, h)
             tensors[p + "ffn_down.weight"] = mat(h, ff)
+        if i >= c["layers"]:
+            # A multi-token-prediction block: llama.cpp loads it and runs only the layers before.
+            tensors[p + "nextn.eh_proj.weight"] = mat(h, 2 * h)
+            tensors[p + "nextn.enorm.weight"] = norm(h)
+            tensors[p + "nextn.hnorm.weight"] = norm(h)
+            tensors[p + "nextn.shared_head_norm.weight"] = norm(h)
 
     path = os.path.join(OUT, f"{name}.gguf")
     w = gguf.GGUFWriter(path, arch)
@@ -179,12 +207,12 @@ def write(name, cfg):
     w.add_context_length(CONTEXT)
     w.add_embedding_length(h)
     w.add_feed_forward_length(ff)
-    w.add_block_count(c["layers"])
+    w.add_block_count(c["layers"] + c["nextn"])
     w.add_head_count(nh)
     w.add_head_count_kv(nkv)
     w.add_key_length(hd)
     w.add_value_length(hd)
-    w.add_rope_dimension_count(hd)
+    w.add_rope_dimension_count(c["rope_dim"] or hd)
     w.add_rope_freq_base(c["rope_base"])
     w.add_layer_norm_rms_eps(c["eps"])
     w.add_vocab_size(VOCAB)
@@ -195,8 +223,17 @@ def write(name, cfg):
             # llama.cpp's `llama` sizes experts by feed_forward_length (Mixtral's converter
             # writes no expert width).
             w.add_expert_feed_forward_length(c["expert_ff"])
-        if c["shared_ff"]:
+        if c["shared_ff"] and arch == "glm4moe":
+            # GLM's shared experts are `expert_shared_count` experts wide.
+            w.add_expert_shared_count(c["shared_ff"] // c["expert_ff"])
+        elif c["shared_ff"]:
             w.add_expert_shared_feed_forward_length(c["shared_ff"])
+    if arch == "glm4moe":
+        w.add_leading_dense_block_count(c["dense_lead"])
+        w.add_expert_weights_scale(2.5)
+        w.add_expert_weights_norm(True)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_nextn_predict_layers(c["nextn"])
     if "window" in c:
         w.add_sliding_window(c["window"])
     if "window_pattern" in c:
@@ -223,7 +260,7 @@ def write(name, cfg):
     w.add_add_bos_token(False)
     for tname in sorted(tensors):
         t = tensors[tname]
-        if c["dtype"] == "q8_0" and t.ndim == 2:
+        if c["dtype"] == "q8_0" and t.ndim >= 2:
             q = gguf.quants.quantize(t, gguf.GGMLQuantizationType.Q8_0)
             w.add_tensor(tname, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         elif c["expert_dtype"] == "mxfp4" and tname.endswith("_exps.weight"):
@@ -238,8 +275,10 @@ def write(name, cfg):
     return path
 
 
-def oracle(path):
-    """llama.cpp's last-position logits for each prompt, each prompt in a fresh context."""
+def oracle(path, greedy):
+    """llama.cpp's last-position logits for each prompt, each prompt in a fresh context, and
+    with `greedy` the ids of that many tokens decoded greedily after it (one at a time, through
+    the context's cache)."""
     GGML_TYPE_F32 = 0
     import llama_cpp.llama_cpp as api
     from llama_cpp import Llama
@@ -263,12 +302,21 @@ def oracle(path):
         llm.eval(ids)
         logits = np.array(llm.scores[len(ids) - 1], dtype=np.float32)
         top = np.argsort(-logits, kind="stable")[:10]
-        out.append({
+        result = {
             "ids": ids,
             "top10_ids": [int(i) for i in top],
             "top10_logits": [float(logits[i]) for i in top],
             "logits": [float(x) for x in logits],
-        })
+        }
+        if greedy:
+            decoded, last = [], logits
+            for _ in range(greedy):
+                token = int(np.argmax(last))
+                decoded.append(token)
+                llm.eval([token])
+                last = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            result["greedy"] = decoded
+        out.append(result)
         llm.close()
         api.llama_model_default_params = plain
     api.llama_model_default_params = default_params
@@ -291,7 +339,7 @@ def main():
         print(f"wrote {path} ({os.path.getsize(path)} bytes)")
         if not write_only:
             expected["models"][name] = {"gguf_file": f"{name}.gguf", "arch": cfg["arch"],
-                                        "results": oracle(path)}
+                                        "results": oracle(path, cfg.get("greedy", 0))}
     if not write_only:
         import llama_cpp
         expected["llama_cpp_python"] = llama_cpp.__version__

@@ -29,10 +29,21 @@ pub fn tier_report(
     checkpoint: &Checkpoint,
     plan: &Plan,
 ) -> Result<Option<TierReport>, RuntimeError> {
-    // An offloaded layer, or with experts as the units any layer (each has host experts).
+    // An offloaded layer, or with experts as the units the first layer with host experts
+    // (a MoE model's leading dense layers, GLM-4.5's, have none).
     let first = match plan.layers.iter().find(|l| l.home == Home::Host) {
         Some(layer) => layer.index,
-        None if plan.experts.is_some() && plan.host_bytes > 0 => 0,
+        None if plan.host_bytes > 0 => {
+            match plan
+                .experts
+                .iter()
+                .flat_map(|e| &e.layers)
+                .find(|l| l.host_experts() > 0)
+            {
+                Some(layer) => layer.index,
+                None => return Ok(None),
+            }
+        }
         None => return Ok(None),
     };
     if plan.mode == OffloadMode::Model {

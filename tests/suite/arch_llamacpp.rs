@@ -1,11 +1,13 @@
 //! ferry's architecture families against llama.cpp itself: the tiny random-weight GGUFs in
 //! tests/fixtures/arch-llamacpp/ (Llama, Llama Q8_0, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2,
-//! Gemma 3, Phi-3, gpt-oss in f32 and with MXFP4 experts, Qwen2-MoE; written with the `gguf`
-//! package as llama.cpp's converter names things) and the last-position logits llama.cpp
-//! (llama-cpp-python) gave five token-id prompts on each (scripts/make-arch-fixture-llamacpp.py).
-//! ferry loads the same files through its loader and must agree: top-1 equal on at least 4 of
-//! 5 prompts (on all 5 for the families added with issue 28), top-5 overlap of at least 80%,
-//! and all logits within a tolerance per file.
+//! Gemma 3, Phi-3, gpt-oss in f32 and with MXFP4 experts, Qwen2-MoE, GLM-4.5 in f32 and Q8_0;
+//! written with the `gguf` package as llama.cpp's converter names things) and the
+//! last-position logits llama.cpp (llama-cpp-python) gave five token-id prompts on each
+//! (scripts/make-arch-fixture-llamacpp.py). ferry loads the same files through its loader and
+//! must agree: top-1 equal on at least 4 of 5 prompts (on all 5 for the families added with
+//! issue 28), top-5 overlap of at least 80%, and all logits within a tolerance per file; where
+//! the fixture also recorded llama.cpp's greedy continuation of each prompt, ferry's (decoded
+//! token by token through its cache) must be the same ids.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -55,6 +57,37 @@ fn ferry_logits(file: &str, prompts: &[Vec<u32>], dtype: DtypeChoice) -> Vec<Vec
             let mut cache = loaded.model.new_cache();
             let logits = loaded.model.forward(ids, &mut cache, &mut layers).unwrap();
             logits.to_vec1().unwrap()
+        })
+        .collect()
+}
+
+/// The ids ferry decodes greedily after each prompt, `n` of them, one token per step through
+/// the prompt's cache (as llama.cpp's were recorded).
+fn ferry_greedy(file: &str, prompts: &[Vec<u32>], dtype: DtypeChoice, n: usize) -> Vec<Vec<u32>> {
+    let files = ModelFiles::Gguf {
+        path: dir().join(file),
+    };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
+    let mut layers = loaded.layers;
+    prompts
+        .iter()
+        .map(|ids| {
+            let mut cache = loaded.model.new_cache();
+            let mut logits = loaded.model.forward(ids, &mut cache, &mut layers).unwrap();
+            let mut decoded = Vec::new();
+            for _ in 0..n {
+                let next = top_k(&logits.to_vec1::<f32>().unwrap(), 1)[0] as u32;
+                decoded.push(next);
+                logits = loaded
+                    .model
+                    .forward(&[next], &mut cache, &mut layers)
+                    .unwrap();
+            }
+            decoded
         })
         .collect()
 }
@@ -115,6 +148,15 @@ fn check_held(name: &str, dtype: DtypeChoice, tol: f32, top1_needed: usize) {
         worst = worst.max(diff);
     }
     println!("{name}: largest logit difference from llama.cpp {worst:e}");
+    if results[0].get("greedy").is_some() {
+        let theirs: Vec<Vec<u32>> = results
+            .iter()
+            .map(|r| crate::fixtures::ids(&r["greedy"]))
+            .collect();
+        let file = model["gguf_file"].as_str().unwrap();
+        let ours = ferry_greedy(file, &prompts, dtype, theirs[0].len());
+        assert_eq!(ours, theirs, "{name}: greedy ids (ours, llama.cpp)");
+    }
     assert!(
         top1_equal >= top1_needed,
         "{name}: top-1 equal on {top1_equal}/5 prompts"
@@ -199,6 +241,72 @@ fn gpt_oss_mxfp4_dequantized_matches_llamacpp() {
 #[test]
 fn qwen2_moe_matches_llamacpp() {
     check_top1("qwen2moe", 1e-4, 5);
+}
+
+/// GLM-4.5: a dense first layer, sigmoid routing with the selection-only correction bias, the
+/// weights normalised and scaled by 2.5, the ungated shared expert, q/k norms, RoPE on half of
+/// each head, and a trailing multi-token-prediction block that must not run. f32 weights
+/// (3.3e-6 when written).
+#[test]
+fn glm4_moe_matches_llamacpp() {
+    check_top1("glm4moe", 1e-4, 5);
+}
+
+/// GLM-4.5 with Q8_0 matrices (experts too) and no q/k norms (GLM-4.5-Air's attention), held
+/// as Q8_0 (ferry's CPU kernels, in place): both sides take Q8_0 activations with the same
+/// block products here (1e-6 when written).
+#[test]
+fn glm4_moe_q8_0_matches_llamacpp() {
+    check_held("glm4moe-q8", DtypeChoice::Auto, 1e-4, 5);
+}
+
+/// What the GGUF reader takes from the GLM-4.5 fixtures' metadata: every feature above from
+/// its own key, and the multi-token-prediction block counted apart from the layers that run.
+#[test]
+fn glm4_moe_metadata_is_read() {
+    use ferry::model::checkpoint::Checkpoint;
+    use ferry::model::spec::{ExpertGroups, Gating};
+
+    for (file, qk_norm) in [("glm4moe.gguf", true), ("glm4moe-q8.gguf", false)] {
+        let checkpoint = Checkpoint::open(&ModelFiles::Gguf {
+            path: dir().join(file),
+        })
+        .unwrap();
+        let spec = checkpoint.spec();
+        assert_eq!(spec.architecture.name(), "glm4moe");
+        assert_eq!((spec.n_layers, spec.unrun_layers), (3, 1), "{file}");
+        assert_eq!((spec.head_dim, spec.rope_dim), (32, 16), "{file}");
+        assert_eq!(spec.qk_norm, qk_norm, "{file}");
+        assert!(spec.attention_bias && !spec.rope_interleaved, "{file}");
+        let moe = spec.moe.unwrap();
+        assert_eq!(
+            (
+                moe.gating,
+                moe.norm_topk,
+                moe.selection_bias,
+                moe.weights_scale
+            ),
+            (Gating::Sigmoid, true, true, 2.5),
+            "{file}"
+        );
+        assert_eq!(
+            (moe.shared_ff, moe.shared_gate),
+            (Some(moe.expert_ff), false),
+            "{file}"
+        );
+        assert_eq!(
+            (moe.dense_lead, moe.groups),
+            (1, ExpertGroups::NONE),
+            "{file}"
+        );
+        assert!(spec.moe_at(0).is_none() && spec.moe_at(1).is_some());
+        // The table holds the layers that run only: no layer 3, no `nextn` tensor.
+        let table = checkpoint.tensors();
+        assert_eq!(table.layers.len(), 3);
+        assert!(table
+            .records()
+            .all(|r| !r.name.contains("nextn") && !r.name.starts_with("blk.3.")));
+    }
 }
 
 /// What the GGUF reader takes from the gpt-oss and Qwen2-MoE fixtures' metadata (the features

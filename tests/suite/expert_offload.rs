@@ -6,8 +6,10 @@
 //! allocated once; the bytes moved equal the routed-expert arithmetic, with the routing
 //! recorded independently on the resident model. The same placements on the llama.cpp-checked
 //! fixtures of issue 28's families (tests/fixtures/arch-llamacpp: gpt-oss with MXFP4 and with
-//! f32 experts, Qwen2-MoE with its shared expert; 4 experts, top 2, 2 layers): their expert
-//! biases and shared expert stay with the layer, the routed experts are the units.
+//! f32 experts, Qwen2-MoE with its shared expert; 4 experts, top 2, 2 layers; GLM-4.5 in f32
+//! and Q8_0, 8 experts, top 2, a dense first layer and two MoE layers): their expert biases,
+//! correction bias and shared expert stay with the layer (resident whatever the placement: the
+//! shared expert runs for every token), the routed experts are the units.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -83,11 +85,18 @@ fn plan_for(checkpoint: &Checkpoint, mode: OffloadMode, budget: u64, pool: usize
     plan(&input).unwrap()
 }
 
-/// Bytes of one expert's host slab (every expert of these models has the same shapes).
+/// Bytes of one expert's host slab (every expert of these models has the same shapes; the
+/// first MoE layer's, as GLM-4.5's first layer is dense).
 fn expert_slab_bytes(checkpoint: &Checkpoint) -> u64 {
     let holding = Holding::new(checkpoint, &options()).unwrap();
     let sizes = ModelSizes::of(checkpoint, &holding, SlotKind::Cpu).unwrap();
-    sizes.layouts[0].expert(0).slab_bytes()
+    sizes
+        .layouts
+        .iter()
+        .map(|l| l.expert(0))
+        .find(|e| !e.entries.is_empty())
+        .expect("a layer with experts")
+        .slab_bytes()
 }
 
 /// Greedy tokens of every prompt, decoded together, `NEW_TOKENS` each.
@@ -207,7 +216,11 @@ fn placements(checkpoint: &Checkpoint) -> Vec<Placement> {
         .all(|l| l.device_experts == 0));
     // Room for the other parts, a pool of 3 and about a third of the experts.
     let ex = all.experts.as_ref().unwrap();
-    let expert = ex.layers[0].expert_bytes[0];
+    let expert = ex
+        .layers
+        .iter()
+        .find_map(|l| l.expert_bytes.first().copied())
+        .expect("a layer with experts");
     let n_experts: u64 = ex.layers.iter().map(|l| l.expert_bytes.len() as u64).sum();
     let mixed_budget = all.device_bytes + expert + n_experts / 3 * expert;
     let mixed = plan_for(checkpoint, OffloadMode::Auto, mixed_budget, 3);
@@ -336,6 +349,57 @@ fn gpt_oss_and_qwen2_moe_placements_decode_the_tokens_of_none() {
     for file in ["gpt-oss-mxfp4.gguf", "gpt-oss.gguf", "qwen2moe.gguf"] {
         println!("{file}");
         every_placement_matches_none(&crate::fixtures::path("arch-llamacpp").join(file));
+    }
+}
+
+#[test]
+fn glm4_moe_placements_decode_the_tokens_of_none() {
+    for file in ["glm4moe.gguf", "glm4moe-q8.gguf"] {
+        println!("{file}");
+        every_placement_matches_none(&crate::fixtures::path("arch-llamacpp").join(file));
+    }
+}
+
+/// GLM-4.5's shared expert is part of its layer, not a unit: with every routed expert
+/// offloaded it stays on the device with the attention, the router and the correction bias
+/// (the layer's base bytes); the dense first layer has no units at all.
+#[test]
+fn glm4_moe_shared_expert_stays_resident_with_its_layer() {
+    use ferry::model::tensors::Part;
+
+    for file in ["glm4moe.gguf", "glm4moe-q8.gguf"] {
+        let files = ModelFiles::Gguf {
+            path: crate::fixtures::path("arch-llamacpp").join(file),
+        };
+        let checkpoint = Checkpoint::open(&files).unwrap();
+        let holding = Holding::new(&checkpoint, &options()).unwrap();
+        let sizes = ModelSizes::of(&checkpoint, &holding, SlotKind::Cpu).unwrap();
+        let all = plan_for(&checkpoint, OffloadMode::Sequential, 1 << 32, 2);
+        let ex = all.experts.as_ref().expect("experts placed");
+        assert_eq!(ex.layers.len(), 3, "{file}: the layers that run");
+        assert_eq!(ex.layers[0].n_experts(), 0, "{file}: dense first layer");
+        for (l, layout) in ex.layers.iter().zip(&sizes.layouts).skip(1) {
+            assert_eq!(l.n_experts(), 8, "{file}: routed experts only");
+            assert_eq!(l.device_experts, 0, "{file}");
+            let base = layout.without_experts();
+            for part in [
+                Part::ShexpGate,
+                Part::ShexpUp,
+                Part::ShexpDown,
+                Part::ExpProbsBias,
+            ] {
+                assert!(
+                    base.entries.iter().any(|e| e.part == part),
+                    "{file}: {part:?} is not with layer {}'s resident parts",
+                    l.index
+                );
+            }
+            assert_eq!(
+                l.base_bytes,
+                base.resident_bytes(SlotKind::Cpu),
+                "{file}: the shared expert is in the layer's base"
+            );
+        }
     }
 }
 

@@ -294,13 +294,20 @@ fn tiny_families_decode_like_none_in_every_mode() {
 }
 
 /// Issue 28's families (the llama.cpp-checked fixtures, 2 layers: gpt-oss with MXFP4 and f32
-/// experts, Qwen2-MoE) stream whole layers like the others: their sinks, biases, stacked
-/// expert biases and shared expert travel in the layer's slot. With 2 layers, no layer
-/// resident (one resident and a slot is as big as both resident).
+/// experts, Qwen2-MoE; 3 for GLM-4.5 in f32 and Q8_0, its first one dense) stream whole layers
+/// like the others: their sinks, biases, stacked expert biases, correction bias and shared
+/// expert travel in the layer's slot. No layer resident (with 2 layers, one resident and a
+/// slot is as big as both resident).
 #[test]
-fn gpt_oss_and_qwen2_moe_decode_like_none_in_every_mode() {
+fn issue_28_moe_families_decode_like_none_in_every_mode() {
     let cases = [(Resident::Exactly(0), 0)];
-    for file in ["gpt-oss-mxfp4.gguf", "gpt-oss.gguf", "qwen2moe.gguf"] {
+    for file in [
+        "gpt-oss-mxfp4.gguf",
+        "gpt-oss.gguf",
+        "qwen2moe.gguf",
+        "glm4moe.gguf",
+        "glm4moe-q8.gguf",
+    ] {
         let source = crate::fixtures::path("arch-llamacpp")
             .join(file)
             .to_string_lossy()

@@ -161,6 +161,50 @@ fn offloaded_layers_get_tier_decisions_from_the_configured_rates() {
     );
 }
 
+/// GLM-4.5 (the llama.cpp-checked Q8_0 fixture): its first layer is dense, so the experts'
+/// tier report comes from the first layer with experts, and counts the routed experts only
+/// (8 in each of the 2 MoE layers; the shared expert stays with its layer).
+#[test]
+fn a_moe_model_with_a_dense_first_layer_reports_its_expert_units() {
+    let path = crate::fixtures::path("arch-llamacpp").join("glm4moe-q8.gguf");
+    let mut flags = vec![
+        "--offload",
+        "sequential",
+        "--max-batch",
+        "8",
+        "--max-context",
+        "64",
+    ];
+    flags.extend(RATES);
+    let (doc, _) = plan(&path, &flags);
+    let layers = doc["models"][0]["plan"]["experts"]["layers"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let host: Vec<u64> = layers
+        .iter()
+        .map(|l| l["host_experts"].as_u64().unwrap())
+        .collect();
+    assert_eq!(host, [0, 8, 8], "{doc}");
+    let tiers = &doc["models"][0]["tiers"];
+    let units = tiers["units"].as_array().unwrap();
+    assert_eq!(units.len(), 1, "{tiers}");
+    assert_eq!(units[0]["kind"], "expert");
+    assert_eq!(units[0]["count"], 16);
+    // A batch of 8 rows, top 2 of 8 experts: 2 rows on each.
+    assert_eq!(units[0]["rows_at_max_batch"], 2);
+    check_decisions(tiers);
+    let text = plan_text(&path, &flags);
+    assert!(
+        text.contains("\n  layer 0       dense (no experts)\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\n  layers 1-2    experts 0 of 8 on the device, 8 on the host ("),
+        "{text}"
+    );
+}
+
 #[test]
 fn a_moe_model_has_expert_units_and_a_forced_tier_decides_all() {
     let dir = tempfile::tempdir().unwrap();

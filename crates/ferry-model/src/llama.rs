@@ -1,9 +1,9 @@
 //! The Llama family's decoder layer (Llama, Qwen2, Mistral, Mixtral, and the MoE families on
-//! the same layout: Qwen2-MoE, gpt-oss): pre-norm, `x + attn(rms(x))`, then
+//! the same layout: Qwen2-MoE, gpt-oss, GLM-4.5): pre-norm, `x + attn(rms(x))`, then
 //! `x + mlp(rms(x))`, with grouped-query attention under RoPE (q/k/v/o biases when the
 //! checkpoint has them, Mistral's sliding window through the step's mask, gpt-oss's
-//! alternating windows and attention sinks) and a SwiGLU MLP or a mixture of experts
-//! ([`moe`]).
+//! alternating windows and attention sinks, GLM-4.5's optional q/k norms and partial RoPE)
+//! and a SwiGLU MLP or a mixture of experts ([`moe`]; GLM-4.5's leading layers are dense).
 //!
 //! Reference: HF transformers' `modeling_llama.py` / `modeling_qwen2.py` /
 //! `modeling_mistral.py`, cross-checked in `tests/suite/arch_crosscheck.rs` against
@@ -18,7 +18,7 @@ use super::decoder::attention;
 use super::decoder::block::{head_norm, projections, rms_norm, BatchRows, Block, LayerDims};
 use super::error::Result;
 use super::moe;
-use super::spec::{ModelSpec, MoeSpec};
+use super::spec::{Architecture, ModelSpec, MoeSpec};
 use super::tensors::Part;
 use super::weights::LayerWeights;
 
@@ -36,16 +36,18 @@ pub struct LlamaBlock {
 }
 
 impl LlamaBlock {
-    /// Layer `index` of a model with `spec`'s head layout and norm epsilon.
+    /// Layer `index` of a model with `spec`'s head layout and norm epsilon (q/k norms only
+    /// where GLM-4.5's file has them).
     pub fn new(spec: &ModelSpec, index: usize) -> Self {
-        Self::with_qk_norm(spec, index, false)
+        let qk_norm = spec.architecture == Architecture::Glm4Moe && spec.qk_norm;
+        Self::with_qk_norm(spec, index, qk_norm)
     }
 
     /// [`LlamaBlock::new`], with an RMSNorm over each query and key head when `qk_norm`.
     pub fn with_qk_norm(spec: &ModelSpec, index: usize, qk_norm: bool) -> Self {
         Self {
             layer: LayerDims::of(spec, index),
-            moe: spec.moe,
+            moe: spec.moe_at(index),
             qk_norm,
             sinks: OnceLock::new(),
         }

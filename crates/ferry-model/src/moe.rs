@@ -1,13 +1,16 @@
-//! The mixture-of-experts MLP (Qwen3-MoE, Mixtral, Qwen2-MoE, gpt-oss): a router scores
-//! every expert for each row, the top-k experts run their gated MLP on that row, and their
-//! outputs are summed weighted by the routing weights. The families differ in how the weights
-//! come from the router's logits ([`Gating`]: a softmax over all experts, renormalised over the
-//! top k when the model says so, or gpt-oss's softmax over the chosen k logits), in the
-//! experts' activation ([`ExpertActivation`]: SwiGLU or gpt-oss's clamped one), in biases
-//! (gpt-oss: the router's and each expert's, kept as stacked layer parts) and in a shared
-//! expert (Qwen2-MoE): a SwiGLU every row runs, scaled by `sigmoid(h . w)` and added to the
-//! routed sum. The shared expert is part of the layer (the offload engine keeps it with the
-//! layer's other tensors); only the routed experts are units.
+//! The mixture-of-experts MLP (Qwen3-MoE, Mixtral, Qwen2-MoE, gpt-oss, GLM-4.5): a router
+//! scores every expert for each row, the top-k experts run their gated MLP on that row, and
+//! their outputs are summed weighted by the routing weights. The families differ in how the
+//! weights come from the router's logits ([`Gating`]: a softmax over all experts, gpt-oss's
+//! softmax over the chosen k logits, or GLM-4.5's sigmoid per expert; renormalised over the
+//! top k and scaled when the model says so), in how the top k are chosen (GLM-4.5's
+//! correction bias, added to the scores that choose and not to the weights; DeepSeek-V3's
+//! expert groups, [`route`] takes them already), in the experts' activation
+//! ([`ExpertActivation`]: SwiGLU or gpt-oss's clamped one), in biases (gpt-oss: the router's
+//! and each expert's, kept as stacked layer parts) and in a shared expert (Qwen2-MoE,
+//! GLM-4.5): a SwiGLU every row runs, added to the routed sum (Qwen2-MoE's scaled by
+//! `sigmoid(h . w)` first). The shared expert is part of the layer (the offload engine keeps
+//! it with the layer's other tensors); only the routed experts are units.
 //!
 //! Each expert's gate/up/down is its own unit in [`LayerWeights`] (one table record each, a
 //! slice of GGUF's stacked tensors), so the offload engine can place experts one by one; the
@@ -18,13 +21,13 @@
 //! cross-checked in `tests/suite/arch_families.rs` against candle-transformers' `qwen3_moe`,
 //! `mixtral`, `quantized_qwen3_moe` and `quantized_llama`; Qwen2-MoE and gpt-oss against
 //! llama.cpp (`tests/suite/arch_llamacpp.rs`), whose `build_moe_ffn` fixes the order of the
-//! steps (gpt-oss's alpha 1.702 and limit 7.0 are llama.cpp's constants too).
+//! steps (gpt-oss's alpha 1.702 and limit 7.0 are llama.cpp's constants too); GLM-4.5 too.
 
 use candle_core::{DType, Tensor};
 
 use super::decoder::block::projections;
 use super::error::{ModelError, Result};
-use super::spec::{ExpertActivation, Gating, MoeSpec};
+use super::spec::{ExpertActivation, ExpertGroups, Gating, MoeSpec};
 use super::tensors::Part;
 use super::weights::LayerWeights;
 
@@ -52,12 +55,51 @@ fn softmax(xs: &[f32]) -> Vec<f32> {
     exps.into_iter().map(|e| e / sum).collect()
 }
 
+/// `1 / (1 + e^-x)`.
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// The indices of `xs`, highest value first (ties: lower index first).
+fn ranked(xs: &[f32]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..xs.len()).collect();
+    order.sort_by(|&a, &b| xs[b].total_cmp(&xs[a]).then(a.cmp(&b)));
+    order
+}
+
+/// The `k` experts with the highest `choice` scores (ties: lower index), taken from the best
+/// `groups.used` groups only when the experts are grouped (a group's score: the sum of its two
+/// best).
+fn top_k(choice: &[f32], k: usize, groups: ExpertGroups) -> Vec<usize> {
+    let per_group = (choice.len() / groups.count.max(1)).max(1);
+    let allowed: Vec<bool> = if groups.count > 1 {
+        let group_scores: Vec<f32> = choice
+            .chunks(per_group)
+            .map(|g| ranked(g).iter().take(2).map(|&e| g[e]).sum())
+            .collect();
+        let best = &ranked(&group_scores)[..groups.used.min(group_scores.len())];
+        (0..choice.len())
+            .map(|e| best.contains(&(e / per_group)))
+            .collect()
+    } else {
+        vec![true; choice.len()]
+    };
+    ranked(choice)
+        .into_iter()
+        .filter(|&e| allowed[e])
+        .take(k)
+        .collect()
+}
+
 /// Routes rows whose router logits are `logits` (`[rows][n_experts]`, biases added): each
-/// row's `moe.n_used` highest-scoring experts (ties: lower index). With [`Gating::Softmax`] the
-/// score and the weight are the softmax probability over all experts, renormalised over the
-/// chosen ones when `moe.norm_topk`; with [`Gating::SoftmaxOfTopK`] the score is the logit
-/// and the weights a softmax over the chosen logits.
-pub fn route(logits: &[Vec<f32>], moe: MoeSpec) -> Routing {
+/// row's `moe.n_used` highest-scoring experts (ties: lower index; within the best groups when
+/// `moe.groups` has several). With [`Gating::Softmax`] the score and the weight are the
+/// softmax probability over all experts; with [`Gating::SoftmaxOfTopK`] the score is the logit
+/// and the weights a softmax over the chosen logits; with [`Gating::Sigmoid`] both are each
+/// logit's sigmoid. `selection_bias` (one per expert) is added to the scores that choose, never
+/// to the weights. The weights are then renormalised over the chosen ones when
+/// `moe.norm_topk`, and multiplied by `moe.weights_scale`.
+pub fn route(logits: &[Vec<f32>], moe: MoeSpec, selection_bias: Option<&[f32]>) -> Routing {
     let mut routing = Routing {
         rows: vec![Vec::new(); moe.n_experts],
         weights: vec![Vec::new(); moe.n_experts],
@@ -66,17 +108,23 @@ pub fn route(logits: &[Vec<f32>], moe: MoeSpec) -> Routing {
         let scores = match moe.gating {
             Gating::Softmax => softmax(l),
             Gating::SoftmaxOfTopK => l.clone(),
+            Gating::Sigmoid => l.iter().map(|&x| sigmoid(x)).collect(),
         };
-        let mut order: Vec<usize> = (0..scores.len()).collect();
-        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-        let top = &order[..moe.n_used.min(order.len())];
+        let choice: Vec<f32> = match selection_bias {
+            Some(bias) => scores.iter().zip(bias).map(|(s, b)| s + b).collect(),
+            None => scores.clone(),
+        };
+        let top = top_k(&choice, moe.n_used, moe.groups);
         let mut weights: Vec<f32> = match moe.gating {
-            Gating::Softmax => top.iter().map(|&e| scores[e]).collect(),
+            Gating::Softmax | Gating::Sigmoid => top.iter().map(|&e| scores[e]).collect(),
             Gating::SoftmaxOfTopK => softmax(&top.iter().map(|&e| scores[e]).collect::<Vec<_>>()),
         };
         if moe.norm_topk {
             let sum: f32 = weights.iter().sum();
             weights.iter_mut().for_each(|w| *w /= sum);
+        }
+        if moe.weights_scale != 1.0 {
+            weights.iter_mut().for_each(|w| *w *= moe.weights_scale);
         }
         for (&e, w) in top.iter().zip(weights) {
             routing.rows[e].push(row as u32);
@@ -101,7 +149,15 @@ fn route_rows(
             moe.n_experts
         )));
     }
-    let routing = route(&logits.to_vec2::<f32>()?, moe);
+    let selection_bias = match moe.selection_bias {
+        true => Some(
+            w.vector(Part::ExpProbsBias)?
+                .to_dtype(DType::F32)?
+                .to_vec1::<f32>()?,
+        ),
+        false => None,
+    };
+    let routing = route(&logits.to_vec2::<f32>()?, moe, selection_bias.as_deref());
     let wanted: Vec<usize> = (0..moe.n_experts)
         .filter(|&e| !routing.rows[e].is_empty())
         .collect();
@@ -150,7 +206,7 @@ pub fn forward(h: &Tensor, w: &LayerWeights, moe: MoeSpec) -> Result<Tensor> {
         out = out.index_add(&idx, &y, 0)?;
     }
     if moe.shared_ff.is_some() {
-        out = (out + shared_expert(&x, w)?)?;
+        out = (out + shared_expert(&x, w, moe.shared_gate)?)?;
     }
     Ok(out.reshape(dims)?)
 }
@@ -190,12 +246,15 @@ fn activate(g: &Tensor, u: &Tensor, activation: ExpertActivation) -> Result<Tens
 }
 
 /// The shared expert of layer `w` on rows `x` (`[rows, hidden]`): its SwiGLU, scaled per row
-/// by `sigmoid(x . gate_inp)`.
-fn shared_expert(x: &Tensor, w: &LayerWeights) -> Result<Tensor> {
+/// by `sigmoid(x . gate_inp)` when `gated`.
+fn shared_expert(x: &Tensor, w: &LayerWeights, gated: bool) -> Result<Tensor> {
     let [g, u] = projections(&[w.linear(Part::ShexpGate)?, w.linear(Part::ShexpUp)?], x)?;
     let y = w
         .linear(Part::ShexpDown)?
         .forward(&(candle_nn::ops::silu(&g)? * u)?)?;
+    if !gated {
+        return Ok(y);
+    }
     let gate_inp = w.vector(Part::ShexpGateInp)?.to_dtype(x.dtype())?;
     let gate = x.broadcast_mul(&gate_inp)?.sum_keepdim(1)?;
     Ok(y.broadcast_mul(&candle_nn::ops::sigmoid(&gate)?)?)
@@ -224,9 +283,7 @@ mod tests {
             n_used: 2,
             expert_ff: 1,
             norm_topk: true,
-            gating: Gating::Softmax,
-            activation: ExpertActivation::Swiglu,
-            shared_ff: None,
+            ..MoeSpec::plain()
         };
         // Logits whose softmax is [0.1, 0.4, 0.2, 0.3] and a uniform row.
         let probs = [vec![0.1f32, 0.4, 0.2, 0.3], vec![0.25, 0.25, 0.25, 0.25]];
@@ -234,7 +291,7 @@ mod tests {
             .iter()
             .map(|p| p.iter().map(|x| x.ln()).collect())
             .collect();
-        let r = route(&logits, moe);
+        let r = route(&logits, moe, None);
         assert_eq!(r.rows, vec![vec![1], vec![0, 1], vec![], vec![0]]);
         assert!((r.weights[1][0] - 0.4 / 0.7).abs() < 1e-6);
         assert!((r.weights[3][0] - 0.3 / 0.7).abs() < 1e-6);
@@ -245,6 +302,7 @@ mod tests {
                 norm_topk: false,
                 ..moe
             },
+            None,
         );
         assert!((raw.weights[1][0] - 0.4).abs() < 1e-6);
         assert!((raw.weights[1][1] - 0.25).abs() < 1e-6);
@@ -259,14 +317,66 @@ mod tests {
             norm_topk: false,
             gating: Gating::SoftmaxOfTopK,
             activation: ExpertActivation::ClampedSwiglu,
-            shared_ff: None,
+            ..MoeSpec::plain()
         };
         // Top two logits 3 and 1: weights softmax([3, 1]), whatever the others are.
-        let r = route(&[vec![1.0, -5.0, 3.0, 0.5]], moe);
+        let r = route(&[vec![1.0, -5.0, 3.0, 0.5]], moe, None);
         assert_eq!(r.rows, vec![vec![0], vec![], vec![0], vec![]]);
         let e = (2f32).exp();
         assert!((r.weights[2][0] - e / (1.0 + e)).abs() < 1e-6);
         assert!((r.weights[0][0] - 1.0 / (1.0 + e)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn sigmoid_routing_chooses_with_the_bias_and_weighs_without_it() {
+        let moe = MoeSpec {
+            n_experts: 4,
+            n_used: 2,
+            expert_ff: 1,
+            norm_topk: true,
+            gating: Gating::Sigmoid,
+            selection_bias: true,
+            weights_scale: 2.5,
+            ..MoeSpec::plain()
+        };
+        let logits = [vec![2.0f32, 1.0, 0.0, -1.0]];
+        // Without the bias experts 0 and 1 win; the bias lifts 3 past 1.
+        let bias = [0.0f32, 0.0, 0.0, 0.9];
+        let r = route(&logits, moe, Some(&bias));
+        assert_eq!(r.rows, vec![vec![0], vec![], vec![], vec![0]]);
+        let (s0, s3) = (sigmoid(2.0), sigmoid(-1.0));
+        assert!((r.weights[0][0] - 2.5 * s0 / (s0 + s3)).abs() < 1e-6);
+        assert!((r.weights[3][0] - 2.5 * s3 / (s0 + s3)).abs() < 1e-6);
+        let plain = route(&logits, moe, None);
+        assert_eq!(plain.rows, vec![vec![0], vec![0], vec![], vec![]]);
+    }
+
+    #[test]
+    fn grouped_selection_keeps_to_the_best_groups() {
+        let moe = MoeSpec {
+            n_experts: 6,
+            n_used: 2,
+            expert_ff: 1,
+            gating: Gating::Sigmoid,
+            groups: ExpertGroups { count: 3, used: 1 },
+            ..MoeSpec::plain()
+        };
+        // Groups {0,1}, {2,3}, {4,5}: the best single expert (0) is in a group whose two best
+        // sum lowest, so the top two come from the group {4, 5}.
+        let logits = [vec![3.0f32, -3.0, 0.5, 0.4, 1.0, 0.9]];
+        let r = route(&logits, moe, None);
+        let chosen: Vec<usize> = (0..6).filter(|&e| !r.rows[e].is_empty()).collect();
+        assert_eq!(chosen, vec![4, 5]);
+        let ungrouped = route(
+            &logits,
+            MoeSpec {
+                groups: ExpertGroups::NONE,
+                ..moe
+            },
+            None,
+        );
+        let chosen: Vec<usize> = (0..6).filter(|&e| !ungrouped.rows[e].is_empty()).collect();
+        assert_eq!(chosen, vec![0, 4]);
     }
 
     #[test]

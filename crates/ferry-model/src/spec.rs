@@ -1,7 +1,7 @@
 //! [`ModelSpec`]: the architecture and dimensions of a decoder model (the Llama family, Qwen3,
-//! Qwen3-MoE, Mixtral, Gemma 2/3, Phi-3, and from GGUF only gpt-oss and Qwen2-MoE), read either
-//! from a Hugging Face `config.json` or from GGUF metadata (keys prefixed by
-//! `general.architecture`).
+//! Qwen3-MoE, Mixtral, Gemma 2/3, Phi-3, and from GGUF only gpt-oss, Qwen2-MoE and GLM-4.5's
+//! `glm4moe`), read either from a Hugging Face `config.json` or from GGUF metadata (keys
+//! prefixed by `general.architecture`).
 //!
 //! The spec is everything the blocks need besides weights: head layout, RoPE parameters (and
 //! their scalings, Gemma 3's local base), the attention windows per layer, soft-caps, norm
@@ -18,8 +18,8 @@ use super::header::GgufHeader;
 use super::tensors::{FixedPart, Format, Part};
 
 /// The model families ferry implements. The Llama family (Llama, Qwen2, Mistral, and the MoE
-/// families Mixtral, Qwen2-MoE and gpt-oss) shares one block; Qwen3, Gemma 2/3 and Phi-3 have
-/// blocks of their own (`super::decoder::block`).
+/// families Mixtral, Qwen2-MoE, gpt-oss and GLM-4.5) shares one block; Qwen3, Gemma 2/3 and
+/// Phi-3 have blocks of their own (`super::decoder::block`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     /// Llama 1/2/3, SmolLM, TinyLlama and other `LlamaForCausalLM` checkpoints.
@@ -52,11 +52,16 @@ pub enum Architecture {
     /// Qwen2-MoE (Qwen1.5-MoE): Qwen2's attention, routed SwiGLU experts (top-k of a softmax,
     /// not renormalised) plus a shared expert scaled by a sigmoid gate. GGUF only.
     Qwen2Moe,
+    /// GLM-4.5 / 4.6 / 4.7 (`glm4moe`): biased q/k/v, optional q/k norms, RoPE on part of each
+    /// head, leading dense layers, then routed experts scored by a sigmoid, chosen with a
+    /// correction bias, their weights normalised and scaled, plus an ungated shared expert;
+    /// trailing multi-token-prediction blocks are not run. GGUF only.
+    Glm4Moe,
 }
 
 impl Architecture {
     /// Every family.
-    pub const ALL: [Architecture; 11] = [
+    pub const ALL: [Architecture; 12] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Mistral,
@@ -68,6 +73,7 @@ impl Architecture {
         Architecture::Mixtral,
         Architecture::GptOss,
         Architecture::Qwen2Moe,
+        Architecture::Glm4Moe,
     ];
 
     /// The lowercase name used by HF `model_type` and GGUF `general.architecture`.
@@ -84,6 +90,7 @@ impl Architecture {
             Architecture::Mixtral => "mixtral",
             Architecture::GptOss => "gpt-oss",
             Architecture::Qwen2Moe => "qwen2moe",
+            Architecture::Glm4Moe => "glm4moe",
         }
     }
 
@@ -91,8 +98,9 @@ impl Architecture {
         let name = match name {
             // Gemma 3's text-only checkpoints (1B) say `gemma3_text`.
             "gemma3_text" => "gemma3",
-            // transformers' name; llama.cpp's is `qwen3moe`.
+            // transformers' names; llama.cpp's are `qwen3moe` and `glm4moe`.
             "qwen3_moe" => "qwen3moe",
+            "glm4_moe" => "glm4moe",
             other => other,
         };
         Self::ALL
@@ -110,7 +118,10 @@ impl Architecture {
     /// Families ferry reads from GGUF files only (their Hugging Face layouts differ: gpt-oss
     /// fuses gate/up and stores MXFP4 as blocks and scales).
     pub fn gguf_only(self) -> bool {
-        matches!(self, Architecture::GptOss | Architecture::Qwen2Moe)
+        matches!(
+            self,
+            Architecture::GptOss | Architecture::Qwen2Moe | Architecture::Glm4Moe
+        )
     }
 
     /// Gemma 2 and 3.
@@ -130,7 +141,7 @@ impl Architecture {
 }
 
 /// The routed experts of a mixture-of-experts model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MoeSpec {
     /// Experts per layer.
     pub n_experts: usize,
@@ -145,8 +156,38 @@ pub struct MoeSpec {
     pub gating: Gating,
     /// The experts' gated activation.
     pub activation: ExpertActivation,
-    /// Width of the shared expert every row runs (Qwen2-MoE), if the layer has one.
+    /// Width of the shared expert every row runs (Qwen2-MoE, GLM-4.5), if the layer has one.
     pub shared_ff: Option<usize>,
+    /// The shared expert's output is scaled by `sigmoid(h . w)` (Qwen2-MoE); otherwise it is
+    /// added as it is (GLM-4.5).
+    pub shared_gate: bool,
+    /// A per-expert correction bias (GGUF `exp_probs_b`) is added to the scores that choose
+    /// the experts, not to their weights (GLM-4.5, DeepSeek-V3).
+    pub selection_bias: bool,
+    /// The chosen experts' weights are multiplied by this after any renormalisation
+    /// (`expert_weights_scale`, transformers' `routed_scaling_factor`; 1 for most families).
+    pub weights_scale: f32,
+    /// Group-limited selection (DeepSeek-V3): the experts are split into `count` equal groups,
+    /// each group scored by the sum of its two best selection scores, and the top k are chosen
+    /// from the best `used` groups only. `count` 1: no groups.
+    pub groups: ExpertGroups,
+    /// The first this many decoder layers have a dense MLP instead (GLM-4.5's
+    /// `leading_dense_block_count`).
+    pub dense_lead: usize,
+}
+
+/// How a router's experts are grouped for selection ([`MoeSpec::groups`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertGroups {
+    /// Groups of experts (1: selection over all experts at once).
+    pub count: usize,
+    /// Groups the top k are chosen from.
+    pub used: usize,
+}
+
+impl ExpertGroups {
+    /// One group holding every expert.
+    pub const NONE: ExpertGroups = ExpertGroups { count: 1, used: 1 };
 }
 
 /// How a MoE router's logits choose experts and weigh them.
@@ -157,6 +198,9 @@ pub enum Gating {
     Softmax,
     /// The top k by logit, weighted by a softmax over the k chosen logits (gpt-oss).
     SoftmaxOfTopK,
+    /// Each expert scored on its own by `sigmoid(logit)`; the top k by score (plus any
+    /// selection bias), weighted by their scores (GLM-4.5, DeepSeek-V3).
+    Sigmoid,
 }
 
 /// The activation of a routed expert.
@@ -170,6 +214,25 @@ pub enum ExpertActivation {
 }
 
 impl MoeSpec {
+    /// Softmax routing to SwiGLU experts with nothing else (no shared expert, bias, scale,
+    /// groups or dense layers), not renormalised; its sizes zero, to be set.
+    pub const fn plain() -> Self {
+        Self {
+            n_experts: 0,
+            n_used: 0,
+            expert_ff: 0,
+            norm_topk: false,
+            gating: Gating::Softmax,
+            activation: ExpertActivation::Swiglu,
+            shared_ff: None,
+            shared_gate: false,
+            selection_bias: false,
+            weights_scale: 1.0,
+            groups: ExpertGroups::NONE,
+            dense_lead: 0,
+        }
+    }
+
     fn checked(self) -> Result<Self> {
         if self.n_experts == 0 || self.n_used == 0 || self.n_used > self.n_experts {
             return Err(ModelError::Config(format!(
@@ -179,6 +242,24 @@ impl MoeSpec {
         }
         if self.expert_ff == 0 || self.shared_ff == Some(0) {
             return Err(ModelError::Config("expert width must be positive".into()));
+        }
+        let g = self.groups;
+        if g.count == 0
+            || g.used == 0
+            || g.used > g.count
+            || !self.n_experts.is_multiple_of(g.count)
+            || g.used * (self.n_experts / g.count) < self.n_used
+        {
+            return Err(ModelError::Config(format!(
+                "{} experts in {} groups, {} groups used, {} experts per token",
+                self.n_experts, g.count, g.used, self.n_used
+            )));
+        }
+        if !self.weights_scale.is_finite() || self.weights_scale <= 0.0 {
+            return Err(ModelError::Config(format!(
+                "expert weights scale {}",
+                self.weights_scale
+            )));
         }
         Ok(self)
     }
@@ -241,14 +322,21 @@ pub struct ModelSpec {
     pub hidden_size: usize,
     /// Width of the SwiGLU MLP.
     pub intermediate_size: usize,
-    /// Number of decoder layers.
+    /// Number of decoder layers that run.
     pub n_layers: usize,
+    /// Blocks after the `n_layers` in the file that are never run: GLM-4.5's
+    /// multi-token-prediction layers (`nextn_predict_layers`), which llama.cpp loads but skips.
+    /// Their tensors are neither loaded nor counted.
+    pub unrun_layers: usize,
     /// Query heads.
     pub n_heads: usize,
     /// Key/value heads (grouped-query attention when fewer than `n_heads`).
     pub n_kv_heads: usize,
     /// Width of one head.
     pub head_dim: usize,
+    /// Dimensions of each query and key head that RoPE rotates (the first ones; the rest pass
+    /// through): `head_dim` unless the model rotates part of each head (GLM-4.5's half).
+    pub rope_dim: usize,
     /// Vocabulary size (rows of the embedding).
     pub vocab_size: usize,
     /// Longest supported sequence (`max_position_embeddings` or GGUF `<arch>.context_length`).
@@ -288,7 +376,8 @@ pub struct ModelSpec {
     pub attn_sinks: bool,
     /// Per-head RMSNorms of queries and keys before RoPE (Qwen3, Gemma 3).
     pub qk_norm: bool,
-    /// Routed experts instead of one MLP (Qwen3-MoE, Mixtral).
+    /// Routed experts instead of one MLP (Qwen3-MoE, Mixtral), in every layer from
+    /// [`MoeSpec::dense_lead`] on ([`ModelSpec::moe_at`]).
     pub moe: Option<MoeSpec>,
     /// The MLP's activation.
     pub activation: Activation,
@@ -335,21 +424,26 @@ impl ModelSpec {
                     },
                     // llama.cpp: Mixtral always, Qwen3-MoE by `expert_weights_norm` (its
                     // converter writes true for norm_topk_prob models; default true),
-                    // Qwen2-MoE and gpt-oss never.
+                    // GLM-4.5 by the same key (default false), Qwen2-MoE and gpt-oss never.
                     norm_topk: match architecture {
                         Architecture::Mixtral => true,
                         Architecture::Qwen2Moe | Architecture::GptOss => false,
+                        Architecture::Glm4Moe => {
+                            md.opt_bool(&key("expert_weights_norm"))?.unwrap_or(false)
+                        }
                         _ => md.opt_bool(&key("expert_weights_norm"))?.unwrap_or(true),
                     },
                     gating: match architecture {
                         Architecture::GptOss => Gating::SoftmaxOfTopK,
+                        Architecture::Glm4Moe => glm_gating(&md, &key("expert_gating_func"))?,
                         _ => Gating::Softmax,
                     },
                     activation: match architecture {
                         Architecture::GptOss => ExpertActivation::ClampedSwiglu,
                         _ => ExpertActivation::Swiglu,
                     },
-                    // llama.cpp: the shared expert's width, else the dense FFN's.
+                    // llama.cpp: Qwen2-MoE's shared expert is `expert_shared_feed_forward_length`
+                    // wide, else as the dense FFN; GLM-4.5's `expert_shared_count` experts wide.
                     shared_ff: match architecture {
                         Architecture::Qwen2Moe => Some(
                             match md.opt_usize(&key("expert_shared_feed_forward_length"))? {
@@ -357,7 +451,32 @@ impl ModelSpec {
                                 None => md.usize(&key("feed_forward_length"))?,
                             },
                         ),
+                        Architecture::Glm4Moe => {
+                            match md.opt_usize(&key("expert_shared_count"))?.unwrap_or(0) {
+                                0 => None,
+                                n => Some(n * md.usize(&key("expert_feed_forward_length"))?),
+                            }
+                        }
                         _ => None,
+                    },
+                    shared_gate: architecture == Architecture::Qwen2Moe,
+                    selection_bias: architecture == Architecture::Glm4Moe,
+                    // llama.cpp scales by `expert_weights_scale` where it is set (GLM-4.5's
+                    // converter always writes it); absent or 0 is no scaling.
+                    weights_scale: match architecture {
+                        Architecture::Glm4Moe => md
+                            .opt_f64(&key("expert_weights_scale"))?
+                            .filter(|s| *s != 0.0)
+                            .unwrap_or(1.0) as f32,
+                        _ => 1.0,
+                    },
+                    // llama.cpp reads expert groups for DeepSeek-V2/V3 only.
+                    groups: ExpertGroups::NONE,
+                    dense_lead: match architecture {
+                        Architecture::Glm4Moe => md
+                            .opt_usize(&key("leading_dense_block_count"))?
+                            .unwrap_or(0),
+                        _ => 0,
                     },
                 }
                 .checked()?,
@@ -373,12 +492,22 @@ impl ModelSpec {
             Some(d) => d,
             None => div_exact(hidden_size, n_heads, "embedding_length / head_count")?,
         };
-        if let Some(rope_dim) = md.opt_usize(&key("rope.dimension_count"))? {
-            if rope_dim != head_dim {
-                return Err(ModelError::Unsupported(format!(
-                    "partial rotary embedding ({rope_dim} of {head_dim} head dims)"
-                )));
-            }
+        let rope_dim = md
+            .opt_usize(&key("rope.dimension_count"))?
+            .unwrap_or(head_dim);
+        if rope_dim != head_dim && architecture != Architecture::Glm4Moe {
+            return Err(ModelError::Unsupported(format!(
+                "partial rotary embedding ({rope_dim} of {head_dim} head dims) in `{arch_name}`"
+            )));
+        }
+        if architecture == Architecture::Glm4Moe
+            && md
+                .opt_usize_array(&key("rope.dimension_sections"))?
+                .is_some_and(|s| s.iter().any(|&n| n != 0))
+        {
+            return Err(ModelError::Unsupported(
+                "multi-section RoPE (rope.dimension_sections, GLM's vision models)".into(),
+            ));
         }
         let scaling_type = md.opt_string(&key("rope.scaling.type"))?;
         let rope_yarn = match scaling_type.as_deref() {
@@ -441,7 +570,18 @@ impl ModelSpec {
         let attention_bias = header
             .tensor(&Format::Gguf.layer_tensor_name(architecture, 0, Part::QBias))
             .is_some();
-        let n_layers = md.usize(&key("block_count"))?;
+        let blocks = md.usize(&key("block_count"))?;
+        // llama.cpp runs the blocks before GLM-4.5's multi-token-prediction ones.
+        let unrun_layers = match architecture {
+            Architecture::Glm4Moe => md.opt_usize(&key("nextn_predict_layers"))?.unwrap_or(0),
+            _ => 0,
+        };
+        if unrun_layers >= blocks {
+            return Err(ModelError::Config(format!(
+                "{unrun_layers} of {blocks} blocks are multi-token-prediction layers"
+            )));
+        }
+        let n_layers = blocks - unrun_layers;
         let gemma = architecture.is_gemma();
         // llama.cpp scales Gemma's queries by 1/sqrt(head_dim), except in the 27B models
         // (46 layers for Gemma 2, 62 for Gemma 3), whose query_pre_attn_scalar is
@@ -466,9 +606,11 @@ impl ModelSpec {
                 (None, None) => md.usize(&key("feed_forward_length"))?,
             },
             n_layers,
+            unrun_layers,
             n_heads,
             n_kv_heads,
             head_dim,
+            rope_dim,
             vocab_size,
             max_context: md.usize(&key("context_length"))?,
             rms_norm_eps: md.f64(&key("attention.layer_norm_rms_epsilon"))?,
@@ -498,10 +640,14 @@ impl ModelSpec {
                 .map(|f| f as f32),
             rope_yarn,
             attn_sinks: architecture == Architecture::GptOss,
-            qk_norm: matches!(
-                architecture,
-                Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
-            ),
+            // GLM-4.5 has q/k norms, GLM-4.5-Air none: the file says.
+            qk_norm: match architecture {
+                Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3 => true,
+                Architecture::Glm4Moe => header
+                    .tensor(&Format::Gguf.layer_tensor_name(architecture, 0, Part::QNorm))
+                    .is_some(),
+                _ => false,
+            },
             moe,
             activation: if gemma {
                 Activation::GeluTanh
@@ -628,6 +774,8 @@ impl ModelSpec {
             rope_attn_factor: rope.attn_factor,
             rope_yarn: None,
             attn_sinks: false,
+            unrun_layers: 0,
+            rope_dim: head_dim,
             qk_norm: matches!(
                 architecture,
                 Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
@@ -687,6 +835,12 @@ impl ModelSpec {
                 self.head_dim
             )));
         }
+        if self.rope_dim == 0 || !self.rope_dim.is_multiple_of(2) || self.rope_dim > self.head_dim {
+            return Err(ModelError::Config(format!(
+                "RoPE over {} of {} head dims",
+                self.rope_dim, self.head_dim
+            )));
+        }
         if self.sliding_window == Some(0) || self.sliding_window_pattern == Some(0) {
             return Err(ModelError::Config(
                 "sliding_window and its pattern must be positive".into(),
@@ -698,6 +852,12 @@ impl ModelSpec {
             return Err(ModelError::Config("soft-caps must be positive".into()));
         }
         Ok(())
+    }
+
+    /// The experts of decoder layer `index`: none in a dense model or in one of its leading
+    /// dense layers ([`MoeSpec::dense_lead`]).
+    pub fn moe_at(&self, index: usize) -> Option<MoeSpec> {
+        self.moe.filter(|m| index >= m.dense_lead)
     }
 
     /// The attention window of decoder layer `index` (`None`: global attention).
@@ -738,9 +898,7 @@ fn hf_moe(raw: &HfConfig, architecture: Architecture) -> Result<Option<MoeSpec>>
                 n_used: raw.num_experts_per_tok.unwrap_or(0),
                 expert_ff: raw.moe_intermediate_size.unwrap_or(0),
                 norm_topk: raw.norm_topk_prob.unwrap_or(false),
-                gating: Gating::Softmax,
-                activation: ExpertActivation::Swiglu,
-                shared_ff: None,
+                ..MoeSpec::plain()
             }
         }
         Architecture::Mixtral => MoeSpec {
@@ -748,9 +906,7 @@ fn hf_moe(raw: &HfConfig, architecture: Architecture) -> Result<Option<MoeSpec>>
             n_used: raw.num_experts_per_tok.unwrap_or(0),
             expert_ff: raw.intermediate_size,
             norm_topk: true,
-            gating: Gating::Softmax,
-            activation: ExpertActivation::Swiglu,
-            shared_ff: None,
+            ..MoeSpec::plain()
         },
         _ => return Ok(None),
     };
@@ -1031,6 +1187,21 @@ impl GgufMeta<'_> {
         }
     }
 
+    fn opt_usize_array(&self, key: &str) -> Result<Option<Vec<usize>>> {
+        match self.0.get(key) {
+            None => Ok(None),
+            Some(Value::Array(values)) => values
+                .iter()
+                .map(|v| as_u64(v).map(|v| v as usize))
+                .collect::<candle_core::Result<Vec<_>>>()
+                .map(Some)
+                .map_err(|e| Self::bad(key, e)),
+            Some(other) => as_u64(other)
+                .map(|v| Some(vec![v as usize]))
+                .map_err(|e| Self::bad(key, e)),
+        }
+    }
+
     fn f64(&self, key: &str) -> Result<f64> {
         as_f64(self.get(key)?).map_err(|e| Self::bad(key, e))
     }
@@ -1040,6 +1211,18 @@ impl GgufMeta<'_> {
             None => Ok(None),
             Some(v) => as_f64(v).map(Some).map_err(|e| Self::bad(key, e)),
         }
+    }
+}
+
+/// GLM-4.5's gating from `key` (llama.cpp's `expert_gating_func`: 2 sigmoid, GLM's default
+/// when absent or 0; 1 softmax).
+fn glm_gating(md: &GgufMeta, key: &str) -> Result<Gating> {
+    match md.opt_usize(key)?.unwrap_or(0) {
+        0 | 2 => Ok(Gating::Sigmoid),
+        1 => Ok(Gating::Softmax),
+        other => Err(ModelError::Unsupported(format!(
+            "expert gating function {other} (`{key}`)"
+        ))),
     }
 }
 

@@ -120,8 +120,19 @@ pub(crate) fn tiny_spec(arch: Architecture) -> ModelSpec {
             spec.attention_bias = true;
             spec.sliding_window = Some(128);
             spec.sliding_window_pattern = Some(2);
+        } else if arch == Architecture::Glm4Moe {
+            moe.gating = Gating::Sigmoid;
+            moe.norm_topk = true;
+            moe.shared_ff = Some(moe.expert_ff);
+            moe.selection_bias = true;
+            moe.weights_scale = 2.5;
+            moe.dense_lead = 1;
+            spec.attention_bias = true;
+            spec.qk_norm = true;
+            spec.rope_dim = spec.head_dim / 2;
         } else {
             moe.shared_ff = Some(96);
+            moe.shared_gate = true;
             spec.attention_bias = true;
         }
         return spec;
@@ -305,7 +316,7 @@ fn transformers5_rope_parameters_and_qwen3_moe_expert_count() {
 
 #[test]
 fn gguf_only_families_are_refused_from_a_config_json() {
-    for model_type in ["gpt-oss", "qwen2moe"] {
+    for model_type in ["gpt-oss", "qwen2moe", "glm4moe", "glm4_moe"] {
         let json = SMOL_LIKE.replace(
             "\"model_type\": \"llama\"",
             &format!("\"model_type\": \"{model_type}\""),

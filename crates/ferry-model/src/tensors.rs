@@ -118,11 +118,14 @@ pub enum Part {
     ShexpDown,
     /// The shared expert's gate, `[hidden]`: its output is scaled by `sigmoid(h . w)`.
     ShexpGateInp,
+    /// The experts' score correction bias, `[n_experts]` (GLM-4.5, DeepSeek-V3): added to the
+    /// scores that choose the experts only.
+    ExpProbsBias,
 }
 
 /// Every layer part with its GGUF and Hugging Face name suffix (after `<prefix>N.`), as the
 /// Llama family names them; [`NAME_OVERRIDES`] has the families that name a part otherwise.
-const LAYER_NAMES: [(Part, &str, &str); 35] = [
+const LAYER_NAMES: [(Part, &str, &str); 36] = [
     (Part::AttnNorm, "attn_norm.weight", "input_layernorm.weight"),
     (Part::Q, "attn_q.weight", "self_attn.q_proj.weight"),
     (Part::QBias, "attn_q.bias", "self_attn.q_proj.bias"),
@@ -214,6 +217,11 @@ const LAYER_NAMES: [(Part, &str, &str); 35] = [
         "ffn_gate_inp_shexp.weight",
         "mlp.shared_expert_gate.weight",
     ),
+    (
+        Part::ExpProbsBias,
+        "exp_probs_b.bias",
+        "mlp.gate.e_score_correction_bias",
+    ),
 ];
 
 /// Names that differ by family: `(families, part, format, suffix)`. Gemma's Hugging Face
@@ -222,10 +230,10 @@ const LAYER_NAMES: [(Part, &str, &str); 35] = [
 /// (Names shared by two parts, such as llama.cpp's `ffn_up` for both [`Part::Up`] and Phi-3's
 /// fused [`Part::GateUp`], belong to families that never have both.)
 const NAME_OVERRIDES: [(&[Architecture], Part, Format, &str); 6] = [
-    // gpt-oss's MLP pre-norm is its `post_attention_norm` (transformers'
+    // gpt-oss's and GLM-4.5's MLP pre-norm is their `post_attention_norm` (transformers'
     // `post_attention_layernorm`).
     (
-        &[Architecture::GptOss],
+        &[Architecture::GptOss, Architecture::Glm4Moe],
         Part::FfnNorm,
         Format::Gguf,
         "post_attention_norm.weight",
@@ -275,10 +283,10 @@ pub enum Presence {
 
 impl Part {
     /// Every part, in table order (each bias after its weight).
-    pub const ALL: [Part; 35] = {
-        let mut all = [Part::AttnNorm; 35];
+    pub const ALL: [Part; 36] = {
+        let mut all = [Part::AttnNorm; 36];
         let mut i = 0;
-        while i < 35 {
+        while i < 36 {
             all[i] = LAYER_NAMES[i].0;
             i += 1;
         }
@@ -396,19 +404,22 @@ impl Part {
             }
             Part::ShexpDown => vec![h, spec.moe.and_then(|m| m.shared_ff).unwrap_or(0)],
             Part::ShexpGateInp => vec![h],
+            Part::ExpProbsBias => vec![spec.moe.map_or(0, |m| m.n_experts)],
         }
     }
 
-    /// Whether a layer of `spec`'s family has this part: norms and matrices of the family
-    /// always, the q/k/v biases when the spec says the attention has biases; other biases are
-    /// used when present.
-    pub fn presence(self, spec: &ModelSpec) -> Presence {
+    /// Whether decoder layer `index` of `spec`'s family has this part: norms and matrices of
+    /// the family always (a MoE model's leading dense layers their MLP instead of experts),
+    /// the q/k/v biases when the spec says the attention has biases; other biases are used
+    /// when present.
+    pub fn presence(self, spec: &ModelSpec, index: usize) -> Presence {
         use Architecture as A;
         let arch = spec.architecture;
         let fused = arch == A::Phi3;
-        let moe = spec.moe.is_some();
+        let layer_moe = spec.moe_at(index);
+        let moe = layer_moe.is_some();
         let expert_biases = arch == A::GptOss;
-        let shared = spec.moe.is_some_and(|m| m.shared_ff.is_some());
+        let shared = layer_moe.is_some_and(|m| m.shared_ff.is_some());
         let required = |yes: bool| {
             if yes {
                 Presence::Required
@@ -432,9 +443,9 @@ impl Part {
             Part::ExpGateBias | Part::ExpUpBias | Part::ExpDownBias => {
                 required(moe && expert_biases)
             }
-            Part::ShexpGate | Part::ShexpUp | Part::ShexpDown | Part::ShexpGateInp => {
-                required(shared)
-            }
+            Part::ShexpGate | Part::ShexpUp | Part::ShexpDown => required(shared),
+            Part::ShexpGateInp => required(shared && layer_moe.is_some_and(|m| m.shared_gate)),
+            Part::ExpProbsBias => required(layer_moe.is_some_and(|m| m.selection_bias)),
             Part::PostAttnNorm | Part::PostFfnNorm => {
                 required(matches!(arch, A::Gemma2 | A::Gemma3))
             }
@@ -476,7 +487,7 @@ impl FixedPart {
         match self {
             FixedPart::Embedding | FixedPart::Head => vec![spec.vocab_size, spec.hidden_size],
             FixedPart::FinalNorm => vec![spec.hidden_size],
-            FixedPart::RopeFreqs => vec![spec.head_dim / 2],
+            FixedPart::RopeFreqs => vec![spec.rope_dim / 2],
         }
     }
 }
@@ -567,8 +578,9 @@ pub struct TensorTable {
 
 impl TensorTable {
     /// Looks up every tensor `spec` needs through `lookup` (name -> record) and checks shapes;
-    /// `names` lists every tensor in the files, so that layers beyond the spec's count are
-    /// refused rather than silently dropped. A model whose spec does not tie the head but whose
+    /// `names` lists every tensor in the files, so that layers beyond the spec's count (and
+    /// its unrun blocks, [`ModelSpec::unrun_layers`]) are refused rather than silently
+    /// dropped. A model whose spec does not tie the head but whose
     /// file has none gets a tied head (with a warning), as transformers does.
     pub fn build<'n>(
         format: Format,
@@ -578,12 +590,14 @@ impl TensorTable {
     ) -> Result<Self> {
         if let Some(beyond) = names
             .filter_map(|n| format.layer_of(n).map(|i| (i, n)))
-            .filter(|(i, _)| *i >= spec.n_layers)
+            .filter(|(i, _)| *i >= spec.n_layers + spec.unrun_layers)
             .min()
         {
             return Err(ModelError::Config(format!(
                 "tensor `{}` belongs to layer {}, but the model has {} layers",
-                beyond.1, beyond.0, spec.n_layers
+                beyond.1,
+                beyond.0,
+                spec.n_layers + spec.unrun_layers
             )));
         }
         let fixed = |part: FixedPart| -> Result<Option<TensorRecord>> {
@@ -662,7 +676,7 @@ fn layer(
     let mut tensors = Vec::new();
     let arch = spec.architecture;
     for part in Part::ALL {
-        let presence = part.presence(spec);
+        let presence = part.presence(spec, index);
         if presence == Presence::Absent {
             continue;
         }
@@ -676,7 +690,7 @@ fn layer(
             None => {}
         }
     }
-    if let Some(moe) = spec.moe {
+    if let Some(moe) = spec.moe_at(index) {
         tensors.extend(experts(format, spec, index, moe.n_experts, lookup)?);
     }
     Ok(LayerTensors {
@@ -772,7 +786,7 @@ mod tests {
             for format in [Format::Gguf, Format::Safetensors] {
                 let mut names: Vec<&str> = Part::ALL
                     .iter()
-                    .filter(|p| p.presence(&spec) != Presence::Absent)
+                    .filter(|p| p.presence(&spec, 12) != Presence::Absent)
                     .map(|p| p.suffix(format, arch))
                     .collect();
                 let n = names.len();

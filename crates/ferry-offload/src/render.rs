@@ -187,6 +187,11 @@ fn expert_lines(out: &mut String, experts: &ExpertPlan) {
         } else {
             format!("layers {first}-{last}")
         };
+        if n == 0 {
+            // A MoE model's dense layers (GLM-4.5's leading ones).
+            let _ = writeln!(out, "  {label:<14}dense (no experts)");
+            continue;
+        }
         let _ = writeln!(
             out,
             "  {label:<14}experts {device} of {n} on the device, {} on the host ({} each)",

@@ -47,7 +47,8 @@ pub enum Offloaded {
 /// The offloaded unit kinds of a model whose decoder layers `layout` (one of them) describes,
 /// `offloaded` of them on the host, with rows `hidden` wide and `max_batch` sequences per step.
 /// An offloaded MoE layer is one `layer` unit (attention, router and its top-k experts per row)
-/// and `n_experts` `expert` units; offloaded experts are `expert` units only.
+/// and `n_experts` `expert` units; offloaded experts are `expert` units only; a layer without
+/// experts in a MoE model is a dense one.
 pub fn unit_kinds(
     layout: &LayerLayout,
     offloaded: Offloaded,
@@ -55,6 +56,8 @@ pub fn unit_kinds(
     hidden: usize,
     max_batch: usize,
 ) -> Vec<UnitKind> {
+    // A MoE model's dense layers (GLM-4.5's leading ones) are dense units.
+    let moe = moe.filter(|_| layout.entries.iter().any(|e| e.part.is_expert()));
     let host_layers = match offloaded {
         Offloaded::Layers(n) => n,
         Offloaded::Experts(_) => 0,

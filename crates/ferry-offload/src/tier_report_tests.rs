@@ -74,9 +74,7 @@ fn moe() -> MoeSpec {
         n_used: 2,
         expert_ff: 32,
         norm_topk: true,
-        gating: ferry_model::spec::Gating::Softmax,
-        activation: ferry_model::spec::ExpertActivation::Swiglu,
-        shared_ff: None,
+        ..MoeSpec::plain()
     }
 }
 

@@ -88,7 +88,8 @@ pub fn for_layer(spec: &ModelSpec, index: usize) -> Arc<dyn Block> {
         | Architecture::Mistral
         | Architecture::Mixtral
         | Architecture::Qwen2Moe
-        | Architecture::GptOss => Arc::new(LlamaBlock::new(spec, index)),
+        | Architecture::GptOss
+        | Architecture::Glm4Moe => Arc::new(LlamaBlock::new(spec, index)),
         Architecture::Qwen3 | Architecture::Qwen3Moe => Arc::new(qwen3::block(spec, index)),
         Architecture::Gemma2 | Architecture::Gemma3 => Arc::new(GemmaBlock::new(spec, index)),
         Architecture::Phi3 => Arc::new(Phi3Block::new(spec, index)),

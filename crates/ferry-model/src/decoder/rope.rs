@@ -4,7 +4,8 @@
 //! `rope_freqs.weight`),
 //! a second set for sliding-window layers with their own base (Gemma 3), applied
 //! either interleaved (pairs `2i, 2i+1`, GGUF llama layout) or as HF "rotate half" (pairs
-//! `i, i + d/2`).
+//! `i, i + d/2`), to the first `rope_dim` dimensions of each head (GLM-4.5 rotates half of
+//! each head and passes the rest through, as llama.cpp's `n_rot`).
 
 use std::f32::consts::PI;
 use std::sync::{Arc, RwLock};
@@ -58,7 +59,7 @@ impl Rope {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let mut freqs = inverse_frequencies(spec.head_dim, spec.rope_theta);
+        let mut freqs = inverse_frequencies(spec.rope_dim, spec.rope_theta);
         if let Some(scaling) = &spec.rope_scaling {
             freqs = llama3_scale(&freqs, scaling);
         }
@@ -92,7 +93,7 @@ impl Rope {
         match spec.rope_local_theta {
             None => Ok(None),
             Some(theta) => {
-                let freqs = inverse_frequencies(spec.head_dim, theta);
+                let freqs = inverse_frequencies(spec.rope_dim, theta);
                 Self::with_freqs(spec, freqs, spec.rope_attn_factor, dtype, device).map(Some)
             }
         }
@@ -158,14 +159,27 @@ impl Rope {
             .positions
     }
 
-    /// Rotates `x` (`[batch, heads, seq, head_dim]`) whose first token sits at position `pos`.
+    /// Rotates `x` (`[batch, heads, seq, head_dim]`) whose first token sits at position `pos`:
+    /// its first `rope_dim` dimensions, the others (if any) as they are.
     pub fn apply(&self, x: &Tensor, pos: usize) -> Result<Tensor> {
         let (cos, sin) = self.rows(pos, x.dim(2)?)?;
+        let head_dim = x.dim(3)?;
+        let rotated = 2 * self.angles.freqs.len();
+        if rotated < head_dim {
+            let turned = self.rotate(&x.narrow(3, 0, rotated)?, &cos, &sin)?;
+            let kept = x.narrow(3, rotated, head_dim - rotated)?;
+            return Ok(Tensor::cat(&[&turned, &kept], 3)?);
+        }
+        self.rotate(x, &cos, &sin)
+    }
+
+    /// Every dimension of `x` rotated by the tables' rows `cos` and `sin`.
+    fn rotate(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         let x = x.contiguous()?;
         let y = if self.interleaved {
-            candle_nn::rotary_emb::rope_i(&x, &cos, &sin)?
+            candle_nn::rotary_emb::rope_i(&x, cos, sin)?
         } else {
-            candle_nn::rotary_emb::rope(&x, &cos, &sin)?
+            candle_nn::rotary_emb::rope(&x, cos, sin)?
         };
         Ok(y)
     }
@@ -341,6 +355,46 @@ mod tests {
                 "positions past the table are refused"
             );
         }
+    }
+
+    #[test]
+    fn partial_rope_rotates_the_first_dims_as_a_narrower_head_and_keeps_the_rest() {
+        let json = r#"{"model_type":"qwen2","hidden_size":64,"intermediate_size":8,
+            "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":4,
+            "max_position_embeddings":64,"rms_norm_eps":1e-5}"#;
+        let full = ModelSpec::from_hf_config(json).unwrap();
+        let partial = ModelSpec {
+            rope_dim: full.head_dim / 2,
+            ..full.clone()
+        };
+        // The rotated half alone, as a head of that width with the same frequencies.
+        let narrow = ModelSpec {
+            head_dim: partial.rope_dim,
+            rope_dim: partial.rope_dim,
+            ..full.clone()
+        };
+        let x = Tensor::arange(0f32, (2 * 3 * full.head_dim) as f32, &Device::Cpu)
+            .unwrap()
+            .reshape((1, 2, 3, full.head_dim))
+            .unwrap();
+        let rope = |spec: &ModelSpec| Rope::new(spec, None, DType::F32, &Device::Cpu).unwrap();
+        let y = rope(&partial).apply(&x, 5).unwrap();
+        let half = partial.rope_dim;
+        let rotated = rope(&narrow)
+            .apply(&x.narrow(3, 0, half).unwrap(), 5)
+            .unwrap();
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(flat(&y.narrow(3, 0, half).unwrap()), flat(&rotated));
+        let rest = full.head_dim - half;
+        assert_eq!(
+            flat(&y.narrow(3, half, rest).unwrap()),
+            flat(&x.narrow(3, half, rest).unwrap())
+        );
+        assert_ne!(
+            flat(&y),
+            flat(&rope(&full).apply(&x, 5).unwrap()),
+            "a full rotation differs"
+        );
     }
 
     #[test]
