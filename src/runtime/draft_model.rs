@@ -95,6 +95,9 @@ impl Drop for DraftCache {
     }
 }
 
+/// A draft's next token and, when it was drawn, the distribution it was drawn from.
+type Drafted = (u32, Option<Vec<f32>>);
+
 /// One sequence's part of a proposal step.
 struct Proposing<'a> {
     cache: &'a mut DraftCache,
@@ -171,7 +174,7 @@ impl DraftModel {
         let mut out = vec![Proposal::default(); batch.len()];
         let mut proposing: Vec<(usize, Proposing)> = Vec::with_capacity(batch.len());
         for (i, (state, ask)) in batch.iter_mut().enumerate() {
-            let ask: &DraftAsk = *ask;
+            let ask: &DraftAsk = ask;
             let (context, k) = (ask.context, ask.max);
             if k == 0 || context.is_empty() || context.len() > self.max_context {
                 continue;
@@ -196,7 +199,10 @@ impl DraftModel {
                     unfed: &context[same..],
                     k,
                     draws: ask.draws.as_ref(),
-                    proposal: Proposal::default(),
+                    proposal: Proposal {
+                        caught_up: context.len() - same,
+                        ..Proposal::default()
+                    },
                 },
             ));
         }
@@ -274,7 +280,7 @@ impl DraftModel {
 
     /// Records `token` (and the distribution it was drawn from) as `p`'s next proposal;
     /// whether it proposes another after it.
-    fn take(&self, p: &mut Proposing, (token, q): (u32, Option<Vec<f32>>)) -> bool {
+    fn take(&self, p: &mut Proposing, (token, q): Drafted) -> bool {
         if token as usize >= self.target_vocab {
             return false;
         }
@@ -292,7 +298,7 @@ impl DraftModel {
         &mut self,
         inputs: &mut [(&mut DraftCache, &[u32])],
         how: &[Option<(f32, f64)>],
-    ) -> Result<Vec<(u32, Option<Vec<f32>>)>, ModelError> {
+    ) -> Result<Vec<Drafted>, ModelError> {
         let outputs = vec![1; inputs.len()];
         let mut seqs: Vec<SeqInput> = inputs
             .iter_mut()

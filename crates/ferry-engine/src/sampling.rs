@@ -80,7 +80,7 @@ impl Sampler {
             None
         };
         let verified = match drawn {
-            Some((cands, probs, mass)) => {
+            Some(Candidates { cands, probs, mass }) => {
                 let p: Vec<(u32, f64)> = cands
                     .iter()
                     .zip(&probs)
@@ -114,7 +114,7 @@ impl Sampler {
     }
 
     fn draw(&mut self, logits: &mut [f32]) -> u32 {
-        let Some((cands, probs, mass)) = self.candidates(logits) else {
+        let Some(Candidates { cands, probs, mass }) = self.candidates(logits) else {
             return argmax(logits);
         };
         let target = self.rng.random::<f64>() * mass;
@@ -137,7 +137,7 @@ impl Sampler {
     /// What a draw at this temperature comes from: the candidates left by top-k and top-p,
     /// their weights (0 where min-p drops them) and the weights' sum; `None` when no logit is
     /// finite (the argmax then). Scales `logits` by the temperature in place.
-    fn candidates(&self, logits: &mut [f32]) -> Option<(Vec<(u32, f32)>, Vec<f64>, f64)> {
+    fn candidates(&self, logits: &mut [f32]) -> Option<Candidates> {
         let inv_t = 1.0 / self.temperature;
         for l in logits.iter_mut() {
             *l *= inv_t;
@@ -200,8 +200,18 @@ impl Sampler {
             }
         }
         let mass: f64 = probs.iter().sum();
-        Some((cands, probs, mass))
+        Some(Candidates { cands, probs, mass })
     }
+}
+
+/// What a draw comes from ([`Sampler::candidates`]).
+struct Candidates {
+    /// Token ids and their scaled logits, most likely first where sorted.
+    cands: Vec<(u32, f32)>,
+    /// Their weights (0 where min-p drops them).
+    probs: Vec<f64>,
+    /// The weights' sum.
+    mass: f64,
 }
 
 /// Greedy verification: the argmax `token`, accepted when it is the proposal `x`.

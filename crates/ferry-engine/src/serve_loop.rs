@@ -53,7 +53,7 @@ use super::queue::{Job, Work};
 use super::request::FinishReason;
 use super::scheduler::{Schedulable, Scheduler, StepLimits, StepShare};
 use super::speculative::length::{Acceptance, StepCost};
-use super::speculative::{ngram, DraftAsk, Speculation, SpeculationMethod};
+use super::speculative::{ngram, DraftAsk, Speculation, SpeculationMethod, STEADY_CATCH_UP};
 use super::traits::{LanguageModel, TextCodec};
 use super::worker::panic_message;
 use super::EngineError;
@@ -630,7 +630,9 @@ impl Speculating {
                     }
                 };
                 let total: usize = proposals.iter().map(|p| p.tokens.len()).sum();
-                self.cost.observe_draft(started.elapsed(), total);
+                if proposals.iter().all(|p| p.caught_up <= STEADY_CATCH_UP) {
+                    self.cost.observe_draft(started.elapsed(), total);
+                }
                 let speculating = running.iter_mut().zip(&lengths).filter(|(_, &k)| k > 0);
                 for ((active, _), proposal) in speculating.zip(proposals) {
                     active

@@ -93,7 +93,17 @@ pub struct Proposal {
     /// For drawn proposals, the distribution each was drawn from (a probability per token id,
     /// one row per token); empty for greedy ones (point masses).
     pub q: Vec<Vec<f32>>,
+    /// Tokens of the context the draft fed before its first proposal (what it had not seen:
+    /// 1 or 2 when it proposed the step before, the whole prompt the first time).
+    pub caught_up: usize,
 }
+
+/// Most tokens a draft may catch up on in a proposal round whose time counts as the draft's
+/// cost per proposed token ([`length::StepCost::observe_draft`]): after a step that proposed,
+/// a draft feeds its last proposal and the step's new token, or after a rejection the new
+/// token. A longer catch-up (a prompt, or the steps a sequence did not propose) is a one-off,
+/// not what a further proposal costs.
+pub const STEADY_CATCH_UP: usize = 2;
 
 #[cfg(test)]
 mod sampling_tests;

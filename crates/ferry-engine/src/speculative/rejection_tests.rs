@@ -22,7 +22,10 @@ fn p_pairs() -> Vec<(u32, f64)> {
 
 /// Counts of the emitted tokens and the number accepted over [`N`] proposals, each drawn from
 /// [`Q`] and verified by `scheme`, with a fixed seed.
-fn run(scheme: &dyn Fn(&[(u32, f64)], u32, &[f32], f64, f64) -> Verified) -> ([f64; 5], usize) {
+/// A verification scheme: [`verify`]'s arguments and result.
+type Scheme = dyn Fn(&[(u32, f64)], u32, &[f32], f64, f64) -> Verified;
+
+fn run(scheme: &Scheme) -> ([f64; 5], usize) {
     let mut rng = StdRng::seed_from_u64(7);
     let p = p_pairs();
     let mut counts = [0.0; 5];
