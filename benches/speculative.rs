@@ -1,12 +1,18 @@
 //! Decode speed at batch 1 with and without speculative decoding (method `ngram`, prompt
-//! lookup), on the CPU device with every layer streamed over an emulated link
-//! (`--offload sequential --link-bandwidth`), greedy, one run each in one process. The prompt
-//! asks the model to repeat a code block with one change, so proposals copied from the prompt
-//! are often right. Prints a markdown table: decode tokens per second (after the first token),
-//! bytes streamed per step, the link bound (link rate / streamed bytes per token without
-//! speculation), the acceptance rate and the replies' agreement.
+//! lookup, and method `draft`, a draft model), on the CPU device with every layer streamed over
+//! an emulated link (`--offload sequential --link-bandwidth`), greedy, one run each in one
+//! process. The prompt asks the model to repeat a code block with one change, so proposals
+//! copied from the prompt are often right; `--prose` asks for an explanation instead (little to
+//! copy, where a draft model still proposes). Prints a markdown table: decode tokens per second
+//! (after the first token), bytes streamed per step, the link bound (link rate / streamed bytes
+//! per token without speculation), the acceptance rate and the replies' agreement.
 //!
-//! Usage: cargo bench --bench speculative -- [--model PATH] [--link 8GB/s] [--tokens N]
+//! The draft (`--draft`, default the default model, resident) is meant to be a smaller model
+//! with the model's vocabulary: with only the default model at hand, serve it in f32 as the
+//! model (`--dtype f32`: 6.6x the bytes of its Q4_1 file, streamed) and let the Q4_1 file draft.
+//!
+//! Usage: cargo bench --bench speculative -- [--model PATH] [--dtype f32] [--draft PATH]
+//! [--link 8GB/s] [--tokens N] [--prose]
 
 mod common;
 
@@ -16,6 +22,7 @@ use std::time::Instant;
 use candle_core::Device;
 use clap::Parser;
 use common::ModelArgs;
+use ferry::config::settings::DEFAULT_MODEL_SOURCE;
 use ferry::config::values::{Bandwidth, Codec};
 use ferry::config::{
     DeviceChoice, DeviceConfig, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
@@ -43,9 +50,17 @@ struct Options {
     /// Most tokens proposed per step.
     #[arg(long, default_value_t = 6)]
     proposals: usize,
+    /// The draft model of method `draft` (a source; default the default model).
+    #[arg(long, default_value = DEFAULT_MODEL_SOURCE)]
+    draft: String,
+    /// Ask for an explanation (little to copy) instead of an edited copy of the code.
+    #[arg(long)]
+    prose: bool,
 }
 
 const PROMPT: &str = "Repeat the following Python code exactly, but rename the function `mean` to `average`. Reply with the code only.\n\n```python\ndef mean(values):\n    if not values:\n        raise ValueError(\"no values\")\n    total = 0.0\n    for value in values:\n        total += value\n    return total / len(values)\n\n\ndef variance(values):\n    m = mean(values)\n    return sum((v - m) ** 2 for v in values) / len(values)\n```";
+
+const PROSE: &str = "Explain in a few paragraphs how a hash map works, how it handles collisions, and when its lookups stop being constant time.";
 
 /// A rate as the `link_bandwidth` setting takes it (`8GB/s`), in bytes per second.
 fn link_rate(text: &str) -> Result<u64, String> {
@@ -59,6 +74,8 @@ struct Run {
     /// Bytes streamed per generated token (the prompt's step included).
     bytes_per_token: f64,
     acceptance: Option<f64>,
+    /// The draft model's bytes on the device (method `draft`).
+    draft_bytes: Option<u64>,
 }
 
 fn run(options: &Options, method: SpeculativeMethod) -> Result<Run, String> {
@@ -78,6 +95,9 @@ fn run(options: &Options, method: SpeculativeMethod) -> Result<Run, String> {
     };
     config.speculative.method = method;
     config.speculative.tokens = options.proposals;
+    if method == SpeculativeMethod::Draft {
+        config.speculative.draft = Some(options.draft.clone());
+    }
     let device = DeviceConfig {
         kind: DeviceChoice::Cpu,
         link_bandwidth: Some(options.link),
@@ -87,6 +107,10 @@ fn run(options: &Options, method: SpeculativeMethod) -> Result<Run, String> {
     let loaded =
         load_for_serving_on(&config, &device, &Device::Cpu, &hub).map_err(|e| e.to_string())?;
     let accounting = Arc::clone(loaded.runner.store().accounting());
+    let draft_bytes = loaded
+        .runner
+        .draft()
+        .map(|d| d.store().accounting().snapshot().weights);
     let metrics = Metrics::new();
     let engine = EngineHandle::with_options(
         ["bench"],
@@ -101,7 +125,7 @@ fn run(options: &Options, method: SpeculativeMethod) -> Result<Run, String> {
         .map_err(|e| e.to_string())?;
     let messages = [ChatMessage {
         role: "user".into(),
-        content: PROMPT.into(),
+        content: if options.prose { PROSE } else { PROMPT }.into(),
         ..ChatMessage::default()
     }];
     let prompt = engine
@@ -145,6 +169,7 @@ fn run(options: &Options, method: SpeculativeMethod) -> Result<Run, String> {
         bytes_per_token: after.bytes_copied.saturating_sub(before.bytes_copied) as f64
             / reply.len() as f64,
         acceptance: (drafted > 0).then(|| accepted as f64 / drafted as f64),
+        draft_bytes,
         reply,
     })
 }
@@ -153,13 +178,14 @@ fn main() -> Result<(), String> {
     let options = Options::parse();
     let plain = run(&options, SpeculativeMethod::None)?;
     let fast = run(&options, SpeculativeMethod::Ngram)?;
+    let drafted = run(&options, SpeculativeMethod::Draft)?;
     // Without speculation every step streams every layer for one token: the link's cap.
     let bound = options.link as f64 / plain.bytes_per_token;
     println!(
         "| run | decode tok/s | MB streamed per token | acceptance | x plain | x link bound |"
     );
     println!("|---|---|---|---|---|---|");
-    for (name, r) in [("none", &plain), ("ngram", &fast)] {
+    for (name, r) in [("none", &plain), ("ngram", &fast), ("draft", &drafted)] {
         println!(
             "| {name} | {:.1} | {:.1} | {} | {:.2} | {:.2} |",
             r.tokens_per_second,
@@ -170,11 +196,20 @@ fn main() -> Result<(), String> {
         );
     }
     println!(
-        "\nlink {:.1} GB/s, link bound {bound:.1} tok/s, up to {} proposals, {} tokens; replies identical: {}",
+        "\nlink {:.1} GB/s, link bound {bound:.1} tok/s, up to {} proposals, {} tokens; replies identical: ngram {}, draft {}",
         options.link as f64 / 1e9,
         options.proposals,
         options.tokens,
         fast.reply == plain.reply,
+        drafted.reply == plain.reply,
     );
+    if let Some(bytes) = drafted.draft_bytes {
+        println!(
+            "draft weights {:.1} MB resident; the model streams {:.1} MB per step ({:.1}x)",
+            bytes as f64 / 1e6,
+            plain.bytes_per_token / 1e6,
+            plain.bytes_per_token / bytes as f64
+        );
+    }
     Ok(())
 }

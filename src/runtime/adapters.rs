@@ -7,14 +7,19 @@
 //! stopping before the output head ([`ModelRunner::hidden_states`]), in chunks of
 //! [`EMBED_CHUNK`] tokens whose rows the model's [`Pooling`] folds into one L2-normalised vector.
 //!
+//! With speculative method `draft` the runner holds a [`DraftModel`]: each sequence keeps the
+//! draft's cache next to its own, forgotten, copied and dropped with it.
+//!
 //! In mode `model` a sequence takes its lease at its first forward step and holds it until the
 //! engine drops the sequence, so the model stays on the device for the whole request and the
 //! keep_alive clock starts when the request ends.
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
 
 use candle_core::Tensor;
 use ferry_engine::reasoning::ReasoningFormat;
+use ferry_engine::speculative::{DraftAsk, Proposal};
 use ferry_engine::tool_calls::ToolSupport;
 use ferry_engine::traits::{LanguageModel, TextCodec};
 use ferry_engine::{
@@ -29,6 +34,8 @@ use ferry_model::ModelError;
 use ferry_offload::{
     Accounting, AccountingSnapshot, Lease, OffloadError, SwapClient, SwapManager, WeightStore,
 };
+
+use super::draft_model::{DraftCache, DraftModel};
 
 fn internal(err: ModelError) -> EngineError {
     match err {
@@ -66,6 +73,8 @@ pub struct ModelRunner {
     pooling: Result<Pooling, String>,
     /// How decode steps speculate (`models[].speculative`).
     speculation: Speculation,
+    /// The draft model of method `draft`.
+    draft: Option<DraftModel>,
 }
 
 /// Most tokens of one embedding input computed in one forward pass (longer inputs run in
@@ -78,6 +87,8 @@ pub const EMBED_CHUNK: usize = 512;
 pub struct RunnerSequence {
     cache: KvCache,
     lease: Option<Lease>,
+    /// The draft model's state for this sequence (method `draft`, from its first proposal).
+    draft: Option<DraftCache>,
 }
 
 impl RunnerSequence {
@@ -89,6 +100,11 @@ impl RunnerSequence {
     /// Bytes this sequence's KV cache has allocated so far.
     pub fn kv_bytes(&self) -> usize {
         self.cache.allocated_bytes()
+    }
+
+    /// Positions the draft model holds for this sequence (0 before its first proposal).
+    pub fn draft_len(&self) -> usize {
+        self.draft.as_ref().map_or(0, DraftCache::len)
     }
 
     /// Bytes of the positions this sequence's KV cache holds (at most [`Self::kv_bytes`]).
@@ -110,7 +126,25 @@ impl ModelRunner {
             max_context,
             pooling: Ok(Pooling::DEFAULT),
             speculation: Speculation::default(),
+            draft: None,
         }
+    }
+
+    /// Proposes with `draft` (speculative method `draft`).
+    pub fn with_draft(mut self, draft: DraftModel) -> Self {
+        self.draft = Some(draft);
+        self
+    }
+
+    /// The draft model, when the method is `draft`.
+    pub fn draft(&self) -> Option<&DraftModel> {
+        self.draft.as_ref()
+    }
+
+    /// The bytes the draft's caches hold right now, all sequences together (`None` without a
+    /// draft): a handle that stays valid after the runner moves to its engine thread.
+    pub fn draft_live_kv(&self) -> Option<Arc<AtomicUsize>> {
+        self.draft.as_ref().map(DraftModel::live_kv)
     }
 
     /// Speculates as `speculation` says (`models[].speculative`).
@@ -142,7 +176,7 @@ impl ModelRunner {
         tokens: &[u32],
     ) -> EngineResult<Tensor> {
         self.take_lease(seq)?;
-        let RunnerSequence { cache, lease } = seq;
+        let RunnerSequence { cache, lease, .. } = seq;
         let hidden = match lease.as_ref().map(Lease::layers) {
             None => self.model.forward_hidden(tokens, cache, &mut self.layers),
             Some(layers) => self
@@ -240,6 +274,7 @@ impl LanguageModel for ModelRunner {
         RunnerSequence {
             cache: self.model.new_cache_with_limit(self.max_context),
             lease: None,
+            draft: None,
         }
     }
 
@@ -257,7 +292,7 @@ impl LanguageModel for ModelRunner {
         let mut leased: Option<&[LayerWeights]> = None;
         let mut inputs: Vec<SeqInput> = Vec::with_capacity(batch.len());
         for (seq, tokens) in batch.iter_mut() {
-            let RunnerSequence { cache, lease } = &mut **seq;
+            let RunnerSequence { cache, lease, .. } = &mut **seq;
             if leased.is_none() {
                 leased = lease.as_ref().map(Lease::layers);
             }
@@ -299,10 +334,21 @@ impl LanguageModel for ModelRunner {
         logits
     }
 
-    /// Copies the KV cache (device to device); the copy takes its own lease in mode `model`.
+    /// Copies the KV cache (device to device), and the draft's; the copy takes its own lease
+    /// in mode `model`.
     fn fork_sequence(&self, seq: &RunnerSequence) -> EngineResult<Option<RunnerSequence>> {
         let cache = seq.cache.fork().map_err(|e| self.step_error(e))?;
-        Ok(Some(RunnerSequence { cache, lease: None }))
+        let draft = seq
+            .draft
+            .as_ref()
+            .map(DraftCache::fork)
+            .transpose()
+            .map_err(|e| self.step_error(e))?;
+        Ok(Some(RunnerSequence {
+            cache,
+            lease: None,
+            draft,
+        }))
     }
 
     fn supports_blocks(&self) -> bool {
@@ -317,6 +363,9 @@ impl LanguageModel for ModelRunner {
             )));
         }
         seq.cache.truncate(len);
+        if let Some(draft) = &mut seq.draft {
+            draft.truncate(len);
+        }
         Ok(())
     }
 
@@ -326,6 +375,21 @@ impl LanguageModel for ModelRunner {
 
     fn speculation(&self) -> Speculation {
         self.speculation
+    }
+
+    /// The draft model's proposals, its state kept in each sequence.
+    fn propose(
+        &mut self,
+        batch: &mut [(&mut RunnerSequence, DraftAsk<'_>)],
+    ) -> EngineResult<Vec<Proposal>> {
+        let Some(draft) = &mut self.draft else {
+            return Ok(vec![Proposal::default(); batch.len()]);
+        };
+        let mut states: Vec<(&mut Option<DraftCache>, &DraftAsk)> = batch
+            .iter_mut()
+            .map(|(seq, ask)| (&mut seq.draft, &*ask))
+            .collect();
+        draft.propose(&mut states).map_err(internal)
     }
 
     /// Copies the positions' keys and values out of the cache (device to device).
@@ -367,6 +431,7 @@ impl LanguageModel for ModelRunner {
         let mut seq = RunnerSequence {
             cache: self.model.new_cache_with_limit(tokens.len()),
             lease: None,
+            draft: None,
         };
         let mut pooler = Pooler::new(pooling, self.model.spec().hidden_size);
         for chunk in tokens.chunks(EMBED_CHUNK) {

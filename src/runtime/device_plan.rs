@@ -6,8 +6,10 @@
 //! - The device's free memory is measured once; every `gpu_memory = "90%"` is a share of it.
 //! - Each non-`model` entry is planned against its own `gpu_memory`; every mode-`model` entry
 //!   against the shared budget of the first of them ([`super::swap`]).
-//! - Together they must fit: the entries' device bytes (each plan's, without its reserve), the
-//!   mode-`model` pool's (at most its budget) and one reserve may not exceed the free memory.
+//! - Together they must fit: the entries' device bytes (each plan's, without its reserve, and
+//!   its speculative draft model's), the mode-`model` pool's (at most its budget) and one reserve
+//!   may not exceed the free memory.
+//! - A draft model is placed first, inside its model's budget ([`super::draft`]).
 
 use std::sync::Arc;
 
@@ -15,7 +17,8 @@ use candle_core::{DType, Device};
 use serde_json::{json, Value};
 
 use super::device::{describe, free_bytes};
-use super::planning::{open_checkpoint, plan_checkpoint};
+use super::draft::{open_draft, DraftPlan};
+use super::planning::{open_checkpoint, plan_with_draft};
 use super::swap::{pool_plan, swap_manager, PoolPlan};
 use super::tiers::tier_report;
 use super::RuntimeError;
@@ -41,6 +44,8 @@ pub struct Serving {
     pub plan: DevicePlan,
     /// The opened checkpoint of each of `plan.models`, in the same order.
     pub checkpoints: Vec<Checkpoint>,
+    /// The opened checkpoint of each model's draft (method `draft`), in the same order.
+    pub draft_checkpoints: Vec<Option<Checkpoint>>,
     /// The shared residency manager of the mode-`model` entries.
     pub swap: Option<Arc<SwapManager>>,
 }
@@ -53,7 +58,8 @@ pub fn prepare_serving(
     hub: &HubOptions,
 ) -> Result<Serving, RuntimeError> {
     let free = free_bytes(device)?;
-    let (plan, checkpoints) = DevicePlan::with_checkpoints(config, device, hub, free)?;
+    let (plan, (checkpoints, draft_checkpoints)) =
+        DevicePlan::with_checkpoints(config, device, hub, free)?;
     let swap = plan
         .pool
         .as_ref()
@@ -62,9 +68,13 @@ pub fn prepare_serving(
     Ok(Serving {
         plan,
         checkpoints,
+        draft_checkpoints,
         swap,
     })
 }
+
+/// The checkpoints a device plan was made from: each model's, and its draft's.
+pub type Checkpoints = (Vec<Checkpoint>, Vec<Option<Checkpoint>>);
 
 /// One model's part of the device plan.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,6 +86,8 @@ pub struct ModelPlan {
     pub plan: Plan,
     /// The tier cost model and its decisions, when layers are offloaded ([`tier_report`]).
     pub tiers: Option<TierReport>,
+    /// The speculative draft model's plan (method `draft`), placed before the model's.
+    pub draft: Option<DraftPlan>,
 }
 
 /// Every model's placement on one device, and whether they fit together.
@@ -116,13 +128,14 @@ impl DevicePlan {
         Self::with_checkpoints(config, device, hub, free_bytes).map(|(plan, _)| plan)
     }
 
-    /// [`DevicePlan::new`], also returning the checkpoint each model was planned from.
+    /// [`DevicePlan::new`], also returning the checkpoint each model was planned from, and its
+    /// draft's.
     pub fn with_checkpoints(
         config: &Config,
         device: &Device,
         hub: &HubOptions,
         free_bytes: u64,
-    ) -> Result<(Self, Vec<Checkpoint>), RuntimeError> {
+    ) -> Result<(Self, Checkpoints), RuntimeError> {
         let shared = config
             .models
             .iter()
@@ -131,6 +144,7 @@ impl DevicePlan {
             .transpose()?;
         let mut models = Vec::with_capacity(config.models.len());
         let mut checkpoints = Vec::with_capacity(config.models.len());
+        let mut draft_checkpoints = Vec::with_capacity(config.models.len());
         for model in &config.models {
             let budget = match (model.offload.mode, shared) {
                 (OffloadMode::Model, Some(shared)) => shared,
@@ -139,13 +153,20 @@ impl DevicePlan {
             let mut pinned = model.clone();
             pinned.offload.gpu_memory = MemoryBudget::Bytes(budget);
             let checkpoint = open_checkpoint(&pinned, hub)?;
-            let plan = plan_checkpoint(&pinned, &config.device, device, &checkpoint, free_bytes)
-                .map_err(|e| match e {
-                    RuntimeError::Plan(e) => {
-                        RuntimeError::Placement(format!("model `{}`: {e}", model.name))
-                    }
-                    other => other,
-                })?;
+            let draft_checkpoint = open_draft(&pinned, hub)?;
+            let (plan, draft) = plan_with_draft(
+                &pinned,
+                &config.device,
+                device,
+                (&checkpoint, draft_checkpoint.as_ref()),
+                free_bytes,
+            )
+            .map_err(|e| match e {
+                RuntimeError::Plan(e) => {
+                    RuntimeError::Placement(format!("model `{}`: {e}", model.name))
+                }
+                other => other,
+            })?;
             // Serve loads with what was chosen, so it plans (and sizes its engine) the same.
             pinned.max_context = Some(plan.max_context);
             pinned.max_batch = Some(plan.max_batch);
@@ -160,8 +181,10 @@ impl DevicePlan {
                 config: pinned,
                 plan,
                 tiers,
+                draft,
             });
             checkpoints.push(checkpoint);
+            draft_checkpoints.push(draft_checkpoint);
         }
         let named: Vec<(&str, &Plan)> = models
             .iter()
@@ -182,6 +205,9 @@ impl DevicePlan {
                     .saturating_sub(model.plan.reserve_bytes),
             );
         }
+        for draft in models.iter().filter_map(|m| m.draft.as_ref()) {
+            held = held.saturating_add(draft.device_bytes());
+        }
         let device_bytes = held.saturating_add(reserve);
         let plan = Self {
             device: describe(device),
@@ -193,7 +219,7 @@ impl DevicePlan {
         if device_bytes > free_bytes {
             return Err(RuntimeError::Placement(plan.overflow_message()));
         }
-        Ok((plan, checkpoints))
+        Ok((plan, (checkpoints, draft_checkpoints)))
     }
 
     fn overflow_message(&self) -> String {
@@ -201,7 +227,14 @@ impl DevicePlan {
             .models
             .iter()
             .filter(|m| m.plan.mode != OffloadMode::Model)
-            .map(|m| format!("`{}` {}", m.config.name, format_bytes(m.plan.device_bytes)))
+            .map(|m| {
+                let draft = m.draft.as_ref().map_or(0, DraftPlan::device_bytes);
+                format!(
+                    "`{}` {}",
+                    m.config.name,
+                    format_bytes(m.plan.device_bytes + draft)
+                )
+            })
             .collect();
         if let Some(pool) = &self.pool {
             parts.push(format!(
@@ -241,7 +274,7 @@ impl DevicePlan {
             if let Some(tiers) = &model.tiers {
                 out.push_str(&tiers.render_text());
             }
-            out.push_str(&speculative_line(&model.config));
+            out.push_str(&speculative_line(&model.config, model.draft.as_ref()));
         }
         if let Some(pool) = &self.pool {
             out.push_str(&format!(
@@ -274,7 +307,7 @@ impl DevicePlan {
                     "source": m.config.source,
                     "plan": plan_json(&m.plan),
                     "tiers": m.tiers.as_ref().map(TierReport::json),
-                    "speculative": speculative_json(&m.config),
+                    "speculative": speculative_json(&m.config, m.draft.as_ref()),
                 })
             })
             .collect();
@@ -297,8 +330,9 @@ impl DevicePlan {
     }
 }
 
-/// `ferry plan`'s line on a model's speculative decoding (`models[].speculative`).
-fn speculative_line(config: &ModelConfig) -> String {
+/// `ferry plan`'s line on a model's speculative decoding (`models[].speculative`), with the
+/// draft model's bytes on the device.
+fn speculative_line(config: &ModelConfig, draft: Option<&DraftPlan>) -> String {
     let speculative = &config.speculative;
     match speculative.method {
         SpeculativeMethod::None => "speculative none\n".to_string(),
@@ -306,16 +340,32 @@ fn speculative_line(config: &ModelConfig) -> String {
             "speculative ngram (prompt lookup), up to {} tokens per step, fewer where acceptance says it does not pay\n",
             speculative.tokens.min(MAX_PROPOSAL)
         ),
-        SpeculativeMethod::Draft => format!(
-            "speculative draft {}, up to {} tokens per step: not available yet (serve refuses it)\n",
-            speculative.draft.as_deref().unwrap_or("(none)"),
-            speculative.tokens.min(MAX_PROPOSAL)
-        ),
+        SpeculativeMethod::Draft => {
+            let mut line = format!(
+                "speculative draft {}, up to {} tokens per step, fewer where acceptance and its cost say it does not pay\n",
+                speculative.draft.as_deref().unwrap_or("(none)"),
+                speculative.tokens.min(MAX_PROPOSAL)
+            );
+            if let Some(draft) = draft {
+                let plan = &draft.plan;
+                line.push_str(&format!(
+                    "  draft on the device first: {} = weights {} + KV {} ({} x {} positions, {}) + workspace {}\n",
+                    format_bytes(draft.device_bytes()),
+                    format_bytes(plan.fixed_bytes + plan.resident_layer_bytes),
+                    format_bytes(plan.kv_bytes),
+                    plan.max_batch,
+                    plan.max_context,
+                    plan.kv_dtype.as_str(),
+                    format_bytes(plan.workspace_bytes),
+                ));
+            }
+            line
+        }
     }
 }
 
-/// [`speculative_line`] as JSON.
-fn speculative_json(config: &ModelConfig) -> Value {
+/// [`speculative_line`] as JSON (`draft_plan`: the draft's plan, method `draft`).
+fn speculative_json(config: &ModelConfig, draft: Option<&DraftPlan>) -> Value {
     let speculative = &config.speculative;
     let method = match speculative.method {
         SpeculativeMethod::None => "none",
@@ -326,5 +376,7 @@ fn speculative_json(config: &ModelConfig) -> Value {
         "method": method,
         "draft": speculative.draft,
         "tokens": speculative.tokens.min(MAX_PROPOSAL),
+        "draft_device_bytes": draft.map(DraftPlan::device_bytes),
+        "draft_plan": draft.map(|d| plan_json(&d.plan)),
     })
 }

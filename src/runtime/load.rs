@@ -1,7 +1,8 @@
 //! Brings one configured model up: source -> local files -> checkpoint (every header parsed
 //! once) -> placement plan -> tokenizer + weights (resident on the device or offloaded to the
 //! host and streamed, as the plan says), reporting progress as a bar on a terminal and as log
-//! lines otherwise.
+//! lines otherwise. With speculative method `draft`, the draft model loads after the model, every
+//! layer of it resident, once its vocabulary is checked against the model's ([`super::draft`]).
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -12,8 +13,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::adapters::{ModelRunner, TokenizerCodec};
 use super::device::free_bytes;
+use super::draft::{load_draft, open_draft, DraftPlan};
 use super::load_report::log_loaded;
-use super::planning::{open_checkpoint, plan_checkpoint};
+use super::planning::{open_checkpoint, plan_with_draft};
 use super::RuntimeError;
 use ferry_config::{DeviceConfig, ModelConfig, OffloadMode, ReasoningChoice, SpeculativeMethod};
 use ferry_engine::{SamplingParams, Speculation, SpeculationMethod};
@@ -74,18 +76,32 @@ pub fn load_for_serving_shared(
 ) -> Result<LoadedForServing, RuntimeError> {
     tracing::info!(model = %config.name, source = %config.source, "resolving model source");
     let checkpoint = open_checkpoint(config, hub)?;
+    let draft_checkpoint = open_draft(config, hub)?;
     let free = free_bytes(device)?;
-    let plan = plan_checkpoint(config, device_config, device, &checkpoint, free)?;
+    let (plan, draft_plan) = plan_with_draft(
+        config,
+        device_config,
+        device,
+        (&checkpoint, draft_checkpoint.as_ref()),
+        free,
+    )?;
+    let draft = draft_checkpoint.as_ref().zip(draft_plan.as_ref());
     let loaded = load_planned(
         config,
         device_config,
         device,
-        &checkpoint,
-        &plan,
+        Planned {
+            checkpoint: &checkpoint,
+            plan: &plan,
+            draft,
+        },
         None,
         swap,
     )?;
     release_after_load(checkpoint);
+    if let Some(draft) = draft_checkpoint {
+        release_after_load(draft);
+    }
     Ok(loaded)
 }
 
@@ -105,6 +121,17 @@ pub fn release_after_load(checkpoint: Checkpoint) {
     }
 }
 
+/// A model opened and planned: its checkpoint, its plan, and its draft's (method `draft`).
+#[derive(Clone, Copy)]
+pub struct Planned<'a> {
+    /// The model's opened checkpoint.
+    pub checkpoint: &'a Checkpoint,
+    /// Its placement.
+    pub plan: &'a Plan,
+    /// The draft model's checkpoint and plan.
+    pub draft: Option<(&'a Checkpoint, &'a DraftPlan)>,
+}
+
 /// Loads a model `serve` has already opened and planned (`runtime::device_plan`): the same
 /// checkpoint (no second header parse) and exactly the plan `ferry plan` shows. `cost` is the
 /// plan's calibrated cost model (`ModelPlan::tiers`), which decides where offloaded experts run
@@ -113,19 +140,23 @@ pub fn load_planned(
     config: &ModelConfig,
     device_config: &DeviceConfig,
     device: &Device,
-    checkpoint: &Checkpoint,
-    plan: &Plan,
+    planned: Planned<'_>,
     cost: Option<CostModel>,
     swap: Option<&Arc<SwapManager>>,
 ) -> Result<LoadedForServing, RuntimeError> {
+    let Planned {
+        checkpoint,
+        plan,
+        draft,
+    } = planned;
     let started = Instant::now();
     let wrap = |source: ModelError| RuntimeError::Model {
         name: config.name.clone(),
         source,
     };
-    if config.speculative.method == SpeculativeMethod::Draft {
+    if config.speculative.method == SpeculativeMethod::Draft && draft.is_none() {
         return Err(RuntimeError::Placement(format!(
-            "model `{}`: speculative method `draft` is not available yet; use `ngram` or `none`",
+            "model `{}`: speculative method `draft` without a planned draft model",
             config.name
         )));
     }
@@ -174,6 +205,18 @@ pub fn load_planned(
                 ))
             })?
             .map_err(wrap)?;
+        if let Some((draft_checkpoint, draft_plan)) = draft {
+            let vocab = runner.model().spec().vocab_size;
+            let draft = load_draft(draft_plan, draft_checkpoint, device, &tokenizer, vocab)?;
+            tracing::info!(
+                model = %config.name,
+                draft = %draft_plan.config.source,
+                device_mib = draft_plan.device_bytes() >> 20,
+                max_context = draft_plan.plan.max_context,
+                "speculative draft model loaded, every layer on the device"
+            );
+            runner = runner.with_draft(draft);
+        }
         log_loaded(config, &runner, checkpoint, plan, &tokenizer, started);
         let sampling = sampling_defaults(config, checkpoint).map_err(wrap)?;
         Ok(LoadedForServing {
@@ -384,7 +427,7 @@ fn sampling_defaults(
 }
 
 /// The tokenizer as the model's files describe it.
-fn read_tokenizer(checkpoint: &Checkpoint) -> Result<TextTokenizer, ModelError> {
+pub(super) fn read_tokenizer(checkpoint: &Checkpoint) -> Result<TextTokenizer, ModelError> {
     match checkpoint.files() {
         ModelFiles::Gguf { .. } => {
             let metadata = checkpoint

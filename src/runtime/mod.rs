@@ -3,6 +3,8 @@
 //! - [`device`]: the configured device choice -> a candle `Device`.
 //! - [`adapters`]: the real model and tokenizer behind the engine's `LanguageModel` and
 //!   `TextCodec` traits.
+//! - [`draft`], [`draft_model`]: the draft model of speculative method `draft`: its plan
+//!   (placed first), its load with the vocabulary check, and its greedy proposals.
 //! - [`load`]: source -> files -> weights + tokenizer, with a progress bar or log lines.
 //! - [`load_report`]: the "model loaded" line (weight types and kernels, chat template, tool-call
 //!   format, offload tier).
@@ -18,6 +20,8 @@
 pub mod adapters;
 pub mod device;
 pub mod device_plan;
+pub mod draft;
+pub mod draft_model;
 pub mod error;
 pub mod load;
 pub mod load_report;

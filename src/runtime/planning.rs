@@ -2,12 +2,14 @@
 //! the pure placement planner against the device budget, with the KV cache fitted to it
 //! ([`ferry_offload::fit`]: unset `max_context` / `max_batch` are chosen, and logged when
 //! lowered). Loading plans the same way from the checkpoint it then loads ([`plan_checkpoint`]),
-//! so the plan `ferry plan` prints is the one `ferry serve` follows.
+//! so the plan `ferry plan` prints is the one `ferry serve` follows. A speculative draft model is
+//! placed first and the model gets what it leaves of the budget ([`super::draft`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use candle_core::{DType, Device};
 
+use super::draft::{open_draft, plan_draft_first, DraftPlan};
 use super::RuntimeError;
 use ferry_config::{DeviceConfig, DtypeChoice, KvOffload, ModelConfig, OffloadMode};
 use ferry_model::checkpoint::Checkpoint;
@@ -33,7 +35,7 @@ use ferry_offload::sizing::{
 use ferry_offload::units::format_bytes;
 
 /// The placement plan of `model` on `device`, whose free memory is `free_bytes`: resolves the
-/// source, opens the checkpoint and plans it ([`plan_checkpoint`]).
+/// source, opens the checkpoint (and its draft's) and plans it ([`plan_with_draft`]).
 pub fn plan_model(
     model: &ModelConfig,
     device_config: &DeviceConfig,
@@ -42,7 +44,15 @@ pub fn plan_model(
     free_bytes: u64,
 ) -> Result<Plan, RuntimeError> {
     let checkpoint = open_checkpoint(model, hub)?;
-    plan_checkpoint(model, device_config, device, &checkpoint, free_bytes)
+    let draft = open_draft(model, hub)?;
+    let (plan, _) = plan_with_draft(
+        model,
+        device_config,
+        device,
+        (&checkpoint, draft.as_ref()),
+        free_bytes,
+    )?;
+    Ok(plan)
 }
 
 /// Resolves `model`'s source (a path or a hub id) and opens its checkpoint: the one header
@@ -57,13 +67,55 @@ pub fn open_checkpoint(model: &ModelConfig, hub: &HubOptions) -> Result<Checkpoi
     Checkpoint::open(&files).map_err(wrap)
 }
 
-/// The placement plan of an open `checkpoint` configured as `model` on `device`.
+/// The placement plan of an open `checkpoint` configured as `model` on `device`, without a
+/// draft model.
 pub fn plan_checkpoint(
     model: &ModelConfig,
     device_config: &DeviceConfig,
     device: &Device,
     checkpoint: &Checkpoint,
     free_bytes: u64,
+) -> Result<Plan, RuntimeError> {
+    plan_beside(model, device_config, device, checkpoint, free_bytes, 0)
+}
+
+/// The placement plan of `model` (its open checkpoint and, for speculative method `draft`, its
+/// draft's): the draft placed first ([`super::draft::plan_draft_first`]), then the model in what
+/// it leaves of the budget.
+pub fn plan_with_draft(
+    model: &ModelConfig,
+    device_config: &DeviceConfig,
+    device: &Device,
+    (checkpoint, draft): (&Checkpoint, Option<&Checkpoint>),
+    free_bytes: u64,
+) -> Result<(Plan, Option<DraftPlan>), RuntimeError> {
+    match draft {
+        None => Ok((
+            plan_checkpoint(model, device_config, device, checkpoint, free_bytes)?,
+            None,
+        )),
+        Some(draft) => {
+            let (plan, draft) = plan_draft_first(
+                model,
+                device_config,
+                device,
+                (checkpoint, draft),
+                free_bytes,
+            )?;
+            Ok((plan, Some(draft)))
+        }
+    }
+}
+
+/// The placement plan of `checkpoint` configured as `model` on `device`, in its budget less
+/// `held` bytes another model (its draft) holds on the device.
+pub fn plan_beside(
+    model: &ModelConfig,
+    device_config: &DeviceConfig,
+    device: &Device,
+    checkpoint: &Checkpoint,
+    free_bytes: u64,
+    held: u64,
 ) -> Result<Plan, RuntimeError> {
     let wrap = |source: ModelError| RuntimeError::Model {
         name: model.name.clone(),
@@ -78,6 +130,14 @@ pub fn plan_checkpoint(
     let sizes = ModelSizes::of(checkpoint, &holding, slot_kind).map_err(wrap)?;
     let spec = checkpoint.spec();
     let budget = resolve_budget(model.offload.gpu_memory, free_bytes)?;
+    let budget = budget.checked_sub(held).ok_or_else(|| {
+        RuntimeError::Placement(format!(
+            "model `{}`: its draft model needs {} of its budget of {}",
+            model.name,
+            format_bytes(held),
+            format_bytes(budget)
+        ))
+    })?;
     // Activations use the compute dtype (f32 for quantized weights); the KV cache its own.
     let kv_dtype = kv_dtype_for(model.kv_dtype, holding.compute());
     let kv_offload = kv_offload_for(model.kv_offload, kv_dtype, device);

@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 
 use super::device::{describe, select_device};
 use super::device_plan::prepare_serving;
-use super::load::{load_planned, release_after_load};
+use super::load::{load_planned, release_after_load, Planned};
 use super::placement::model_placement;
 use super::swap::SwapResidency;
 use super::telemetry::Telemetry;
@@ -186,9 +186,14 @@ pub async fn serve(
 
     // Each model loads on its own engine thread; the server answers /health 503 meanwhile.
     let (load_results, mut load_results_rx) = tokio::sync::mpsc::unbounded_channel();
-    for (planned, checkpoint) in serving.plan.models.into_iter().zip(serving.checkpoints) {
+    let opened = serving
+        .checkpoints
+        .into_iter()
+        .zip(serving.draft_checkpoints);
+    for (planned, (checkpoint, draft_checkpoint)) in serving.plan.models.into_iter().zip(opened) {
         let model = planned.config;
         let plan = planned.plan;
+        let draft_plan = planned.draft;
         let cost = planned.tiers.as_ref().map(|t| t.calibration.model);
         // What `GET /v1/ferry/status` shows of the model's placement: the plan it loads with.
         engine
@@ -209,15 +214,28 @@ pub async fn serve(
                     &model,
                     &device_config,
                     &device,
-                    &checkpoint,
-                    &plan,
+                    Planned {
+                        checkpoint: &checkpoint,
+                        plan: &plan,
+                        draft: draft_checkpoint.as_ref().zip(draft_plan.as_ref()),
+                    },
                     cost,
                     swap.as_ref(),
                 );
                 release_after_load(checkpoint);
+                if let Some(draft) = draft_checkpoint {
+                    release_after_load(draft);
+                }
                 if let Ok(loaded) = &outcome {
                     telemetry
                         .add_model(&model.name, Arc::clone(loaded.runner.store().accounting()));
+                    if let Some(draft) = loaded.runner.draft() {
+                        telemetry.add_draft(
+                            &model.name,
+                            Arc::clone(draft.store().accounting()),
+                            draft.live_kv(),
+                        );
+                    }
                 }
                 let reply = outcome.as_ref().map(|_| ()).map_err(|e| e.to_string());
                 let _ = results.send((model.name.clone(), reply));

@@ -11,6 +11,7 @@
 //! INFO ferry::runtime::telemetry: throughput prompt_tok_s=120.4 generation_tok_s=48.2 running=3 waiting=0 kv_cache_usage=0.012
 //! ```
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -57,6 +58,8 @@ struct Published {
 
 struct Sources {
     models: Vec<(String, Arc<Accounting>)>,
+    /// Each served model's draft model's live KV bytes (speculative method `draft`).
+    drafts: Vec<(String, Arc<AtomicUsize>)>,
     published: Published,
     window: Window,
 }
@@ -76,6 +79,7 @@ impl Telemetry {
             swap,
             sources: Mutex::new(Sources {
                 models: Vec::new(),
+                drafts: Vec::new(),
                 published: Published::default(),
                 window: Window {
                     started: Instant::now(),
@@ -91,6 +95,17 @@ impl Telemetry {
     /// publishes at once.
     pub fn add_model(&self, name: &str, accounting: Arc<Accounting>) {
         self.lock().models.push((name.to_string(), accounting));
+        self.publish();
+    }
+
+    /// Adds `model`'s draft model: its accounting (weights on the device, as `<model>/draft`)
+    /// and the live bytes of its KV caches (`ferry_spec_draft_kv_bytes{model}`).
+    pub fn add_draft(&self, model: &str, accounting: Arc<Accounting>, live_kv: Arc<AtomicUsize>) {
+        {
+            let mut sources = self.lock();
+            sources.models.push((format!("{model}/draft"), accounting));
+            sources.drafts.push((model.to_string(), live_kv));
+        }
         self.publish();
     }
 
@@ -154,6 +169,10 @@ impl Telemetry {
 
     fn publish_accounting(&self) {
         let mut sources = self.lock();
+        for (model, live) in &sources.drafts {
+            self.metrics
+                .set_draft_kv_bytes(model, live.load(Ordering::Relaxed) as u64);
+        }
         let (mut weights, mut slots, mut kv, mut workspace, mut budget) = (0, 0, 0, 0, 0);
         let (mut copied, mut wait) = (0, Duration::ZERO);
         let mut experts = [0u64; 6];

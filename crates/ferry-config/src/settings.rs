@@ -548,7 +548,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("none"),
         default_note: "",
         example: "ngram",
-        help: "Speculative decoding: none, ngram (tokens copied from where the context's last tokens occurred before) or draft (a smaller model with the same vocabulary, `draft`; not available yet: serve refuses it). The model checks every proposal in one step; the output is what it would give without.",
+        help: "Speculative decoding: none, ngram (tokens copied from where the context's last tokens occurred before) or draft (a smaller model with the same vocabulary, `draft`, every layer of it on the device). The model checks every proposal in one step; the output is what it would give without.",
         field: field!(Model, Speculation, speculative.method),
     },
     Setting {
@@ -559,7 +559,7 @@ pub static SETTINGS: &[Setting] = &[
         default: None,
         default_note: "none",
         example: "models/draft.gguf",
-        help: "The draft model of method draft (a source, as `source`).",
+        help: "The draft model of method draft (a source, as `source`): its vocabulary must be the model's (checked at load), and it runs with every layer on the device.",
         field: field!(Model, OptionalText, speculative.draft),
     },
     Setting {

@@ -32,6 +32,7 @@ use super::{
         GenerationRequest, PromptTokensDetails, TokenLogprob, TokenOutput, Usage,
     },
     sampling::Sampler,
+    speculative::DraftDraws,
     stop::StopMatcher,
     traits::TextCodec,
     EngineError, EngineResult,
@@ -143,6 +144,9 @@ pub struct Generation {
     /// The next decode input: the last sampled token, then the tokens proposed after it for
     /// this step (speculation, [`Generation::propose`]).
     pending: Vec<u32>,
+    /// For proposals a draft drew from its distribution, that distribution per proposed token
+    /// ([`Generation::propose_drawn`]); empty for point masses.
+    proposal_q: Vec<Vec<f32>>,
     /// The tokens generated so far (what prompt lookup searches, with the prompt).
     output: Vec<u32>,
     generated: usize,
@@ -188,6 +192,7 @@ impl Generation {
             tracker,
             fed: 0,
             pending: vec![0],
+            proposal_q: Vec::new(),
             output: Vec::new(),
             generated: 0,
             cached: None,
@@ -262,6 +267,32 @@ impl Generation {
         let keep = tokens.len().min(self.proposal_room());
         self.pending.truncate(1);
         self.pending.extend_from_slice(&tokens[..keep]);
+        self.proposal_q.clear();
+    }
+
+    /// [`Self::propose`] for tokens a draft drew from the distributions `q` (one per token,
+    /// as [`Self::draft_draws`] asked): each position is verified with the rejection scheme
+    /// ([`crate::speculative::rejection`]). Without one distribution per token, the tokens count
+    /// as point masses.
+    pub fn propose_drawn(&mut self, tokens: &[u32], mut q: Vec<Vec<f32>>) {
+        self.propose(tokens);
+        if q.len() >= self.proposed() {
+            q.truncate(self.proposed());
+            self.proposal_q = q;
+        }
+    }
+
+    /// How a draft model should draw up to `k` proposals for this sequence: `None` (greedily)
+    /// for greedy and seeded requests, whose replies stay the ones without speculation; else
+    /// the temperature and `k` uniform draws from the request's generator.
+    pub fn draft_draws(&mut self, k: usize) -> Option<DraftDraws> {
+        if !self.sampler.draws() || self.params.sampling.seed.is_some() {
+            return None;
+        }
+        Some(DraftDraws {
+            temperature: self.sampler.temperature(),
+            uniforms: self.sampler.uniforms(k),
+        })
     }
 
     /// Records that `input(..)` (of length `n`) went through the model. Returns whether the
@@ -330,10 +361,17 @@ impl Generation {
     /// accepted; the proposals are cleared.
     pub fn advance(&mut self, rows: Vec<Vec<f32>>, codec: &dyn TextCodec) -> (Progress, usize) {
         let proposals = self.pending.split_off(1.min(self.pending.len()));
+        let drawn = std::mem::take(&mut self.proposal_q);
         let mut accepted = 0;
         let mut progress = Progress::Continue;
         for (i, mut logits) in rows.into_iter().enumerate() {
-            match self.step(&mut logits, codec) {
+            // A drawn proposal is accepted or replaced by the rejection scheme; a point mass
+            // by the plain draw. Either way it is accepted exactly when the token is it.
+            let against = proposals
+                .get(i)
+                .zip(drawn.get(i))
+                .map(|(&x, q)| (x, q.as_slice()));
+            match self.step(&mut logits, against, codec) {
                 Ok(None) => {}
                 Ok(Some(done)) => {
                     progress = Progress::Done(self.end(Ok(done)));
@@ -417,10 +455,12 @@ impl Generation {
         .map(|()| (reason, usage))
     }
 
-    /// One sampling step: `Ok(None)` to continue, `Ok(Some(..))` once finished.
+    /// One sampling step (verifying `against`, a proposal and the distribution it was drawn
+    /// from): `Ok(None)` to continue, `Ok(Some(..))` once finished.
     fn step(
         &mut self,
         logits: &mut [f32],
+        against: Option<(u32, &[f32])>,
         codec: &dyn TextCodec,
     ) -> Result<Option<(FinishReason, Usage)>, Abort> {
         if self.is_cancelled() {
@@ -430,7 +470,10 @@ impl Generation {
         if let Some(grammar) = &mut self.grammar {
             grammar.mask(logits)?;
         }
-        let token = self.sampler.sample(logits);
+        let token = match against {
+            Some((x, q)) => self.sampler.sample_against(logits, x, q).0,
+            None => self.sampler.sample(logits),
+        };
         self.generated += 1;
         self.tracker.token();
         self.pending = vec![token];

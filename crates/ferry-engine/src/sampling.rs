@@ -1,10 +1,12 @@
 //! Next-token selection for one sequence: `logit_bias`, penalties, then greedy argmax
 //! (temperature 0) or temperature -> top-k -> top-p -> min-p -> a draw from a per-request seeded
-//! RNG.
+//! RNG. A speculative proposal drawn from a draft model's distribution is verified against the
+//! distribution a draw would come from ([`Sampler::sample_against`],
+//! [`crate::speculative::rejection`]).
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-use super::{penalties::Penalties, request::SamplingParams};
+use super::{penalties::Penalties, request::SamplingParams, speculative::rejection};
 
 /// Picks tokens for one sequence. The same seed and the same sequence of logits always give the
 /// same tokens.
@@ -41,6 +43,61 @@ impl Sampler {
     /// Chooses the next token from `logits` (which it modifies: penalties and scaling are
     /// applied in place) and records it as generated for later penalties.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.adjust(logits);
+        let token = if self.temperature <= 0.0 {
+            argmax(logits)
+        } else {
+            self.draw(logits)
+        };
+        self.penalties.record(token);
+        token
+    }
+
+    /// Whether tokens are drawn (temperature above 0) rather than the argmax.
+    pub fn draws(&self) -> bool {
+        self.temperature > 0.0
+    }
+
+    /// The temperature draws use.
+    pub fn temperature(&self) -> f32 {
+        self.temperature
+    }
+
+    /// `n` uniform draws in `[0, 1)` from this sequence's generator (a draft model's draws of
+    /// its proposals).
+    pub fn uniforms(&mut self, n: usize) -> Vec<f64> {
+        (0..n).map(|_| self.rng.random::<f64>()).collect()
+    }
+
+    /// [`sample`](Self::sample) for a position where a draft proposed `x`, drawn from its
+    /// distribution `q`: the rejection scheme ([`rejection::verify`]) against the distribution
+    /// a draw would come from. Returns the token (recorded as generated) and whether it is `x`.
+    pub fn sample_against(&mut self, logits: &mut [f32], x: u32, q: &[f32]) -> (u32, bool) {
+        self.adjust(logits);
+        let drawn = if self.temperature > 0.0 {
+            self.candidates(logits)
+        } else {
+            None
+        };
+        let verified = match drawn {
+            Some(Candidates { cands, probs, mass }) => {
+                let p: Vec<(u32, f64)> = cands
+                    .iter()
+                    .zip(&probs)
+                    .filter(|(_, &p)| p > 0.0)
+                    .map(|(&(id, _), &p)| (id, p / mass))
+                    .collect();
+                let (accept, residual) = (self.rng.random(), self.rng.random());
+                rejection::verify(&p, x, q, accept, residual)
+            }
+            None => point(argmax(logits), x),
+        };
+        self.penalties.record(verified.token);
+        (verified.token, verified.accepted)
+    }
+
+    /// `logit_bias` and penalties, applied in place (NaN logits become -inf first).
+    fn adjust(&mut self, logits: &mut [f32]) {
         for l in logits.iter_mut() {
             if l.is_nan() {
                 *l = f32::NEG_INFINITY;
@@ -54,16 +111,33 @@ impl Sampler {
         if self.penalties.is_active() {
             self.penalties.apply(logits);
         }
-        let token = if self.temperature <= 0.0 {
-            argmax(logits)
-        } else {
-            self.draw(logits)
-        };
-        self.penalties.record(token);
-        token
     }
 
     fn draw(&mut self, logits: &mut [f32]) -> u32 {
+        let Some(Candidates { cands, probs, mass }) = self.candidates(logits) else {
+            return argmax(logits);
+        };
+        let target = self.rng.random::<f64>() * mass;
+        let mut cum = 0.0;
+        let mut last = None;
+        for (&(id, _), &p) in cands.iter().zip(&probs) {
+            if p <= 0.0 {
+                continue;
+            }
+            cum += p;
+            last = Some(id);
+            if cum > target {
+                return id;
+            }
+        }
+        // Rounding left `target` at the very end: the last candidate with mass wins.
+        last.unwrap_or_else(|| argmax(logits))
+    }
+
+    /// What a draw at this temperature comes from: the candidates left by top-k and top-p,
+    /// their weights (0 where min-p drops them) and the weights' sum; `None` when no logit is
+    /// finite (the argmax then). Scales `logits` by the temperature in place.
+    fn candidates(&self, logits: &mut [f32]) -> Option<Candidates> {
         let inv_t = 1.0 / self.temperature;
         for l in logits.iter_mut() {
             *l *= inv_t;
@@ -88,7 +162,7 @@ impl Sampler {
             .map(|&(_, l)| l)
             .fold(f32::NEG_INFINITY, f32::max);
         if !max.is_finite() {
-            return argmax(logits);
+            return None;
         }
         let mut probs: Vec<f64> = cands
             .iter()
@@ -96,7 +170,7 @@ impl Sampler {
             .collect();
         let total: f64 = probs.iter().sum();
         if !(total.is_finite() && total > 0.0) {
-            return argmax(logits);
+            return None;
         }
         for p in &mut probs {
             *p /= total;
@@ -126,21 +200,25 @@ impl Sampler {
             }
         }
         let mass: f64 = probs.iter().sum();
-        let target = self.rng.random::<f64>() * mass;
-        let mut cum = 0.0;
-        let mut last = None;
-        for (&(id, _), &p) in cands.iter().zip(&probs) {
-            if p <= 0.0 {
-                continue;
-            }
-            cum += p;
-            last = Some(id);
-            if cum > target {
-                return id;
-            }
-        }
-        // Rounding left `target` at the very end: the last candidate with mass wins.
-        last.unwrap_or_else(|| argmax(logits))
+        Some(Candidates { cands, probs, mass })
+    }
+}
+
+/// What a draw comes from ([`Sampler::candidates`]).
+struct Candidates {
+    /// Token ids and their scaled logits, most likely first where sorted.
+    cands: Vec<(u32, f32)>,
+    /// Their weights (0 where min-p drops them).
+    probs: Vec<f64>,
+    /// The weights' sum.
+    mass: f64,
+}
+
+/// Greedy verification: the argmax `token`, accepted when it is the proposal `x`.
+fn point(token: u32, x: u32) -> rejection::Verified {
+    rejection::Verified {
+        token,
+        accepted: token == x,
     }
 }
 

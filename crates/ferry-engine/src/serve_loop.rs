@@ -53,7 +53,7 @@ use super::queue::{Job, Work};
 use super::request::FinishReason;
 use super::scheduler::{Schedulable, Scheduler, StepLimits, StepShare};
 use super::speculative::length::{Acceptance, StepCost};
-use super::speculative::{ngram, Speculation, SpeculationMethod};
+use super::speculative::{ngram, DraftAsk, Speculation, SpeculationMethod, STEADY_CATCH_UP};
 use super::traits::{LanguageModel, TextCodec};
 use super::worker::panic_message;
 use super::EngineError;
@@ -590,12 +590,20 @@ impl Speculating {
                 if contexts.is_empty() {
                     return;
                 }
-                let mut batch: Vec<(&mut M::Sequence, &[u32], usize)> = running
+                let mut batch: Vec<(&mut M::Sequence, DraftAsk)> = running
                     .iter_mut()
                     .zip(&lengths)
                     .filter(|(_, &k)| k > 0)
                     .zip(&contexts)
-                    .map(|((a, &k), context)| (&mut a.seq, context.as_slice(), k))
+                    .map(|((a, &k), context)| {
+                        let draws = a.generation.draft_draws(k);
+                        let ask = DraftAsk {
+                            context: context.as_slice(),
+                            max: k,
+                            draws,
+                        };
+                        (&mut a.seq, ask)
+                    })
                     .collect();
                 let started = Instant::now();
                 let proposed = catch_unwind(AssertUnwindSafe(|| model.propose(&mut batch)))
@@ -621,11 +629,15 @@ impl Speculating {
                         return;
                     }
                 };
-                let total: usize = proposals.iter().map(Vec::len).sum();
-                self.cost.observe_draft(started.elapsed(), total);
+                let total: usize = proposals.iter().map(|p| p.tokens.len()).sum();
+                if proposals.iter().all(|p| p.caught_up <= STEADY_CATCH_UP) {
+                    self.cost.observe_draft(started.elapsed(), total);
+                }
                 let speculating = running.iter_mut().zip(&lengths).filter(|(_, &k)| k > 0);
-                for ((active, _), tokens) in speculating.zip(&proposals) {
-                    active.generation.propose(tokens);
+                for ((active, _), proposal) in speculating.zip(proposals) {
+                    active
+                        .generation
+                        .propose_drawn(&proposal.tokens, proposal.q);
                 }
             }
         }

@@ -9,7 +9,7 @@ use super::{
     grammar::GrammarCompiler,
     reasoning::ReasoningFormat,
     request::{ChatMessage, SamplingParams},
-    speculative::Speculation,
+    speculative::{DraftAsk, Proposal, Speculation},
     tool_calls::ToolSupport,
     EngineError, EngineResult,
 };
@@ -74,16 +74,17 @@ pub trait LanguageModel: Send {
         Speculation::default()
     }
 
-    /// Method [`SpeculationMethod::Draft`](super::speculative::SpeculationMethod::Draft): for each `(sequence, context, k)`, up to `k` tokens
-    /// a draft model proposes greedily after `context` (every token of the sequence so far, the
-    /// last one not yet fed to the served model). The draft keeps its own state per sequence,
-    /// fed what it has not seen of `context`, and forgets with
-    /// [`truncate_sequence`](Self::truncate_sequence). Default: no proposals.
+    /// Method [`SpeculationMethod::Draft`](super::speculative::SpeculationMethod::Draft): for
+    /// each `(sequence, ask)`, up to `ask.max` tokens a draft model proposes after
+    /// `ask.context` (every token of the sequence so far, the last one not yet fed to the served
+    /// model): greedily, or drawn from its distribution with `ask.draws` (returned with them).
+    /// The draft keeps its own state per sequence, fed what it has not seen of the context,
+    /// and forgets with [`truncate_sequence`](Self::truncate_sequence). Default: no proposals.
     fn propose(
         &mut self,
-        batch: &mut [(&mut Self::Sequence, &[u32], usize)],
-    ) -> EngineResult<Vec<Vec<u32>>> {
-        Ok(vec![Vec::new(); batch.len()])
+        batch: &mut [(&mut Self::Sequence, DraftAsk<'_>)],
+    ) -> EngineResult<Vec<Proposal>> {
+        Ok(vec![Proposal::default(); batch.len()])
     }
 
     /// [`forward_batch`](Self::forward_batch) for one sequence: feeds `tokens` (a whole prompt,

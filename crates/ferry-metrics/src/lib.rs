@@ -39,6 +39,7 @@
 //! | `ferry_prefix_cache_tokens{model}` | gauge | engine: prompt tokens the prefix cache holds |
 //! | `ferry_spec_draft_tokens_total{model}` | counter | engine: tokens speculative decoding proposed for verification ([`speculative`]) |
 //! | `ferry_spec_accepted_tokens_total{model}` | counter | engine: proposed tokens the model accepted |
+//! | `ferry_spec_draft_kv_bytes{model}` | gauge | runtime telemetry: bytes the draft model's KV caches hold now (method `draft`; [`speculative`]) |
 //!
 //! Every series exists from the start: the per-model ones from [`Metrics::register_model`]
 //! (the engine calls it for each configured model before any is loaded), the device-memory

@@ -3,9 +3,12 @@
 //! (`ferry_spec_accepted_tokens_total`); the acceptance rate is the second over the first. They
 //! are also exported as process-wide totals under vLLM's names,
 //! `vllm:spec_decode_num_draft_tokens_total` and `vllm:spec_decode_num_accepted_tokens_total`.
+//! With a draft model, `ferry_spec_draft_kv_bytes` is what its KV caches hold right now (0 once
+//! every sequence is done or cancelled).
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::{Metrics, ModelLabels};
@@ -16,6 +19,7 @@ pub(super) struct SpeculativeMetrics {
     accepted: Family<ModelLabels, Counter>,
     all_drafted: Counter,
     all_accepted: Counter,
+    draft_kv: Family<ModelLabels, Gauge>,
 }
 
 impl SpeculativeMetrics {
@@ -27,7 +31,13 @@ impl SpeculativeMetrics {
             accepted: Family::default(),
             all_drafted: Counter::default(),
             all_accepted: Counter::default(),
+            draft_kv: Family::default(),
         };
+        registry.register(
+            "spec_draft_kv_bytes",
+            "Bytes the draft model's KV caches hold now, all sequences together, by served model (speculative method draft)",
+            this.draft_kv.clone(),
+        );
         registry.register(
             "spec_draft_tokens",
             "Tokens proposed by speculative decoding for the model to verify, by served model",
@@ -71,6 +81,26 @@ impl Metrics {
         spec.all_accepted.inc_by(accepted as u64);
     }
 
+    /// Sets `ferry_spec_draft_kv_bytes{model}`: what `model`'s draft model's KV caches hold now.
+    pub fn set_draft_kv_bytes(&self, model: &str, bytes: u64) {
+        let labels = ModelLabels {
+            model: model.to_owned(),
+        };
+        self.inner
+            .speculative
+            .draft_kv
+            .get_or_create(&labels)
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// `ferry_spec_draft_kv_bytes{model}`.
+    pub fn draft_kv_bytes(&self, model: &str) -> i64 {
+        let labels = ModelLabels {
+            model: model.to_owned(),
+        };
+        self.inner.speculative.draft_kv.get_or_create(&labels).get()
+    }
+
     /// `ferry_spec_draft_tokens_total{model}` and `ferry_spec_accepted_tokens_total{model}`.
     pub fn speculation_counts(&self, model: &str) -> (u64, u64) {
         let labels = ModelLabels {
@@ -110,5 +140,11 @@ mod tests {
         ] {
             assert!(page.lines().any(|l| l == line), "{line} missing:\n{page}");
         }
+        metrics.set_draft_kv_bytes("a", 4096);
+        assert_eq!(metrics.draft_kv_bytes("a"), 4096);
+        metrics.set_draft_kv_bytes("a", 0);
+        let page = metrics.render();
+        let line = "ferry_spec_draft_kv_bytes{model=\"a\"} 0";
+        assert!(page.lines().any(|l| l == line), "{line} missing:\n{page}");
     }
 }

@@ -135,7 +135,8 @@ impl StepCost {
         self.xy = self.xy * keep + x * y;
     }
 
-    /// Records that the draft proposed `tokens` tokens in `took`.
+    /// Records that the draft proposed `tokens` tokens in `took` (a round that did not first
+    /// catch up on a long stretch of context: the serve loop leaves those out).
     pub fn observe_draft(&mut self, took: Duration, tokens: usize) {
         if tokens == 0 {
             return;
