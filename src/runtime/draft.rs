@@ -15,8 +15,8 @@ use super::load::read_tokenizer;
 use super::planning::{open_checkpoint, plan_beside};
 use super::RuntimeError;
 use ferry_config::{
-    DeviceConfig, DtypeChoice, MemoryBudget, ModelConfig, OffloadMode, SpeculativeConfig,
-    SpeculativeMethod,
+    DeviceConfig, DtypeChoice, KvOffload, MemoryBudget, ModelConfig, OffloadMode,
+    SpeculativeConfig, SpeculativeMethod,
 };
 use ferry_model::checkpoint::Checkpoint;
 use ferry_model::loader::LoadOptions;
@@ -74,6 +74,8 @@ fn draft_config(
     config.source = source;
     config.dtype = DtypeChoice::Auto;
     config.kv_dtype = DtypeChoice::Auto;
+    // The draft's cache stays beside it on the device (it is small, and read every proposal).
+    config.kv_offload = KvOffload::Off;
     config.offload.mode = OffloadMode::None;
     config.offload.gpu_memory = budget;
     config.max_context = max_context;
