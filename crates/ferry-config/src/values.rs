@@ -872,6 +872,20 @@ mod tests {
     }
 
     #[test]
+    fn cpu_kernel_choices_parse_in_any_case_and_show_back() {
+        for (value, name) in KERNEL_NAMES {
+            assert_eq!(
+                Kernels::parse(&format!(" {} ", name.to_ascii_uppercase())),
+                Ok(value)
+            );
+            assert_eq!(Kernels::show(&value), Shown::Text(name.to_string()));
+        }
+        assert_eq!(Kernels::parse("avx2"), Ok(CpuQmatmul::Avx2));
+        let err = Kernels::parse("avx3").expect_err("no such choice");
+        assert!(err.contains("avx-vnni") && err.contains("candle"), "{err}");
+    }
+
+    #[test]
     fn quantized_dtypes_parse_and_show_back_and_the_kv_cache_takes_q8_0_and_q4_0_only() {
         for q in QuantType::ALL {
             let parsed = Dtype::parse(&q.as_str().to_ascii_uppercase()).expect("quant type");
