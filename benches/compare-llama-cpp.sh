@@ -10,9 +10,19 @@
 # (name the CPU with it: AVX2-only and AVX-512 machines differ).
 #
 # Usage: benches/compare-llama-cpp.sh [THREADS] [GEN_TOKENS] [RUNS]
+#   FERRY_COMPARE_MODE     native (default): each engine on everything the CPU has; avx2: both held
+#                          to AVX2 + FMA + F16C (an AVX2-only CPU such as AMD Zen 2/3 on this
+#                          one): ferry with `--cpu-qmatmul avx2` (no AVX-512, AVX-VNNI or AMX,
+#                          attention included), llama.cpp from a llama-cpp-python built with
+#                          GGML_NATIVE=OFF and only AVX/AVX2/FMA/F16C/BMI2 on (its venv
+#                          FERRY_BENCH_VENV defaults to ~/.cache/ferry/bench-venv-avx2; the wheel
+#                          is built once, ~11+ minutes on 2 cores, and cached in
+#                          ~/.cache/ferry/wheels/avx2/) with its repacked weight layouts on
+#                          (FERRY_PEER_EXTRA_BUFTS=1; without AMX built in they are safe)
 #   FERRY_COMPARE_MODELS   models to run (default: "default synth-q4_k_m synth-q6_k synth-q8_0
-#                          synth-iq4_xs"; any name of `scripts/make-quant-models.py --list`,
-#                          or a path to a GGUF)
+#                          synth-iq4_xs synth896-q4_k_m synth-q2_k synth-q3_k_m"; any name of
+#                          `scripts/make-quant-models.py --list`, or a path to a GGUF;
+#                          synth896-q4_k_m is the Q5_0/Q8_0-heavy mix of 896-wide models)
 #   FERRY_COMPARE_PROMPTS  prompt lengths (default: "512 4096")
 #   FERRY_BENCH_VENV       Python venv with llama-cpp-python, numpy and gguf (made if missing:
 #                          llama-cpp-python builds llama.cpp from source, about 11 minutes on 2
@@ -25,18 +35,55 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 threads="${1:-2}"; gen_tokens="${2:-64}"; runs="${3:-2}"
-models="${FERRY_COMPARE_MODELS:-default synth-q4_k_m synth-q6_k synth-q8_0 synth-iq4_xs}"
+models="${FERRY_COMPARE_MODELS:-default synth-q4_k_m synth-q6_k synth-q8_0 synth-iq4_xs synth896-q4_k_m synth-q2_k synth-q3_k_m}"
 prompts="${FERRY_COMPARE_PROMPTS:-512 4096}"
-venv="${FERRY_BENCH_VENV:-$HOME/.cache/ferry/bench-venv}"
+mode="${FERRY_COMPARE_MODE:-native}"
+case "$mode" in
+    native)
+        venv="${FERRY_BENCH_VENV:-$HOME/.cache/ferry/bench-venv}"
+        ferry_kernels=auto
+        ;;
+    avx2)
+        venv="${FERRY_BENCH_VENV:-$HOME/.cache/ferry/bench-venv-avx2}"
+        ferry_kernels=avx2
+        export FERRY_PEER_EXTRA_BUFTS=1
+        ;;
+    *) echo "compare: FERRY_COMPARE_MODE is native or avx2, not $mode" >&2; exit 2 ;;
+esac
 profile="${FERRY_COMPARE_PROFILE:-bench}"
 results="$(mktemp)"
 trap 'rm -f "$results"' EXIT
 
+# llama.cpp's CMake switches for an AVX2-only build (no native detection, nothing newer).
+avx2_cmake="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+avx2_cmake+=" -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF"
+avx2_cmake+=" -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+wheels="$HOME/.cache/ferry/wheels/avx2"
+
 scripts/fetch-model.sh >&2
 if ! "$venv/bin/python" -c "import llama_cpp, gguf, numpy" 2>/dev/null; then
-    echo "compare: installing llama-cpp-python, gguf and numpy into $venv..." >&2
+    echo "compare: installing llama-cpp-python ($mode), gguf and numpy into $venv..." >&2
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet llama-cpp-python==0.3.36 gguf==0.19.0 numpy
+    if [ "$mode" = avx2 ]; then
+        wheel="$(ls "$wheels"/llama_cpp_python-0.3.36-*.whl 2>/dev/null | head -n 1 || true)"
+        if [ -z "$wheel" ]; then
+            echo "compare: building llama-cpp-python for AVX2 only into $wheels (~11+ min)..." >&2
+            mkdir -p "$wheels"
+            CMAKE_ARGS="$avx2_cmake" "$venv/bin/pip" wheel --quiet --no-deps --no-cache-dir \
+                --no-binary llama-cpp-python llama-cpp-python==0.3.36 -w "$wheels"
+            wheel="$(ls "$wheels"/llama_cpp_python-0.3.36-*.whl | head -n 1)"
+        fi
+        "$venv/bin/pip" install --quiet "$wheel" gguf==0.19.0 numpy
+    else
+        "$venv/bin/pip" install --quiet llama-cpp-python==0.3.36 gguf==0.19.0 numpy
+    fi
+fi
+# What each side runs on, for the table's caption.
+peer_isa="$("$venv/bin/python" -c "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())" 2>/dev/null \
+    | tr '|' '\n' | grep -E '^ *(AVX|AVX2|AVX_VNNI|AVX512|AVX512_VNNI|AMX_INT8|FMA|F16C) *= *1' | tr -d ' ' | paste -sd, - || true)"
+if [ "$mode" = avx2 ] && echo "$peer_isa" | grep -qE 'AVX512|AVX_VNNI|AMX'; then
+    echo "compare: $venv's llama.cpp was not built for AVX2 only ($peer_isa)" >&2
+    exit 1
 fi
 cargo build --profile "$profile" --bench decode >&2
 
@@ -75,7 +122,7 @@ for name in $models; do
         echo "compare: $name, $prompt_tokens-token prompt, $threads threads" >&2
         if ferry_out="$(RAYON_NUM_THREADS="$threads" cargo bench --profile "$profile" --quiet --bench decode -- \
                 --model "$path" --prompt-tokens "$prompt_tokens" --gen-tokens "$gen_tokens" \
-                --runs "$runs" 2>/tmp/ferry-compare-stderr.$$)"; then
+                --runs "$runs" --cpu-qmatmul "$ferry_kernels" 2>/tmp/ferry-compare-stderr.$$)"; then
             ferry_err=""
         else
             ferry_err="$(grep -v '^\s*$' /tmp/ferry-compare-stderr.$$ | grep -iE 'error|cannot' | tail -n 1 || true)"
@@ -104,9 +151,12 @@ PY
     done
 done
 
-python3 - "$results" "$threads" "$profile" <<'PY'
+cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+python3 - "$results" "$threads" "$profile" "$mode" "$cpu" "$ferry_kernels" "$peer_isa" <<'PY'
 import json, statistics, sys
 path, threads = sys.argv[1], sys.argv[2]
+mode, cpu, ferry_kernels, peer_isa = sys.argv[4:8]
+print(f"\nmode {mode} on {cpu}: ferry --cpu-qmatmul {ferry_kernels}; llama.cpp built with {peer_isa or 'unknown'}")
 med = lambda rows, key: statistics.median(r[key] for r in rows) if rows else None
 def fmt(x, spec=".1f"):
     return "n/a" if x is None else format(x, spec)

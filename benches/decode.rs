@@ -15,8 +15,10 @@ use std::time::Instant;
 
 use clap::Parser;
 use common::ModelArgs;
-use ferry::config::values::{Codec, Dtype};
-use ferry::config::{DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode};
+use ferry::config::values::{Codec, Dtype, Kernels};
+use ferry::config::{
+    CpuQmatmul, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
+};
 use ferry::engine::sampling::argmax;
 use ferry::engine::traits::{LanguageModel, TextCodec};
 use ferry::model::source::HubOptions;
@@ -39,12 +41,17 @@ struct Options {
     /// KV cache dtype, as the `kv_dtype` setting takes it (auto, f32, f16, bf16, q8_0, q4_0).
     #[arg(long, default_value = "auto", value_parser = Dtype::parse)]
     kv_dtype: DtypeChoice,
+    /// CPU kernels for quantized weights, as the `cpu_qmatmul` setting takes them (auto,
+    /// avx512, avx-vnni, avx2, scalar, candle): `avx2` measures an AVX2-only CPU's path.
+    #[arg(long, default_value = "auto", value_parser = Kernels::parse)]
+    cpu_qmatmul: CpuQmatmul,
 }
 
 fn main() -> Result<(), String> {
     let options = Options::parse();
     // The allocator settings `ferry serve` runs with, so the resident sets below are the server's.
     ferry::server::limits::tune_allocator();
+    ferry::model::weights::set_cpu_qmatmul(options.cpu_qmatmul);
     let config = ModelConfig {
         name: "bench".to_string(),
         source: options.model.source.clone(),

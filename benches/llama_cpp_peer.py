@@ -5,6 +5,7 @@ with the load time (the `Llama` constructor: file to ready) and the resident set
 Usage: python benches/llama_cpp_peer.py MODEL.gguf PROMPT_IDS_JSON GEN_TOKENS RUNS THREADS
 """
 import json
+import os
 import sys
 import time
 
@@ -16,6 +17,8 @@ from llama_cpp import Llama
 # grant the AMX tile state that path segfaults (seen in ggml_backend_amx_mul_mat). The wrapper has
 # no switch for it, so default model params are patched to keep weights in plain CPU buffers.
 # (ggml's other extra buffer, weight repacking, has no Q4_1 layout, so Q4_1 runs the same kernels.)
+# FERRY_PEER_EXTRA_BUFTS=1 keeps them on: for a llama.cpp built without AMX (the AVX2-only mode of
+# benches/compare-llama-cpp.sh), where they are the repacked Q4_0 / IQ4_NL / Q4_K GEMM layouts.
 _default_model_params = llama_cpp_api.llama_model_default_params
 
 
@@ -25,7 +28,8 @@ def _plain_buffers():
     return params
 
 
-llama_cpp_api.llama_model_default_params = _plain_buffers
+if os.environ.get("FERRY_PEER_EXTRA_BUFTS") != "1":
+    llama_cpp_api.llama_model_default_params = _plain_buffers
 
 
 def resident_bytes() -> int:

@@ -174,9 +174,12 @@ fn kernel_named(name: &str) -> Result<Kernel, String> {
     match name {
         "auto" => Ok(Kernel::Auto),
         "avx512" => Ok(Kernel::Avx512),
+        "avx-vnni" => Ok(Kernel::AvxVnni),
         "avx2" => Ok(Kernel::Avx2),
         "scalar" => Ok(Kernel::Scalar),
-        other => Err(format!("kernel {other}: auto, avx512, avx2 or scalar")),
+        other => Err(format!(
+            "kernel {other}: auto, avx512, avx-vnni, avx2 or scalar"
+        )),
     }
 }
 

@@ -8,16 +8,21 @@ r"""Makes the quantized test and benchmark models of issue 11, with llama.cpp's 
 (b) a synthetic Llama whose dimensions are multiples of 256 (hidden 2048, MLP 5632, 4 layers,
     16 heads of 128, 4 key/value heads; seeded random weights) written with the `gguf` package
     as F16 (norms F32), with SmolLM2's tokenizer copied from its GGUF metadata, then quantized
-    to Q4_K_M, Q5_K_M, Q6_K, Q8_0, IQ4_XS, IQ4_NL and MXFP4. llama.cpp's quantizer offers
+    to Q4_K_M, Q5_K_M, Q6_K, Q8_0, IQ4_XS, IQ4_NL, MXFP4, Q2_K and Q3_K_M (the last two mostly
+    Q2_K / Q3_K tensors). llama.cpp's quantizer offers
     MXFP4 only as MXFP4_MOE, which writes MXFP4 for expert tensors and Q8_0 for every other
     one, so a dense model gets none; the MXFP4 file here is MXFP4_MOE with a tensor-type
     override (`tt_overrides`, `--tensor-type` on the command line) putting every decoder
-    matrix in MXFP4. A model is only re-made when its file is missing (`--force` re-makes).
+    matrix in MXFP4.
+(c) a Qwen2.5-0.5B-shaped synthetic Llama (hidden 896; SYNTH896 below) as F16, quantized to
+    Q4_K_M: 896 is not a multiple of 256, so llama.cpp writes its fallback types for most
+    matrices (Q5_0, Q8_0), the mix of real 0.5B Q4_K_M files (synth896-q4_k_m).
+A model is only re-made when its file is missing (`--force` re-makes).
 
 Usage: /work/venv-oracle/bin/python scripts/make-quant-models.py [--out DIR] [--force]
            [--only NAME[,NAME...]] [--list]
 Default DIR: $FERRY_QUANT_MODELS or ~/.cache/ferry/quant-models. Names: smollm2-q4_0, ...,
-synth-f16, synth-q4_k_m, ... (`--list` prints them with their paths). Needs numpy, gguf 0.19 and
+synth-f16, synth-q4_k_m, ..., synth896-q4_k_m (`--list` prints them with their paths). Needs numpy, gguf 0.19 and
 llama-cpp-python 0.3.36; no network. scripts/make-quant-fixture-llamacpp.py reuses the writer
 and quantizer below for the tiny committed fixtures.
 """
@@ -42,11 +47,19 @@ FTYPES = {
 GGML_TYPE_MXFP4 = 39
 
 SMOLLM2_VARIANTS = ["q4_0", "q5_0", "q5_1", "q8_0", "q4_k_m", "q6_k"]
-SYNTH_VARIANTS = ["q4_k_m", "q5_k_m", "q6_k", "q8_0", "iq4_xs", "iq4_nl", "mxfp4"]
+SYNTH_VARIANTS = ["q4_k_m", "q5_k_m", "q6_k", "q8_0", "iq4_xs", "iq4_nl", "mxfp4", "q2_k",
+                  "q3_k_m"]
+SYNTH896_VARIANTS = ["q4_k_m"]
 
 # The benchmark/test synthetic model.
 SYNTH = dict(hidden=2048, ff=5632, layers=4, heads=16, kv_heads=4, head_dim=128,
              context=8192, rope_base=10000.0, eps=1e-5, seed=2048)
+
+# A Qwen2.5-0.5B-shaped one (hidden 896, MLP 4864, 14 heads of 64, 2 key/value heads; half
+# its 24 layers): 896-wide rows are not whole 256-element blocks, so its Q4_K_M file holds
+# llama.cpp's fallback mix, Q5_0 and Q8_0 for every matrix read along 896 (issue 27).
+SYNTH896 = dict(hidden=896, ff=4864, layers=12, heads=14, kv_heads=2, head_dim=64,
+                context=8192, rope_base=1000000.0, eps=1e-6, seed=896)
 
 
 def out_dir(arg=None):
@@ -185,6 +198,19 @@ def catalogue(directory):
     for kind in SYNTH_VARIANTS:
         path = os.path.join(directory, f"synth-{kind}.gguf")
         models[f"synth-{kind}"] = (path, lambda p=path, k=kind: quantize(synth_f16, p, k))
+    synth896_f16 = os.path.join(directory, "synth896-f16.gguf")
+
+    def make_synth896(p=synth896_f16):
+        tok = smollm2_tokenizer()
+        vocab = next(len(v) for k, _, v, _ in tok if k == "tokenizer.ggml.tokens")
+        write_llama(p, SYNTH896, tok, vocab, name="ferry synthetic random 896")
+        return p
+
+    models["synth896-f16"] = (synth896_f16, make_synth896)
+    for kind in SYNTH896_VARIANTS:
+        path = os.path.join(directory, f"synth896-{kind}.gguf")
+        models[f"synth896-{kind}"] = (path,
+                                      lambda p=path, k=kind: quantize(synth896_f16, p, k))
     return models
 
 
@@ -207,8 +233,9 @@ def main():
             print(name, models[name][0])
         return
     # A quantized synthetic model needs its F16 source.
-    if any(n.startswith("synth-") for n in wanted) and "synth-f16" not in wanted:
-        wanted.insert(0, "synth-f16")
+    for family in ("synth", "synth896"):
+        if any(n.startswith(family + "-") for n in wanted) and family + "-f16" not in wanted:
+            wanted.insert(0, family + "-f16")
     for name in models:
         if name not in wanted:
             continue

@@ -383,7 +383,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("auto"),
         default_note: "",
         example: "candle",
-        help: "Quantized matmul on the CPU: auto (ferry's kernels where they apply) or candle.",
+        help: "Quantized matmul on the CPU: auto (ferry's kernels where they apply, on the fastest instruction sets the CPU has), avx512, avx-vnni, avx2 or scalar (ferry's kernels held to those instruction sets, e.g. avx2 to measure an AVX2-only CPU's path) or candle.",
         field: field!(Device, Kernels, cpu_qmatmul),
     },
     Setting {

@@ -117,9 +117,18 @@ impl QuantType {
 /// Which kernels multiply quantized weights on the CPU. A config type the model reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CpuQmatmul {
-    /// ferry's own kernels where they support the block type, candle's `QMatMul` elsewhere.
+    /// ferry's own kernels where they support the block type, candle's `QMatMul` elsewhere;
+    /// ferry's on the fastest instruction sets the CPU has.
     #[default]
     Auto,
+    /// As `Auto`, on AVX-512 without AMX (the path of AVX-512 CPUs without AMX).
+    Avx512,
+    /// As `Auto`, on AVX2 with AVX-VNNI and no AVX-512 (the path of e.g. Alder Lake).
+    AvxVnni,
+    /// As `Auto`, on AVX2, FMA and F16C alone (the path of AVX2-only CPUs such as AMD Zen 2/3).
+    Avx2,
+    /// As `Auto`, on ferry's portable scalar kernels.
+    Scalar,
     /// candle's `QMatMul` for every type (for comparisons).
     Candle,
 }
@@ -695,27 +704,37 @@ impl Codec for Gflops {
     }
 }
 
-/// `auto` or `candle`.
+/// `auto`, `avx512`, `avx-vnni`, `avx2`, `scalar` or `candle`.
 pub struct Kernels;
+
+/// Every [`CpuQmatmul`] with its name.
+const KERNEL_NAMES: [(CpuQmatmul, &str); 6] = [
+    (CpuQmatmul::Auto, "auto"),
+    (CpuQmatmul::Avx512, "avx512"),
+    (CpuQmatmul::AvxVnni, "avx-vnni"),
+    (CpuQmatmul::Avx2, "avx2"),
+    (CpuQmatmul::Scalar, "scalar"),
+    (CpuQmatmul::Candle, "candle"),
+];
+
 impl Codec for Kernels {
     type Value = CpuQmatmul;
     fn parse(text: &str) -> Result<CpuQmatmul, String> {
-        match text.trim().to_ascii_lowercase().as_str() {
-            "auto" => Ok(CpuQmatmul::Auto),
-            "candle" => Ok(CpuQmatmul::Candle),
-            _ => Err(format!(
-                "`{text}` is not a CPU kernel choice (use auto or candle)"
-            )),
-        }
+        let want = text.trim().to_ascii_lowercase();
+        KERNEL_NAMES
+            .iter()
+            .find(|(_, name)| *name == want)
+            .map(|&(value, _)| value)
+            .ok_or_else(|| {
+                format!("`{text}` is not a CPU kernel choice (use auto, avx512, avx-vnni, avx2, scalar or candle)")
+            })
     }
     fn show(value: &CpuQmatmul) -> Shown {
-        Shown::Text(
-            match value {
-                CpuQmatmul::Auto => "auto",
-                CpuQmatmul::Candle => "candle",
-            }
-            .to_string(),
-        )
+        let name = KERNEL_NAMES
+            .iter()
+            .find(|(v, _)| v == value)
+            .map_or("auto", |&(_, name)| name);
+        Shown::Text(name.to_string())
     }
 }
 
@@ -891,6 +910,20 @@ mod tests {
         assert!(Text::parse("  ").is_err());
         assert!(Kernels::parse("fast").is_err());
         assert_eq!(Number::<u16>::parse("70000").ok(), None);
+    }
+
+    #[test]
+    fn cpu_kernel_choices_parse_in_any_case_and_show_back() {
+        for (value, name) in KERNEL_NAMES {
+            assert_eq!(
+                Kernels::parse(&format!(" {} ", name.to_ascii_uppercase())),
+                Ok(value)
+            );
+            assert_eq!(Kernels::show(&value), Shown::Text(name.to_string()));
+        }
+        assert_eq!(Kernels::parse("avx2"), Ok(CpuQmatmul::Avx2));
+        let err = Kernels::parse("avx3").expect_err("no such choice");
+        assert!(err.contains("avx-vnni") && err.contains("candle"), "{err}");
     }
 
     #[test]

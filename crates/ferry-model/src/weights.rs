@@ -12,7 +12,7 @@ use std::sync::Arc;
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
-use super::cpu_qmatmul::{Blocks, CpuQMatMul, Kernel};
+use super::cpu_qmatmul::{self, Blocks, CpuQMatMul, Kernel};
 use super::error::{ModelError, Result};
 use super::header::GgufType;
 use super::tensors::Part;
@@ -22,10 +22,19 @@ use ferry_config::CpuQmatmul;
 static CANDLE_FORCED: AtomicBool = AtomicBool::new(false);
 
 /// Sets the process-wide choice of CPU kernels for quantized weights (`device.cpu_qmatmul`,
-/// `FERRY_CPU_QMATMUL`) that [`Linear::quantized`] reads. The binary sets it once, before any
-/// model loads; the default is [`CpuQmatmul::Auto`].
+/// `FERRY_CPU_QMATMUL`) that [`Linear::quantized`] reads, and the instruction sets ferry's
+/// kernels are held to ([`cpu_qmatmul::set_process_kernel`]: `avx2` runs the AVX2-only path
+/// on any CPU that has AVX2). The binary sets it once, before any model loads; the default is
+/// [`CpuQmatmul::Auto`].
 pub fn set_cpu_qmatmul(choice: CpuQmatmul) {
     CANDLE_FORCED.store(choice == CpuQmatmul::Candle, Ordering::Relaxed);
+    cpu_qmatmul::set_process_kernel(match choice {
+        CpuQmatmul::Auto | CpuQmatmul::Candle => Kernel::Auto,
+        CpuQmatmul::Avx512 => Kernel::Avx512,
+        CpuQmatmul::AvxVnni => Kernel::AvxVnni,
+        CpuQmatmul::Avx2 => Kernel::Avx2,
+        CpuQmatmul::Scalar => Kernel::Scalar,
+    });
 }
 
 /// Whether a quantized matrix of `ty` (on the CPU when `on_cpu`) is multiplied by ferry's
@@ -147,7 +156,7 @@ impl Linear {
         let Some(mats) = cpu.filter(|mats| mats.len() > 1) else {
             return linears.iter().map(|l| l.forward(x)).collect();
         };
-        let ys = CpuQMatMul::forward_many(&mats, x, Kernel::Auto)?;
+        let ys = CpuQMatMul::forward_many(&mats, x, cpu_qmatmul::process_kernel())?;
         linears
             .iter()
             .zip(ys)

@@ -156,9 +156,9 @@ macro_rules! variants {
 }
 
 /// The AVX-VNNI variant compiled for AVX2's sixteen registers of `format` (`None` for one
-/// without a four-row body), even where `run` would take the wide one: for the tests, which
-/// hold it equal to the others on CPUs that would never run it.
-#[cfg(test)]
+/// without a four-row body, or without AVX-VNNI), even where `run` would take the wide one:
+/// the path of [`super::Kernel::AvxVnni`], and for the tests, which hold it equal to the
+/// others on CPUs that would never run it.
 pub(super) fn narrow_vnni(format: super::Format, w: &[u8], a: Rows4<'_>) -> Option<[f32; 4]> {
     use super::Format;
     if !has_vnni() {
@@ -168,6 +168,8 @@ pub(super) fn narrow_vnni(format: super::Format, w: &[u8], a: Rows4<'_>) -> Opti
         Format::Q4_0 => 18,
         Format::Q4_1 => 20,
         Format::Q8_0 => 34,
+        Format::Q5_0 => 22,
+        Format::Q5_1 => 24,
         Format::IQ4_NL => IQ4_NL_BYTES,
         Format::MXFP4 => MXFP4_BYTES,
         Format::IQ4_XS => {
@@ -184,6 +186,8 @@ pub(super) fn narrow_vnni(format: super::Format, w: &[u8], a: Rows4<'_>) -> Opti
             Format::Q4_0 => q4_0_variants::vnni(w.as_ptr(), a),
             Format::Q4_1 => q4_1_variants::vnni(w.as_ptr(), a),
             Format::Q8_0 => q8_0_variants::vnni(w.as_ptr(), a),
+            Format::Q5_0 => q5_0_variants::vnni(w.as_ptr(), a),
+            Format::Q5_1 => q5_1_variants::vnni(w.as_ptr(), a),
             Format::IQ4_NL => iq4_nl_variants::vnni(w.as_ptr(), a),
             Format::MXFP4 => mxfp4_variants::vnni(w.as_ptr(), a),
             _ => iq4_xs_variants::vnni(w.as_ptr(), a),
@@ -336,6 +340,108 @@ unsafe fn signed_block<const VNNI: bool>(
         let b = row.get_unchecked(i);
         let prod = dot::<VNNI>(abs, _mm256_sign_epi8(load_act(b), wv));
         *sum = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), prod, *sum);
+    }
+}
+
+/// [`super::q5::avx2::dot_q5_0`] of `w` with each of the four rows `a` (see [`q4_0`] for
+/// `vnni`).
+pub fn q5_0(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    let _ = k;
+    check(w, &a, 22, "q5_0");
+    // SAFETY: as in `q4_0`.
+    unsafe { q5_0_variants::run(vnni, w.as_ptr(), a) }
+}
+
+/// [`super::q5::avx2::dot_q5_1`] of `w` with each of the four rows `a` (see [`q4_0`] for
+/// `vnni`).
+pub fn q5_1(k: Avx2, vnni: bool, w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    let _ = k;
+    check(w, &a, 24, "q5_1");
+    // SAFETY: as in `q4_0`.
+    unsafe { q5_1_variants::run(vnni, w.as_ptr(), a) }
+}
+
+variants!(q5_0_variants, q5_0_body);
+variants!(q5_1_variants, q5_1_body);
+
+/// # Safety
+/// Inlined into its variants (see `variants!`); `w..w + 22 * a[0].len()` must be readable and
+/// every row of `a` as long as the first ([`check`]).
+#[inline(always)]
+unsafe fn q5_0_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+    q5_body::<22, false, VNNI>(w, a)
+}
+
+/// # Safety
+/// Inlined into its variants (see `variants!`); `w..w + 24 * a[0].len()` must be readable and
+/// every row of `a` as long as the first ([`check`]).
+#[inline(always)]
+unsafe fn q5_1_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
+    q5_body::<24, true, VNNI>(w, a)
+}
+
+/// The four-row form of the AVX2 Q5 row kernel (Q5_0: `MIN = false`, 22-byte blocks; Q5_1:
+/// `MIN = true`, 24-byte blocks): even blocks into one set of sums and odd into another, each
+/// block's 5-bit weights made once for the four rows, and each row's scalar offset term
+/// updated block by block in the row kernel's order, the four of them in the lanes of one
+/// register (lane `r`: row `r`; lane-wise products and sums round as the scalar ones do).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C (and AVX-VNNI when `VNNI`); `w..w + BYTES * a[0].len()`
+/// must be readable and every row of `a` as long as the first ([`check`]).
+#[inline(always)]
+unsafe fn q5_body<const BYTES: usize, const MIN: bool, const VNNI: bool>(
+    w: *const u8,
+    a: Rows4<'_>,
+) -> [f32; 4] {
+    let kb = a[0].len();
+    let mut acc0 = [_mm256_setzero_ps(); 4];
+    let mut acc1 = [_mm256_setzero_ps(); 4];
+    let mut offset = _mm_setzero_ps();
+    let mut p = w;
+    for j in 0..kb / 2 {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
+        offset = q5_block::<MIN, VNNI>(p, a, 2 * j, &mut acc0, offset);
+        offset = q5_block::<MIN, VNNI>(p.add(BYTES), a, 2 * j + 1, &mut acc1, offset);
+        p = p.add(2 * BYTES);
+    }
+    if kb % 2 == 1 {
+        offset = q5_block::<MIN, VNNI>(p, a, kb - 1, &mut acc0, offset);
+    }
+    let mut offsets = [0f32; 4];
+    _mm_storeu_ps(offsets.as_mut_ptr(), offset);
+    std::array::from_fn(|r| hsum(_mm256_add_ps(acc0[r], acc1[r])) + offsets[r])
+}
+
+/// Block `i` of a Q5 row at `p` for the four rows `a`: its weights into `sums` (as
+/// [`unsigned_block`]), and `offset` plus its offset terms, returned (lane `r`: row `r`'s
+/// `- d * a.d * (16 * isum)` for Q5_0, `+ m * a.s` for Q5_1, as the row kernel's scalars).
+/// A function, not a closure, so that it is compiled with its caller's target features.
+///
+/// # Safety
+/// As [`q5_body`]; every row of `a` must hold block `i`.
+#[inline(always)]
+unsafe fn q5_block<const MIN: bool, const VNNI: bool>(
+    p: *const u8,
+    a: Rows4<'_>,
+    i: usize,
+    sums: &mut [__m256; 4],
+    offset: __m128,
+) -> __m128 {
+    let qh_at = if MIN { 4 } else { 2 };
+    let d = f16_at(p);
+    let qh = u32::from_le(p.add(qh_at).cast::<u32>().read_unaligned());
+    let q = _mm256_or_si256(nibbles(p.add(qh_at + 4)), super::q5::avx2::high_bits(qh));
+    unsigned_block::<VNNI>(q, d, a, i, sums);
+    let b = [0, 1, 2, 3].map(|r| a[r].get_unchecked(i));
+    if MIN {
+        let s = _mm_set_ps(b[3].s, b[2].s, b[1].s, b[0].s);
+        _mm_add_ps(offset, _mm_mul_ps(_mm_set1_ps(f16_at(p.add(2))), s))
+    } else {
+        let ad = _mm_set_ps(b[3].d, b[2].d, b[1].d, b[0].d);
+        let isum = |r: usize| 16 * b[r].isum;
+        let isums = _mm_cvtepi32_ps(_mm_set_epi32(isum(3), isum(2), isum(1), isum(0)));
+        _mm_sub_ps(offset, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(d), ad), isums))
     }
 }
 

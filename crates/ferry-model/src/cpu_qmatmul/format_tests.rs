@@ -238,10 +238,11 @@ fn simd_and_scalar_kernels_agree() {
                 case(dtype, n, k, 77 + s as u64),
                 random_blocks(dtype, n, k, 78 + s as u64),
             ];
-            for c in &cases {
-                let x = values(3 * k, 5);
-                let auto = run(c, &x, 3, Kernel::Auto);
-                let scalar = run(c, &x, 3, Kernel::Scalar);
+            // 3 rows: the one-row dots; 9: the four-row kernels and a leftover row.
+            for (c, m) in cases.iter().flat_map(|c| [(c, 3), (c, 9)]) {
+                let x = values(m * k, 5);
+                let auto = run(c, &x, m, Kernel::Auto);
+                let scalar = run(c, &x, m, Kernel::Scalar);
                 if is_k(dtype) {
                     assert_eq!(auto, scalar, "{dtype:?} {k}->{n}");
                     continue;

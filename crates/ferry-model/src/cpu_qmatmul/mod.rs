@@ -74,11 +74,40 @@ pub enum Kernel {
     /// The AVX-512 kernels (where `Auto` would use them) even where AMX is present: the path
     /// of AVX-512 CPUs without AMX, kept testable and measurable on AMX machines.
     Avx512,
-    /// The AVX2 kernels even where AVX-512 is present (scalar without AVX2): the path of
-    /// AVX2-only CPUs, kept testable and measurable on AVX-512 machines.
+    /// The AVX2 kernels with AVX-VNNI's `vpdpbusd` / `vpdpwssd` where the CPU has it, on
+    /// AVX2's sixteen ymm registers (AVX2 without AVX-VNNI, scalar without AVX2): the path of
+    /// AVX-VNNI CPUs without AVX-512 (e.g. Alder Lake), kept measurable on AVX-512 machines.
+    AvxVnni,
+    /// The AVX2 kernels alone (AVX2, FMA, F16C: no AVX-VNNI, no AVX-512 instruction or
+    /// register, no AMX; scalar without AVX2): the path of AVX2-only CPUs (AMD Zen 2/3, older
+    /// Intel), kept testable and measurable on newer machines.
     Avx2,
     /// The portable scalar kernels (the reference; used in tests to cover the fallback).
     Scalar,
+}
+
+/// The process-wide kernel choice ([`set_process_kernel`]) as its index in [`KERNELS`].
+static PROCESS_KERNEL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Every [`Kernel`], in the order [`PROCESS_KERNEL`] indexes them.
+const KERNELS: [Kernel; 5] = [
+    Kernel::Auto,
+    Kernel::Avx512,
+    Kernel::AvxVnni,
+    Kernel::Avx2,
+    Kernel::Scalar,
+];
+
+/// Sets the kernel choice [`CpuQMatMul::forward`] and [`CpuQMatMul::instruction_sets`] use
+/// (the `device.cpu_qmatmul` setting; [`Kernel::Auto`] unless set), process-wide.
+pub fn set_process_kernel(kernel: Kernel) {
+    let index = KERNELS.iter().position(|&k| k == kernel).unwrap_or(0);
+    PROCESS_KERNEL.store(index, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The kernel choice [`set_process_kernel`] made ([`Kernel::Auto`] unless set).
+pub fn process_kernel() -> Kernel {
+    KERNELS[PROCESS_KERNEL.load(std::sync::atomic::Ordering::Relaxed) % KERNELS.len()]
 }
 
 /// Weight block formats this matmul handles.
@@ -157,7 +186,9 @@ impl Dot {
             format,
             #[cfg(target_arch = "x86_64")]
             avx2: match kernel {
-                Kernel::Auto | Kernel::Avx512 | Kernel::Avx2 => avx2::Avx2::detect(),
+                Kernel::Auto | Kernel::Avx512 | Kernel::AvxVnni | Kernel::Avx2 => {
+                    avx2::Avx2::detect()
+                }
                 Kernel::Scalar => None,
             },
             #[cfg(target_arch = "x86_64")]
@@ -218,7 +249,8 @@ impl Dot {
 /// [`CpuQMatMul::instruction_sets`] of `format`.
 #[cfg(target_arch = "x86_64")]
 fn instruction_sets(format: Format) -> &'static str {
-    let dot = Dot::new(format, Kernel::Auto);
+    let kernel = process_kernel();
+    let dot = Dot::new(format, kernel);
     // The formats with AMX prompt kernels ([`kquants::amx_tile`], [`amx_panel`]).
     let amx_format = matches!(
         format,
@@ -229,6 +261,7 @@ fn instruction_sets(format: Format) -> &'static str {
             | Format::IQ4_XS
             | Format::MXFP4
     );
+    let vnni = avx2_tile::has_vnni() && kernel != Kernel::Avx2;
     match (
         dot.amx.is_some() && amx_format,
         dot.avx512.is_some(),
@@ -236,6 +269,7 @@ fn instruction_sets(format: Format) -> &'static str {
     ) {
         (true, _, _) => "amx+avx512+avx2",
         (false, true, _) => "avx512+avx2",
+        (false, false, true) if vnni => "avx-vnni+avx2",
         (false, false, true) => "avx2",
         (false, false, false) => "scalar",
     }
@@ -265,9 +299,10 @@ impl CpuQMatMul {
         Format::of(ty).is_some()
     }
 
-    /// The instruction sets [`Kernel::Auto`] multiplies `ty` with on this CPU, as the start log
-    /// names them: `amx+avx512+avx2` (AMX tiles for prompts), `avx512+avx2`, `avx2` or
-    /// `scalar`; `None` when `ty` has no kernel here.
+    /// The instruction sets the process's kernel choice ([`process_kernel`]) multiplies `ty`
+    /// with on this CPU, as the start log names them: `amx+avx512+avx2` (AMX tiles for
+    /// prompts), `avx512+avx2`, `avx-vnni+avx2`, `avx2` or `scalar`; `None` when `ty` has no
+    /// kernel here.
     pub fn instruction_sets(ty: GgufType) -> Option<&'static str> {
         Format::of(ty).map(instruction_sets)
     }
@@ -314,9 +349,9 @@ impl CpuQMatMul {
     }
 
     /// Applies `x W^T` to a CPU tensor `x` of shape `[.., in]` (any float dtype; computed in
-    /// f32 and returned in `x`'s dtype).
+    /// f32 and returned in `x`'s dtype), with the process's kernel choice ([`process_kernel`]).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward_with(x, Kernel::Auto)
+        self.forward_with(x, process_kernel())
     }
 
     /// [`forward`](Self::forward) with an explicit kernel choice.

@@ -25,9 +25,21 @@ fn dot5(qh: u32, qs: &[u8], a: &Q8Block) -> i32 {
         .sum()
 }
 
+/// The 32 unsigned 5-bit values `q_j` of one block's high bits `qh` and nibbles `qs` (the
+/// four-row kernels of [`super::scalar_tile`] unpack each block once).
+#[inline]
+pub(super) fn unpack5(qh: u32, qs: &[u8]) -> [i32; BLOCK] {
+    let mut q = [0i32; BLOCK];
+    for (j, &b) in qs.iter().enumerate().take(BLOCK / 2) {
+        q[j] = i32::from(b & 0x0F) | (((qh >> j) & 1) << 4) as i32;
+        q[j + BLOCK / 2] = i32::from(b >> 4) | (((qh >> (j + 16)) & 1) << 4) as i32;
+    }
+    q
+}
+
 /// The little-endian u32 at `b[at..at + 4]`.
 #[inline]
-fn u32_at(b: &[u8], at: usize) -> u32 {
+pub(super) fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
@@ -81,7 +93,7 @@ pub mod avx2 {
     /// `0x10` in byte `j` where bit `j` of `qh` is set, else 0.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn high_bits(qh: u32) -> __m256i {
+    pub(in crate::cpu_qmatmul) fn high_bits(qh: u32) -> __m256i {
         let spread = _mm256_shuffle_epi8(
             _mm256_set1_epi32(qh as i32),
             _mm256_setr_epi8(

@@ -1,12 +1,14 @@
 //! Portable dot products of one raw GGUF weight row with four quantized activation rows at
 //! once (the scalar micro-kernels of [`super::tile`]): each weight block is unpacked once for
 //! the four rows. Every output is the same sum, in the same order, as the one-row kernel in
-//! [`super::scalar`] (block layouts are described there), or in [`super::iq4`] and
-//! [`super::mxfp4`] for the table-coded formats, so the results are equal.
+//! [`super::scalar`] (block layouts are described there), or in [`super::q5`] for Q5_0 / Q5_1
+//! and in [`super::iq4`] and [`super::mxfp4`] for the table-coded formats, so the results are
+//! equal.
 
 use super::activation::{Q8Block, BLOCK};
 use super::iq4::{self, IQ4_NL_BYTES, IQ4_XS_BYTES, XS_SUB};
 use super::mxfp4::{self, MXFP4_BYTES};
+use super::q5;
 use super::scalar::f16_at;
 use super::tile::Rows4;
 
@@ -85,6 +87,31 @@ pub fn q8_0(w: &[u8], a: Rows4<'_>) -> [f32; 4] {
         34,
         |b| std::array::from_fn::<i32, BLOCK, _>(|j| i32::from(b[2 + j] as i8)),
         |b, ws, a| f16_at(b, 0) * a.d * int_dot(ws, a) as f32,
+    )
+}
+
+/// [`super::q5::dot_q5_0`] of `w` with each of the four rows `a`.
+pub fn q5_0(w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    per_block(
+        w,
+        a,
+        22,
+        |b| q5::unpack5(q5::u32_at(b, 2), &b[6..22]),
+        |b, qs, a| {
+            let sumi = int_dot(qs, a) - 16 * a.isum;
+            f16_at(b, 0) * a.d * sumi as f32
+        },
+    )
+}
+
+/// [`super::q5::dot_q5_1`] of `w` with each of the four rows `a`.
+pub fn q5_1(w: &[u8], a: Rows4<'_>) -> [f32; 4] {
+    per_block(
+        w,
+        a,
+        24,
+        |b| q5::unpack5(q5::u32_at(b, 4), &b[8..24]),
+        |b, qs, a| f16_at(b, 0) * a.d * int_dot(qs, a) as f32 + f16_at(b, 2) * a.s,
     )
 }
 

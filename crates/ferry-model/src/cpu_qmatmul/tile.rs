@@ -9,8 +9,9 @@
 //! [`ACT_ROWS`] rows instead of once per row and does a quarter of the unpacking; the
 //! activations of the four rows stay in L1. Leftover rows (fewer than four) and formats without
 //! a micro-kernel go through the one-row dot ([`Dot::row`]). Results land in place in the
-//! row-major output (no transposed scratch). The k-quants (Q4_K, Q5_K, Q6_K) have their own
-//! four-row kernels ([`rows4_k`]) and, on AVX-512, eight-row ones ([`kquants::tile::rows8`]).
+//! row-major output (no transposed scratch). The k-quants (Q2_K..Q6_K) have their own
+//! four-row kernels ([`rows4_k`]) and, on AVX-512, eight-row ones for Q4_K..Q6_K
+//! ([`kquants::tile::rows8`]).
 //! The micro-kernels repeat the one-row kernels'
 //! arithmetic exactly, so the tiling never changes a result.
 //!
@@ -81,13 +82,21 @@ pub(super) fn rows4(dot: &Dot, w: &[u8], a: Rows4<'_>) -> Option<[f32; 4]> {
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(k) = dot.avx2 {
+        if dot.kernel == Kernel::AvxVnni && avx2_tile::has_vnni() {
+            return avx2_tile::narrow_vnni(dot.format, w, a);
+        }
+        // AVX-VNNI (on AVX-512 VL's 32 registers where the CPU has them) unless plain AVX2
+        // was asked for.
+        let vnni = dot.kernel != Kernel::Avx2;
         return match dot.format {
-            Format::Q4_0 => Some(avx2_tile::q4_0(k, true, w, a)),
-            Format::Q4_1 => Some(avx2_tile::q4_1(k, true, w, a)),
-            Format::Q8_0 => Some(avx2_tile::q8_0(k, true, w, a)),
-            Format::IQ4_NL => Some(avx2_tile::iq4_nl(k, true, w, a)),
-            Format::IQ4_XS => Some(avx2_tile::iq4_xs(k, true, w, a)),
-            Format::MXFP4 => Some(avx2_tile::mxfp4(k, true, w, a)),
+            Format::Q4_0 => Some(avx2_tile::q4_0(k, vnni, w, a)),
+            Format::Q4_1 => Some(avx2_tile::q4_1(k, vnni, w, a)),
+            Format::Q8_0 => Some(avx2_tile::q8_0(k, vnni, w, a)),
+            Format::Q5_0 => Some(avx2_tile::q5_0(k, vnni, w, a)),
+            Format::Q5_1 => Some(avx2_tile::q5_1(k, vnni, w, a)),
+            Format::IQ4_NL => Some(avx2_tile::iq4_nl(k, vnni, w, a)),
+            Format::IQ4_XS => Some(avx2_tile::iq4_xs(k, vnni, w, a)),
+            Format::MXFP4 => Some(avx2_tile::mxfp4(k, vnni, w, a)),
             _ => None,
         };
     }
@@ -95,6 +104,8 @@ pub(super) fn rows4(dot: &Dot, w: &[u8], a: Rows4<'_>) -> Option<[f32; 4]> {
         Format::Q4_0 => Some(scalar_tile::q4_0(w, a)),
         Format::Q4_1 => Some(scalar_tile::q4_1(w, a)),
         Format::Q8_0 => Some(scalar_tile::q8_0(w, a)),
+        Format::Q5_0 => Some(scalar_tile::q5_0(w, a)),
+        Format::Q5_1 => Some(scalar_tile::q5_1(w, a)),
         Format::IQ4_NL => Some(scalar_tile::iq4_nl(w, a)),
         Format::IQ4_XS => Some(scalar_tile::iq4_xs(w, a)),
         Format::MXFP4 => Some(scalar_tile::mxfp4(w, a)),

@@ -1,5 +1,7 @@
 //! The tiled loop against the one-row loop: equal results, bit for bit, for every format,
-//! kernel and row count (including partial four-row groups and partial tasks).
+//! kernel and row count (including partial four-row groups and partial tasks); the four-row
+//! kernels of Q4_0, Q4_1, Q8_0, Q5_0 and Q5_1 (AVX2, AVX-VNNI on 16 and 32 registers, scalar)
+//! against the one-row dots.
 
 use std::sync::Arc;
 
@@ -27,7 +29,22 @@ fn ty(dtype: GgmlDType) -> GgufType {
     GgufType::from_candle(dtype)
 }
 
-const FORMATS: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
+const FORMATS: [GgmlDType; 5] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q8_0,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+];
+
+/// Every kernel choice.
+const KERNELS: [Kernel; 5] = [
+    Kernel::Auto,
+    Kernel::Avx512,
+    Kernel::AvxVnni,
+    Kernel::Avx2,
+    Kernel::Scalar,
+];
 
 #[test]
 fn tiled_equals_per_row_for_every_row_count() {
@@ -37,7 +54,7 @@ fn tiled_equals_per_row_for_every_row_count() {
             let mats = [matrix(dtype, n, k, 3), matrix(dtype, 3, k, 4)];
             for m in [1, 2, 3, 4, 5, 17, 64, 67, 130] {
                 let x = values(m * k, 100 + m as u64);
-                for kernel in [Kernel::Auto, Kernel::Avx2, Kernel::Scalar] {
+                for kernel in KERNELS {
                     let tiled = outputs(&mats, &x, m, kernel, Tiling::Tiled);
                     let per_row = outputs(&mats, &x, m, kernel, Tiling::PerRow);
                     assert!(tiled.iter().flatten().all(|v| v.is_finite()));
@@ -77,7 +94,7 @@ fn four_row_kernels_equal_four_one_row_dots() {
             let rows: Vec<&[Q8Block]> = act.chunks(kb).collect();
             let a = [rows[0], rows[1], rows[2], rows[3]];
             // Auto takes the AVX-512 GEMM kernel where the CPU has it (avx512_tests.rs).
-            for kernel in [Kernel::Avx2, Kernel::Scalar] {
+            for kernel in [Kernel::AvxVnni, Kernel::Avx2, Kernel::Scalar] {
                 let dot = Dot::new(format, kernel);
                 let four = rows4(&dot, &data, a).expect("a four-row kernel");
                 let one = a.map(|a| dot.row(&data, ActRow { q8: a, q8k: &[] }));
@@ -127,7 +144,7 @@ fn the_tiled_result_is_the_f32_product_within_rounding() {
 #[test]
 fn avx2_four_row_kernels_with_and_without_vnni_equal_the_one_row_dot() {
     use super::super::avx2::Avx2;
-    use super::super::avx2_tile;
+    use super::super::{avx2_tile, q5};
     let Some(k) = Avx2::detect() else {
         return;
     };
@@ -145,21 +162,21 @@ fn avx2_four_row_kernels_with_and_without_vnni_equal_the_one_row_dot() {
             let one = a.map(|a| match dtype {
                 GgmlDType::Q4_0 => k.dot_q4_0(&data, a),
                 GgmlDType::Q4_1 => k.dot_q4_1(&data, a),
+                GgmlDType::Q5_0 => q5::avx2::dot_q5_0(k, &data, a),
+                GgmlDType::Q5_1 => q5::avx2::dot_q5_1(k, &data, a),
                 _ => k.dot_q8_0(&data, a),
             });
             for vnni in [false, true] {
                 let four = match dtype {
                     GgmlDType::Q4_0 => avx2_tile::q4_0(k, vnni, &data, a),
                     GgmlDType::Q4_1 => avx2_tile::q4_1(k, vnni, &data, a),
+                    GgmlDType::Q5_0 => avx2_tile::q5_0(k, vnni, &data, a),
+                    GgmlDType::Q5_1 => avx2_tile::q5_1(k, vnni, &data, a),
                     _ => avx2_tile::q8_0(k, vnni, &data, a),
                 };
                 assert_eq!(four, one, "{dtype:?} vnni {vnni} {kb} blocks");
             }
-            let format = match dtype {
-                GgmlDType::Q4_0 => Format::Q4_0,
-                GgmlDType::Q4_1 => Format::Q4_1,
-                _ => Format::Q8_0,
-            };
+            let format = Format::of(ty(dtype)).unwrap();
             if let Some(four) = avx2_tile::narrow_vnni(format, &data, a) {
                 assert_eq!(four, one, "{dtype:?} 16-register VNNI variant, {kb} blocks");
             }

@@ -1,4 +1,4 @@
-//! AVX2 four-row k-quant kernels ([`super::tile`]): each Q4_K / Q5_K / Q6_K super-block is
+//! AVX2 four-row k-quant kernels ([`super::tile`]): each Q2_K..Q6_K super-block is
 //! loaded, its quants unpacked to bytes and its scales widened once, then multiplied with the
 //! four activation rows' blocks while it sits in registers.
 //!
@@ -20,9 +20,9 @@ use super::super::avx2::f16_at;
 use super::activation::Q8KBlock;
 use super::avx2::{bsums, duplicated, k4_quants, pair_scales, prefetch, q6_k_quants};
 use super::tile::Rows4K;
-use super::{scales_mins_k4, KFormat};
+use super::{scale_words_q3_k, scales_mins_k4, KFormat};
 
-/// The four-row kernel of `format` (Q4_K, Q5_K or Q6_K).
+/// The four-row kernel of `format`.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C (and AVX-VNNI when `VNNI`); the four rows must be equally
@@ -37,7 +37,8 @@ pub(super) unsafe fn rows4<const VNNI: bool>(
         KFormat::Q4K => k4::<144, false, VNNI>(w, a),
         KFormat::Q5K => k4::<176, true, VNNI>(w, a),
         KFormat::Q6K => q6_k::<VNNI>(w, a),
-        KFormat::Q2K | KFormat::Q3K => unreachable!("{format:?} has no four-row kernel"),
+        KFormat::Q2K => q2_k::<VNNI>(w, a),
+        KFormat::Q3K => q3_k::<VNNI>(w, a),
     }
 }
 
@@ -203,6 +204,93 @@ unsafe fn q6_k<const VNNI: bool>(w: *const u8, a: Rows4K<'_>) -> [f32; 4] {
             sumi[r] = _mm256_sub_epi32(sum[r], _mm256_slli_epi32::<5>(offset));
         }
         let d = (f16_at(p.add(208)), 0.0);
+        acc = add_block_values(acc, d, b, hsum4(sumi), _mm_setzero_si128());
+    }
+    lanes(acc)
+}
+
+/// Q2_K, as the one-row `q2_k`: 2-bit quants, a 4-bit scale and a 4-bit min per 16 elements.
+///
+/// # Safety
+/// As [`rows4`] with 84-byte blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_k<const VNNI: bool>(w: *const u8, a: Rows4K<'_>) -> [f32; 4] {
+    let m4 = _mm_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(3);
+    let mut acc = _mm_setzero_ps();
+    for i in 0..a[0].len() {
+        let p = w.add(84 * i);
+        prefetch(p, 84);
+        let b = blocks(&a, i);
+        let raw = _mm_loadu_si128(p.cast());
+        let sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+        let mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), m4));
+        let mut sum = [_mm256_setzero_si256(); 4];
+        for n in 0..2 {
+            let mut q = _mm256_loadu_si256(p.add(16 + 32 * n).cast());
+            for j in 0..4 {
+                let c = 4 * n + j;
+                let v = _mm256_and_si256(q, m3);
+                let s = pair_scales(sc16, c);
+                for r in 0..4 {
+                    sum[r] = chunk::<VNNI>(sum[r], v, b[r].qs.as_ptr().add(32 * c), s);
+                }
+                q = _mm256_srli_epi16::<2>(q);
+            }
+        }
+        let summ = [
+            _mm256_madd_epi16(mn16, bsums(b[0])),
+            _mm256_madd_epi16(mn16, bsums(b[1])),
+            _mm256_madd_epi16(mn16, bsums(b[2])),
+            _mm256_madd_epi16(mn16, bsums(b[3])),
+        ];
+        let d = (f16_at(p.add(80)), f16_at(p.add(82)));
+        acc = add_block_values(acc, d, b, hsum4(sum), hsum4(summ));
+    }
+    lanes(acc)
+}
+
+/// Q3_K, as the one-row `q3_k`: 2-bit quants plus a high bit (unsigned 0..7 here, the
+/// offset of 4 taken through the activation sums), a signed 6-bit scale per 16 elements.
+///
+/// # Safety
+/// As [`rows4`] with 110-byte blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k<const VNNI: bool>(w: *const u8, a: Rows4K<'_>) -> [f32; 4] {
+    let m3 = _mm256_set1_epi8(3);
+    let one = _mm256_set1_epi8(1);
+    let mut acc = _mm_setzero_ps();
+    for i in 0..a[0].len() {
+        let p = w.add(110 * i);
+        prefetch(p, 110);
+        let b = blocks(&a, i);
+        let [w0, w1, w2, w3] = scale_words_q3_k(std::slice::from_raw_parts(p.add(96), 12));
+        let words = _mm_set_epi32(w3 as i32, w2 as i32, w1 as i32, w0 as i32);
+        let sc16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(words, _mm_set1_epi8(32)));
+        let mut h = _mm256_loadu_si256(p.cast());
+        let mut sum = [_mm256_setzero_si256(); 4];
+        for n in 0..2 {
+            let mut q = _mm256_loadu_si256(p.add(32 + 32 * n).cast());
+            for j in 0..4 {
+                let c = 4 * n + j;
+                let hb = _mm256_slli_epi16::<2>(_mm256_and_si256(h, one));
+                let v = _mm256_or_si256(_mm256_and_si256(q, m3), hb);
+                let s = pair_scales(sc16, c);
+                for r in 0..4 {
+                    sum[r] = chunk::<VNNI>(sum[r], v, b[r].qs.as_ptr().add(32 * c), s);
+                }
+                q = _mm256_srli_epi16::<2>(q);
+                h = _mm256_srli_epi16::<1>(h);
+            }
+        }
+        let mut sumi = sum;
+        for r in 0..4 {
+            let offset = _mm256_madd_epi16(sc16, bsums(b[r]));
+            sumi[r] = _mm256_sub_epi32(sum[r], _mm256_slli_epi32::<2>(offset));
+        }
+        let d = (f16_at(p.add(108)), 0.0);
         acc = add_block_values(acc, d, b, hsum4(sumi), _mm_setzero_si128());
     }
     lanes(acc)

@@ -4,8 +4,9 @@
 //! all of them.
 //!
 //! Three implementations, picked at run time by [`Path::detect`] after the caller's [`Kernel`]
-//! choice: AVX-512 (BW + VNNI, zmm: [`super::avx512_tile`]), AVX2 with AVX-VNNI's `vpdpwssd` and plain AVX2
-//! ([`super::avx2_tile`]); without AVX2 the tile falls back to four one-row scalar dots
+//! choice: AVX-512 (BW + VNNI, zmm: [`super::avx512_tile`], Q4_K..Q6_K; Q2_K and Q3_K take
+//! the ymm kernels there), AVX2 with AVX-VNNI's `vpdpwssd` and plain AVX2
+//! ([`super::avx2_tile`], every k-quant); without AVX2 the tile falls back to four one-row scalar dots
 //! ([`super::scalar`], the reference). Every path reduces each block to the same two exact
 //! integers per activation row as the one-row kernels and combines them with the same f32
 //! operations in the same order ([`super::block_value`]), so the tiled results are bit for
@@ -32,10 +33,12 @@ pub enum Path {
 impl Path {
     /// The fastest path this CPU runs that `kernel` allows (read once per choice): the
     /// AVX-512 tiles for [`Kernel::Auto`] and [`Kernel::Avx512`], AVX-VNNI or AVX2 for
-    /// [`Kernel::Avx2`], `None` for [`Kernel::Scalar`] and without AVX2.
+    /// [`Kernel::AvxVnni`], AVX2 for [`Kernel::Avx2`], `None` for [`Kernel::Scalar`] and
+    /// without AVX2.
     pub fn detect(kernel: Kernel) -> Option<Path> {
         use std::sync::OnceLock;
         static FASTEST: OnceLock<Option<Path>> = OnceLock::new();
+        static VNNI: OnceLock<Option<Path>> = OnceLock::new();
         static AVX2: OnceLock<Option<Path>> = OnceLock::new();
         let first = |allowed: fn(Path) -> bool| {
             Path::all()
@@ -44,7 +47,8 @@ impl Path {
         };
         match kernel {
             Kernel::Auto | Kernel::Avx512 => *FASTEST.get_or_init(|| first(|_| true)),
-            Kernel::Avx2 => *AVX2.get_or_init(|| first(|p| p != Path::Avx512)),
+            Kernel::AvxVnni => *VNNI.get_or_init(|| first(|p| p != Path::Avx512)),
+            Kernel::Avx2 => *AVX2.get_or_init(|| first(|p| p == Path::Avx2)),
             Kernel::Scalar => None,
         }
     }
@@ -87,8 +91,15 @@ fn check_rows(format: KFormat, w: &[u8], a: &[&[Q8KBlock]]) {
     );
 }
 
-/// Whether `format` has four-row kernels (the others use four one-row dots).
+/// Whether `format` has four-row kernels (the others use four one-row dots): every k-quant
+/// (Q2_K and Q3_K only on the ymm kernels: on [`Path::Avx512`] they take the AVX2 ones).
 pub fn has_tile(format: KFormat) -> bool {
+    let _ = format;
+    true
+}
+
+/// Whether `format` has zmm kernels ([`super::avx512_tile`]).
+fn has_zmm_tile(format: KFormat) -> bool {
     matches!(format, KFormat::Q4K | KFormat::Q5K | KFormat::Q6K)
 }
 
@@ -105,7 +116,13 @@ pub fn rows4(path: Path, format: KFormat, w: &[u8], a: Rows4K<'_>) -> Option<[f3
         // every read of `w` and make the four rows equally long.
         unsafe {
             Some(match path {
-                Path::Avx512 => super::avx512_tile::rows4(format, w.as_ptr(), a),
+                Path::Avx512 if has_zmm_tile(format) => {
+                    super::avx512_tile::rows4(format, w.as_ptr(), a)
+                }
+                Path::Avx512 if Path::Avx2Vnni.available() => {
+                    super::avx2_tile::rows4::<true>(format, w.as_ptr(), a)
+                }
+                Path::Avx512 => super::avx2_tile::rows4::<false>(format, w.as_ptr(), a),
                 Path::Avx2Vnni => super::avx2_tile::rows4::<true>(format, w.as_ptr(), a),
                 Path::Avx2 => super::avx2_tile::rows4::<false>(format, w.as_ptr(), a),
             })
@@ -121,7 +138,7 @@ pub type Rows8K<'a> = [&'a [Q8KBlock]; 8];
 /// Whether `format` has an eight-row kernel on `path` (AVX-512 only: eight zmm accumulators
 /// fit its 32 registers, eight ymm ones do not fit AVX2's 16).
 pub fn has_rows8(path: Path, format: KFormat) -> bool {
-    path == Path::Avx512 && has_tile(format) && path.available()
+    path == Path::Avx512 && has_zmm_tile(format) && path.available()
 }
 
 /// [`rows4`] for eight rows: one weight block unpacked for eight activation rows (`None`

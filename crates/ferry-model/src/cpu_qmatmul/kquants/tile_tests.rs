@@ -1,6 +1,6 @@
 //! The k-quant four-row kernels against the one-row scalar dot (bit for bit, on every SIMD
 //! path this CPU runs; the others are named as skipped), and the tiled matmul against the
-//! per-row one for Q4_K, Q5_K and Q6_K at odd row counts and partial tiles.
+//! per-row one for Q2_K..Q6_K at odd row counts and partial tiles.
 
 use candle_core::quantized::GgmlDType;
 use half::f16;
@@ -11,7 +11,13 @@ use super::{has_rows8, has_tile, rows4, rows8, Path, Rows4K, Rows8K};
 use crate::cpu_qmatmul::tile::Tiling;
 use crate::cpu_qmatmul::{test_support, CpuQMatMul, Kernel};
 
-const TILED: [KFormat; 3] = [KFormat::Q4K, KFormat::Q5K, KFormat::Q6K];
+const TILED: [KFormat; 5] = [
+    KFormat::Q2K,
+    KFormat::Q3K,
+    KFormat::Q4K,
+    KFormat::Q5K,
+    KFormat::Q6K,
+];
 
 /// How often the values' magnitude scale repeats along a row.
 const DRIFT: usize = 7;
@@ -119,17 +125,11 @@ fn eight_row_kernels_equal_eight_scalar_one_row_dots() {
 }
 
 #[test]
-fn formats_without_a_tile_and_unavailable_paths_fall_back() {
+fn unavailable_paths_fall_back() {
     let act = activations(1, 3, false);
     let r: Vec<&[Q8KBlock]> = act.chunks(1).collect();
     let a: Rows4K<'_> = [r[0], r[1], r[2], r[3]];
-    for format in [KFormat::Q2K, KFormat::Q3K] {
-        assert!(!has_tile(format));
-        let w = random_row(format, 1, 5);
-        for path in Path::all() {
-            assert_eq!(rows4(path, format, &w, a), None, "{format:?} {path:?}");
-        }
-    }
+    assert!(TILED.into_iter().all(has_tile));
     for path in Path::all().into_iter().filter(|p| !p.available()) {
         let w = random_row(KFormat::Q4K, 1, 5);
         assert_eq!(rows4(path, KFormat::Q4K, &w, a), None, "{path:?}");
@@ -161,7 +161,13 @@ fn tiled_k_quant_matmul_equals_the_scalar_per_row_one() {
     // call (the 32-element activations beside the 256-element ones). 300 activation rows make
     // two AMX tasks (`amx_tile::task_rows`), the second with a partial group.
     let _ = paths();
-    for dtype in [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K] {
+    for dtype in [
+        GgmlDType::Q2K,
+        GgmlDType::Q3K,
+        GgmlDType::Q4K,
+        GgmlDType::Q5K,
+        GgmlDType::Q6K,
+    ] {
         for (n, k) in [(5, 256), (303, 512), (33, 768)] {
             let mats = [
                 matrix(dtype, n, k, 3),
@@ -172,7 +178,7 @@ fn tiled_k_quant_matmul_equals_the_scalar_per_row_one() {
                 let x = values(m * k, 100 + m as u64);
                 // The k-quants' SIMD dots equal the scalar one; Q4_0's only its own kernel's.
                 let scalar = outputs(&mats, &x, m, Kernel::Scalar, Tiling::PerRow);
-                for kernel in [Kernel::Auto, Kernel::Scalar] {
+                for kernel in [Kernel::Auto, Kernel::AvxVnni, Kernel::Avx2, Kernel::Scalar] {
                     let tiled = outputs(&mats, &x, m, kernel, Tiling::Tiled);
                     let per_row = outputs(&mats, &x, m, kernel, Tiling::PerRow);
                     let what = format!("{dtype:?} {kernel:?} m={m} {k}->{n}");

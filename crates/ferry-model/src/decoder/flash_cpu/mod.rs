@@ -292,9 +292,29 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// The fastest variant this CPU runs.
+    /// The fastest variant this CPU runs that the process's kernel choice allows (the
+    /// `cpu_qmatmul` setting, [`crate::cpu_qmatmul::process_kernel`]): `avx2` and `avx-vnni`
+    /// keep attention off AVX-512 too, so they run an AVX2-only CPU's whole path; `scalar`
+    /// takes the baseline.
     pub(crate) fn detect() -> Self {
-        Self::available()[0]
+        Self::for_kernel(crate::cpu_qmatmul::process_kernel())
+    }
+
+    /// The fastest variant this CPU runs that `kernel` allows (see [`detect`](Self::detect)).
+    pub(crate) fn for_kernel(kernel: crate::cpu_qmatmul::Kernel) -> Self {
+        use crate::cpu_qmatmul::Kernel;
+        let available = Self::available();
+        match kernel {
+            Kernel::Auto | Kernel::Avx512 => available[0],
+            Kernel::Scalar => Isa::Baseline,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::AvxVnni | Kernel::Avx2 => available
+                .into_iter()
+                .find(|&isa| isa != Isa::Avx512)
+                .unwrap_or(Isa::Baseline),
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::AvxVnni | Kernel::Avx2 => Isa::Baseline,
+        }
     }
 
     /// Every variant this CPU runs, fastest first (the baseline last, always there).

@@ -567,6 +567,23 @@ fn every_instruction_set_this_cpu_runs_is_tested() {
 }
 
 #[test]
+fn the_kernel_choice_holds_attention_to_its_instruction_sets() {
+    use crate::cpu_qmatmul::Kernel;
+    let available = Isa::available();
+    assert_eq!(Isa::for_kernel(Kernel::Auto), available[0]);
+    assert_eq!(Isa::for_kernel(Kernel::Avx512), available[0]);
+    assert_eq!(Isa::for_kernel(Kernel::Scalar), Isa::Baseline);
+    // The AVX2-only path: AVX2 where the CPU has it, never AVX-512.
+    let without_avx512 = available[available.len().saturating_sub(2)];
+    for kernel in [Kernel::AvxVnni, Kernel::Avx2] {
+        let isa = Isa::for_kernel(kernel);
+        assert_eq!(isa, without_avx512, "{kernel:?}");
+        #[cfg(target_arch = "x86_64")]
+        assert_ne!(isa, Isa::Avx512, "{kernel:?}");
+    }
+}
+
+#[test]
 fn decode_at_many_context_lengths_matches_on_every_instruction_set() {
     let (heads, kv_heads, dim) = (9, 3, 64);
     for pos in [0, 1, 15, 16, 63, 127, 128, 129, 300, 1000, 2100] {
