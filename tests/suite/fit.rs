@@ -33,7 +33,7 @@ fn hub() -> HubOptions {
 }
 
 /// A tiny random Llama GGUF that declares a [`LONG`] context.
-fn long_context_gguf(dir: &Path) -> std::path::PathBuf {
+pub(crate) fn long_context_gguf(dir: &Path) -> std::path::PathBuf {
     let tiny = Tiny::llama();
     let path = dir.join("long.gguf");
     tiny.write_gguf_context(&path, "llama", &tiny.random_weights(false, false), LONG);
@@ -42,7 +42,7 @@ fn long_context_gguf(dir: &Path) -> std::path::PathBuf {
 
 /// `ferry plan` on `model` on the CPU with a 256 MiB budget and `extra` flags: (ok, stdout,
 /// stderr).
-fn ferry_plan(model: &Path, extra: &[&str]) -> (bool, String, String) {
+pub(crate) fn ferry_plan(model: &Path, extra: &[&str]) -> (bool, String, String) {
     run_plan(
         Command::new(env!("CARGO_BIN_EXE_ferry"))
             .arg("plan")

@@ -19,35 +19,18 @@ use ferry::runtime::load::load_for_serving_on;
 use crate::fit::run_plan;
 use crate::offload_modes::{device_config, hub, plan_for, top_token};
 use crate::real_model;
-use crate::tiny::Tiny;
 
-const MIB: u64 = 1 << 20;
-
-/// A tiny random Llama GGUF that declares a million-token window.
-fn long_context_gguf(dir: &Path) -> std::path::PathBuf {
-    let tiny = Tiny::llama();
-    let path = dir.join("long.gguf");
-    tiny.write_gguf_context(&path, "llama", &tiny.random_weights(false, false), 1 << 20);
-    path
-}
-
+/// `ferry plan` of the million-token tiny model at 262144 tokens x 8 sequences in 256 MiB.
 fn ferry_plan(model: &Path, extra: &[&str]) -> (bool, String, String) {
-    run_plan(
-        Command::new(env!("CARGO_BIN_EXE_ferry"))
-            .arg("plan")
-            .arg("--model")
-            .arg(model)
-            .args(["--device", "cpu", "--gpu-memory", "256MiB"])
-            .args(["--max-context", "262144", "--max-batch", "8"])
-            .args(extra)
-            .env("RUST_LOG", "info"),
-    )
+    let context = ["--max-context", "262144", "--max-batch", "8"];
+    let args: Vec<&str> = context.iter().chain(extra).copied().collect();
+    crate::fit::ferry_plan(model, &args)
 }
 
 #[test]
 fn a_context_the_device_cannot_hold_is_planned_in_host_memory() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let model = long_context_gguf(dir.path());
+    let model = crate::fit::long_context_gguf(dir.path());
     // On the device, 262144 tokens x 8 sequences do not fit 256 MiB.
     let (ok, _, stderr) = ferry_plan(&model, &["--kv-offload", "off"]);
     assert!(!ok, "a 768 MiB cache fitted a 256 MiB budget: {stderr}");
@@ -96,7 +79,7 @@ fn a_context_the_device_cannot_hold_is_planned_in_host_memory() {
 #[test]
 fn auto_is_off_on_the_cpu_device() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let model = long_context_gguf(dir.path());
+    let model = crate::fit::long_context_gguf(dir.path());
     let (ok, stdout, stderr) = run_plan(
         Command::new(env!("CARGO_BIN_EXE_ferry"))
             .arg("plan")
@@ -125,7 +108,7 @@ fn decode(kv_dtype: DtypeChoice, kv_offload: KvOffload, mode: OffloadMode) -> (V
         // About half the layers resident.
         let none = plan_for(&real_model::offloaded(DtypeChoice::Auto, OffloadMode::None));
         let half: u64 = none.layers.iter().map(|l| l.bytes).sum::<u64>() / 2;
-        config.offload.gpu_memory = MemoryBudget::Bytes(none.device_bytes - half + 8 * MIB);
+        config.offload.gpu_memory = MemoryBudget::Bytes(none.device_bytes - half + (8 << 20));
     }
     let plan = plan_for(&config);
     assert_eq!(plan.kv_host, kv_offload == KvOffload::On, "{mode:?}");
