@@ -25,6 +25,10 @@ llama-cpp-python 0.3.36):
 - gemma3: q/k norms, sliding window 4 on layer 0 (`sliding_window_pattern` 2), the local layer's
   RoPE base from `rope.freq_base_swa` (50000 rather than the usual 10000, so a reader that
   ignores the key and assumes 10000 shows).
+- gemma3-swa: gemma3's shape with its own weights and a 4160-token window; the first prompt,
+  and 4,000 seeded random tokens with llama.cpp's top choice (and its margin) after each one
+  (issue 32: window layers that forget what their window no longer sees must still choose as
+  llama.cpp does).
 - phi3: fused attn_qkv and gate/up (`ffn_up` 2 * ff rows), GQA.
 - gpt-oss: q/k/v/o biases, `attn_sinks` (one logit per head, large enough to take a real share
   of the softmax), sliding window 4 on the even layers (`gpt-oss` alternates with pattern 2),
@@ -87,6 +91,13 @@ FIXTURES = {
                    final_softcap=30.0),
     "gemma3": dict(arch="gemma3", tied=True, eps=1e-6, qk_norm=True, window=4,
                    window_pattern=2, rope_base=1_000_000.0, rope_base_swa=50000.0),
+    # Issue 32: 4,000 seeded random tokens fed one by one, far past the window (4 on every other
+    # layer): llama.cpp's top choice after every one, so the window layers' forgetting is checked
+    # against llama.cpp's SWA cache on varied input (a tiny random model's own greedy output
+    # repeats one token).
+    "gemma3-swa": dict(arch="gemma3", tied=False, eps=1e-6, qk_norm=True, window=4,
+                       window_pattern=2, rope_base=1_000_000.0, rope_base_swa=50000.0,
+                       context=4160, forced=4000, prompts=1),
     "phi3": dict(arch="phi3", eps=1e-5),
     "gpt-oss": dict(arch="gpt-oss", qkv_bias=True, o_bias=True, sinks=True, window=4,
                     rope_base=150000.0, yarn=(32.0, 4096), experts=4, used=2, expert_ff=64,
@@ -204,7 +215,7 @@ def write(name, cfg):
     # No architecture in the name: llama.cpp's vocabulary loader applies Phi-3 rules (which need
     # Phi-3's special tokens) to any model named "phi3".
     w.add_name("ferry tiny random")
-    w.add_context_length(CONTEXT)
+    w.add_context_length(c.get("context", CONTEXT))
     w.add_embedding_length(h)
     w.add_feed_forward_length(ff)
     w.add_block_count(c["layers"] + c["nextn"])
@@ -275,7 +286,37 @@ def write(name, cfg):
     return path
 
 
-def oracle(path, greedy):
+def forced_oracle(path, n, context):
+    """llama.cpp's top choice and its margin over the second after each of `n` seeded random
+    tokens (one context, evaluated in batches, every position's logits kept)."""
+    GGML_TYPE_F32 = 0
+    import llama_cpp.llama_cpp as api
+    from llama_cpp import Llama
+
+    default_params = api.llama_model_default_params
+
+    def plain():
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    api.llama_model_default_params = plain
+    rng = np.random.default_rng(32)
+    ids = [int(i) for i in rng.integers(3, VOCAB, size=n)]
+    llm = Llama(model_path=path, n_ctx=context, n_batch=CONTEXT, n_threads=2,
+                n_threads_batch=2, logits_all=True, verbose=False,
+                type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
+    llm.eval(ids)
+    scores = np.array(llm.scores[:n], dtype=np.float32)
+    llm.close()
+    api.llama_model_default_params = default_params
+    order = np.argsort(-scores, axis=1, kind="stable")
+    top = order[:, 0]
+    margin = scores[np.arange(n), top] - scores[np.arange(n), order[:, 1]]
+    return {"ids": ids, "top1": [int(t) for t in top], "margin": [float(m) for m in margin]}
+
+
+def oracle(path, greedy, context=CONTEXT, prompts=None):
     """llama.cpp's last-position logits for each prompt, each prompt in a fresh context, and
     with `greedy` the ids of that many tokens decoded greedily after it (one at a time, through
     the context's cache)."""
@@ -294,8 +335,8 @@ def oracle(path, greedy):
 
     api.llama_model_default_params = plain
     out = []
-    for ids in PROMPTS:
-        llm = Llama(model_path=path, n_ctx=CONTEXT, n_batch=CONTEXT, n_threads=2,
+    for ids in PROMPTS[:prompts]:
+        llm = Llama(model_path=path, n_ctx=context, n_batch=CONTEXT, n_threads=2,
                     n_threads_batch=2, logits_all=True, verbose=False,
                     # f32 key/value cache (llama.cpp's default is f16), as ferry keeps on CPU.
                     type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
@@ -339,7 +380,12 @@ def main():
         print(f"wrote {path} ({os.path.getsize(path)} bytes)")
         if not write_only:
             expected["models"][name] = {"gguf_file": f"{name}.gguf", "arch": cfg["arch"],
-                                        "results": oracle(path, cfg.get("greedy", 0))}
+                                        "results": oracle(path, cfg.get("greedy", 0),
+                                                          cfg.get("context", CONTEXT),
+                                                          cfg.get("prompts"))}
+            if cfg.get("forced"):
+                expected["models"][name]["forced"] = forced_oracle(
+                    path, cfg["forced"], cfg.get("context", CONTEXT))
     if not write_only:
         import llama_cpp
         expected["llama_cpp_python"] = llama_cpp.__version__
