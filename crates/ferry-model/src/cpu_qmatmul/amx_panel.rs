@@ -49,8 +49,10 @@ pub(super) fn task_rows(amx: bool, format: Format, m: usize, kb: usize) -> Optio
 
 /// Whether this kernel has `format`.
 pub(super) fn supports(format: Format) -> bool {
-    // The formats of the AVX-512 kernels, whose block decoders ([`Codec`]) this one shares.
-    Avx512::supports(format)
+    // The formats of the AVX-512 kernels, whose block decoders ([`Codec`]) this one shares,
+    // but Q5_0 / Q5_1 (not wired or tested here: on AMX CPUs their prompts take
+    // [`super::avx512_panel`]).
+    Avx512::supports(format) && !matches!(format, Format::Q5_0 | Format::Q5_1)
 }
 
 /// Whether `Kernel::Auto` runs `format`'s prompts here: all of [`supports`] but Q4_1, whose

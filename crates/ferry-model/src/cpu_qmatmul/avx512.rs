@@ -1,17 +1,18 @@
 //! AVX-512 (F, BW, VL, VNNI) dot products of one raw GGUF weight row with one quantized
 //! activation row, for the formats whose blocks are 32 integer weights times one scale (Q4_0,
-//! Q8_0, IQ4_NL, IQ4_XS, MXFP4; Q4_1 with its minimum), and the block decoders they share with the multi-row GEMM
-//! kernel in [`super::avx512_panel`].
+//! Q5_0, Q8_0, IQ4_NL, IQ4_XS, MXFP4; Q4_1 and Q5_1 with their minimum), and the block decoders
+//! they share with the multi-row GEMM kernel in [`super::avx512_panel`].
 //!
 //! Each block is decoded to 32 *unsigned* bytes `u_j = w_j + offset` ([`Codec`]: the signed
 //! weights of Q8_0 and of the IQ4 / MXFP4 tables shifted by 128, Q4_0's nibbles as they are
-//! with offset 8) and its f32 scale; `vpdpbusd` sums `u_j * a_j` exactly in i32, and
-//! `sum_j u_j a_j - offset * sum_j a_j` is the block's exact integer dot product. The row's
-//! result is then, in block order, `acc = fma(sumi_b, d_b * a.d_b, acc)` from `acc = 0`: one
-//! rounding per block, no lane partial sums. The GEMM kernel computes each output with exactly
-//! this sequence (Q4_1 adds `acc = fma(m_b, a.s_b, acc)` after each block's term; one lane
-//! per weight row), so the two are equal bit for bit, whichever of
-//! them the tiled loop uses for a row. Against the AVX2 and scalar kernels the results differ
+//! with offset 8, Q5_0's 5-bit values (nibble plus the high bit from `qh`) with offset 16, and
+//! Q4_1's / Q5_1's unsigned values with offset 0) and its f32 scale; `vpdpbusd` sums
+//! `u_j * a_j` exactly in i32, and `sum_j u_j a_j - offset * sum_j a_j` is the block's exact
+//! integer dot product. The row's result is then, in block order,
+//! `acc = fma(sumi_b, d_b * a.d_b, acc)` from `acc = 0`: one rounding per block, no lane
+//! partial sums. The GEMM kernel computes each output with exactly this sequence (Q4_1 and
+//! Q5_1 add `acc = fma(m_b, a.s_b, acc)` after each block's term; one lane per weight row), so
+//! the two are equal bit for bit, whichever of them the tiled loop uses for a row. Against the AVX2 and scalar kernels the results differ
 //! by float summation order only (the integer block sums are the same). Which formats use
 //! this row kernel outside the GEMM is [`Avx512::row_wins`].
 
@@ -21,7 +22,7 @@ use super::activation::Q8Block;
 use super::avx2::{Avx2, PREFETCH_AHEAD};
 use super::iq4::{self, IQ4_NL_BYTES, IQ4_XS_BYTES, XS_SUB};
 use super::mxfp4::{self, MXFP4_BYTES};
-use super::Format;
+use super::{q5, Format};
 
 /// Proof that this CPU has AVX-512 F, BW, VL and VNNI (and AVX2, FMA, F16C).
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +45,8 @@ impl Avx512 {
             format,
             Format::Q4_0
                 | Format::Q4_1
+                | Format::Q5_0
+                | Format::Q5_1
                 | Format::Q8_0
                 | Format::IQ4_NL
                 | Format::IQ4_XS
@@ -51,8 +54,9 @@ impl Avx512 {
         )
     }
 
-    /// Whether `Kernel::Auto` runs `format` on this path: Q4_0 and the table-coded formats.
-    /// Q4_1 and Q8_0 have kernels here ([`supports`](Self::supports)) but stay on AVX2: the
+    /// Whether `Kernel::Auto` runs `format` on this path: Q4_0, Q5_0, Q5_1 and the table-coded
+    /// formats (Q5_0 / Q5_1 only their prompts: see [`row_wins`](Self::row_wins)). Q4_1 and
+    /// Q8_0 have kernels here ([`supports`](Self::supports)) but stay on AVX2: the
     /// suite's parity checks against candle (the default Q4_1 model's greedy tokens, the
     /// quantized Phi-3's logits within 1e-3) follow candle's AVX2 float summation order, and
     /// a one-ulp change before an activation is re-quantized to int8 can move it by a whole
@@ -62,7 +66,12 @@ impl Avx512 {
     pub(super) fn enabled(format: Format) -> bool {
         matches!(
             format,
-            Format::Q4_0 | Format::IQ4_NL | Format::IQ4_XS | Format::MXFP4
+            Format::Q4_0
+                | Format::Q5_0
+                | Format::Q5_1
+                | Format::IQ4_NL
+                | Format::IQ4_XS
+                | Format::MXFP4
         )
     }
 
@@ -71,7 +80,8 @@ impl Avx512 {
     /// 4096, m = 1): on par with the AVX2 kernels for Q4_0 and Q8_0, 0.45-0.75x of them for
     /// the table-coded formats, whose per-block table lookup and horizontal sum cost more than
     /// the AVX2 lane sums; those keep their AVX2 row kernels, and only their prompts take the
-    /// GEMM kernel.
+    /// GEMM kernel. So do Q5_0 and Q5_1: their decode keeps [`super::q5::avx2`] (not measured
+    /// against this path's row kernel), and only their prompts change order.
     pub(super) fn row_wins(format: Format) -> bool {
         matches!(format, Format::Q4_0 | Format::Q4_1 | Format::Q8_0)
     }
@@ -89,6 +99,8 @@ impl Avx512 {
             Some(match format {
                 Format::Q4_0 => row::<Q4_0>(w, a),
                 Format::Q4_1 => row::<Q4_1>(w, a),
+                Format::Q5_0 => row::<Q5_0>(w, a),
+                Format::Q5_1 => row::<Q5_1>(w, a),
                 Format::Q8_0 => row::<Q8_0>(w, a),
                 Format::IQ4_NL => row::<Iq4Nl>(w, a),
                 Format::IQ4_XS => row::<Iq4Xs>(w, a),
@@ -105,6 +117,8 @@ pub(super) fn row_bytes(format: Format, kb: usize) -> Option<usize> {
     Some(match format {
         Format::Q4_0 => 18 * kb,
         Format::Q4_1 => 20 * kb,
+        Format::Q5_0 => 22 * kb,
+        Format::Q5_1 => 24 * kb,
         Format::Q8_0 => 34 * kb,
         Format::IQ4_NL => IQ4_NL_BYTES * kb,
         Format::MXFP4 => MXFP4_BYTES * kb,
@@ -125,7 +139,7 @@ pub(super) trait Codec {
     /// # Safety
     /// The CPU must have the features of [`Avx512`]; the row must hold block `b`.
     unsafe fn block(row: *const u8, b: usize) -> (__m256i, f32);
-    /// Whether blocks also carry a minimum `m` (Q4_1: element `j` is `d * u_j + m`), whose
+    /// Whether blocks also carry a minimum `m` (Q4_1, Q5_1: element `j` is `d * u_j + m`), whose
     /// term `m * a.s` follows the block's in the sum.
     const MIN: bool = false;
     /// Block `b`'s minimum (when [`MIN`](Self::MIN)).
@@ -240,6 +254,58 @@ impl Codec for Q4_1 {
     unsafe fn prefetch(row: *const u8, b: usize) {
         if b.is_multiple_of(2) {
             prefetch_at(row.wrapping_add(20 * b));
+        }
+    }
+}
+
+/// The 32 five-bit values of a Q5 block: the nibbles at `qs` (low nibbles first, as Q4_0)
+/// with `0x10` OR-ed in where bit `j` of the little-endian `qh` at `qh` is set.
+#[inline(always)]
+unsafe fn five_bits(qh: *const u8, qs: *const u8) -> __m256i {
+    let mask = _mm_set1_epi8(0x0F);
+    let q = _mm_loadu_si128(qs.cast());
+    let lo = _mm_and_si128(q, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), mask);
+    let qh = u32::from_le(qh.cast::<u32>().read_unaligned());
+    _mm256_or_si256(_mm256_set_m128i(hi, lo), q5::avx2::high_bits(qh))
+}
+
+/// Q5_0: `d: f16`, `qh: u32`, 16 bytes of nibbles; element `j` is `d * (q_j - 16)`
+/// ([`super::q5`]).
+pub(super) struct Q5_0;
+impl Codec for Q5_0 {
+    const OFFSET: i32 = 16;
+    #[inline(always)]
+    unsafe fn block(row: *const u8, b: usize) -> (__m256i, f32) {
+        let p = row.add(22 * b);
+        (five_bits(p.add(2), p.add(6)), f16_at(p))
+    }
+    #[inline(always)]
+    unsafe fn prefetch(row: *const u8, b: usize) {
+        if b.is_multiple_of(2) {
+            prefetch_at(row.wrapping_add(22 * b));
+        }
+    }
+}
+
+/// Q5_1: `d: f16`, `m: f16`, `qh: u32`, 16 bytes of nibbles; element `j` is `d * q_j + m`.
+pub(super) struct Q5_1;
+impl Codec for Q5_1 {
+    const OFFSET: i32 = 0;
+    const MIN: bool = true;
+    #[inline(always)]
+    unsafe fn block(row: *const u8, b: usize) -> (__m256i, f32) {
+        let p = row.add(24 * b);
+        (five_bits(p.add(4), p.add(8)), f16_at(p))
+    }
+    #[inline(always)]
+    unsafe fn min(row: *const u8, b: usize) -> f32 {
+        f16_at(row.add(24 * b + 2))
+    }
+    #[inline(always)]
+    unsafe fn prefetch(row: *const u8, b: usize) {
+        if b.is_multiple_of(2) {
+            prefetch_at(row.wrapping_add(24 * b));
         }
     }
 }

@@ -1,8 +1,10 @@
-//! The multi-row GEMM kernel of the AVX-512 path (Q4_0, Q4_1, Q8_0, IQ4_NL, IQ4_XS, MXFP4): a
-//! prompt's matmul computed as int8 outer products instead of one dot product per output.
+//! The multi-row GEMM kernel of the AVX-512 path (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS,
+//! MXFP4): a prompt's matmul computed as int8 outer products instead of one dot product per
+//! output.
 //!
 //! A task's weight rows are taken sixteen at a time (a panel): every block of the sixteen
-//! rows is decoded once ([`super::avx512::Codec`]: 32 unsigned bytes and a scale) and stored
+//! rows is decoded once ([`super::avx512::Codec`]: 32 unsigned bytes and a scale; Q5_0 / Q5_1
+//! merge their high bits from `qh` into the nibbles there) and stored
 //! transposed, so one 512-bit register holds four consecutive weights of each of the sixteen
 //! rows. Then every activation row sweeps the panel, four rows at a time: per block, eight
 //! `vpdpbusd` with four activation bytes broadcast give the sixteen rows' exact integer block
@@ -18,7 +20,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::activation::Q8Block;
-use super::avx512::{row_bytes, Avx512, Codec, Iq4Nl, Iq4Xs, Mxfp4, Q4_0, Q4_1, Q8_0};
+use super::avx512::{row_bytes, Avx512, Codec, Iq4Nl, Iq4Xs, Mxfp4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::tile::checked_blocks;
 use super::Format;
 
@@ -57,6 +59,8 @@ pub(super) fn run(
         match format {
             Format::Q4_0 => panels::<Q4_0>(data, row_stride, weights, acts, out),
             Format::Q4_1 => panels::<Q4_1>(data, row_stride, weights, acts, out),
+            Format::Q5_0 => panels::<Q5_0>(data, row_stride, weights, acts, out),
+            Format::Q5_1 => panels::<Q5_1>(data, row_stride, weights, acts, out),
             Format::Q8_0 => panels::<Q8_0>(data, row_stride, weights, acts, out),
             Format::IQ4_NL => panels::<Iq4Nl>(data, row_stride, weights, acts, out),
             Format::IQ4_XS => panels::<Iq4Xs>(data, row_stride, weights, acts, out),

@@ -1,8 +1,8 @@
-//! The AVX-512 path (Q4_0, Q4_1, Q8_0, IQ4_NL, IQ4_XS, MXFP4): its one-row kernel against the
-//! f32 dot product of the decoded weights with the same int8 activations, and its GEMM kernel
-//! against the one-row kernel bit for bit, for odd and partial panels and row counts that
-//! leave partial four-row groups; and every path of the tiled matmul against its per-row loop
-//! and the scalar one. On a CPU without AVX-512 VNNI the first two say so and pass without
+//! The AVX-512 path (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, MXFP4): its one-row kernel
+//! against the f32 dot product of the decoded weights with the same int8 activations, and its
+//! GEMM kernel against the one-row kernel bit for bit, for odd and partial panels and row
+//! counts that leave partial four-row groups; and every path of the tiled matmul against its
+//! per-row loop and the scalar one. On a CPU without AVX-512 VNNI the first two say so and pass without
 //! running (the scalar and AVX2 paths have their own tests).
 
 use super::activation::{quantize_row, Q8Block};
@@ -25,6 +25,18 @@ pub(super) const TYPES: [GgufType; 6] = [
     GgufType::MXFP4,
 ];
 
+/// The formats of the AVX-512 kernels: [`TYPES`] and Q5_0 / Q5_1 (not on AMX).
+const AVX512_TYPES: [GgufType; 8] = [
+    TYPES[0],
+    TYPES[1],
+    TYPES[2],
+    TYPES[3],
+    TYPES[4],
+    TYPES[5],
+    GgufType::Q5_0,
+    GgufType::Q5_1,
+];
+
 fn detect() -> Option<Avx512> {
     let k = Avx512::detect();
     if k.is_none() {
@@ -34,8 +46,8 @@ fn detect() -> Option<Avx512> {
 }
 
 /// Whether `kernel`'s tiled matmul of `m` rows of `ty` must equal its per-row loop bit for
-/// bit: always, except where a table-coded format's prompt (`m >= GEMM_MIN_ROWS`) takes the
-/// AVX-512 GEMM kernel while its row-at-a-time products keep the AVX2 kernel
+/// bit: always, except where a table-coded or Q5 format's prompt (`m >= GEMM_MIN_ROWS`) takes
+/// the AVX-512 GEMM kernel (`Kernel::Auto` or `Kernel::Avx512`) while its row-at-a-time products keep the AVX2 kernel
 /// ([`Avx512::row_wins`]), or where a prompt takes the AMX GEMM ([`amx_panel`]) and the
 /// row-at-a-time products a kernel of another order (Q8_0's AVX2 one); those differ by float
 /// summation order only.
@@ -49,7 +61,7 @@ pub(super) fn exact_per_row(ty: GgufType, kernel: Kernel, m: usize) -> bool {
         && amx_panel::enabled(format)
         && !avx512_row
         && super::amx::Amx::detect().is_some();
-    let avx512_gemm = kernel == Kernel::Auto
+    let avx512_gemm = matches!(kernel, Kernel::Auto | Kernel::Avx512)
         && m >= GEMM_MIN_ROWS
         && Avx512::enabled(format)
         && !Avx512::row_wins(format)
@@ -72,7 +84,7 @@ fn bytes(blocks: &Blocks) -> Vec<u8> {
 #[test]
 fn avx512_row_kernel_is_the_f32_dot_of_the_decoded_blocks() {
     let Some(k) = detect() else { return };
-    for ty in TYPES {
+    for ty in AVX512_TYPES {
         let format = Format::of(ty).unwrap();
         for (s, &(n, cols)) in [(3, 256), (5, 768), (2, 4096)].iter().enumerate() {
             let blocks = random_blocks(ty, n, cols, 30 + s as u64);
@@ -99,15 +111,17 @@ fn avx512_row_kernel_is_the_f32_dot_of_the_decoded_blocks() {
                     .zip(&xq)
                     .map(|(&a, &b)| f64::from((a * b).abs()))
                     .sum();
-                // Q4_1's offset term reads `a.s`, which is `d * sum(qs)` rounded through f16
-                // (as ggml stores it): allow that rounding times the blocks' minimums.
+                // Q4_1's and Q5_1's offset term reads `a.s`, which is `d * sum(qs)` rounded
+                // through f16 (as ggml stores it): allow that rounding times the blocks'
+                // minimums.
                 let row = &data[r * row_bytes..(r + 1) * row_bytes];
                 let s_rounding: f64 = match ty {
-                    GgufType::Q4_1 => act
+                    GgufType::Q4_1 | GgufType::Q5_1 => act
                         .iter()
                         .enumerate()
                         .map(|(b, a)| {
-                            let m = half::f16::from_le_bytes([row[20 * b + 2], row[20 * b + 3]]);
+                            let at = if ty == GgufType::Q4_1 { 20 } else { 24 } * b + 2;
+                            let m = half::f16::from_le_bytes([row[at], row[at + 1]]);
                             let exact = f64::from(a.d) * f64::from(a.isum);
                             f64::from(m.to_f32().abs()) * (f64::from(a.s) - exact).abs()
                         })
@@ -127,7 +141,7 @@ fn avx512_row_kernel_is_the_f32_dot_of_the_decoded_blocks() {
 #[test]
 fn avx512_gemm_kernel_equals_the_row_kernel_bit_for_bit() {
     let Some(k) = detect() else { return };
-    for ty in TYPES {
+    for ty in AVX512_TYPES {
         let format = Format::of(ty).unwrap();
         // 1, 17 and 33 rows leave partial panels; 256 and 1280 columns odd and even blocks.
         for (s, &(n, cols)) in [(1, 256), (17, 256), (33, 1280), (16, 512)]
@@ -182,7 +196,7 @@ fn every_path_of_the_tiled_matmul_agrees_with_its_per_row_loop_and_the_others() 
     // Auto (AVX-512 where the CPU has it), Avx2 and Scalar: each tiled result equal to its own
     // per-row loop (see `exact_per_row`), and the three within float summation order of each
     // other.
-    for ty in TYPES {
+    for ty in AVX512_TYPES {
         for (s, &(n, cols)) in [(37, 768), (600, 1024)].iter().enumerate() {
             let mats = [
                 CpuQMatMul::from_blocks(random_blocks(ty, n, cols, 50 + s as u64)).unwrap(),
@@ -211,7 +225,7 @@ fn every_path_of_the_tiled_matmul_agrees_with_its_per_row_loop_and_the_others() 
                 }
                 let format = Format::of(ty).unwrap();
                 if m < GEMM_MIN_ROWS && !Avx512::row_wins(format) {
-                    // Decode of a table-coded format is the AVX2 path's, unchanged.
+                    // Decode of a table-coded or Q5 format is the AVX2 path's, unchanged.
                     assert_eq!(
                         run(Kernel::Auto, Tiling::Tiled),
                         run(Kernel::Avx2, Tiling::Tiled)

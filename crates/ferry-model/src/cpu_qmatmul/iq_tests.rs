@@ -170,7 +170,7 @@ pub(super) fn random_blocks(ty: GgufType, n: usize, k: usize, seed: u64) -> Bloc
             _ => {
                 let d = half::f16::from_f32((next() % 2000) as f32 * 1e-4 - 0.1);
                 block[..2].copy_from_slice(&d.to_le_bytes());
-                if ty == GgufType::Q4_1 {
+                if matches!(ty, GgufType::Q4_1 | GgufType::Q5_1) {
                     let m = half::f16::from_f32((next() % 2000) as f32 * 1e-3 - 1.0);
                     block[2..4].copy_from_slice(&m.to_le_bytes());
                 }

@@ -28,7 +28,8 @@
 //! k-quant dot, so prompts and decode agree exactly. Likewise a call of at least
 //! [`amx_panel::AMX_MIN_ROWS`] rows of Q4_0, Q8_0, IQ4_NL, IQ4_XS or MXFP4 runs each task
 //! through [`amx_panel`] (32-element blocks, `tdpbssd`), equal bit for bit to the AVX-512
-//! one-row kernel. The AMX tasks of both take up to 256 activation rows
+//! one-row kernel (Q5_0 / Q5_1 have no AMX kernel: their prompts take the AVX-512 GEMM
+//! there too). The AMX tasks of both take up to 256 activation rows
 //! ([`amx_panel::task_rows`], [`kquants::amx_tile::task_rows`]), so a panel's weight decoding
 //! is shared by more of them, and their weight runs have no L2 cap (the weights are decoded
 //! once per task; longer runs share the task's activation packing). Q8_0's prompts then have
