@@ -286,9 +286,11 @@ def write(name, cfg):
     return path
 
 
-def forced_oracle(path, n, context):
-    """llama.cpp's top choice and its margin over the second after each of `n` seeded random
-    tokens (one context, evaluated in batches, every position's logits kept)."""
+def open_llama(path, context):
+    """A llama.cpp context on `path` with every position's logits kept and an f32 key/value cache
+    (llama.cpp's default is f16; ferry keeps f32 on the CPU for these checks), its weights in
+    plain CPU buffers (see benches/llama_cpp_peer.py: AMX tiles segfault in VMs that do not grant
+    the tile state)."""
     GGML_TYPE_F32 = 0
     import llama_cpp.llama_cpp as api
     from llama_cpp import Llama
@@ -301,15 +303,23 @@ def forced_oracle(path, n, context):
         return params
 
     api.llama_model_default_params = plain
+    try:
+        return Llama(model_path=path, n_ctx=context, n_batch=CONTEXT, n_threads=2,
+                     n_threads_batch=2, logits_all=True, verbose=False,
+                     type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
+    finally:
+        api.llama_model_default_params = default_params
+
+
+def forced_oracle(path, n, context):
+    """llama.cpp's top choice and its margin over the second after each of `n` seeded random
+    tokens (one context, evaluated in batches, every position's logits kept)."""
     rng = np.random.default_rng(32)
     ids = [int(i) for i in rng.integers(3, VOCAB, size=n)]
-    llm = Llama(model_path=path, n_ctx=context, n_batch=CONTEXT, n_threads=2,
-                n_threads_batch=2, logits_all=True, verbose=False,
-                type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
+    llm = open_llama(path, context)
     llm.eval(ids)
     scores = np.array(llm.scores[:n], dtype=np.float32)
     llm.close()
-    api.llama_model_default_params = default_params
     order = np.argsort(-scores, axis=1, kind="stable")
     top = order[:, 0]
     margin = scores[np.arange(n), top] - scores[np.arange(n), order[:, 1]]
@@ -320,26 +330,9 @@ def oracle(path, greedy, context=CONTEXT, prompts=None):
     """llama.cpp's last-position logits for each prompt, each prompt in a fresh context, and
     with `greedy` the ids of that many tokens decoded greedily after it (one at a time, through
     the context's cache)."""
-    GGML_TYPE_F32 = 0
-    import llama_cpp.llama_cpp as api
-    from llama_cpp import Llama
-
-    # Keep weights in plain CPU buffers (see benches/llama_cpp_peer.py: AMX tiles segfault in
-    # VMs that do not grant the tile state).
-    default_params = api.llama_model_default_params
-
-    def plain():
-        params = default_params()
-        params.use_extra_bufts = False
-        return params
-
-    api.llama_model_default_params = plain
     out = []
     for ids in PROMPTS[:prompts]:
-        llm = Llama(model_path=path, n_ctx=context, n_batch=CONTEXT, n_threads=2,
-                    n_threads_batch=2, logits_all=True, verbose=False,
-                    # f32 key/value cache (llama.cpp's default is f16), as ferry keeps on CPU.
-                    type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
+        llm = open_llama(path, context)
         llm.eval(ids)
         logits = np.array(llm.scores[len(ids) - 1], dtype=np.float32)
         top = np.argsort(-logits, kind="stable")[:10]
@@ -359,8 +352,6 @@ def oracle(path, greedy, context=CONTEXT, prompts=None):
             result["greedy"] = decoded
         out.append(result)
         llm.close()
-        api.llama_model_default_params = plain
-    api.llama_model_default_params = default_params
     return out
 
 
