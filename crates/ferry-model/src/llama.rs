@@ -29,10 +29,34 @@ pub struct LlamaBlock {
     moe: Option<MoeSpec>,
     /// An RMSNorm over each query and key head before RoPE (Qwen3's layer).
     qk_norm: bool,
-    /// The layer's attention sinks (gpt-oss), read to the host from the first call's weights
-    /// and kept: the attention adds them on the host, and reading them every step would wait
-    /// on the device once per layer.
-    sinks: OnceLock<Option<Vec<f32>>>,
+    /// The layer's vectors the host reads, from its first call's weights.
+    host: OnceLock<HostVectors>,
+}
+
+/// A layer's small vectors the host uses every step: gpt-oss's attention sinks (the attention
+/// adds them on the host) and GLM-4.5's expert-selection bias (routing runs on the host). Read
+/// once and kept: reading them every step would wait on the device once per layer and use.
+#[derive(Debug, Clone, Default)]
+struct HostVectors {
+    sinks: Option<Vec<f32>>,
+    selection_bias: Option<Vec<f32>>,
+}
+
+impl HostVectors {
+    /// The vectors of layer `w` (a mixture of experts `moe`, if any).
+    fn read(w: &LayerWeights, moe: Option<MoeSpec>) -> Result<Self> {
+        let host = |t: &Tensor| -> Result<Vec<f32>> {
+            Ok(t.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?)
+        };
+        let selection_bias = match moe.is_some_and(|m| m.selection_bias) {
+            true => Some(host(w.vector(Part::ExpProbsBias)?)?),
+            false => None,
+        };
+        Ok(Self {
+            sinks: w.opt_vector(Part::AttnSinks).map(host).transpose()?,
+            selection_bias,
+        })
+    }
 }
 
 impl LlamaBlock {
@@ -49,14 +73,18 @@ impl LlamaBlock {
             layer: LayerDims::of(spec, index),
             moe: spec.moe_at(index),
             qk_norm,
-            sinks: OnceLock::new(),
+            host: OnceLock::new(),
         }
     }
-}
 
-/// A vector's values on the host, as f32.
-fn host_values(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(t.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?)
+    /// The layer's host vectors, read from `w` on the first call.
+    fn host_vectors(&self, w: &LayerWeights) -> Result<&HostVectors> {
+        if let Some(host) = self.host.get() {
+            return Ok(host);
+        }
+        let read = HostVectors::read(w, self.moe)?;
+        Ok(self.host.get_or_init(|| read))
+    }
 }
 
 impl Block for LlamaBlock {
@@ -66,11 +94,13 @@ impl Block for LlamaBlock {
         w: &LayerWeights,
         seqs: &mut [BatchRows<'_, '_>],
     ) -> Result<Tensor> {
+        let host = self.host_vectors(w)?;
+        let selection_bias = host.selection_bias.as_deref();
         if let Some(moe) = self.moe.filter(|_| w.predicts_experts()) {
             // Predict this layer's experts from the state entering it: their copies overlap
             // the attention below.
             let normed = rms_norm(x, w.vector(Part::FfnNorm)?, self.layer.eps)?;
-            moe::pregate(&normed, w, moe)?;
+            moe::pregate(&normed, w, moe, selection_bias)?;
         }
         let h = rms_norm(x, w.vector(Part::AttnNorm)?, self.layer.eps)?;
         let [mut q, mut k, v] = projections(
@@ -81,19 +111,12 @@ impl Block for LlamaBlock {
             q = head_norm(&q, w.vector(Part::QNorm)?, self.layer.eps, 0.0)?;
             k = head_norm(&k, w.vector(Part::KNorm)?, self.layer.eps, 0.0)?;
         }
-        let sinks = match self.sinks.get() {
-            Some(sinks) => sinks.as_deref(),
-            None => {
-                let read = w.opt_vector(Part::AttnSinks).map(host_values).transpose()?;
-                self.sinks.get_or_init(|| read).as_deref()
-            }
-        };
-        let y = attention::attend_each(&q, &k, &v, seqs, self.layer.attn, sinks)?;
+        let y = attention::attend_each(&q, &k, &v, seqs, self.layer.attn, host.sinks.as_deref())?;
         let x = (x + w.linear(Part::O)?.forward(&y)?)?;
         let h = rms_norm(&x, w.vector(Part::FfnNorm)?, self.layer.eps)?;
         let m = match self.moe {
             None => swiglu(&h, w)?,
-            Some(moe) => moe::forward(&h, w, moe)?,
+            Some(moe) => moe::forward(&h, w, moe, selection_bias)?,
         };
         Ok((&x + m)?)
     }

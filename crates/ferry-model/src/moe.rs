@@ -134,12 +134,14 @@ pub fn route(logits: &[Vec<f32>], moe: MoeSpec, selection_bias: Option<&[f32]>) 
     routing
 }
 
-/// The routing of `x` (`[rows, hidden]`) by layer `w`'s router: the routing, the experts
-/// some row went to (ascending) and how many rows went to each.
+/// The routing of `x` (`[rows, hidden]`) by layer `w`'s router, `selection_bias` (the layer's
+/// `exp_probs_b` on the host, when `moe.selection_bias`) added to the scores that choose: the
+/// routing, the experts some row went to (ascending) and how many rows went to each.
 fn route_rows(
     x: &Tensor,
     w: &LayerWeights,
     moe: MoeSpec,
+    selection_bias: Option<&[f32]>,
 ) -> Result<(Routing, Vec<usize>, Vec<usize>)> {
     let logits = w.linear(Part::Router)?.forward(x)?.to_dtype(DType::F32)?;
     if logits.dim(1)? != moe.n_experts {
@@ -149,15 +151,10 @@ fn route_rows(
             moe.n_experts
         )));
     }
-    let selection_bias = match moe.selection_bias {
-        true => Some(
-            w.vector(Part::ExpProbsBias)?
-                .to_dtype(DType::F32)?
-                .to_vec1::<f32>()?,
-        ),
-        false => None,
-    };
-    let routing = route(&logits.to_vec2::<f32>()?, moe, selection_bias.as_deref());
+    if moe.selection_bias && selection_bias.is_none() {
+        return Err(ModelError::MissingTensor("exp_probs_b on the host".into()));
+    }
+    let routing = route(&logits.to_vec2::<f32>()?, moe, selection_bias);
     let wanted: Vec<usize> = (0..moe.n_experts)
         .filter(|&e| !routing.rows[e].is_empty())
         .collect();
@@ -171,11 +168,17 @@ fn route_rows(
 /// store behind it, which hands out the experts on the device first while the others copy).
 /// The experts' outputs are summed in expert order whatever order they came in, so the result
 /// does not depend on where each expert was.
-pub fn forward(h: &Tensor, w: &LayerWeights, moe: MoeSpec) -> Result<Tensor> {
+/// `selection_bias` as [`route`] takes it (read once per layer by the caller).
+pub fn forward(
+    h: &Tensor,
+    w: &LayerWeights,
+    moe: MoeSpec,
+    selection_bias: Option<&[f32]>,
+) -> Result<Tensor> {
     let dims = h.dims().to_vec();
     let hidden = *dims.last().unwrap_or(&0);
     let x = h.reshape(((), hidden))?;
-    let (routing, wanted, rows) = route_rows(&x, w, moe)?;
+    let (routing, wanted, rows) = route_rows(&x, w, moe, selection_bias)?;
     let biases = ExpertBiases::of(w)?;
     let mut outputs: Vec<Option<Tensor>> = vec![None; wanted.len()];
     w.each_routed_expert(&wanted, &rows, &mut |i, [gate, up, down]| {
@@ -265,10 +268,15 @@ fn shared_expert(x: &Tensor, w: &LayerWeights, gated: bool) -> Result<Tensor> {
 /// route to, and the layer's expert source may start copying them
 /// ([`LayerWeights::predict_experts`]). Only a hint: the real routing after attention
 /// decides; a wrong guess costs a copy, never a different result.
-pub fn pregate(normed: &Tensor, w: &LayerWeights, moe: MoeSpec) -> Result<()> {
+pub fn pregate(
+    normed: &Tensor,
+    w: &LayerWeights,
+    moe: MoeSpec,
+    selection_bias: Option<&[f32]>,
+) -> Result<()> {
     let hidden = *normed.dims().last().unwrap_or(&0);
     let x = normed.reshape(((), hidden))?;
-    let (_, wanted, rows) = route_rows(&x, w, moe)?;
+    let (_, wanted, rows) = route_rows(&x, w, moe, selection_bias)?;
     w.predict_experts(&wanted, &rows)
 }
 
