@@ -19,13 +19,18 @@
 #                  per offload tier (stream / host / auto) with half the experts offloaded
 #                  (offload.experts) and with half the layers (experts false), against the
 #                  PCIe bound (link bandwidth / bytes moved per token)
+#   h speculation  batch-1 decode of the large model with every layer streamed, without
+#                  speculation, with ngram, with itself as the draft (acceptance 1: the
+#                  ceiling, tokens per streamed pass) and with the small model as the draft
+#                  (acceptance ~0: the adaptive length must back off); acceptance, the PCIe
+#                  bound, and the greedy tokens against the plain run
 # The models are generated on the machine first (seeded bf16 HF checkpoints with the real
 # Llama-3.2-1B / Llama-3.1-8B layer shapes and fewer layers: 4 of 16 and 8 of 32, --full: 16 of 16
 # and 16 of 32), the small one before (a), the large one before (d); the MoE one (transformers'
 # Qwen3MoeConfig, seeded) before (g).
 #
-# Profiles: quick (default) fits in 6 minutes including model generation and the first CUDA
-# JIT (deadline 330 s); --full: more tokens, the 2k prefill, larger models (deadline 470 s).
+# Profiles: quick (default) fits in 7 minutes including model generation and the first CUDA
+# JIT (deadline 400 s); --full: more tokens, the 2k prefill, larger models (deadline 540 s).
 #
 # Files: everything is written under the work folder (--work: models, the unpacked bundle,
 # logs, step data, the report). After every step, exactly four files are copied into the output
@@ -55,7 +60,7 @@ BUNDLE="$ROOT/dist/ferry-cuda.tar.xz"
 OUT_DIR="${OUT:-}"
 WORK="${FERRY_GPU_CHECK_WORK:-}"
 DEADLINE_S=""
-STEPS="a,b,c,d,e,f,g"
+STEPS="a,b,c,d,e,f,g,h"
 PY="${FERRY_PYTHON:-python3}"
 
 usage() {
@@ -91,10 +96,10 @@ if ((DRY_RUN)); then
 else
     : "${OUT_DIR:=/tmp/ferry-gpu-check}"
     : "${WORK:=/tmp/ferry-gpu-check-work}"
-    if ((QUICK)); then : "${DEADLINE_S:=330}"; else : "${DEADLINE_S:=470}"; fi
+    if ((QUICK)); then : "${DEADLINE_S:=400}"; else : "${DEADLINE_S:=540}"; fi
 fi
 [[ $DEADLINE_S =~ ^[0-9]+$ ]] || die "--deadline must be whole seconds, got '$DEADLINE_S'"
-[[ $STEPS =~ ^[a-g](,[a-g])*$ ]] || die "--steps must be a list of a-g like c,d, got '$STEPS'"
+[[ $STEPS =~ ^[a-h](,[a-h])*$ ]] || die "--steps must be a list of a-h like c,d, got '$STEPS'"
 
 mkdir -p "$OUT_DIR" "$WORK"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
@@ -320,9 +325,9 @@ SMALL_DIR="$WORK/models/$SMALL"
 BIG_DIR="$WORK/models/$BIG"
 MOE_DIR="$WORK/models/$MOE"
 if ((QUICK)); then
-    TOKENS=16 PREFILL=1024 ACCEL_TOKENS=4 BW_REPS=3 MOE_TOKENS=8
+    TOKENS=16 PREFILL=1024 ACCEL_TOKENS=4 BW_REPS=3 MOE_TOKENS=8 SPEC_TOKENS=24
 else
-    TOKENS=64 PREFILL=2000 ACCEL_TOKENS=8 BW_REPS=5 MOE_TOKENS=32
+    TOKENS=64 PREFILL=2000 ACCEL_TOKENS=8 BW_REPS=5 MOE_TOKENS=32 SPEC_TOKENS=64
 fi
 ((DRY_RUN)) && ((!QUICK)) && TOKENS=32
 
@@ -347,7 +352,7 @@ make_moe() {
         --model "$MOE:$MOE_DIR" --dtype "$MODEL_DTYPE" --tokenizer "$TOKENIZER" --device auto
 }
 
-wants a || wants b && make_models "0 small model" "$SMALL" "$SMALL_DIR"
+wants a || wants b || wants h && make_models "0 small model" "$SMALL" "$SMALL_DIR"
 if wants a; then
     L="a gpu tests"
     if ((DRY_RUN)); then
@@ -384,7 +389,7 @@ if wants c; then
             --json "$DATA/bandwidth.json" --mib 1024 --reps "$BW_REPS"
     fi
 fi
-wants d || wants e || wants f && make_models "0 large model" "$BIG" "$BIG_DIR"
+wants d || wants e || wants f || wants h && make_models "0 large model" "$BIG" "$BIG_DIR"
 link=()
 ((DRY_RUN)) && link=(--link-bandwidth 2GB/s)
 for phase in d e; do
@@ -422,6 +427,18 @@ if wants g; then
             --model "$MOE_DIR" --device "$FERRY_DEVICE" --dtype "$MODEL_DTYPE" \
             ${link[@]+"${link[@]}"} --bandwidth-json "$DATA/bandwidth.json" --logs "$LOGS" \
             --tokens "$MOE_TOKENS" --data "$DATA/moe.json"
+    fi
+fi
+if wants h; then
+    L="h speculation"
+    if [[ -z $FERRY ]]; then skip "$L" "no ferry binary"
+    elif ! model_ready "$BIG_DIR"; then skip "$L" "no $BIG model"
+    elif ! model_ready "$SMALL_DIR"; then skip "$L" "no $SMALL model (the unrelated draft)"
+    else
+        run_step "$L" 150 "$PY" "$HELPERS/spec_bench.py" --out "$REPORT" --ferry "$FERRY" \
+            --model "$BIG_DIR" --draft-model "$SMALL_DIR" --device "$FERRY_DEVICE" \
+            --dtype "$MODEL_DTYPE" ${link[@]+"${link[@]}"} --bandwidth-json "$DATA/bandwidth.json" \
+            --logs "$LOGS" --tokens "$SPEC_TOKENS" --data "$DATA/spec.json"
     fi
 fi
 

@@ -32,6 +32,11 @@ class ServeConfig:
     # offload.tier (auto / stream / host) and offload.experts; None: ferry's defaults.
     tier: Optional[str] = None
     experts: Optional[bool] = None
+    # speculative.method (none / ngram / draft), speculative.draft (a source) and
+    # speculative.tokens; None: ferry's defaults.
+    speculative: Optional[str] = None
+    draft: Optional[str] = None
+    spec_tokens: Optional[int] = None
 
     def toml(self):
         q = json.dumps  # TOML basic strings accept JSON string escapes
@@ -68,6 +73,12 @@ class ServeConfig:
             lines.append(f"tier = {q(self.tier)}")
         if self.experts is not None:
             lines.append(f"experts = {'true' if self.experts else 'false'}")
+        if self.speculative:
+            lines += ["", "[models.speculative]", f"method = {q(self.speculative)}"]
+            if self.draft:
+                lines.append(f"draft = {q(os.path.abspath(self.draft))}")
+            if self.spec_tokens:
+                lines.append(f"tokens = {self.spec_tokens}")
         return "\n".join(lines) + "\n"
 
     def write(self, path):

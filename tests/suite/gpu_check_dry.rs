@@ -13,7 +13,7 @@ fn the_dry_run_of_the_gpu_check_returns_at_most_eight_files() {
     let work = tempfile::tempdir().expect("work");
     let output = Command::new("bash")
         .arg(root.join("scripts/gpu-check.sh"))
-        .args(["--dry-run", "--steps", "c,d,g", "--deadline", "120"])
+        .args(["--dry-run", "--steps", "c,d,g,h", "--deadline", "120"])
         .arg("--ferry")
         .arg(env!("CARGO_BIN_EXE_ferry"))
         .arg("--out")
@@ -51,6 +51,7 @@ fn the_dry_run_of_the_gpu_check_returns_at_most_eight_files() {
     assert!(table.contains("| c bandwidth |"), "{table}");
     assert!(table.contains("| d decode |"), "{table}");
     assert!(table.contains("| g moe |"), "{table}");
+    assert!(table.contains("| h speculation |"), "{table}");
     let rows = std::fs::read_to_string(out.path().join("results.jsonl")).expect("rows");
     for line in rows.lines() {
         serde_json::from_str::<serde_json::Value>(line).expect("one JSON row per line");
