@@ -529,6 +529,7 @@ fn auto_tier_follows_the_cost_model() {
         host_read_bytes_per_s: host,
         device_flops_per_s: 1e12,
         forced: None,
+        activation_bytes_per_s: None,
     };
     for (model, streams) in [(rates(1e12, 1.0), true), (rates(1.0, 1e12), false)] {
         let mut placed = load_placed(&checkpoint, &options(), &plan, stream, &mut |_| {}).unwrap();
@@ -590,6 +591,7 @@ fn each_routed_expert_gets_the_tier_of_its_own_rows() {
         host_read_bytes_per_s: 1e15,
         device_flops_per_s: 1e15,
         forced: None,
+        activation_bytes_per_s: None,
     };
     let crossover = cost.crossover(&work).unwrap();
     assert!((2..=4).contains(&crossover), "{crossover}");

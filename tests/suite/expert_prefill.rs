@@ -177,6 +177,7 @@ fn a_prompt_streams_and_batch_1_decode_runs_cold_experts_on_the_host() {
             host_read_bytes_per_s: 1e15,
             device_flops_per_s: 1e15,
             forced: None,
+            activation_bytes_per_s: None,
         };
         let crossover = cost.crossover(&work).unwrap();
         // Streams from a few rows (the prompt routes about 128 to each expert), never at 1.
