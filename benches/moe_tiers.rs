@@ -19,8 +19,9 @@
 //! and the router are resident). Both tiers compute on this CPU, so the compute bound (the
 //! routed experts' flops per token at the calibrated host rate) is printed beside them. Prefill is one step of `--prompt` tokens on a fresh sequence;
 //! decode is batch 1 after it. Each case runs `--rounds` times, interleaved with the others
-//! (a, b, c, a, b, c, ...), and the best run counts, so a load spike hits one run, not a case.
-//! The load average is printed with each run.
+//! (a, b, c, a, b, c, ...), so a load spike hits one run, not a case: the table shows each
+//! case's median run and, per round, auto over the better of (a) and (b) in that round (and
+//! their median). The load average is printed with each run.
 //!
 //! Usage: cargo bench --locked --bench moe_tiers -- [--layers N] [--link BYTES_PER_S]
 //! [--prompt N] [--steps N] [--rounds N] (`-- --help` lists them all).
@@ -73,10 +74,10 @@ struct Options {
     #[arg(long, default_value_t = 512)]
     prompt: usize,
     /// Decode steps timed per run.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 64)]
     steps: usize,
-    /// Runs per case (interleaved; the best counts).
-    #[arg(long, default_value_t = 2)]
+    /// Runs per case (interleaved; the median counts).
+    #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Prefetch depth (`offload.prefetch`).
     #[arg(long, default_value_t = 1)]
@@ -415,7 +416,8 @@ fn main() -> Result<(), String> {
             tier: TierChoice::Auto,
         },
     ];
-    let mut best = [(Run::default(), Run::default()); 3];
+    // runs[case][round]: (prefill, decode).
+    let mut runs: Vec<Vec<(Run, Run)>> = vec![Vec::new(); cases.len()];
     for round in 0..o.rounds {
         for (c, case) in cases.iter().enumerate() {
             let (prefill, decode) = measure(&checkpoint, &plan, *case, cost, expert, &o)?;
@@ -423,12 +425,7 @@ fn main() -> Result<(), String> {
                 "round {round} {}: prefill {:.1} tok/s (load {:.2}), decode {:.2} tok/s (load {:.2})",
                 case.name, prefill.tok_s, prefill.load, decode.tok_s, decode.load
             );
-            if prefill.tok_s > best[c].0.tok_s {
-                best[c].0 = prefill;
-            }
-            if decode.tok_s > best[c].1.tok_s {
-                best[c].1 = decode;
-            }
+            runs[c].push((prefill, decode));
         }
     }
     let (link, host_read) = (o.link as f64, cost.host_read_bytes_per_s);
@@ -440,13 +437,20 @@ fn main() -> Result<(), String> {
         cost.host_flops_per_s / expert_flops_per_token
     );
     println!(
-        "\n| step | tier | tok/s (best of {}) | load | link bytes per token | host bytes per token | host share | byte bound tok/s | of bound |",
+        "\n| step | tier | tok/s (median of {}) | load | link bytes per token | host bytes per token | host share | byte bound tok/s | of bound |",
         o.rounds
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let median = |mut xs: Vec<f64>| {
+        xs.sort_by(f64::total_cmp);
+        xs[xs.len() / 2]
+    };
     for (k, kind) in ["prefill", "decode"].into_iter().enumerate() {
+        let of = |run: &(Run, Run)| if k == 0 { run.0 } else { run.1 };
         for (c, case) in cases.iter().enumerate() {
-            let run = if k == 0 { best[c].0 } else { best[c].1 };
+            let mut sorted: Vec<Run> = runs[c].iter().map(of).collect();
+            sorted.sort_by(|a, b| a.tok_s.total_cmp(&b.tok_s));
+            let run = sorted[sorted.len() / 2];
             let b = bound(&run, link, host_read);
             println!(
                 "| {kind} | {} | {:.2} | {:.2} | {} | {} | {:.0}% | {:.1} | {:.2} |",
@@ -460,14 +464,17 @@ fn main() -> Result<(), String> {
                 run.tok_s / b,
             );
         }
-        let (a, b, c) = (
-            if k == 0 { best[0].0 } else { best[0].1 },
-            if k == 0 { best[1].0 } else { best[1].1 },
-            if k == 0 { best[2].0 } else { best[2].1 },
-        );
+        let ratios: Vec<f64> = (0..o.rounds)
+            .map(|r| {
+                let (a, b, c) = (of(&runs[0][r]), of(&runs[1][r]), of(&runs[2][r]));
+                c.tok_s / a.tok_s.max(b.tok_s)
+            })
+            .collect();
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
         println!(
-            "| {kind} | auto / best of (a), (b) | {:.2} | | | | | | |",
-            c.tok_s / a.tok_s.max(b.tok_s)
+            "| {kind} | auto / better of (a), (b), per round | {} (median {:.2}) | | | | | | |",
+            each.join(", "),
+            median(ratios.clone())
         );
     }
     Ok(())
