@@ -821,7 +821,9 @@ impl ExpertStore {
             if let Content::Loading { key, ticket, .. } = slot.content {
                 // A failed copy empties its slot (to be refilled): a prediction's error is
                 // dropped, a routed expert's is its waiter's.
-                if copier.is_done(ticket) && slot.take_in(copier).is_err() {
+                // A scratch slot is not in the index (the same expert may be cached in the
+                // pool: its entry stays).
+                if copier.is_done(ticket) && slot.take_in(copier).is_err() && !slot.scratch {
                     pool.index.remove(&key);
                 }
             }
