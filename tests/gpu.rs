@@ -691,7 +691,11 @@ fn offloaded_experts_decode_like_none_on_the_gpu() {
         placed.model.set_kv_dtype(plan.kv_dtype);
         let mut runner = ModelRunner::new(placed.model, placed.store, Some(MAX_CONTEXT));
         if let Some(experts) = runner.store().experts() {
-            assert_eq!(experts.pool_slots(), plan.slots, "{what}");
+            assert_eq!(
+                experts.pool_slots() + experts.scratch_slots(),
+                plan.slots,
+                "{what}"
+            );
             assert!(!experts.computes_on_host(), "{what}: CUDA experts stream");
         }
         let (tokens, _) = greedy(&mut runner, PROMPT);

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ferry_metrics::{MemoryKind, Metrics};
-use ferry_offload::{Accounting, Location, SwapManager, Tier};
+use ferry_offload::{Accounting, Location, StepKind, StepKindSnapshot, SwapManager, Tier};
 
 /// How often a busy server logs its throughput.
 pub const THROUGHPUT_EVERY: Duration = Duration::from_secs(10);
@@ -54,6 +54,8 @@ struct Published {
     swaps: u64,
     /// Tier decisions, in [`Tier::ALL`] order.
     tier_decisions: [u64; 2],
+    /// Expert counters per step kind, in [`StepKind::ALL`] order.
+    expert_steps: [StepKindSnapshot; 2],
 }
 
 struct Sources {
@@ -177,7 +179,19 @@ impl Telemetry {
         let (mut copied, mut wait) = (0, Duration::ZERO);
         let mut experts = [0u64; 6];
         let mut tiers = [0u64; 2];
+        let mut steps = [StepKindSnapshot::default(); 2];
         for (_, accounting) in &sources.models {
+            for (total, kind) in steps.iter_mut().zip(StepKind::ALL) {
+                let s = accounting.expert_steps().snapshot(kind);
+                total
+                    .served
+                    .iter_mut()
+                    .zip(s.served)
+                    .for_each(|(t, n)| *t += n);
+                total.link_bytes += s.link_bytes;
+                total.tokens += s.tokens;
+                total.steps += s.steps;
+            }
             for (i, tier) in Tier::ALL.into_iter().enumerate() {
                 tiers[i] += accounting.tier_decisions().get(tier);
             }
@@ -229,6 +243,25 @@ impl Telemetry {
                 tiers[i].saturating_sub(published.tier_decisions[i]),
             );
             published.tier_decisions[i] = published.tier_decisions[i].max(tiers[i]);
+        }
+        for ((now, then), kind) in steps
+            .iter()
+            .zip(published.expert_steps.iter_mut())
+            .zip(StepKind::ALL)
+        {
+            let served = std::array::from_fn(|i| now.served[i].saturating_sub(then.served[i]));
+            self.metrics.add_expert_step_counts(
+                kind.name(),
+                served,
+                now.link_bytes.saturating_sub(then.link_bytes),
+                now.tokens.saturating_sub(then.tokens),
+            );
+            then.served
+                .iter_mut()
+                .zip(now.served)
+                .for_each(|(t, n)| *t = (*t).max(n));
+            then.link_bytes = then.link_bytes.max(now.link_bytes);
+            then.tokens = then.tokens.max(now.tokens);
         }
 
         match &self.swap {
@@ -379,6 +412,45 @@ mod tests {
         assert_eq!(
             metric_value(&text, "ferry_offload_tier_decisions_total{tier=\"host\"}"),
             7.0
+        );
+    }
+
+    #[test]
+    fn expert_counts_reach_the_metrics_by_step_kind_as_deltas() {
+        use ferry_offload::Served;
+        let metrics = Metrics::new();
+        let telemetry = Telemetry::new(metrics.clone(), None);
+        let accounting = Arc::new(Accounting::new(&sequential_plan()));
+        telemetry.add_model("m", Arc::clone(&accounting));
+        let steps = accounting.expert_steps();
+        steps.record_step(StepKind::Prefill, 512);
+        for _ in 0..6 {
+            steps.record_served(StepKind::Prefill, Served::Copied);
+        }
+        steps.record_served(StepKind::Prefill, Served::Hit);
+        steps.record_link_bytes(StepKind::Prefill, 6 * 1024);
+        telemetry.publish();
+        steps.record_step(StepKind::Decode, 1);
+        steps.record_step(StepKind::Decode, 1);
+        steps.record_served(StepKind::Decode, Served::Host);
+        steps.record_served(StepKind::Decode, Served::Hit);
+        steps.record_served(StepKind::Decode, Served::Resident);
+        telemetry.publish();
+        telemetry.publish();
+        assert_eq!(metrics.expert_decisions("streamed", "prefill"), 6);
+        assert_eq!(metrics.expert_decisions("cache_hit", "prefill"), 1);
+        assert_eq!(metrics.expert_decisions("host", "prefill"), 0);
+        assert_eq!(metrics.expert_decisions("host", "decode"), 1);
+        assert_eq!(metrics.expert_decisions("resident", "decode"), 1);
+        assert_eq!(metrics.expert_step_rates("prefill"), (1.0 / 7.0, 12.0));
+        assert_eq!(metrics.expert_step_rates("decode"), (0.5, 0.0));
+        let text = metrics.render();
+        assert_eq!(
+            metric_value(
+                &text,
+                "ferry_offload_expert_step_tokens_total{step=\"decode\"}"
+            ),
+            2.0
         );
     }
 

@@ -103,6 +103,7 @@ fn one_row_on_host(work: &UnitWork) -> CostModel {
         host_read_bytes_per_s: f64::MAX,
         device_flops_per_s: f64::MAX,
         forced: None,
+        activation_bytes_per_s: None,
     };
     assert_eq!(cost.choose(work, 1), Tier::Host);
     assert_eq!(cost.choose(work, 2), Tier::Stream);

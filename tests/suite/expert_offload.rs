@@ -24,13 +24,14 @@ use ferry::model::decoder::{LayerSource, Model, ResidentLayers, SeqInput};
 use ferry::model::loader::{load_model, Holding, LoadOptions};
 use ferry::model::source::ModelFiles;
 use ferry::model::weights::{ExpertWeights, LayerWeights, RoutedExperts};
+use ferry::offload::experts_plan::PREFILL_SCRATCH_SLOTS;
 use ferry::offload::plan::{plan, Plan, PlanInput};
 use ferry::offload::sizing::ModelSizes;
 use ferry::offload::{load_placed, CostModel, ExpertInput, Served, SlotKind, StreamConfig, Tier};
 
 use crate::tiny::{self, Tiny};
 
-const EXPERTS: usize = 8;
+pub(crate) const EXPERTS: usize = 8;
 const NEW_TOKENS: usize = 6;
 
 /// Four prompts of different lengths (batch 4); the first alone is batch 1.
@@ -43,7 +44,7 @@ fn prompts() -> Vec<Vec<u32>> {
     ]
 }
 
-fn qwen3_moe(dir: &Path) -> PathBuf {
+pub(crate) fn qwen3_moe(dir: &Path) -> PathBuf {
     let mut tiny = Tiny::llama();
     tiny.gguf_meta = vec![("general.dtype", Value::U32(0))];
     tiny.gguf_meta.extend(tiny::moe_meta(EXPERTS, 32));
@@ -51,6 +52,18 @@ fn qwen3_moe(dir: &Path) -> PathBuf {
     tiny.add_experts(&mut weights, EXPERTS, 32, false);
     let path = dir.join("qwen3moe-q8.gguf");
     tiny.write_gguf(&path, "qwen3moe", &weights, GgmlDType::Q8_0, false);
+    path
+}
+
+/// [`qwen3_moe`] declaring a context window of `context` tokens (for long prompts).
+pub(crate) fn qwen3_moe_context(dir: &Path, context: usize) -> PathBuf {
+    let mut tiny = Tiny::llama();
+    tiny.gguf_meta = vec![("general.dtype", Value::U32(0))];
+    tiny.gguf_meta.extend(tiny::moe_meta(EXPERTS, 32));
+    let mut weights = tiny.qwen3_weights(true);
+    tiny.add_experts(&mut weights, EXPERTS, 32, false);
+    let path = dir.join(format!("qwen3moe-q8-{context}.gguf"));
+    tiny.write_gguf_context(&path, "qwen3moe", &weights, context);
     path
 }
 
@@ -64,7 +77,7 @@ fn mixtral(dir: &Path) -> PathBuf {
     path
 }
 
-fn options() -> LoadOptions {
+pub(crate) fn options() -> LoadOptions {
     LoadOptions {
         device: Device::Cpu,
         dtype: DtypeChoice::Auto,
@@ -72,7 +85,12 @@ fn options() -> LoadOptions {
 }
 
 /// The plan of `checkpoint` in `mode` with `budget` bytes and an expert pool of `pool` slots.
-fn plan_for(checkpoint: &Checkpoint, mode: OffloadMode, budget: u64, pool: usize) -> Plan {
+pub(crate) fn plan_for(
+    checkpoint: &Checkpoint,
+    mode: OffloadMode,
+    budget: u64,
+    pool: usize,
+) -> Plan {
     let holding = Holding::new(checkpoint, &options()).unwrap();
     let sizes = ModelSizes::of(checkpoint, &holding, SlotKind::Cpu).unwrap();
     let mut input = PlanInput::new(mode, sizes.layers, sizes.fixed, budget);
@@ -87,7 +105,7 @@ fn plan_for(checkpoint: &Checkpoint, mode: OffloadMode, budget: u64, pool: usize
 
 /// Bytes of one expert's host slab (every expert of these models has the same shapes; the
 /// first MoE layer's, as GLM-4.5's first layer is dense).
-fn expert_slab_bytes(checkpoint: &Checkpoint) -> u64 {
+pub(crate) fn expert_slab_bytes(checkpoint: &Checkpoint) -> u64 {
     let holding = Holding::new(checkpoint, &options()).unwrap();
     let sizes = ModelSizes::of(checkpoint, &holding, SlotKind::Cpu).unwrap();
     sizes
@@ -511,6 +529,7 @@ fn auto_tier_follows_the_cost_model() {
         host_read_bytes_per_s: host,
         device_flops_per_s: 1e12,
         forced: None,
+        activation_bytes_per_s: None,
     };
     for (model, streams) in [(rates(1e12, 1.0), true), (rates(1.0, 1e12), false)] {
         let mut placed = load_placed(&checkpoint, &options(), &plan, stream, &mut |_| {}).unwrap();
@@ -572,6 +591,7 @@ fn each_routed_expert_gets_the_tier_of_its_own_rows() {
         host_read_bytes_per_s: 1e15,
         device_flops_per_s: 1e15,
         forced: None,
+        activation_bytes_per_s: None,
     };
     let crossover = cost.crossover(&work).unwrap();
     assert!((2..=4).contains(&crossover), "{crossover}");
@@ -740,10 +760,15 @@ fn a_cuda_plan_places_experts_and_counts_the_pool() {
     assert_eq!(experts.slot.kind, SlotKind::Cuda);
     // Q8_0 experts: block matrices in buffers of their own (gate, up, down).
     assert_eq!(experts.slot.matrices.len(), 3, "{:?}", experts.slot);
-    assert_eq!(cuda.slots, 3);
+    // The pool's 3 slots and the prefill scratch slots beside it.
+    assert_eq!(experts.scratch_slots, PREFILL_SCRATCH_SLOTS);
+    assert_eq!(cuda.slots, 3 + PREFILL_SCRATCH_SLOTS);
     assert_eq!(cuda.slot_bytes, experts.slot.total_bytes());
     assert_eq!(cuda.slot_layout.as_ref(), Some(&experts.slot));
-    assert_eq!(experts.pool_bytes(), 3 * experts.slot.total_bytes());
+    assert_eq!(
+        experts.pool_bytes(),
+        (3 + PREFILL_SCRATCH_SLOTS) as u64 * experts.slot.total_bytes()
+    );
     // The device holds the fixed parts, KV cache, workspace and reserve (as in the whole
     // plan), every layer's other parts and resident experts, and the pool.
     assert_eq!(
@@ -763,7 +788,7 @@ fn a_cuda_plan_places_experts_and_counts_the_pool() {
     let text = render_text(&cuda);
     for line in [
         "experts top 2 of 8 per token",
-        "expert pool  3 x",
+        "expert pool  3 + 2 prefill scratch x",
         "routed experts",
     ] {
         assert!(text.contains(line), "{line:?} not in\n{text}");

@@ -23,6 +23,7 @@ mod cli;
 mod dense_tiers;
 mod embeddings_real;
 mod expert_offload;
+mod expert_prefill;
 mod fit;
 mod gguf_sources;
 mod gpu_check_dry;

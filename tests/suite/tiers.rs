@@ -88,6 +88,12 @@ fn cost_model(tiers: &Value) -> CostModel {
         host_read_bytes_per_s: rate("host_read_bytes_per_s"),
         device_flops_per_s: rate("device_flops_per_s"),
         forced: tiers["forced"].as_str().map(|_| tier(&tiers["forced"])),
+        // null: the rows cost nothing (the CPU device).
+        activation_bytes_per_s: Some(
+            tiers["activation_bytes_per_s"]
+                .as_f64()
+                .unwrap_or(f64::INFINITY),
+        ),
     }
 }
 

@@ -32,6 +32,11 @@
 //! | `ferry_offload_experts_total{kind}` | counter | offload engine: routed MoE experts by where they came from (`kind` = hit: on the device, miss: copied into the expert pool, host: computed on the host; and prefetched: copied ahead on a prediction, prefetch_hit: a hit a prediction supplied) |
 //! | `ferry_offload_expert_bytes_copied_total` | counter | offload engine: bytes of expert copies (part of `ferry_offload_bytes_copied_total`) |
 //! | `ferry_offload_tier_decisions_total{tier}` | counter | offload engine: one per offloaded unit and step, by the tier the cost model chose (`stream`, `host`) |
+//! | `ferry_offload_expert_decisions_total{tier,step}` | counter | offload engine: routed MoE experts (one per layer and step) by where they were served (`tier` = resident, cache_hit, streamed, host) and step kind (`step` = prefill, decode; [`expert_steps`]) |
+//! | `ferry_offload_expert_link_bytes_total{step}` | counter | offload engine: bytes of expert copies issued over the link, by step kind |
+//! | `ferry_offload_expert_step_tokens_total{step}` | counter | offload engine: tokens of the steps of a model with offloaded experts, by step kind |
+//! | `ferry_offload_expert_cache_hit_rate{step}` | gauge | offload engine: cache_hit / (cache_hit + streamed + host) so far, by step kind |
+//! | `ferry_offload_expert_link_bytes_per_token{step}` | gauge | offload engine: expert link bytes / tokens so far, by step kind |
 //! | `ferry_model_swaps_total` | counter | residency manager (mode `model`) |
 //! | `ferry_model_resident{model}` | gauge | engine (1 once loaded); in mode `model` the swap manager's location |
 //! | `ferry_prefix_cache_queries_total{model}` | counter | engine: prompt tokens looked up in the prefix cache ([`prefix_cache`]) |
@@ -61,12 +66,14 @@
 //!
 //! Per-request bookkeeping and the request log line live in [`tracker`].
 
+mod expert_steps;
 pub mod log_sink;
 mod prefix_cache;
 mod readings;
 mod speculative;
 mod tracker;
 
+pub use expert_steps::{EXPERT_SERVED_LABELS, STEP_LABELS};
 pub use tracker::{RequestContext, RequestEnd, RequestTracker, TrackedRequest};
 
 use std::collections::BTreeMap;
@@ -190,6 +197,7 @@ struct Inner {
     swaps: Counter,
     resident: Family<ModelLabels, Gauge>,
     prefix_cache: prefix_cache::PrefixCacheMetrics,
+    expert_steps: expert_steps::ExpertStepMetrics,
     speculative: speculative::SpeculativeMetrics,
 }
 
@@ -389,6 +397,7 @@ impl Metrics {
             kv_usage.clone(),
         );
         let prefix_cache = prefix_cache::PrefixCacheMetrics::register(r, &mut aliases);
+        let expert_steps = expert_steps::ExpertStepMetrics::register(r);
         let speculative = speculative::SpeculativeMetrics::register(r, &mut aliases);
         Self {
             inner: Arc::new(Inner {
@@ -417,6 +426,7 @@ impl Metrics {
                 swaps,
                 resident,
                 prefix_cache,
+                expert_steps,
                 speculative,
             }),
         }

@@ -305,3 +305,57 @@ fn readings_return_what_was_set() {
     assert_eq!(m.model_kv_usage("a"), (6, 64));
     assert_eq!(m.prefix_cache_tokens("a"), 12);
 }
+
+#[test]
+fn expert_decisions_and_rates_are_per_step_kind() {
+    let m = Metrics::new();
+    let text = m.render();
+    // Every pair exists at 0 before anything is served.
+    for step in STEP_LABELS {
+        for tier in EXPERT_SERVED_LABELS {
+            let name =
+                format!("ferry_offload_expert_decisions_total{{tier=\"{tier}\",step=\"{step}\"}}");
+            assert_eq!(sample(&text, &name), Some(0.0), "{name}");
+        }
+        for name in [
+            format!("ferry_offload_expert_cache_hit_rate{{step=\"{step}\"}}"),
+            format!("ferry_offload_expert_link_bytes_per_token{{step=\"{step}\"}}"),
+            format!("ferry_offload_expert_link_bytes_total{{step=\"{step}\"}}"),
+            format!("ferry_offload_expert_step_tokens_total{{step=\"{step}\"}}"),
+        ] {
+            assert_eq!(sample(&text, &name), Some(0.0), "{name}");
+        }
+    }
+    // Decode: 2 resident, 3 hits, 1 streamed, 4 host; 10 tokens, 1000 bytes.
+    m.add_expert_step_counts("decode", [2, 3, 1, 4], 1000, 10);
+    // Prefill: 16 streamed, 4 hits; 512 tokens, 8192 bytes, in two publications.
+    m.add_expert_step_counts("prefill", [0, 4, 8, 0], 4096, 256);
+    m.add_expert_step_counts("prefill", [0, 0, 8, 0], 4096, 256);
+    assert_eq!(m.expert_decisions("streamed", "prefill"), 16);
+    assert_eq!(m.expert_decisions("host", "decode"), 4);
+    assert_eq!(m.expert_decisions("host", "prefill"), 0);
+    assert_eq!(m.expert_step_rates("decode"), (3.0 / 8.0, 100.0));
+    assert_eq!(m.expert_step_rates("prefill"), (4.0 / 20.0, 16.0));
+    let text = m.render();
+    assert_eq!(
+        sample(
+            &text,
+            r#"ferry_offload_expert_decisions_total{tier="cache_hit",step="decode"}"#
+        ),
+        Some(3.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"ferry_offload_expert_link_bytes_per_token{step="prefill"}"#
+        ),
+        Some(16.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"ferry_offload_expert_cache_hit_rate{step="decode"}"#
+        ),
+        Some(0.375)
+    );
+}

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::cost::TierCounts;
+use super::experts_steps::ExpertStepCounts;
 use super::plan::Plan;
 use super::units::format_bytes;
 
@@ -62,6 +63,7 @@ pub struct Accounting {
     expert_prefetched: AtomicU64,
     expert_prefetch_hits: AtomicU64,
     tier_decisions: TierCounts,
+    expert_steps: ExpertStepCounts,
 }
 
 /// A copy of the counters at one moment.
@@ -159,12 +161,19 @@ impl Accounting {
             expert_prefetched: AtomicU64::new(0),
             expert_prefetch_hits: AtomicU64::new(0),
             tier_decisions: TierCounts::default(),
+            expert_steps: ExpertStepCounts::default(),
         }
     }
 
     /// The tier cost model's decisions, one per offloaded unit and step (record them here).
     pub fn tier_decisions(&self) -> &TierCounts {
         &self.tier_decisions
+    }
+
+    /// What the expert store did per step kind (prefill, decode): routed experts by where they
+    /// were served, expert bytes over the link, tokens.
+    pub fn expert_steps(&self) -> &ExpertStepCounts {
+        &self.expert_steps
     }
 
     /// Counts resident weight bytes placed on the device.

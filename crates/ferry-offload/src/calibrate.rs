@@ -13,6 +13,9 @@
 //!   model reproduces both measured points.
 //! - device: on the CPU device the host compute rate (it is the same CPU and the same
 //!   kernels); on CUDA the same probe matrix resident on the device, at more rows.
+//! - activations: on CUDA a host-computed unit's rows cross the link both ways (the link's
+//!   rate); on the CPU device they are already where the host computes, so they cost nothing
+//!   (an emulated link throttles weight copies only).
 //!
 //! Each measurement takes the best of a few repetitions (a loaded machine only slows a run), and
 //! notes their *spread* (the slowest repetition over the fastest, minus one): a busy machine
@@ -368,6 +371,8 @@ fn run(
             host_read_bytes_per_s: host_read.0,
             device_flops_per_s: device.0,
             forced: Tier::forced_by(tier.choice),
+            // On the CPU device the host's rows are the device's: nothing crosses a link.
+            activation_bytes_per_s: on_cpu.then_some(f64::INFINITY),
         },
         weight_type: input.weight_type,
         sources,

@@ -59,6 +59,11 @@ fn measures_positive_finite_rates_for_each_kernel_type() {
             ]
         );
         assert_eq!(m.forced, None);
+        assert_eq!(
+            m.activation_bytes_per_s,
+            Some(f64::INFINITY),
+            "the CPU device"
+        );
         assert_eq!(calibration.weight_type, dtype);
     }
 }
@@ -82,6 +87,8 @@ fn configured_rates_replace_measurements() {
             host_read_bytes_per_s: 40e9,
             device_flops_per_s: 20_000e9,
             forced: Some(Tier::Host),
+            // The CPU device: the rows are where the host computes.
+            activation_bytes_per_s: Some(f64::INFINITY),
         }
     );
     assert_eq!(calibration.sources, [Source::Set; 4]);

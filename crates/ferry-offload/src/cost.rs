@@ -13,7 +13,10 @@
 //!   A unit already cached on the device costs only its compute ([`CostModel::choose_cached`]).
 //! - host: `max(B / host_read, r * F / host_flops) + 2 * r * A / link`. The host kernels read
 //!   the weights while they compute, so the slower of the two bounds the unit (a roofline); the
-//!   activations cross the link twice (the rows in, the results back), serially.
+//!   activations cross the link twice (the rows in, the results back), serially, at the link's
+//!   rate, or at [`CostModel::activation_bytes_per_s`] where it is set: on the CPU device the
+//!   rows are already on the host and cost nothing (its calibration sets an infinite rate), so
+//!   the host tier, with the same compute and no copy, is never the slower there.
 //!
 //! Rules: a tie goes to [`Tier::Stream`] (the device is the reference path, and a streamed unit
 //! may stay in the device cache for later steps); a unit cached on the device always streams,
@@ -132,6 +135,10 @@ pub struct CostModel {
     /// `Some` forces that tier for every unit not cached on the device (`offload.tier`);
     /// `None` decides by cost.
     pub forced: Option<Tier>,
+    /// The rate a host-computed unit's activations move at, bytes/s; `None`: the link's (a GPU:
+    /// the rows cross it both ways). The CPU device's calibration sets it infinite: the rows
+    /// are already where the host computes.
+    pub activation_bytes_per_s: Option<f64>,
 }
 
 /// Seconds to move or compute `amount` at `rate`: zero for no work, infinite for a rate that
@@ -147,6 +154,16 @@ fn seconds(amount: f64, rate: f64) -> f64 {
 }
 
 impl CostModel {
+    /// Seconds `bytes` of a host-computed unit's activations take to move: at the link's rate,
+    /// or at [`CostModel::activation_bytes_per_s`] (an infinite one: no time at all).
+    fn activation_seconds(&self, bytes: f64) -> f64 {
+        match self.activation_bytes_per_s {
+            Some(rate) if rate == f64::INFINITY => 0.0,
+            Some(rate) => seconds(bytes, rate),
+            None => seconds(bytes, self.link_bytes_per_s),
+        }
+    }
+
     /// The tier for `rows` rows of a unit that is not on the device.
     pub fn choose(&self, unit: &UnitWork, rows: usize) -> Tier {
         self.choose_cached(unit, rows, false)
@@ -203,7 +220,7 @@ impl CostModel {
                 let read = seconds(unit.weight_bytes as f64, self.host_read_bytes_per_s);
                 let compute = seconds(flops, self.host_flops_per_s);
                 let activations = 2.0 * rows * unit.activation_bytes_per_row as f64;
-                read.max(compute) + seconds(activations, self.link_bytes_per_s)
+                read.max(compute) + self.activation_seconds(activations)
             }
         }
     }
@@ -224,10 +241,7 @@ impl CostModel {
         let read = seconds(unit.weight_bytes as f64, self.host_read_bytes_per_s);
         let host_row = seconds(unit.flops_per_row, self.host_flops_per_s);
         let device_row = seconds(unit.flops_per_row, self.device_flops_per_s);
-        let act_row = seconds(
-            2.0 * unit.activation_bytes_per_row as f64,
-            self.link_bytes_per_s,
-        );
+        let act_row = self.activation_seconds(2.0 * unit.activation_bytes_per_row as f64);
         let lines = [
             (read - copy, act_row - device_row),
             (-copy, host_row + act_row - device_row),

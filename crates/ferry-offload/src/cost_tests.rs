@@ -21,6 +21,7 @@ fn desktop() -> CostModel {
         host_read_bytes_per_s: 60.0 * GB,
         device_flops_per_s: 20_000.0 * GFLOP,
         forced: None,
+        activation_bytes_per_s: None,
     }
 }
 
@@ -78,6 +79,7 @@ fn estimates_are_the_documented_formulas() {
         host_read_bytes_per_s: 20.0,
         device_flops_per_s: 100.0,
         forced: None,
+        activation_bytes_per_s: None,
     };
     let unit = UnitWork {
         weight_bytes: 100,
@@ -159,6 +161,7 @@ fn ties_stream() {
         host_read_bytes_per_s: 1.0,
         device_flops_per_s: 1.0,
         forced: None,
+        activation_bytes_per_s: None,
     };
     let unit = UnitWork {
         weight_bytes: 10,
@@ -199,6 +202,7 @@ fn crossover_is_where_the_decision_flips() {
                 host_read_bytes_per_s: 10.0 * GB,
                 device_flops_per_s: 30.0 * GFLOP,
                 forced: None,
+                activation_bytes_per_s: None,
             },
         ),
     ];
@@ -229,6 +233,7 @@ fn crossover_is_where_the_decision_flips() {
         host_read_bytes_per_s: 20.0 * GB,
         device_flops_per_s: 100.0 * GFLOP,
         forced: None,
+        activation_bytes_per_s: None,
     };
     let rows = same.crossover(&unit).unwrap();
     assert!(rows > 64, "{rows}");
@@ -252,6 +257,7 @@ fn broken_rates_never_panic() {
             host_read_bytes_per_s: rate,
             device_flops_per_s: rate,
             forced: None,
+            activation_bytes_per_s: None,
         };
         for rows in [0, 1, 64] {
             let _ = model.choose(&unit, rows);
@@ -270,4 +276,39 @@ fn broken_rates_never_panic() {
     assert_eq!(no_link.estimate(&unit, 1, Tier::Stream), Duration::MAX);
     assert_eq!(no_link.estimate(&unit, 1, Tier::Host), Duration::MAX);
     assert_eq!(no_link.choose(&unit, 1), Tier::Stream);
+}
+
+/// On the CPU device (its calibration: the device's rate is the host's, activations move at no
+/// cost) the host tier has the same compute and no copy, so it wins at every row count, where
+/// charging the rows to the link would stream a heavily routed expert.
+#[test]
+fn on_the_cpu_device_the_host_tier_is_never_slower() {
+    let cpu = CostModel {
+        link_bytes_per_s: 16.0 * GB,
+        host_flops_per_s: 60.0 * GFLOP,
+        host_read_bytes_per_s: 20.0 * GB,
+        device_flops_per_s: 60.0 * GFLOP,
+        forced: None,
+        activation_bytes_per_s: Some(f64::INFINITY),
+    };
+    let unit = expert();
+    for rows in [1, 8, 32, 512, 4096, 1 << 20] {
+        assert_eq!(cpu.choose(&unit, rows), Tier::Host, "{rows} rows");
+    }
+    assert_eq!(cpu.crossover(&unit), None);
+    // The same rates with the rows charged to the link stream from a few hundred rows.
+    let charged = CostModel {
+        activation_bytes_per_s: None,
+        ..cpu
+    };
+    let from = charged.crossover(&unit).expect("streams at some row count");
+    assert!((100..2000).contains(&from), "{from}");
+    assert_eq!(charged.choose(&unit, from), Tier::Stream);
+    assert_eq!(charged.choose(&unit, from - 1), Tier::Host);
+    // A finite activation rate is charged like the link.
+    let slow = CostModel {
+        activation_bytes_per_s: Some(1.0),
+        ..cpu
+    };
+    assert!(slow.estimate(&unit, 1, Tier::Host) > Duration::from_secs(1000));
 }

@@ -23,6 +23,16 @@
 //! The pool's slots are allocated once, at start, sized for the largest offloaded expert.
 //! Slots handed out for a layer are pinned until the layer is released (or the next layer asks).
 //!
+//! Prefill and decode steps ([`StepKind`], told by [`ExpertStore::begin_step`]) differ in one
+//! way: a prefill's streamed experts (the cost model streams an expert many rows were routed
+//! to) go through the plan's *scratch slots* beside the pool, one after another, the next one's
+//! copy issued as soon as a scratch slot is free, while the current one computes
+//! ([`ExpertStore::through_scratch`]); they never enter the pool's cache, and a prefill's hits
+//! do not refresh the cache's recency, so a prompt leaves the experts decoding keeps hot where
+//! they are. A prefill predicts nothing (its predictions would be copied into the cache). Every
+//! routed expert is counted by how it was served and by step kind, with the bytes issued over
+//! the link and the step's tokens ([`super::experts_steps`]).
+//!
 //! Copies run on the pool's copy thread ([`super::experts_copy`]): as soon as the router has
 //! picked the experts, every miss's copy is issued, then the experts already on the device
 //! (resident, hits) and the host-computed ones are handed out first, while the copies run, and
@@ -53,6 +63,7 @@ use super::error::OffloadError;
 use super::experts_copy::{CopyJob, CopyKind, ExpertCopier};
 use super::experts_gpu::GpuExpertPool;
 use super::experts_plan::ExpertPlan;
+use super::experts_steps::StepKind;
 use super::host::{HostLayer, LayerLayout, Result};
 use super::layout::SlotKind;
 use super::slot::SlotBuffers;
@@ -151,6 +162,9 @@ struct PoolSlot {
     last_used: u64,
     /// The layer it was handed out (or predicted) for, until that layer is released.
     pinned: Option<usize>,
+    /// A scratch slot: holds a prefill's streamed expert for one computation, never part of
+    /// the cache (not in the index, never a victim).
+    scratch: bool,
 }
 
 #[derive(Debug)]
@@ -168,6 +182,8 @@ struct Pool {
     /// When every slot is taken by a layer's experts, refill the pool in rounds instead of
     /// computing the rest on the host (always on CUDA; [`ExpertStore::set_rounds`]).
     rounds: bool,
+    /// The kind of the step running now ([`ExpertStore::begin_step`]).
+    step: StepKind,
 }
 
 /// Every layer's experts, the device pool and the host tier.
@@ -273,7 +289,9 @@ impl ExpertStore {
             layout: None,
             last_used: 0,
             pinned: None,
+            scratch: false,
         };
+        let n_slots = plan.slot_count();
         let cuda = device.is_cuda();
         let (copies, slots) = if cuda {
             let offloaded = layers.iter().any(|l| l.host.iter().any(Option::is_some));
@@ -282,7 +300,7 @@ impl ExpertStore {
                     "offloaded experts on a CUDA device need at least one pool slot".into(),
                 ));
             }
-            let gpu = GpuExpertPool::new(device, slot, dtype, plan.pool_slots, accounting.clone())?;
+            let gpu = GpuExpertPool::new(device, slot, dtype, n_slots, accounting.clone())?;
             let slots = (0..gpu.len()).map(|_| empty(None)).collect();
             (Copies::Cuda(gpu), slots)
         } else {
@@ -293,7 +311,7 @@ impl ExpertStore {
                     slot.kind.as_str()
                 )));
             }
-            let slots = (0..plan.pool_slots)
+            let slots = (0..n_slots)
                 .map(|_| {
                     let buffers =
                         SlotBuffers::new(slot.blocks_bytes, slot.dense_bytes, dtype, device)?;
@@ -304,6 +322,11 @@ impl ExpertStore {
             let copier = ExpertCopier::start(link_bandwidth, accounting.clone())?;
             (Copies::Cpu(copier), slots)
         };
+        // The pool's slots first, then the scratch ones.
+        let mut slots: Vec<PoolSlot> = slots;
+        for slot in slots.iter_mut().skip(plan.pool_slots) {
+            slot.scratch = true;
+        }
         Ok(Self {
             copies,
             layers,
@@ -316,6 +339,7 @@ impl ExpertStore {
                 last: vec![Vec::new(); n_layers],
                 prefetch,
                 rounds: cuda,
+                step: StepKind::Decode,
             }),
             accounting,
         })
@@ -345,9 +369,35 @@ impl ExpertStore {
         self.lock().tier
     }
 
-    /// Slots of the device pool.
+    /// Slots of the device pool (its cache of hot experts; the scratch slots not counted).
     pub fn pool_slots(&self) -> usize {
-        self.lock().slots.len()
+        self.lock().slots.iter().filter(|s| !s.scratch).count()
+    }
+
+    /// Scratch slots beside the pool, for a prefill's streamed experts.
+    pub fn scratch_slots(&self) -> usize {
+        self.lock().slots.iter().filter(|s| s.scratch).count()
+    }
+
+    /// Starts a forward pass of `kind` with `rows` rows (counted for the per-token rates).
+    pub fn begin_step(&self, kind: StepKind, rows: usize) {
+        self.lock().step = kind;
+        self.accounting.expert_steps().record_step(kind, rows);
+    }
+
+    /// The kind of the step running now (the last [`ExpertStore::begin_step`]'s).
+    pub fn step_kind(&self) -> StepKind {
+        self.lock().step
+    }
+
+    /// The `(layer, expert)`s the pool's cache holds (landed or being copied), in slot order.
+    pub fn cached(&self) -> Vec<(usize, usize)> {
+        self.lock()
+            .slots
+            .iter()
+            .filter(|s| !s.scratch)
+            .filter_map(PoolSlot::key)
+            .collect()
     }
 
     /// Experts in host slabs.
@@ -424,11 +474,12 @@ impl ExpertStore {
         }
     }
 
-    /// Whether layers are predicted: prefetch depth >= 1 and a tier that may stream (a forced
-    /// host tier copies nothing, so it skips the prediction's router pass).
+    /// Whether layers are predicted: prefetch depth >= 1, a tier that may stream (a forced
+    /// host tier copies nothing, so it skips the prediction's router pass) and a decode step
+    /// (a prefill's predictions would be copied into the cache).
     pub fn predicts(&self) -> bool {
         let pool = self.lock();
-        pool.prefetch > 0 && pool.tier != TierChoice::Host
+        pool.prefetch > 0 && pool.tier != TierChoice::Host && pool.step == StepKind::Decode
     }
 
     fn lock(&self) -> MutexGuard<'_, Pool> {
@@ -479,12 +530,17 @@ impl ExpertStore {
                 }
             }
         }
-        let (setting, cost, in_rounds) = (pool.tier, pool.cost, pool.rounds);
+        let (setting, cost, in_rounds, step) = (pool.tier, pool.cost, pool.rounds, pool.step);
+        // A prefill's streamed experts go through the scratch slots, one after another, when
+        // they are handed out one by one.
+        let scratch = step == StepKind::Prefill && rounds && pool.slots.iter().any(|s| s.scratch);
         let (mut hits, mut host, mut prefetch_hits) = (0, 0, 0);
         let mut out = Vec::with_capacity(wanted.len());
         let mut log = Vec::with_capacity(wanted.len());
         // Streamed experts no slot was free for, in rounds (CUDA; `set_rounds` on the CPU).
         let mut deferred = Vec::new();
+        // A prefill's streamed experts, for the scratch slots.
+        let mut through_scratch = Vec::new();
         for (i, (&e, &n)) in wanted.iter().zip(rows).enumerate() {
             let missing = || OffloadError::Weights(format!("layer {layer} has no expert {e}"));
             let record = |tier, served| ExpertDecision {
@@ -509,7 +565,10 @@ impl ExpertStore {
             let held = pool.index.get(&(layer, e)).copied();
             if let Some(s) = held.filter(|&s| !matches!(pool.slots[s].content, Content::Empty)) {
                 let slot = &mut pool.slots[s];
-                slot.last_used = now;
+                // A prefill's hits leave the cache's recency to decoding.
+                if step == StepKind::Decode {
+                    slot.last_used = now;
+                }
                 slot.pinned = Some(layer);
                 let predicted = match &mut slot.content {
                     Content::Loaded { predicted, .. } | Content::Loading { predicted, .. } => {
@@ -526,6 +585,11 @@ impl ExpertStore {
             }
             let decided = self.decide(setting, cost.as_ref(), &expert.work, n);
             self.accounting.tier_decisions().record(decided, 1);
+            if scratch && decided == Tier::Stream {
+                through_scratch.push((i, e));
+                log.push(record(Some(decided), Served::Copied));
+                continue;
+            }
             let victim = match decided {
                 Tier::Stream => pool.victim(),
                 Tier::Host => None,
@@ -550,6 +614,10 @@ impl ExpertStore {
             out.push((i, self.hand_out(&pool.slots[s], s)?));
             log.push(record(Some(decided), Served::Copied));
         }
+        let steps = self.accounting.expert_steps();
+        for d in &log {
+            steps.record_served(step, d.served);
+        }
         if let Some(last) = pool.last.get_mut(layer) {
             *last = log;
         }
@@ -571,6 +639,56 @@ impl ExpertStore {
         }
         while !deferred.is_empty() {
             deferred = self.next_round(layer, set, deferred, rounds, each)?;
+        }
+        self.through_scratch(layer, set, through_scratch, each)
+    }
+
+    /// A prefill's streamed experts `queue` (`(i, expert)`) of `layer`, through the scratch
+    /// slots: each scratch slot receives one copy, then, as soon as the expert it holds has been
+    /// handed out (computed on the CPU device; its kernels queued on CUDA, which the next fill
+    /// waits for), the next one's, so one expert's copy runs while the one before computes.
+    /// Nothing enters the pool's cache.
+    fn through_scratch(
+        &self,
+        layer: usize,
+        set: &LayerExpertSet,
+        queue: Vec<(usize, usize)>,
+        each: &mut dyn FnMut(usize, &ExpertWeights) -> ferry_model::Result<()>,
+    ) -> ferry_model::Result<()> {
+        if queue.is_empty() {
+            return Ok(());
+        }
+        let scratch: Vec<usize> = {
+            let pool = self.lock();
+            (0..pool.slots.len())
+                .filter(|&s| pool.slots[s].scratch)
+                .collect()
+        };
+        let mut queue = queue.into_iter();
+        let mut in_flight = std::collections::VecDeque::with_capacity(scratch.len());
+        let mut issue = |s: usize, in_flight: &mut std::collections::VecDeque<_>| {
+            let Some((i, e)) = queue.next() else {
+                return Ok::<(), OffloadError>(());
+            };
+            let expert =
+                set.host.get(e).and_then(Option::as_ref).ok_or_else(|| {
+                    OffloadError::Weights(format!("layer {layer} has no expert {e}"))
+                })?;
+            let mut pool = self.lock();
+            self.issue(&mut pool, s, (layer, e), expert, layer, CopyKind::Routed)?;
+            let handout = self.hand_out(&pool.slots[s], s)?;
+            in_flight.push_back((i, handout, s));
+            Ok(())
+        };
+        for &s in &scratch {
+            issue(s, &mut in_flight)?;
+        }
+        while let Some((i, handout, s)) = in_flight.pop_front() {
+            match handout {
+                Handout::Ready(w) => each(i, &w)?,
+                Handout::Copying(ticket, slot) => each(i, &self.landed(ticket, slot)?)?,
+            }
+            issue(s, &mut in_flight)?;
         }
         Ok(())
     }
@@ -660,7 +778,7 @@ impl ExpertStore {
     fn predict(&self, layer: usize, wanted: &[usize], rows: &[usize]) -> Result<()> {
         let set = self.set(layer)?;
         let mut pool = self.lock();
-        if pool.prefetch == 0 {
+        if pool.prefetch == 0 || pool.step == StepKind::Prefill {
             return Ok(());
         }
         self.begin(&mut pool, layer);
@@ -703,7 +821,9 @@ impl ExpertStore {
             if let Content::Loading { key, ticket, .. } = slot.content {
                 // A failed copy empties its slot (to be refilled): a prediction's error is
                 // dropped, a routed expert's is its waiter's.
-                if copier.is_done(ticket) && slot.take_in(copier).is_err() {
+                // A scratch slot is not in the index (the same expert may be cached in the
+                // pool: its entry stays).
+                if copier.is_done(ticket) && slot.take_in(copier).is_err() && !slot.scratch {
                     pool.index.remove(&key);
                 }
             }
@@ -725,6 +845,25 @@ impl ExpertStore {
         if let Some(old) = pool.slots[s].key() {
             pool.index.remove(&old);
         }
+        let ticket = self.issue(pool, s, key, expert, layer, kind)?;
+        pool.index.insert(key, s);
+        Ok(ticket)
+    }
+
+    /// [`ExpertStore::load`] without the cache's index: the copy into slot `s`, counted as
+    /// expert bytes over the link in the current step's kind.
+    fn issue(
+        &self,
+        pool: &mut Pool,
+        s: usize,
+        key: (usize, usize),
+        expert: &HostExpert,
+        layer: usize,
+        kind: CopyKind,
+    ) -> Result<u64> {
+        self.accounting
+            .expert_steps()
+            .record_link_bytes(pool.step, expert.work.weight_bytes);
         let slot = &mut pool.slots[s];
         slot.content = Content::Empty;
         let predicted = kind == CopyKind::Predicted;
@@ -760,7 +899,6 @@ impl ExpertStore {
         };
         slot.layout = Some(expert.layout.clone());
         slot.pinned = Some(layer);
-        pool.index.insert(key, s);
         Ok(ticket)
     }
 
@@ -846,7 +984,9 @@ impl Pool {
         self.slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.pinned.is_none() && !matches!(s.content, Content::Loading { .. }))
+            .filter(|(_, s)| {
+                !s.scratch && s.pinned.is_none() && !matches!(s.content, Content::Loading { .. })
+            })
             .min_by_key(|(_, s)| (!matches!(s.content, Content::Empty), s.last_used))
             .map(|(i, _)| i)
     }

@@ -10,6 +10,10 @@
 //! are either copied into a slot of the pool when the router picks them or computed where they
 //! are ([`super::experts`] runs both).
 //!
+//! Beside the pool, [`PREFILL_SCRATCH_SLOTS`] scratch slots: a prefill's streamed experts pass
+//! through them one after another (the next copied while the current computes), never entering
+//! the pool's cache, so a prompt does not evict the experts decoding keeps hot.
+//!
 //! The bytes moved per decode token follow the routed-expert arithmetic: a token routes to
 //! `n_used` of a layer's `n_experts` experts, so with uniform routing and no cache hits a layer
 //! with `h` of its experts on the host moves `n_used * h / n_experts` experts, where whole-layer
@@ -18,6 +22,10 @@
 use serde::Serialize;
 
 use super::layout::{expert_units, LayerLayout, SlotKind, SlotLayout};
+
+/// Scratch slots beside the expert pool for a prefill's streamed experts: one computing, one
+/// receiving the next copy.
+pub const PREFILL_SCRATCH_SLOTS: usize = 2;
 
 /// What the planner needs to place experts one by one (set for MoE models).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,8 +104,12 @@ pub struct ExpertPlan {
     pub layers: Vec<LayerExperts>,
     /// Experts each token is routed to.
     pub n_used: usize,
-    /// Expert slots of the device pool (0 when every expert is resident).
+    /// Expert slots of the device pool, the cache of hot experts (0 when every expert is
+    /// resident).
     pub pool_slots: usize,
+    /// Scratch slots beside the pool for a prefill's streamed experts
+    /// ([`PREFILL_SCRATCH_SLOTS`]); never part of the cache.
+    pub scratch_slots: usize,
     /// What one expert slot holds: enough for any offloaded expert.
     pub slot: SlotLayout,
     /// Estimated bytes moved host-to-device per decode token ([`LayerExperts::routed_bytes_per_token`]
@@ -119,9 +131,14 @@ impl ExpertPlan {
         self.layers.iter().map(LayerExperts::host_bytes).sum()
     }
 
-    /// Device bytes of the pool.
+    /// Device bytes of the pool and its scratch slots.
     pub fn pool_bytes(&self) -> u64 {
-        (self.pool_slots as u64).saturating_mul(self.slot.total_bytes())
+        (self.slot_count() as u64).saturating_mul(self.slot.total_bytes())
+    }
+
+    /// Expert slots on the device: the pool's and the scratch ones.
+    pub fn slot_count(&self) -> usize {
+        self.pool_slots + self.scratch_slots
     }
 
     /// Experts in host slabs, over all layers.
@@ -162,6 +179,7 @@ pub fn place(
     let base: u64 = layers.iter().map(|l| l.base_bytes).sum();
     let mut left = available.checked_sub(base)?;
     let pool_slots = input.pool_slots.unwrap_or(input.n_used).max(1);
+    let scratch_slots = PREFILL_SCRATCH_SLOTS;
     let host_layouts = |layers: &[LayerExperts]| {
         let mut slot = SlotLayout::new(kind);
         for (l, layout) in layers.iter().zip(layouts) {
@@ -173,7 +191,8 @@ pub fn place(
     };
     // The pool is sized for the largest expert of any layer (experts are placed evenly, so
     // every layer keeps some on the host unless all fit).
-    let pool_bytes = (pool_slots as u64).saturating_mul(host_layouts(&layers).total_bytes());
+    let pool_bytes =
+        ((pool_slots + scratch_slots) as u64).saturating_mul(host_layouts(&layers).total_bytes());
     left = left.checked_sub(pool_bytes)?;
     if spread {
         let most = layers
@@ -221,6 +240,7 @@ pub fn place(
         layers,
         n_used,
         pool_slots,
+        scratch_slots,
         slot,
         bytes_per_token,
         whole_layer_bytes_per_token,

@@ -81,8 +81,9 @@ fn the_first_moe_layers_keep_their_experts_on_the_host_by_setting() {
     assert!(p.device_bytes <= p.budget_bytes);
     // A budget too small for the rest spreads what fits over the other layers only.
     let tight = layouts(4, PIECE, 4, 3 * PIECE);
+    let pool = (2 + PREFILL_SCRATCH_SLOTS) as u64;
     let device_for =
-        |experts: u64| 4 * PIECE as u64 + 2 * 3 * PIECE as u64 + experts * 3 * PIECE as u64;
+        |experts: u64| 4 * PIECE as u64 + pool * 3 * PIECE as u64 + experts * 3 * PIECE as u64;
     let mut inp = input(OffloadMode::Auto, tight, device_for(3), 2);
     inp.experts = inp.experts.map(|e| ExpertInput {
         host_layers: 1,
@@ -122,10 +123,14 @@ fn top_2_of_8_moves_a_quarter_of_the_experts() {
     );
     let ratio = ex.bytes_per_token as f64 / ex.whole_layer_bytes_per_token as f64;
     assert!((ratio - 2.0 / 9.0).abs() < 1e-9, "{ratio}");
-    // The pool holds one token's experts of one layer; the device the other parts and it.
-    assert_eq!(p.slots, 2);
+    // The pool holds one token's experts of one layer, beside it the prefill scratch slots;
+    // the device the other parts and them.
+    assert_eq!(p.slots, 2 + PREFILL_SCRATCH_SLOTS);
     assert_eq!(p.slot_bytes, expert as u64);
-    assert_eq!(p.device_bytes, (layers * base + 2 * expert) as u64);
+    assert_eq!(
+        p.device_bytes,
+        (layers * base + (2 + PREFILL_SCRATCH_SLOTS) * expert) as u64
+    );
     assert_eq!(p.host_bytes, (layers * 8 * expert) as u64);
     assert_eq!(p.streamed_bytes_per_step, ex.bytes_per_token);
     assert!(p.layers.iter().all(|l| l.home == crate::Home::Device));
@@ -154,7 +159,8 @@ fn auto_spreads_resident_experts_evenly_within_the_budget() {
     let (layers, base, expert) = (4, PIECE * 3, PIECE * 3);
     let all = layouts(layers, base, 8, expert);
     // Room for the other parts, the pool of 2 and 10 experts: 3 layers keep 3, one keeps 2..
-    let budget = (layers * base + 2 * expert + 10 * expert + expert / 2) as u64;
+    let scratch = PREFILL_SCRATCH_SLOTS * expert;
+    let budget = (layers * base + 2 * expert + scratch + 10 * expert + expert / 2) as u64;
     let p = plan(&input(OffloadMode::Auto, all.clone(), budget, 2)).expect("fits");
     let ex = p.experts.as_ref().expect("experts placed");
     let resident: Vec<usize> = ex.layers.iter().map(|l| l.device_experts).collect();
@@ -189,15 +195,25 @@ fn a_larger_pool_is_counted_on_the_device() {
         host_layers: 0,
     });
     let p = plan(&inp).expect("fits");
-    assert_eq!(p.slots, 5);
-    assert_eq!(p.device_bytes, (2 * PIECE + 5 * 3 * PIECE) as u64);
+    // The pool's 5 slots and the prefill scratch slots beside it.
+    assert_eq!(p.slots, 5 + PREFILL_SCRATCH_SLOTS);
+    let ex = p.experts.as_ref().expect("placed by expert");
+    assert_eq!(
+        (ex.pool_slots, ex.scratch_slots),
+        (5, PREFILL_SCRATCH_SLOTS)
+    );
+    assert_eq!(
+        p.device_bytes,
+        (2 * PIECE + (5 + PREFILL_SCRATCH_SLOTS) * 3 * PIECE) as u64
+    );
 }
 
 #[test]
 fn ferry_plan_shows_the_expert_tiers_and_the_bytes_per_token() {
     use crate::render::{plan_json, render_text};
     let (layers, base, expert) = (4, PIECE * 3, PIECE * 3);
-    let budget = (layers * base + 2 * expert + 10 * expert + expert / 2) as u64;
+    let scratch = PREFILL_SCRATCH_SLOTS * expert;
+    let budget = (layers * base + 2 * expert + scratch + 10 * expert + expert / 2) as u64;
     let mut inp = input(
         OffloadMode::Auto,
         layouts(layers, base, 8, expert),
@@ -212,7 +228,7 @@ fn ferry_plan_shows_the_expert_tiers_and_the_bytes_per_token() {
         "  layers 0-1    experts 3 of 8 on the device, 5 on the host (25.5 KiB each)",
         "  layers 2-3    experts 2 of 8 on the device, 6 on the host (25.5 KiB each)",
         "routed experts ~140.2 KiB moved per token (whole-layer streaming 918.0 KiB: 0.15x)",
-        "  expert pool  2 x 25.5 KiB = 51.0 KiB",
+        "  expert pool  2 + 2 prefill scratch x 25.5 KiB = 102.0 KiB",
     ] {
         assert!(text.contains(line), "{line:?} not in\n{text}");
     }
@@ -220,6 +236,7 @@ fn ferry_plan_shows_the_expert_tiers_and_the_bytes_per_token() {
     let ex = &json["experts"];
     assert_eq!(ex["n_used"], 2);
     assert_eq!(ex["pool_slots"], 2);
+    assert_eq!(ex["scratch_slots"], PREFILL_SCRATCH_SLOTS);
     assert_eq!(ex["bytes_per_token"], p.streamed_bytes_per_step);
     assert_eq!(ex["layers"].as_array().map(Vec::len), Some(4));
     assert_eq!(ex["layers"][3]["host_experts"], 6);

@@ -20,6 +20,7 @@ fn model() -> CostModel {
         host_read_bytes_per_s: 1e12,
         device_flops_per_s: 1e15,
         forced: None,
+        activation_bytes_per_s: None,
     }
 }
 

@@ -46,7 +46,9 @@
 //!   events; the CUDA primitives themselves live in [`ferry_gpu`]).
 //! - [`experts`]: [`ExpertStore`], a MoE model's offloaded experts: host slabs one per expert,
 //!   a pool of expert slots with an LRU cache of hot experts, and the host-compute tier;
-//!   `experts_gpu` is the pool's CUDA side (device slots filled on a copy stream).
+//!   `experts_gpu` is the pool's CUDA side (device slots filled on a copy stream);
+//!   [`experts_steps`]: prefill and decode steps apart, and the per-kind counters of where each
+//!   routed expert was served.
 //! - [`store`]: [`WeightStore`], the model's `LayerSource` in every mode.
 //! - [`load`]: loads a model as its plan places it, or parks it whole on the host (mode `model`).
 //! - [`swap`]: [`SwapManager`], whole-model residency across the models of a server (mode `model`);
@@ -68,6 +70,7 @@ mod experts;
 mod experts_copy;
 mod experts_gpu;
 pub mod experts_plan;
+pub mod experts_steps;
 pub mod fit;
 mod host;
 pub mod layout;
@@ -93,6 +96,7 @@ pub use cost::{CostModel, Tier, TierCounts, UnitWork};
 pub use error::{CacheOverflow, OffloadError, PlanError, Result};
 pub use experts::{ExpertDecision, ExpertStore, Served};
 pub use experts_plan::{ExpertInput, ExpertPlan, LayerExperts};
+pub use experts_steps::{ExpertStepCounts, StepKind, StepKindSnapshot};
 pub use host::HostStore;
 pub use layout::{LayerLayout, SlotKind, SlotLayout, SlotMatrix};
 pub use load::{load_parked, load_placed, ParkedModel, PlacedModel};

@@ -541,7 +541,7 @@ impl<'a> Costs<'a> {
         )?;
         let mut plan = self.build(self.n());
         plan.resident_layer_bytes = placed.resident_bytes();
-        plan.slots = placed.pool_slots;
+        plan.slots = placed.slot_count();
         plan.slot_bytes = placed.slot.total_bytes();
         plan.slot_layout = Some(placed.slot.clone());
         plan.device_bytes = input

@@ -111,12 +111,21 @@ pub fn render_text(plan: &Plan) -> String {
             } else {
                 "slots"
             },
-            format!(
-                "{} x {} = {}",
-                plan.slots,
-                format_bytes(plan.slot_bytes),
-                format_bytes(plan.slot_ring_bytes())
-            ),
+            match &plan.experts {
+                Some(experts) => format!(
+                    "{} + {} prefill scratch x {} = {}",
+                    experts.pool_slots,
+                    experts.scratch_slots,
+                    format_bytes(plan.slot_bytes),
+                    format_bytes(plan.slot_ring_bytes())
+                ),
+                None => format!(
+                    "{} x {} = {}",
+                    plan.slots,
+                    format_bytes(plan.slot_bytes),
+                    format_bytes(plan.slot_ring_bytes())
+                ),
+            },
         ),
         (
             "KV cache",
@@ -232,6 +241,7 @@ fn experts_json(experts: &ExpertPlan) -> serde_json::Value {
     json!({
         "n_used": experts.n_used,
         "pool_slots": experts.pool_slots,
+        "scratch_slots": experts.scratch_slots,
         "bytes_per_token": experts.bytes_per_token,
         "whole_layer_bytes_per_token": experts.whole_layer_bytes_per_token,
         "layers": layers,
@@ -320,7 +330,7 @@ fn cache_line(plan: &Plan) -> String {
 ///  "origin": {"max_context", "max_batch", "kv_dtype": "default"|"set"|"fitted"},
 ///  "slot_layout": {"kind": "cpu"|"cuda", "dense_bytes", "blocks_bytes",
 ///                  "matrices": [{"part", "type", "shape", "bytes", "allocated"}]},
-///  "experts": {"n_used", "pool_slots", "bytes_per_token", "whole_layer_bytes_per_token",
+///  "experts": {"n_used", "pool_slots", "scratch_slots", "bytes_per_token", "whole_layer_bytes_per_token",
 ///              "layers": [{"index", "base_bytes", "device_experts", "host_experts",
 ///                          "expert_bytes", "device_bytes", "host_bytes"}]}}
 /// ```

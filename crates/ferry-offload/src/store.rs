@@ -20,6 +20,9 @@
 //! decision is counted in [`Accounting::tier_decisions`]; the streamer is told which layers
 //! stream this step ([`Streamer::select`]), so prefetch skips the host-tier ones.
 //!
+//! A MoE model's expert store is told each step's kind too (prefill or decode,
+//! [`StepKind::of`]): a prefill streams through scratch slots instead of the expert cache.
+//!
 //! The host tier needs the slab in CPU memory: it runs on the CPU device, whose KV cache is
 //! in the same memory already. On CUDA (pinned slabs, the KV cache on the GPU) every
 //! offloaded layer streams: `auto` never picks host there and a forced `host` is refused
@@ -33,10 +36,11 @@ use super::accounting::Accounting;
 use super::cost::{CostModel, Tier, UnitWork};
 use super::error::OffloadError;
 use super::experts::ExpertStore;
+use super::experts_steps::StepKind;
 use super::host::{HostStore, Result};
 use super::stream::{StreamConfig, Streamer};
 use super::tier_report::{unit_kinds, Offloaded};
-use ferry_model::decoder::LayerSource;
+use ferry_model::decoder::{LayerSource, StepRows};
 use ferry_model::spec::MoeSpec;
 use ferry_model::weights::LayerWeights;
 
@@ -284,7 +288,11 @@ impl WeightStore {
 }
 
 impl LayerSource for WeightStore {
-    fn begin_step(&mut self, rows: usize) -> ferry_model::Result<()> {
+    fn begin_step(&mut self, step: StepRows) -> ferry_model::Result<()> {
+        let rows = step.rows;
+        if let Some(experts) = &self.experts {
+            experts.begin_step(StepKind::of(step), rows);
+        }
         if self.streamer.is_none() {
             return Ok(());
         }

@@ -238,7 +238,9 @@ impl TierReport {
     }
 
     /// The report as JSON: `{"link_bytes_per_s", "host_flops_per_s", "host_read_bytes_per_s",
-    /// "device_flops_per_s", "weight_type", "forced": null | "stream" | "host", "max_batch",
+    /// "device_flops_per_s", "activation_bytes_per_s" (the rate a host-computed unit's rows move
+    /// at; null when they cost nothing, on the CPU device), "weight_type", "forced": null |
+    /// "stream" | "host", "max_batch",
     /// "units": [{"kind", "count", "weight_bytes", "flops_per_row", "activation_bytes_per_row",
     /// "rows_at_max_batch", "tier_at_1", "tier_at_max_batch", "crossover_rows"}]}`.
     pub fn json(&self) -> Value {
@@ -266,6 +268,10 @@ impl TierReport {
             "host_flops_per_s": m.host_flops_per_s,
             "host_read_bytes_per_s": m.host_read_bytes_per_s,
             "device_flops_per_s": m.device_flops_per_s,
+            "activation_bytes_per_s": match m.activation_bytes_per_s {
+                Some(rate) if rate == f64::INFINITY => None,
+                rate => Some(rate.unwrap_or(m.link_bytes_per_s)),
+            },
             "weight_type": type_name(self.calibration.weight_type),
             "forced": m.forced.map(Tier::name),
             "max_batch": self.max_batch,

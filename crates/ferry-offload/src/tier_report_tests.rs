@@ -146,6 +146,7 @@ fn the_report_decides_renders_and_serialises() {
         host_read_bytes_per_s: 20e9,
         device_flops_per_s: 1000e9,
         forced: None,
+        activation_bytes_per_s: None,
     };
     let kinds = unit_kinds(&dense_layer(), Offloaded::Layers(20), None, 64, 64);
     let work = kinds[0].work;

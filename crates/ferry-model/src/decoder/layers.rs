@@ -14,13 +14,22 @@ use crate::error::{ModelError, Result};
 use crate::weights::LayerWeights;
 pub use crate::weights::{ExpertWeights, RoutedExperts};
 
+/// The shape of one forward pass, as a [`LayerSource`] sees it before the first layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepRows {
+    /// Rows (tokens) of the pass, all sequences together.
+    pub rows: usize,
+    /// Rows of its longest sequence (1 for a plain decode step; a prompt chunk's length).
+    pub longest: usize,
+}
+
 /// Hands out the weights of decoder layer `index` for one forward pass.
 pub trait LayerSource {
-    /// Called once at the start of a forward pass with the rows (tokens, all sequences
-    /// together) it runs, before any [`LayerSource::layer`]: a source that chooses per step
-    /// where a layer runs (the offload engine's tiers) decides here.
-    fn begin_step(&mut self, rows: usize) -> Result<()> {
-        let _ = rows;
+    /// Called once at the start of a forward pass with its shape, before any
+    /// [`LayerSource::layer`]: a source that chooses per step where a layer runs (the offload
+    /// engine's tiers) decides here.
+    fn begin_step(&mut self, step: StepRows) -> Result<()> {
+        let _ = step;
         Ok(())
     }
     /// The weights of layer `index` (called once per layer per step, in order).

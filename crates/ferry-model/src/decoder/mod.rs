@@ -23,7 +23,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 
 pub use self::block::Block;
-pub use self::layers::{LayerSource, ResidentLayers};
+pub use self::layers::{LayerSource, ResidentLayers, StepRows};
 
 use self::attention::Step;
 use self::block::{rms_norm_plus, BatchRows};
@@ -314,7 +314,11 @@ impl Model {
             let scale = Tensor::new(scale, &self.device)?.to_dtype(self.dtype)?;
             x = x.broadcast_mul(&scale)?;
         }
-        layers.begin_step(total)?;
+        let longest = batch.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
+        layers.begin_step(StepRows {
+            rows: total,
+            longest,
+        })?;
         for (i, block) in self.blocks.iter().enumerate() {
             let w = layers.layer(i)?;
             let mut rows = Vec::with_capacity(batch.len());
