@@ -26,7 +26,7 @@ use ferry::config::settings::DEFAULT_MODEL_SOURCE;
 use ferry::config::values::{Bandwidth, Codec};
 use ferry::config::{
     DeviceChoice, DeviceConfig, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
-    SpeculativeMethod,
+    SpeculativeMethod, TierChoice,
 };
 use ferry::engine::{
     Backend, ChatMessage, EngineHandle, EngineOptions, GenerationEvent, GenerationParams,
@@ -93,6 +93,9 @@ fn run(options: &Options, method: SpeculativeMethod) -> Result<Run, String> {
         },
         ..ModelConfig::default()
     };
+    // Every layer crosses the emulated link, as on a GPU: on the CPU device the tier cost model
+    // would rightly compute the offloaded layers where they already are (no crossing at all).
+    config.tier.choice = TierChoice::Stream;
     config.speculative.method = method;
     config.speculative.tokens = options.proposals;
     if method == SpeculativeMethod::Draft {
