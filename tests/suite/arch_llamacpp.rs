@@ -511,3 +511,63 @@ fn qwen35_moe_carries_its_state_across_prefill_chunks_and_steps() {
         &differ[..differ.len().min(8)]
     );
 }
+
+/// What the GGUF reader takes from the Qwen3.5 fixtures' metadata: the DeltaNet's shape from
+/// the `ssm.*` keys, which layers are recurrent (`full_attention_interval`, 4 when absent), RoPE
+/// on part of each head, the MoE's renormalised softmax and gated shared expert; and the tensor
+/// table holds attention tensors only for the attention layers.
+#[test]
+fn qwen35_metadata_is_read() {
+    use ferry::model::checkpoint::Checkpoint;
+    use ferry::model::tensors::Part;
+
+    let open = |file: &str| {
+        Checkpoint::open(&ModelFiles::Gguf {
+            path: dir().join(file),
+        })
+        .unwrap()
+    };
+    let moe_file = open("qwen35moe.gguf");
+    let spec = moe_file.spec();
+    assert_eq!(spec.architecture.name(), "qwen35moe");
+    assert_eq!((spec.head_dim, spec.rope_dim), (16, 8));
+    assert!(spec.qk_norm && !spec.rope_interleaved);
+    let delta = spec.delta_net.as_ref().unwrap();
+    assert_eq!(
+        (
+            delta.conv_kernel,
+            delta.n_k_heads,
+            delta.n_v_heads,
+            delta.head_k_dim,
+            delta.head_v_dim
+        ),
+        (4, 2, 4, 16, 16)
+    );
+    assert_eq!(delta.recurrent, [true, true, true, false]);
+    assert!(spec.has_recurrent_layers());
+    let moe = spec.moe.unwrap();
+    assert_eq!(
+        (moe.norm_topk, moe.shared_ff, moe.shared_gate),
+        (true, Some(64), true)
+    );
+    let table = moe_file.tensors();
+    for layer in &table.layers {
+        let recurrent = spec.is_recurrent_layer(layer.index);
+        assert_eq!(layer.get(Part::Q).is_none(), recurrent, "{}", layer.index);
+        assert_eq!(
+            layer.get(Part::SsmConv).is_some(),
+            recurrent,
+            "{}",
+            layer.index
+        );
+        assert_eq!(layer.get(Part::Qkv).is_some(), recurrent, "{}", layer.index);
+    }
+    let dense = open("qwen35.gguf");
+    let spec = dense.spec();
+    assert_eq!(spec.architecture.name(), "qwen35");
+    assert!(spec.moe.is_none());
+    assert_eq!(
+        spec.delta_net.as_ref().unwrap().recurrent,
+        [true, false, true, false]
+    );
+}
