@@ -46,6 +46,21 @@ llama-cpp-python 0.3.36):
   (`expert_shared_count` 1: the experts' width); and a trailing multi-token-prediction block
   (`nextn_predict_layers` 1, with its `nextn.*` tensors) that llama.cpp loads but never runs.
 - glm4moe-q8: the same with Q8_0 matrices and no q/k norms (GLM-4.5-Air's attention).
+- qwen35moe: Qwen3.5's hybrid layers (issue 29): four layers, every fourth full attention
+  (`full_attention_interval` left out: llama.cpp's default 4), so layers 0-2 are Gated DeltaNet
+  layers (`attn_qkv` into a 4-tap `ssm_conv1d`, `attn_gate` z, `ssm_beta`, `ssm_alpha`,
+  `ssm_dt.bias`, `ssm_a` = -exp(A_log), `ssm_norm`, `ssm_out`; 2 key heads serving 4 value
+  heads of 16) and layer 3 gated attention (`attn_q` with a query and an output gate per head,
+  q/k norms, RoPE on 8 of 16 head dims with IMRoPE sections [2, 1, 1, 0]); the MLP pre-norm
+  named `post_attention_norm`; routed experts (softmax, renormalised) plus a shared expert
+  gated by `sigmoid(ffn_gate_inp_shexp . h)`.
+- qwen35moe-q8: the same shapes with Q8_0 matrices (the convolution stays f32, as llama.cpp's
+  quantizer leaves it).
+- qwen35: the dense Qwen3.5 (SwiGLU MLP), `full_attention_interval` 2 (layers 1 and 3 attend).
+- qwen35moe-long: qwen35moe's shape with its own weights; 364 seeded random tokens with
+  llama.cpp's top choice after each (fed to llama.cpp in 64-token batches; ferry feeds the
+  first 300 in 128-token prefill chunks and steps through the last 64), so the recurrent state
+  must carry across chunk boundaries and steps.
 Fixtures with `greedy` also record the ids llama.cpp decodes greedily after each prompt (8
 tokens, through its cache). All share one small SentencePiece-style vocabulary (llama.cpp needs tokenizer keys to load a
 model; the prompts are token ids, so nothing is tokenized). Prompts up to 8 tokens, so the
@@ -112,6 +127,17 @@ FIXTURES = {
                     eps=1e-5, rope_base=1_000_000.0, experts=8, used=2, expert_ff=48,
                     shared_ff=48, shared_gate=False, probs_bias=True, dense_lead=1, nextn=1,
                     layers=3, ffn_norm="post_attention_norm", greedy=8),
+    "qwen35moe": dict(arch="qwen35moe", eps=1e-6, rope_base=1_000_000.0, rope_dim=8, layers=4,
+                      experts=4, used=2, expert_ff=32, shared_ff=64,
+                      ffn_norm="post_attention_norm", greedy=8),
+    "qwen35moe-q8": dict(arch="qwen35moe", eps=1e-6, rope_base=1_000_000.0, rope_dim=8,
+                         layers=4, experts=4, used=2, expert_ff=32, shared_ff=64,
+                         ffn_norm="post_attention_norm", dtype="q8_0", greedy=8),
+    "qwen35": dict(arch="qwen35", eps=1e-6, rope_base=1_000_000.0, rope_dim=8, layers=4,
+                   full_attention_interval=2, ffn_norm="post_attention_norm", greedy=8),
+    "qwen35moe-long": dict(arch="qwen35moe", eps=1e-6, rope_base=1_000_000.0, rope_dim=8,
+                           layers=4, experts=4, used=2, expert_ff=32, shared_ff=64,
+                           ffn_norm="post_attention_norm", context=512, forced=364, prompts=1),
     "glm4moe-q8": dict(arch="glm4moe", qkv_bias=True, head_dim=32, rope_dim=16, eps=1e-5,
                        rope_base=1_000_000.0, experts=8, used=2, expert_ff=64, shared_ff=64,
                        shared_gate=False, probs_bias=True, dense_lead=1, nextn=1, layers=3,
@@ -128,6 +154,28 @@ def vocab():
         tokens.append(next(pairs))
     types = [2, 3, 3] + [1] * (VOCAB - 3)
     return tokens, [-float(i) for i in range(VOCAB)], types
+
+
+# Qwen3.5's Gated DeltaNet shape in the qwen35 fixtures: 2 key heads and 4 value heads of 16,
+# a 4-tap convolution.
+DELTA = dict(k_heads=2, v_heads=4, head=16, conv=4)
+
+
+def delta_net_layer(tensors, p, h, mat, norm, rng):
+    """A Gated DeltaNet layer's tensors as llama.cpp's converter names and shapes them."""
+    kh, vh, d, conv = DELTA["k_heads"], DELTA["v_heads"], DELTA["head"], DELTA["conv"]
+    channels = 2 * kh * d + vh * d
+    tensors[p + "attn_qkv.weight"] = mat(channels, h)
+    tensors[p + "attn_gate.weight"] = mat(vh * d, h)
+    # numpy (channels, taps) is GGUF ne {taps, channels}.
+    tensors[p + "ssm_conv1d.weight"] = (0.5 * rng.standard_normal((channels, conv))).astype(np.float32)
+    tensors[p + "ssm_dt.bias"] = (0.5 * rng.standard_normal(vh)).astype(np.float32)
+    # -exp(A_log), as the converter stores it: decays between about e^-0.1 and e^-3 per token.
+    tensors[p + "ssm_a"] = (-np.exp(rng.uniform(-2.0, 0.5, vh))).astype(np.float32)
+    tensors[p + "ssm_beta.weight"] = mat(vh, h, 2.0)
+    tensors[p + "ssm_alpha.weight"] = mat(vh, h, 2.0)
+    tensors[p + "ssm_norm.weight"] = norm(d)
+    tensors[p + "ssm_out.weight"] = mat(h, vh * d)
 
 
 def write(name, cfg):
@@ -148,11 +196,21 @@ def write(name, cfg):
     if not c["tied"]:
         tensors["output.weight"] = mat(VOCAB, h, 2.0)
     qk_gain = 2.0 if gemma else 1.0
+    qwen35 = arch in ("qwen35", "qwen35moe")
+    interval = c.get("full_attention_interval", 4)
     for i in range(c["layers"] + c["nextn"]):
         p = f"blk.{i}."
         tensors[p + "attn_norm.weight"] = norm(h)
         q, k, v = mat(nh * hd, h, qk_gain), mat(nkv * hd, h, qk_gain), mat(nkv * hd, h)
-        if arch == "phi3":
+        if qwen35 and (i + 1) % interval != 0:
+            delta_net_layer(tensors, p, h, mat, norm, rng)
+        elif qwen35:
+            # Per head, its query then its output gate.
+            gate = mat(nh * hd, h)
+            tensors[p + "attn_q.weight"] = np.stack(
+                [q.reshape(nh, hd, h), gate.reshape(nh, hd, h)], axis=1).reshape(2 * nh * hd, h)
+            tensors[p + "attn_k.weight"], tensors[p + "attn_v.weight"] = k, v
+        elif arch == "phi3":
             tensors[p + "attn_qkv.weight"] = np.concatenate([q, k, v])
         else:
             tensors[p + "attn_q.weight"], tensors[p + "attn_k.weight"] = q, k
@@ -160,13 +218,14 @@ def write(name, cfg):
         if c["qkv_bias"]:
             for part, n in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
                 tensors[p + f"attn_{part}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
-        tensors[p + "attn_output.weight"] = mat(h, nh * hd)
+        if not qwen35 or (i + 1) % interval == 0:
+            tensors[p + "attn_output.weight"] = mat(h, nh * hd)
         if c["o_bias"]:
             tensors[p + "attn_output.bias"] = (0.5 * rng.standard_normal(h)).astype(np.float32)
         if c["sinks"]:
             # Around the scores' size, so the sinks take a real share of each softmax.
             tensors[p + "attn_sinks.weight"] = (1.0 + rng.standard_normal(nh)).astype(np.float32)
-        if c["qk_norm"]:
+        if c["qk_norm"] or (qwen35 and (i + 1) % interval == 0):
             tensors[p + "attn_q_norm.weight"] = norm(hd)
             tensors[p + "attn_k_norm.weight"] = norm(hd)
         if gemma:
@@ -239,6 +298,16 @@ def write(name, cfg):
             w.add_expert_shared_count(c["shared_ff"] // c["expert_ff"])
         elif c["shared_ff"]:
             w.add_expert_shared_feed_forward_length(c["shared_ff"])
+    if arch in ("qwen35", "qwen35moe"):
+        kh, vh, d = DELTA["k_heads"], DELTA["v_heads"], DELTA["head"]
+        w.add_ssm_conv_kernel(DELTA["conv"])
+        w.add_ssm_inner_size(vh * d)
+        w.add_ssm_state_size(d)
+        w.add_ssm_time_step_rank(vh)
+        w.add_ssm_group_count(kh)
+        w.add_rope_dimension_sections([2, 1, 1, 0])
+        if "full_attention_interval" in c:
+            w.add_full_attention_interval(c["full_attention_interval"])
     if arch == "glm4moe":
         w.add_leading_dense_block_count(c["dense_lead"])
         w.add_expert_weights_scale(2.5)
@@ -271,7 +340,7 @@ def write(name, cfg):
     w.add_add_bos_token(False)
     for tname in sorted(tensors):
         t = tensors[tname]
-        if c["dtype"] == "q8_0" and t.ndim >= 2:
+        if c["dtype"] == "q8_0" and t.ndim >= 2 and "ssm_conv1d" not in tname:
             q = gguf.quants.quantize(t, gguf.GGMLQuantizationType.Q8_0)
             w.add_tensor(tname, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         elif c["expert_dtype"] == "mxfp4" and tname.endswith("_exps.weight"):

@@ -351,8 +351,10 @@ impl LanguageModel for ModelRunner {
         }))
     }
 
+    /// Off for a model with recurrent layers: their state is not a sum of positions, so the
+    /// prefix cache is off for such a model (no state snapshots are kept).
     fn supports_blocks(&self) -> bool {
-        true
+        !self.model.spec().has_recurrent_layers()
     }
 
     fn truncate_sequence(&self, seq: &mut RunnerSequence, len: usize) -> EngineResult<()> {
@@ -362,15 +364,17 @@ impl LanguageModel for ModelRunner {
                 seq.cache.len()
             )));
         }
-        seq.cache.truncate(len);
+        seq.cache.truncate(len).map_err(|e| self.step_error(e))?;
         if let Some(draft) = &mut seq.draft {
-            draft.truncate(len);
+            draft.truncate(len).map_err(|e| self.step_error(e))?;
         }
         Ok(())
     }
 
+    /// Off for a model with recurrent layers (Qwen3.5's DeltaNet): their state cannot go back
+    /// to an earlier position, so such a model does not speculate.
     fn supports_truncate(&self) -> bool {
-        true
+        !self.model.spec().has_recurrent_layers()
     }
 
     fn speculation(&self) -> Speculation {

@@ -144,6 +144,12 @@ pub fn load_draft(
     let tokenizer = read_tokenizer(checkpoint).map_err(wrap)?;
     check_vocabulary(&tokenizer, target)
         .map_err(|message| RuntimeError::Placement(format!("model `{name}`: {message}")))?;
+    if checkpoint.spec().has_recurrent_layers() {
+        return Err(RuntimeError::Placement(format!(
+            "model `{name}`: a draft model with recurrent layers (Qwen3.5's DeltaNet) cannot \
+             go back over rejected proposals"
+        )));
+    }
     let options = LoadOptions {
         device: device.clone(),
         dtype: draft.config.dtype,

@@ -50,9 +50,10 @@ pub struct DraftCache {
 
 impl DraftCache {
     /// Forgets every position at or after `len`.
-    pub fn truncate(&mut self, len: usize) {
-        self.cache.truncate(len);
+    pub fn truncate(&mut self, len: usize) -> Result<(), ModelError> {
+        self.cache.truncate(len)?;
         self.fed.truncate(len);
+        Ok(())
     }
 
     /// Positions held.
@@ -189,7 +190,7 @@ impl DraftModel {
                 .take_while(|(a, b)| a == b)
                 .count()
                 .min(context.len() - 1);
-            cache.truncate(same);
+            cache.truncate(same)?;
             // The context, then k - 1 proposals fed after it, must fit.
             let k = k.min(self.max_context + 1 - context.len());
             proposing.push((

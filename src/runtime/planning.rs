@@ -18,6 +18,7 @@ use ferry_model::header::GgufType;
 use ferry_model::kv_cache::{kv_dtype_for, window_positions};
 use ferry_model::kv_format::{self, KvFormat};
 use ferry_model::loader::{Holding, LoadOptions};
+use ferry_model::recurrent_state::RecurrentShape;
 use ferry_model::source::{self, HubOptions, ModelSource};
 use ferry_model::spec::ModelSpec;
 use ferry_model::tensors::StoredType;
@@ -212,6 +213,10 @@ pub fn plan_beside(
     };
     let mut fitted = fit(&request, &input_for)?;
     fitted.plan.notes = dequantized_notes(checkpoint, &holding);
+    if let Some(note) = recurrent_note(spec) {
+        tracing::info!(model = %model.name, "{note}");
+        fitted.plan.notes.push(note);
+    }
     if let Some(note) = needless_streaming(&fitted.plan, &input_for) {
         tracing::warn!(model = %model.name, "{note}");
         fitted.plan.notes.push(note);
@@ -227,6 +232,21 @@ pub fn plan_beside(
         );
     }
     Ok(fitted.plan)
+}
+
+/// What a model with recurrent layers (Qwen3.5's Gated DeltaNet) does without: the prefix cache
+/// and speculation, which need a sequence cut back to an earlier position (no state snapshots
+/// are kept), and which parts of its layers are slow paths.
+fn recurrent_note(spec: &ModelSpec) -> Option<String> {
+    let layers = (0..spec.n_layers)
+        .filter(|&i| spec.is_recurrent_layer(i))
+        .count();
+    (layers > 0).then(|| {
+        format!(
+            "{layers} of {} layers are Gated DeltaNet layers with a recurrent state: the prefix cache and speculation are off for this model (a state cannot go back to an earlier position); their recurrence runs token by token from candle ops on every device, also for prompts (a slow path: no chunked or fused kernel)",
+            spec.n_layers
+        )
+    })
 }
 
 /// A warning when mode `sequential` streams every layer of a model that the budget holds
@@ -272,6 +292,13 @@ fn kv_layout(spec: &ModelSpec, max_step: usize) -> KvLayout {
         .filter_map(|i| spec.layer_window(i))
         .collect();
     let window = windows.iter().copied().max().unwrap_or(0);
+    let recurrent: Vec<RecurrentShape> = match &spec.delta_net {
+        Some(delta) => (0..spec.n_layers)
+            .filter(|&i| spec.is_recurrent_layer(i))
+            .map(|_| RecurrentShape::of(delta))
+            .collect(),
+        None => Vec::new(),
+    };
     let formats = [
         KvFormat::Dense(DType::F32),
         KvFormat::Dense(DType::F16),
@@ -294,6 +321,8 @@ fn kv_layout(spec: &ModelSpec, max_step: usize) -> KvLayout {
                 (f.as_str(), bytes)
             })
             .collect(),
+        recurrent_layers: recurrent.len(),
+        recurrent_bytes_per_seq: recurrent.iter().map(|s| s.bytes() as u64).sum(),
     }
 }
 

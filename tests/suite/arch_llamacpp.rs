@@ -412,3 +412,162 @@ fn gpt_oss_and_qwen2_moe_metadata_is_read() {
         (Gating::Softmax, ExpertActivation::Swiglu, false, Some(96))
     );
 }
+
+/// Qwen3.5-MoE (issue 29): three Gated DeltaNet layers (short convolution, L2-normed q/k, decay
+/// and strength gates, the delta rule against a recurrent state, the gated RMSNorm) and one
+/// gated full-attention layer (query and output gate per head, q/k norms, RoPE on half of each
+/// head), routed experts plus the sigmoid-gated shared expert. f32 weights: every prompt's
+/// top-1 and the greedy continuation (through the recurrent state, one token per step) agree.
+#[test]
+fn qwen35_moe_matches_llamacpp() {
+    check_top1("qwen35moe", 1e-4, 5);
+}
+
+/// The same shapes with Q8_0 matrices, held as Q8_0 (ferry's CPU kernels, in place).
+#[test]
+fn qwen35_moe_q8_0_matches_llamacpp() {
+    check_held("qwen35moe-q8", DtypeChoice::Auto, 1e-3, 5);
+}
+
+/// The dense Qwen3.5 (SwiGLU MLP), attention every second layer.
+#[test]
+fn qwen35_matches_llamacpp() {
+    check_top1("qwen35", 1e-4, 5);
+}
+
+/// Issue 29: 364 seeded random tokens, the first 300 fed as prefill chunks of 128, 128 and 44
+/// tokens (llama.cpp's were batches of 64), the last 64 one per step: after every token ferry's
+/// top choice is llama.cpp's (where llama.cpp's margin over its second choice is above float
+/// noise), so the recurrent state and the convolution window carry across chunk boundaries
+/// and steps as llama.cpp's do.
+#[test]
+fn qwen35_moe_carries_its_state_across_prefill_chunks_and_steps() {
+    use ferry::model::decoder::SeqInput;
+
+    check_top1("qwen35moe-long", 1e-4, 1);
+    let fx = expected();
+    let forced = &fx["models"]["qwen35moe-long"]["forced"];
+    let ids = crate::fixtures::ids(&forced["ids"]);
+    let theirs = crate::fixtures::ids(&forced["top1"]);
+    let margins: Vec<f64> = forced["margin"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_f64().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 364);
+    let files = ModelFiles::Gguf {
+        path: dir().join("qwen35moe-long.gguf"),
+    };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DtypeChoice::F32,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
+    let mut layers = loaded.layers;
+    let mut cache = loaded.model.new_cache();
+    let mut ours: Vec<u32> = Vec::new();
+    for chunk in ids[..300].chunks(128) {
+        let logits = loaded
+            .model
+            .forward_rows(
+                &mut [SeqInput {
+                    tokens: chunk,
+                    cache: &mut cache,
+                }],
+                &[chunk.len()],
+                &mut layers,
+            )
+            .unwrap();
+        for row in logits.to_vec2::<f32>().unwrap() {
+            ours.push(top_k(&row, 1)[0] as u32);
+        }
+    }
+    for &id in &ids[300..] {
+        let logits = loaded
+            .model
+            .forward(&[id], &mut cache, &mut layers)
+            .unwrap();
+        ours.push(top_k(&logits.to_vec1::<f32>().unwrap(), 1)[0] as u32);
+    }
+    let (mut compared, mut differ) = (0, Vec::new());
+    for (i, (&o, &t)) in ours.iter().zip(&theirs).enumerate() {
+        if margins[i] > 1e-3 {
+            compared += 1;
+            if o != t {
+                differ.push((i, o, t, margins[i]));
+            }
+        }
+    }
+    println!(
+        "qwen35moe-long: {compared} of {} positions compared",
+        ids.len()
+    );
+    assert!(compared > 340, "{compared}");
+    assert!(
+        differ.is_empty(),
+        "{} of {compared} positions choose otherwise; the first (position, ours, llama.cpp, margin): {:?}",
+        differ.len(),
+        &differ[..differ.len().min(8)]
+    );
+}
+
+/// What the GGUF reader takes from the Qwen3.5 fixtures' metadata: the DeltaNet's shape from
+/// the `ssm.*` keys, which layers are recurrent (`full_attention_interval`, 4 when absent), RoPE
+/// on part of each head, the MoE's renormalised softmax and gated shared expert; and the tensor
+/// table holds attention tensors only for the attention layers.
+#[test]
+fn qwen35_metadata_is_read() {
+    use ferry::model::checkpoint::Checkpoint;
+    use ferry::model::tensors::Part;
+
+    let open = |file: &str| {
+        Checkpoint::open(&ModelFiles::Gguf {
+            path: dir().join(file),
+        })
+        .unwrap()
+    };
+    let moe_file = open("qwen35moe.gguf");
+    let spec = moe_file.spec();
+    assert_eq!(spec.architecture.name(), "qwen35moe");
+    assert_eq!((spec.head_dim, spec.rope_dim), (16, 8));
+    assert!(spec.qk_norm && !spec.rope_interleaved);
+    let delta = spec.delta_net.as_ref().unwrap();
+    assert_eq!(
+        (
+            delta.conv_kernel,
+            delta.n_k_heads,
+            delta.n_v_heads,
+            delta.head_k_dim,
+            delta.head_v_dim
+        ),
+        (4, 2, 4, 16, 16)
+    );
+    assert_eq!(delta.recurrent, [true, true, true, false]);
+    assert!(spec.has_recurrent_layers());
+    let moe = spec.moe.unwrap();
+    assert_eq!(
+        (moe.norm_topk, moe.shared_ff, moe.shared_gate),
+        (true, Some(64), true)
+    );
+    let table = moe_file.tensors();
+    for layer in &table.layers {
+        let recurrent = spec.is_recurrent_layer(layer.index);
+        assert_eq!(layer.get(Part::Q).is_none(), recurrent, "{}", layer.index);
+        assert_eq!(
+            layer.get(Part::SsmConv).is_some(),
+            recurrent,
+            "{}",
+            layer.index
+        );
+        assert_eq!(layer.get(Part::Qkv).is_some(), recurrent, "{}", layer.index);
+    }
+    let dense = open("qwen35.gguf");
+    let spec = dense.spec();
+    assert_eq!(spec.architecture.name(), "qwen35");
+    assert!(spec.moe.is_none());
+    assert_eq!(
+        spec.delta_net.as_ref().unwrap().recurrent,
+        [true, false, true, false]
+    );
+}

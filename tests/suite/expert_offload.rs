@@ -378,6 +378,16 @@ fn glm4_moe_placements_decode_the_tokens_of_none() {
     }
 }
 
+/// Issue 29: Qwen3.5-MoE's experts placed one by one (its Gated DeltaNet layers and their
+/// recurrent states stay as they are) decode what mode `none` decodes.
+#[test]
+fn qwen35_moe_placements_decode_the_tokens_of_none() {
+    for file in ["qwen35moe.gguf", "qwen35moe-q8.gguf"] {
+        println!("{file}");
+        every_placement_matches_none(&crate::fixtures::path("arch-llamacpp").join(file));
+    }
+}
+
 /// GLM-4.5's shared expert is part of its layer, not a unit: with every routed expert
 /// offloaded it stays on the device with the attention, the router and the correction bias
 /// (the layer's base bytes); the dense first layer has no units at all.

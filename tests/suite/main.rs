@@ -29,6 +29,7 @@ mod gguf_sources;
 mod gpu_check_dry;
 mod hf_model_serving;
 mod http_api;
+mod hybrid_serving;
 mod kv_offload;
 mod kv_perplexity;
 mod layering;

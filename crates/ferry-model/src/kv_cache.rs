@@ -22,6 +22,12 @@
 //! The prefix cache keeps copies of some positions ([`KvSpan`], [`KvCache::copy_span`]) and a new
 //! sequence starts from them ([`KvCache::extend_from_spans`]) instead of computing them again.
 //!
+//! A recurrent layer (Qwen3.5's Gated DeltaNet) keeps a fixed-size state instead
+//! ([`LayerState::Recurrent`], [`RecurrentState`]): its bytes do not grow with the context, it
+//! is copied by [`KvCache::fork`], and since it keeps no history a cache with such layers
+//! cannot be cut back ([`KvCache::truncate`] refuses, except to empty) nor copied out by
+//! position ([`KvCache::copy_span`] refuses).
+//!
 //! The buffers hold the cache's own format (`kv_dtype`, [`kv_dtype_for`], [`KvFormat`]): new keys
 //! and values are converted on write, so an f16 or bf16 cache takes half the bytes of an f32 one
 //! and a q8_0 / q4_0 one about 0.53x / 0.28x those of f16.
@@ -30,6 +36,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::error::{ModelError, Result};
 use super::kv_format::KvFormat;
+use super::recurrent_state::{RecurrentShape, RecurrentState};
 use ferry_config::{DtypeChoice, QuantType};
 
 /// The KV cache's dtype for the setting `choice` with activations in `compute`: a set dtype as
@@ -109,10 +116,67 @@ pub struct KvShape {
     pub head_dim: usize,
 }
 
+/// What one layer of a sequence keeps: keys and values, or a recurrent state.
+#[derive(Debug, Clone)]
+pub enum LayerState {
+    /// An attention layer's key/value buffers.
+    Attention(LayerKv),
+    /// A recurrent layer's fixed-size state.
+    Recurrent(RecurrentState),
+}
+
+impl LayerState {
+    /// The key/value buffers of an attention layer; an error for a recurrent layer.
+    pub fn kv_mut(&mut self) -> Result<&mut LayerKv> {
+        match self {
+            LayerState::Attention(kv) => Ok(kv),
+            LayerState::Recurrent(_) => Err(ModelError::Config(
+                "an attention block was given a recurrent layer's state".into(),
+            )),
+        }
+    }
+
+    /// The state of a recurrent layer; an error for an attention layer.
+    pub fn recurrent_mut(&mut self) -> Result<&mut RecurrentState> {
+        match self {
+            LayerState::Recurrent(state) => Ok(state),
+            LayerState::Attention(_) => Err(ModelError::Config(
+                "a recurrent block was given an attention layer's key/value cache".into(),
+            )),
+        }
+    }
+
+    fn attention(&self) -> Option<&LayerKv> {
+        match self {
+            LayerState::Attention(kv) => Some(kv),
+            LayerState::Recurrent(_) => None,
+        }
+    }
+
+    fn allocated_bytes(&self) -> usize {
+        match self {
+            LayerState::Attention(kv) => kv.allocated_bytes(),
+            LayerState::Recurrent(state) => state.allocated_bytes(),
+        }
+    }
+
+    /// Whether the layer's bytes are in host memory (a recurrent state never is).
+    fn on_host(&self) -> bool {
+        self.attention().is_some_and(LayerKv::on_host)
+    }
+
+    fn fork(&self, len: usize) -> Result<Self> {
+        Ok(match self {
+            LayerState::Attention(kv) => LayerState::Attention(kv.fork(len)?),
+            LayerState::Recurrent(state) => LayerState::Recurrent(state.fork()?),
+        })
+    }
+}
+
 /// The key/value cache of one sequence across all layers.
 #[derive(Debug, Clone)]
 pub struct KvCache {
-    layers: Vec<LayerKv>,
+    layers: Vec<LayerState>,
     len: usize,
     max_len: usize,
 }
@@ -139,17 +203,44 @@ impl KvCache {
             rates: None,
         };
         Self {
-            layers: vec![layer; n_layers],
+            layers: vec![LayerState::Attention(layer); n_layers],
             len: 0,
             max_len,
         }
+    }
+
+    /// The cache with layer `i` keeping a recurrent state of `shapes[i]` (`None`: keys and
+    /// values) on `device`, for an empty cache.
+    pub fn with_recurrent(mut self, shapes: &[Option<RecurrentShape>], device: &Device) -> Self {
+        for (layer, shape) in self.layers.iter_mut().zip(shapes) {
+            if let Some(shape) = shape {
+                *layer = LayerState::Recurrent(RecurrentState::new(*shape, device));
+            }
+        }
+        self
+    }
+
+    /// Whether some layer keeps a recurrent state.
+    pub fn has_recurrent(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l, LayerState::Recurrent(_)))
+    }
+
+    fn attention_layers_mut(&mut self) -> impl Iterator<Item = &mut LayerKv> {
+        self.layers.iter_mut().filter_map(|l| match l {
+            LayerState::Attention(kv) => Some(kv),
+            LayerState::Recurrent(_) => None,
+        })
     }
 
     /// The cache with layer `i` attending within `windows[i]` positions (`None`: every
     /// position), for an empty cache: such a layer keeps only its window ([`window_positions`]).
     pub fn with_windows(mut self, windows: &[Option<usize>]) -> Self {
         for (layer, window) in self.layers.iter_mut().zip(windows) {
-            layer.window = window.filter(|&w| w > 0);
+            if let LayerState::Attention(layer) = layer {
+                layer.window = window.filter(|&w| w > 0);
+            }
         }
         self
     }
@@ -159,7 +250,7 @@ impl KvCache {
     /// step, on the device after the positions cross ([`LayerKv::streams`]).
     pub fn on_host(mut self, host: bool, rates: Option<HostKvRates>) -> Self {
         if host {
-            for layer in &mut self.layers {
+            for layer in self.attention_layers_mut() {
                 layer.host = true;
                 layer.rates = rates;
                 layer.device = Device::Cpu;
@@ -183,22 +274,26 @@ impl KvCache {
         self.layers.len()
     }
 
-    /// Positions currently allocated in each layer's buffers.
+    /// Positions currently allocated in each attention layer's buffers.
     pub fn capacity(&self) -> usize {
-        self.layers.first().map_or(0, LayerKv::capacity)
+        self.layers
+            .iter()
+            .find_map(LayerState::attention)
+            .map_or(0, LayerKv::capacity)
     }
 
-    /// Bytes currently allocated across all layers (keys and values).
+    /// Bytes currently allocated across all layers (keys and values, recurrent states).
     pub fn allocated_bytes(&self) -> usize {
-        self.layers.iter().map(LayerKv::allocated_bytes).sum()
+        self.layers.iter().map(LayerState::allocated_bytes).sum()
     }
 
-    /// The part of [`Self::allocated_bytes`] on the compute device (none of a host cache's).
+    /// The part of [`Self::allocated_bytes`] on the compute device (none of a host cache's
+    /// keys and values; recurrent states always).
     pub fn device_allocated_bytes(&self) -> usize {
         self.layers
             .iter()
-            .filter(|layer| !layer.host)
-            .map(LayerKv::allocated_bytes)
+            .filter(|layer| !layer.on_host())
+            .map(LayerState::allocated_bytes)
             .sum()
     }
 
@@ -208,7 +303,10 @@ impl KvCache {
     pub fn stored_bytes(&self) -> usize {
         self.layers
             .iter()
-            .map(|layer| layer.bytes_for(self.len.saturating_sub(layer.first)))
+            .map(|layer| match layer {
+                LayerState::Attention(kv) => kv.bytes_for(self.len.saturating_sub(kv.first)),
+                LayerState::Recurrent(state) => state.stored_bytes(),
+            })
             .sum()
     }
 
@@ -224,14 +322,26 @@ impl KvCache {
         Ok(())
     }
 
-    /// The cache of layer `index`, for a block to write into.
+    /// The key/value cache of attention layer `index` (`None` past the last layer or for a
+    /// recurrent layer).
     pub fn layer_mut(&mut self, index: usize) -> Option<&mut LayerKv> {
+        self.layers.get_mut(index).and_then(|l| l.kv_mut().ok())
+    }
+
+    /// What layer `index` keeps, for its block to read and write.
+    pub fn state_mut(&mut self, index: usize) -> Option<&mut LayerState> {
         self.layers.get_mut(index)
     }
 
-    /// Marks `n` new positions as written by every layer.
+    /// Marks `n` new positions as written by every layer (recurrent layers' staged states
+    /// become their states).
     pub fn commit(&mut self, n: usize) -> Result<()> {
         self.check_room(n)?;
+        for layer in &mut self.layers {
+            if let LayerState::Recurrent(state) = layer {
+                state.commit();
+            }
+        }
         self.len += n;
         Ok(())
     }
@@ -252,14 +362,38 @@ impl KvCache {
         })
     }
 
-    /// Forgets every position at or after `len` (keeps the buffers for reuse).
-    pub fn truncate(&mut self, len: usize) {
+    /// Forgets every position at or after `len` (keeps the buffers for reuse). A cache with
+    /// recurrent layers can only be emptied (`len` 0) or left as it is (`len` at least the
+    /// positions held): its states keep no history to go back to, and a shorter `len` is an
+    /// error that changes nothing.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        if len < self.len && len > 0 && self.has_recurrent() {
+            return Err(ModelError::Config(format!(
+                "cannot cut a cache with recurrent layers back from {} to {len} positions \
+                 (a recurrent state keeps no history)",
+                self.len
+            )));
+        }
+        if len == 0 {
+            for layer in &mut self.layers {
+                if let LayerState::Recurrent(state) = layer {
+                    state.clear();
+                }
+            }
+        }
         self.len = self.len.min(len);
+        Ok(())
     }
 
     /// A copy of positions `start..start + len` of every layer (all of them stored), with its
-    /// own buffers: what the prefix cache keeps of a prompt.
+    /// own buffers: what the prefix cache keeps of a prompt. Refused for a cache with
+    /// recurrent layers (a state is not a sum of positions).
     pub fn copy_span(&self, start: usize, len: usize) -> Result<KvSpan> {
+        if self.has_recurrent() {
+            return Err(ModelError::Config(
+                "a cache with recurrent layers has no positions to copy out".into(),
+            ));
+        }
         if len == 0 || start + len > self.len {
             return Err(candle_core::Error::Msg(format!(
                 "kv span {start}..{} is outside the {} positions stored",
@@ -271,6 +405,7 @@ impl KvCache {
         let layers = self
             .layers
             .iter()
+            .filter_map(LayerState::attention)
             .map(|layer| layer.copy_span(start, len))
             .collect::<Result<Vec<_>>>()?;
         Ok(KvSpan { layers, len })
@@ -284,11 +419,11 @@ impl KvCache {
             return Ok(());
         }
         self.check_room(added)?;
-        if spans.iter().any(|s| s.layers.len() != self.layers.len()) {
+        if self.has_recurrent() || spans.iter().any(|s| s.layers.len() != self.layers.len()) {
             return Err(candle_core::Error::Msg("kv span of another model".into()).into());
         }
         let pos = self.len;
-        for (index, layer) in self.layers.iter_mut().enumerate() {
+        for (index, layer) in self.attention_layers_mut().enumerate() {
             let keys: Vec<&Tensor> = spans.iter().map(|s| &s.layers[index].0).collect();
             let values: Vec<&Tensor> = spans.iter().map(|s| &s.layers[index].1).collect();
             layer.append_stored(pos, &Tensor::cat(&keys, 2)?, &Tensor::cat(&values, 2)?)?;
@@ -680,7 +815,7 @@ mod tests {
         assert_eq!(first.allocated_bytes(), 2 * 2 * 3 * 2 * 4 * 4);
         assert!(source.copy_span(4, 3).is_err(), "position 6 is not stored");
         // The copies are their own: writing the source later does not change them.
-        source.truncate(0);
+        source.truncate(0).unwrap();
         step(&mut source, 6, 9.0).unwrap();
         let mut cache = KvCache::new(2, shape, 600, KvFormat::Dense(DType::F32), &Device::Cpu);
         cache.extend_from_spans(&[&first, &second]).unwrap();
@@ -851,6 +986,75 @@ mod tests {
     }
 
     #[test]
+    fn a_recurrent_layer_keeps_a_fixed_state_that_forks_and_never_goes_back() {
+        let shape = KvShape {
+            n_kv_heads: 2,
+            head_dim: 4,
+        };
+        let state = RecurrentShape {
+            conv_window: 3,
+            conv_channels: 8,
+            n_heads: 2,
+            head_v_dim: 4,
+            head_k_dim: 4,
+        };
+        let mut cache = KvCache::new(2, shape, 1000, KvFormat::Dense(DType::F32), &Device::Cpu)
+            .with_recurrent(&[Some(state), None], &Device::Cpu);
+        assert!(cache.has_recurrent());
+        assert!(
+            cache.layer_mut(0).is_none(),
+            "layer 0 has no keys and values"
+        );
+        assert!(cache.state_mut(0).unwrap().kv_mut().is_err());
+        assert!(cache.state_mut(1).unwrap().recurrent_mut().is_err());
+        let write = |cache: &mut KvCache, seq: usize, value: f32| {
+            let pos = cache.len();
+            let t = Tensor::full(value, (1, 2, seq, 4), &Device::Cpu).unwrap();
+            cache.layer_mut(1).unwrap().write(pos, &t, &t).unwrap();
+            let recurrent = cache.state_mut(0).unwrap().recurrent_mut().unwrap();
+            let conv = Tensor::full(value, (3, 8), &Device::Cpu).unwrap();
+            let ssm = Tensor::full(value, (2, 4, 4), &Device::Cpu).unwrap();
+            recurrent.stage(conv, ssm).unwrap();
+            cache.commit(seq).unwrap();
+        };
+        let state_value = |cache: &mut KvCache| -> f32 {
+            let recurrent = cache.state_mut(0).unwrap().recurrent_mut().unwrap();
+            let (_, ssm) = recurrent.current().unwrap();
+            ssm.flatten_all().unwrap().to_vec1::<f32>().unwrap()[0]
+        };
+        write(&mut cache, 5, 1.0);
+        let state_bytes = state.bytes();
+        assert_eq!(state_bytes, (3 * 8 + 2 * 4 * 4) * 4);
+        // One attention layer of 5 positions (keys and values), plus the state.
+        assert_eq!(cache.stored_bytes(), 5 * 2 * 2 * 4 * 4 + state_bytes);
+        write(&mut cache, 300, 2.0);
+        assert_eq!(
+            cache.stored_bytes(),
+            305 * 2 * 2 * 4 * 4 + state_bytes,
+            "the state does not grow with the context"
+        );
+        assert_eq!(cache.device_allocated_bytes(), cache.allocated_bytes());
+        let mut fork = cache.fork().unwrap();
+        write(&mut fork, 1, 7.0);
+        assert_eq!(state_value(&mut cache), 2.0, "the fork's state is its own");
+        assert_eq!(state_value(&mut fork), 7.0);
+        // No going back to an earlier position, and no prefix blocks.
+        assert!(cache.truncate(100).is_err());
+        assert_eq!(cache.len(), 305, "a refused cut changes nothing");
+        assert!(cache.truncate(305).is_ok());
+        assert!(cache.copy_span(0, 16).is_err());
+        // Emptying is fine: the state starts again from zeros.
+        cache.truncate(0).unwrap();
+        assert_eq!((cache.len(), state_value(&mut cache)), (0, 0.0));
+        // A failed step's staged state never becomes the state.
+        let recurrent = fork.state_mut(0).unwrap().recurrent_mut().unwrap();
+        let conv = Tensor::full(9f32, (3, 8), &Device::Cpu).unwrap();
+        let ssm = Tensor::full(9f32, (2, 4, 4), &Device::Cpu).unwrap();
+        recurrent.stage(conv, ssm).unwrap();
+        assert_eq!(state_value(&mut fork), 7.0);
+    }
+
+    #[test]
     fn refuses_to_pass_the_limit_and_stays_consistent() {
         let shape = KvShape {
             n_kv_heads: 2,
@@ -873,7 +1077,7 @@ mod tests {
         assert_eq!(cache.len(), 8);
         step(&mut cache, 2, 1.0).unwrap();
         assert!(step(&mut cache, 1, 1.0).is_err());
-        cache.truncate(4);
+        cache.truncate(4).unwrap();
         assert_eq!(cache.len(), 4);
     }
 
@@ -894,7 +1098,7 @@ mod tests {
                 .on_host(true, rates)
         };
         let hosted = cache(Some(rates));
-        let layer = &hosted.layers[0];
+        let layer = hosted.layers[0].attention().unwrap();
         assert!(layer.on_host());
         // Decode at 8k: 16.8 MB of cache, read on the host in 0.42 ms, 0.12 GFLOP in 0.59 ms;
         // over the link 1.05 ms: the host.
@@ -906,12 +1110,21 @@ mod tests {
             host_flops_per_s: 100e9,
             ..rates
         };
-        assert!(cache(Some(slow_host)).layers[0].streams(1, 28, 8192));
+        assert!(cache(Some(slow_host)).layers[0]
+            .attention()
+            .unwrap()
+            .streams(1, 28, 8192));
         // Without rates, and for a device cache, attention never moves.
-        assert!(!cache(None).layers[0].streams(512, 28, 8192));
+        assert!(!cache(None).layers[0]
+            .attention()
+            .unwrap()
+            .streams(512, 28, 8192));
         let on_device = KvCache::new(1, shape, 1 << 16, KvFormat::Dense(DType::F16), &Device::Cpu)
             .on_host(false, Some(rates));
-        assert!(!on_device.layers[0].streams(512, 28, 8192));
+        assert!(!on_device.layers[0]
+            .attention()
+            .unwrap()
+            .streams(512, 28, 8192));
         assert!(!on_device.layers[0].on_host());
     }
 

@@ -34,9 +34,10 @@
 //!   come through; attention and RoPE.
 //! - [`llama`]: the Llama family's block (Llama, Qwen2, Mistral); [`qwen3`], [`gemma`]
 //!   (Gemma 2 and 3) and [`phi3`]: the other families' blocks; [`moe`]: the routed-experts
-//!   MLP of Qwen3-MoE (in [`qwen3`]'s block) and Mixtral (in [`llama`]'s).
+//!   MLP of Qwen3-MoE (in [`qwen3`]'s block) and Mixtral (in [`llama`]'s); [`qwen35`]: Qwen3.5's
+//!   hybrid layers (gated attention, or a Gated DeltaNet whose recurrence is [`gated_delta`]).
 //! - [`kv_cache`]: the per-sequence key/value cache (its sliding-window layers keep only their
-//!   window); [`kv_format`]: what it stores per position (a dense dtype, or q8_0 / q4_0 blocks
+//!   window; a recurrent layer keeps a [`recurrent_state`] instead); [`kv_format`]: what it stores per position (a dense dtype, or q8_0 / q4_0 blocks
 //!   behind a Hadamard rotation).
 //! - [`pooling`]: embeddings: the pooling a model asks for and the pooler over its final
 //!   hidden states ([`decoder::Model::forward_hidden`]), L2-normalised.
@@ -47,6 +48,7 @@ pub mod cpu_qmatmul;
 pub mod decoder;
 mod dense_rows;
 mod error;
+mod gated_delta;
 mod gemma;
 pub mod generation_defaults;
 pub mod header;
@@ -61,6 +63,8 @@ mod moe;
 mod phi3;
 pub mod pooling;
 mod qwen3;
+mod qwen35;
+pub mod recurrent_state;
 pub mod source;
 pub mod spec;
 pub mod tensors;

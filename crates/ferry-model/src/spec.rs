@@ -57,11 +57,19 @@ pub enum Architecture {
     /// correction bias, their weights normalised and scaled, plus an ungated shared expert;
     /// trailing multi-token-prediction blocks are not run. GGUF only.
     Glm4Moe,
+    /// Qwen3.5 (dense, `qwen35`): hybrid, three Gated DeltaNet (linear-attention) layers to
+    /// each full-attention one ([`DeltaNetSpec`]); the attention layers gate their output by
+    /// `sigmoid` of a second half of the query projection, with q/k norms and RoPE on part of
+    /// each head. GGUF only.
+    Qwen35,
+    /// Qwen3.5-MoE (`qwen35moe`): Qwen3.5's layers with routed experts (softmax, renormalised)
+    /// plus a shared expert scaled by a sigmoid gate. GGUF only.
+    Qwen35Moe,
 }
 
 impl Architecture {
     /// Every family.
-    pub const ALL: [Architecture; 12] = [
+    pub const ALL: [Architecture; 14] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Mistral,
@@ -74,6 +82,8 @@ impl Architecture {
         Architecture::GptOss,
         Architecture::Qwen2Moe,
         Architecture::Glm4Moe,
+        Architecture::Qwen35,
+        Architecture::Qwen35Moe,
     ];
 
     /// The lowercase name used by HF `model_type` and GGUF `general.architecture`.
@@ -91,6 +101,8 @@ impl Architecture {
             Architecture::GptOss => "gpt-oss",
             Architecture::Qwen2Moe => "qwen2moe",
             Architecture::Glm4Moe => "glm4moe",
+            Architecture::Qwen35 => "qwen35",
+            Architecture::Qwen35Moe => "qwen35moe",
         }
     }
 
@@ -120,8 +132,17 @@ impl Architecture {
     pub fn gguf_only(self) -> bool {
         matches!(
             self,
-            Architecture::GptOss | Architecture::Qwen2Moe | Architecture::Glm4Moe
+            Architecture::GptOss
+                | Architecture::Qwen2Moe
+                | Architecture::Glm4Moe
+                | Architecture::Qwen35
+                | Architecture::Qwen35Moe
         )
+    }
+
+    /// Qwen3.5, dense and MoE: the hybrid families ([`ModelSpec::delta_net`]).
+    pub fn is_qwen35(self) -> bool {
+        matches!(self, Architecture::Qwen35 | Architecture::Qwen35Moe)
     }
 
     /// Gemma 2 and 3.
@@ -379,6 +400,9 @@ pub struct ModelSpec {
     /// Routed experts instead of one MLP (Qwen3-MoE, Mixtral), in every layer from
     /// [`MoeSpec::dense_lead`] on ([`ModelSpec::moe_at`]).
     pub moe: Option<MoeSpec>,
+    /// The Gated DeltaNet layers of a hybrid model (Qwen3.5) and their shape; `None`: every
+    /// layer attends.
+    pub delta_net: Option<DeltaNetSpec>,
     /// The MLP's activation.
     pub activation: Activation,
     /// Added to every RMSNorm weight before it scales: Gemma's Hugging Face checkpoints store
@@ -426,7 +450,7 @@ impl ModelSpec {
                     // converter writes true for norm_topk_prob models; default true),
                     // GLM-4.5 by the same key (default false), Qwen2-MoE and gpt-oss never.
                     norm_topk: match architecture {
-                        Architecture::Mixtral => true,
+                        Architecture::Mixtral | Architecture::Qwen35Moe => true,
                         Architecture::Qwen2Moe | Architecture::GptOss => false,
                         Architecture::Glm4Moe => {
                             md.opt_bool(&key("expert_weights_norm"))?.unwrap_or(false)
@@ -445,7 +469,7 @@ impl ModelSpec {
                     // llama.cpp: Qwen2-MoE's shared expert is `expert_shared_feed_forward_length`
                     // wide, else as the dense FFN; GLM-4.5's `expert_shared_count` experts wide.
                     shared_ff: match architecture {
-                        Architecture::Qwen2Moe => Some(
+                        Architecture::Qwen2Moe | Architecture::Qwen35Moe => Some(
                             match md.opt_usize(&key("expert_shared_feed_forward_length"))? {
                                 Some(ff) => ff,
                                 None => md.usize(&key("feed_forward_length"))?,
@@ -459,7 +483,10 @@ impl ModelSpec {
                         }
                         _ => None,
                     },
-                    shared_gate: architecture == Architecture::Qwen2Moe,
+                    shared_gate: matches!(
+                        architecture,
+                        Architecture::Qwen2Moe | Architecture::Qwen35Moe
+                    ),
                     selection_bias: architecture == Architecture::Glm4Moe,
                     // llama.cpp scales by `expert_weights_scale` where it is set (GLM-4.5's
                     // converter always writes it); absent or 0 is no scaling.
@@ -495,7 +522,10 @@ impl ModelSpec {
         let rope_dim = md
             .opt_usize(&key("rope.dimension_count"))?
             .unwrap_or(head_dim);
-        if rope_dim != head_dim && architecture != Architecture::Glm4Moe {
+        if rope_dim != head_dim
+            && architecture != Architecture::Glm4Moe
+            && !architecture.is_qwen35()
+        {
             return Err(ModelError::Unsupported(format!(
                 "partial rotary embedding ({rope_dim} of {head_dim} head dims) in `{arch_name}`"
             )));
@@ -573,7 +603,9 @@ impl ModelSpec {
         let blocks = md.usize(&key("block_count"))?;
         // llama.cpp runs the blocks before GLM-4.5's multi-token-prediction ones.
         let unrun_layers = match architecture {
-            Architecture::Glm4Moe => md.opt_usize(&key("nextn_predict_layers"))?.unwrap_or(0),
+            Architecture::Glm4Moe | Architecture::Qwen35 | Architecture::Qwen35Moe => {
+                md.opt_usize(&key("nextn_predict_layers"))?.unwrap_or(0)
+            }
             _ => 0,
         };
         if unrun_layers >= blocks {
@@ -582,6 +614,10 @@ impl ModelSpec {
             )));
         }
         let n_layers = blocks - unrun_layers;
+        let delta_net = match architecture.is_qwen35() {
+            true => Some(DeltaNetSpec::from_gguf(&md, &key, n_layers, rope_dim / 2)?),
+            false => None,
+        };
         let gemma = architecture.is_gemma();
         // llama.cpp scales Gemma's queries by 1/sqrt(head_dim), except in the 27B models
         // (46 layers for Gemma 2, 62 for Gemma 3), whose query_pre_attn_scalar is
@@ -642,13 +678,18 @@ impl ModelSpec {
             attn_sinks: architecture == Architecture::GptOss,
             // GLM-4.5 has q/k norms, GLM-4.5-Air none: the file says.
             qk_norm: match architecture {
-                Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3 => true,
+                Architecture::Qwen3
+                | Architecture::Qwen3Moe
+                | Architecture::Gemma3
+                | Architecture::Qwen35
+                | Architecture::Qwen35Moe => true,
                 Architecture::Glm4Moe => header
                     .tensor(&Format::Gguf.layer_tensor_name(architecture, 0, Part::QNorm))
                     .is_some(),
                 _ => false,
             },
             moe,
+            delta_net,
             activation: if gemma {
                 Activation::GeluTanh
             } else {
@@ -781,6 +822,7 @@ impl ModelSpec {
                 Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
             ),
             moe: hf_moe(&raw, architecture)?,
+            delta_net: None,
             activation,
             norm_offset: if gemma { 1.0 } else { 0.0 },
             embed_scale: gemma.then(|| (raw.hidden_size as f32).sqrt()),
@@ -871,6 +913,142 @@ impl ModelSpec {
     /// Whether decoder layer `index` attends within a sliding window.
     pub fn is_sliding_layer(&self, index: usize) -> bool {
         self.layer_window(index).is_some()
+    }
+
+    /// Whether decoder layer `index` is a Gated DeltaNet layer (a recurrent state, no keys
+    /// and values).
+    pub fn is_recurrent_layer(&self, index: usize) -> bool {
+        self.delta_net
+            .as_ref()
+            .is_some_and(|d| d.recurrent.get(index).copied().unwrap_or(false))
+    }
+
+    /// Whether any decoder layer keeps a recurrent state (which cannot be cut back to fewer
+    /// positions or split into prefix blocks).
+    pub fn has_recurrent_layers(&self) -> bool {
+        (0..self.n_layers).any(|i| self.is_recurrent_layer(i))
+    }
+}
+
+/// The Gated DeltaNet layers of a hybrid model (llama.cpp's `ssm.*` keys for Qwen3.5): which
+/// layers they are and their shape. A layer projects `qkv` (`2 * n_k_heads * head_k_dim +
+/// n_v_heads * head_v_dim` channels), runs them through a causal depthwise convolution of
+/// `conv_kernel` taps and SiLU, and updates one `head_v_dim x head_k_dim` state per value head.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeltaNetSpec {
+    /// Taps of the short causal convolution (`ssm.conv_kernel`); a sequence keeps the last
+    /// `conv_kernel - 1` inputs.
+    pub conv_kernel: usize,
+    /// Width of a query/key head (`ssm.state_size`).
+    pub head_k_dim: usize,
+    /// Query/key heads (`ssm.group_count`).
+    pub n_k_heads: usize,
+    /// Value heads (`ssm.time_step_rank`); value head `h` reads key head `h % n_k_heads`.
+    pub n_v_heads: usize,
+    /// Width of a value head (`ssm.inner_size / n_v_heads`).
+    pub head_v_dim: usize,
+    /// Per decoder layer: a DeltaNet layer (`true`) or full attention.
+    pub recurrent: Vec<bool>,
+}
+
+impl DeltaNetSpec {
+    /// Reads the shape from `md` (keys through `key`) for `n_layers` layers: the layer pattern
+    /// from `attention.recurrent_layers` when the file has it, else every
+    /// `full_attention_interval`-th layer (default 4) attends, as llama.cpp reads it. RoPE
+    /// sections (`rope.dimension_sections`, IMRoPE) are accepted where every one of the
+    /// `rope_pairs` rotated pairs takes the text position (llama.cpp gives text tokens the
+    /// same position in the first three sections and 0 in the fourth).
+    fn from_gguf(
+        md: &GgufMeta,
+        key: &dyn Fn(&str) -> String,
+        n_layers: usize,
+        rope_pairs: usize,
+    ) -> Result<Self> {
+        let recurrent = match md.opt_bool_array(&key("attention.recurrent_layers"))? {
+            Some(list) if list.len() >= n_layers => list[..n_layers].to_vec(),
+            Some(list) => {
+                return Err(ModelError::Config(format!(
+                    "attention.recurrent_layers has {} entries for {n_layers} layers",
+                    list.len()
+                )))
+            }
+            None => {
+                let interval = md.opt_usize(&key("full_attention_interval"))?.unwrap_or(4);
+                if interval == 0 {
+                    return Err(ModelError::Config("full_attention_interval 0".into()));
+                }
+                (0..n_layers)
+                    .map(|i| !(i + 1).is_multiple_of(interval))
+                    .collect()
+            }
+        };
+        if let Some(sections) = md.opt_usize_array(&key("rope.dimension_sections"))? {
+            imrope_is_plain(&sections, rope_pairs)?;
+        }
+        let inner = md.usize(&key("ssm.inner_size"))?;
+        let n_v_heads = md.usize(&key("ssm.time_step_rank"))?;
+        let spec = Self {
+            conv_kernel: md.usize(&key("ssm.conv_kernel"))?,
+            head_k_dim: md.usize(&key("ssm.state_size"))?,
+            n_k_heads: md.usize(&key("ssm.group_count"))?,
+            n_v_heads,
+            head_v_dim: div_exact(inner, n_v_heads, "ssm.inner_size / ssm.time_step_rank")?,
+            recurrent,
+        };
+        if spec.conv_kernel < 2
+            || spec.n_k_heads == 0
+            || spec.head_k_dim == 0
+            || !spec.n_v_heads.is_multiple_of(spec.n_k_heads)
+            || spec.head_v_dim != spec.head_k_dim
+        {
+            return Err(ModelError::Config(format!(
+                "Gated DeltaNet shape {spec:?}: a convolution of at least 2 taps, value heads a \
+                 multiple of key heads, and heads as wide as the state"
+            )));
+        }
+        Ok(spec)
+    }
+
+    /// Channels of the convolution: queries, keys and values.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.n_k_heads * self.head_k_dim + self.n_v_heads * self.head_v_dim
+    }
+
+    /// Width of the values (and of the output gate `z`): `n_v_heads * head_v_dim`.
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.head_v_dim
+    }
+
+    /// f32 elements of one sequence's state in one layer: the convolution window
+    /// (`conv_kernel - 1` inputs) and one `head_v_dim x head_k_dim` matrix per value head.
+    pub fn state_elems(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_channels()
+            + self.n_v_heads * self.head_v_dim * self.head_k_dim
+    }
+}
+
+/// Refuses IMRoPE `sections` under which some of the `pairs` rotated pairs of a text token
+/// would not take its position (llama.cpp's interleaved sections: pair `i` is in sector
+/// `i % sum`; sectors `3j`, `3j + 1`, `3j + 2` below three times the first, second, third
+/// section take the token's position, every other one the fourth position, 0 for text).
+fn imrope_is_plain(sections: &[usize], pairs: usize) -> Result<()> {
+    let s = |i: usize| sections.get(i).copied().unwrap_or(0);
+    let total: usize = (0..4).map(s).sum();
+    if total == 0 {
+        return Ok(());
+    }
+    let plain = (0..pairs).all(|pair| {
+        let sector = pair % total;
+        let bound = s(sector % 3);
+        sector < 3 * bound
+    });
+    if plain {
+        Ok(())
+    } else {
+        Err(ModelError::Unsupported(format!(
+            "RoPE sections {sections:?} that leave some of {pairs} rotated pairs at position 0 \
+             for text"
+        )))
     }
 }
 
@@ -1184,6 +1362,22 @@ impl GgufMeta<'_> {
             Some(v) => as_u64(v)
                 .map(|v| Some(v as usize))
                 .map_err(|e| Self::bad(key, e)),
+        }
+    }
+
+    fn opt_bool_array(&self, key: &str) -> Result<Option<Vec<bool>>> {
+        match self.0.get(key) {
+            None => Ok(None),
+            Some(Value::Array(values)) => values
+                .iter()
+                .map(|v| v.to_bool())
+                .collect::<candle_core::Result<Vec<_>>>()
+                .map(Some)
+                .map_err(|e| Self::bad(key, e)),
+            Some(other) => Err(Self::bad(
+                key,
+                candle_core::Error::Msg(format!("expected an array of booleans, got {other:?}")),
+            )),
         }
     }
 

@@ -325,3 +325,15 @@ fn gguf_only_families_are_refused_from_a_config_json() {
         assert!(err.contains("GGUF"), "{model_type}: {err}");
     }
 }
+
+#[test]
+fn imrope_sections_are_taken_where_every_rotated_pair_takes_the_text_position() {
+    // Qwen3.5's [11, 11, 10, 0] over 32 pairs (64 of 256 head dims rotated).
+    assert!(imrope_is_plain(&[11, 11, 10, 0], 32).is_ok());
+    assert!(imrope_is_plain(&[2, 1, 1, 0], 4).is_ok());
+    assert!(imrope_is_plain(&[], 4).is_ok());
+    // A fourth section's pair would take position 0 for text (llama.cpp's fourth position).
+    assert!(imrope_is_plain(&[1, 1, 1, 1], 4).is_err());
+    // Sector 3 (3 % 3 == 0) is past 3 x 1 for the first section: the fourth position.
+    assert!(imrope_is_plain(&[1, 2, 1, 0], 4).is_err());
+}

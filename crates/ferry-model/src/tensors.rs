@@ -121,11 +121,28 @@ pub enum Part {
     /// The experts' score correction bias, `[n_experts]` (GLM-4.5, DeepSeek-V3): added to the
     /// scores that choose the experts only.
     ExpProbsBias,
+    /// A Gated DeltaNet layer's output gate projection `z`, `[value_dim, hidden]` (Qwen3.5;
+    /// its fused q/k/v projection is [`Part::Qkv`]).
+    AttnGate,
+    /// The DeltaNet's causal depthwise convolution, `[channels, taps]`.
+    SsmConv,
+    /// The DeltaNet's decay bias, added before the softplus, `[value heads]`.
+    SsmDt,
+    /// The DeltaNet's decay rate, `-exp(A_log)` as the GGUF stores it, `[value heads]`.
+    SsmA,
+    /// The DeltaNet's update-strength projection `b` (beta = sigmoid), `[value heads, hidden]`.
+    SsmBeta,
+    /// The DeltaNet's decay projection `a`, `[value heads, hidden]`.
+    SsmAlpha,
+    /// The RMSNorm of each value head's output before the gate, `[head_v_dim]`.
+    SsmNorm,
+    /// The DeltaNet's output projection, `[hidden, value_dim]`.
+    SsmOut,
 }
 
 /// Every layer part with its GGUF and Hugging Face name suffix (after `<prefix>N.`), as the
 /// Llama family names them; [`NAME_OVERRIDES`] has the families that name a part otherwise.
-const LAYER_NAMES: [(Part, &str, &str); 36] = [
+const LAYER_NAMES: [(Part, &str, &str); 44] = [
     (Part::AttnNorm, "attn_norm.weight", "input_layernorm.weight"),
     (Part::Q, "attn_q.weight", "self_attn.q_proj.weight"),
     (Part::QBias, "attn_q.bias", "self_attn.q_proj.bias"),
@@ -222,6 +239,34 @@ const LAYER_NAMES: [(Part, &str, &str); 36] = [
         "exp_probs_b.bias",
         "mlp.gate.e_score_correction_bias",
     ),
+    (
+        Part::AttnGate,
+        "attn_gate.weight",
+        "linear_attn.in_proj_z.weight",
+    ),
+    (
+        Part::SsmConv,
+        "ssm_conv1d.weight",
+        "linear_attn.conv1d.weight",
+    ),
+    (Part::SsmDt, "ssm_dt.bias", "linear_attn.dt_bias"),
+    (Part::SsmA, "ssm_a", "linear_attn.A_log"),
+    (
+        Part::SsmBeta,
+        "ssm_beta.weight",
+        "linear_attn.in_proj_b.weight",
+    ),
+    (
+        Part::SsmAlpha,
+        "ssm_alpha.weight",
+        "linear_attn.in_proj_a.weight",
+    ),
+    (Part::SsmNorm, "ssm_norm.weight", "linear_attn.norm.weight"),
+    (
+        Part::SsmOut,
+        "ssm_out.weight",
+        "linear_attn.out_proj.weight",
+    ),
 ];
 
 /// Names that differ by family: `(families, part, format, suffix)`. Gemma's Hugging Face
@@ -233,7 +278,12 @@ const NAME_OVERRIDES: [(&[Architecture], Part, Format, &str); 6] = [
     // gpt-oss's and GLM-4.5's MLP pre-norm is their `post_attention_norm` (transformers'
     // `post_attention_layernorm`).
     (
-        &[Architecture::GptOss, Architecture::Glm4Moe],
+        &[
+            Architecture::GptOss,
+            Architecture::Glm4Moe,
+            Architecture::Qwen35,
+            Architecture::Qwen35Moe,
+        ],
         Part::FfnNorm,
         Format::Gguf,
         "post_attention_norm.weight",
@@ -283,10 +333,10 @@ pub enum Presence {
 
 impl Part {
     /// Every part, in table order (each bias after its weight).
-    pub const ALL: [Part; 36] = {
-        let mut all = [Part::AttnNorm; 36];
+    pub const ALL: [Part; 44] = {
+        let mut all = [Part::AttnNorm; 44];
         let mut i = 0;
-        while i < 36 {
+        while i < 44 {
             all[i] = LAYER_NAMES[i].0;
             i += 1;
         }
@@ -328,6 +378,10 @@ impl Part {
                 | Part::ShexpGate
                 | Part::ShexpUp
                 | Part::ShexpDown
+                | Part::AttnGate
+                | Part::SsmBeta
+                | Part::SsmAlpha
+                | Part::SsmOut
         )
     }
 
@@ -372,7 +426,19 @@ impl Part {
         let q = spec.n_heads * spec.head_dim;
         let kv = spec.n_kv_heads * spec.head_dim;
         let i = spec.intermediate_size;
+        let delta = spec.delta_net.as_ref();
+        let v_heads = delta.map_or(0, |d| d.n_v_heads);
+        let value_dim = delta.map_or(0, |d| d.value_dim());
         match self {
+            // Qwen3.5's attention projects each query head and its output gate together.
+            Part::Q if spec.architecture.is_qwen35() => vec![2 * q, h],
+            Part::Qkv if delta.is_some() => vec![delta.map_or(0, |d| d.conv_channels()), h],
+            Part::AttnGate => vec![value_dim, h],
+            Part::SsmConv => delta.map_or(vec![0, 0], |d| vec![d.conv_channels(), d.conv_kernel]),
+            Part::SsmDt | Part::SsmA => vec![v_heads],
+            Part::SsmBeta | Part::SsmAlpha => vec![v_heads, h],
+            Part::SsmNorm => vec![delta.map_or(0, |d| d.head_v_dim)],
+            Part::SsmOut => vec![h, value_dim],
             Part::AttnNorm
             | Part::FfnNorm
             | Part::OBias
@@ -427,7 +493,20 @@ impl Part {
                 Presence::Absent
             }
         };
+        let recurrent = spec.is_recurrent_layer(index);
         match self {
+            Part::Q | Part::K | Part::V | Part::O if recurrent => Presence::Absent,
+            Part::QNorm | Part::KNorm | Part::OBias if recurrent => Presence::Absent,
+            Part::QBias | Part::KBias | Part::VBias if recurrent => Presence::Absent,
+            Part::Qkv if recurrent => Presence::Required,
+            Part::AttnGate
+            | Part::SsmConv
+            | Part::SsmDt
+            | Part::SsmA
+            | Part::SsmBeta
+            | Part::SsmAlpha
+            | Part::SsmNorm
+            | Part::SsmOut => required(recurrent),
             Part::Q | Part::K | Part::V => required(!fused),
             Part::Gate | Part::Up => required(!fused && !moe),
             Part::Down => required(!moe),
@@ -811,11 +890,20 @@ mod tests {
             Format::Safetensors.layer_tensor_name(Architecture::Gemma3, 0, Part::FfnNorm),
             "model.layers.0.pre_feedforward_layernorm.weight"
         );
-        // Every unfused dense projection has a bias part, and only projections do.
+        // Every unfused dense projection has a bias part, and only projections do (the
+        // DeltaNet's projections have none).
         for part in Part::ALL {
             let no_bias = matches!(
                 part,
-                Part::Qkv | Part::GateUp | Part::ShexpGate | Part::ShexpUp | Part::ShexpDown
+                Part::Qkv
+                    | Part::GateUp
+                    | Part::ShexpGate
+                    | Part::ShexpUp
+                    | Part::ShexpDown
+                    | Part::AttnGate
+                    | Part::SsmBeta
+                    | Part::SsmAlpha
+                    | Part::SsmOut
             ) || part.is_expert();
             assert_eq!(
                 part.bias().is_some(),

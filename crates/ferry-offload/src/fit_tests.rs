@@ -240,6 +240,7 @@ fn windowed(window_layers: usize, budget: u64) -> impl Fn(usize, usize) -> PlanI
             window_layers,
             window_positions: 1280,
             per_token_by_format: Vec::new(),
+            ..KvLayout::default()
         };
         input
     }

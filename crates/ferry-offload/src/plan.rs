@@ -224,9 +224,13 @@ impl PlanInput {
     /// layer holds `max_context` positions, a window layer at most
     /// [`KvLayout::window_positions`]. The cache of every layer stays on the device, streamed
     /// or not, unless [`PlanInput::kv_host`] puts all of it in host memory.
+    /// Recurrent layers ([`KvLayout::recurrent_layers`]) add their fixed state per sequence
+    /// instead, whatever the context.
     pub fn kv_bytes(&self) -> u64 {
         let windowed = self.kv_layout.window_layers.min(self.n_layers()) as u64;
-        let full = self.n_layers() as u64 - windowed;
+        let recurrent =
+            (self.kv_layout.recurrent_layers as u64).min(self.n_layers() as u64 - windowed);
+        let full = self.n_layers() as u64 - windowed - recurrent;
         let window = self.kv_layout.window_positions.min(self.max_context) as u64;
         let positions = full
             .saturating_mul(self.max_context as u64)
@@ -234,12 +238,19 @@ impl PlanInput {
         (self.max_batch as u64)
             .saturating_mul(positions)
             .saturating_mul(self.kv_bytes_per_token_per_layer)
+            .saturating_add(self.recurrent_bytes())
     }
 
-    /// KV-cache bytes on the device: [`PlanInput::kv_bytes`], or 0 when the cache is on the host.
+    /// The recurrent layers' states of `max_batch` sequences (always on the device).
+    fn recurrent_bytes(&self) -> u64 {
+        (self.max_batch as u64).saturating_mul(self.kv_layout.recurrent_bytes_per_seq)
+    }
+
+    /// KV-cache bytes on the device: [`PlanInput::kv_bytes`], or only the recurrent states
+    /// when the keys and values are on the host.
     pub fn device_kv_bytes(&self) -> u64 {
         if self.kv_host {
-            0
+            self.recurrent_bytes()
         } else {
             self.kv_bytes()
         }
@@ -265,6 +276,12 @@ pub struct KvLayout {
     pub window_positions: usize,
     /// `(format, bytes of one token in one layer)` for each format, e.g. `("q8_0", 408)`.
     pub per_token_by_format: Vec<(&'static str, u64)>,
+    /// Layers that keep a fixed-size recurrent state instead of keys and values (Qwen3.5's
+    /// Gated DeltaNet layers): no bytes per token.
+    pub recurrent_layers: usize,
+    /// Bytes of one sequence's recurrent states, all those layers together (f32, on the
+    /// device even with `kv_offload`): the same at any context.
+    pub recurrent_bytes_per_seq: u64,
 }
 
 /// Where everything goes, and what it costs.
@@ -346,13 +363,19 @@ impl Plan {
         self.layers.len() - self.device_layers()
     }
 
-    /// KV-cache bytes on the device: `kv_bytes`, or 0 when the cache lives on the host.
+    /// KV-cache bytes on the device: `kv_bytes`, or only the recurrent states when the keys
+    /// and values live on the host.
     pub fn device_kv_bytes(&self) -> u64 {
         if self.kv_host {
-            0
+            self.recurrent_kv_bytes()
         } else {
             self.kv_bytes
         }
+    }
+
+    /// The part of `kv_bytes` that is recurrent state: `max_batch` sequences' fixed states.
+    pub fn recurrent_kv_bytes(&self) -> u64 {
+        (self.max_batch as u64).saturating_mul(self.kv_layout.recurrent_bytes_per_seq)
     }
 
     /// Bytes of the whole slot ring.

@@ -281,13 +281,24 @@ fn kv_note(plan: &Plan) -> String {
             format_bytes(full.saturating_sub(plan.kv_bytes))
         ));
     }
-    // The same positions in another format: the bytes scale with one token's.
+    let recurrent = plan.recurrent_kv_bytes();
+    if layout.recurrent_layers > 0 {
+        parts.push(format!(
+            "{} of {} layers keep a recurrent state instead, {} per sequence, which does not grow with the context (on the device; the prefix cache and speculation are off for this model: a recurrent state cannot go back to an earlier position)",
+            layout.recurrent_layers,
+            plan.layers.len(),
+            format_bytes(layout.recurrent_bytes_per_seq)
+        ));
+    }
+    // The same positions in another format: the bytes scale with one token's (a recurrent
+    // state's do not).
     let others: Vec<String> = layout
         .per_token_by_format
         .iter()
         .filter(|(name, _)| *name != plan.kv_dtype.as_str())
         .map(|(name, bytes)| {
-            let total = (plan.kv_bytes as u128 * *bytes as u128 / per_token as u128) as u64;
+            let scaled = plan.kv_bytes.saturating_sub(recurrent);
+            let total = (scaled as u128 * *bytes as u128 / per_token as u128) as u64 + recurrent;
             format!("{name}: {bytes} B, {} in all", format_bytes(total))
         })
         .collect();
@@ -363,6 +374,8 @@ pub fn plan_json(plan: &Plan) -> serde_json::Value {
         "kv_bytes_per_token_per_layer": plan.kv_bytes_per_token_per_layer,
         "kv_window_layers": plan.kv_layout.window_layers,
         "kv_window_positions": plan.kv_layout.window_positions,
+        "kv_recurrent_layers": plan.kv_layout.recurrent_layers,
+        "kv_recurrent_bytes_per_sequence": plan.kv_layout.recurrent_bytes_per_seq,
         "kv_bytes_per_token_per_layer_by_dtype": plan
             .kv_layout
             .per_token_by_format
@@ -466,6 +479,7 @@ mod tests {
             window_layers: 3,
             window_positions: 1024,
             per_token_by_format: vec![("f16", 512), ("q8_0", 272)],
+            ..KvLayout::default()
         };
         let resident = plan(&input).expect("fits");
         // 2 x (8192 + 3 x 1024) positions x 512 B = 11 MiB; full caches: 2 x 4 x 8192 x 512 B.
@@ -485,6 +499,54 @@ mod tests {
             "{text}"
         );
         assert_eq!(plan_json(&hosted)["kv_host"], true);
+    }
+
+    #[test]
+    fn the_kv_line_says_recurrent_states_do_not_grow_with_the_context() {
+        use crate::plan::KvLayout;
+        const KIB: u64 = 1024;
+        use candle_core::DType;
+        use ferry_model::kv_format::KvFormat;
+        let mut input = PlanInput::new(OffloadMode::None, vec![MIB; 4], MIB, 1 << 30);
+        input.max_context = 8192;
+        input.max_batch = 2;
+        input.kv_bytes_per_token_per_layer = 512;
+        input.kv_dtype = KvFormat::Dense(DType::F16);
+        input.kv_layout = KvLayout {
+            per_token_by_format: vec![("f16", 512), ("q8_0", 272)],
+            recurrent_layers: 3,
+            recurrent_bytes_per_seq: 3 * 256 * KIB,
+            ..KvLayout::default()
+        };
+        let short = plan(&input).expect("fits");
+        // 2 x 8192 positions x 512 B in the one attention layer, plus 2 x 768 KiB of state.
+        assert_eq!(short.kv_bytes, 8 * MIB + 1536 * KIB);
+        input.max_context = 16384;
+        let long = plan(&input).expect("fits");
+        assert_eq!(
+            long.kv_bytes - short.kv_bytes,
+            8 * MIB,
+            "states do not grow"
+        );
+        let text = render_text(&short);
+        assert!(
+            text.contains("3 of 4 layers keep a recurrent state instead, 768.0 KiB per sequence, which does not grow with the context"),
+            "{text}"
+        );
+        assert!(
+            text.contains("the prefix cache and speculation are off"),
+            "{text}"
+        );
+        // Another format scales only the keys and values: 8 MiB x 272 / 512 + 1.5 MiB.
+        assert!(text.contains("q8_0: 272 B, 5.8 MiB in all"), "{text}");
+        input.kv_host = true;
+        let hosted = plan(&input).expect("fits");
+        assert_eq!(
+            hosted.device_kv_bytes(),
+            1536 * KIB,
+            "states stay on the device"
+        );
+        assert_eq!(plan_json(&hosted)["kv_recurrent_layers"], 3);
     }
 
     #[test]

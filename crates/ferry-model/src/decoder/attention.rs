@@ -156,7 +156,8 @@ pub fn attend_each(
     let mut outputs = Vec::with_capacity(seqs.len());
     for s in seqs.iter_mut() {
         let (q, k, v) = (s.rows(q)?, s.rows(k)?, s.rows(v)?);
-        outputs.push(attend(&q, &k, &v, s.kv, s.step, dims, sinks)?);
+        let step = s.step;
+        outputs.push(attend(&q, &k, &v, s.kv()?, step, dims, sinks)?);
     }
     Ok(Tensor::cat(&outputs, 1)?)
 }

@@ -15,10 +15,12 @@ use candle_core::Tensor;
 use super::attention::{AttentionDims, Step};
 use crate::error::Result;
 use crate::gemma::GemmaBlock;
-use crate::kv_cache::LayerKv;
+use crate::kv_cache::{LayerKv, LayerState};
 use crate::llama::LlamaBlock;
 use crate::phi3::Phi3Block;
 use crate::qwen3;
+use crate::qwen35::Qwen35Block;
+use crate::recurrent_state::RecurrentState;
 use crate::spec::{Architecture, ModelSpec};
 use crate::weights::{LayerWeights, Linear};
 
@@ -46,8 +48,9 @@ pub struct BatchRows<'a, 'b> {
     pub offset: usize,
     /// Number of rows (new tokens).
     pub len: usize,
-    /// This layer's key/value cache of the sequence.
-    pub kv: &'b mut LayerKv,
+    /// What this layer keeps of the sequence: its key/value cache or its recurrent state
+    /// ([`BatchRows::kv`], [`BatchRows::recurrent`]).
+    pub state: &'b mut LayerState,
     /// Position and mask of the sequence.
     pub step: &'b Step<'a>,
 }
@@ -56,6 +59,16 @@ impl BatchRows<'_, '_> {
     /// This sequence's rows of a batched activation `t` (`[1, rows, ..]`).
     pub fn rows(&self, t: &Tensor) -> Result<Tensor> {
         Ok(t.narrow(1, self.offset, self.len)?)
+    }
+
+    /// This layer's key/value cache (an error if the layer keeps a recurrent state).
+    pub fn kv(&mut self) -> Result<&mut LayerKv> {
+        self.state.kv_mut()
+    }
+
+    /// This layer's recurrent state (an error if the layer keeps keys and values).
+    pub fn recurrent(&mut self) -> Result<&mut RecurrentState> {
+        self.state.recurrent_mut()
     }
 }
 
@@ -93,6 +106,7 @@ pub fn for_layer(spec: &ModelSpec, index: usize) -> Arc<dyn Block> {
         Architecture::Qwen3 | Architecture::Qwen3Moe => Arc::new(qwen3::block(spec, index)),
         Architecture::Gemma2 | Architecture::Gemma3 => Arc::new(GemmaBlock::new(spec, index)),
         Architecture::Phi3 => Arc::new(Phi3Block::new(spec, index)),
+        Architecture::Qwen35 | Architecture::Qwen35Moe => Arc::new(Qwen35Block::new(spec, index)),
     }
 }
 

@@ -31,6 +31,7 @@ use self::rope::Rope;
 use super::error::{ModelError, Result};
 use super::kv_cache::{HostKvRates, KvCache, KvShape};
 use super::kv_format::KvFormat;
+use super::recurrent_state::RecurrentShape;
 use super::spec::ModelSpec;
 use super::weights::FixedWeights;
 
@@ -153,7 +154,8 @@ impl Model {
     }
 
     /// An empty key/value cache limited to `max_len` positions (capped at the model's context),
-    /// its sliding-window layers keeping only their window ([`KvCache::with_windows`]).
+    /// its sliding-window layers keeping only their window ([`KvCache::with_windows`]) and its
+    /// recurrent layers a state on the compute device ([`KvCache::with_recurrent`]).
     pub fn new_cache_with_limit(&self, max_len: usize) -> KvCache {
         let shape = KvShape {
             n_kv_heads: self.spec.n_kv_heads,
@@ -172,6 +174,19 @@ impl Model {
         )
         .with_windows(&windows)
         .on_host(self.kv_host, self.host_kv_rates)
+        .with_recurrent(&self.recurrent_shapes(), &self.device)
+    }
+
+    /// Per layer, the shape of its recurrent state (`None`: an attention layer).
+    pub fn recurrent_shapes(&self) -> Vec<Option<RecurrentShape>> {
+        (0..self.spec.n_layers)
+            .map(|i| {
+                let delta = self.spec.delta_net.as_ref()?;
+                self.spec
+                    .is_recurrent_layer(i)
+                    .then(|| RecurrentShape::of(delta))
+            })
+            .collect()
     }
 
     /// One sequence's step: runs `tokens` at positions `cache.len()..` and returns the last
@@ -325,14 +340,14 @@ impl Model {
             for ((s, step), &offset) in batch.iter_mut().zip(&steps).zip(&offsets) {
                 let len = s.tokens.len();
                 let n_cached = s.cache.n_layers();
-                let kv = s.cache.layer_mut(i).ok_or(ModelError::CacheMismatch {
+                let state = s.cache.state_mut(i).ok_or(ModelError::CacheMismatch {
                     cache: n_cached,
                     model: self.spec.n_layers,
                 })?;
                 rows.push(BatchRows {
                     offset,
                     len,
-                    kv,
+                    state,
                     step,
                 });
             }
