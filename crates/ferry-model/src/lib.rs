@@ -33,7 +33,8 @@
 //!   [`decoder::Block`] seam a family plugs into, and the [`decoder::LayerSource`] its weights
 //!   come through; attention and RoPE.
 //! - [`llama`]: the Llama family's block (Llama, Qwen2, Mistral); [`qwen3`], [`gemma`]
-//!   (Gemma 2 and 3) and [`phi3`]: the other families' blocks; [`moe`]: the routed-experts
+//!   (Gemma 2 and 3), [`phi3`] and [`deepseek2`] (DeepSeek's latent attention): the other
+//!   families' blocks; [`moe`]: the routed-experts
 //!   MLP of Qwen3-MoE (in [`qwen3`]'s block) and Mixtral (in [`llama`]'s).
 //! - [`kv_cache`]: the per-sequence key/value cache (its sliding-window layers keep only their
 //!   window); [`kv_format`]: what it stores per position (a dense dtype, or q8_0 / q4_0 blocks
@@ -45,6 +46,7 @@
 pub mod checkpoint;
 pub mod cpu_qmatmul;
 pub mod decoder;
+mod deepseek2;
 mod dense_rows;
 mod error;
 mod gemma;

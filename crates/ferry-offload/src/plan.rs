@@ -265,6 +265,11 @@ pub struct KvLayout {
     pub window_positions: usize,
     /// `(format, bytes of one token in one layer)` for each format, e.g. `("q8_0", 408)`.
     pub per_token_by_format: Vec<(&'static str, u64)>,
+    /// With latent attention (DeepSeek's MLA), the values one token's keys and values would
+    /// take in one layer expanded per head (`heads * (qk_nope + rope + v_head_dim)`), which
+    /// the cache does not hold: what `ferry plan` compares the latent's bytes with. `None`:
+    /// the cache holds the heads' keys and values themselves.
+    pub expanded_values_per_token: Option<usize>,
 }
 
 /// Where everything goes, and what it costs.
