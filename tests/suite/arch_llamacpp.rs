@@ -408,6 +408,59 @@ fn deepseek2_decodes_as_llamacpp_after_a_long_prompt() {
     );
 }
 
+/// The latent cache restored from a prefix's copies (what the prefix cache keeps) and forked
+/// (a request's `n` choices) decodes as the cache computed in one go: the 16 greedy tokens
+/// after 100 prompt tokens are the same from a fresh cache, from 64 restored positions and the
+/// rest computed, and from each of three forks; the cache holds one row of the latent and the
+/// RoPE key per position and layer.
+#[test]
+fn deepseek2_latent_cache_restores_and_forks_as_it_decodes() {
+    use ferry::model::kv_cache::KvCache;
+
+    let fx = expected();
+    let ids = crate::fixtures::ids(&fx["models"]["deepseek2"]["long"]["ids"]);
+    let prompt = &ids[..100];
+    let files = ModelFiles::Gguf {
+        path: dir().join("deepseek2.gguf"),
+    };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DtypeChoice::F32,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
+    let mut layers = loaded.layers;
+    let model = &loaded.model;
+    let mut greedy = |cache: &mut KvCache, tail: &[u32]| -> Vec<u32> {
+        let mut logits = model.forward(tail, cache, &mut layers).unwrap();
+        let mut out = Vec::new();
+        for _ in 0..16 {
+            let next = top_k(&logits.to_vec1::<f32>().unwrap(), 1)[0] as u32;
+            out.push(next);
+            logits = model.forward(&[next], cache, &mut layers).unwrap();
+        }
+        out
+    };
+    let mut full = model.new_cache();
+    let expected = greedy(&mut full, prompt);
+    // 3 layers x 40 f32 values per position: no value rows beside the keys.
+    assert_eq!(full.stored_bytes(), (100 + 16) * 3 * 40 * 4);
+    let span = full.copy_span(0, 64).unwrap();
+    assert_eq!(span.allocated_bytes(), 64 * 3 * 40 * 4);
+    let mut restored = model.new_cache();
+    restored.extend_from_spans(&[&span]).unwrap();
+    assert_eq!(greedy(&mut restored, &prompt[64..]), expected, "restored");
+    // The prompt but its last token, through the decode of the token before it.
+    let mut source = model.new_cache();
+    greedy(&mut source, &prompt[..98]);
+    source.truncate(98);
+    greedy(&mut source, &prompt[98..99]);
+    source.truncate(99);
+    for i in 0..3 {
+        let mut fork = source.fork().unwrap();
+        assert_eq!(greedy(&mut fork, &prompt[99..]), expected, "fork {i}");
+    }
+}
+
 /// What the GGUF reader takes from the `deepseek2` fixtures' metadata, and the latent cache's
 /// size: one row of the latent and the RoPE part per token and layer.
 #[test]

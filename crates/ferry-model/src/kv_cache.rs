@@ -22,6 +22,10 @@
 //! The prefix cache keeps copies of some positions ([`KvSpan`], [`KvCache::copy_span`]) and a new
 //! sequence starts from them ([`KvCache::extend_from_spans`]) instead of computing them again.
 //!
+//! A latent attention layer (DeepSeek's MLA) caches one row per position, the latent and its
+//! RoPE key part, whose first `kv_lora_rank` values are its values ([`KvShape::values_in_keys`]):
+//! no value buffer, the values a view of the keys.
+//!
 //! The buffers hold the cache's own format (`kv_dtype`, [`kv_dtype_for`], [`KvFormat`]): new keys
 //! and values are converted on write, so an f16 or bf16 cache takes half the bytes of an f32 one
 //! and a q8_0 / q4_0 one about 0.53x / 0.28x those of f16.

@@ -107,7 +107,8 @@ impl KvFormat {
             return Err(ModelError::Unsupported(format!(
                 "kv_dtype {}: the latent attention's cache (DeepSeek's `deepseek2`) keeps its \
                  values inside its keys, which the block formats' attention does not read; use \
-                 f16 or bf16 (the latent cache is already about a tenth of an expanded one)",
+                 f16 or bf16 (`ferry plan` shows how much smaller than the expanded keys and values \
+                 the latent cache already is)",
                 self.as_str()
             )));
         }

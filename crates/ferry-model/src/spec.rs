@@ -18,8 +18,8 @@ use super::header::GgufHeader;
 use super::tensors::{FixedPart, Format, Part};
 
 /// The model families ferry implements. The Llama family (Llama, Qwen2, Mistral, and the MoE
-/// families Mixtral, Qwen2-MoE, gpt-oss and GLM-4.5) shares one block; Qwen3, Gemma 2/3 and
-/// Phi-3 have blocks of their own (`super::decoder::block`).
+/// families Mixtral, Qwen2-MoE, gpt-oss and GLM-4.5) shares one block; Qwen3, Gemma 2/3,
+/// Phi-3 and DeepSeek's `deepseek2` have blocks of their own (`super::decoder::block`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     /// Llama 1/2/3, SmolLM, TinyLlama and other `LlamaForCausalLM` checkpoints.

@@ -234,17 +234,17 @@ pub fn attend_heads(
         // the host to be written there.
         let host =
             |t: &Tensor| -> Result<Tensor> { Ok(t.to_device(&Device::Cpu)?.to_dtype(DType::F32)?) };
-        let (hk, hv) = (host(&k)?, host(&v)?);
+        let (hk, hv) = (host(k)?, host(v)?);
         if kv.streams(seq, dims.n_heads, step.pos + seq) {
             // The link is quicker for this step (a long prompt chunk): the positions it
             // attends to cross to the device, and attention runs there.
-            return attend_rotated(&q, &hk, &hv, kv, step, dims, (window, mask, sinks));
+            return attend_rotated(q, &hk, &hv, kv, step, dims, (window, mask, sinks));
         }
         // Else the queries cross too, attention runs on the host (the CPU's tiled kernel, in
         // f32, masking by position), and only its output crosses back, never the cache.
         let no_mask = None;
         let y = attend_rotated(
-            &host(&q)?,
+            &host(q)?,
             &hk,
             &hv,
             kv,
@@ -254,7 +254,7 @@ pub fn attend_heads(
         )?;
         return Ok(y.to_device(q.device())?.to_dtype(q.dtype())?);
     }
-    attend_rotated(&q, &k, &v, kv, step, dims, (window, mask, sinks))
+    attend_rotated(q, k, v, kv, step, dims, (window, mask, sinks))
 }
 
 /// [`attend`] after RoPE, on the device the cache lives on: rotates a block-format cache's
