@@ -461,6 +461,51 @@ fn deepseek2_latent_cache_restores_and_forks_as_it_decodes() {
     }
 }
 
+/// A short chunk on the latent attention (whose CPU attention is the matmul path) computes each
+/// row as its decode step does, bit for bit, as the tiled kernel's short chunks do: the logits
+/// after each of 4 tokens fed at once (what a speculative step verifies) are those of feeding
+/// them one by one.
+#[test]
+fn deepseek2_short_chunk_rows_are_its_decode_steps() {
+    use ferry::model::decoder::SeqInput;
+
+    let fx = expected();
+    let ids = crate::fixtures::ids(&fx["models"]["deepseek2"]["long"]["ids"]);
+    let files = ModelFiles::Gguf {
+        path: dir().join("deepseek2.gguf"),
+    };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DtypeChoice::F32,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
+    let mut layers = loaded.layers;
+    let model = &loaded.model;
+    let mut chunked = model.new_cache();
+    model
+        .forward(&ids[..36], &mut chunked, &mut layers)
+        .unwrap();
+    let mut stepped = chunked.fork().unwrap();
+    let rows = model
+        .forward_rows(
+            &mut [SeqInput {
+                tokens: &ids[36..40],
+                cache: &mut chunked,
+            }],
+            &[4],
+            &mut layers,
+        )
+        .unwrap();
+    for (i, &id) in ids[36..40].iter().enumerate() {
+        let step = model.forward(&[id], &mut stepped, &mut layers).unwrap();
+        let (a, b): (Vec<f32>, Vec<f32>) = (
+            rows.get(i).unwrap().to_vec1().unwrap(),
+            step.to_vec1().unwrap(),
+        );
+        assert!(a == b, "row {i} differs from its decode step");
+    }
+}
+
 /// What the GGUF reader takes from the `deepseek2` fixtures' metadata, and the latent cache's
 /// size: one row of the latent and the RoPE part per token and layer.
 #[test]

@@ -322,15 +322,47 @@ fn attend_stored(
         Ok(t.force_contiguous()?.to_device(q.device())?)
     };
     let (k, v) = (onto(k)?, onto(v)?.contiguous()?);
+    let queries = Queries { pos, window, sinks };
+    if q.device().is_cpu() && (2..=flash_cpu::ROW_BY_ROW).contains(&seq) {
+        // As the tiled kernel runs short chunks: each query row as its decode step computes it
+        // (against the keys up to its position), so a speculative step's verification reads
+        // the logits decoding would give, bit for bit.
+        let rows = (0..seq)
+            .map(|i| {
+                let seen = pos + i + 1;
+                let row = Queries {
+                    pos: pos + i,
+                    ..queries
+                };
+                let (k, v) = (k.narrow(2, 0, seen)?, v.narrow(2, 0, seen)?);
+                against_keys(&q.narrow(2, i, 1)?.contiguous()?, &k, &v, dims, row, None)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        return Ok(Tensor::cat(&rows, 1)?);
+    }
+    let mask = mask.as_ref().filter(|_| first == 0).cloned();
+    against_keys(q, &k, &v, dims, queries, mask)
+}
+
+/// The matmul paths for `q` (`[b, heads, seq, dim]`) against the keys and values held (`k`,
+/// `v`, from the first held position): key block by key block past [`KEY_BLOCK`] keys, else
+/// at once under `mask` (the step's, when it applies), or one built from the positions.
+fn against_keys(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    dims: AttentionDims,
+    queries: Queries<'_>,
+    mask: Option<Tensor>,
+) -> Result<Tensor> {
     if k.dim(2)? > KEY_BLOCK {
-        let queries = Queries { pos, window, sinks };
-        return blocked_attention(q, &k, &v, dims, queries, KEY_BLOCK);
+        return blocked_attention(q, k, v, dims, queries, KEY_BLOCK);
     }
     let mask = match mask {
-        Some(mask) if first == 0 => Some(mask.clone()),
-        _ => causal_mask(seq, pos, window, q.device())?,
+        Some(mask) => Some(mask),
+        None => causal_mask(q.dim(2)?, queries.pos, queries.window, q.device())?,
     };
-    matmul_attention(q, &k, &v, mask.as_ref(), dims, sinks)
+    matmul_attention(q, k, v, mask.as_ref(), dims, queries.sinks)
 }
 
 /// The attention core by candle's matmuls: `q` (`[b, heads, seq, dim]`, RoPE applied)
