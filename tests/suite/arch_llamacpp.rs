@@ -506,6 +506,47 @@ fn deepseek2_short_chunk_rows_are_its_decode_steps() {
     }
 }
 
+/// A `deepseek2` file of an older conversion (no `key_length_mla`: the unsplit `attn_kv_b` that
+/// the absorbed form cannot use) is refused at open with an error that says what to do.
+#[test]
+fn a_deepseek2_file_without_the_split_latent_expansions_is_refused() {
+    use candle_core::quantized::{gguf_file, QTensor};
+    use ferry::model::checkpoint::Checkpoint;
+
+    let mut file = std::fs::File::open(dir().join("deepseek2.gguf")).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let mut metadata = content.metadata.clone();
+    for key in ["key_length_mla", "value_length_mla"] {
+        assert!(metadata
+            .remove(&format!("deepseek2.attention.{key}"))
+            .is_some());
+    }
+    let tensors: Vec<(String, QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|name| {
+            let t = content.tensor(&mut file, name, &Device::Cpu).unwrap();
+            (name.clone(), t)
+        })
+        .collect();
+    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let metadata: Vec<(&str, &gguf_file::Value)> =
+        metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("deepseek2-legacy.gguf");
+    let mut out = std::fs::File::create(&path).unwrap();
+    gguf_file::write(&mut out, &metadata, &refs).unwrap();
+    drop(out);
+    let Err(err) = Checkpoint::open(&ModelFiles::Gguf { path }) else {
+        panic!("a deepseek2 file without key_length_mla opened");
+    };
+    let text = err.to_string();
+    assert!(
+        text.contains("attn_kv_b") && text.contains("convert it again"),
+        "{text}"
+    );
+}
+
 /// What the GGUF reader takes from the `deepseek2` fixtures' metadata, and the latent cache's
 /// size: one row of the latent and the RoPE part per token and layer.
 #[test]
