@@ -61,6 +61,21 @@ llama-cpp-python 0.3.36):
   llama.cpp's top choice after each (fed to llama.cpp in 64-token batches; ferry feeds the
   first 300 in 128-token prefill chunks and steps through the last 64), so the recurrent state
   must carry across chunk boundaries and steps.
+- deepseek2: DeepSeek-V2-Lite's layout (`deepseek2`, multi-head latent attention): no query
+  compression (`attention.q_lora_rank` 0: `attn_q`), `attn_kv_a_mqa` giving the latent
+  (`kv_lora_rank` wide, normed by `attn_kv_a_norm`) and one RoPE part shared by the heads,
+  the split `attn_k_b` / `attn_v_b` (llama.cpp's absorbed form; `key_length` / `value_length`
+  the latent cache's widths, `key_length_mla` / `value_length_mla` the heads', a value width
+  other than the key's no-RoPE width), interleaved RoPE with YaRN (factor 40 and DeepSeek's
+  `yarn_log_multiplier`, which scales the scores), one leading dense layer, softmax routing
+  (no `expert_gating_func`, as V2 GGUFs have none) not renormalised, scaled by
+  `expert_weights_scale` 2, and a shared expert. Greedy continuations, and `long`: a 300-token
+  seeded random prompt with llama.cpp's top choice (and margin) after each prompt token and
+  its 64 greedy tokens after the prompt.
+- deepseek2-v3: DeepSeek-V3's layout with Q8_0 matrices (the 3-D `attn_k_b` / `attn_v_b` too):
+  query compression (`attn_q_a` -> `attn_q_a_norm` -> `attn_q_b`), sigmoid routing with the
+  selection-only `exp_probs_b`, group-limited choice (`expert_group_count` 4, 2 used), the
+  weights normalised and scaled by 2.5.
 Fixtures with `greedy` also record the ids llama.cpp decodes greedily after each prompt (8
 tokens, through its cache). All share one small SentencePiece-style vocabulary (llama.cpp needs tokenizer keys to load a
 model; the prompts are token ids, so nothing is tokenized). Prompts up to 8 tokens, so the
@@ -142,6 +157,17 @@ FIXTURES = {
                        rope_base=1_000_000.0, experts=8, used=2, expert_ff=64, shared_ff=64,
                        shared_gate=False, probs_bias=True, dense_lead=1, nextn=1, layers=3,
                        ffn_norm="post_attention_norm", dtype="q8_0", greedy=8),
+    "deepseek2": dict(arch="deepseek2", mla=dict(q_lora=0, kv_lora=32, nope=16, rope=8, v=20),
+                      kv_heads=1, eps=1e-6, experts=8, used=2, expert_ff=32, shared_ff=32,
+                      shared_gate=False, dense_lead=1, layers=3, yarn=(40.0, 4096),
+                      yarn_log_mul=0.0707, weights_scale=2.0, greedy=8, context=400,
+                      long=(300, 64)),
+    "deepseek2-v3": dict(arch="deepseek2", mla=dict(q_lora=32, kv_lora=32, nope=32, rope=16,
+                                                    v=24),
+                         kv_heads=1, eps=1e-6, experts=8, used=2, expert_ff=32, shared_ff=32,
+                         shared_gate=False, probs_bias=True, dense_lead=1, layers=3,
+                         yarn=(40.0, 4096), yarn_log_mul=0.1, weights_scale=2.5, norm_w=True,
+                         gating="sigmoid", groups=(4, 2), dtype="q8_0", greedy=8),
 }
 
 
@@ -210,6 +236,24 @@ def write(name, cfg):
             tensors[p + "attn_q.weight"] = np.stack(
                 [q.reshape(nh, hd, h), gate.reshape(nh, hd, h)], axis=1).reshape(2 * nh * hd, h)
             tensors[p + "attn_k.weight"], tensors[p + "attn_v.weight"] = k, v
+        elif "mla" in c:
+            m = c["mla"]
+            qk = m["nope"] + m["rope"]
+            if m["q_lora"]:
+                tensors[p + "attn_q_a.weight"] = mat(m["q_lora"], h)
+                tensors[p + "attn_q_a_norm.weight"] = norm(m["q_lora"])
+                tensors[p + "attn_q_b.weight"] = mat(nh * qk, m["q_lora"], 2.0)
+            else:
+                tensors[p + "attn_q.weight"] = mat(nh * qk, h, 2.0)
+            tensors[p + "attn_kv_a_mqa.weight"] = mat(m["kv_lora"] + m["rope"], h, 2.0)
+            tensors[p + "attn_kv_a_norm.weight"] = norm(m["kv_lora"])
+            # llama.cpp's split of kv_b: per head, k_b `[kv_lora, nope]` (transposed) and v_b
+            # `[v, kv_lora]` (ggml's {nope, kv_lora, heads} and {kv_lora, v, heads}).
+            tensors[p + "attn_k_b.weight"] = np.stack(
+                [mat(m["nope"], m["kv_lora"], 2.0).T.copy() for _ in range(nh)])
+            tensors[p + "attn_v_b.weight"] = np.stack(
+                [mat(m["v"], m["kv_lora"]) for _ in range(nh)])
+            tensors[p + "attn_output.weight"] = mat(h, nh * m["v"])
         elif arch == "phi3":
             tensors[p + "attn_qkv.weight"] = np.concatenate([q, k, v])
         else:
@@ -218,7 +262,7 @@ def write(name, cfg):
         if c["qkv_bias"]:
             for part, n in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
                 tensors[p + f"attn_{part}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
-        if not qwen35 or (i + 1) % interval == 0:
+        if "mla" not in c and (not qwen35 or (i + 1) % interval == 0):
             tensors[p + "attn_output.weight"] = mat(h, nh * hd)
         if c["o_bias"]:
             tensors[p + "attn_output.bias"] = (0.5 * rng.standard_normal(h)).astype(np.float32)
@@ -280,9 +324,20 @@ def write(name, cfg):
     w.add_block_count(c["layers"] + c["nextn"])
     w.add_head_count(nh)
     w.add_head_count_kv(nkv)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_rope_dimension_count(c["rope_dim"] or hd)
+    if "mla" in c:
+        # The converter's MLA numbers: the cached latent's widths, then the heads'.
+        m = c["mla"]
+        w.add_q_lora_rank(m["q_lora"])
+        w.add_kv_lora_rank(m["kv_lora"])
+        w.add_key_length(m["kv_lora"] + m["rope"])
+        w.add_value_length(m["kv_lora"])
+        w.add_key_length_mla(m["nope"] + m["rope"])
+        w.add_value_length_mla(m["v"])
+        w.add_rope_dimension_count(m["rope"])
+    else:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_rope_dimension_count(c["rope_dim"] or hd)
     w.add_rope_freq_base(c["rope_base"])
     w.add_layer_norm_rms_eps(c["eps"])
     w.add_vocab_size(VOCAB)
@@ -293,7 +348,7 @@ def write(name, cfg):
             # llama.cpp's `llama` sizes experts by feed_forward_length (Mixtral's converter
             # writes no expert width).
             w.add_expert_feed_forward_length(c["expert_ff"])
-        if c["shared_ff"] and arch == "glm4moe":
+        if c["shared_ff"] and arch in ("glm4moe", "deepseek2"):
             # GLM's shared experts are `expert_shared_count` experts wide.
             w.add_expert_shared_count(c["shared_ff"] // c["expert_ff"])
         elif c["shared_ff"]:
@@ -314,6 +369,19 @@ def write(name, cfg):
         w.add_expert_weights_norm(True)
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         w.add_nextn_predict_layers(c["nextn"])
+    if arch == "deepseek2":
+        w.add_leading_dense_block_count(c["dense_lead"])
+        w.add_expert_weights_scale(c["weights_scale"])
+        if c.get("norm_w"):
+            w.add_expert_weights_norm(True)
+        if c.get("gating") == "sigmoid":
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        if "groups" in c:
+            w.add_expert_group_count(c["groups"][0])
+            w.add_expert_group_used_count(c["groups"][1])
+    if "yarn_log_mul" in c:
+        # 0.1 * mscale_all_dim, as DeepSeek's converter writes it.
+        w.add_rope_scaling_yarn_log_mul(c["yarn_log_mul"])
     if "window" in c:
         w.add_sliding_window(c["window"])
     if "window_pattern" in c:
@@ -395,6 +463,29 @@ def forced_oracle(path, n, context):
     return {"ids": ids, "top1": [int(t) for t in top], "margin": [float(m) for m in margin]}
 
 
+def long_oracle(path, n, greedy, context):
+    """A seeded random prompt of `n` tokens (evaluated in batches of `CONTEXT`): llama.cpp's top
+    choice and margin after each prompt token, then the `greedy` ids it decodes after the
+    prompt (one at a time, through the context's cache)."""
+    rng = np.random.default_rng(29)
+    ids = [int(i) for i in rng.integers(3, VOCAB, size=n)]
+    llm = open_llama(path, context)
+    llm.eval(ids)
+    scores = np.array(llm.scores[:n], dtype=np.float32)
+    order = np.argsort(-scores, axis=1, kind="stable")
+    top = order[:, 0]
+    margin = scores[np.arange(n), top] - scores[np.arange(n), order[:, 1]]
+    decoded, last = [], scores[n - 1]
+    for _ in range(greedy):
+        token = int(np.argmax(last))
+        decoded.append(token)
+        llm.eval([token])
+        last = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+    llm.close()
+    return {"ids": ids, "top1": [int(t) for t in top], "margin": [float(m) for m in margin],
+            "greedy": decoded}
+
+
 def oracle(path, greedy, context=CONTEXT, prompts=None):
     """llama.cpp's last-position logits for each prompt, each prompt in a fresh context, and
     with `greedy` the ids of that many tokens decoded greedily after it (one at a time, through
@@ -443,6 +534,10 @@ def main():
                                         "results": oracle(path, cfg.get("greedy", 0),
                                                           cfg.get("context", CONTEXT),
                                                           cfg.get("prompts"))}
+            if cfg.get("long"):
+                n, greedy = cfg["long"]
+                expected["models"][name]["long"] = long_oracle(
+                    path, n, greedy, cfg.get("context", CONTEXT))
             if cfg.get("forced"):
                 expected["models"][name]["forced"] = forced_oracle(
                     path, cfg["forced"], cfg.get("context", CONTEXT))

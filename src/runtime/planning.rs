@@ -15,8 +15,8 @@ use ferry_config::{DeviceConfig, DtypeChoice, KvOffload, ModelConfig, OffloadMod
 use ferry_model::checkpoint::Checkpoint;
 use ferry_model::decoder::attention::score_block;
 use ferry_model::header::GgufType;
-use ferry_model::kv_cache::{kv_dtype_for, window_positions};
-use ferry_model::kv_format::{self, KvFormat};
+use ferry_model::kv_cache::{kv_dtype_for, window_positions, KvShape};
+use ferry_model::kv_format::KvFormat;
 use ferry_model::loader::{Holding, LoadOptions};
 use ferry_model::recurrent_state::RecurrentShape;
 use ferry_model::source::{self, HubOptions, ModelSource};
@@ -146,8 +146,9 @@ pub fn plan_beside(
         KvOffload::On => Device::Cpu,
         _ => device.clone(),
     };
-    kv_dtype.check(spec.head_dim, &kv_device).map_err(wrap)?;
-    let kv_per_token = kv_bytes_per_token_per_layer(spec.n_kv_heads, spec.head_dim, kv_dtype);
+    let kv_shape = KvShape::of(spec);
+    kv_dtype.check(&kv_shape, &kv_device).map_err(wrap)?;
+    let kv_per_token = kv_bytes_per_token_per_layer(kv_shape, kv_dtype);
     let kv_layout = kv_layout(spec, model.max_step_tokens);
     let reserve_bytes = match device {
         Device::Cpu => DEFAULT_CPU_RESERVE_BYTES,
@@ -286,8 +287,11 @@ fn kv_offload_for(setting: KvOffload, format: KvFormat, device: &Device) -> KvOf
 
 /// The KV cache's layout for `spec`: its sliding-window layers (each keeps at most its window,
 /// the slack and one step of `max_step` tokens) and one token's bytes per layer in every format
-/// the cache holds (the block formats only where the heads are whole blocks).
+/// the cache holds (the block formats only where the heads are whole blocks and the values
+/// have rows of their own); with latent attention, the values the heads' expanded keys and
+/// values would take.
 fn kv_layout(spec: &ModelSpec, max_step: usize) -> KvLayout {
+    let shape = KvShape::of(spec);
     let windows: Vec<usize> = (0..spec.n_layers)
         .filter_map(|i| spec.layer_window(i))
         .collect();
@@ -315,14 +319,14 @@ fn kv_layout(spec: &ModelSpec, max_step: usize) -> KvLayout {
         },
         per_token_by_format: formats
             .into_iter()
-            .filter(|f| !f.is_quantized() || spec.head_dim.is_multiple_of(kv_format::BLOCK))
-            .map(|f| {
-                let bytes = kv_bytes_per_token_per_layer(spec.n_kv_heads, spec.head_dim, f);
-                (f.as_str(), bytes)
-            })
+            .filter(|f| f.check(&shape, &Device::Cpu).is_ok())
+            .map(|f| (f.as_str(), kv_bytes_per_token_per_layer(shape, f)))
             .collect(),
         recurrent_layers: recurrent.len(),
         recurrent_bytes_per_seq: recurrent.iter().map(|s| s.bytes() as u64).sum(),
+        expanded_values_per_token: spec
+            .mla
+            .map(|m| spec.n_heads * (m.q_head_dim(spec.rope_dim) + m.v_head_dim)),
     }
 }
 

@@ -1,6 +1,7 @@
 //! ferry's architecture families against llama.cpp itself: the tiny random-weight GGUFs in
 //! tests/fixtures/arch-llamacpp/ (Llama, Llama Q8_0, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2,
-//! Gemma 3, Phi-3, gpt-oss in f32 and with MXFP4 experts, Qwen2-MoE, GLM-4.5 in f32 and Q8_0;
+//! Gemma 3, Phi-3, gpt-oss in f32 and with MXFP4 experts, Qwen2-MoE, GLM-4.5 in f32 and Q8_0,
+//! DeepSeek's `deepseek2` in V2-Lite's layout (f32) and V3's (Q8_0);
 //! written with the `gguf` package as llama.cpp's converter names things) and the
 //! last-position logits llama.cpp (llama-cpp-python) gave five token-id prompts on each
 //! (scripts/make-arch-fixture-llamacpp.py). ferry loads the same files through its loader and
@@ -311,6 +312,323 @@ fn glm4_moe_q8_0_matches_llamacpp() {
     check_held("glm4moe-q8", DtypeChoice::Auto, 1e-4, 5);
 }
 
+/// DeepSeek-V2-Lite's layout (`deepseek2`): latent attention without query compression, its
+/// cache only the latent and the shared RoPE key, in the absorbed form; interleaved RoPE on the
+/// RoPE parts with YaRN and DeepSeek's score scale; a dense first layer, softmax routing
+/// (not renormalised, scaled by 2) and a shared expert. f32 weights.
+#[test]
+fn deepseek2_matches_llamacpp() {
+    check_top1("deepseek2", 1e-4, 5);
+}
+
+/// DeepSeek-V3's layout with Q8_0 matrices (the per-head `attn_k_b` / `attn_v_b` too), held as
+/// Q8_0: query compression, sigmoid routing with the selection-only bias, expert groups, the
+/// weights normalised and scaled by 2.5.
+#[test]
+fn deepseek2_v3_q8_0_matches_llamacpp() {
+    check_held("deepseek2-v3", DtypeChoice::Auto, 1e-4, 5);
+}
+
+/// Issue 29: a 300-token seeded random prompt on the `deepseek2` fixture. Fed one token per
+/// step, ferry's top choice after each is llama.cpp's (where llama.cpp's margin is above float
+/// noise); then, the prompt prefilled in chunks of 128 (so the latent cache is carried across
+/// chunks) or fed token by token, the 64 tokens decoded greedily after it are llama.cpp's.
+#[test]
+fn deepseek2_decodes_as_llamacpp_after_a_long_prompt() {
+    use candle_core::Tensor;
+    use ferry::model::decoder::LayerSource;
+    use ferry::model::kv_cache::KvCache;
+
+    let fx = expected();
+    let long = &fx["models"]["deepseek2"]["long"];
+    let ids = crate::fixtures::ids(&long["ids"]);
+    let theirs = crate::fixtures::ids(&long["top1"]);
+    let greedy = crate::fixtures::ids(&long["greedy"]);
+    let margins: Vec<f64> = long["margin"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_f64().unwrap())
+        .collect();
+    let files = ModelFiles::Gguf {
+        path: dir().join("deepseek2.gguf"),
+    };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DtypeChoice::F32,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
+    let mut layers = loaded.layers;
+    let model = &loaded.model;
+    let decode = |layers: &mut dyn LayerSource, cache: &mut KvCache, logits: Tensor| {
+        let mut logits = logits;
+        let mut decoded = Vec::new();
+        for _ in 0..greedy.len() {
+            let next = top_k(&logits.to_vec1::<f32>().unwrap(), 1)[0] as u32;
+            decoded.push(next);
+            logits = model.forward(&[next], cache, layers).unwrap();
+        }
+        decoded
+    };
+    // Token by token.
+    let mut cache = model.new_cache();
+    let (mut compared, mut differ, mut last) = (0, Vec::new(), None);
+    for (i, &id) in ids.iter().enumerate() {
+        let logits = model.forward(&[id], &mut cache, &mut layers).unwrap();
+        let ours = top_k(&logits.to_vec1::<f32>().unwrap(), 1)[0] as u32;
+        if margins[i] > 1e-3 {
+            compared += 1;
+            if ours != theirs[i] {
+                differ.push((i, ours, theirs[i], margins[i]));
+            }
+        }
+        last = Some(logits);
+    }
+    println!("deepseek2: {compared} of {} positions compared", ids.len());
+    assert!(compared > 290, "{compared}");
+    assert!(
+        differ.is_empty(),
+        "(position, ours, llama.cpp, margin): {differ:?}"
+    );
+    assert_eq!(
+        decode(&mut layers, &mut cache, last.unwrap()),
+        greedy,
+        "token by token"
+    );
+    // In chunks of 128.
+    let mut cache = model.new_cache();
+    let mut logits = None;
+    for chunk in ids.chunks(128) {
+        logits = Some(model.forward(chunk, &mut cache, &mut layers).unwrap());
+    }
+    assert_eq!(
+        decode(&mut layers, &mut cache, logits.unwrap()),
+        greedy,
+        "in chunks"
+    );
+}
+
+/// The latent cache restored from a prefix's copies (what the prefix cache keeps) and forked
+/// (a request's `n` choices) decodes as the cache computed in one go: the 16 greedy tokens
+/// after 100 prompt tokens are the same from a fresh cache, from 64 restored positions and the
+/// rest computed, and from each of three forks; the cache holds one row of the latent and the
+/// RoPE key per position and layer.
+#[test]
+fn deepseek2_latent_cache_restores_and_forks_as_it_decodes() {
+    use ferry::model::kv_cache::KvCache;
+
+    let fx = expected();
+    let ids = crate::fixtures::ids(&fx["models"]["deepseek2"]["long"]["ids"]);
+    let prompt = &ids[..100];
+    let files = ModelFiles::Gguf {
+        path: dir().join("deepseek2.gguf"),
+    };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DtypeChoice::F32,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
+    let mut layers = loaded.layers;
+    let model = &loaded.model;
+    let mut greedy = |cache: &mut KvCache, tail: &[u32]| -> Vec<u32> {
+        let mut logits = model.forward(tail, cache, &mut layers).unwrap();
+        let mut out = Vec::new();
+        for _ in 0..16 {
+            let next = top_k(&logits.to_vec1::<f32>().unwrap(), 1)[0] as u32;
+            out.push(next);
+            logits = model.forward(&[next], cache, &mut layers).unwrap();
+        }
+        out
+    };
+    let mut full = model.new_cache();
+    let expected = greedy(&mut full, prompt);
+    // 3 layers x 40 f32 values per position: no value rows beside the keys.
+    assert_eq!(full.stored_bytes(), (100 + 16) * 3 * 40 * 4);
+    let span = full.copy_span(0, 64).unwrap();
+    assert_eq!(span.allocated_bytes(), 64 * 3 * 40 * 4);
+    let mut restored = model.new_cache();
+    restored.extend_from_spans(&[&span]).unwrap();
+    assert_eq!(greedy(&mut restored, &prompt[64..]), expected, "restored");
+    // The prompt but its last token, through the decode of the token before it.
+    let mut source = model.new_cache();
+    greedy(&mut source, &prompt[..98]);
+    source.truncate(98).unwrap();
+    greedy(&mut source, &prompt[98..99]);
+    source.truncate(99).unwrap();
+    for i in 0..3 {
+        let mut fork = source.fork().unwrap();
+        assert_eq!(greedy(&mut fork, &prompt[99..]), expected, "fork {i}");
+    }
+}
+
+/// A short chunk on the latent attention (whose CPU attention is the matmul path) computes each
+/// row as its decode step does, bit for bit, as the tiled kernel's short chunks do: the logits
+/// after each of 4 tokens fed at once (what a speculative step verifies) are those of feeding
+/// them one by one.
+#[test]
+fn deepseek2_short_chunk_rows_are_its_decode_steps() {
+    use ferry::model::decoder::SeqInput;
+
+    let fx = expected();
+    let ids = crate::fixtures::ids(&fx["models"]["deepseek2"]["long"]["ids"]);
+    let files = ModelFiles::Gguf {
+        path: dir().join("deepseek2.gguf"),
+    };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DtypeChoice::F32,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).unwrap();
+    let mut layers = loaded.layers;
+    let model = &loaded.model;
+    let mut chunked = model.new_cache();
+    model
+        .forward(&ids[..36], &mut chunked, &mut layers)
+        .unwrap();
+    let mut stepped = chunked.fork().unwrap();
+    let rows = model
+        .forward_rows(
+            &mut [SeqInput {
+                tokens: &ids[36..40],
+                cache: &mut chunked,
+            }],
+            &[4],
+            &mut layers,
+        )
+        .unwrap();
+    for (i, &id) in ids[36..40].iter().enumerate() {
+        let step = model.forward(&[id], &mut stepped, &mut layers).unwrap();
+        let (a, b): (Vec<f32>, Vec<f32>) = (
+            rows.get(i).unwrap().to_vec1().unwrap(),
+            step.to_vec1().unwrap(),
+        );
+        assert!(a == b, "row {i} differs from its decode step");
+    }
+}
+
+/// A `deepseek2` file of an older conversion (no `key_length_mla`: the unsplit `attn_kv_b` that
+/// the absorbed form cannot use) is refused at open with an error that says what to do.
+#[test]
+fn a_deepseek2_file_without_the_split_latent_expansions_is_refused() {
+    use candle_core::quantized::{gguf_file, QTensor};
+    use ferry::model::checkpoint::Checkpoint;
+
+    let mut file = std::fs::File::open(dir().join("deepseek2.gguf")).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let mut metadata = content.metadata.clone();
+    for key in ["key_length_mla", "value_length_mla"] {
+        assert!(metadata
+            .remove(&format!("deepseek2.attention.{key}"))
+            .is_some());
+    }
+    let tensors: Vec<(String, QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|name| {
+            let t = content.tensor(&mut file, name, &Device::Cpu).unwrap();
+            (name.clone(), t)
+        })
+        .collect();
+    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let metadata: Vec<(&str, &gguf_file::Value)> =
+        metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("deepseek2-legacy.gguf");
+    let mut out = std::fs::File::create(&path).unwrap();
+    gguf_file::write(&mut out, &metadata, &refs).unwrap();
+    drop(out);
+    let Err(err) = Checkpoint::open(&ModelFiles::Gguf { path }) else {
+        panic!("a deepseek2 file without key_length_mla opened");
+    };
+    let text = err.to_string();
+    assert!(
+        text.contains("attn_kv_b") && text.contains("convert it again"),
+        "{text}"
+    );
+}
+
+/// What the GGUF reader takes from the `deepseek2` fixtures' metadata, and the latent cache's
+/// size: one row of the latent and the RoPE part per token and layer.
+#[test]
+fn deepseek2_metadata_is_read() {
+    use ferry::model::checkpoint::Checkpoint;
+    use ferry::model::kv_cache::KvShape;
+    use ferry::model::spec::{ExpertGroups, Gating};
+
+    let open = |file: &str| {
+        Checkpoint::open(&ModelFiles::Gguf {
+            path: dir().join(file),
+        })
+        .unwrap()
+    };
+    let lite = open("deepseek2.gguf");
+    let spec = lite.spec();
+    assert_eq!(spec.architecture.name(), "deepseek2");
+    let mla = spec.mla.unwrap();
+    assert_eq!(
+        (
+            mla.q_lora_rank,
+            mla.kv_lora_rank,
+            mla.qk_nope_dim,
+            mla.v_head_dim
+        ),
+        (0, 32, 16, 20)
+    );
+    assert_eq!((spec.n_kv_heads, spec.head_dim, spec.rope_dim), (1, 40, 8));
+    assert!(spec.rope_interleaved);
+    let yarn = spec.rope_yarn.unwrap();
+    assert_eq!((yarn.factor, yarn.magnitude), (40.0, 1.0));
+    // (1 + 0.1 * 0.707 * ln 40)^2 / sqrt(16 + 8).
+    let mscale = 1.0 + 0.1 * (0.0707f64 / 0.1) * 40f64.ln();
+    assert!((mla.score_scale - mscale * mscale / 24f64.sqrt()).abs() < 1e-6);
+    let moe = spec.moe.unwrap();
+    assert_eq!(
+        (
+            moe.gating,
+            moe.norm_topk,
+            moe.selection_bias,
+            moe.weights_scale
+        ),
+        (Gating::Softmax, false, false, 2.0)
+    );
+    assert_eq!((moe.dense_lead, moe.shared_ff), (1, Some(32)));
+    assert_eq!(moe.groups, ExpertGroups::NONE);
+    // 40 values per token and layer, its values the first 32 of them: no second row.
+    let shape = KvShape::of(spec);
+    assert_eq!(shape.values_in_keys, Some(32));
+    let f32 = ferry::model::kv_format::KvFormat::Dense(candle_core::DType::F32);
+    assert_eq!(shape.bytes_per_position(f32), 40 * 4);
+    // Each head's k_b and v_b are records of their own.
+    let layer = &lite.tensors().layers[1];
+    let heads = |part| layer.tensors.iter().filter(|(p, _)| *p == part).count();
+    use ferry::model::tensors::Part;
+    assert_eq!((heads(Part::KB), heads(Part::VB)), (4, 4));
+
+    let v3 = open("deepseek2-v3.gguf");
+    let spec = v3.spec();
+    let mla = spec.mla.unwrap();
+    assert_eq!(
+        (
+            mla.q_lora_rank,
+            mla.kv_lora_rank,
+            mla.qk_nope_dim,
+            mla.v_head_dim
+        ),
+        (32, 32, 32, 24)
+    );
+    let moe = spec.moe.unwrap();
+    assert_eq!(
+        (
+            moe.gating,
+            moe.norm_topk,
+            moe.selection_bias,
+            moe.weights_scale
+        ),
+        (Gating::Sigmoid, true, true, 2.5)
+    );
+    assert_eq!(moe.groups, ExpertGroups { count: 4, used: 2 });
+}
+
 /// What the GGUF reader takes from the GLM-4.5 fixtures' metadata: every feature above from
 /// its own key, and the multi-token-prediction block counted apart from the layers that run.
 #[test]
@@ -389,6 +707,7 @@ fn gpt_oss_and_qwen2_moe_metadata_is_read() {
             original_context: 4096,
             beta_fast: 32.0,
             beta_slow: 1.0,
+            magnitude: 1.0 + 0.1 * 32f32.ln(),
         })
     );
     assert_eq!(spec.rope_linear_factor, None);

@@ -291,7 +291,9 @@ fn tiny_families_host_tier_decodes_like_none() {
 
 /// Issue 28's families (the llama.cpp-checked fixtures: gpt-oss with MXFP4 experts, Qwen2-MoE
 /// with its shared expert, GLM-4.5 with a dense first layer and its ungated shared expert) and
-/// issue 29's Qwen3.5-MoE (Gated DeltaNet layers) on the host tier, quantized and dequantized. With 2 layers only prefetch 0 offloads anything
+/// issue 29's Qwen3.5-MoE (Gated DeltaNet layers) and DeepSeek-V3's layout (`deepseek2-v3`:
+/// latent attention, grouped sigmoid routing) on the host tier, quantized and dequantized.
+/// With 2 layers only prefetch 0 offloads anything
 /// (a ring of two slots is as big as both layers).
 #[test]
 fn issue_28_moe_families_host_tier_decodes_like_none() {
@@ -300,6 +302,7 @@ fn issue_28_moe_families_host_tier_decodes_like_none() {
         "qwen2moe.gguf",
         "glm4moe-q8.gguf",
         "qwen35moe-q8.gguf",
+        "deepseek2-v3.gguf",
     ] {
         let path = crate::fixtures::path("arch-llamacpp").join(file);
         for dtype in [DtypeChoice::Auto, DtypeChoice::F32] {

@@ -371,8 +371,13 @@ fn gpt_oss_and_qwen2_moe_placements_decode_the_tokens_of_none() {
 }
 
 #[test]
-fn glm4_moe_placements_decode_the_tokens_of_none() {
-    for file in ["glm4moe.gguf", "glm4moe-q8.gguf"] {
+fn glm4_moe_and_deepseek2_placements_decode_the_tokens_of_none() {
+    for file in [
+        "glm4moe.gguf",
+        "glm4moe-q8.gguf",
+        "deepseek2.gguf",
+        "deepseek2-v3.gguf",
+    ] {
         println!("{file}");
         every_placement_matches_none(&crate::fixtures::path("arch-llamacpp").join(file));
     }

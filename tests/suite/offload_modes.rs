@@ -295,9 +295,11 @@ fn tiny_families_decode_like_none_in_every_mode() {
 
 /// Issue 28's families (the llama.cpp-checked fixtures, 2 layers: gpt-oss with MXFP4 and f32
 /// experts, Qwen2-MoE; 3 for GLM-4.5 in f32 and Q8_0, its first one dense) and issue 29's
-/// Qwen3.5-MoE (4 layers, 3 of them Gated DeltaNet, in f32 and Q8_0) stream whole layers like
-/// the others: their sinks, biases, stacked expert biases, correction bias, shared expert and
-/// DeltaNet tensors travel in the layer's slot (the recurrent state stays with the sequence). No layer resident (with 2 layers, one resident and a
+/// Qwen3.5-MoE (4 layers, 3 of them Gated DeltaNet, in f32 and Q8_0) and DeepSeek (`deepseek2`,
+/// V2-Lite's layout in f32 and V3's in Q8_0, 3 layers, the first dense) stream whole layers like
+/// the others: their sinks, biases, stacked expert biases, correction bias, shared expert,
+/// DeltaNet tensors and per-head latent expansions travel in the layer's slot (a recurrent state
+/// stays with the sequence). No layer resident (with 2 layers, one resident and a
 /// slot is as big as both resident).
 #[test]
 fn issue_28_moe_families_decode_like_none_in_every_mode() {
@@ -310,6 +312,8 @@ fn issue_28_moe_families_decode_like_none_in_every_mode() {
         "glm4moe-q8.gguf",
         "qwen35moe.gguf",
         "qwen35moe-q8.gguf",
+        "deepseek2.gguf",
+        "deepseek2-v3.gguf",
     ] {
         let source = crate::fixtures::path("arch-llamacpp")
             .join(file)

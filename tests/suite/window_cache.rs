@@ -39,10 +39,7 @@ fn gemma3(dir: &std::path::Path) -> LoadedModel {
 /// A cache of the same shape that keeps every position of every layer.
 fn full_cache(loaded: &LoadedModel) -> KvCache {
     let spec = loaded.model.spec();
-    let shape = KvShape {
-        n_kv_heads: spec.n_kv_heads,
-        head_dim: spec.head_dim,
-    };
+    let shape = KvShape::gqa(spec.n_kv_heads, spec.head_dim);
     KvCache::new(
         spec.n_layers,
         shape,

@@ -28,6 +28,10 @@
 //! cannot be cut back ([`KvCache::truncate`] refuses, except to empty) nor copied out by
 //! position ([`KvCache::copy_span`] refuses).
 //!
+//! A latent attention layer (DeepSeek's MLA) caches one row per position, the latent and its
+//! RoPE key part, whose first `kv_lora_rank` values are its values ([`KvShape::values_in_keys`]):
+//! no value buffer, the values a view of the keys.
+//!
 //! The buffers hold the cache's own format (`kv_dtype`, [`kv_dtype_for`], [`KvFormat`]): new keys
 //! and values are converted on write, so an f16 or bf16 cache takes half the bytes of an f32 one
 //! and a q8_0 / q4_0 one about 0.53x / 0.28x those of f16.
@@ -37,6 +41,7 @@ use candle_core::{DType, Device, Tensor};
 use super::error::{ModelError, Result};
 use super::kv_format::KvFormat;
 use super::recurrent_state::{RecurrentShape, RecurrentState};
+use super::spec::ModelSpec;
 use ferry_config::{DtypeChoice, QuantType};
 
 /// The KV cache's dtype for the setting `choice` with activations in `compute`: a set dtype as
@@ -112,8 +117,48 @@ impl HostKvRates {
 pub struct KvShape {
     /// Key/value heads.
     pub n_kv_heads: usize,
-    /// Width of one head.
+    /// Width of one head (of its keys).
     pub head_dim: usize,
+    /// The values are the first this many of each key row rather than rows of their own (the
+    /// latent attention's cache: a key row is the latent and its RoPE part, the value the
+    /// latent): one buffer, the values a view of it. `None`: values of `head_dim` apart.
+    pub values_in_keys: Option<usize>,
+}
+
+impl KvShape {
+    /// Grouped-query attention's cache: `n_kv_heads` heads of `head_dim` keys and as many values.
+    pub fn gqa(n_kv_heads: usize, head_dim: usize) -> Self {
+        Self {
+            n_kv_heads,
+            head_dim,
+            values_in_keys: None,
+        }
+    }
+
+    /// The cache of a model with `spec`: its key/value heads, or with latent attention one row
+    /// of the latent and the RoPE part per position, the values its first `kv_lora_rank`.
+    pub fn of(spec: &ModelSpec) -> Self {
+        Self {
+            n_kv_heads: spec.n_kv_heads,
+            head_dim: spec.head_dim,
+            values_in_keys: spec.mla.map(|m| m.kv_lora_rank),
+        }
+    }
+
+    /// Width of one value row.
+    pub fn value_dim(&self) -> usize {
+        self.values_in_keys.unwrap_or(self.head_dim)
+    }
+
+    /// Bytes one position takes in one layer stored in `format`: a key row per head and, unless
+    /// the values are in the keys, a value row ([`KvFormat::row_bytes`]).
+    pub fn bytes_per_position(&self, format: KvFormat) -> usize {
+        let rows = match self.values_in_keys {
+            Some(_) => 1,
+            None => 2,
+        };
+        rows * self.n_kv_heads * format.row_bytes(self.head_dim)
+    }
 }
 
 /// What one layer of a sequence keeps: keys and values, or a recurrent state.
@@ -563,13 +608,30 @@ impl LayerKv {
         if rows > self.capacity() {
             self.grow(pos - self.first, rows, seq)?;
         }
-        let (kb, vb) = match (&self.k, &self.v) {
-            (Some(kb), Some(vb)) => (kb, vb),
-            _ => return Err(candle_core::Error::Msg("kv cache buffers missing".into()).into()),
+        self.set_rows(pos - self.first, k, v)?;
+        let keys = self.keys()?.narrow(2, 0, rows)?;
+        let values = match (&self.v, self.shape.values_in_keys) {
+            (Some(vb), _) => vb.narrow(2, 0, rows)?,
+            (None, Some(n)) => keys.narrow(3, 0, self.format.row_len(n))?,
+            (None, None) => return Err(buffers_missing()),
         };
-        kb.slice_set(&k.contiguous()?, 2, pos - self.first)?;
-        vb.slice_set(&v.contiguous()?, 2, pos - self.first)?;
-        Ok((kb.narrow(2, 0, rows)?, vb.narrow(2, 0, rows)?))
+        Ok((keys, values))
+    }
+
+    /// The key buffer.
+    fn keys(&self) -> Result<&Tensor> {
+        self.k.as_ref().ok_or_else(buffers_missing)
+    }
+
+    /// Writes `k` and `v` (stored format) at buffer row `row`: the values only where they have
+    /// a buffer of their own.
+    fn set_rows(&self, row: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        self.keys()?.slice_set(&k.contiguous()?, 2, row)?;
+        match (&self.v, self.shape.values_in_keys) {
+            (Some(vb), _) => Ok(vb.slice_set(&v.contiguous()?, 2, row)?),
+            (None, Some(_)) => Ok(()),
+            (None, None) => Err(buffers_missing()),
+        }
     }
 
     /// [`Self::write_stored`] of positions no query of this write reads (a restored prefix): a
@@ -591,12 +653,11 @@ impl LayerKv {
         if rows > self.capacity() {
             self.grow(0, rows, rows)?;
         }
-        let (Some(kb), Some(vb)) = (&self.k, &self.v) else {
-            return Err(candle_core::Error::Msg("kv cache buffers missing".into()).into());
+        let values = match self.v {
+            Some(_) => v.narrow(2, skip, rows)?,
+            None => v.clone(),
         };
-        kb.slice_set(&k.narrow(2, skip, rows)?.contiguous()?, 2, 0)?;
-        vb.slice_set(&v.narrow(2, skip, rows)?.contiguous()?, 2, 0)?;
-        Ok(())
+        self.set_rows(0, &k.narrow(2, skip, rows)?, &values)
     }
 
     /// Moves positions `keep_from..pos` to the front of the buffers and forgets the older ones
@@ -605,14 +666,15 @@ impl LayerKv {
         if keep_from <= self.first {
             return Ok(());
         }
-        if let (Some(kb), Some(vb)) = (&self.k, &self.v) {
-            let (from, rows) = (keep_from - self.first, pos - keep_from);
-            if rows > 0 {
-                // Own copies first: the rows move within the same buffers.
-                let keys = kb.narrow(2, from, rows)?.force_contiguous()?;
-                let values = vb.narrow(2, from, rows)?.force_contiguous()?;
-                kb.slice_set(&keys, 2, 0)?;
-                vb.slice_set(&values, 2, 0)?;
+        let (from, rows) = (
+            keep_from.saturating_sub(self.first),
+            pos.saturating_sub(keep_from),
+        );
+        if rows > 0 {
+            // Own copies first: the rows move within the same buffers.
+            for buffer in [&self.k, &self.v].into_iter().flatten() {
+                let moved = buffer.narrow(2, from, rows)?.force_contiguous()?;
+                buffer.slice_set(&moved, 2, 0)?;
             }
         }
         self.first = keep_from;
@@ -621,12 +683,12 @@ impl LayerKv {
 
     /// A copy with its own buffers of the same capacity, holding positions `first..len`.
     fn fork(&self, len: usize) -> Result<Self> {
-        let (k, v) = match (&self.k, &self.v) {
-            (Some(_), Some(_)) => {
+        let (k, v) = match &self.k {
+            Some(_) => {
                 let (k, v) = self.copied_into(self.capacity(), len.saturating_sub(self.first))?;
-                (Some(k), Some(v))
+                (Some(k), v)
             }
-            _ => (None, None),
+            None => (None, None),
         };
         Ok(Self {
             k,
@@ -651,10 +713,10 @@ impl LayerKv {
     /// `copy` clones the whole storage under a view, so every span kept the layer's full
     /// buffers alive; nor `contiguous`, which returns the view itself when the narrowed
     /// positions happen to be contiguous, as they are with one key/value head.)
+    /// Values in the keys ([`KvShape::values_in_keys`]) are in the keys' copy: the values'
+    /// copy is then empty (no positions' bytes, `[1, heads, len, 0]`).
     fn copy_span(&self, start: usize, len: usize) -> Result<(Tensor, Tensor)> {
-        let (Some(k), Some(v)) = (&self.k, &self.v) else {
-            return Err(candle_core::Error::Msg("kv cache buffers missing".into()).into());
-        };
+        let k = self.keys()?;
         if start < self.first {
             return Err(candle_core::Error::Msg(format!(
                 "kv span from position {start}: a sliding-window layer holds {}.. only",
@@ -663,10 +725,12 @@ impl LayerKv {
             .into());
         }
         let row = start - self.first;
-        Ok((
-            k.narrow(2, row, len)?.force_contiguous()?,
-            v.narrow(2, row, len)?.force_contiguous()?,
-        ))
+        let keys = k.narrow(2, row, len)?.force_contiguous()?;
+        let values = match &self.v {
+            Some(v) => v.narrow(2, row, len)?.force_contiguous()?,
+            None => Tensor::zeros((1, self.shape.n_kv_heads, len, 0), k.dtype(), k.device())?,
+        };
+        Ok((keys, values))
     }
 
     fn allocated_bytes(&self) -> usize {
@@ -675,7 +739,7 @@ impl LayerKv {
 
     /// Bytes of keys and values for `positions` positions.
     fn bytes_for(&self, positions: usize) -> usize {
-        2 * positions * self.shape.n_kv_heads * self.format.row_bytes(self.shape.head_dim)
+        positions * self.shape.bytes_per_position(self.format)
     }
 
     /// Reallocates to hold at least `needed` rows, keeping rows `0..keep`; a window layer no
@@ -690,24 +754,35 @@ impl LayerKv {
         let capacity = doubled.min(limit).max(rounded).min(self.max_len);
         let (k, v) = self.copied_into(capacity, keep)?;
         self.k = Some(k);
-        self.v = Some(v);
+        self.v = v;
         Ok(())
     }
 
     /// New key and value buffers of `capacity` positions ([`super::kv_buffer::zeroed`]: only
-    /// the pages written become resident) holding this layer's positions `0..keep`.
-    fn copied_into(&self, capacity: usize, keep: usize) -> Result<(Tensor, Tensor)> {
+    /// the pages written become resident) holding this layer's positions `0..keep`; no value
+    /// buffer when the values are in the keys.
+    fn copied_into(&self, capacity: usize, keep: usize) -> Result<(Tensor, Option<Tensor>)> {
         let row = self.format.row_len(self.shape.head_dim);
         let shape = (1, self.shape.n_kv_heads, capacity, row);
         let dtype = self.format.storage_dtype();
-        let new_k = super::kv_buffer::zeroed(shape, dtype, &self.device)?;
-        let new_v = super::kv_buffer::zeroed(shape, dtype, &self.device)?;
-        if let (Some(old_k), Some(old_v), true) = (&self.k, &self.v, keep > 0) {
-            new_k.slice_set(&old_k.narrow(2, 0, keep)?.contiguous()?, 2, 0)?;
-            new_v.slice_set(&old_v.narrow(2, 0, keep)?.contiguous()?, 2, 0)?;
-        }
+        let fresh = |old: &Option<Tensor>| -> Result<Tensor> {
+            let new = super::kv_buffer::zeroed(shape, dtype, &self.device)?;
+            if let (Some(old), true) = (old, keep > 0) {
+                new.slice_set(&old.narrow(2, 0, keep)?.contiguous()?, 2, 0)?;
+            }
+            Ok(new)
+        };
+        let new_k = fresh(&self.k)?;
+        let new_v = match self.shape.values_in_keys {
+            Some(_) => None,
+            None => Some(fresh(&self.v)?),
+        };
         Ok((new_k, new_v))
     }
+}
+
+fn buffers_missing() -> ModelError {
+    candle_core::Error::Msg("kv cache buffers missing".into()).into()
 }
 
 #[cfg(test)]
@@ -729,10 +804,7 @@ mod tests {
 
     #[test]
     fn writes_in_place_and_grows_in_chunks() {
-        let shape = KvShape {
-            n_kv_heads: 2,
-            head_dim: 4,
-        };
+        let shape = KvShape::gqa(2, 4);
         let mut cache = KvCache::new(3, shape, 1000, KvFormat::Dense(DType::F32), &Device::Cpu);
         let (k, v) = step(&mut cache, 5, 1.0).unwrap();
         assert_eq!(k.dims(), &[1, 2, 5, 4]);
@@ -775,10 +847,7 @@ mod tests {
 
     #[test]
     fn a_fork_keeps_the_history_and_writes_apart() {
-        let shape = KvShape {
-            n_kv_heads: 2,
-            head_dim: 4,
-        };
+        let shape = KvShape::gqa(2, 4);
         let mut cache = KvCache::new(2, shape, 100, KvFormat::Dense(DType::F32), &Device::Cpu);
         step(&mut cache, 3, 1.0).unwrap();
         let mut fork = cache.fork().unwrap();
@@ -801,10 +870,7 @@ mod tests {
 
     #[test]
     fn spans_copy_positions_out_and_start_another_cache_from_them() {
-        let shape = KvShape {
-            n_kv_heads: 2,
-            head_dim: 4,
-        };
+        let shape = KvShape::gqa(2, 4);
         let mut source = KvCache::new(2, shape, 600, KvFormat::Dense(DType::F32), &Device::Cpu);
         step(&mut source, 3, 1.0).unwrap();
         step(&mut source, 2, 2.0).unwrap();
@@ -851,10 +917,7 @@ mod tests {
         // hand back the view of the whole buffer), two heads make them strided (where candle's
         // `copy()` clones the whole buffer): either way a span must own just its positions.
         for n_kv_heads in [1, 2] {
-            let shape = KvShape {
-                n_kv_heads,
-                head_dim: 4,
-            };
+            let shape = KvShape::gqa(n_kv_heads, 4);
             let mut cache = KvCache::new(3, shape, 4096, KvFormat::Dense(DType::F32), &Device::Cpu);
             let t = Tensor::ones((1, n_kv_heads, 600, 4), DType::F32, &Device::Cpu).unwrap();
             for i in 0..3 {
@@ -873,11 +936,57 @@ mod tests {
     }
 
     #[test]
-    fn the_capacity_bound_holds_for_every_way_of_growing() {
+    fn values_in_the_keys_are_a_view_of_one_buffer() {
+        // The latent attention's cache: rows of 6 (a latent of 4 and a RoPE part of 2), values
+        // the latent.
         let shape = KvShape {
-            n_kv_heads: 2,
-            head_dim: 4,
+            n_kv_heads: 1,
+            head_dim: 6,
+            values_in_keys: Some(4),
         };
+        let mut cache = KvCache::new(2, shape, 600, KvFormat::Dense(DType::F32), &Device::Cpu);
+        let rows = |seq: usize, base: f32| {
+            let data: Vec<f32> = (0..seq * 6).map(|i| base + i as f32).collect();
+            Tensor::from_vec(data, (1, 1, seq, 6), &Device::Cpu).unwrap()
+        };
+        let unused = Tensor::zeros((1, 1, 3, 4), DType::F32, &Device::Cpu).unwrap();
+        for i in 0..2 {
+            let (k, v) = cache
+                .layer_mut(i)
+                .unwrap()
+                .write(0, &rows(3, 0.0), &unused)
+                .unwrap();
+            assert_eq!((k.dims(), v.dims()), (&[1, 1, 3, 6][..], &[1, 1, 3, 4][..]));
+            let values: Vec<f32> = v.flatten_all().unwrap().to_vec1().unwrap();
+            assert_eq!(&values[..8], &[0.0, 1.0, 2.0, 3.0, 6.0, 7.0, 8.0, 9.0]);
+        }
+        cache.commit(3).unwrap();
+        // One row of 6 per position and layer: no value buffer.
+        assert_eq!(cache.stored_bytes(), 3 * 2 * 6 * 4);
+        assert_eq!(cache.allocated_bytes(), 256 * 2 * 6 * 4);
+        // A fork and a span carry the keys, and the values with them.
+        let fork = cache.fork().unwrap();
+        assert_eq!(fork.allocated_bytes(), cache.allocated_bytes());
+        let span = cache.copy_span(1, 2).unwrap();
+        assert_eq!(span.allocated_bytes(), 2 * 2 * 6 * 4);
+        let mut other = KvCache::new(2, shape, 600, KvFormat::Dense(DType::F32), &Device::Cpu);
+        other.extend_from_spans(&[&span]).unwrap();
+        let unused = Tensor::zeros((1, 1, 1, 4), DType::F32, &Device::Cpu).unwrap();
+        let (_, v) = other
+            .layer_mut(0)
+            .unwrap()
+            .write(2, &rows(1, 100.0), &unused)
+            .unwrap();
+        let values: Vec<f32> = v.flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(
+            values,
+            [6.0, 7.0, 8.0, 9.0, 12.0, 13.0, 14.0, 15.0, 100.0, 101.0, 102.0, 103.0]
+        );
+    }
+
+    #[test]
+    fn the_capacity_bound_holds_for_every_way_of_growing() {
+        let shape = KvShape::gqa(2, 4);
         let probe = KvCache::new(1, shape, 3000, KvFormat::Dense(DType::F32), &Device::Cpu);
         assert_eq!(probe.capacity_bound(1), 256);
         assert_eq!(probe.capacity_bound(1256), 2048);
@@ -927,10 +1036,7 @@ mod tests {
 
     #[test]
     fn a_half_precision_cache_stores_its_dtype_in_half_the_bytes() {
-        let shape = KvShape {
-            n_kv_heads: 2,
-            head_dim: 4,
-        };
+        let shape = KvShape::gqa(2, 4);
         let mut wide = KvCache::new(1, shape, 64, KvFormat::Dense(DType::F32), &Device::Cpu);
         let mut half = KvCache::new(1, shape, 64, KvFormat::Dense(DType::F16), &Device::Cpu);
         step(&mut wide, 3, 1.5).unwrap();
@@ -949,10 +1055,7 @@ mod tests {
 
     #[test]
     fn a_block_cache_stores_llama_cpp_blocks_and_reads_back_close_values() {
-        let shape = KvShape {
-            n_kv_heads: 2,
-            head_dim: 64,
-        };
+        let shape = KvShape::gqa(2, 64);
         let f16 = KvCache::new(1, shape, 64, KvFormat::Dense(DType::F16), &Device::Cpu);
         for (format, ratio) in [
             (KvFormat::Q8_0, 68.0 / 128.0),
@@ -987,10 +1090,7 @@ mod tests {
 
     #[test]
     fn a_recurrent_layer_keeps_a_fixed_state_that_forks_and_never_goes_back() {
-        let shape = KvShape {
-            n_kv_heads: 2,
-            head_dim: 4,
-        };
+        let shape = KvShape::gqa(2, 4);
         let state = RecurrentShape {
             conv_window: 3,
             conv_channels: 8,
@@ -1056,10 +1156,7 @@ mod tests {
 
     #[test]
     fn refuses_to_pass_the_limit_and_stays_consistent() {
-        let shape = KvShape {
-            n_kv_heads: 2,
-            head_dim: 4,
-        };
+        let shape = KvShape::gqa(2, 4);
         let mut cache = KvCache::new(2, shape, 10, KvFormat::Dense(DType::F32), &Device::Cpu);
         step(&mut cache, 8, 1.0).unwrap();
         assert_eq!(cache.capacity(), 10, "capacity is capped at the limit");
@@ -1084,10 +1181,7 @@ mod tests {
     #[test]
     fn a_host_cache_streams_the_steps_the_link_is_quicker_for() {
         // A 7B-like layer: 4 key/value heads of 128, 28 query heads, f16.
-        let shape = KvShape {
-            n_kv_heads: 4,
-            head_dim: 128,
-        };
+        let shape = KvShape::gqa(4, 128);
         let rates = HostKvRates {
             link_bytes_per_s: 16e9,
             host_read_bytes_per_s: 40e9,

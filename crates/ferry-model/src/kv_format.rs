@@ -21,6 +21,7 @@ use candle_core::quantized::GgmlType;
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{ModelError, Result};
+use crate::kv_cache::KvShape;
 
 /// Values per quantized block.
 pub const BLOCK: usize = 32;
@@ -94,11 +95,22 @@ impl KvFormat {
         }
     }
 
-    /// Refuses a block format for heads whose width is not whole blocks, and a block format
-    /// off the CPU (its attention reads blocks in the CPU's tiled kernel only, so far).
-    pub fn check(self, head_dim: usize, device: &Device) -> Result<()> {
+    /// Refuses a block format for heads whose width is not whole blocks, for a cache whose
+    /// values are in its keys (latent attention), and off the CPU (its attention reads blocks
+    /// in the CPU's tiled kernel only, so far).
+    pub fn check(self, shape: &KvShape, device: &Device) -> Result<()> {
         if !self.is_quantized() {
             return Ok(());
+        }
+        let head_dim = shape.head_dim;
+        if shape.values_in_keys.is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "kv_dtype {}: the latent attention's cache (DeepSeek's `deepseek2`) keeps its \
+                 values inside its keys, which the block formats' attention does not read; use \
+                 f16 or bf16 (`ferry plan` shows how much smaller than the expanded keys and values \
+                 the latent cache already is)",
+                self.as_str()
+            )));
         }
         if !head_dim.is_multiple_of(BLOCK) {
             return Err(ModelError::Config(format!(
@@ -326,13 +338,29 @@ mod tests {
     }
 
     #[test]
-    fn blocks_need_whole_blocks_and_the_cpu() {
-        assert!(KvFormat::Q8_0.check(64, &Device::Cpu).is_ok());
-        let err = KvFormat::Q4_0.check(80, &Device::Cpu).unwrap_err();
+    fn blocks_need_whole_blocks_the_cpu_and_values_apart() {
+        let gqa = |dim| KvShape::gqa(2, dim);
+        assert!(KvFormat::Q8_0.check(&gqa(64), &Device::Cpu).is_ok());
+        let err = KvFormat::Q4_0.check(&gqa(80), &Device::Cpu).unwrap_err();
         assert!(
             err.to_string().contains("not a multiple of the 32"),
             "{err}"
         );
-        assert!(KvFormat::Dense(DType::F16).check(80, &Device::Cpu).is_ok());
+        assert!(KvFormat::Dense(DType::F16)
+            .check(&gqa(80), &Device::Cpu)
+            .is_ok());
+        // DeepSeek's latent cache: whole blocks, but its values are inside its keys.
+        let latent = KvShape {
+            n_kv_heads: 1,
+            head_dim: 576,
+            values_in_keys: Some(512),
+        };
+        for format in [KvFormat::Q8_0, KvFormat::Q4_0] {
+            let err = format.check(&latent, &Device::Cpu).unwrap_err();
+            assert!(err.to_string().contains("latent attention"), "{err}");
+        }
+        assert!(KvFormat::Dense(DType::F16)
+            .check(&latent, &Device::Cpu)
+            .is_ok());
     }
 }

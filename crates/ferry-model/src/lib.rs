@@ -33,9 +33,10 @@
 //!   [`decoder::Block`] seam a family plugs into, and the [`decoder::LayerSource`] its weights
 //!   come through; attention and RoPE.
 //! - [`llama`]: the Llama family's block (Llama, Qwen2, Mistral); [`qwen3`], [`gemma`]
-//!   (Gemma 2 and 3) and [`phi3`]: the other families' blocks; [`moe`]: the routed-experts
-//!   MLP of Qwen3-MoE (in [`qwen3`]'s block) and Mixtral (in [`llama`]'s); [`qwen35`]: Qwen3.5's
-//!   hybrid layers (gated attention, or a Gated DeltaNet whose recurrence is [`gated_delta`]).
+//!   (Gemma 2 and 3), [`phi3`] and [`deepseek2`] (DeepSeek's latent attention): the other
+//!   families' blocks; [`moe`]: the routed-experts MLP of Qwen3-MoE (in [`qwen3`]'s block) and
+//!   Mixtral (in [`llama`]'s); [`qwen35`]: Qwen3.5's hybrid layers (gated attention, or a Gated
+//!   DeltaNet whose recurrence is [`gated_delta`]).
 //! - [`kv_cache`]: the per-sequence key/value cache (its sliding-window layers keep only their
 //!   window; a recurrent layer keeps a [`recurrent_state`] instead); [`kv_format`]: what it stores per position (a dense dtype, or q8_0 / q4_0 blocks
 //!   behind a Hadamard rotation).
@@ -46,6 +47,7 @@
 pub mod checkpoint;
 pub mod cpu_qmatmul;
 pub mod decoder;
+mod deepseek2;
 mod dense_rows;
 mod error;
 mod gated_delta;

@@ -34,17 +34,18 @@ pub struct LlamaBlock {
 }
 
 /// A layer's small vectors the host uses every step: gpt-oss's attention sinks (the attention
-/// adds them on the host) and GLM-4.5's expert-selection bias (routing runs on the host). Read
-/// once and kept: reading them every step would wait on the device once per layer and use.
+/// adds them on the host) and GLM-4.5's and DeepSeek-V3's expert-selection bias (routing runs
+/// on the host). Read once and kept: reading them every step would wait on the device once per
+/// layer and use.
 #[derive(Debug, Clone, Default)]
-struct HostVectors {
-    sinks: Option<Vec<f32>>,
-    selection_bias: Option<Vec<f32>>,
+pub(crate) struct HostVectors {
+    pub(crate) sinks: Option<Vec<f32>>,
+    pub(crate) selection_bias: Option<Vec<f32>>,
 }
 
 impl HostVectors {
     /// The vectors of layer `w` (a mixture of experts `moe`, if any).
-    fn read(w: &LayerWeights, moe: Option<MoeSpec>) -> Result<Self> {
+    pub(crate) fn read(w: &LayerWeights, moe: Option<MoeSpec>) -> Result<Self> {
         let host = |t: &Tensor| -> Result<Vec<f32>> {
             Ok(t.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?)
         };

@@ -1,14 +1,14 @@
-//! The mixture-of-experts MLP (Qwen3-MoE, Mixtral, Qwen2-MoE, gpt-oss, GLM-4.5): a router
+//! The mixture-of-experts MLP (Qwen3-MoE, Mixtral, Qwen2-MoE, gpt-oss, GLM-4.5, DeepSeek): a router
 //! scores every expert for each row, the top-k experts run their gated MLP on that row, and
 //! their outputs are summed weighted by the routing weights. The families differ in how the
 //! weights come from the router's logits ([`Gating`]: a softmax over all experts, gpt-oss's
 //! softmax over the chosen k logits, or GLM-4.5's sigmoid per expert; renormalised over the
-//! top k and scaled when the model says so), in how the top k are chosen (GLM-4.5's
-//! correction bias, added to the scores that choose and not to the weights; DeepSeek-V3's
-//! expert groups, [`route`] takes them already), in the experts' activation
+//! top k and scaled when the model says so), in how the top k are chosen (GLM-4.5's and
+//! DeepSeek-V3's correction bias, added to the scores that choose and not to the weights;
+//! DeepSeek-V3's expert groups), in the experts' activation
 //! ([`ExpertActivation`]: SwiGLU or gpt-oss's clamped one), in biases (gpt-oss: the router's
 //! and each expert's, kept as stacked layer parts) and in a shared expert (Qwen2-MoE,
-//! GLM-4.5): a SwiGLU every row runs, added to the routed sum (Qwen2-MoE's scaled by
+//! GLM-4.5, DeepSeek): a SwiGLU every row runs, added to the routed sum (Qwen2-MoE's scaled by
 //! `sigmoid(h . w)` first). The shared expert is part of the layer (the offload engine keeps
 //! it with the layer's other tensors); only the routed experts are units.
 //!

@@ -1,6 +1,6 @@
 //! [`ModelSpec`]: the architecture and dimensions of a decoder model (the Llama family, Qwen3,
-//! Qwen3-MoE, Mixtral, Gemma 2/3, Phi-3, and from GGUF only gpt-oss, Qwen2-MoE and GLM-4.5's
-//! `glm4moe`), read either from a Hugging Face `config.json` or from GGUF metadata (keys
+//! Qwen3-MoE, Mixtral, Gemma 2/3, Phi-3, and from GGUF only gpt-oss, Qwen2-MoE, GLM-4.5's
+//! `glm4moe` and DeepSeek-V2/V3's `deepseek2`), read either from a Hugging Face `config.json` or from GGUF metadata (keys
 //! prefixed by `general.architecture`).
 //!
 //! The spec is everything the blocks need besides weights: head layout, RoPE parameters (and
@@ -18,8 +18,8 @@ use super::header::GgufHeader;
 use super::tensors::{FixedPart, Format, Part};
 
 /// The model families ferry implements. The Llama family (Llama, Qwen2, Mistral, and the MoE
-/// families Mixtral, Qwen2-MoE, gpt-oss and GLM-4.5) shares one block; Qwen3, Gemma 2/3 and
-/// Phi-3 have blocks of their own (`super::decoder::block`).
+/// families Mixtral, Qwen2-MoE, gpt-oss and GLM-4.5) shares one block; Qwen3, Gemma 2/3,
+/// Phi-3 and DeepSeek's `deepseek2` have blocks of their own (`super::decoder::block`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     /// Llama 1/2/3, SmolLM, TinyLlama and other `LlamaForCausalLM` checkpoints.
@@ -65,11 +65,17 @@ pub enum Architecture {
     /// Qwen3.5-MoE (`qwen35moe`): Qwen3.5's layers with routed experts (softmax, renormalised)
     /// plus a shared expert scaled by a sigmoid gate. GGUF only.
     Qwen35Moe,
+    /// DeepSeek-V2 / V2-Lite / V3 (and Kimi K2 in the same layout, `deepseek2`): multi-head
+    /// latent attention ([`MlaSpec`]: queries optionally through a low-rank compression, keys
+    /// and values from one cached latent per token plus a RoPE part shared by the heads),
+    /// YaRN with DeepSeek's score scale, leading dense layers, routed experts (softmax, or
+    /// sigmoid with a correction bias and expert groups) plus ungated shared experts. GGUF only.
+    Deepseek2,
 }
 
 impl Architecture {
     /// Every family.
-    pub const ALL: [Architecture; 14] = [
+    pub const ALL: [Architecture; 15] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Mistral,
@@ -84,6 +90,7 @@ impl Architecture {
         Architecture::Glm4Moe,
         Architecture::Qwen35,
         Architecture::Qwen35Moe,
+        Architecture::Deepseek2,
     ];
 
     /// The lowercase name used by HF `model_type` and GGUF `general.architecture`.
@@ -103,6 +110,7 @@ impl Architecture {
             Architecture::Glm4Moe => "glm4moe",
             Architecture::Qwen35 => "qwen35",
             Architecture::Qwen35Moe => "qwen35moe",
+            Architecture::Deepseek2 => "deepseek2",
         }
     }
 
@@ -137,6 +145,7 @@ impl Architecture {
                 | Architecture::Glm4Moe
                 | Architecture::Qwen35
                 | Architecture::Qwen35Moe
+                | Architecture::Deepseek2
         )
     }
 
@@ -321,7 +330,7 @@ pub struct Llama3RopeScaling {
 /// YaRN RoPE scaling as llama.cpp applies it (`rope.scaling.type = yarn`): each frequency is
 /// blended between the interpolated one (divided by `factor`) and the original by a ramp over
 /// the rotation count at `original_context` positions (between `beta_fast` and `beta_slow`
-/// rotations), and cos/sin are scaled by `1 + 0.1 ln(factor)`.
+/// rotations), and cos/sin are scaled by [`YarnScaling::magnitude`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct YarnScaling {
     /// Context extension factor (positions are interpolated by `1 / factor`).
@@ -332,6 +341,41 @@ pub struct YarnScaling {
     pub beta_fast: f32,
     /// Rotations below which a frequency is fully interpolated (llama.cpp's default 1).
     pub beta_slow: f32,
+    /// cos and sin are multiplied by this: llama.cpp's `1 + 0.1 ln(factor)`, or 1 for a
+    /// DeepSeek file with a `yarn_log_multiplier` (whose correction goes to the scores instead,
+    /// [`MlaSpec::score_scale`]).
+    pub magnitude: f32,
+}
+
+/// Multi-head latent attention (DeepSeek-V2/V3, `deepseek2`). Each head's query is a no-RoPE
+/// part (`qk_nope_dim`) and a RoPE part ([`ModelSpec::rope_dim`]); keys and values come from
+/// one latent per token (`kv_lora_rank` wide, normed) expanded per head by `attn_k_b` /
+/// `attn_v_b`, and one RoPE key part that every head shares. ferry caches only the latent and
+/// the rotated RoPE part (one key/value "head" of [`ModelSpec::head_dim`] =
+/// `kv_lora_rank + rope_dim`, whose values are its first `kv_lora_rank`), and attends in the
+/// absorbed form: each head's no-RoPE query multiplied into the latent space by its `k_b`, the
+/// output taken out of it by its `v_b`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct MlaSpec {
+    /// Rank of the queries' compression (`attn_q_a` -> norm -> `attn_q_b`); 0: one `attn_q`
+    /// projection (V2-Lite).
+    pub q_lora_rank: usize,
+    /// Width of the cached latent.
+    pub kv_lora_rank: usize,
+    /// The no-RoPE part of each query and (expanded) key head.
+    pub qk_nope_dim: usize,
+    /// Width of each (expanded) value head.
+    pub v_head_dim: usize,
+    /// Scores are `q . k * score_scale`: llama.cpp's `1 / sqrt(qk_nope_dim + rope_dim)` times
+    /// the square of YaRN's `mscale` (with DeepSeek's `yarn_log_multiplier`).
+    pub score_scale: f64,
+}
+
+impl MlaSpec {
+    /// Width of one query head (and of one expanded key head): no-RoPE and RoPE parts.
+    pub fn q_head_dim(&self, rope_dim: usize) -> usize {
+        self.qk_nope_dim + rope_dim
+    }
 }
 
 /// Shape and hyper-parameters of a decoder.
@@ -351,9 +395,10 @@ pub struct ModelSpec {
     pub unrun_layers: usize,
     /// Query heads.
     pub n_heads: usize,
-    /// Key/value heads (grouped-query attention when fewer than `n_heads`).
+    /// Key/value heads (grouped-query attention when fewer than `n_heads`; 1 with MLA, whose
+    /// one cached "head" is the latent).
     pub n_kv_heads: usize,
-    /// Width of one head.
+    /// Width of one head (with MLA, of the cached key row: `kv_lora_rank + rope_dim`).
     pub head_dim: usize,
     /// Dimensions of each query and key head that RoPE rotates (the first ones; the rest pass
     /// through): `head_dim` unless the model rotates part of each head (GLM-4.5's half).
@@ -390,8 +435,10 @@ pub struct ModelSpec {
     pub rope_freq_factors: Option<Vec<f32>>,
     /// The cos/sin tables are multiplied by this (longrope's attention factor).
     pub rope_attn_factor: Option<f32>,
-    /// YaRN RoPE scaling (gpt-oss), if the checkpoint uses it.
+    /// YaRN RoPE scaling (gpt-oss, DeepSeek), if the checkpoint uses it.
     pub rope_yarn: Option<YarnScaling>,
+    /// Multi-head latent attention (DeepSeek's `deepseek2`), replacing the q/k/v projections.
+    pub mla: Option<MlaSpec>,
     /// Each query head has a learned sink logit that joins its softmax (gpt-oss's
     /// `attn_sinks`): it takes a share of the probability and contributes no value.
     pub attn_sinks: bool,
@@ -436,6 +483,14 @@ impl ModelSpec {
             Architecture::Llama if n_experts > 0 => Architecture::Mixtral,
             other => other,
         };
+        let deepseek = architecture == Architecture::Deepseek2;
+        // llama.cpp reads DeepSeek's leading dense layers from this key, GLM-4.5's too.
+        let dense_lead = match architecture {
+            Architecture::Glm4Moe | Architecture::Deepseek2 => md
+                .opt_usize(&key("leading_dense_block_count"))?
+                .unwrap_or(0),
+            _ => 0,
+        };
         let moe = match n_experts {
             0 => None,
             n => Some(
@@ -452,7 +507,7 @@ impl ModelSpec {
                     norm_topk: match architecture {
                         Architecture::Mixtral | Architecture::Qwen35Moe => true,
                         Architecture::Qwen2Moe | Architecture::GptOss => false,
-                        Architecture::Glm4Moe => {
+                        Architecture::Glm4Moe | Architecture::Deepseek2 => {
                             md.opt_bool(&key("expert_weights_norm"))?.unwrap_or(false)
                         }
                         _ => md.opt_bool(&key("expert_weights_norm"))?.unwrap_or(true),
@@ -460,6 +515,7 @@ impl ModelSpec {
                     gating: match architecture {
                         Architecture::GptOss => Gating::SoftmaxOfTopK,
                         Architecture::Glm4Moe => glm_gating(&md, &key("expert_gating_func"))?,
+                        Architecture::Deepseek2 => deepseek_gating(&md, &key, header)?,
                         _ => Gating::Softmax,
                     },
                     activation: match architecture {
@@ -475,7 +531,7 @@ impl ModelSpec {
                                 None => md.usize(&key("feed_forward_length"))?,
                             },
                         ),
-                        Architecture::Glm4Moe => {
+                        Architecture::Glm4Moe | Architecture::Deepseek2 => {
                             match md.opt_usize(&key("expert_shared_count"))?.unwrap_or(0) {
                                 0 => None,
                                 n => Some(n * md.usize(&key("expert_feed_forward_length"))?),
@@ -487,24 +543,38 @@ impl ModelSpec {
                         architecture,
                         Architecture::Qwen2Moe | Architecture::Qwen35Moe
                     ),
-                    selection_bias: architecture == Architecture::Glm4Moe,
+                    // DeepSeek-V3 has the correction bias, V2 not: the file says.
+                    selection_bias: match architecture {
+                        Architecture::Glm4Moe => true,
+                        Architecture::Deepseek2 => header
+                            .tensor(&Format::Gguf.layer_tensor_name(
+                                architecture,
+                                dense_lead,
+                                Part::ExpProbsBias,
+                            ))
+                            .is_some(),
+                        _ => false,
+                    },
                     // llama.cpp scales by `expert_weights_scale` where it is set (GLM-4.5's
                     // converter always writes it); absent or 0 is no scaling.
                     weights_scale: match architecture {
-                        Architecture::Glm4Moe => md
-                            .opt_f64(&key("expert_weights_scale"))?
-                            .filter(|s| *s != 0.0)
-                            .unwrap_or(1.0) as f32,
+                        Architecture::Glm4Moe | Architecture::Deepseek2 => {
+                            md.opt_f64(&key("expert_weights_scale"))?
+                                .filter(|s| *s != 0.0)
+                                .unwrap_or(1.0) as f32
+                        }
                         _ => 1.0,
                     },
-                    // llama.cpp reads expert groups for DeepSeek-V2/V3 only.
-                    groups: ExpertGroups::NONE,
-                    dense_lead: match architecture {
-                        Architecture::Glm4Moe => md
-                            .opt_usize(&key("leading_dense_block_count"))?
-                            .unwrap_or(0),
-                        _ => 0,
+                    // llama.cpp's group-limited choice (DeepSeek-V3): `expert_group_count`
+                    // groups, the best `expert_group_used_count` of them; 0 or 1 is none.
+                    groups: match md.opt_usize(&key("expert_group_count"))?.unwrap_or(0) {
+                        0 | 1 => ExpertGroups::NONE,
+                        count => ExpertGroups {
+                            count,
+                            used: md.usize(&key("expert_group_used_count"))?,
+                        },
                     },
+                    dense_lead,
                 }
                 .checked()?,
             ),
@@ -523,7 +593,10 @@ impl ModelSpec {
             .opt_usize(&key("rope.dimension_count"))?
             .unwrap_or(head_dim);
         if rope_dim != head_dim
-            && architecture != Architecture::Glm4Moe
+            && !matches!(
+                architecture,
+                Architecture::Glm4Moe | Architecture::Deepseek2
+            )
             && !architecture.is_qwen35()
         {
             return Err(ModelError::Unsupported(format!(
@@ -545,10 +618,10 @@ impl ModelSpec {
                 // llama.cpp: factor from `rope.scaling.factor`, the original context from
                 // `rope.scaling.original_context_length` (else the trained one), betas 32 / 1.
                 let factor = md.opt_f64(&key("rope.scaling.factor"))?.unwrap_or(1.0) as f32;
-                if md
+                let log_multiplier = md
                     .opt_f64(&key("rope.scaling.yarn_log_multiplier"))?
-                    .is_some_and(|m| m != 0.0)
-                {
+                    .filter(|m| *m != 0.0);
+                if log_multiplier.is_some() && !deepseek {
                     return Err(ModelError::Unsupported(
                         "YaRN with a log multiplier (rope.scaling.yarn_log_multiplier)".into(),
                     ));
@@ -562,6 +635,12 @@ impl ModelSpec {
                                 .map_or_else(|| md.usize(&key("context_length")), Ok)?,
                             beta_fast: 32.0,
                             beta_slow: 1.0,
+                            // llama.cpp: with DeepSeek's log multiplier its attention factor
+                            // cancels the rope's magnitude (the scores take it instead).
+                            magnitude: match log_multiplier {
+                                Some(_) => 1.0,
+                                None => 1.0 + 0.1 * factor.ln(),
+                            },
                         })
                     })
                     .transpose()?
@@ -581,6 +660,21 @@ impl ModelSpec {
                     "GGUF rope scaling `{other}`"
                 )));
             }
+        };
+        let rope_attn_factor = md
+            .opt_f64(&key("rope.scaling.attn_factor"))?
+            .filter(|f| *f != 1.0)
+            .map(|f| f as f32);
+        let mla = match deepseek {
+            true => Some(deepseek_mla(
+                &md,
+                &key,
+                (n_kv_heads, head_dim, rope_dim),
+                rope_yarn.as_ref(),
+                rope_linear_factor,
+                rope_attn_factor,
+            )?),
+            false => None,
         };
         let (embedding, head) = (
             FixedPart::Embedding.name(Format::Gguf).unwrap_or_default(),
@@ -603,9 +697,10 @@ impl ModelSpec {
         let blocks = md.usize(&key("block_count"))?;
         // llama.cpp runs the blocks before GLM-4.5's multi-token-prediction ones.
         let unrun_layers = match architecture {
-            Architecture::Glm4Moe | Architecture::Qwen35 | Architecture::Qwen35Moe => {
-                md.opt_usize(&key("nextn_predict_layers"))?.unwrap_or(0)
-            }
+            Architecture::Glm4Moe
+            | Architecture::Deepseek2
+            | Architecture::Qwen35
+            | Architecture::Qwen35Moe => md.opt_usize(&key("nextn_predict_layers"))?.unwrap_or(0),
             _ => 0,
         };
         if unrun_layers >= blocks {
@@ -655,7 +750,10 @@ impl ModelSpec {
             // llama.cpp: LLAMA_ROPE_TYPE_NORM for llama-style archs, NEOX for the others.
             rope_interleaved: matches!(
                 architecture,
-                Architecture::Llama | Architecture::Mistral | Architecture::Mixtral
+                Architecture::Llama
+                    | Architecture::Mistral
+                    | Architecture::Mixtral
+                    | Architecture::Deepseek2
             ),
             tie_word_embeddings: !has_output,
             attention_bias,
@@ -670,11 +768,9 @@ impl ModelSpec {
                 .then_some(md.opt_f64(&key("rope.freq_base_swa"))?.unwrap_or(10_000.0) as f32),
             rope_linear_factor,
             rope_freq_factors: None,
-            rope_attn_factor: md
-                .opt_f64(&key("rope.scaling.attn_factor"))?
-                .filter(|f| *f != 1.0)
-                .map(|f| f as f32),
+            rope_attn_factor,
             rope_yarn,
+            mla,
             attn_sinks: architecture == Architecture::GptOss,
             // GLM-4.5 has q/k norms, GLM-4.5-Air none: the file says.
             qk_norm: match architecture {
@@ -814,6 +910,7 @@ impl ModelSpec {
             rope_freq_factors: rope.freq_factors,
             rope_attn_factor: rope.attn_factor,
             rope_yarn: None,
+            mla: None,
             attn_sinks: false,
             unrun_layers: 0,
             rope_dim: head_dim,
@@ -1418,6 +1515,108 @@ fn glm_gating(md: &GgufMeta, key: &str) -> Result<Gating> {
             "expert gating function {other} (`{key}`)"
         ))),
     }
+}
+
+/// DeepSeek's gating from `expert_gating_func` (1 softmax, 2 sigmoid). Absent, llama.cpp
+/// takes a softmax (DeepSeek-V2's files have no key), except for GLM-4.7-Flash's files (47 or
+/// 48 blocks and 154,880 tokens), which are sigmoid.
+fn deepseek_gating(
+    md: &GgufMeta,
+    key: &dyn Fn(&str) -> String,
+    header: &GgufHeader,
+) -> Result<Gating> {
+    let name = key("expert_gating_func");
+    match md.opt_usize(&name)?.unwrap_or(0) {
+        0 => {
+            let blocks = md.usize(&key("block_count"))?;
+            let vocab = match md.opt_usize(&key("vocab_size"))? {
+                Some(v) => Some(v),
+                None => header.array_len("tokenizer.ggml.tokens"),
+            };
+            Ok(match (blocks, vocab) {
+                (47 | 48, Some(154_880)) => Gating::Sigmoid,
+                _ => Gating::Softmax,
+            })
+        }
+        1 => Ok(Gating::Softmax),
+        2 => Ok(Gating::Sigmoid),
+        other => Err(ModelError::Unsupported(format!(
+            "expert gating function {other} (`{name}`)"
+        ))),
+    }
+}
+
+/// The latent attention of a `deepseek2` file whose cached head (`head_count_kv`, `key_length`,
+/// `value_length`) is `(kv_heads, head_dim, rope_dim)`'s latent, with its score scale as
+/// llama.cpp computes it: `mscale^2 / sqrt(qk_nope + rope)`, where `mscale` is the rope's
+/// attention factor before YaRN's magnitude is cancelled (`rope_attn_factor` times
+/// `1 + 0.1 ln(factor)` for a file without the log multiplier, else 1) times
+/// `1 + 0.1 mscale_all_dim ln(factor)` (`yarn_log_multiplier` is `0.1 mscale_all_dim`).
+/// `linear` is the factor of a non-YaRN scaling, if any.
+fn deepseek_mla(
+    md: &GgufMeta,
+    key: &dyn Fn(&str) -> String,
+    (kv_heads, head_dim, rope_dim): (usize, usize, usize),
+    yarn: Option<&YarnScaling>,
+    linear: Option<f32>,
+    rope_attn_factor: Option<f32>,
+) -> Result<MlaSpec> {
+    let (Some(k_mla), Some(v_mla)) = (
+        md.opt_usize(&key("attention.key_length_mla"))?,
+        md.opt_usize(&key("attention.value_length_mla"))?,
+    ) else {
+        return Err(ModelError::Unsupported(
+            "a deepseek2 GGUF without `attention.key_length_mla` (the unsplit `attn_kv_b` of \
+             older conversions): convert it again with a current llama.cpp, which writes \
+             `attn_k_b` and `attn_v_b`"
+                .into(),
+        ));
+    };
+    if md
+        .opt_f64(&key("attention.temperature_scale"))?
+        .is_some_and(|t| t != 0.0)
+    {
+        return Err(ModelError::Unsupported(
+            "attention temperature scaling (`attention.temperature_scale`)".into(),
+        ));
+    }
+    let kv_lora_rank = md.usize(&key("attention.kv_lora_rank"))?;
+    let value_length = md
+        .opt_usize(&key("attention.value_length"))?
+        .unwrap_or(kv_lora_rank);
+    if kv_heads != 1 || head_dim != kv_lora_rank + rope_dim || value_length != kv_lora_rank {
+        return Err(ModelError::Config(format!(
+            "deepseek2: a latent cache of {kv_heads} heads of {head_dim} (values {value_length}) \
+             is not one head of kv_lora_rank {kv_lora_rank} + {rope_dim} RoPE dims"
+        )));
+    }
+    if k_mla <= rope_dim || v_mla == 0 {
+        return Err(ModelError::Config(format!(
+            "deepseek2: heads of {k_mla} (keys) and {v_mla} (values) with {rope_dim} RoPE dims"
+        )));
+    }
+    let attn_factor = rope_attn_factor.unwrap_or(1.0) as f64;
+    let factor = match yarn {
+        Some(y) => y.factor as f64,
+        None => linear.unwrap_or(1.0) as f64,
+    };
+    let log_multiplier = md
+        .opt_f64(&key("rope.scaling.yarn_log_multiplier"))?
+        .unwrap_or(0.0)
+        / 0.1;
+    let ln = factor.ln();
+    let original_factor = match yarn {
+        Some(y) => attn_factor * y.magnitude as f64,
+        None => attn_factor * (1.0 + 0.1 * ln),
+    };
+    let mscale = original_factor * (1.0 + 0.1 * log_multiplier * ln);
+    Ok(MlaSpec {
+        q_lora_rank: md.opt_usize(&key("attention.q_lora_rank"))?.unwrap_or(0),
+        kv_lora_rank,
+        qk_nope_dim: k_mla - rope_dim,
+        v_head_dim: v_mla,
+        score_scale: mscale * mscale / (k_mla as f64).sqrt(),
+    })
 }
 
 /// Integer metadata: writers disagree on the width, so accept any unsigned or non-negative type.

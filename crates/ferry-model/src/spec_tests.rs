@@ -120,6 +120,20 @@ pub(crate) fn tiny_spec(arch: Architecture) -> ModelSpec {
             spec.attention_bias = true;
             spec.sliding_window = Some(128);
             spec.sliding_window_pattern = Some(2);
+        } else if arch == Architecture::Deepseek2 {
+            moe.shared_ff = Some(moe.expert_ff);
+            moe.dense_lead = 1;
+            spec.n_kv_heads = 1;
+            spec.rope_dim = 16;
+            spec.head_dim = 64 + 16;
+            spec.rope_interleaved = true;
+            spec.mla = Some(crate::spec::MlaSpec {
+                q_lora_rank: 48,
+                kv_lora_rank: 64,
+                qk_nope_dim: 32,
+                v_head_dim: 32,
+                score_scale: 0.125,
+            });
         } else if arch == Architecture::Glm4Moe {
             moe.gating = Gating::Sigmoid;
             moe.norm_topk = true;

@@ -138,11 +138,27 @@ pub enum Part {
     SsmNorm,
     /// The DeltaNet's output projection, `[hidden, value_dim]`.
     SsmOut,
+    /// The queries' compression, `[q_lora_rank, hidden]` (DeepSeek-V2/V3's latent attention).
+    QA,
+    /// RMSNorm of the compressed queries, `[q_lora_rank]`.
+    QANorm,
+    /// The queries out of their compression, `[heads * (qk_nope + rope), q_lora_rank]`.
+    QB,
+    /// The cached latent and the shared RoPE key part, `[kv_lora_rank + rope, hidden]`.
+    KvAMqa,
+    /// RMSNorm of the latent, `[kv_lora_rank]`.
+    KvANorm,
+    /// One head's key expansion, transposed: `[kv_lora_rank, qk_nope]` (a layer has one per
+    /// head: GGUF stacks them, `[heads, kv_lora_rank, qk_nope]`). Absorbed into the queries.
+    KB,
+    /// One head's value expansion, `[v_head_dim, kv_lora_rank]` (one per head, stacked in the
+    /// file like [`Part::KB`]). Applied to the attention's output in the latent space.
+    VB,
 }
 
 /// Every layer part with its GGUF and Hugging Face name suffix (after `<prefix>N.`), as the
 /// Llama family names them; [`NAME_OVERRIDES`] has the families that name a part otherwise.
-const LAYER_NAMES: [(Part, &str, &str); 44] = [
+const LAYER_NAMES: [(Part, &str, &str); 51] = [
     (Part::AttnNorm, "attn_norm.weight", "input_layernorm.weight"),
     (Part::Q, "attn_q.weight", "self_attn.q_proj.weight"),
     (Part::QBias, "attn_q.bias", "self_attn.q_proj.bias"),
@@ -267,6 +283,26 @@ const LAYER_NAMES: [(Part, &str, &str); 44] = [
         "ssm_out.weight",
         "linear_attn.out_proj.weight",
     ),
+    (Part::QA, "attn_q_a.weight", "self_attn.q_a_proj.weight"),
+    (
+        Part::QANorm,
+        "attn_q_a_norm.weight",
+        "self_attn.q_a_layernorm.weight",
+    ),
+    (Part::QB, "attn_q_b.weight", "self_attn.q_b_proj.weight"),
+    (
+        Part::KvAMqa,
+        "attn_kv_a_mqa.weight",
+        "self_attn.kv_a_proj_with_mqa.weight",
+    ),
+    (
+        Part::KvANorm,
+        "attn_kv_a_norm.weight",
+        "self_attn.kv_a_layernorm.weight",
+    ),
+    // transformers has one `kv_b_proj`; llama.cpp's converter splits it per head.
+    (Part::KB, "attn_k_b.weight", "self_attn.k_b_proj.weight"),
+    (Part::VB, "attn_v_b.weight", "self_attn.v_b_proj.weight"),
 ];
 
 /// Names that differ by family: `(families, part, format, suffix)`. Gemma's Hugging Face
@@ -333,10 +369,10 @@ pub enum Presence {
 
 impl Part {
     /// Every part, in table order (each bias after its weight).
-    pub const ALL: [Part; 44] = {
-        let mut all = [Part::AttnNorm; 44];
+    pub const ALL: [Part; 51] = {
+        let mut all = [Part::AttnNorm; 51];
         let mut i = 0;
-        while i < 44 {
+        while i < 51 {
             all[i] = LAYER_NAMES[i].0;
             i += 1;
         }
@@ -382,7 +418,18 @@ impl Part {
                 | Part::SsmBeta
                 | Part::SsmAlpha
                 | Part::SsmOut
+                | Part::QA
+                | Part::QB
+                | Part::KvAMqa
+                | Part::KB
+                | Part::VB
         )
+    }
+
+    /// Whether a layer has one of this part per attention head (the latent attention's key
+    /// and value expansions: GGUF stacks them in one tensor, each head's record a slice).
+    pub fn is_per_head(self) -> bool {
+        matches!(self, Part::KB | Part::VB)
     }
 
     /// Whether a layer has one of this part per expert.
@@ -423,12 +470,21 @@ impl Part {
     /// The `[out, in]` (matrices) or `[len]` (norms, biases) shape `spec` expects.
     pub fn expected_shape(self, spec: &ModelSpec) -> Vec<usize> {
         let h = spec.hidden_size;
-        let q = spec.n_heads * spec.head_dim;
         let kv = spec.n_kv_heads * spec.head_dim;
         let i = spec.intermediate_size;
         let delta = spec.delta_net.as_ref();
         let v_heads = delta.map_or(0, |d| d.n_v_heads);
         let value_dim = delta.map_or(0, |d| d.value_dim());
+        // Latent attention's heads are not the cache's: queries of no-RoPE + RoPE parts, value
+        // heads of their own width.
+        let (q, o) = match spec.mla {
+            Some(m) => (
+                spec.n_heads * m.q_head_dim(spec.rope_dim),
+                spec.n_heads * m.v_head_dim,
+            ),
+            None => (spec.n_heads * spec.head_dim, spec.n_heads * spec.head_dim),
+        };
+        let mla = spec.mla.unwrap_or_default();
         match self {
             // Qwen3.5's attention projects each query head and its output gate together.
             Part::Q if spec.architecture.is_qwen35() => vec![2 * q, h],
@@ -449,7 +505,7 @@ impl Part {
             Part::K | Part::V => vec![kv, h],
             Part::QBias => vec![q],
             Part::KBias | Part::VBias => vec![kv],
-            Part::O => vec![h, q],
+            Part::O => vec![h, o],
             Part::Gate | Part::Up => vec![i, h],
             Part::GateBias | Part::UpBias => vec![i],
             Part::Down => vec![h, i],
@@ -471,6 +527,13 @@ impl Part {
             Part::ShexpDown => vec![h, spec.moe.and_then(|m| m.shared_ff).unwrap_or(0)],
             Part::ShexpGateInp => vec![h],
             Part::ExpProbsBias => vec![spec.moe.map_or(0, |m| m.n_experts)],
+            Part::QA => vec![mla.q_lora_rank, h],
+            Part::QANorm => vec![mla.q_lora_rank],
+            Part::QB => vec![q, mla.q_lora_rank],
+            Part::KvAMqa => vec![mla.kv_lora_rank + spec.rope_dim, h],
+            Part::KvANorm => vec![mla.kv_lora_rank],
+            Part::KB => vec![mla.kv_lora_rank, mla.qk_nope_dim],
+            Part::VB => vec![mla.v_head_dim, mla.kv_lora_rank],
         }
     }
 
@@ -493,6 +556,8 @@ impl Part {
                 Presence::Absent
             }
         };
+        let mla = spec.mla;
+        let q_lora = mla.is_some_and(|m| m.q_lora_rank > 0);
         let recurrent = spec.is_recurrent_layer(index);
         match self {
             Part::Q | Part::K | Part::V | Part::O if recurrent => Presence::Absent,
@@ -507,7 +572,10 @@ impl Part {
             | Part::SsmAlpha
             | Part::SsmNorm
             | Part::SsmOut => required(recurrent),
-            Part::Q | Part::K | Part::V => required(!fused),
+            Part::Q => required(!fused && !q_lora),
+            Part::K | Part::V => required(!fused && mla.is_none()),
+            Part::QA | Part::QANorm | Part::QB => required(q_lora),
+            Part::KvAMqa | Part::KvANorm | Part::KB | Part::VB => required(mla.is_some()),
             Part::Gate | Part::Up => required(!fused && !moe),
             Part::Down => required(!moe),
             Part::Router | Part::ExpGate | Part::ExpUp | Part::ExpDown => required(moe),
@@ -763,6 +831,15 @@ fn layer(
             continue;
         }
         let name = format.layer_tensor_name(arch, index, part);
+        if part.is_per_head() {
+            let stacked = lookup(&name).ok_or_else(|| ModelError::MissingTensor(name))?;
+            tensors.extend(
+                stacked_slices(stacked, spec.n_heads, &part.expected_shape(spec))?
+                    .into_iter()
+                    .map(|r| (part, r)),
+            );
+            continue;
+        }
         match lookup(&name) {
             Some(record) => tensors.push((part, check_shape(record, &part.expected_shape(spec))?)),
             None if presence == Presence::Required => return Err(ModelError::MissingTensor(name)),
@@ -798,19 +875,7 @@ fn experts(
             .map(|&part| {
                 let name = format.layer_tensor_name(arch, index, part);
                 let stacked = lookup(&name).ok_or_else(|| ModelError::MissingTensor(name))?;
-                let mut shape = vec![n_experts];
-                shape.extend(part.expected_shape(spec));
-                let stacked = check_shape(stacked, &shape)?;
-                let len = stacked.range.len() / n_experts;
-                Ok((0..n_experts)
-                    .map(|e| TensorRecord {
-                        name: format!("{}[{e}]", stacked.name),
-                        shape: shape[1..].to_vec(),
-                        stored: stacked.stored,
-                        file: stacked.file,
-                        range: stacked.range.start + e * len..stacked.range.start + (e + 1) * len,
-                    })
-                    .collect())
+                stacked_slices(stacked, n_experts, &part.expected_shape(spec))
             })
             .collect::<Result<_>>()?,
         Format::Safetensors => kinds
@@ -835,6 +900,24 @@ fn experts(
                 .iter()
                 .zip(&per_kind)
                 .map(move |(&p, r)| (p, r[e].clone()))
+        })
+        .collect())
+}
+
+/// The `n` slices of a `[n, ..each]` tensor (whole rows of blocks each, in order), named
+/// `name[i]`: GGUF's stacked experts and per-head matrices.
+fn stacked_slices(stacked: TensorRecord, n: usize, each: &[usize]) -> Result<Vec<TensorRecord>> {
+    let mut shape = vec![n];
+    shape.extend(each);
+    let stacked = check_shape(stacked, &shape)?;
+    let len = stacked.range.len() / n;
+    Ok((0..n)
+        .map(|i| TensorRecord {
+            name: format!("{}[{i}]", stacked.name),
+            shape: each.to_vec(),
+            stored: stacked.stored,
+            file: stacked.file,
+            range: stacked.range.start + i * len..stacked.range.start + (i + 1) * len,
         })
         .collect())
 }
@@ -904,6 +987,11 @@ mod tests {
                     | Part::SsmBeta
                     | Part::SsmAlpha
                     | Part::SsmOut
+                    | Part::QA
+                    | Part::QB
+                    | Part::KvAMqa
+                    | Part::KB
+                    | Part::VB
             ) || part.is_expert();
             assert_eq!(
                 part.bias().is_some(),

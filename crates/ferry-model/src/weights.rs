@@ -435,6 +435,19 @@ impl LayerWeights {
         }
     }
 
+    /// Every projection of `part`, in table order: one per head for a per-head part
+    /// ([`Part::is_per_head`]), else the one (none when the layer lacks it).
+    pub fn linears(&self, part: Part) -> Vec<&Linear> {
+        self.parts
+            .iter()
+            .filter(|(p, _)| *p == part)
+            .filter_map(|(_, t)| match t {
+                LayerTensor::Linear(l) => Some(l),
+                LayerTensor::Vector(_) => None,
+            })
+            .collect()
+    }
+
     /// The vector `part` (a norm weight), if the layer has it.
     pub fn opt_vector(&self, part: Part) -> Option<&Tensor> {
         match self.get(part) {

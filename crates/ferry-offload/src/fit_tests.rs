@@ -352,7 +352,8 @@ fn half_billion(kv: KvFormat, kv_host: bool) -> impl Fn(usize, usize) -> PlanInp
         );
         input.max_context = max_context;
         input.max_batch = max_batch;
-        input.kv_bytes_per_token_per_layer = kv_bytes_per_token_per_layer(2, 64, kv);
+        input.kv_bytes_per_token_per_layer =
+            kv_bytes_per_token_per_layer(ferry_model::kv_cache::KvShape::gqa(2, 64), kv);
         input.kv_dtype = kv;
         input.kv_host = kv_host;
         input.reserve_bytes = DEFAULT_CUDA_RESERVE_BYTES;

@@ -282,6 +282,11 @@ pub struct KvLayout {
     /// Bytes of one sequence's recurrent states, all those layers together (f32, on the
     /// device even with `kv_offload`): the same at any context.
     pub recurrent_bytes_per_seq: u64,
+    /// With latent attention (DeepSeek's MLA), the values one token's keys and values would
+    /// take in one layer expanded per head (`heads * (qk_nope + rope + v_head_dim)`), which
+    /// the cache does not hold: what `ferry plan` compares the latent's bytes with. `None`:
+    /// the cache holds the heads' keys and values themselves.
+    pub expanded_values_per_token: Option<usize>,
 }
 
 /// Where everything goes, and what it costs.

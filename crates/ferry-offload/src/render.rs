@@ -268,6 +268,14 @@ fn kv_note(plan: &Plan) -> String {
         "{per_token} B per token and layer in {}",
         plan.kv_dtype.as_str()
     ));
+    if let Some(expanded) = layout.expanded_values_per_token {
+        let expanded = plan.kv_dtype.row_bytes(expanded) as u64;
+        parts.push(format!(
+            "the latent attention's latent and RoPE key only: the heads' keys and values \
+             expanded would take {expanded} B, {:.1}x more",
+            expanded as f64 / per_token as f64
+        ));
+    }
     if layout.window_layers > 0 {
         let full = (plan.max_batch as u64)
             .saturating_mul(plan.max_context as u64)
@@ -372,6 +380,10 @@ pub fn plan_json(plan: &Plan) -> serde_json::Value {
         "max_batch": plan.max_batch,
         "kv_dtype": plan.kv_dtype.as_str(),
         "kv_bytes_per_token_per_layer": plan.kv_bytes_per_token_per_layer,
+        "kv_expanded_bytes_per_token_per_layer": plan
+            .kv_layout
+            .expanded_values_per_token
+            .map(|v| plan.kv_dtype.row_bytes(v)),
         "kv_window_layers": plan.kv_layout.window_layers,
         "kv_window_positions": plan.kv_layout.window_positions,
         "kv_recurrent_layers": plan.kv_layout.recurrent_layers,

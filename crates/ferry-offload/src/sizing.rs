@@ -10,6 +10,7 @@
 
 use super::layout::{held_bytes, LayerLayout, SlotKind};
 use ferry_model::checkpoint::Checkpoint;
+use ferry_model::kv_cache::KvShape;
 use ferry_model::kv_format::KvFormat;
 use ferry_model::loader::{Holding, Role};
 use ferry_model::tensors::TensorRecord;
@@ -77,11 +78,13 @@ impl ModelSizes {
     }
 }
 
-/// KV-cache bytes one token takes in one layer: keys and values, `2 * n_kv_heads` rows of
-/// `head_dim` values in `format` ([`KvFormat::row_bytes`]: `head_dim * dtype bytes` dense,
-/// 34 or 18 bytes per 32 values in q8_0 / q4_0 blocks).
-pub fn kv_bytes_per_token_per_layer(n_kv_heads: usize, head_dim: usize, format: KvFormat) -> u64 {
-    (2 * n_kv_heads as u64).saturating_mul(format.row_bytes(head_dim) as u64)
+/// KV-cache bytes one token takes in one layer of a cache of `shape`: keys and values,
+/// `2 * n_kv_heads` rows of `head_dim` values in `format` ([`KvFormat::row_bytes`]:
+/// `head_dim * dtype bytes` dense, 34 or 18 bytes per 32 values in q8_0 / q4_0 blocks), or one
+/// row per head when the values are in the keys (latent attention,
+/// [`KvShape::bytes_per_position`]).
+pub fn kv_bytes_per_token_per_layer(shape: KvShape, format: KvFormat) -> u64 {
+    shape.bytes_per_position(format) as u64
 }
 
 /// What the activation workspace estimate depends on.

@@ -266,19 +266,30 @@ fn rejects_malformed_safetensors_headers() {
 fn kv_and_workspace_formulas() {
     // SmolLM2-135M: 3 KV heads of 64 dims in f16 = 768 bytes per token per layer.
     let f16 = KvFormat::Dense(candle_core::DType::F16);
-    assert_eq!(kv_bytes_per_token_per_layer(3, 64, f16), 768);
+    assert_eq!(kv_bytes_per_token_per_layer(KvShape::gqa(3, 64), f16), 768);
     // Llama-3-8B: 8 KV heads of 128 in bf16 = 4 KiB.
     let bf16 = KvFormat::Dense(candle_core::DType::BF16);
-    assert_eq!(kv_bytes_per_token_per_layer(8, 128, bf16), 4096);
+    assert_eq!(
+        kv_bytes_per_token_per_layer(KvShape::gqa(8, 128), bf16),
+        4096
+    );
     // llama.cpp's blocks: 34 bytes (q8_0) and 18 bytes (q4_0) per 32 values.
     assert_eq!(
-        kv_bytes_per_token_per_layer(8, 128, KvFormat::Q8_0),
+        kv_bytes_per_token_per_layer(KvShape::gqa(8, 128), KvFormat::Q8_0),
         2 * 8 * 136
     );
     assert_eq!(
-        kv_bytes_per_token_per_layer(8, 128, KvFormat::Q4_0),
+        kv_bytes_per_token_per_layer(KvShape::gqa(8, 128), KvFormat::Q4_0),
         2 * 8 * 72
     );
+    // DeepSeek-V3's latent cache: one row of 512 + 64 per token, its values inside it, in f16
+    // (the expanded keys and values would be 128 heads x (192 + 128) x 2 bytes: 71x more).
+    let latent = KvShape {
+        n_kv_heads: 1,
+        head_dim: 576,
+        values_in_keys: Some(512),
+    };
+    assert_eq!(kv_bytes_per_token_per_layer(latent, f16), 1152);
 
     let input = WorkspaceInput {
         hidden_size: 576,
@@ -349,11 +360,8 @@ fn plans_the_real_model_end_to_end() {
     let mut input = PlanInput::new(OffloadMode::Auto, sizes.layers.clone(), sizes.fixed, 0);
     input.max_batch = 4;
     input.max_context = 2048;
-    input.kv_bytes_per_token_per_layer = kv_bytes_per_token_per_layer(
-        spec.n_kv_heads,
-        spec.head_dim,
-        KvFormat::Dense(candle_core::DType::F16),
-    );
+    input.kv_bytes_per_token_per_layer =
+        kv_bytes_per_token_per_layer(KvShape::of(spec), KvFormat::Dense(candle_core::DType::F16));
     input.workspace_bytes = workspace_bytes(&WorkspaceInput {
         hidden_size: spec.hidden_size,
         vocab_size: spec.vocab_size,

@@ -54,8 +54,12 @@ pub struct AttentionDims {
     pub n_heads: usize,
     /// Key/value heads.
     pub n_kv_heads: usize,
-    /// Width of one head.
+    /// Width of one head (of its queries and keys).
     pub head_dim: usize,
+    /// Width of one value head: `head_dim`, or less when the values are the first part of
+    /// the keys (latent attention: keys are the latent and its RoPE part, values the latent;
+    /// [`crate::kv_cache::KvShape::values_in_keys`]).
+    pub value_dim: usize,
     /// Scores are `q . k * scale` (`1 / sqrt(head_dim)` unless the family says otherwise).
     pub scale: f64,
     /// Scores are soft-capped to `cap * tanh(s / cap)` before the mask (Gemma 2).
@@ -66,15 +70,28 @@ pub struct AttentionDims {
 
 impl AttentionDims {
     /// The attention of decoder layer `index` of a model with `spec`.
+    /// With latent attention ([`crate::spec::MlaSpec`]), the absorbed form's: every query head
+    /// against the one cached latent row, values its first `kv_lora_rank`.
     pub fn of(spec: &ModelSpec, index: usize) -> Self {
         let scalar = spec.query_pre_attn_scalar.unwrap_or(spec.head_dim as f64);
         Self {
             n_heads: spec.n_heads,
             n_kv_heads: spec.n_kv_heads,
             head_dim: spec.head_dim,
-            scale: 1.0 / scalar.sqrt(),
+            value_dim: spec.mla.map_or(spec.head_dim, |m| m.kv_lora_rank),
+            scale: spec.mla.map_or(1.0 / scalar.sqrt(), |m| m.score_scale),
             softcap: spec.attn_softcap,
             sliding: spec.sliding_window_pattern.is_some() && spec.is_sliding_layer(index),
+        }
+    }
+}
+
+impl Step<'_> {
+    /// The rotary tables of a layer with `dims`: the sliding-window layers' own, if any.
+    pub fn rope_of(&self, dims: AttentionDims) -> &Rope {
+        match dims.sliding {
+            true => self.local_rope.unwrap_or(self.rope),
+            false => self.rope,
         }
     }
 }
@@ -184,36 +201,51 @@ pub fn attend(
             .transpose(1, 2)?
             .contiguous()?)
     };
-    let (rope, mask, window) = if dims.sliding {
-        (
-            step.local_rope.unwrap_or(step.rope),
-            &step.local_mask,
-            step.local_window,
-        )
-    } else {
-        (step.rope, &step.mask, step.window)
-    };
+    let rope = step.rope_of(dims);
     let q = heads(q, dims.n_heads)?;
     let k = heads(k, dims.n_kv_heads)?;
     let v = heads(v, dims.n_kv_heads)?;
     let q = rope.apply(&q, step.pos)?;
     let k = rope.apply(&k, step.pos)?;
+    attend_heads(&q, &k, &v, kv, step, dims, sinks)
+}
+
+/// [`attend`] after the heads are split and RoPE applied: `q` `[1, heads, seq, head_dim]`, `k`
+/// `[1, kv_heads, seq, head_dim]` and `v` `[1, kv_heads, seq, value_dim]` (ignored when the
+/// cache keeps the values in the keys) are written to `kv` and attended, on the host for a
+/// host cache; returns `[1, seq, heads * value_dim]`. A family that rotates its own way (the
+/// latent attention's shared RoPE part) calls it directly.
+pub fn attend_heads(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv: &mut LayerKv,
+    step: &Step<'_>,
+    dims: AttentionDims,
+    sinks: Option<&[f32]>,
+) -> Result<Tensor> {
+    let seq = q.dim(2)?;
+    let (mask, window) = if dims.sliding {
+        (&step.local_mask, step.local_window)
+    } else {
+        (&step.mask, step.window)
+    };
     if kv.on_host() && !q.device().is_cpu() {
         // The cache lives in host memory (`kv_offload`): the step's keys and values cross to
         // the host to be written there.
         let host =
             |t: &Tensor| -> Result<Tensor> { Ok(t.to_device(&Device::Cpu)?.to_dtype(DType::F32)?) };
-        let (hk, hv) = (host(&k)?, host(&v)?);
+        let (hk, hv) = (host(k)?, host(v)?);
         if kv.streams(seq, dims.n_heads, step.pos + seq) {
             // The link is quicker for this step (a long prompt chunk): the positions it
             // attends to cross to the device, and attention runs there.
-            return attend_rotated(&q, &hk, &hv, kv, step, dims, (window, mask, sinks));
+            return attend_rotated(q, &hk, &hv, kv, step, dims, (window, mask, sinks));
         }
         // Else the queries cross too, attention runs on the host (the CPU's tiled kernel, in
         // f32, masking by position), and only its output crosses back, never the cache.
         let no_mask = None;
         let y = attend_rotated(
-            &host(&q)?,
+            &host(q)?,
             &hk,
             &hv,
             kv,
@@ -223,7 +255,7 @@ pub fn attend(
         )?;
         return Ok(y.to_device(q.device())?.to_dtype(q.dtype())?);
     }
-    attend_rotated(&q, &k, &v, kv, step, dims, (window, mask, sinks))
+    attend_rotated(q, k, v, kv, step, dims, (window, mask, sinks))
 }
 
 /// [`attend`] after RoPE, on the device the cache lives on: rotates a block-format cache's
@@ -271,7 +303,9 @@ fn attend_stored(
     // causal and window masks are the same relative to it.
     let first = kv.first_position();
     let pos = step.pos - first;
-    if q.device().is_cpu() && b == 1 {
+    // The tiled kernel reads values as wide as the keys; the latent attention's narrower
+    // values take the matmul path (on the CPU too).
+    if q.device().is_cpu() && b == 1 && dims.value_dim == head_dim {
         let queries = Queries { pos, window, sinks };
         return tiled_attention(q, &k, &v, format, dims, queries);
     }
@@ -288,16 +322,48 @@ fn attend_stored(
         }
         Ok(t.force_contiguous()?.to_device(q.device())?)
     };
-    let (k, v) = (onto(k)?, onto(v)?);
+    let (k, v) = (onto(k)?, onto(v)?.contiguous()?);
+    let queries = Queries { pos, window, sinks };
+    if q.device().is_cpu() && (2..=flash_cpu::ROW_BY_ROW).contains(&seq) {
+        // As the tiled kernel runs short chunks: each query row as its decode step computes it
+        // (against the keys up to its position), so a speculative step's verification reads
+        // the logits decoding would give, bit for bit.
+        let rows = (0..seq)
+            .map(|i| {
+                let seen = pos + i + 1;
+                let row = Queries {
+                    pos: pos + i,
+                    ..queries
+                };
+                let (k, v) = (k.narrow(2, 0, seen)?, v.narrow(2, 0, seen)?);
+                against_keys(&q.narrow(2, i, 1)?.contiguous()?, &k, &v, dims, row, None)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        return Ok(Tensor::cat(&rows, 1)?);
+    }
+    let mask = mask.as_ref().filter(|_| first == 0).cloned();
+    against_keys(q, &k, &v, dims, queries, mask)
+}
+
+/// The matmul paths for `q` (`[b, heads, seq, dim]`) against the keys and values held (`k`,
+/// `v`, from the first held position): key block by key block past [`KEY_BLOCK`] keys, else
+/// at once under `mask` (the step's, when it applies), or one built from the positions.
+fn against_keys(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    dims: AttentionDims,
+    queries: Queries<'_>,
+    mask: Option<Tensor>,
+) -> Result<Tensor> {
     if k.dim(2)? > KEY_BLOCK {
-        let queries = Queries { pos, window, sinks };
-        return blocked_attention(q, &k, &v, dims, queries, KEY_BLOCK);
+        return blocked_attention(q, k, v, dims, queries, KEY_BLOCK);
     }
     let mask = match mask {
-        Some(mask) if first == 0 => Some(mask.clone()),
-        _ => causal_mask(seq, pos, window, q.device())?,
+        Some(mask) => Some(mask),
+        None => causal_mask(q.dim(2)?, queries.pos, queries.window, q.device())?,
     };
-    matmul_attention(q, &k, &v, mask.as_ref(), dims, sinks)
+    matmul_attention(q, k, v, mask.as_ref(), dims, queries.sinks)
 }
 
 /// The attention core by candle's matmuls: `q` (`[b, heads, seq, dim]`, RoPE applied)
@@ -381,7 +447,7 @@ fn sink_column(sinks: &[f32], q: &Tensor, seq: usize) -> Result<Tensor> {
 /// row order, `[b, seq, heads * dim]`.
 fn heads_to_rows(y: &Tensor, dims: AttentionDims, seq: usize) -> Result<Tensor> {
     let b = y.dim(0)?;
-    let (n_heads, head_dim) = (dims.n_heads, dims.head_dim);
+    let (n_heads, head_dim) = (dims.n_heads, dims.value_dim);
     Ok(y.reshape((b, n_heads, seq, head_dim))?
         .transpose(1, 2)?
         .reshape((b, seq, n_heads * head_dim))?)
@@ -403,7 +469,7 @@ fn grouped_queries(q: &Tensor, cache: DType, dims: AttentionDims) -> Result<(Ten
     let group = dims.n_heads / dims.n_kv_heads;
     let q = q
         .to_dtype(dtype)?
-        .reshape((b, dims.n_kv_heads, group * seq, dims.head_dim))?;
+        .reshape((b, dims.n_kv_heads, group * seq, q.dim(3)?))?;
     Ok((q, dtype))
 }
 
@@ -716,6 +782,7 @@ mod tests {
                 n_heads: 4,
                 n_kv_heads: 2,
                 head_dim: 8,
+                value_dim: 8,
                 scale: 0.35,
                 softcap,
                 sliding: window.is_some(),

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use candle_core::Tensor;
 
 use super::attention::{AttentionDims, Step};
+use crate::deepseek2::Deepseek2Block;
 use crate::error::Result;
 use crate::gemma::GemmaBlock;
 use crate::kv_cache::{LayerKv, LayerState};
@@ -107,6 +108,7 @@ pub fn for_layer(spec: &ModelSpec, index: usize) -> Arc<dyn Block> {
         Architecture::Gemma2 | Architecture::Gemma3 => Arc::new(GemmaBlock::new(spec, index)),
         Architecture::Phi3 => Arc::new(Phi3Block::new(spec, index)),
         Architecture::Qwen35 | Architecture::Qwen35Moe => Arc::new(Qwen35Block::new(spec, index)),
+        Architecture::Deepseek2 => Arc::new(Deepseek2Block::new(spec, index)),
     }
 }
 

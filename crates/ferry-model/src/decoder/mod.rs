@@ -157,10 +157,7 @@ impl Model {
     /// its sliding-window layers keeping only their window ([`KvCache::with_windows`]) and its
     /// recurrent layers a state on the compute device ([`KvCache::with_recurrent`]).
     pub fn new_cache_with_limit(&self, max_len: usize) -> KvCache {
-        let shape = KvShape {
-            n_kv_heads: self.spec.n_kv_heads,
-            head_dim: self.spec.head_dim,
-        };
+        let shape = KvShape::of(&self.spec);
         let max_len = max_len.min(self.spec.max_context);
         let windows: Vec<Option<usize>> = (0..self.spec.n_layers)
             .map(|i| self.spec.layer_window(i))

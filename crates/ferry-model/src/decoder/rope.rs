@@ -69,7 +69,7 @@ impl Rope {
         let mut attn_factor = spec.rope_attn_factor;
         if let Some(yarn) = &spec.rope_yarn {
             freqs = yarn_scale(&freqs, yarn, spec.rope_theta);
-            attn_factor = Some(attn_factor.unwrap_or(1.0) * yarn_magnitude(yarn));
+            attn_factor = Some(attn_factor.unwrap_or(1.0) * yarn.magnitude);
         }
         // Divisors from the config (longrope) or from the file (`rope_freqs`, GGUF longrope).
         if let Some(factors) = spec.rope_freq_factors.as_deref().or(freq_factors) {
@@ -268,12 +268,6 @@ fn yarn_scale(freqs: &[f32], y: &YarnScaling, base: f32) -> Vec<f32> {
         .collect()
 }
 
-/// YaRN's magnitude correction of cos and sin, `1 + 0.1 ln(factor)` (what llama.cpp's rope
-/// multiplies in when YaRN extrapolates).
-fn yarn_magnitude(y: &YarnScaling) -> f32 {
-    1.0 + 0.1 * (y.factor).ln()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,6 +300,7 @@ mod tests {
             original_context: 4096,
             beta_fast: 32.0,
             beta_slow: 1.0,
+            magnitude: 1.0 + 0.1 * 32f32.ln(),
         };
         let freqs = inverse_frequencies(64, 150_000.0);
         let scaled = yarn_scale(&freqs, &y, 150_000.0);
@@ -324,7 +319,6 @@ mod tests {
                 "pair {i}"
             );
         }
-        assert!((yarn_magnitude(&y) - (1.0 + 0.1 * 32f32.ln())).abs() < 1e-7);
     }
 
     #[test]

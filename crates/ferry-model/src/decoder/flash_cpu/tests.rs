@@ -71,6 +71,7 @@ fn dims_of(c: &Case) -> AttentionDims {
         n_heads: c.heads,
         n_kv_heads: c.kv_heads,
         head_dim: c.dim,
+        value_dim: c.dim,
         scale: 1.0 / (c.dim as f64).sqrt(),
         softcap: c.softcap,
         sliding: c.window.is_some(),
@@ -82,10 +83,7 @@ fn dims_of(c: &Case) -> AttentionDims {
 fn max_difference(c: Case) -> f32 {
     let dev = Device::Cpu;
     let dims = dims_of(&c);
-    let shape = KvShape {
-        n_kv_heads: c.kv_heads,
-        head_dim: c.dim,
-    };
+    let shape = KvShape::gqa(c.kv_heads, c.dim);
     let mut cache = KvCache::new(1, shape, c.pos + c.seq + 7, c.format(), &dev);
     let kv = cache.layer_mut(0).unwrap();
     let tensor = |len: usize, heads: usize, seed: u64| {
