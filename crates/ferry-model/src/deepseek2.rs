@@ -59,11 +59,7 @@ impl Deepseek2Block {
     }
 
     fn host_vectors(&self, w: &LayerWeights) -> Result<&HostVectors> {
-        if let Some(host) = self.host.get() {
-            return Ok(host);
-        }
-        let read = HostVectors::read(w, self.moe)?;
-        Ok(self.host.get_or_init(|| read))
+        HostVectors::once(&self.host, w, self.moe)
     }
 
     /// The queries of rows `h` (`[1, rows, heads * (qk_nope + rope)]`) and the latent with

@@ -58,6 +58,20 @@ impl HostVectors {
             selection_bias,
         })
     }
+
+    /// The vectors kept in `cell`, read from layer `w` on the first call (a block keeps one
+    /// cell per layer).
+    pub(crate) fn once<'a>(
+        cell: &'a OnceLock<Self>,
+        w: &LayerWeights,
+        moe: Option<MoeSpec>,
+    ) -> Result<&'a Self> {
+        if let Some(host) = cell.get() {
+            return Ok(host);
+        }
+        let read = Self::read(w, moe)?;
+        Ok(cell.get_or_init(|| read))
+    }
 }
 
 impl LlamaBlock {
@@ -80,11 +94,7 @@ impl LlamaBlock {
 
     /// The layer's host vectors, read from `w` on the first call.
     fn host_vectors(&self, w: &LayerWeights) -> Result<&HostVectors> {
-        if let Some(host) = self.host.get() {
-            return Ok(host);
-        }
-        let read = HostVectors::read(w, self.moe)?;
-        Ok(self.host.get_or_init(|| read))
+        HostVectors::once(&self.host, w, self.moe)
     }
 }
 
