@@ -932,7 +932,16 @@ fn a_tight_budget_degrades_with_its_reason_and_a_line_per_layer() {
     // Far too small: the refusal names the smallest budget.
     let (ok, _, stderr) = plan("3MiB", &[]);
     assert!(!ok);
-    assert!(stderr.contains("`--gpu-memory 4MiB`"), "{stderr}");
+    let named = stderr
+        .split("`--gpu-memory ")
+        .nth(1)
+        .and_then(|rest| rest.split("KiB`").next())
+        .and_then(|kib| kib.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no smallest budget in: {stderr}"));
+    let (ok, _, stderr) = plan(&format!("{named}KiB"), &[]);
+    assert!(ok, "the budget named plans: {stderr}");
+    let (ok, _, _) = plan(&format!("{}KiB", named - 1), &[]);
+    assert!(!ok, "one KiB less does not");
     // The list form: layer 1 only; a layer beyond the model is named.
     let (ok, text, stderr) = plan("1GiB", &["--host-expert-layers", "1,"]);
     assert!(ok, "{stderr}");

@@ -351,3 +351,36 @@ fn a_list_of_layers_keeps_their_experts_on_the_host() {
         other => panic!("expected InvalidInput, got {other:?}"),
     }
 }
+
+#[test]
+fn a_fitted_expert_plan_says_its_experts_are_on_the_host() {
+    use crate::fit::{fit, CacheRequest};
+    use crate::plan::Origin;
+    let expert = 3 * PIECE;
+    // Room for the other parts, a pool with its scratch slots and one sequence's cache of 64
+    // tokens at 1 KiB, not eight.
+    let budget = (2 * PIECE + 4 * expert) as u64 + 64 * 1024 * 2;
+    let input_for = |context: usize, batch: usize| {
+        let mut inp = input(OffloadMode::Auto, layouts(2, PIECE, 4, expert), budget, 2);
+        inp.max_context = context;
+        inp.max_batch = batch;
+        inp.kv_bytes_per_token_per_layer = 1024;
+        inp
+    };
+    let request = CacheRequest {
+        max_context: None,
+        max_batch: None,
+        model_context: 64,
+        kv_dtype: Origin::Default,
+        kv_offload: ferry_config::KvOffload::Off,
+        host_free_bytes: None,
+    };
+    let fitted = fit(&request, &input_for).expect("fits at batch 1");
+    assert_eq!(fitted.plan.max_batch, 1);
+    let note = &fitted.plan.notes[0];
+    assert!(note.starts_with("fitted the KV cache"), "{note}");
+    assert!(
+        note.contains("8 of 8 routed experts live on the host"),
+        "{note}"
+    );
+}

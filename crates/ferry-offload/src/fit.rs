@@ -263,7 +263,13 @@ fn reason(
     top_batch: usize,
 ) -> String {
     let kv_dtype = chosen.kv_dtype.as_str();
-    let placement = if chosen.host_layers() > 0 {
+    let placement = if let Some(experts) = &chosen.experts {
+        format!(
+            "; {} of {} routed experts live on the host (expert offload), every layer's other parts on the device",
+            experts.host_experts(),
+            experts.layers.iter().map(|l| l.n_experts()).sum::<usize>()
+        )
+    } else if chosen.host_layers() > 0 {
         format!(
             "; {} of {} layers still stream from the host (set `max_batch` for more sequences beside them)",
             chosen.host_layers(),
@@ -320,9 +326,14 @@ fn cache_error(
         instead.push(format!("the largest that fit: {}", options.join(", or ")));
     }
     if let Some(bytes) = budget {
-        let mib = bytes.div_ceil(1 << 20);
+        // Rounded up to what one types: whole MiB from 1 GiB, whole KiB below.
+        let size = if bytes >= 1 << 30 {
+            format!("{}MiB", bytes.div_ceil(1 << 20))
+        } else {
+            format!("{}KiB", bytes.div_ceil(1 << 10))
+        };
         instead.push(format!(
-            "the smallest budget that fits them: {mib} MiB (set `offload.gpu_memory` / `--gpu-memory {mib}MiB`; a lower `max_step_tokens` shrinks the workspace)"
+            "the smallest budget that fits them: {size} (set `offload.gpu_memory` / `--gpu-memory {size}`; a lower `max_step_tokens` shrinks the workspace)"
         ));
     }
     PlanError::CacheDoesNotFit(Box::new(CacheOverflow {

@@ -428,19 +428,19 @@ fn a_refusal_names_the_smallest_budget_that_fits() {
     };
     let error = fit(&request, &model(OffloadMode::Auto, 100 * MIB)).expect_err("too small");
     let text = error.to_string();
-    let mib: u64 = text
+    let kib: u64 = text
         .split("the smallest budget that fits them: ")
         .nth(1)
-        .and_then(|rest| rest.split(' ').next())
+        .and_then(|rest| rest.split("KiB ").next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no smallest budget in: {text}"));
-    assert!(text.contains(&format!("`--gpu-memory {mib}MiB`")), "{text}");
-    // That budget plans the same values; one MiB less does not.
+    assert!(text.contains(&format!("`--gpu-memory {kib}KiB`")), "{text}");
+    // That budget plans the same values; one KiB less does not.
     assert!(
-        fit(&request, &model(OffloadMode::Auto, mib * MIB)).is_ok(),
+        fit(&request, &model(OffloadMode::Auto, kib * KIB)).is_ok(),
         "{text}"
     );
-    assert!(fit(&request, &model(OffloadMode::Auto, (mib - 1) * MIB)).is_err());
+    assert!(fit(&request, &model(OffloadMode::Auto, (kib - 1) * KIB)).is_err());
 }
 
 #[test]
