@@ -155,7 +155,7 @@ fn plans(checkpoint: &Checkpoint, link: u64) -> Result<(Plan, Plan), String> {
     input.experts = Some(ExpertInput {
         n_used: 2,
         pool_slots: None,
-        host_layers: 0,
+        host_layers: Default::default(),
     });
     let all = plan(&input).map_err(|e| e.to_string())?;
     let host_experts = all.host_bytes;

@@ -226,7 +226,7 @@ fn all_offloaded(checkpoint: &Checkpoint, o: &Options) -> Result<Plan, String> {
     input.experts = Some(ExpertInput {
         n_used: o.top_k,
         pool_slots: None,
-        host_layers: 0,
+        host_layers: Default::default(),
     });
     plan(&input).map_err(|e| e.to_string())
 }

@@ -677,7 +677,7 @@ fn offloaded_experts_decode_like_none_on_the_gpu() {
         input.experts = Some(ExpertInput {
             n_used: 2,
             pool_slots: Some(pool),
-            host_layers: 0,
+            host_layers: Default::default(),
         });
         plan(&input).expect("plan")
     };

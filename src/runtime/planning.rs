@@ -191,7 +191,7 @@ pub fn plan_beside(
             .map(|moe| ExpertInput {
                 n_used: moe.n_used,
                 pool_slots: None,
-                host_layers: model.tier.host_expert_layers,
+                host_layers: model.tier.host_expert_layers.clone(),
             });
         input
     };
@@ -206,14 +206,14 @@ pub fn plan_beside(
         },
         kv_offload,
         // The host's free memory, a tenth kept back: what the plan puts there (offloaded
-        // weights and the cache) must fit in it.
-        host_free_bytes: match kv_offload {
-            KvOffload::Auto => cpu_free_bytes().ok().map(|free| free / 10 * 9),
-            _ => None,
-        },
+        // weights, pinned or registered, and the cache) must fit in it.
+        host_free_bytes: cpu_free_bytes().ok().map(|free| free / 10 * 9),
     };
     let mut fitted = fit(&request, &input_for)?;
-    fitted.plan.notes = dequantized_notes(checkpoint, &holding);
+    fitted
+        .plan
+        .notes
+        .extend(dequantized_notes(checkpoint, &holding));
     if let Some(note) = recurrent_note(spec) {
         tracing::info!(model = %model.name, "{note}");
         fitted.plan.notes.push(note);

@@ -98,7 +98,7 @@ pub(crate) fn plan_for(
     input.experts = Some(ExpertInput {
         n_used: 2,
         pool_slots: Some(pool),
-        host_layers: 0,
+        host_layers: Default::default(),
     });
     plan(&input).unwrap()
 }
@@ -748,7 +748,7 @@ fn a_cuda_plan_places_experts_and_counts_the_pool() {
         input.experts = Some(ExpertInput {
             n_used: 2,
             pool_slots: Some(3),
-            host_layers: 0,
+            host_layers: Default::default(),
         });
         plan(&input).unwrap()
     };
@@ -909,4 +909,65 @@ fn the_first_layers_experts_stay_on_the_host_by_setting() {
     assert_eq!(resident[0], 0, "{pinned}");
     assert!(resident[1..].iter().all(|&n| n == all), "{pinned}");
     assert!(pinned["host_bytes"].as_u64() > Some(0), "{pinned}");
+}
+
+/// Issue 30 item 3: a budget that holds the expert pool but not its prefill scratch slots
+/// used to be refused; it now plans with no scratch slots, a `fitted:` note saying why, and
+/// `ferry plan` shows one line per MoE layer. A list of layers pins their experts to the host.
+#[test]
+fn a_tight_budget_degrades_with_its_reason_and_a_line_per_layer() {
+    let model = crate::fixtures::path("arch-llamacpp").join("qwen3moe.gguf");
+    let plan = |budget: &str, extra: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["plan", "--device", "cpu", "--gpu-memory", budget, "--model"])
+            .arg(&model)
+            .args(extra)
+            .output()
+            .expect("ferry plan runs");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (ok, text, stderr) = plan("4000KiB", &[]);
+    assert!(ok, "{stderr}");
+    assert!(
+        text.contains("note: fitted: no prefill scratch slots"),
+        "{text}"
+    );
+    for layer in 0..2 {
+        assert!(
+            text.contains(&format!(
+                "\n  layer {layer}       experts: 0 device, 4 host (48.0 KiB each; pool 2 + 0 scratch)\n"
+            )),
+            "{text}"
+        );
+    }
+    // Far too small: the refusal names the smallest budget.
+    let (ok, _, stderr) = plan("3MiB", &[]);
+    assert!(!ok);
+    let named = stderr
+        .split("`--gpu-memory ")
+        .nth(1)
+        .and_then(|rest| rest.split("KiB`").next())
+        .and_then(|kib| kib.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no smallest budget in: {stderr}"));
+    let (ok, _, stderr) = plan(&format!("{named}KiB"), &[]);
+    assert!(ok, "the budget named plans: {stderr}");
+    let (ok, _, _) = plan(&format!("{}KiB", named - 1), &[]);
+    assert!(!ok, "one KiB less does not");
+    // The list form: layer 1 only; a layer beyond the model is named.
+    let (ok, text, stderr) = plan("1GiB", &["--host-expert-layers", "1,"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        text.contains("\n  layer 0       experts: 4 device, 0 host"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\n  layer 1       experts: 0 device, 4 host"),
+        "{text}"
+    );
+    let (ok, _, stderr) = plan("1GiB", &["--host-expert-layers", "0,5"]);
+    assert!(!ok && stderr.contains("names layer 5"), "{stderr}");
 }

@@ -206,7 +206,8 @@ fn a_moe_model_with_a_dense_first_layer_reports_its_expert_units() {
         "{text}"
     );
     assert!(
-        text.contains("\n  layers 1-2    experts 0 of 8 on the device, 8 on the host ("),
+        text.contains("\n  layer 1       experts: 0 device, 8 host (")
+            && text.contains("\n  layer 2       experts: 0 device, 8 host ("),
         "{text}"
     );
 }

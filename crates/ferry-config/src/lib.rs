@@ -23,12 +23,14 @@
 //!   validated [`Config`], with the origin of every value. Values that need the machine (free
 //!   device memory for `gpu_memory = "90%"`) stay symbolic and are resolved by the device layer.
 //! - [`types`]: the resolved structs; [`values`]: their value types and how each is parsed and
-//!   shown; [`units`]: sizes, durations and bandwidths.
+//!   shown ([`expert_layers`]: `offload.host_expert_layers`); [`units`]: sizes, durations and
+//!   bandwidths.
 //! - [`load`]: the I/O edge (file, process environment, warnings about unknown `FERRY_*`
 //!   variables); [`show`]: `ferry config`'s listing; [`env`]: the unknown-variable check.
 
 mod env;
 mod error;
+pub mod expert_layers;
 mod load;
 pub mod raw;
 mod resolve;
@@ -40,6 +42,7 @@ mod units;
 pub mod values;
 
 pub use error::ConfigError;
+pub use expert_layers::HostExpertLayers;
 pub use load::load;
 pub use resolve::{Origin, Origins, Overrides, Resolved};
 pub use sampling::SamplingSettings;

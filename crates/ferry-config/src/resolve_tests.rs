@@ -439,3 +439,50 @@ fn speculative_settings_come_from_the_table_file_variables_and_flags() {
         assert!(err.contains(says), "{err}");
     }
 }
+
+#[test]
+fn host_expert_layers_take_a_count_or_a_list_from_the_file_variables_and_flags() {
+    use crate::HostExpertLayers;
+    let raw = RawConfig::from_toml(
+        "[[models]]\nsource = \"m.gguf\"\noffload = { host_expert_layers = \"0,2,5-7\" }\n",
+    )
+    .expect("toml");
+    let layers = |env: &Overrides, flags: &Overrides| {
+        Config::resolve(&raw, env, flags)
+            .map(|config| config.models[0].tier.host_expert_layers.clone())
+    };
+    let none = Overrides::default();
+    assert_eq!(
+        layers(&none, &none).expect("file"),
+        HostExpertLayers::List(vec![0, 2, 5, 6, 7])
+    );
+    let env = over(&[("FERRY_HOST_EXPERT_LAYERS", "3")]);
+    assert_eq!(
+        layers(&env, &none).expect("variable"),
+        HostExpertLayers::First(3)
+    );
+    let flags = set(&[("host-expert-layers", "1-2")]);
+    assert_eq!(
+        layers(&env, &flags).expect("flag"),
+        HostExpertLayers::List(vec![1, 2])
+    );
+    // An integer in the file is a count; the default is none.
+    let counted = RawConfig::from_toml(
+        "[[models]]\nsource = \"m.gguf\"\noffload = { host_expert_layers = 4 }\n",
+    )
+    .expect("toml");
+    let config = Config::resolve(&counted, &none, &none).expect("count");
+    assert_eq!(
+        config.models[0].tier.host_expert_layers,
+        HostExpertLayers::First(4)
+    );
+    let plain = Config::resolve(&RawConfig::default(), &none, &none).expect("defaults");
+    assert!(plain.models[0].tier.host_expert_layers.is_none());
+    // A bad list names the setting and what it takes.
+    let error = layers(&none, &set(&[("host-expert-layers", "2-x")])).expect_err("bad");
+    let text = error.to_string();
+    assert!(
+        text.contains("host-expert-layers") && text.contains("0,2,5-7"),
+        "{text}"
+    );
+}

@@ -6,6 +6,7 @@
 //! table are all driven by this list; adding a setting is adding one entry here and one field to
 //! the struct in [`super::types`].
 
+use super::expert_layers::ExpertLayers;
 use super::sampling::{Fraction, Nucleus, OptionalCount, OptionalSampling, Penalty, Temperature};
 use super::types::{DeviceConfig, ModelConfig, ServerConfig};
 use super::values::{
@@ -709,12 +710,12 @@ pub static SETTINGS: &[Setting] = &[
         name: "host-expert-layers",
         short: None,
         key: "offload.host_expert_layers",
-        value_name: "N",
+        value_name: "LAYERS",
         default: Some("0"),
         default_note: "the budget decides",
-        example: "12",
-        help: "Keep every expert of the first N MoE layers on the host whatever the budget (llama.cpp's --n-cpu-moe), the other layers' experts placed by the budget; mode auto with offload.experts. On the CPU device such experts are computed on the host or streamed per step by the cost model; on CUDA they stream.",
-        field: field!(Model, Number<usize>, tier.host_expert_layers),
+        example: "0,2,5-7",
+        help: "Keep every expert of these MoE layers on the host whatever the budget (llama.cpp's --n-cpu-moe): N, the first N MoE layers, or a list of layer indices and ranges like 0,2,5-7 (a layer out of range or without experts is an error at load); the other layers' experts placed by the budget; mode auto with offload.experts. On the CPU device such experts are computed on the host or streamed per step by the cost model; on CUDA they stream.",
+        field: field!(Model, ExpertLayers, tier.host_expert_layers),
     },
     Setting {
         name: "offload-tier",

@@ -108,9 +108,9 @@ pub struct TierConfig {
     pub device_gflops: Option<f64>,
     /// Place a mixture of experts expert by expert (`offload.experts`).
     pub experts: bool,
-    /// The first this many MoE layers keep every expert on the host
-    /// (`offload.host_expert_layers`).
-    pub host_expert_layers: usize,
+    /// The MoE layers that keep every expert on the host (`offload.host_expert_layers`): the
+    /// first N, or a list of layer indices.
+    pub host_expert_layers: super::expert_layers::HostExpertLayers,
 }
 
 /// Resolved `[[models]]` entry.

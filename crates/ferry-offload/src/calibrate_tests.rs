@@ -76,7 +76,7 @@ fn configured_rates_replace_measurements() {
         host_bandwidth: Some(40_000_000_000),
         device_gflops: Some(20_000.0),
         experts: true,
-        host_expert_layers: 0,
+        host_expert_layers: Default::default(),
     };
     let calibration = calibrate(&input(&tier, GgmlDType::Q4_0, Some(8_000_000_000))).unwrap();
     assert_eq!(

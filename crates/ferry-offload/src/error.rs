@@ -47,6 +47,30 @@ pub enum PlanError {
         /// Bytes per slot (the largest streamed layer).
         slot_bytes: u64,
     },
+    /// A mixture of experts placed expert by expert does not fit even with every routed expert
+    /// on the host, and streaming whole layers needs more still.
+    #[error("offload mode `{mode}` needs at least {needed} on the device with every routed expert on the host (fixed parts, KV cache, workspace, reserve, every layer's attention, norms and router, and an expert pool of {slots} slot(s) of {slot}), budget {budget}", needed = crate::units::format_bytes(*.needed), budget = crate::units::format_bytes(*.budget), slot = crate::units::format_bytes(*.slot_bytes))]
+    ExpertsDoNotFit {
+        /// `auto` or `sequential`.
+        mode: &'static str,
+        /// The smallest device footprint of an expert plan.
+        needed: u64,
+        /// The device budget in bytes.
+        budget: u64,
+        /// Slots of the smallest expert pool (one token's experts of one layer).
+        slots: usize,
+        /// Bytes per slot (the largest expert).
+        slot_bytes: u64,
+    },
+    /// What the plan keeps in host memory (offloaded weights, pinned or registered, and a KV
+    /// cache there) exceeds what the host has free.
+    #[error("the plan keeps {needed} in host memory (offloaded weights pinned or registered for the copies, and any KV cache there), but the host has {free} available (MemAvailable, a tenth kept back): give the device a larger budget (`offload.gpu_memory`), a shorter `max_context`, or free host memory", needed = crate::units::format_bytes(*.needed), free = crate::units::format_bytes(*.free))]
+    HostMemory {
+        /// Host bytes of the plan.
+        needed: u64,
+        /// Host bytes available to it.
+        free: u64,
+    },
     /// The KV cache and workspace that `max_context` and `max_batch` ask for do not fit the
     /// budget, while smaller values would ([`super::fit`]).
     #[error("{0}")]
@@ -57,9 +81,9 @@ pub enum PlanError {
 }
 
 /// What [`PlanError::CacheDoesNotFit`] says: the values planned, their cost, the planner's
-/// refusal and the largest values that fit.
+/// refusal, and what would fit instead.
 #[derive(Debug, Error)]
-#[error("{asked} need {kv} of KV cache ({kv_dtype}) and {workspace} of workspace, and {cause}; the largest that fit: {largest}", kv = crate::units::format_bytes(*.kv_bytes), workspace = crate::units::format_bytes(*.workspace_bytes))]
+#[error("{asked} need {kv} of KV cache ({kv_dtype}) and {workspace} of workspace, and {cause}; {instead}", kv = crate::units::format_bytes(*.kv_bytes), workspace = crate::units::format_bytes(*.workspace_bytes))]
 pub struct CacheOverflow {
     /// The values planned and where they came from, e.g. "`max_context` 1048576 (set) with
     /// `max_batch` 8 (the default)".
@@ -72,8 +96,9 @@ pub struct CacheOverflow {
     pub workspace_bytes: u64,
     /// The planner's refusal with those values.
     pub cause: PlanError,
-    /// The largest values that fit, e.g. "`max_context` 2048 with `max_batch` 8".
-    pub largest: String,
+    /// What would fit instead: the largest values at this budget ("the largest that fit:
+    /// `max_context` 2048 with `max_batch` 8") and the smallest budget for these values.
+    pub instead: String,
 }
 
 /// Failures of the running offload engine: filling the host store, the slot ring and the copy

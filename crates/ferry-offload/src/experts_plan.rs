@@ -4,7 +4,7 @@
 //! workspace and reserve, then the non-expert parts of every layer (attention, norms, router),
 //! then a pool of expert slots (at least one token's routed experts), then experts, spread
 //! evenly over the layers (expert 0 of every layer, then expert 1, ...), until the budget
-//! (except in the first [`ExpertInput::host_layers`] MoE layers, which keep them all on the host
+//! (except in the MoE layers of [`ExpertInput::host_layers`], which keep them all on the host
 //! by setting, as llama.cpp's `--n-cpu-moe` does). The
 //! remaining experts live in host slabs, one per expert (its gate, up and down together), and
 //! are either copied into a slot of the pool when the router picks them or computed where they
@@ -12,7 +12,9 @@
 //!
 //! Beside the pool, [`PREFILL_SCRATCH_SLOTS`] scratch slots: a prefill's streamed experts pass
 //! through them one after another (the next copied while the current computes), never entering
-//! the pool's cache, so a prompt does not evict the experts decoding keeps hot.
+//! the pool's cache, so a prompt does not evict the experts decoding keeps hot. When the budget
+//! holds the pool but not the scratch slots beside it, the plan has none (the planner degrades
+//! before it refuses, [`super::plan`]): a prefill then streams through the pool.
 //!
 //! The bytes moved per decode token follow the routed-expert arithmetic: a token routes to
 //! `n_used` of a layer's `n_experts` experts, so with uniform routing and no cache hits a layer
@@ -22,22 +24,24 @@
 use serde::Serialize;
 
 use super::layout::{expert_units, LayerLayout, SlotKind, SlotLayout};
+use ferry_config::HostExpertLayers;
 
 /// Scratch slots beside the expert pool for a prefill's streamed experts: one computing, one
 /// receiving the next copy.
 pub const PREFILL_SCRATCH_SLOTS: usize = 2;
 
 /// What the planner needs to place experts one by one (set for MoE models).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExpertInput {
     /// Experts each token is routed to (top-k).
     pub n_used: usize,
     /// Expert slots of the device pool (the cache of hot experts); `None`: `n_used` (one
     /// token's experts of one layer).
     pub pool_slots: Option<usize>,
-    /// The first this many MoE layers keep every expert on the host, whatever the budget
-    /// (`offload.host_expert_layers`, llama.cpp's `--n-cpu-moe`); 0: the budget decides.
-    pub host_layers: usize,
+    /// The MoE layers that keep every expert on the host, whatever the budget
+    /// (`offload.host_expert_layers`, llama.cpp's `--n-cpu-moe`: the first N, or a list);
+    /// `First(0)`: the budget decides.
+    pub host_layers: HostExpertLayers,
 }
 
 /// One MoE layer's experts in a plan.
@@ -164,22 +168,50 @@ pub fn layer_experts(layouts: &[LayerLayout], kind: SlotKind) -> Option<Vec<Laye
     layers.iter().any(|l| l.n_experts() > 0).then_some(layers)
 }
 
+/// The decoder layers whose experts stay on the host by setting (`input.host_layers` resolved
+/// against the layers that have experts); an error names a listed layer out of range or
+/// without experts.
+pub fn pinned_layers(layouts: &[LayerLayout], input: &ExpertInput) -> Result<Vec<usize>, String> {
+    let moe: Vec<usize> = layouts
+        .iter()
+        .filter(|l| expert_units(l) > 0)
+        .map(|l| l.index)
+        .collect();
+    input.host_layers.resolve(&moe, layouts.len())
+}
+
+/// What the smallest expert plan of `layouts` holds on the device besides the fixed parts, KV
+/// cache, workspace and reserve: `(every layer's other parts, one pool slot)`, the pool having
+/// no scratch slots and every expert on the host; `None` without experts.
+pub fn least_parts(layouts: &[LayerLayout], kind: SlotKind) -> Option<(u64, u64)> {
+    let layers = layer_experts(layouts, kind)?;
+    let base: u64 = layers.iter().map(|l| l.base_bytes).sum();
+    let mut slot = SlotLayout::new(kind);
+    for layout in layouts {
+        for e in 0..expert_units(layout) {
+            slot.add(&layout.expert(e));
+        }
+    }
+    Some((base, slot.total_bytes()))
+}
+
 /// Places experts in `available` device bytes (the budget less the fixed parts, KV cache,
-/// workspace and reserve). With `spread` experts fill the room left after the other parts
-/// and the pool, evenly over the layers; without it (mode `sequential`) every expert stays on
-/// the host. `None` when the other parts and the pool do not fit, or nothing is left to offload.
+/// workspace and reserve), with `scratch_slots` prefill scratch slots beside the pool. With
+/// `spread` experts fill the room left after the other parts and the pool, evenly over the
+/// layers; without it (mode `sequential`) every expert stays on the host. `None` when the
+/// other parts and the pool do not fit, or nothing is left to offload.
 pub fn place(
     layouts: &[LayerLayout],
     kind: SlotKind,
-    input: ExpertInput,
+    input: &ExpertInput,
     available: u64,
     spread: bool,
+    scratch_slots: usize,
 ) -> Option<ExpertPlan> {
     let mut layers = layer_experts(layouts, kind)?;
     let base: u64 = layers.iter().map(|l| l.base_bytes).sum();
     let mut left = available.checked_sub(base)?;
     let pool_slots = input.pool_slots.unwrap_or(input.n_used).max(1);
-    let scratch_slots = PREFILL_SCRATCH_SLOTS;
     let host_layouts = |layers: &[LayerExperts]| {
         let mut slot = SlotLayout::new(kind);
         for (l, layout) in layers.iter().zip(layouts) {
@@ -200,13 +232,8 @@ pub fn place(
             .map(LayerExperts::n_experts)
             .max()
             .unwrap_or(0);
-        // The layers whose experts stay on the host by setting: the first MoE ones.
-        let pinned: Vec<usize> = layers
-            .iter()
-            .filter(|l| l.n_experts() > 0)
-            .take(input.host_layers)
-            .map(|l| l.index)
-            .collect();
+        // The layers whose experts stay on the host by setting (checked by the planner).
+        let pinned = pinned_layers(layouts, input).unwrap_or_default();
         'fill: for e in 0..most {
             for l in layers
                 .iter_mut()

@@ -1,7 +1,8 @@
 use super::*;
+use crate::error::PlanError;
 use crate::layout::TensorEntry;
 use crate::plan::{plan, PlanInput};
-use ferry_config::OffloadMode;
+use ferry_config::{HostExpertLayers, OffloadMode};
 use ferry_model::header::GgufType;
 use ferry_model::loader::TensorKind;
 use ferry_model::tensors::Part;
@@ -58,7 +59,7 @@ fn input(mode: OffloadMode, layouts: Vec<LayerLayout>, budget: u64, n_used: usiz
     input.experts = Some(ExpertInput {
         n_used,
         pool_slots: None,
-        host_layers: 0,
+        host_layers: Default::default(),
     });
     input
 }
@@ -70,7 +71,7 @@ fn the_first_moe_layers_keep_their_experts_on_the_host_by_setting() {
     let mut inp = input(OffloadMode::Auto, all, 1 << 30, 2);
     assert_eq!(plan(&inp).expect("fits").experts, None, "all resident");
     inp.experts = inp.experts.map(|e| ExpertInput {
-        host_layers: 2,
+        host_layers: HostExpertLayers::First(2),
         ..e
     });
     let p = plan(&inp).expect("fits");
@@ -86,7 +87,7 @@ fn the_first_moe_layers_keep_their_experts_on_the_host_by_setting() {
         |experts: u64| 4 * PIECE as u64 + pool * 3 * PIECE as u64 + experts * 3 * PIECE as u64;
     let mut inp = input(OffloadMode::Auto, tight, device_for(3), 2);
     inp.experts = inp.experts.map(|e| ExpertInput {
-        host_layers: 1,
+        host_layers: HostExpertLayers::First(1),
         ..e
     });
     let experts = plan(&inp).expect("fits").experts.expect("placed by expert");
@@ -192,7 +193,7 @@ fn a_larger_pool_is_counted_on_the_device() {
     inp.experts = Some(ExpertInput {
         n_used: 2,
         pool_slots: Some(5),
-        host_layers: 0,
+        host_layers: Default::default(),
     });
     let p = plan(&inp).expect("fits");
     // The pool's 5 slots and the prefill scratch slots beside it.
@@ -225,8 +226,10 @@ fn ferry_plan_shows_the_expert_tiers_and_the_bytes_per_token() {
     let text = render_text(&p);
     for line in [
         "experts top 2 of 8 per token",
-        "  layers 0-1    experts 3 of 8 on the device, 5 on the host (25.5 KiB each)",
-        "  layers 2-3    experts 2 of 8 on the device, 6 on the host (25.5 KiB each)",
+        "  layer 0       experts: 3 device, 5 host (25.5 KiB each; pool 2 + 2 scratch)",
+        "  layer 1       experts: 3 device, 5 host (25.5 KiB each; pool 2 + 2 scratch)",
+        "  layer 2       experts: 2 device, 6 host (25.5 KiB each; pool 2 + 2 scratch)",
+        "  layer 3       experts: 2 device, 6 host (25.5 KiB each; pool 2 + 2 scratch)",
         "routed experts ~140.2 KiB moved per token (whole-layer streaming 918.0 KiB: 0.15x)",
         "  expert pool  2 + 2 prefill scratch x 25.5 KiB = 102.0 KiB",
     ] {
@@ -243,5 +246,141 @@ fn ferry_plan_shows_the_expert_tiers_and_the_bytes_per_token() {
     assert!(
         plan_json(&plan(&PlanInput::new(OffloadMode::None, vec![1], 0, 10)).unwrap())["experts"]
             .is_null()
+    );
+}
+
+#[test]
+fn a_budget_without_room_for_the_scratch_slots_drops_them_and_says_why() {
+    // Two layers of 4 experts; the budget holds the other parts and a pool of 2 slots, not
+    // the 2 scratch slots beside it.
+    let expert = 3 * PIECE;
+    let budget = (2 * PIECE + 2 * expert + expert) as u64;
+    let p = plan(&input(
+        OffloadMode::Auto,
+        layouts(2, PIECE, 4, expert),
+        budget,
+        2,
+    ))
+    .expect("degrades instead of refusing");
+    let ex = p.experts.as_ref().expect("placed by expert");
+    assert_eq!((ex.pool_slots, ex.scratch_slots), (2, 0));
+    assert_eq!(p.slots, 2);
+    assert!(p.device_bytes <= budget);
+    let note = p
+        .notes
+        .iter()
+        .find(|n| n.starts_with("fitted: no prefill scratch slots"));
+    assert!(
+        note.is_some_and(|n| n.contains("because the budget")),
+        "{:?}",
+        p.notes
+    );
+    // With room for them, they stay and nothing is noted.
+    let roomy = budget + 2 * expert as u64;
+    let p = plan(&input(
+        OffloadMode::Auto,
+        layouts(2, PIECE, 4, expert),
+        roomy,
+        2,
+    ))
+    .expect("fits");
+    assert_eq!(
+        p.experts.expect("by expert").scratch_slots,
+        PREFILL_SCRATCH_SLOTS
+    );
+    assert!(p.notes.is_empty(), "{:?}", p.notes);
+}
+
+#[test]
+fn a_refusal_names_the_expert_plans_least_footprint() {
+    let expert = 3 * PIECE;
+    // The other parts and a 2-slot pool, one byte short.
+    let least = (2 * PIECE + 2 * expert) as u64;
+    let inp = input(
+        OffloadMode::Auto,
+        layouts(2, PIECE, 4, expert),
+        least - 1,
+        2,
+    );
+    match plan(&inp) {
+        Err(PlanError::ExpertsDoNotFit {
+            needed,
+            slots,
+            slot_bytes,
+            ..
+        }) => {
+            assert_eq!(needed, least);
+            assert_eq!((slots, slot_bytes), (2, expert as u64));
+        }
+        other => panic!("expected ExpertsDoNotFit, got {other:?}"),
+    }
+    // At exactly that footprint it plans.
+    let inp = input(OffloadMode::Auto, layouts(2, PIECE, 4, expert), least, 2);
+    assert!(plan(&inp).is_ok());
+}
+
+#[test]
+fn a_list_of_layers_keeps_their_experts_on_the_host() {
+    let all = layouts(4, PIECE, 4, 3 * PIECE);
+    let mut inp = input(OffloadMode::Auto, all, 1 << 30, 2);
+    inp.experts = inp.experts.map(|e| ExpertInput {
+        host_layers: HostExpertLayers::List(vec![0, 2]),
+        ..e
+    });
+    let p = plan(&inp).expect("fits");
+    let resident: Vec<usize> = p
+        .experts
+        .expect("placed by expert")
+        .layers
+        .iter()
+        .map(|l| l.device_experts)
+        .collect();
+    assert_eq!(resident, [0, 4, 0, 4]);
+    // A layer beyond the model is named.
+    inp.experts = inp.experts.map(|e| ExpertInput {
+        host_layers: HostExpertLayers::List(vec![1, 9]),
+        ..e
+    });
+    match plan(&inp) {
+        Err(PlanError::InvalidInput(message)) => {
+            assert!(
+                message.contains("layer 9") && message.contains("4 layers"),
+                "{message}"
+            )
+        }
+        other => panic!("expected InvalidInput, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_fitted_expert_plan_says_its_experts_are_on_the_host() {
+    use crate::fit::{fit, CacheRequest};
+    use crate::plan::Origin;
+    let expert = 3 * PIECE;
+    // Room for the other parts, a pool with its scratch slots and one sequence's cache of 64
+    // tokens at 1 KiB, not eight.
+    let budget = (2 * PIECE + 4 * expert) as u64 + 64 * 1024 * 2;
+    let input_for = |context: usize, batch: usize| {
+        let mut inp = input(OffloadMode::Auto, layouts(2, PIECE, 4, expert), budget, 2);
+        inp.max_context = context;
+        inp.max_batch = batch;
+        inp.kv_bytes_per_token_per_layer = 1024;
+        inp
+    };
+    let request = CacheRequest {
+        max_context: None,
+        max_batch: None,
+        model_context: 64,
+        kv_dtype: Origin::Default,
+        kv_offload: ferry_config::KvOffload::Off,
+        host_free_bytes: None,
+    };
+    let fitted = fit(&request, &input_for).expect("fits at batch 1");
+    assert_eq!(fitted.plan.max_batch, 1);
+    let note = &fitted.plan.notes[0];
+    assert!(note.starts_with("fitted the KV cache"), "{note}");
+    assert!(
+        note.contains("8 of 8 routed experts live on the host"),
+        "{note}"
     );
 }

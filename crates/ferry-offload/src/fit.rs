@@ -21,9 +21,11 @@
 //! memory instead (when the host holds it), before anything is lowered; with `on` it is there
 //! from the start and the steps size what the device keeps without it.
 //!
-//! Set values are never changed. When the values planned do not fit at all and smaller ones
-//! would, the error ([`PlanError::CacheDoesNotFit`]) names `max_context` and `max_batch`, what
-//! they cost and the largest values that fit.
+//! Set values are never changed; a plan with fitted ones carries a `fitted: ...` note saying
+//! why. When the values planned do not fit at all, the error ([`PlanError::CacheDoesNotFit`])
+//! names `max_context` and `max_batch`, what they cost, the largest values that fit and the
+//! smallest budget that fits them. A plan whose host bytes exceed the host's free memory
+//! ([`CacheRequest::host_free_bytes`]) is refused, naming both ([`PlanError::HostMemory`]).
 
 use super::error::{CacheOverflow, PlanError, Result};
 use super::plan::{plan, CacheOrigins, Origin, Plan, PlanInput};
@@ -53,8 +55,10 @@ pub struct CacheRequest {
     pub kv_dtype: Origin,
     /// Where the KV cache may live (`kv_offload`; on the CPU device `auto` arrives as `Off`).
     pub kv_offload: KvOffload,
-    /// Host memory the KV cache may take besides the plan's other host bytes (`auto` keeps it
-    /// on the device when it would not fit there either); `None`: unknown, not checked.
+    /// Host memory the plan may take (offloaded weights, pinned or registered for the copies,
+    /// and a KV cache there: `auto` keeps the cache on the device when it would not fit there
+    /// either); a plan that needs more is refused, naming the bytes; `None`: unknown, not
+    /// checked.
     pub host_free_bytes: Option<u64>,
 }
 
@@ -71,6 +75,25 @@ pub struct Fitted {
 /// Chooses the unset values of `request` in the module's order and plans with them;
 /// `input_for(max_context, max_batch)` is the planner's input for one pair.
 pub fn fit(
+    request: &CacheRequest,
+    input_for: &dyn Fn(usize, usize) -> PlanInput,
+) -> Result<Fitted> {
+    let mut fitted = fit_cache(request, input_for)?;
+    if let Some(free) = request.host_free_bytes {
+        if fitted.plan.host_bytes > free {
+            return Err(PlanError::HostMemory {
+                needed: fitted.plan.host_bytes,
+                free,
+            });
+        }
+    }
+    if let Some(reason) = &fitted.reason {
+        fitted.plan.notes.insert(0, reason.clone());
+    }
+    Ok(fitted)
+}
+
+fn fit_cache(
     request: &CacheRequest,
     input_for: &dyn Fn(usize, usize) -> PlanInput,
 ) -> Result<Fitted> {
@@ -240,7 +263,13 @@ fn reason(
     top_batch: usize,
 ) -> String {
     let kv_dtype = chosen.kv_dtype.as_str();
-    let placement = if chosen.host_layers() > 0 {
+    let placement = if let Some(experts) = &chosen.experts {
+        format!(
+            "; {} of {} routed experts live on the host (expert offload), every layer's other parts on the device",
+            experts.host_experts(),
+            experts.layers.iter().map(|l| l.n_experts()).sum::<usize>()
+        )
+    } else if chosen.host_layers() > 0 {
         format!(
             "; {} of {} layers still stream from the host (set `max_batch` for more sequences beside them)",
             chosen.host_layers(),
@@ -279,8 +308,33 @@ fn cache_error(
     if let Some(b) = largest(1, batch.saturating_sub(1), &|b| attempt(context, b).is_ok()) {
         options.push(format!("`max_batch` {b} with `max_context` {context}"));
     }
-    if options.is_empty() {
+    // The weights themselves not fitting (modes none and model) is the planner's own error,
+    // with its advice; a cache too large for any offload mode names the budget that holds it.
+    let weights = matches!(
+        cause,
+        PlanError::DoesNotFit { .. } | PlanError::CannotBeResident { .. }
+    );
+    if options.is_empty() && weights {
         return cause;
+    }
+    let budget = smallest_budget(planned);
+    if options.is_empty() && budget.is_none() {
+        return cause;
+    }
+    let mut instead = Vec::new();
+    if !options.is_empty() {
+        instead.push(format!("the largest that fit: {}", options.join(", or ")));
+    }
+    if let Some(bytes) = budget {
+        // Rounded up to what one types: whole MiB from 1 GiB, whole KiB below.
+        let size = if bytes >= 1 << 30 {
+            format!("{}MiB", bytes.div_ceil(1 << 20))
+        } else {
+            format!("{}KiB", bytes.div_ceil(1 << 10))
+        };
+        instead.push(format!(
+            "the smallest budget that fits them: {size} (set `offload.gpu_memory` / `--gpu-memory {size}`; a lower `max_step_tokens` shrinks the workspace)"
+        ));
     }
     PlanError::CacheDoesNotFit(Box::new(CacheOverflow {
         asked: format!(
@@ -292,8 +346,34 @@ fn cache_error(
         kv_dtype: planned.kv_dtype.as_str(),
         workspace_bytes: planned.workspace_bytes,
         cause,
-        largest: options.join(", or "),
+        instead: instead.join("; "),
     }))
+}
+
+/// The smallest device budget with which `planned` plans (the planner needs more room for
+/// more of everything, so one doubling and a bisection find it); `None` when none below
+/// `u64::MAX` does.
+fn smallest_budget(planned: &PlanInput) -> Option<u64> {
+    let fits = |budget: u64| {
+        let mut input = planned.clone();
+        input.budget_bytes = budget;
+        plan(&input).is_ok()
+    };
+    let mut bad = planned.budget_bytes;
+    let mut good = bad.max(1 << 20);
+    while !fits(good) {
+        bad = good;
+        good = good.checked_mul(2)?;
+    }
+    while good - bad > 1 {
+        let mid = bad + (good - bad) / 2;
+        if fits(mid) {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    Some(good)
 }
 
 #[cfg(test)]

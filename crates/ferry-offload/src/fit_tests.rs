@@ -167,7 +167,11 @@ fn set_values_are_kept_and_named_when_they_do_not_fit() {
     let PlanError::CacheDoesNotFit(overflow) = &err else {
         panic!("{err:?}");
     };
-    let largest = &overflow.largest;
+    let largest = overflow
+        .instead
+        .strip_prefix("the largest that fit: ")
+        .and_then(|rest| rest.split("; the smallest").next())
+        .expect("the largest values named");
     // The largest context named fits at that batch, and one token more does not (streaming
     // every layer: 5 MiB fixed + 2 slots of 10 MiB).
     let context: usize = largest
@@ -184,7 +188,7 @@ fn set_values_are_kept_and_named_when_they_do_not_fit() {
     // No batch fits a million tokens, so the context is the only way out.
     assert_eq!(
         largest,
-        &format!("`max_context` {context} with `max_batch` 8")
+        format!("`max_context` {context} with `max_batch` 8")
     );
 
     // A set batch with an unset context: both ways out are named.
@@ -196,7 +200,12 @@ fn set_values_are_kept_and_named_when_they_do_not_fit() {
     let PlanError::CacheDoesNotFit(overflow) = &err else {
         panic!("{err:?}");
     };
-    let (asked, largest) = (&overflow.asked, &overflow.largest);
+    let asked = &overflow.asked;
+    let largest = overflow
+        .instead
+        .strip_prefix("the largest that fit: ")
+        .and_then(|rest| rest.split("; the smallest").next())
+        .expect("the largest values named");
     assert_eq!(
         asked,
         "`max_context` 4096 (the model's 1048576, lowered) with `max_batch` 64 (set)"
@@ -401,4 +410,64 @@ fn a_half_billion_model_keeps_its_32k_window_at_1_gib_with_the_cache_on_the_host
     let plan = fit(&auto, &half_billion(f16, false)).expect("fits").plan;
     assert_eq!(plan.max_context, 32768);
     assert!(plan.kv_host && plan.host_layers() == 0);
+}
+
+#[test]
+fn a_fitted_plan_says_why_in_its_notes() {
+    let fitted = fit(&unset(1 << 20), &model(OffloadMode::Auto, 300 * MIB)).expect("fits");
+    let reason = fitted.reason.as_deref().expect("lowered");
+    assert_eq!(fitted.plan.notes.first().map(String::as_str), Some(reason));
+    assert!(reason.starts_with("fitted"), "{reason}");
+}
+
+#[test]
+fn a_refusal_names_the_smallest_budget_that_fits() {
+    // Set values, far too large for 100 MiB: the error names the budget that holds them.
+    let request = CacheRequest {
+        max_context: Some(8192),
+        max_batch: Some(8),
+        ..unset(8192)
+    };
+    let error = fit(&request, &model(OffloadMode::Auto, 100 * MIB)).expect_err("too small");
+    let text = error.to_string();
+    let kib: u64 = text
+        .split("the smallest budget that fits them: ")
+        .nth(1)
+        .and_then(|rest| rest.split("KiB ").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no smallest budget in: {text}"));
+    assert!(text.contains(&format!("`--gpu-memory {kib}KiB`")), "{text}");
+    // That budget plans the same values; one KiB less does not.
+    assert!(
+        fit(&request, &model(OffloadMode::Auto, kib * KIB)).is_ok(),
+        "{text}"
+    );
+    assert!(fit(&request, &model(OffloadMode::Auto, (kib - 1) * KIB)).is_err());
+}
+
+#[test]
+fn a_plan_whose_host_bytes_exceed_the_hosts_free_memory_is_refused() {
+    // Budget for one resident layer: three stream from the host (30 MiB there).
+    let request = CacheRequest {
+        max_context: Some(256),
+        max_batch: Some(1),
+        host_free_bytes: Some(20 * MIB),
+        ..unset(256)
+    };
+    let budget = resident(256, 1) - 20 * MIB;
+    match fit(&request, &model(OffloadMode::Auto, budget)) {
+        Err(PlanError::HostMemory { needed, free }) => {
+            assert_eq!(free, 20 * MIB);
+            assert!(needed > free, "{needed}");
+        }
+        other => panic!("expected HostMemory, got {other:?}"),
+    }
+    let roomy = CacheRequest {
+        host_free_bytes: Some(64 * MIB),
+        ..request
+    };
+    let plan = fit(&roomy, &model(OffloadMode::Auto, budget))
+        .expect("host holds it")
+        .plan;
+    assert!(plan.host_bytes > 20 * MIB && plan.host_bytes <= 64 * MIB);
 }

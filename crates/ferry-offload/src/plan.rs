@@ -25,13 +25,16 @@
 //! A mixture-of-experts model with [`PlanInput::experts`] set is placed expert by expert instead
 //! ([`super::experts_plan`]) in modes `auto` (when it does not fit whole) and `sequential`: every
 //! layer's other parts stay on the device, the slots are a pool of expert slots, and the plan's
-//! [`Plan::experts`] says which experts live on the host.
+//! [`Plan::experts`] says which experts live on the host. The planner degrades before it
+//! refuses: a pool without its prefill scratch slots when the budget holds only the pool
+//! (a `fitted:` note says so), then whole layers streamed; a refusal names the smaller of the
+//! expert plan's and the whole-layer ring's least footprint.
 
 use candle_core::DType;
 use serde::Serialize;
 
 use super::error::{PlanError, Result};
-use super::experts_plan::{self, ExpertInput, ExpertPlan};
+use super::experts_plan::{self, ExpertInput, ExpertPlan, PREFILL_SCRATCH_SLOTS};
 use super::layout::{LayerLayout, SlotKind, SlotLayout};
 use super::units::format_bytes;
 use ferry_config::{MemoryBudget, OffloadMode};
@@ -349,8 +352,8 @@ pub struct Plan {
     /// are the expert pool, `host_bytes` the offloaded experts and `streamed_bytes_per_step`
     /// the routed-expert estimate for one decode token.
     pub experts: Option<ExpertPlan>,
-    /// Lines `ferry plan` adds below the table (e.g. tensors dequantized at load); the pure
-    /// planner leaves it empty, its caller fills it.
+    /// Lines `ferry plan` adds below the table: what the planner and the fit degraded and why
+    /// (`fitted: ...`), and what its caller adds (e.g. tensors dequantized at load).
     pub notes: Vec<String>,
 }
 
@@ -555,18 +558,27 @@ impl<'a> Costs<'a> {
     /// ([`experts_plan::place`]).
     fn experts(&self, spread: bool) -> Option<Plan> {
         let input = self.input;
-        let routing = input.experts?;
+        let routing = input.experts.as_ref()?;
         if input.layer_layouts.is_empty() {
             return None;
         }
         let available = input.budget_bytes.checked_sub(input.base_bytes())?;
-        let placed = experts_plan::place(
-            &input.layer_layouts,
-            input.slot_kind,
-            routing,
-            available,
-            spread,
-        )?;
+        let place = |scratch| {
+            experts_plan::place(
+                &input.layer_layouts,
+                input.slot_kind,
+                routing,
+                available,
+                spread,
+                scratch,
+            )
+        };
+        // The prefill scratch slots when the budget holds them beside the pool; else none,
+        // and the plan says so (a degrade, not a refusal).
+        let (placed, dropped_scratch) = match place(PREFILL_SCRATCH_SLOTS) {
+            Some(placed) => (placed, false),
+            None => (place(0)?, true),
+        };
         let mut plan = self.build(self.n());
         plan.resident_layer_bytes = placed.resident_bytes();
         plan.slots = placed.slot_count();
@@ -584,8 +596,38 @@ impl<'a> Costs<'a> {
             (Some(bandwidth), s) if s > 0 => Some(bandwidth as f64 / s as f64),
             _ => None,
         };
+        if dropped_scratch {
+            let scratch = (PREFILL_SCRATCH_SLOTS as u64).saturating_mul(plan.slot_bytes);
+            plan.notes.push(format!(
+                "fitted: no prefill scratch slots beside the expert pool, because the budget {} does not hold their {} with the pool (a prefill streams its experts through the pool, where it may evict the experts decoding keeps hot); a budget of {} keeps them",
+                format_bytes(input.budget_bytes),
+                format_bytes(scratch),
+                format_bytes(plan.device_bytes.saturating_add(scratch)),
+            ));
+        }
         plan.experts = Some(placed);
         (plan.device_bytes <= input.budget_bytes).then_some(plan)
+    }
+
+    /// The refusal of an expert plan that does not fit even with every routed expert on the
+    /// host and no scratch slots, when that is cheaper than streaming whole layers (`None`
+    /// otherwise: the ring's refusal names the smaller footprint).
+    fn experts_error(&self, mode: &'static str, ring_needed: u64) -> Option<PlanError> {
+        let input = self.input;
+        let routing = input.experts.as_ref()?;
+        let (parts, slot_bytes) = experts_plan::least_parts(&input.layer_layouts, input.slot_kind)?;
+        let slots = routing.pool_slots.unwrap_or(routing.n_used).max(1);
+        let needed = input
+            .base_bytes()
+            .saturating_add(parts)
+            .saturating_add((slots as u64).saturating_mul(slot_bytes));
+        (needed < ring_needed).then_some(PlanError::ExpertsDoNotFit {
+            mode,
+            needed,
+            budget: input.budget_bytes,
+            slots,
+            slot_bytes,
+        })
     }
 }
 
@@ -608,6 +650,10 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
             input.layer_layouts.len(),
             input.n_layers()
         )));
+    }
+    if let (Some(routing), false) = (&input.experts, input.layer_layouts.is_empty()) {
+        experts_plan::pinned_layers(&input.layer_layouts, routing)
+            .map_err(PlanError::InvalidInput)?;
     }
     let costs = Costs::new(input);
     let n = costs.n();
@@ -634,7 +680,10 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
             })
         }
         OffloadMode::Auto => {
-            let pinned = input.experts.is_some_and(|e| e.host_layers > 0);
+            let pinned = input
+                .experts
+                .as_ref()
+                .is_some_and(|e| !e.host_layers.is_none());
             if !costs.fits(n) || pinned {
                 if let Some(plan) = costs.experts(true) {
                     return Ok(plan);
@@ -658,8 +707,13 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
     }
 }
 
+/// The refusal of mode `auto` or `sequential`: the smaller of the whole-layer ring's least
+/// footprint (layers `0..k` resident) and an expert plan's.
 fn ring_error(mode: &'static str, costs: &Costs<'_>, k: usize) -> PlanError {
     let (slots, slot_bytes) = costs.ring(k);
+    if let Some(experts) = costs.experts_error(mode, costs.device(k)) {
+        return experts;
+    }
     PlanError::RingDoesNotFit {
         mode,
         needed: costs.device(k),

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use serde_json::json;
 
-use super::experts_plan::{ExpertPlan, LayerExperts};
+use super::experts_plan::ExpertPlan;
 use super::layout::SlotLayout;
 use super::plan::{mode_name, Home, Plan};
 use super::units::{format_bandwidth, format_bytes};
@@ -158,13 +158,14 @@ pub fn render_text(plan: &Plan) -> String {
     out
 }
 
-/// The expert tiers of a MoE plan, one line per run of layers placed alike, and the bytes
-/// moved per token against whole-layer streaming:
+/// The expert tiers of a MoE plan, one line per layer (its resident experts, those on the
+/// host, and the pool they are cached in when routed), and the bytes moved per token against
+/// whole-layer streaming:
 ///
 /// ```text
 /// experts top 2 of 8 per token
-///   layers 0-1    experts 3 of 8 on the device, 5 on the host (1.5 MiB each)
-///   layer 2       experts 2 of 8 on the device, 6 on the host (1.5 MiB each)
+///   layer 0       experts: 3 device, 5 host (1.5 MiB each; pool 2 + 2 scratch)
+///   layer 1       experts: 2 device, 6 host (1.5 MiB each; pool 2 + 2 scratch)
 /// routed experts ~2.9 MiB moved per token (whole-layer streaming 13.5 MiB: 0.21x)
 /// ```
 fn expert_lines(out: &mut String, experts: &ExpertPlan) {
@@ -179,33 +180,22 @@ fn expert_lines(out: &mut String, experts: &ExpertPlan) {
             .max()
             .unwrap_or(0)
     );
-    let key = |l: &LayerExperts| {
-        let each = l.expert_bytes.iter().max().copied().unwrap_or(0);
-        (l.device_experts, l.n_experts(), each)
-    };
-    let mut runs: Vec<(usize, usize, (usize, usize, u64))> = Vec::new();
     for l in &experts.layers {
-        match runs.last_mut() {
-            Some((_, last, k)) if *k == key(l) && *last + 1 == l.index => *last = l.index,
-            _ => runs.push((l.index, l.index, key(l))),
-        }
-    }
-    for (first, last, (device, n, each)) in runs {
-        let label = if first == last {
-            format!("layer {first}")
-        } else {
-            format!("layers {first}-{last}")
-        };
-        if n == 0 {
+        let label = format!("layer {}", l.index);
+        if l.n_experts() == 0 {
             // A MoE model's dense layers (GLM-4.5's leading ones).
             let _ = writeln!(out, "  {label:<14}dense (no experts)");
             continue;
         }
+        let each = l.expert_bytes.iter().max().copied().unwrap_or(0);
         let _ = writeln!(
             out,
-            "  {label:<14}experts {device} of {n} on the device, {} on the host ({} each)",
-            n - device,
-            format_bytes(each)
+            "  {label:<14}experts: {} device, {} host ({} each; pool {} + {} scratch)",
+            l.device_experts,
+            l.host_experts(),
+            format_bytes(each),
+            experts.pool_slots,
+            experts.scratch_slots,
         );
     }
     let whole = experts.whole_layer_bytes_per_token;
