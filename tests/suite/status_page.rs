@@ -347,7 +347,12 @@ async fn a_real_server_reports_the_plan_it_serves_and_counts_its_work() {
     // A request: the generated tokens, the KV capacity and the offload work show up.
     let reply: Value = client
         .post(format!("{}/v1/completions", server.base))
-        .json(&json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4}))
+        // Greedy and past the end-of-sequence token: always four tokens (a sampled reply could
+        // stop after " Paris.").
+        .json(
+            &json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4,
+                      "temperature": 0, "ignore_eos": true}),
+        )
         .send()
         .await
         .expect("POST")
