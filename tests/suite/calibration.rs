@@ -40,7 +40,9 @@ async fn serve_log(cache_home: &Path, extra: &[&str]) -> String {
     .await;
     let reply: serde_json::Value = reqwest::Client::new()
         .post(format!("{}/v1/completions", server.base))
-        .json(&json!({"model": MODEL, "prompt": "Hello", "max_tokens": 2}))
+        // Greedy past end-of-sequence: always the two tokens counted below.
+        .json(&json!({"model": MODEL, "prompt": "Hello", "max_tokens": 2,
+                      "temperature": 0, "ignore_eos": true}))
         .send()
         .await
         .expect("POST")
