@@ -84,6 +84,8 @@ impl TemplateClock {
 pub struct ChatTemplate {
     env: Environment<'static>,
     source_len: usize,
+    /// gpt-oss's harmony markup: its `reasoning_effort` takes three values ([`harmony_effort`]).
+    harmony: bool,
 }
 
 /// The turn markup a template's source writes, as the start log names it: `chatml`
@@ -149,6 +151,7 @@ impl ChatTemplate {
         Ok(Self {
             env,
             source_len: source.len(),
+            harmony: markup_family(source) == "harmony",
         })
     }
 
@@ -159,24 +162,26 @@ impl ChatTemplate {
             .env
             .get_template(NAME)
             .map_err(|e| ModelError::Template(describe(&e)))?;
-        let kept;
-        let ctx = match ctx.variables {
-            Some(vars)
-                if vars
-                    .keys()
-                    .any(|k| ferry_chat::RESERVED_TEMPLATE_VARIABLES.contains(&k.as_str())) =>
-            {
-                kept = vars
-                    .iter()
-                    .filter(|(k, _)| !ferry_chat::RESERVED_TEMPLATE_VARIABLES.contains(&k.as_str()))
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect::<serde_json::Map<_, _>>();
-                &TemplateContext {
-                    variables: Some(&kept),
-                    ..ctx.clone()
-                }
+        let mut vars = ctx.variables.map(std::borrow::Cow::Borrowed);
+        if let Some(v) = vars.as_mut().filter(|v| {
+            v.keys()
+                .any(|k| ferry_chat::RESERVED_TEMPLATE_VARIABLES.contains(&k.as_str()))
+        }) {
+            v.to_mut()
+                .retain(|k, _| !ferry_chat::RESERVED_TEMPLATE_VARIABLES.contains(&k.as_str()));
+        }
+        if let Some(v) = vars.as_mut().filter(|_| self.harmony) {
+            let nearest = v
+                .get("reasoning_effort")
+                .and_then(|e| e.as_str())
+                .and_then(harmony_effort);
+            if let Some(nearest) = nearest {
+                v.to_mut().insert("reasoning_effort".into(), nearest.into());
             }
-            _ => ctx,
+        }
+        let ctx = &TemplateContext {
+            variables: vars.as_deref(),
+            ..ctx.clone()
         };
         template
             .render(Value::from_serialize(Rendered {
@@ -187,6 +192,18 @@ impl ChatTemplate {
                 Some(msg) => ModelError::Template(msg),
                 None => ModelError::Template(format!("cannot render: {}", describe(&e))),
             })
+    }
+}
+
+/// The `reasoning_effort` gpt-oss's harmony format takes for one of OpenAI's values it does not
+/// know (its system message says `Reasoning: low`, `medium` or `high`): the nearest, `none` and
+/// `minimal` to `low`, `xhigh` to `high`; `None` for the three it knows (and anything else, left
+/// to the template).
+fn harmony_effort(effort: &str) -> Option<&'static str> {
+    match effort {
+        "none" | "minimal" => Some("low"),
+        "xhigh" => Some("high"),
+        _ => None,
     }
 }
 
@@ -321,6 +338,45 @@ mod tests {
             "bos_token": "EVIL", "messages": []
         });
         assert_eq!(render(vars.as_object()), "<no-think>[low]<s>2");
+    }
+
+    #[test]
+    fn a_harmony_template_gets_the_nearest_of_its_three_reasoning_efforts() {
+        let m = msgs();
+        let render = |src: &str, effort: &str| {
+            let vars = serde_json::json!({ "reasoning_effort": effort });
+            ChatTemplate::new(src)
+                .unwrap()
+                .render(&TemplateContext {
+                    messages: &m,
+                    add_generation_prompt: true,
+                    bos_token: "",
+                    eos_token: "",
+                    unk_token: None,
+                    pad_token: None,
+                    tools: None,
+                    variables: vars.as_object(),
+                })
+                .unwrap()
+        };
+        let harmony = "<|start|>system<|message|>Reasoning: {{ reasoning_effort }}<|end|>\
+                       {{ '<|start|>assistant<|channel|>' }}";
+        for (asked, given) in [
+            ("none", "low"),
+            ("minimal", "low"),
+            ("low", "low"),
+            ("medium", "medium"),
+            ("high", "high"),
+            ("xhigh", "high"),
+        ] {
+            let out = render(harmony, asked);
+            assert!(
+                out.contains(&format!("Reasoning: {given}<")),
+                "{asked}: {out}"
+            );
+        }
+        // Any other template gets the value as sent.
+        assert_eq!(render("[{{ reasoning_effort }}]", "xhigh"), "[xhigh]");
     }
 
     #[test]
