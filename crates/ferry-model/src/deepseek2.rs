@@ -29,8 +29,7 @@ use candle_core::Tensor;
 use super::decoder::attention::{self, AttentionDims};
 use super::decoder::block::{projections, rms_norm, BatchRows, Block, LayerDims};
 use super::error::{ModelError, Result};
-use super::llama::{swiglu, HostVectors};
-use super::moe;
+use super::llama::{add_mlp, pregate_experts, HostVectors};
 use super::spec::{MlaSpec, ModelSpec, MoeSpec};
 use super::tensors::Part;
 use super::weights::{LayerWeights, Linear};
@@ -164,20 +163,10 @@ impl Block for Deepseek2Block {
         seqs: &mut [BatchRows<'_, '_>],
     ) -> Result<Tensor> {
         let selection_bias = self.host_vectors(w)?.selection_bias.as_deref();
-        if let Some(moe) = self.moe.filter(|_| w.predicts_experts()) {
-            // As the Llama family's block: predict the experts from the state entering the
-            // layer, so their copies overlap the attention.
-            let normed = rms_norm(x, w.vector(Part::FfnNorm)?, self.layer.eps)?;
-            moe::pregate(&normed, w, moe, selection_bias)?;
-        }
+        pregate_experts(x, w, self.moe, self.layer.eps, selection_bias)?;
         let h = rms_norm(x, w.vector(Part::AttnNorm)?, self.layer.eps)?;
         let y = self.attention(&h, w, seqs)?;
         let x = (x + w.linear(Part::O)?.forward(&y)?)?;
-        let h = rms_norm(&x, w.vector(Part::FfnNorm)?, self.layer.eps)?;
-        let m = match self.moe {
-            None => swiglu(&h, w)?,
-            Some(moe) => moe::forward(&h, w, moe, selection_bias)?,
-        };
-        Ok((&x + m)?)
+        add_mlp(&x, w, self.moe, self.layer.eps, selection_bias)
     }
 }

@@ -107,12 +107,7 @@ impl Block for LlamaBlock {
     ) -> Result<Tensor> {
         let host = self.host_vectors(w)?;
         let selection_bias = host.selection_bias.as_deref();
-        if let Some(moe) = self.moe.filter(|_| w.predicts_experts()) {
-            // Predict this layer's experts from the state entering it: their copies overlap
-            // the attention below.
-            let normed = rms_norm(x, w.vector(Part::FfnNorm)?, self.layer.eps)?;
-            moe::pregate(&normed, w, moe, selection_bias)?;
-        }
+        pregate_experts(x, w, self.moe, self.layer.eps, selection_bias)?;
         let h = rms_norm(x, w.vector(Part::AttnNorm)?, self.layer.eps)?;
         let [mut q, mut k, v] = projections(
             &[w.linear(Part::Q)?, w.linear(Part::K)?, w.linear(Part::V)?],
@@ -124,13 +119,42 @@ impl Block for LlamaBlock {
         }
         let y = attention::attend_each(&q, &k, &v, seqs, self.layer.attn, host.sinks.as_deref())?;
         let x = (x + w.linear(Part::O)?.forward(&y)?)?;
-        let h = rms_norm(&x, w.vector(Part::FfnNorm)?, self.layer.eps)?;
-        let m = match self.moe {
-            None => swiglu(&h, w)?,
-            Some(moe) => moe::forward(&h, w, moe, selection_bias)?,
-        };
-        Ok((&x + m)?)
+        add_mlp(&x, w, self.moe, self.layer.eps, selection_bias)
     }
+}
+
+/// Predicts layer `w`'s experts (a mixture `moe`) from `x`, the state entering the layer, normed
+/// as its MLP will norm it, when the layer streams them: their copies then overlap the
+/// attention. Nothing for a dense layer or resident experts.
+pub(crate) fn pregate_experts(
+    x: &Tensor,
+    w: &LayerWeights,
+    moe: Option<MoeSpec>,
+    eps: f32,
+    selection_bias: Option<&[f32]>,
+) -> Result<()> {
+    if let Some(moe) = moe.filter(|_| w.predicts_experts()) {
+        let normed = rms_norm(x, w.vector(Part::FfnNorm)?, eps)?;
+        moe::pregate(&normed, w, moe, selection_bias)?;
+    }
+    Ok(())
+}
+
+/// `x` plus layer `w`'s MLP of `x` normed by `ffn_norm`: the SwiGLU, or the mixture of experts
+/// `moe` (routed with `selection_bias` where the family has one).
+pub(crate) fn add_mlp(
+    x: &Tensor,
+    w: &LayerWeights,
+    moe: Option<MoeSpec>,
+    eps: f32,
+    selection_bias: Option<&[f32]>,
+) -> Result<Tensor> {
+    let h = rms_norm(x, w.vector(Part::FfnNorm)?, eps)?;
+    let m = match moe {
+        None => swiglu(&h, w)?,
+        Some(moe) => moe::forward(&h, w, moe, selection_bias)?,
+    };
+    Ok((x + m)?)
 }
 
 /// The SwiGLU MLP `down(silu(gate(h)) * up(h))` of layer `w`; gate and up share one pass over

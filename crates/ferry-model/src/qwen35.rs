@@ -23,8 +23,7 @@ use super::decoder::attention;
 use super::decoder::block::{head_norm, projections, rms_norm, BatchRows, Block, LayerDims};
 use super::error::{ModelError, Result};
 use super::gated_delta::{delta_rule, l2_norm, short_conv, softplus};
-use super::llama::swiglu;
-use super::moe;
+use super::llama::{add_mlp, pregate_experts};
 use super::spec::{DeltaNetSpec, ModelSpec, MoeSpec};
 use super::tensors::Part;
 use super::weights::LayerWeights;
@@ -163,11 +162,7 @@ impl Block for Qwen35Block {
         w: &LayerWeights,
         seqs: &mut [BatchRows<'_, '_>],
     ) -> Result<Tensor> {
-        if let Some(moe) = self.moe.filter(|_| w.predicts_experts()) {
-            // Predict this layer's experts from the state entering it, as the Llama block does.
-            let normed = rms_norm(x, w.vector(Part::FfnNorm)?, self.layer.eps)?;
-            moe::pregate(&normed, w, moe, None)?;
-        }
+        pregate_experts(x, w, self.moe, self.layer.eps, None)?;
         let h = rms_norm(x, w.vector(Part::AttnNorm)?, self.layer.eps)?;
         let mixed = match &self.delta {
             None => self.gated_attention(&h, w, seqs)?,
@@ -181,11 +176,6 @@ impl Block for Qwen35Block {
             )));
         }
         let x = (x + mixed)?;
-        let h = rms_norm(&x, w.vector(Part::FfnNorm)?, self.layer.eps)?;
-        let m = match self.moe {
-            None => swiglu(&h, w)?,
-            Some(moe) => moe::forward(&h, w, moe, None)?,
-        };
-        Ok((&x + m)?)
+        add_mlp(&x, w, self.moe, self.layer.eps, None)
     }
 }
