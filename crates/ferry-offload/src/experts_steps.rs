@@ -13,14 +13,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ferry_model::decoder::StepRows;
+use ferry_model::decoder::{flash_cpu, StepRows};
 
 use super::experts::Served;
 
 /// Most rows one sequence feeds in a step still counted as decoding (a speculative step
-/// verifies a few proposals per sequence); the same bound under which the CPU's attention runs
-/// a chunk row by row as decode steps would.
-pub const DECODE_MAX_ROWS: usize = 16;
+/// verifies a few proposals per sequence): the bound under which the CPU's attention runs a
+/// chunk row by row as decode steps would ([`flash_cpu::ROW_BY_ROW`]).
+pub const DECODE_MAX_ROWS: usize = flash_cpu::ROW_BY_ROW;
 
 /// The kind of a forward pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
