@@ -170,6 +170,9 @@ impl DevicePlan {
             // Serve loads with what was chosen, so it plans (and sizes its engine) the same.
             pinned.max_context = Some(plan.max_context);
             pinned.max_batch = Some(plan.max_batch);
+            if plan.max_step_tokens > 0 {
+                pinned.max_step_tokens = Some(plan.max_step_tokens);
+            }
             pinned.kv_dtype = dtype_choice(plan.kv_dtype);
             pinned.kv_offload = if plan.kv_host {
                 KvOffload::On

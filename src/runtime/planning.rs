@@ -24,7 +24,7 @@ use ferry_model::spec::ModelSpec;
 use ferry_model::tensors::StoredType;
 use ferry_model::ModelError;
 use ferry_offload::experts_plan::ExpertInput;
-use ferry_offload::fit::{fit, CacheRequest};
+use ferry_offload::fit::{fit, CacheRequest, Fitted};
 use ferry_offload::layout::SlotKind;
 use ferry_offload::plan::{
     resolve_budget, KvLayout, Origin, Plan, PlanInput, DEFAULT_CPU_RESERVE_BYTES,
@@ -149,7 +149,6 @@ pub fn plan_beside(
     let kv_shape = KvShape::of(spec);
     kv_dtype.check(&kv_shape, &kv_device).map_err(wrap)?;
     let kv_per_token = kv_bytes_per_token_per_layer(kv_shape, kv_dtype);
-    let kv_layout = kv_layout(spec, model.max_step_tokens);
     let reserve_bytes = match device {
         Device::Cpu => DEFAULT_CPU_RESERVE_BYTES,
         _ => DEFAULT_CUDA_RESERVE_BYTES,
@@ -157,7 +156,7 @@ pub fn plan_beside(
     let link_bandwidth = device_config
         .link_bandwidth
         .unwrap_or(DEFAULT_LINK_BANDWIDTH);
-    let input_for = |max_context: usize, max_batch: usize| {
+    let input_at = |max_context: usize, max_batch: usize, step_tokens: usize| {
         let mut input = PlanInput::new(
             model.offload.mode,
             sizes.layers.clone(),
@@ -168,7 +167,7 @@ pub fn plan_beside(
         input.max_context = max_context;
         input.kv_bytes_per_token_per_layer = kv_per_token;
         input.kv_dtype = kv_dtype;
-        input.kv_layout = kv_layout.clone();
+        input.kv_layout = kv_layout(spec, step_tokens);
         input.prefetch = model.offload.prefetch;
         input.workspace_bytes = workspace_bytes(&WorkspaceInput {
             hidden_size: spec.hidden_size,
@@ -176,9 +175,10 @@ pub fn plan_beside(
             n_heads: spec.n_heads,
             max_batch,
             // The most tokens one engine step computes.
-            prefill_chunk: model.max_step_tokens,
+            prefill_chunk: step_tokens,
             score_block: score_block(device, max_context),
         });
+        input.max_step_tokens = step_tokens;
         input.reserve_bytes = reserve_bytes;
         input.link_bandwidth = Some(link_bandwidth);
         input.layer_layouts = sizes.layouts.clone();
@@ -209,7 +209,9 @@ pub fn plan_beside(
         // weights, pinned or registered, and the cache) must fit in it.
         host_free_bytes: cpu_free_bytes().ok().map(|free| free / 10 * 9),
     };
-    let mut fitted = fit(&request, &input_for)?;
+    let (mut fitted, step_tokens) = fit_step_tokens(model, &request, &input_at)?;
+    let input_for =
+        |max_context: usize, max_batch: usize| input_at(max_context, max_batch, step_tokens);
     fitted
         .plan
         .notes
@@ -233,6 +235,46 @@ pub fn plan_beside(
         );
     }
     Ok(fitted.plan)
+}
+
+/// `max_step_tokens` when it is not set and fits.
+const DEFAULT_STEP_TOKENS: usize = ferry_engine::worker::DEFAULT_MAX_STEP_TOKENS;
+
+/// An unset `max_step_tokens` is lowered in steps of this many tokens, down to this many.
+const STEP_TOKENS_STEP: usize = 64;
+
+/// The KV cache fitted ([`fit`]) at `model`'s `max_step_tokens`, and that value. An unset one
+/// that does not fit at [`DEFAULT_STEP_TOKENS`] (the activation workspace it sizes is part of
+/// the device's need) is lowered in steps of [`STEP_TOKENS_STEP`] to the largest that fits,
+/// the plan's first note saying why; a set one, or none fitting, keeps the first error.
+fn fit_step_tokens(
+    model: &ModelConfig,
+    request: &CacheRequest,
+    input_at: &dyn Fn(usize, usize, usize) -> PlanInput,
+) -> Result<(Fitted, usize), RuntimeError> {
+    let at = |step_tokens: usize| fit(request, &|c, b| input_at(c, b, step_tokens));
+    let top = model.max_step_tokens.unwrap_or(DEFAULT_STEP_TOKENS);
+    let refusal = match at(top) {
+        Ok(fitted) => return Ok((fitted, top)),
+        Err(refusal) if model.max_step_tokens.is_none() => refusal,
+        Err(refusal) => return Err(refusal.into()),
+    };
+    let lower = (1..top.div_ceil(STEP_TOKENS_STEP))
+        .rev()
+        .map(|m| m * STEP_TOKENS_STEP);
+    for step_tokens in lower {
+        if let Ok(mut fitted) = at(step_tokens) {
+            let note = format!(
+                "fitted `max_step_tokens` {step_tokens} (the default {top}, lowered): at {top} tokens per step the activation workspace ({}) does not fit beside the smallest KV cache and the weights; {step_tokens} need {}; prompts prefill in smaller steps; set `max_step_tokens` to choose otherwise",
+                format_bytes(input_at(fitted.plan.max_context, fitted.plan.max_batch, top).workspace_bytes),
+                format_bytes(fitted.plan.workspace_bytes),
+            );
+            tracing::info!(model = %model.name, max_step_tokens = step_tokens, "{note}");
+            fitted.plan.notes.insert(0, note);
+            return Ok((fitted, step_tokens));
+        }
+    }
+    Err(refusal.into())
 }
 
 /// What a model with recurrent layers (Qwen3.5's Gated DeltaNet) does without: the prefix cache

@@ -114,7 +114,7 @@ pub fn engine_options(config: &Config, metrics: Metrics) -> EngineOptions {
         max_step_tokens: config
             .models
             .iter()
-            .map(|m| m.max_step_tokens)
+            .map(|m| m.max_step_tokens.unwrap_or(DEFAULT_MAX_STEP_TOKENS))
             .min()
             .unwrap_or(DEFAULT_MAX_STEP_TOKENS),
         // The shortest step time any model asks for (none when one asks for none).
@@ -378,7 +378,7 @@ mod tests {
         config.server.allowed_hosts = vec!["ferry.example".into()];
         config.server.metrics_auth = Some(true);
         config.server.max_tokens_limit = Some(9);
-        config.models[0].max_step_tokens = 77;
+        config.models[0].max_step_tokens = Some(77);
         let server = server_options(&config, Vec::new());
         assert_eq!(server.allowed_hosts, ["ferry.example"]);
         assert!(server.metrics_auth);

@@ -18,6 +18,7 @@ use ferry::model::kv_format::KvFormat;
 use ferry::model::loader::{load_model, LoadOptions};
 use ferry::model::source::{HubOptions, ModelFiles};
 use ferry::offload::Origin;
+use ferry::runtime::device_plan::DevicePlan;
 use ferry::runtime::load::load_for_serving;
 use ferry::runtime::planning::plan_model;
 
@@ -178,11 +179,14 @@ fn an_oversized_max_context_is_refused_with_its_cost_and_what_fits() {
         .unwrap_or_else(|| panic!("{stderr}"));
     assert!(stderr[at..].starts_with(&format!("{largest} with `max_batch` 1")));
 
-    // It is the largest: it fits, one token more does not.
+    // It is the largest at the step size planned (512 tokens, set here: an unset one would be
+    // lowered to fit one token more): it fits, one token more does not.
     let (ok, stdout, stderr) = ferry_plan(
         &model,
         &[
             "--json",
+            "--max-step-tokens",
+            "512",
             "--max-batch",
             "1",
             "--max-context",
@@ -196,7 +200,17 @@ fn an_oversized_max_context_is_refused_with_its_cost_and_what_fits() {
     assert_eq!(plan["origin"]["max_context"], "set");
     assert!(plan["device_bytes"].as_u64() <= plan["budget_bytes"].as_u64());
     let one_more = (largest + 1).to_string();
-    let (ok, _, stderr) = ferry_plan(&model, &["--max-batch", "1", "--max-context", &one_more]);
+    let (ok, _, stderr) = ferry_plan(
+        &model,
+        &[
+            "--max-step-tokens",
+            "512",
+            "--max-batch",
+            "1",
+            "--max-context",
+            &one_more,
+        ],
+    );
     assert!(!ok, "{one_more} tokens must not fit");
     assert!(stderr.contains("`max_context`"), "{stderr}");
 }
@@ -441,4 +455,80 @@ fn greedy_from(
         input = vec![forced.map_or(next, |f| f[step])];
     }
     (tokens, logits, cache.allocated_bytes())
+}
+
+/// The real model in mode `none` with its context and batch set (4096, 1) and `max_step_tokens`
+/// as given, against a budget of `budget` bytes.
+fn step_tokens_config(budget: u64, max_step_tokens: Option<usize>) -> ferry::config::Config {
+    let mut model = real_model::model_config(DtypeChoice::Auto);
+    model.max_context = Some(4096);
+    model.max_batch = Some(1);
+    model.max_step_tokens = max_step_tokens;
+    model.offload.gpu_memory = MemoryBudget::Bytes(budget);
+    ferry::config::Config {
+        models: vec![model],
+        ..ferry::config::Config::default()
+    }
+}
+
+#[test]
+fn an_unset_max_step_tokens_is_lowered_before_a_refusal_and_a_set_one_is_not() {
+    let planned = |budget: u64, step: Option<usize>| {
+        let config = step_tokens_config(budget, step);
+        DevicePlan::new(&config, &Device::Cpu, &hub(), 64 << 30).map_err(|e| e.to_string())
+    };
+    let roomy = 8 << 30;
+    let at_512 = planned(roomy, None).expect("fits");
+    let at_128 = planned(roomy, Some(128)).expect("fits");
+    let (full, small) = (&at_512.models[0].plan, &at_128.models[0].plan);
+    assert_eq!(
+        full.max_step_tokens, 512,
+        "the default, unlowered with room"
+    );
+    assert_eq!(small.max_step_tokens, 128);
+    assert!(small.workspace_bytes < full.workspace_bytes);
+    assert!(
+        !full.notes.iter().any(|n| n.contains("max_step_tokens")),
+        "{:?}",
+        full.notes
+    );
+
+    // Room for the weights, the cache and the workspace of 128 tokens, not of 512.
+    let budget = (full.device_bytes + small.device_bytes) / 2;
+    let lowered = planned(budget, None).expect("an unset value is lowered to fit");
+    let model = &lowered.models[0];
+    let tokens = model.plan.max_step_tokens;
+    assert!((128..512).contains(&tokens) && tokens % 64 == 0, "{tokens}");
+    assert!(model.plan.device_bytes <= budget);
+    assert_eq!(model.plan.mode, OffloadMode::None);
+    assert!(
+        model.plan.notes[0].starts_with(&format!(
+            "fitted `max_step_tokens` {tokens} (the default 512, lowered)"
+        )),
+        "{:?}",
+        model.plan.notes
+    );
+    assert_eq!(
+        model.config.max_step_tokens,
+        Some(tokens),
+        "serve runs the engine with the fitted value"
+    );
+    assert_eq!(
+        ferry::runtime::serve::engine_options(
+            &ferry::config::Config {
+                models: vec![model.config.clone()],
+                ..ferry::config::Config::default()
+            },
+            ferry::metrics::Metrics::new()
+        )
+        .max_step_tokens,
+        tokens
+    );
+
+    let message = planned(budget, Some(512)).expect_err("a set value is kept");
+    assert!(message.contains("MiB of workspace"), "{message}");
+    assert!(
+        message.contains("a lower `max_step_tokens` shrinks the workspace"),
+        "{message}"
+    );
 }

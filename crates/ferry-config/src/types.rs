@@ -134,8 +134,9 @@ pub struct ModelConfig {
     pub kv_offload: KvOffload,
     /// Most prompt tokens one sequence feeds per engine step.
     pub prefill_chunk: usize,
-    /// Most tokens one engine step computes, decodes and prompt chunks together.
-    pub max_step_tokens: usize,
+    /// Most tokens one engine step computes, decodes and prompt chunks together; unset = 512,
+    /// lowered when its workspace is what keeps the model from fitting (`runtime::planning`).
+    pub max_step_tokens: Option<usize>,
     /// The time a shared engine step aims at (0: none).
     pub step_time: Duration,
     /// Whether requests sharing a prompt prefix reuse its KV state (`engine::prefix_cache`).
@@ -224,7 +225,7 @@ impl ModelConfig {
             kv_dtype: DtypeChoice::Auto,
             kv_offload: KvOffload::Auto,
             prefill_chunk: 0,
-            max_step_tokens: 0,
+            max_step_tokens: None,
             step_time: Duration::ZERO,
             prefix_cache: false,
             prefix_cache_tokens: None,

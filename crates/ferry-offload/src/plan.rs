@@ -174,6 +174,8 @@ pub struct PlanInput {
     pub prefetch: usize,
     /// Activation workspace (see [`super::sizing::workspace_bytes`]).
     pub workspace_bytes: u64,
+    /// The most tokens one engine step computes, which sized `workspace_bytes` (0: not told).
+    pub max_step_tokens: usize,
     /// Bytes the budget leaves to the runtime ([`DEFAULT_CUDA_RESERVE_BYTES`],
     /// [`DEFAULT_CPU_RESERVE_BYTES`]).
     pub reserve_bytes: u64,
@@ -209,6 +211,7 @@ impl PlanInput {
             origins: CacheOrigins::default(),
             prefetch: 2,
             workspace_bytes: 0,
+            max_step_tokens: 0,
             reserve_bytes: 0,
             link_bandwidth: None,
             dtype_alternatives: Vec::new(),
@@ -323,6 +326,8 @@ pub struct Plan {
     pub origins: CacheOrigins,
     /// Activation workspace on the device.
     pub workspace_bytes: u64,
+    /// The most tokens one engine step computes, which sized the workspace (0: not told).
+    pub max_step_tokens: usize,
     /// Reserve left to the runtime.
     pub reserve_bytes: u64,
     /// Device slots streamed layers rotate through: `min(prefetch + 1, streamed layers)`, 0 when
@@ -540,6 +545,7 @@ impl<'a> Costs<'a> {
             kv_layout: input.kv_layout.clone(),
             origins: input.origins,
             workspace_bytes: input.workspace_bytes,
+            max_step_tokens: input.max_step_tokens,
             reserve_bytes: input.reserve_bytes,
             slots,
             slot_bytes,

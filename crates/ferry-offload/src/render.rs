@@ -131,7 +131,7 @@ pub fn render_text(plan: &Plan) -> String {
             "KV cache",
             format!("{}{}", format_bytes(plan.kv_bytes), kv_note(plan)),
         ),
-        ("workspace", format_bytes(plan.workspace_bytes)),
+        ("workspace", workspace_line(plan)),
         ("reserve", format_bytes(plan.reserve_bytes)),
     ];
     for (name, value) in rows {
@@ -236,6 +236,17 @@ fn experts_json(experts: &ExpertPlan) -> serde_json::Value {
         "whole_layer_bytes_per_token": experts.whole_layer_bytes_per_token,
         "layers": layers,
     })
+}
+
+/// "40.0 MiB (512 tokens per step)": the workspace and the step size that sized it, when told.
+fn workspace_line(plan: &Plan) -> String {
+    match plan.max_step_tokens {
+        0 => format_bytes(plan.workspace_bytes),
+        tokens => format!(
+            "{} ({tokens} tokens per step)",
+            format_bytes(plan.workspace_bytes)
+        ),
+    }
 }
 
 /// What the KV cache's bytes are made of, after its size, and what each choice saves: `(768 B
@@ -361,6 +372,7 @@ pub fn plan_json(plan: &Plan) -> serde_json::Value {
         "notes": plan.notes,
         "fixed_bytes": plan.fixed_bytes,
         "workspace_bytes": plan.workspace_bytes,
+        "max_step_tokens": plan.max_step_tokens,
         "reserve_bytes": plan.reserve_bytes,
         "streamed_bytes_per_step": plan.streamed_bytes_per_step,
         "link_bandwidth": plan.link_bandwidth,
