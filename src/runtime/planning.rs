@@ -208,6 +208,7 @@ pub fn plan_beside(
         // The host's free memory, a tenth kept back: what the plan puts there (offloaded
         // weights, pinned or registered, and the cache) must fit in it.
         host_free_bytes: cpu_free_bytes().ok().map(|free| free / 10 * 9),
+        device_in_host_memory: device.is_cpu(),
     };
     let (mut fitted, step_tokens) = fit_step_tokens(model, &request, &input_at)?;
     let input_for =

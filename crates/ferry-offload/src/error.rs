@@ -64,12 +64,15 @@ pub enum PlanError {
     },
     /// What the plan keeps in host memory (offloaded weights, pinned or registered, and a KV
     /// cache there) exceeds what the host has free.
-    #[error("the plan keeps {needed} in host memory (offloaded weights pinned or registered for the copies, and any KV cache there), but the host has {free} available (MemAvailable, a tenth kept back): give the device a larger budget (`offload.gpu_memory`), a shorter `max_context`, or free host memory", needed = crate::units::format_bytes(*.needed), free = crate::units::format_bytes(*.free))]
+    #[error("the plan keeps {needed} in host memory (offloaded weights pinned or registered for the copies, and any KV cache there{device}), but the host has {free} available (MemAvailable, a tenth kept back): give the device a larger budget (`offload.gpu_memory`), a shorter `max_context`, or free host memory", needed = crate::units::format_bytes(*.needed), free = crate::units::format_bytes(*.free), device = device_share(*.device))]
     HostMemory {
-        /// Host bytes of the plan.
+        /// Host bytes of the plan (with its device bytes where the device is the host).
         needed: u64,
         /// Host bytes available to it.
         free: u64,
+        /// The plan's device bytes counted in `needed` (the CPU device, whose memory is the
+        /// host's); 0 elsewhere.
+        device: u64,
     },
     /// The KV cache and workspace that `max_context` and `max_batch` ask for do not fit the
     /// budget, while smaller values would ([`super::fit`]).
@@ -158,5 +161,16 @@ impl From<OffloadError> for ferry_model::ModelError {
             OffloadError::Candle(inner) => ferry_model::ModelError::Candle(inner),
             other => ferry_model::ModelError::Source(other.to_string()),
         }
+    }
+}
+
+/// The part of a [`PlanError::HostMemory`] message naming the CPU device's own bytes.
+fn device_share(device: u64) -> String {
+    match device {
+        0 => String::new(),
+        bytes => format!(
+            ", and the CPU device's {} of weights, KV cache and workspace, also host memory",
+            crate::units::format_bytes(bytes)
+        ),
     }
 }

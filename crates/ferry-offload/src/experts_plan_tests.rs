@@ -374,6 +374,7 @@ fn a_fitted_expert_plan_says_its_experts_are_on_the_host() {
         kv_dtype: Origin::Default,
         kv_offload: ferry_config::KvOffload::Off,
         host_free_bytes: None,
+        device_in_host_memory: false,
     };
     let fitted = fit(&request, &input_for).expect("fits at batch 1");
     assert_eq!(fitted.plan.max_batch, 1);

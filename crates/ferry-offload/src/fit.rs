@@ -25,7 +25,8 @@
 //! why. When the values planned do not fit at all, the error ([`PlanError::CacheDoesNotFit`])
 //! names `max_context` and `max_batch`, what they cost, the largest values that fit and the
 //! smallest budget that fits them. A plan whose host bytes exceed the host's free memory
-//! ([`CacheRequest::host_free_bytes`]) is refused, naming both ([`PlanError::HostMemory`]).
+//! ([`CacheRequest::host_free_bytes`]; on the CPU device with its device bytes, also host
+//! memory) is refused, naming both ([`PlanError::HostMemory`]).
 
 use super::error::{CacheOverflow, PlanError, Result};
 use super::plan::{plan, CacheOrigins, Origin, Plan, PlanInput};
@@ -60,6 +61,9 @@ pub struct CacheRequest {
     /// either); a plan that needs more is refused, naming the bytes; `None`: unknown, not
     /// checked.
     pub host_free_bytes: Option<u64>,
+    /// Whether the device's memory is the host's (the CPU device): the plan's device bytes
+    /// then count against `host_free_bytes` too.
+    pub device_in_host_memory: bool,
 }
 
 /// A plan with its KV cache fitted, and why, when ferry lowered a value.
@@ -80,10 +84,17 @@ pub fn fit(
 ) -> Result<Fitted> {
     let mut fitted = fit_cache(request, input_for)?;
     if let Some(free) = request.host_free_bytes {
-        if fitted.plan.host_bytes > free {
+        let device = if request.device_in_host_memory {
+            fitted.plan.device_bytes
+        } else {
+            0
+        };
+        let needed = fitted.plan.host_bytes.saturating_add(device);
+        if needed > free {
             return Err(PlanError::HostMemory {
-                needed: fitted.plan.host_bytes,
+                needed,
                 free,
+                device,
             });
         }
     }

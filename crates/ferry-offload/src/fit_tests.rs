@@ -28,6 +28,7 @@ fn unset(model_context: usize) -> CacheRequest {
         kv_dtype: Origin::Default,
         kv_offload: KvOffload::Off,
         host_free_bytes: None,
+        device_in_host_memory: false,
     }
 }
 
@@ -264,6 +265,7 @@ fn window_layers_let_the_context_grow_about_five_fold() {
         kv_dtype: Origin::Default,
         kv_offload: KvOffload::Off,
         host_free_bytes: None,
+        device_in_host_memory: false,
     };
     // The KV cache gets 26 layers x 8192 positions of 1 KiB when every layer holds them all.
     let budget = 27 * MIB + 26 * 8192 * KIB;
@@ -456,7 +458,7 @@ fn a_plan_whose_host_bytes_exceed_the_hosts_free_memory_is_refused() {
     };
     let budget = resident(256, 1) - 20 * MIB;
     match fit(&request, &model(OffloadMode::Auto, budget)) {
-        Err(PlanError::HostMemory { needed, free }) => {
+        Err(PlanError::HostMemory { needed, free, .. }) => {
             assert_eq!(free, 20 * MIB);
             assert!(needed > free, "{needed}");
         }
@@ -470,4 +472,49 @@ fn a_plan_whose_host_bytes_exceed_the_hosts_free_memory_is_refused() {
         .expect("host holds it")
         .plan;
     assert!(plan.host_bytes > 20 * MIB && plan.host_bytes <= 64 * MIB);
+}
+
+#[test]
+fn on_the_cpu_device_the_device_bytes_count_as_host_memory_too() {
+    // Three layers stream from the host; the resident one, cache and workspace are "device"
+    // bytes, which the CPU device also keeps in host memory.
+    let request = CacheRequest {
+        max_context: Some(256),
+        max_batch: Some(1),
+        host_free_bytes: Some(64 * MIB),
+        ..unset(256)
+    };
+    let budget = resident(256, 1) - 20 * MIB;
+    let plan = fit(&request, &model(OffloadMode::Auto, budget))
+        .expect("host bytes alone fit")
+        .plan;
+    let both = plan.host_bytes + plan.device_bytes;
+    assert!(plan.host_bytes <= 64 * MIB && both > 64 * MIB, "{both}");
+    let cpu = CacheRequest {
+        device_in_host_memory: true,
+        ..request
+    };
+    match fit(&cpu, &model(OffloadMode::Auto, budget)) {
+        Err(e @ PlanError::HostMemory { .. }) => {
+            let PlanError::HostMemory {
+                needed,
+                free,
+                device,
+            } = &e
+            else {
+                unreachable!()
+            };
+            assert_eq!(
+                (*needed, *free, *device),
+                (both, 64 * MIB, plan.device_bytes)
+            );
+            assert!(e.to_string().contains("and the CPU device's"), "{e}");
+        }
+        other => panic!("expected HostMemory, got {other:?}"),
+    }
+    let roomy = CacheRequest {
+        host_free_bytes: Some(both),
+        ..cpu
+    };
+    assert!(fit(&roomy, &model(OffloadMode::Auto, budget)).is_ok());
 }
