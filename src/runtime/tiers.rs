@@ -16,7 +16,6 @@ use ferry_model::checkpoint::Checkpoint;
 use ferry_model::loader::{Holding, LoadOptions, TensorKind};
 use ferry_offload::calibrate::{calibrate, calibrate_cached, CachePolicy, CalibrationInput, Probe};
 use ferry_offload::calibrate_cache::CalibrationCache;
-use ferry_offload::cost::Tier;
 use ferry_offload::layout::LayerLayout;
 use ferry_offload::plan::{Home, Plan};
 use ferry_offload::tier_report::{unit_kinds, weight_type, Offloaded, TierReport};
@@ -84,11 +83,21 @@ pub fn tier_report(
     // On CUDA only experts of GGUF blocks compute on the host (their pinned slabs viewed by
     // the CPU kernels); offloaded whole layers and experts held dense there only stream
     // (`ExpertStore::computes_on_host`, `WeightStore::set_layer_tiers`), so the report shows
-    // what runs; a forced `host` is refused at load for those.
-    let mut calibration = calibration;
-    if !device.is_cpu() && calibration.model.forced.is_none() && !host_tier_on_cuda(plan, &layout) {
-        calibration.model.forced = Some(Tier::Stream);
-    }
+    // what runs, and why (its cost model, forced to stream, is what `serve` decides by); a
+    // forced `host` is refused at load for those.
+    let stream_only = match (device.is_cpu(), plan.experts.is_some()) {
+        (true, _) => None,
+        _ if host_tier_on_cuda(plan, &layout) => None,
+        (false, true) => Some(
+            "the offloaded experts are held dense on CUDA (f16/bf16, or a GGUF type CUDA's \
+             kernels lack, dequantized at load); ferry's CPU kernels compute only GGUF blocks \
+             from a pinned slab",
+        ),
+        (false, false) => Some(
+            "offloaded whole layers have no host tier on CUDA (their slabs' dense norms cannot \
+             be read in pinned memory); offload experts one by one (offload.experts) for one",
+        ),
+    };
     tracing::info!(model = %model.name, "{}", calibration.summary());
     let spec = checkpoint.spec();
     let offloaded = match &plan.experts {
@@ -102,7 +111,12 @@ pub fn tier_report(
         spec.hidden_size,
         plan.max_batch,
     );
-    Ok(Some(TierReport::new(calibration, plan.max_batch, kinds)))
+    let report = TierReport::new(calibration, plan.max_batch, kinds);
+    // A forced tier is the user's: kept as set (a forced `host` is refused at load there).
+    Ok(Some(match stream_only {
+        Some(reason) if report.calibration.model.forced.is_none() => report.stream_only(reason),
+        _ => report,
+    }))
 }
 
 /// Whether `plan`'s offloaded units can compute on the host on a CUDA device: experts as the
