@@ -18,7 +18,8 @@
 //!   the host (forced `host`, and `auto` by a cost model that computes 1-row experts there)
 //!   give `none`'s logits within the CPU kernels' rounding and its tokens, the host decisions
 //!   are counted and no expert byte crosses the link under `host`; experts held dense on CUDA
-//!   have no host tier.
+//!   have no host tier;
+//! - the calibration on CUDA measures the CPU kernels' rates and the activations' round trip.
 
 #[allow(dead_code)]
 #[path = "suite/tiny.rs"]
@@ -884,4 +885,38 @@ fn offloaded_experts_compute_on_the_host_beside_the_gpu() {
     let experts = runner.store().experts().expect("an expert store");
     assert!(!experts.computes_on_host());
     assert_eq!(experts.stream_only_experts(), experts.host_experts());
+}
+
+/// The calibration on CUDA (issue 30, item 4) measures what the host tier there costs: the
+/// CPU kernels on the weight type, and the round trip of a few rows to the host and back,
+/// which the cost model then charges a host-computed unit's activations.
+#[test]
+fn the_calibration_measures_the_activation_round_trip_on_the_gpu() {
+    use ferry::config::TierConfig;
+    use ferry::offload::calibrate::{calibrate, CalibrationInput, Probe, Source};
+
+    let device = gpu();
+    let tier = TierConfig::default();
+    let calibration = calibrate(&CalibrationInput {
+        device: &device,
+        weight_type: GgmlDType::Q8_0,
+        link_bandwidth: None,
+        tier: &tier,
+        probe: Probe::default(),
+    })
+    .expect("calibrates");
+    eprintln!("{}", calibration.summary());
+    assert_eq!(calibration.activations, Some(Source::Measured));
+    let m = calibration.model;
+    let round_trip = m.activation_bytes_per_s.expect("a measured round trip");
+    assert!(round_trip.is_finite() && round_trip > 0.0, "{round_trip}");
+    assert!(
+        m.host_flops_per_s > 0.0 && m.host_read_bytes_per_s > 0.0,
+        "{m:?}"
+    );
+    assert!(
+        calibration.rates().contains("activations round trip"),
+        "{}",
+        calibration.rates()
+    );
 }

@@ -83,6 +83,7 @@ fn calibration(model: CostModel) -> Calibration {
         model,
         weight_type: GgmlDType::Q4_1,
         sources: [Source::Set; 4],
+        activations: None,
         elapsed: Duration::ZERO,
         cached_from: None,
         cached_at: None,
