@@ -910,7 +910,7 @@ fn a_cuda_plan_places_experts_and_counts_the_pool() {
 }
 
 /// The CUDA pool's way with a layer whose streamed experts outnumber the free slots (refill the
-/// pool in rounds, no host tier), checked on the CPU: a pool of 1 streams every routed expert,
+/// pool in rounds rather than computing a stream decision on the host), checked on the CPU: a pool of 1 streams every routed expert,
 /// round after round, and decodes the tokens of `none` at batch 1 and 4, prefetch 0 and 1,
 /// with nothing computed on the host and one miss or hit per routed expert.
 #[test]
