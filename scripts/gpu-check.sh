@@ -17,8 +17,9 @@
 #   f accelerate   device_map="auto" with the same max_memory: decode tok/s, ferry / accelerate
 #   g moe          a Qwen3-30B-A3B-shaped MoE (4 of 48 layers, 128 experts, top 8): decode tok/s
 #                  per offload tier (stream / host / auto) with half the experts offloaded
-#                  (offload.experts) and with half the layers (experts false), against the
-#                  PCIe bound (link bandwidth / bytes moved per token)
+#                  (offload.experts; bf16, and q8_0 at load: experts of GGUF blocks, which
+#                  have the host tier on CUDA) and with half the layers (experts false),
+#                  against the PCIe bound (link bandwidth / bytes moved per token)
 #   h speculation  batch-1 decode of the large model with every layer streamed, without
 #                  speculation, with ngram, with itself as the draft (acceptance 1: the
 #                  ceiling, tokens per streamed pass) and with the small model as the draft
@@ -423,7 +424,7 @@ if wants g; then
     if [[ -z $FERRY ]]; then skip "$L" "no ferry binary"
     elif ! model_ready "$MOE_DIR"; then skip "$L" "no $MOE model"
     else
-        run_step "$L" 150 "$PY" "$HELPERS/moe_bench.py" --out "$REPORT" --ferry "$FERRY" \
+        run_step "$L" 210 "$PY" "$HELPERS/moe_bench.py" --out "$REPORT" --ferry "$FERRY" \
             --model "$MOE_DIR" --device "$FERRY_DEVICE" --dtype "$MODEL_DTYPE" \
             ${link[@]+"${link[@]}"} --bandwidth-json "$DATA/bandwidth.json" --logs "$LOGS" \
             --tokens "$MOE_TOKENS" --data "$DATA/moe.json"

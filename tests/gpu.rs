@@ -13,7 +13,13 @@
 //!   gives the device cache's logits, attended on the host or streamed to the device, and the
 //!   device holds none of its bytes;
 //! - a tiny Qwen3-MoE with its experts offloaded (streamed through the expert pool, or half
-//!   resident) decodes the tokens of `none`.
+//!   resident) decodes the tokens of `none`;
+//! - the host tier on CUDA (issue 30, item 1): the same model's offloaded experts computed on
+//!   the host (forced `host`, and `auto` by a cost model that computes 1-row experts there)
+//!   give `none`'s logits within the CPU kernels' rounding and its tokens, the host decisions
+//!   are counted and no expert byte crosses the link under `host`; experts held dense on CUDA
+//!   have no host tier;
+//! - the calibration on CUDA measures the CPU kernels' rates and the activations' round trip.
 
 #[allow(dead_code)]
 #[path = "suite/tiny.rs"]
@@ -653,6 +659,7 @@ fn qwen3_moe(dir: &Path) -> PathBuf {
 /// mode `none`; the pool has the plan's slots and the device memory stays within the plan.
 #[test]
 fn offloaded_experts_decode_like_none_on_the_gpu() {
+    use ferry::config::TierChoice;
     use ferry::model::loader::Holding;
     use ferry::offload::plan::{plan, PlanInput};
     use ferry::offload::sizing::ModelSizes;
@@ -696,7 +703,8 @@ fn offloaded_experts_decode_like_none_on_the_gpu() {
                 plan.slots,
                 "{what}"
             );
-            assert!(!experts.computes_on_host(), "{what}: CUDA experts stream");
+            // The pool's streaming: the same kernels as `none` (the host tier has its own test).
+            experts.set_tier(TierChoice::Stream);
         }
         let (tokens, _) = greedy(&mut runner, PROMPT);
         let acc = runner.accounting();
@@ -727,4 +735,188 @@ fn offloaded_experts_decode_like_none_on_the_gpu() {
         assert!(plan.experts.is_some(), "{what}: experts offloaded");
         assert_eq!(decode(&plan, prefetch, &what), reference, "{what}");
     }
+}
+
+/// The host tier on CUDA (issue 30, item 1): every expert offloaded through a pool of 2, with
+/// tier `stream`, `host` (forced) and `auto` (a cost model that computes an expert 1 row was
+/// routed to on the host and streams one several rows were). Streaming runs the GPU's kernels
+/// on the same bytes: `none`'s tokens and logits. Host-computed experts run ferry's CPU
+/// kernels, which round differently from candle's CUDA ones (q8_1 activations there, int8
+/// here): with `none`'s tokens forced, the logits stay within the tolerance
+/// `gpu_logits_match_the_cpu` allows for q8_0, and every greedy token whose margin over the
+/// runner-up is wider than that is `none`'s. The host decisions are counted, in the accounting
+/// and in the layers' last decisions; under `host` no expert byte crosses the link, under
+/// `auto` fewer than under `stream`. Experts held dense on CUDA (f32 here) have no host tier.
+#[test]
+fn offloaded_experts_compute_on_the_host_beside_the_gpu() {
+    use ferry::config::TierChoice;
+    use ferry::model::loader::Holding;
+    use ferry::offload::plan::{plan, PlanInput};
+    use ferry::offload::sizing::ModelSizes;
+    use ferry::offload::{CostModel, ExpertInput, Served, SlotKind};
+
+    let device = gpu();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files = ModelFiles::Gguf {
+        path: qwen3_moe(dir.path()),
+    };
+    let checkpoint = Checkpoint::open(&files).expect("checkpoint");
+    let plan_for_dtype = |dtype: DtypeChoice, mode: OffloadMode| {
+        let options = LoadOptions {
+            device: device.clone(),
+            dtype,
+        };
+        let holding = Holding::new(&checkpoint, &options).expect("holding");
+        let sizes = ModelSizes::of(&checkpoint, &holding, SlotKind::Cuda).expect("sizes");
+        let mut input = PlanInput::new(mode, sizes.layers.clone(), sizes.fixed, 8 << 30);
+        input.layer_layouts = sizes.layouts.clone();
+        input.slot_kind = SlotKind::Cuda;
+        input.experts = Some(ExpertInput {
+            n_used: 2,
+            pool_slots: Some(2),
+            host_layers: Default::default(),
+        });
+        (options, plan(&input).expect("plan"))
+    };
+    let load = |options: &LoadOptions, plan: &Plan| {
+        let stream = StreamConfig {
+            prefetch: 0,
+            link_bandwidth: None,
+        };
+        let mut placed =
+            load_placed(&checkpoint, options, plan, stream, &mut |_| {}).expect("load");
+        placed.model.set_kv_dtype(plan.kv_dtype);
+        ModelRunner::new(placed.model, placed.store, Some(MAX_CONTEXT))
+    };
+    let (options, none) = plan_for_dtype(DtypeChoice::Auto, OffloadMode::None);
+    assert!(none.experts.is_none());
+    let (reference, reference_logits) = greedy(&mut load(&options, &none), PROMPT);
+    let (options, offloaded) = plan_for_dtype(DtypeChoice::Auto, OffloadMode::Sequential);
+    assert!(offloaded.experts.is_some());
+    let scale = max_abs(&reference_logits).max(1.0);
+    let tolerance = 6e-2 * scale;
+    let n_layers = offloaded.layers.len();
+    // A runner whose offloaded experts take `tier`, under a cost model in which a copy costs
+    // 1 ms and a row on the host 0.4 ms: 1 row computes on the host, from 3 they stream.
+    let tiered = |tier: TierChoice| {
+        let runner = load(&options, &offloaded);
+        let experts = runner.store().experts().expect("an expert store").clone();
+        experts.set_tier(tier);
+        let work = experts.expert_work(0, 0).expect("offloaded expert 0");
+        experts.set_cost_model(Some(CostModel {
+            link_bytes_per_s: work.weight_bytes as f64 * 1e3,
+            host_flops_per_s: work.flops_per_row / 4e-4,
+            host_read_bytes_per_s: 1e15,
+            device_flops_per_s: 1e15,
+            forced: None,
+            activation_bytes_per_s: None,
+        }));
+        (runner, experts)
+    };
+    let mut expert_bytes = Vec::new();
+    for tier in [TierChoice::Stream, TierChoice::Host, TierChoice::Auto] {
+        let what = format!("tier {tier:?}");
+        let (mut runner, experts) = tiered(tier);
+        assert!(
+            experts.computes_on_host(),
+            "{what}: Q8_0 experts have a host tier"
+        );
+        assert_eq!(experts.stream_only_experts(), 0, "{what}");
+        let logits = forced(&mut runner, &reference);
+        let diff = max_diff(&logits, &reference_logits);
+        eprintln!("{what}: max |logits - none's| = {diff} (largest logit {scale})");
+        let acc = runner.accounting();
+        assert_eq!(acc.check_within_plan(), Ok(()), "{what}: {acc:?}");
+        let on_host: usize = (0..n_layers)
+            .map(|l| {
+                experts
+                    .last_decisions(l)
+                    .iter()
+                    .filter(|d| d.served == Served::Host)
+                    .count()
+            })
+            .sum();
+        match tier {
+            TierChoice::Stream => {
+                // The GPU's kernels on the same bytes.
+                assert!(diff <= 1e-4 * scale, "{what}: logits differ by {diff}");
+                assert_eq!(acc.expert_host, 0, "{what}: {acc:?}");
+            }
+            _ => {
+                assert!(diff <= tolerance, "{what}: logits differ by {diff}");
+                assert!(acc.expert_host > 0, "{what}: nothing on the host: {acc:?}");
+                assert!(
+                    on_host > 0,
+                    "{what}: the last step computed nothing on the host"
+                );
+            }
+        }
+        // Greedy decoding: `none`'s tokens wherever `none` was not near a tie (up to the first
+        // token that differs: after it the sequences are not comparable).
+        let (tokens, _) = greedy(&mut tiered(tier).0, PROMPT);
+        for (step, (&got, &want)) in tokens.iter().zip(&reference).enumerate() {
+            let mut sorted = reference_logits[step].clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            if sorted[0] - sorted[1] > 2.0 * tolerance {
+                assert_eq!(
+                    got, want,
+                    "{what}: step {step}: {tokens:?} vs {reference:?}"
+                );
+            }
+            if got != want {
+                eprintln!("{what}: a near tie at step {step}: {tokens:?} vs {reference:?}");
+                break;
+            }
+        }
+        expert_bytes.push((tier, acc.expert_bytes));
+    }
+    let bytes = |t| expert_bytes.iter().find(|(x, _)| *x == t).map(|(_, b)| *b);
+    let stream = bytes(TierChoice::Stream).expect("stream");
+    assert!(stream > 0, "streaming copies experts: {expert_bytes:?}");
+    assert_eq!(bytes(TierChoice::Host), Some(0), "{expert_bytes:?}");
+    assert!(
+        bytes(TierChoice::Auto).expect("auto") < stream,
+        "{expert_bytes:?}"
+    );
+
+    // Experts held dense on CUDA (f32): their pinned slabs have no CPU view, they stream.
+    let (options, dense) = plan_for_dtype(DtypeChoice::F32, OffloadMode::Sequential);
+    let runner = load(&options, &dense);
+    let experts = runner.store().experts().expect("an expert store");
+    assert!(!experts.computes_on_host());
+    assert_eq!(experts.stream_only_experts(), experts.host_experts());
+}
+
+/// The calibration on CUDA (issue 30, item 4) measures what the host tier there costs: the
+/// CPU kernels on the weight type, and the round trip of a few rows to the host and back,
+/// which the cost model then charges a host-computed unit's activations.
+#[test]
+fn the_calibration_measures_the_activation_round_trip_on_the_gpu() {
+    use ferry::config::TierConfig;
+    use ferry::offload::calibrate::{calibrate, CalibrationInput, Probe, Source};
+
+    let device = gpu();
+    let tier = TierConfig::default();
+    let calibration = calibrate(&CalibrationInput {
+        device: &device,
+        weight_type: GgmlDType::Q8_0,
+        link_bandwidth: None,
+        tier: &tier,
+        probe: Probe::default(),
+    })
+    .expect("calibrates");
+    eprintln!("{}", calibration.summary());
+    assert_eq!(calibration.activations, Some(Source::Measured));
+    let m = calibration.model;
+    let round_trip = m.activation_bytes_per_s.expect("a measured round trip");
+    assert!(round_trip.is_finite() && round_trip > 0.0, "{round_trip}");
+    assert!(
+        m.host_flops_per_s > 0.0 && m.host_read_bytes_per_s > 0.0,
+        "{m:?}"
+    );
+    assert!(
+        calibration.rates().contains("activations round trip"),
+        "{}",
+        calibration.rates()
+    );
 }

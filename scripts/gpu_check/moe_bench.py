@@ -6,6 +6,10 @@ Cases, one ``ferry serve`` each (started, used, stopped before the next):
 - experts as placement units (``offload.experts = true``), half the experts offloaded (the
   budget of mode none less half the expert bytes plus the expert pool), ``offload.tier`` =
   stream / host / auto;
+- the same with the weights quantized to q8_0 at load (``dtype = "q8_0"``): experts of GGUF
+  blocks, which have a host tier on CUDA too (issue 30: their pinned slabs computed in place by
+  the CPU kernels while the GPU runs the rest), so host and auto rows there are the CUDA host
+  tier's;
 - whole layers (``offload.experts = false``), half the layers offloaded, tier stream / host /
   auto.
 
@@ -13,10 +17,11 @@ The PCIe bound of a case is the link bandwidth (step c's measurement, capped by 
 ``link_bandwidth``) over the bytes its plan moves per decode token: the routed-expert estimate
 (``experts.bytes_per_token``) with experts, ``streamed_bytes_per_step`` with whole layers. The
 host tier moves only activations, so it has no such bound (its row says so). A case ferry
-refuses to load (e.g. a tier not implemented on this device: on CUDA a forced host tier, for
-dense layers and for experts) is a SKIP row with ferry's reason. On CUDA ``offload.experts``
-places experts (the CUDA expert pool; offloaded experts always stream there, so tier auto
-streams too); each row names what its plan placed.
+refuses to load (e.g. a tier not implemented on this device: on CUDA a forced host tier for
+whole layers, and for experts held dense, as this bf16 model's are) is a SKIP row with ferry's
+reason. On CUDA ``offload.experts`` places experts (the CUDA expert pool; dense experts always
+stream there, so tier auto streams too; q8_0 ones are decided per expert and step); each row
+names what its plan placed.
 """
 
 import argparse
@@ -31,7 +36,7 @@ from ferry_proc import Server, ServeConfig, add_bench_args, budget_for_resident,
 from sse_client import decode_rate, stream_completion
 
 STEP = "g moe"
-ELEM = {"bf16": 2, "f16": 2, "f32": 4, "auto": 2}
+ELEM = {"bf16": 2, "f16": 2, "f32": 4, "auto": 2, "q8_0": 34 / 32}
 
 
 def prompt_ids(n, seed):
@@ -84,23 +89,33 @@ def main():
     bound_src = ("measured bandwidth" if bw and (not link or bw <= link)
                  else f"emulated link {args.link_bandwidth}" if link else "none")
 
+    # q8_0 experts: the budget of mode none at q8_0 less half its expert bytes, plus the pool.
+    q8_bytes = int(3 * hf["hidden_size"] * hf["moe_intermediate_size"] * ELEM["q8_0"])
+    q8_none = plan(args.ferry, ServeConfig(mode="none", experts=False,
+                                           **dict(base, dtype="q8_0")).write(
+        os.path.join(cfg_dir, "moe-plan-none-q8_0.toml")),
+        os.path.join(args.logs, "moe-plan-none-q8_0.log"))
+    q8_budget = q8_none["device_bytes"] - half * q8_bytes + pool * q8_bytes
     cases = []
-    for experts, budget, prefetch in ((True, experts_budget, args.prefetch),
-                                      (False, layers_budget, layers_prefetch)):
+    for experts, budget, prefetch, dtype in ((True, experts_budget, args.prefetch, args.dtype),
+                                             (True, q8_budget, args.prefetch, "q8_0"),
+                                             (False, layers_budget, layers_prefetch, args.dtype)):
         for tier in ("stream", "host", "auto"):
-            cases.append((experts, tier, budget, prefetch))
+            cases.append((experts, tier, budget, prefetch, dtype))
     data = {"n_layers": n_layers, "n_experts": n_experts, "expert_bytes": expert_bytes,
             "bound_bytes_per_s": bound_bw, "bound_source": bound_src, "cases": {}}
     write_json(args.data, data)
     prompt = prompt_ids(16, 7)
     failed = False
-    for experts, tier, budget, prefetch in cases:
+    for experts, tier, budget, prefetch, dtype in cases:
         unit = "experts" if experts else "layers"
+        if dtype != args.dtype:
+            unit = f"{unit} {dtype}"
         name = f"{unit} {tier}"
         result = data["cases"].setdefault(name, {})
         cfg = ServeConfig(mode="auto", gpu_memory=str(budget), tier=tier, experts=experts,
-                          **dict(base, prefetch=prefetch))
-        tag = f"moe-{unit}-{tier}"
+                          **dict(base, prefetch=prefetch, dtype=dtype))
+        tag = f"moe-{unit.replace(' ', '-')}-{tier}"
         try:
             case_plan = plan(args.ferry, cfg.write(os.path.join(cfg_dir, f"{tag}-plan.toml")),
                              os.path.join(args.logs, f"{tag}-plan.log"))

@@ -45,7 +45,11 @@ pub fn log_loaded(
         "none: replies are content as written",
         ReasoningFormat::name,
     );
-    let offload_tier = offload_tier(config, device, plan);
+    let experts_on_host = runner
+        .store()
+        .experts()
+        .map(|e| e.computes_on_host() && e.host_experts() > 0);
+    let offload_tier = offload_tier(config, device, plan, experts_on_host);
     tracing::info!(
         model = %config.name,
         architecture = ?spec.architecture,
@@ -119,8 +123,14 @@ fn tool_calls(tokenizer: &TextTokenizer) -> String {
 }
 
 /// Where the offloaded units compute: nothing offloaded, the whole model swapped, a forced tier
-/// or the cost model's choice per step.
-fn offload_tier(config: &ModelConfig, device: &Device, plan: &Plan) -> String {
+/// or the cost model's choice per step. `experts_on_host`: the loaded expert store's offloaded
+/// experts can all compute on the host (`None`: no expert store).
+fn offload_tier(
+    config: &ModelConfig,
+    device: &Device,
+    plan: &Plan,
+    experts_on_host: Option<bool>,
+) -> String {
     let offloaded = plan.host_layers() > 0 || (plan.experts.is_some() && plan.host_bytes > 0);
     if !offloaded {
         return "none: nothing is offloaded".into();
@@ -130,7 +140,18 @@ fn offload_tier(config: &ModelConfig, device: &Device, plan: &Plan) -> String {
     }
     match Tier::forced_by(config.tier.choice) {
         Some(tier) => format!("{} (offload.tier)", tier.name()),
-        None if !device.is_cpu() => "stream (no host tier on CUDA yet)".into(),
-        None => "auto: host or stream per step, by the calibrated cost model".into(),
+        None if device.is_cpu() || experts_on_host == Some(true) && plan.host_layers() == 0 => {
+            "auto: host or stream per step, by the calibrated cost model".into()
+        }
+        None if experts_on_host == Some(true) => "auto for the offloaded experts (host or stream \
+             per step, by the calibrated cost model); the offloaded whole layers stream (no host \
+             tier for whole layers on CUDA)"
+            .into(),
+        None if plan.experts.is_some() => "stream (the offloaded experts are held dense on \
+             CUDA: ferry's CPU kernels compute only GGUF blocks in place)"
+            .into(),
+        None => "stream (no host tier for whole layers on CUDA: offload experts, \
+             offload.experts, for one)"
+            .into(),
     }
 }

@@ -4,18 +4,18 @@
 //! rates the configuration leaves unset, or reads them from the user's calibration cache
 //! ([`ferry_offload::calibrate_cache`]) after the first start (logged at info, once), and
 //! the [`TierReport`] holds the cost model with its decisions: `ferry plan` prints them, `serve` computes them once before
-//! loading (as part of [`super::device_plan::DevicePlan`]). On a CUDA device the decisions
-//! are `stream` (no host tier there yet).
+//! loading (as part of [`super::device_plan::DevicePlan`]). On a CUDA device only offloaded
+//! experts held as GGUF blocks have a host tier ([`host_tier_on_cuda`]); offloaded whole
+//! layers and experts held dense there are `stream`.
 
 use candle_core::Device;
 
 use super::RuntimeError;
 use ferry_config::{DeviceConfig, ModelConfig, OffloadMode};
 use ferry_model::checkpoint::Checkpoint;
-use ferry_model::loader::{Holding, LoadOptions};
+use ferry_model::loader::{Holding, LoadOptions, TensorKind};
 use ferry_offload::calibrate::{calibrate, calibrate_cached, CachePolicy, CalibrationInput, Probe};
 use ferry_offload::calibrate_cache::CalibrationCache;
-use ferry_offload::cost::Tier;
 use ferry_offload::layout::LayerLayout;
 use ferry_offload::plan::{Home, Plan};
 use ferry_offload::tier_report::{unit_kinds, weight_type, Offloaded, TierReport};
@@ -80,13 +80,24 @@ pub fn tier_report(
         name: model.name.clone(),
         source,
     })?;
-    // On CUDA offloaded units only stream (host slabs are pinned, not computed on:
-    // `ExpertStore::computes_on_host`, `WeightStore::set_layer_tiers`), so the report shows
-    // what runs; a forced `host` is refused at load.
-    let mut calibration = calibration;
-    if !device.is_cpu() && calibration.model.forced.is_none() {
-        calibration.model.forced = Some(Tier::Stream);
-    }
+    // On CUDA only experts of GGUF blocks compute on the host (their pinned slabs viewed by
+    // the CPU kernels); offloaded whole layers and experts held dense there only stream
+    // (`ExpertStore::computes_on_host`, `WeightStore::set_layer_tiers`), so the report shows
+    // what runs, and why (its cost model, forced to stream, is what `serve` decides by); a
+    // forced `host` is refused at load for those.
+    let stream_only = match (device.is_cpu(), plan.experts.is_some()) {
+        (true, _) => None,
+        _ if host_tier_on_cuda(plan, &layout) => None,
+        (false, true) => Some(
+            "the offloaded experts are held dense on CUDA (f16/bf16, or a GGUF type CUDA's \
+             kernels lack, dequantized at load); ferry's CPU kernels compute only GGUF blocks \
+             from a pinned slab",
+        ),
+        (false, false) => Some(
+            "offloaded whole layers have no host tier on CUDA (their slabs' dense norms cannot \
+             be read in pinned memory); offload experts one by one (offload.experts) for one",
+        ),
+    };
     tracing::info!(model = %model.name, "{}", calibration.summary());
     let spec = checkpoint.spec();
     let offloaded = match &plan.experts {
@@ -100,5 +111,23 @@ pub fn tier_report(
         spec.hidden_size,
         plan.max_batch,
     );
-    Ok(Some(TierReport::new(calibration, plan.max_batch, kinds)))
+    let report = TierReport::new(calibration, plan.max_batch, kinds);
+    // A forced tier is the user's: kept as set (a forced `host` is refused at load there).
+    Ok(Some(match stream_only {
+        Some(reason) if report.calibration.model.forced.is_none() => report.stream_only(reason),
+        _ => report,
+    }))
+}
+
+/// Whether `plan`'s offloaded units can compute on the host on a CUDA device: experts as the
+/// units (not whole layers), held as GGUF blocks (`layout`, a layer with host experts), whose
+/// pinned slabs ferry's CPU kernels read in place. Whole layers have dense norms, and an
+/// expert held dense on CUDA a dense slab, which the CPU cannot view.
+pub fn host_tier_on_cuda(plan: &Plan, layout: &LayerLayout) -> bool {
+    plan.experts.is_some()
+        && layout
+            .entries
+            .iter()
+            .filter(|e| e.part.is_expert())
+            .all(|e| matches!(e.kind, TensorKind::Blocks(_)))
 }

@@ -657,6 +657,96 @@ fn each_routed_expert_gets_the_tier_of_its_own_rows() {
     assert_eq!(s.1 as usize, of(Tier::Host));
 }
 
+/// The store names the experts it computes on the host (`on_host`) once per layer step,
+/// before it hands out any expert (so the MoE forward can move their rows to the host before
+/// any expert kernel is queued on a GPU), and exactly those its decisions served on the host.
+#[test]
+fn the_store_names_its_host_experts_before_handing_any_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = ModelFiles::Gguf {
+        path: qwen3_moe(dir.path()),
+    };
+    let checkpoint = Checkpoint::open(&files).unwrap();
+    let plan = plan_for(&checkpoint, OffloadMode::Sequential, 1 << 32, EXPERTS);
+    let stream = StreamConfig {
+        prefetch: 0,
+        link_bandwidth: None,
+    };
+    let placed = load_placed(&checkpoint, &options(), &plan, stream, &mut |_| {}).unwrap();
+    let experts = placed.store.experts().unwrap().clone();
+    let work = experts.expert_work(0, 0).unwrap();
+    // Streaming wins from a few rows (as in the test above): 1 row computes on the host.
+    let cost = CostModel {
+        link_bytes_per_s: work.weight_bytes as f64 * 1e3,
+        host_flops_per_s: work.flops_per_row / 4e-4,
+        host_read_bytes_per_s: 1e15,
+        device_flops_per_s: 1e15,
+        forced: None,
+        activation_bytes_per_s: None,
+    };
+    experts.set_tier(TierChoice::Auto);
+    experts.set_cost_model(Some(cost));
+    let wanted: Vec<usize> = (0..EXPERTS).collect();
+    let rows: Vec<usize> = (0..EXPERTS)
+        .map(|e| if e % 2 == 0 { 1 } else { 8 })
+        .collect();
+    #[derive(Debug, PartialEq)]
+    enum Event {
+        OnHost(Vec<usize>),
+        Each(usize),
+    }
+    for (tier, layer) in [
+        (TierChoice::Auto, 0),
+        (TierChoice::Host, 1),
+        (TierChoice::Stream, 0),
+    ] {
+        experts.set_tier(tier);
+        let events = Mutex::new(Vec::new());
+        experts
+            .layer(layer)
+            .each_expert(
+                &wanted,
+                &rows,
+                &mut |is| {
+                    events.lock().unwrap().push(Event::OnHost(is.to_vec()));
+                    Ok(())
+                },
+                &mut |i, _| {
+                    events.lock().unwrap().push(Event::Each(i));
+                    Ok(())
+                },
+            )
+            .unwrap();
+        experts.release(layer);
+        let events = events.into_inner().unwrap();
+        let served_on_host: Vec<usize> = experts
+            .last_decisions(layer)
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.served == Served::Host)
+            .map(|(i, _)| i)
+            .collect();
+        let what = format!("{tier:?} layer {layer}: {events:?}");
+        assert_eq!(events[0], Event::OnHost(served_on_host.clone()), "{what}");
+        let mut handed: Vec<usize> = events[1..]
+            .iter()
+            .map(|e| match e {
+                Event::Each(i) => *i,
+                Event::OnHost(_) => panic!("told twice: {what}"),
+            })
+            .collect();
+        handed.sort_unstable();
+        assert_eq!(handed, wanted, "{what}");
+        let expected_host: Vec<usize> = match tier {
+            // The first step of this layer finds nothing cached: 1 row computes on the host.
+            TierChoice::Auto => (0..EXPERTS).step_by(2).collect(),
+            TierChoice::Host => (0..EXPERTS).collect(),
+            TierChoice::Stream => Vec::new(),
+        };
+        assert_eq!(served_on_host, expected_host, "{what}");
+    }
+}
+
 /// (misses, host-computed) so far.
 fn experts_snapshot(store: &ferry::offload::WeightStore) -> (u64, u64) {
     let s = store.accounting().snapshot();
@@ -820,7 +910,7 @@ fn a_cuda_plan_places_experts_and_counts_the_pool() {
 }
 
 /// The CUDA pool's way with a layer whose streamed experts outnumber the free slots (refill the
-/// pool in rounds, no host tier), checked on the CPU: a pool of 1 streams every routed expert,
+/// pool in rounds rather than computing a stream decision on the host), checked on the CPU: a pool of 1 streams every routed expert,
 /// round after round, and decodes the tokens of `none` at batch 1 and 4, prefetch 0 and 1,
 /// with nothing computed on the host and one miss or hit per routed expert.
 #[test]

@@ -703,7 +703,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("true"),
         default_note: "",
         example: "false",
-        help: "Offload a mixture of experts expert by expert: attention, norms and routers stay on the device, then experts until the budget; the rest are streamed into an expert cache or computed on the host each step (on CUDA they always stream). false: stream whole layers.",
+        help: "Offload a mixture of experts expert by expert: attention, norms and routers stay on the device, then experts until the budget; the rest are streamed into an expert cache or computed on the host each step (on CUDA experts held dense, f16/bf16 or a type CUDA's kernels lack, always stream). false: stream whole layers.",
         field: field!(Model, Switch, tier.experts),
     },
     Setting {
@@ -714,7 +714,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("0"),
         default_note: "the budget decides",
         example: "0,2,5-7",
-        help: "Keep every expert of these MoE layers on the host whatever the budget (llama.cpp's --n-cpu-moe): N, the first N MoE layers, or a list of layer indices and ranges like 0,2,5-7 (a layer out of range or without experts is an error at load); the other layers' experts placed by the budget; mode auto with offload.experts. On the CPU device such experts are computed on the host or streamed per step by the cost model; on CUDA they stream.",
+        help: "Keep every expert of these MoE layers on the host whatever the budget (llama.cpp's --n-cpu-moe): N, the first N MoE layers, or a list of layer indices and ranges like 0,2,5-7 (a layer out of range or without experts is an error at load); the other layers' experts placed by the budget; mode auto with offload.experts. Such experts are computed on the host or streamed per step by the cost model (on CUDA those held dense always stream).",
         field: field!(Model, ExpertLayers, tier.host_expert_layers),
     },
     Setting {
@@ -725,7 +725,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("auto"),
         default_note: "",
         example: "host",
-        help: "Where offloaded experts and layers run each step: auto (the cost model picks streaming to the device or computing on the host), stream or host (host: CPU device only).",
+        help: "Where offloaded experts and layers run each step: auto (the cost model picks streaming to the device or computing on the host), stream or host (host on CUDA: offloaded experts held as GGUF blocks only, not whole layers).",
         field: field!(Model, Tiers, tier.choice),
     },
     Setting {

@@ -23,13 +23,15 @@
 //! llama.cpp (`tests/suite/arch_llamacpp.rs`), whose `build_moe_ffn` fixes the order of the
 //! steps (gpt-oss's alpha 1.702 and limit 7.0 are llama.cpp's constants too); GLM-4.5 too.
 
-use candle_core::{DType, Tensor};
+use std::cell::OnceCell;
+
+use candle_core::{DType, Device, Tensor};
 
 use super::decoder::block::projections;
 use super::error::{ModelError, Result};
 use super::spec::{ExpertActivation, ExpertGroups, Gating, MoeSpec};
 use super::tensors::Part;
-use super::weights::LayerWeights;
+use super::weights::{ExpertWeights, LayerWeights};
 
 /// Which experts each row goes to: per expert, its rows and their routing weights.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -168,6 +170,11 @@ fn route_rows(
 /// store behind it, which hands out the experts on the device first while the others copy).
 /// The experts' outputs are summed in expert order whatever order they came in, so the result
 /// does not depend on where each expert was.
+///
+/// An expert the source computes on the host while the rows are on another device (a GPU's
+/// offloaded expert on the host tier) gets its rows from a host copy made once per layer,
+/// before any expert computes ([`HostRows`]); its output goes back to the rows' device and is
+/// summed like the others. On the CPU device nothing moves.
 /// `selection_bias` as [`route`] takes it (read once per layer by the caller).
 pub fn forward(
     h: &Tensor,
@@ -178,28 +185,62 @@ pub fn forward(
     let dims = h.dims().to_vec();
     let hidden = *dims.last().unwrap_or(&0);
     let x = h.reshape(((), hidden))?;
-    let (routing, wanted, rows) = route_rows(&x, w, moe, selection_bias)?;
+    let staged = !x.device().is_cpu();
+    Ok(forward_rows(&x, w, moe, selection_bias, staged)?.reshape(dims)?)
+}
+
+/// [`forward`] on rows `x` (`[rows, hidden]`); `stage_host_rows`: the rows of the experts the
+/// source computes on the host are copied there first (rows on another device than the CPU;
+/// tests stage them on the CPU too, where it changes nothing).
+fn forward_rows(
+    x: &Tensor,
+    w: &LayerWeights,
+    moe: MoeSpec,
+    selection_bias: Option<&[f32]>,
+    stage_host_rows: bool,
+) -> Result<Tensor> {
+    let (routing, wanted, rows) = route_rows(x, w, moe, selection_bias)?;
     let biases = ExpertBiases::of(w)?;
+    let host: OnceCell<HostRows> = OnceCell::new();
     let mut outputs: Vec<Option<Tensor>> = vec![None; wanted.len()];
-    w.each_routed_expert(&wanted, &rows, &mut |i, [gate, up, down]| {
-        let e = wanted[i];
-        let idx = Tensor::new(routing.rows[e].as_slice(), x.device())?;
-        let xe = x.index_select(&idx, 0)?;
-        let [mut g, mut u] = projections(&[gate, up], &xe)?;
-        if let Some(b) = &biases {
-            g = g.broadcast_add(&b.gate.get(e)?)?;
-            u = u.broadcast_add(&b.up.get(e)?)?;
-        }
-        let mut y = down.forward(&activate(&g, &u, moe.activation)?)?;
-        if let Some(b) = &biases {
-            y = y.broadcast_add(&b.down.get(e)?)?;
-        }
-        let weights = Tensor::new(routing.weights[e].as_slice(), x.device())?
-            .to_dtype(y.dtype())?
-            .unsqueeze(1)?;
-        outputs[i] = Some(y.broadcast_mul(&weights)?);
-        Ok(())
-    })?;
+    w.each_routed_expert(
+        &wanted,
+        &rows,
+        &mut |on_host| {
+            if stage_host_rows && !on_host.is_empty() {
+                let staged = HostRows::stage(x, &routing, &wanted, on_host, biases.as_ref())?;
+                // Told once per forward: a second call finds the rows staged and keeps them.
+                let _ = host.set(staged);
+            }
+            Ok(())
+        },
+        &mut |i, expert| {
+            let e = wanted[i];
+            let y = match host.get().and_then(|h| h.position(i).map(|k| (h, k))) {
+                Some((h, k)) => h
+                    .output(
+                        k,
+                        &routing.rows[e],
+                        &routing.weights[e],
+                        expert,
+                        moe.activation,
+                    )?
+                    .to_device(x.device())?
+                    .to_dtype(x.dtype())?,
+                None => {
+                    let idx = Tensor::new(routing.rows[e].as_slice(), x.device())?;
+                    let bias = match &biases {
+                        Some(b) => Some([b.gate.get(e)?, b.up.get(e)?, b.down.get(e)?]),
+                        None => None,
+                    };
+                    let xe = x.index_select(&idx, 0)?;
+                    expert_output(&xe, expert, bias, &routing.weights[e], moe.activation)?
+                }
+            };
+            outputs[i] = Some(y);
+            Ok(())
+        },
+    )?;
     let mut out = x.zeros_like()?;
     for (&e, y) in wanted.iter().zip(outputs) {
         let y = y.ok_or_else(|| {
@@ -209,9 +250,125 @@ pub fn forward(
         out = out.index_add(&idx, &y, 0)?;
     }
     if moe.shared_ff.is_some() {
-        out = (out + shared_expert(&x, w, moe.shared_gate)?)?;
+        out = (out + shared_expert(x, w, moe.shared_gate)?)?;
     }
-    Ok(out.reshape(dims)?)
+    Ok(out)
+}
+
+/// One expert's output for its rows `xe`: its gated MLP (`bias`: gate, up and down biases of
+/// this expert, gpt-oss), each row scaled by its routing weight.
+fn expert_output(
+    xe: &Tensor,
+    [gate, up, down]: &ExpertWeights,
+    bias: Option<[Tensor; 3]>,
+    weights: &[f32],
+    activation: ExpertActivation,
+) -> Result<Tensor> {
+    let [mut g, mut u] = projections(&[gate, up], xe)?;
+    if let Some([bg, bu, _]) = &bias {
+        g = g.broadcast_add(bg)?;
+        u = u.broadcast_add(bu)?;
+    }
+    let mut y = down.forward(&activate(&g, &u, activation)?)?;
+    if let Some([_, _, bd]) = &bias {
+        y = y.broadcast_add(bd)?;
+    }
+    let weights = Tensor::new(weights, xe.device())?
+        .to_dtype(y.dtype())?
+        .unsqueeze(1)?;
+    Ok(y.broadcast_mul(&weights)?)
+}
+
+/// The rows of the experts computed on the host, copied there once per layer right after
+/// routing (before any expert's kernels are queued, so the copy waits for nothing but the
+/// router), as f32 (what ferry's CPU kernels take), with those experts' biases.
+struct HostRows {
+    /// The `i`s (positions in the routed experts) computed on the host, ascending.
+    experts: Vec<usize>,
+    /// The rows any of them takes, ascending: row `rows[j]` of the step is `x[j]`.
+    rows: Vec<u32>,
+    /// `[rows.len(), hidden]` on the CPU.
+    x: Tensor,
+    /// Gate, up and down biases of `experts[k]` at row `k` of each (gpt-oss), on the CPU.
+    biases: Option<[Tensor; 3]>,
+}
+
+impl HostRows {
+    /// Copies the rows of `x` the experts `on_host` (positions in `wanted`) take to the host:
+    /// every row when they take all (one copy), else the union of theirs gathered first.
+    fn stage(
+        x: &Tensor,
+        routing: &Routing,
+        wanted: &[usize],
+        on_host: &[usize],
+        biases: Option<&ExpertBiases<'_>>,
+    ) -> Result<Self> {
+        let mut rows: Vec<u32> = on_host
+            .iter()
+            .flat_map(|&i| routing.rows[wanted[i]].iter().copied())
+            .collect();
+        rows.sort_unstable();
+        rows.dedup();
+        let taken = if rows.len() == x.dim(0)? {
+            x.clone()
+        } else {
+            x.index_select(&Tensor::new(rows.as_slice(), x.device())?, 0)?
+        };
+        let host = taken.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
+        let biases = match biases {
+            Some(b) => {
+                let ids: Vec<u32> = on_host.iter().map(|&i| wanted[i] as u32).collect();
+                let ids = Tensor::new(ids.as_slice(), x.device())?;
+                let to_host = |t: &Tensor| -> Result<Tensor> {
+                    Ok(t.index_select(&ids, 0)?
+                        .to_device(&Device::Cpu)?
+                        .to_dtype(DType::F32)?)
+                };
+                Some([to_host(b.gate)?, to_host(b.up)?, to_host(b.down)?])
+            }
+            None => None,
+        };
+        Ok(Self {
+            experts: on_host.to_vec(),
+            rows,
+            x: host,
+            biases,
+        })
+    }
+
+    /// Where routed expert `i` is among the host's, if it is one.
+    fn position(&self, i: usize) -> Option<usize> {
+        self.experts.binary_search(&i).ok()
+    }
+
+    /// The output (on the CPU) of host expert `k`, which takes rows `rows` of the step with
+    /// routing weights `weights`.
+    fn output(
+        &self,
+        k: usize,
+        rows: &[u32],
+        weights: &[f32],
+        expert: &ExpertWeights,
+        activation: ExpertActivation,
+    ) -> Result<Tensor> {
+        let at = rows
+            .iter()
+            .map(|r| {
+                let j = self.rows.binary_search(r).map_err(|_| {
+                    ModelError::MissingTensor(format!("row {r} was not copied to the host"))
+                })?;
+                Ok(j as u32)
+            })
+            .collect::<Result<Vec<u32>>>()?;
+        let xe = self
+            .x
+            .index_select(&Tensor::new(at.as_slice(), &Device::Cpu)?, 0)?;
+        let bias = match &self.biases {
+            Some([g, u, d]) => Some([g.get(k)?, u.get(k)?, d.get(k)?]),
+            None => None,
+        };
+        expert_output(&xe, expert, bias, weights, activation)
+    }
 }
 
 /// A layer's stacked expert biases (gpt-oss), `[n_experts, width]` each.
@@ -385,6 +542,119 @@ mod tests {
         );
         let chosen: Vec<usize> = (0..6).filter(|&e| !ungrouped.rows[e].is_empty()).collect();
         assert_eq!(chosen, vec![0, 4]);
+    }
+
+    /// Dense experts handed out by a source that says some of them are computed on the host.
+    #[derive(Debug)]
+    struct SaysHost {
+        experts: Vec<ExpertWeights>,
+        /// Which expert indices it reports as host-computed.
+        host: Vec<usize>,
+        /// The `on_host` it reported in the last forward.
+        told: std::sync::Mutex<Vec<Vec<usize>>>,
+    }
+
+    impl crate::weights::RoutedExperts for SaysHost {
+        fn experts(&self, wanted: &[usize], _rows: &[usize]) -> Result<Vec<ExpertWeights>> {
+            Ok(wanted.iter().map(|&e| self.experts[e].clone()).collect())
+        }
+
+        fn each_expert(
+            &self,
+            wanted: &[usize],
+            rows: &[usize],
+            on_host: &mut dyn FnMut(&[usize]) -> Result<()>,
+            each: &mut dyn FnMut(usize, &ExpertWeights) -> Result<()>,
+        ) -> Result<()> {
+            let experts = self.experts(wanted, rows)?;
+            let is: Vec<usize> = (0..wanted.len())
+                .filter(|&i| self.host.contains(&wanted[i]))
+                .collect();
+            self.told.lock().unwrap().push(is.clone());
+            on_host(&is)?;
+            // Host ones last, as the CUDA store hands them out.
+            let (host, device): (Vec<usize>, Vec<usize>) =
+                (0..wanted.len()).partition(|i| is.contains(i));
+            for i in device.into_iter().chain(host) {
+                each(i, &experts[i])?;
+            }
+            Ok(())
+        }
+    }
+
+    fn dense(rows: usize, cols: usize, seed: usize) -> crate::weights::Linear {
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| (((i + seed) * 7919) % 2001) as f32 / 2000.0 - 0.5)
+            .collect();
+        crate::weights::Linear::Dense {
+            weight: Tensor::from_vec(values, (rows, cols), &candle_core::Device::Cpu).unwrap(),
+            bias: None,
+        }
+    }
+
+    /// The rows of host-computed experts staged on the host (what CUDA does) give exactly the
+    /// output computed where the rows are, whichever experts the source computes on the host:
+    /// the union of their rows is gathered once and each expert finds its rows in it.
+    #[test]
+    fn staging_host_experts_rows_changes_nothing() {
+        let (hidden, ff, n) = (8, 6, 4);
+        let moe = MoeSpec {
+            n_experts: n,
+            n_used: 2,
+            expert_ff: ff,
+            norm_topk: true,
+            ..MoeSpec::plain()
+        };
+        let experts: Vec<ExpertWeights> = (0..n)
+            .map(|e| {
+                [
+                    dense(ff, hidden, 3 * e),
+                    dense(ff, hidden, 3 * e + 1),
+                    dense(hidden, ff, 3 * e + 2),
+                ]
+            })
+            .collect();
+        let x = Tensor::from_vec(
+            (0..5 * hidden)
+                .map(|i| ((i * 37) % 23) as f32 / 11.0 - 1.0)
+                .collect::<Vec<f32>>(),
+            (5, hidden),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let router = dense(n, hidden, 99);
+        for host in [vec![], vec![1], vec![0, 2], vec![0, 1, 2, 3]] {
+            let source = std::sync::Arc::new(SaysHost {
+                experts: experts.clone(),
+                host: host.clone(),
+                told: Default::default(),
+            });
+            let w = LayerWeights::assemble(
+                &[Part::Router],
+                |_, _| Ok::<_, ModelError>(router.clone()),
+                |_| unreachable!("no vectors"),
+            )
+            .unwrap()
+            .with_routed(source.clone());
+            let here: Vec<Vec<f32>> = forward_rows(&x, &w, moe, None, false)
+                .unwrap()
+                .to_vec2()
+                .unwrap();
+            let staged: Vec<Vec<f32>> = forward_rows(&x, &w, moe, None, true)
+                .unwrap()
+                .to_vec2()
+                .unwrap();
+            assert_eq!(here, staged, "host experts {host:?}");
+            assert!(here.iter().flatten().any(|v| *v != 0.0));
+            let told = source.told.lock().unwrap();
+            assert_eq!(told.len(), 2, "told once per forward");
+            if !host.is_empty() {
+                assert!(
+                    !told[1].is_empty(),
+                    "some routed expert is a host one: {host:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -284,14 +284,20 @@ pub trait RoutedExperts: fmt::Debug + Send + Sync {
     /// [`RoutedExperts::experts`] handed out one by one as each becomes available:
     /// `each(i, weights of wanted[i])` once per `i`, in any order (a source that copies
     /// experts hands out the ones already on the device first, so their compute overlaps the
-    /// copies).
+    /// copies). Before the first `each`, `on_host(is)` once with the `i`s whose weights are
+    /// handed out on the host (computed by the CPU where they live) rather than on the compute
+    /// device, ascending (empty when none are): where the rows are on another device, the MoE
+    /// forward moves those experts' rows to the host then, before any expert computes.
     fn each_expert(
         &self,
         wanted: &[usize],
         rows: &[usize],
+        on_host: &mut dyn FnMut(&[usize]) -> Result<()>,
         each: &mut dyn FnMut(usize, &ExpertWeights) -> Result<()>,
     ) -> Result<()> {
-        for (i, w) in self.experts(wanted, rows)?.iter().enumerate() {
+        let experts = self.experts(wanted, rows)?;
+        on_host(&[])?;
+        for (i, w) in experts.iter().enumerate() {
             each(i, w)?;
         }
         Ok(())
@@ -373,18 +379,22 @@ impl LayerWeights {
             .collect()
     }
 
-    /// [`LayerWeights::routed_experts`] one by one as each becomes available
-    /// ([`RoutedExperts::each_expert`]).
+    /// [`LayerWeights::routed_experts`] one by one as each becomes available, `on_host`
+    /// told first which are computed on the host ([`RoutedExperts::each_expert`]; a layer's
+    /// own experts are where the layer is: none).
     pub fn each_routed_expert(
         &self,
         wanted: &[usize],
         rows: &[usize],
+        on_host: &mut dyn FnMut(&[usize]) -> Result<()>,
         each: &mut dyn FnMut(usize, &ExpertWeights) -> Result<()>,
     ) -> Result<()> {
         match &self.routed {
-            Some(routed) => routed.each_expert(wanted, rows, each),
+            Some(routed) => routed.each_expert(wanted, rows, on_host, each),
             None => {
-                for (i, w) in self.routed_experts(wanted, rows)?.iter().enumerate() {
+                let experts = self.routed_experts(wanted, rows)?;
+                on_host(&[])?;
+                for (i, w) in experts.iter().enumerate() {
                     each(i, w)?;
                 }
                 Ok(())

@@ -13,9 +13,12 @@
 //!   model reproduces both measured points.
 //! - device: on the CPU device the host compute rate (it is the same CPU and the same
 //!   kernels); on CUDA the same probe matrix resident on the device, at more rows.
-//! - activations: on CUDA a host-computed unit's rows cross the link both ways (the link's
-//!   rate); on the CPU device they are already where the host computes, so they cost nothing
-//!   (an emulated link throttles weight copies only).
+//! - activations: on CUDA a host-computed unit's rows cross the link both ways: a probe of
+//!   `probe.host_rows` rows of `probe.in_features` f32 copied to the host and back, as the MoE
+//!   forward moves them (candle's copies on the compute stream), gives the rate of the round
+//!   trip (both directions' bytes over its time: small copies are mostly latency, so this is
+//!   well below the link's); on the CPU device they are already where the host computes, so
+//!   they cost nothing (an emulated link throttles weight copies only).
 //!
 //! Each measurement takes the best of a few repetitions (a loaded machine only slows a run), and
 //! notes their *spread* (the slowest repetition over the fastest, minus one): a busy machine
@@ -122,6 +125,8 @@ pub struct Calibration {
     pub weight_type: GgmlDType,
     /// Sources of link, host compute, host read and device compute, in that order.
     pub sources: [Source; 4],
+    /// Source of the activations' round trip (`None` on the CPU device: it costs nothing).
+    pub activations: Option<Source>,
     /// Time spent measuring (and reading the cache).
     pub elapsed: Duration,
     /// The cache file some rates were read from.
@@ -149,8 +154,16 @@ impl Calibration {
             Source::Cached => " (cached)",
         };
         let tier = m.forced.map_or("auto", Tier::name);
+        let activations = match (m.activation_bytes_per_s, self.activations) {
+            (Some(rate), Some(source)) if rate.is_finite() => format!(
+                ", activations round trip {}{}",
+                format_bandwidth(rate as u64),
+                note(source)
+            ),
+            _ => String::new(),
+        };
         format!(
-            "link {}{}, host {:.1} GFLOP/s{} for {} (reads {}{}), device {:.1} GFLOP/s{}, tier {tier}",
+            "link {}{}, host {:.1} GFLOP/s{} for {} (reads {}{}), device {:.1} GFLOP/s{}{activations}, tier {tier}",
             format_bandwidth(m.link_bytes_per_s as u64),
             note(self.sources[0]),
             m.host_flops_per_s / 1e9,
@@ -170,7 +183,8 @@ impl Calibration {
     /// cache or why not (an unstable run), `, nothing measured` when all are set.
     pub fn summary(&self) -> String {
         let rates = self.rates();
-        let measured = self.sources.contains(&Source::Measured);
+        let measured =
+            self.sources.contains(&Source::Measured) || self.activations == Some(Source::Measured);
         let ms = self.elapsed.as_millis();
         let spread = self
             .spread
@@ -248,7 +262,8 @@ fn run(
     let need_flops = tier.host_gflops.is_none();
     let need_read = tier.host_bandwidth.is_none();
     let need_device = tier.device_gflops.is_none() && !on_cpu;
-    let any_needed = need_link || need_flops || need_read || need_device;
+    let need_activations = !on_cpu;
+    let any_needed = need_link || need_flops || need_read || need_device || need_activations;
     let key = match cache {
         Some(_) if any_needed => Some(CacheKey::current(
             input.device,
@@ -272,7 +287,11 @@ fn run(
         || (need_read && cached.host_read_bytes_per_s.is_none());
     let device_missing = need_device && cached.device_flops_per_s.is_none();
     let link_missing = need_link && cached.link_bytes_per_s.is_none();
-    if let (Some((cache, _)), true) = (cache, link_missing || host_missing || device_missing) {
+    let activations_missing = need_activations && cached.activation_bytes_per_s.is_none();
+    if let (Some((cache, _)), true) = (
+        cache,
+        link_missing || host_missing || device_missing || activations_missing,
+    ) {
         tracing::info!(
             "measuring calibration for {} (cached in {} when its probes are stable)",
             type_name(input.weight_type),
@@ -286,6 +305,11 @@ fn run(
         let link = measure_link(input.device, probe)?;
         note(link.spread);
         fresh.link_bytes_per_s = Some(link.rate);
+    }
+    if activations_missing {
+        let round_trip = measure_round_trip(input.device, probe)?;
+        note(round_trip.spread);
+        fresh.activation_bytes_per_s = Some(round_trip.rate);
     }
     let matrix = if host_missing || device_missing {
         Some(probe_matrix(input.weight_type, probe)?)
@@ -359,9 +383,18 @@ fn run(
             cached.device_flops_per_s,
         ),
     };
+    // On CUDA this run's round trip, else the cache's; neither: the link's rate.
+    let activations = match (fresh.activation_bytes_per_s, cached.activation_bytes_per_s) {
+        _ if on_cpu => None,
+        (Some(rate), _) => Some((rate, Source::Measured)),
+        (None, Some(rate)) => Some((rate, Source::Cached)),
+        (None, None) => None,
+    };
     let sources = [link.1, host_flops.1, host_read.1, device.1];
+    let any_cached =
+        sources.contains(&Source::Cached) || activations.is_some_and(|a| a.1 == Source::Cached);
     let cached_from = match cache {
-        Some((cache, _)) if sources.contains(&Source::Cached) => Some(cache.path().to_path_buf()),
+        Some((cache, _)) if any_cached => Some(cache.path().to_path_buf()),
         _ => None,
     };
     Ok(Calibration {
@@ -372,10 +405,15 @@ fn run(
             device_flops_per_s: device.0,
             forced: Tier::forced_by(tier.choice),
             // On the CPU device the host's rows are the device's: nothing crosses a link.
-            activation_bytes_per_s: on_cpu.then_some(f64::INFINITY),
+            activation_bytes_per_s: match activations {
+                _ if on_cpu => Some(f64::INFINITY),
+                Some((rate, _)) => Some(rate),
+                None => None,
+            },
         },
         weight_type: input.weight_type,
         sources,
+        activations: activations.map(|a| a.1),
         elapsed: started.elapsed(),
         cached_at: cached_from.as_ref().and(cached_at),
         cached_from,
@@ -548,6 +586,32 @@ fn measure_link(device: &Device, probe: Probe) -> Result<LinkRate, OffloadError>
     };
     Ok(LinkRate {
         rate: len as f64 / timings.best,
+        spread: timings.spread(),
+    })
+}
+
+/// The round trip of a host-computed unit's activations on `device` (CUDA): `probe.host_rows`
+/// f32 rows of `probe.in_features` on the device, copied to the host and back (candle's copies
+/// on the compute stream, as the MoE forward makes them), timed to the end of the copy back.
+/// The rate counts both directions' bytes.
+fn measure_round_trip(device: &Device, probe: Probe) -> Result<LinkRate, OffloadError> {
+    let rows = Tensor::ones(
+        (probe.host_rows.max(1), probe.in_features),
+        DType::F32,
+        device,
+    )?;
+    device.synchronize()?;
+    let bytes = 2 * rows.elem_count() * DType::F32.size_in_bytes();
+    let timings = Timings::of(probe.repeats, || {
+        let started = Instant::now();
+        let on_host = rows.to_device(&Device::Cpu)?;
+        let back = on_host.to_device(device)?;
+        device.synchronize()?;
+        drop(back);
+        Ok(started.elapsed().as_secs_f64())
+    })?;
+    Ok(LinkRate {
+        rate: bytes as f64 / timings.best,
         spread: timings.spread(),
     })
 }

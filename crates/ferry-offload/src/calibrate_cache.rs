@@ -92,6 +92,10 @@ pub struct MeasuredRates {
     pub host_read_bytes_per_s: Option<f64>,
     /// Device compute, flop/s.
     pub device_flops_per_s: Option<f64>,
+    /// A host-computed unit's rows to the host and its results back (CUDA), bytes/s both ways
+    /// together (absent from entries written before it was measured: measured then).
+    #[serde(default)]
+    pub activation_bytes_per_s: Option<f64>,
 }
 
 impl MeasuredRates {
@@ -102,6 +106,7 @@ impl MeasuredRates {
             host_flops_per_s: newer.host_flops_per_s.or(self.host_flops_per_s),
             host_read_bytes_per_s: newer.host_read_bytes_per_s.or(self.host_read_bytes_per_s),
             device_flops_per_s: newer.device_flops_per_s.or(self.device_flops_per_s),
+            activation_bytes_per_s: newer.activation_bytes_per_s.or(self.activation_bytes_per_s),
         }
     }
 
@@ -113,6 +118,7 @@ impl MeasuredRates {
             host_flops_per_s: round(self.host_flops_per_s),
             host_read_bytes_per_s: round(self.host_read_bytes_per_s),
             device_flops_per_s: round(self.device_flops_per_s),
+            activation_bytes_per_s: round(self.activation_bytes_per_s),
         }
     }
 
@@ -124,6 +130,7 @@ impl MeasuredRates {
             host_flops_per_s: ok(self.host_flops_per_s),
             host_read_bytes_per_s: ok(self.host_read_bytes_per_s),
             device_flops_per_s: ok(self.device_flops_per_s),
+            activation_bytes_per_s: ok(self.activation_bytes_per_s),
         }
     }
 }

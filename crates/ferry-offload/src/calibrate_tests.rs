@@ -409,3 +409,54 @@ fn the_user_cache_follows_xdg_then_home() {
     );
     assert_eq!(at(&[]), None);
 }
+
+/// The activations' round trip (item 4 of issue 30): measured only off the CPU device, whose
+/// rows are already on the host; the probe itself runs anywhere (on the CPU its copies are
+/// plain ones) and gives a positive finite rate; the cache keeps it, reads entries written
+/// before it existed, and the log line shows it.
+#[test]
+fn the_activation_round_trip_is_a_cuda_rate_and_cached_like_the_others() {
+    let tier = TierConfig::default();
+    let on_cpu = calibrate(&input(&tier, GgmlDType::Q8_0, None)).unwrap();
+    assert_eq!(on_cpu.activations, None);
+    assert_eq!(on_cpu.model.activation_bytes_per_s, Some(f64::INFINITY));
+    assert!(
+        !on_cpu.rates().contains("activations"),
+        "{}",
+        on_cpu.rates()
+    );
+
+    let round_trip = measure_round_trip(&Device::Cpu, small()).unwrap();
+    assert!(
+        round_trip.rate.is_finite() && round_trip.rate > 0.0,
+        "{round_trip:?}"
+    );
+
+    let (_dir, cache) = temp_cache();
+    let key = CacheKey::current(&Device::Cpu, GgmlDType::Q8_0, "ferry", [1, 2, 3, 4, 5]);
+    let rates = MeasuredRates {
+        activation_bytes_per_s: Some(3e9),
+        ..MeasuredRates::default()
+    };
+    cache.store(&key, rates).unwrap();
+    assert_eq!(cache.load(&key).activation_bytes_per_s, Some(3e9));
+    // An entry written before the field existed reads as not measured.
+    let old: MeasuredRates = serde_json::from_str(
+        r#"{"link_bytes_per_s": 1e9, "host_flops_per_s": null,
+            "host_read_bytes_per_s": null, "device_flops_per_s": null}"#,
+    )
+    .unwrap();
+    assert_eq!(old.activation_bytes_per_s, None);
+    assert_eq!(old.link_bytes_per_s, Some(1e9));
+
+    let mut shown = on_cpu.clone();
+    shown.model.activation_bytes_per_s = Some(3e9);
+    shown.activations = Some(Source::Cached);
+    assert!(
+        shown
+            .rates()
+            .contains(", activations round trip 3 GB/s (cached), tier auto"),
+        "{}",
+        shown.rates()
+    );
+}

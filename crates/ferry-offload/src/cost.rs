@@ -14,9 +14,13 @@
 //! - host: `max(B / host_read, r * F / host_flops) + 2 * r * A / link`. The host kernels read
 //!   the weights while they compute, so the slower of the two bounds the unit (a roofline); the
 //!   activations cross the link twice (the rows in, the results back), serially, at the link's
-//!   rate, or at [`CostModel::activation_bytes_per_s`] where it is set: on the CPU device the
-//!   rows are already on the host and cost nothing (its calibration sets an infinite rate), so
-//!   the host tier, with the same compute and no copy, is never the slower there.
+//!   rate, or at [`CostModel::activation_bytes_per_s`] where it is set: on CUDA the
+//!   calibration's measured round trip of a few rows (small copies are mostly latency, so it is
+//!   well below the link's rate); on the CPU device the rows are already on the host and cost
+//!   nothing (its calibration sets an infinite rate), so the host tier, with the same compute
+//!   and no copy, is never the slower there. The MoE forward moves a layer's host-expert rows
+//!   once for all its host experts; charging each expert its own rows overestimates that a
+//!   little where rows pick several host experts.
 //!
 //! Rules: a tie goes to [`Tier::Stream`] (the device is the reference path, and a streamed unit
 //! may stay in the device cache for later steps); a unit cached on the device always streams,
@@ -136,8 +140,8 @@ pub struct CostModel {
     /// `None` decides by cost.
     pub forced: Option<Tier>,
     /// The rate a host-computed unit's activations move at, bytes/s; `None`: the link's (a GPU:
-    /// the rows cross it both ways). The CPU device's calibration sets it infinite: the rows
-    /// are already where the host computes.
+    /// the rows cross it both ways). CUDA's calibration measures the round trip; the CPU
+    /// device's sets it infinite: the rows are already where the host computes.
     pub activation_bytes_per_s: Option<f64>,
 }
 

@@ -47,10 +47,19 @@
 //! On a CUDA device ([`super::experts_gpu`]) the pool's slots are device buffers and each
 //! offloaded expert's slab is pinned host memory; a copy is queued on the copy stream (behind
 //! the compute queued so far) instead of the copy thread, and the compute stream waits for its
-//! event before the expert computes, so nothing blocks the host. Offloaded experts always
-//! stream there (no host tier: its slabs are pinned, not computed on): when every slot is taken
-//! by a layer's experts, the rest are copied in further rounds, each after the previous round's
-//! kernels were queued.
+//! event just before the expert's kernels are queued, so nothing blocks the host. When every
+//! slot is taken by a layer's experts, the streamed ones left are copied in further rounds,
+//! each after the previous round's kernels were queued.
+//!
+//! The host tier on CUDA: a pinned slab of GGUF blocks is also viewed by ferry's CPU kernels in
+//! place ([`HostLayer::views`]), so such an expert computes on the host like on the CPU device;
+//! an expert held dense on CUDA (f16/bf16 weights, or a type candle's CUDA kernels lack,
+//! dequantized at load) has no CPU view and always streams ([`ExpertStore::computes_on_host`]).
+//! Its rows are on the GPU: before handing anything out, the store tells the MoE forward which
+//! experts it will compute on the host (`on_host` of [`RoutedExperts::each_expert`]), so their
+//! rows go to the host once, before any expert kernel is queued; then the device's experts are
+//! handed out (their kernels queued, nothing waited for), and the host ones last, computed by
+//! the CPU while the GPU runs.
 
 use candle_core::{DType, Device};
 use std::collections::HashMap;
@@ -103,16 +112,21 @@ enum HostSlab {
         slab: Arc<SlotBuffers>,
         views: ExpertWeights,
     },
-    /// Pinned memory a CUDA pool slot is filled from.
-    Pinned(HostLayer),
+    /// Pinned memory a CUDA pool slot is filled from, with the expert as CPU views into its
+    /// block region (the host tier on CUDA) when the slab has no dense region.
+    Pinned {
+        layer: HostLayer,
+        views: Option<ExpertWeights>,
+    },
 }
 
 impl HostExpert {
-    /// The expert as views into its slab, where it can be computed on (the CPU device).
+    /// The expert as views into its slab, where ferry's CPU kernels compute it: every slab on
+    /// the CPU device, a pinned slab of GGUF blocks on CUDA.
     fn host_views(&self) -> Option<&ExpertWeights> {
         match &self.slab {
             HostSlab::Cpu { views, .. } => Some(views),
-            HostSlab::Pinned(_) => None,
+            HostSlab::Pinned { views, .. } => views.as_ref(),
         }
     }
 }
@@ -199,8 +213,11 @@ pub struct ExpertStore {
 
 /// A routed expert as [`ExpertStore::each_expert`] hands it out.
 enum Handout {
-    /// On the device or computed on the host: ready now.
+    /// Resident, in a CPU pool slot, or computed on the host: ready now.
     Ready(Box<ExpertWeights>),
+    /// In CUDA pool slot `.0`: the compute stream waits for the slot's fill just before it is
+    /// handed out (so a miss's wait is queued after the kernels handed out before it).
+    Filled(usize, Box<ExpertWeights>),
     /// Copy `ticket` into pool slot `.1` must land first.
     Copying(u64, usize),
 }
@@ -352,11 +369,12 @@ impl ExpertStore {
 
     /// Whether a layer whose streamed experts outnumber the free slots refills the pool in
     /// rounds (each round after the previous one computed) rather than computing the rest on
-    /// the host: CUDA's way, always on there (no host tier); on the CPU off by default, and
-    /// on here to check the rounds on the CPU.
+    /// the host: CUDA's way, always on there (a stream decision stays one: the round's copies
+    /// do not block the host); on the CPU off by default, and on here to check the rounds on
+    /// the CPU.
     pub fn set_rounds(&self, on: bool) {
         let mut pool = self.lock();
-        pool.rounds = on || !self.computes_on_host();
+        pool.rounds = on || self.on_cuda();
     }
 
     /// The cost model tier `Auto` decides by (`None`: the fixed row switch).
@@ -439,38 +457,76 @@ impl ExpertStore {
         }
     }
 
-    /// Whether offloaded experts can be computed where they live (the CPU device; on CUDA
-    /// the slabs are pinned and every offloaded expert streams).
+    /// Whether every offloaded expert can be computed where it lives, by ferry's CPU kernels
+    /// on its host slab: always on the CPU device; on CUDA when each slab is GGUF blocks
+    /// only (an expert held dense there, f16/bf16 or a type candle's CUDA kernels lack, has a
+    /// pinned dense region the CPU cannot view, so it streams whatever the tier).
     pub fn computes_on_host(&self) -> bool {
-        matches!(self.copies, Copies::Cpu(_))
+        self.layers
+            .iter()
+            .flat_map(|l| l.host.iter().flatten())
+            .all(|h| h.host_views().is_some())
     }
 
-    /// The tier decision for an offloaded expert: [`decide`] where the host tier exists,
-    /// streaming on CUDA.
+    /// Offloaded experts that cannot be computed on the host (see
+    /// [`ExpertStore::computes_on_host`]).
+    pub fn stream_only_experts(&self) -> usize {
+        self.layers
+            .iter()
+            .flat_map(|l| l.host.iter().flatten())
+            .filter(|h| h.host_views().is_none())
+            .count()
+    }
+
+    /// Whether the pool lives on a CUDA device.
+    fn on_cuda(&self) -> bool {
+        matches!(self.copies, Copies::Cuda(_))
+    }
+
+    /// The tier decision for an offloaded expert: [`decide`] when it can be computed on the
+    /// host, else streaming.
     fn decide(
         &self,
         setting: TierChoice,
         cost: Option<&CostModel>,
-        work: &UnitWork,
+        expert: &HostExpert,
         rows: usize,
     ) -> Tier {
-        match self.copies {
-            Copies::Cpu(_) => decide(setting, cost, work, rows),
-            Copies::Cuda(_) => Tier::Stream,
+        match expert.host_views() {
+            Some(_) => decide(setting, cost, &expert.work, rows),
+            None => Tier::Stream,
         }
     }
 
-    /// How a slot that holds or receives an expert hands it out: on CUDA the compute stream
-    /// waits for the slot's fill first.
+    /// How a slot that holds or receives an expert hands it out.
     fn hand_out(&self, slot: &PoolSlot, s: usize) -> Result<Handout> {
         match (&self.copies, &slot.content) {
-            (Copies::Cuda(gpu), Content::Loaded { views, .. }) => {
-                gpu.ready(s)?;
-                Ok(Handout::Ready(views.clone()))
+            (Copies::Cuda(_), Content::Loaded { views, .. }) => {
+                Ok(Handout::Filled(s, views.clone()))
             }
             (Copies::Cpu(_), Content::Loaded { views, .. }) => Ok(Handout::Ready(views.clone())),
             (_, Content::Loading { ticket, .. }) => Ok(Handout::Copying(*ticket, s)),
             (_, Content::Empty) => Err(OffloadError::Weights(format!("expert slot {s} is empty"))),
+        }
+    }
+
+    /// Hands `handout` (expert `i`) to `each`: on CUDA the compute stream first waits for the
+    /// slot's fill, on the CPU the copy thread's copy lands first.
+    fn give(
+        &self,
+        i: usize,
+        handout: Handout,
+        each: &mut dyn FnMut(usize, &ExpertWeights) -> ferry_model::Result<()>,
+    ) -> ferry_model::Result<()> {
+        match handout {
+            Handout::Ready(w) => each(i, &w),
+            Handout::Filled(s, w) => {
+                if let Copies::Cuda(gpu) = &self.copies {
+                    gpu.ready(s)?;
+                }
+                each(i, &w)
+            }
+            Handout::Copying(ticket, s) => each(i, &self.landed(ticket, s)?),
         }
     }
 
@@ -487,28 +543,38 @@ impl ExpertStore {
     }
 
     /// Hands out the experts `wanted` of `layer`, `rows[i]` rows routed to `wanted[i]` (see
-    /// the module header), through `each(i, weights)`: every miss's copy issued first, then the
-    /// ready ones, then each miss as it lands. Each offloaded one not on the device gets its
-    /// own tier decision.
+    /// the module header), through `each(i, weights)`: every tier decided and every miss's
+    /// copy issued first, then `on_host(the i computed on the host)` once, then the ready
+    /// ones, then each miss as it lands. Each offloaded one not on the device gets its own
+    /// tier decision.
     fn each_expert(
         &self,
         layer: usize,
         wanted: &[usize],
         rows: &[usize],
+        on_host: &mut dyn FnMut(&[usize]) -> ferry_model::Result<()>,
         each: &mut dyn FnMut(usize, &ExpertWeights) -> ferry_model::Result<()>,
     ) -> ferry_model::Result<()> {
-        self.each_expert_in(layer, wanted, rows, true, each)
+        self.each_expert_in(layer, wanted, rows, true, on_host, each)
     }
 
     /// [`ExpertStore::each_expert`]; without `rounds` (every expert wanted at once) the
     /// experts no slot is free for are computed on the host, and on CUDA a pool too small for
     /// them is an error instead of further rounds.
+    ///
+    /// The order: on the CPU device the experts ready now (resident, hits, host-computed) in
+    /// expert order, then the copies as they land, further rounds, the scratch slots. On CUDA
+    /// nothing there waits on the host (a fill is queued on the copy stream, and the compute
+    /// stream waits for it just before the expert's kernels), so the device's experts come
+    /// first, every round and scratch slot included, and the host-computed ones last: the CPU
+    /// computes them while the GPU runs what was queued.
     fn each_expert_in(
         &self,
         layer: usize,
         wanted: &[usize],
         rows: &[usize],
         rounds: bool,
+        on_host: &mut dyn FnMut(&[usize]) -> ferry_model::Result<()>,
         each: &mut dyn FnMut(usize, &ExpertWeights) -> ferry_model::Result<()>,
     ) -> ferry_model::Result<()> {
         let set = self.set(layer)?;
@@ -541,6 +607,10 @@ impl ExpertStore {
         let mut deferred = Vec::new();
         // A prefill's streamed experts, for the scratch slots.
         let mut through_scratch = Vec::new();
+        // The experts computed on the host, from their slabs.
+        let mut on_host_now: Vec<(usize, Box<ExpertWeights>)> = Vec::new();
+        // The experts copied into the pool now, handed out after those already there.
+        let mut misses = Vec::new();
         for (i, (&e, &n)) in wanted.iter().zip(rows).enumerate() {
             let missing = || OffloadError::Weights(format!("layer {layer} has no expert {e}"));
             let record = |tier, served| ExpertDecision {
@@ -583,7 +653,7 @@ impl ExpertStore {
                 log.push(record(None, Served::Hit));
                 continue;
             }
-            let decided = self.decide(setting, cost.as_ref(), &expert.work, n);
+            let decided = self.decide(setting, cost.as_ref(), expert, n);
             self.accounting.tier_decisions().record(decided, 1);
             if scratch && decided == Tier::Stream {
                 through_scratch.push((i, e));
@@ -599,7 +669,7 @@ impl ExpertStore {
                 match expert.host_views().filter(|_| !round) {
                     Some(views) => {
                         host += 1;
-                        out.push((i, Handout::Ready(Box::new(views.clone()))));
+                        on_host_now.push((i, Box::new(views.clone())));
                         log.push(record(Some(decided), Served::Host));
                     }
                     None => {
@@ -611,7 +681,7 @@ impl ExpertStore {
             };
             self.load(&mut pool, s, (layer, e), expert, layer, CopyKind::Routed)?;
             pool.slots[s].last_used = now;
-            out.push((i, self.hand_out(&pool.slots[s], s)?));
+            misses.push((i, self.hand_out(&pool.slots[s], s)?));
             log.push(record(Some(decided), Served::Copied));
         }
         let steps = self.accounting.expert_steps();
@@ -625,22 +695,34 @@ impl ExpertStore {
         self.accounting.record_expert_hits(hits);
         self.accounting.record_expert_host(host);
         self.accounting.record_expert_prefetch_hits(prefetch_hits);
+        // Before anything is handed out (no expert kernel queued yet): where the rows must be
+        // for the host-computed ones.
+        let host_indices: Vec<usize> = on_host_now.iter().map(|(i, _)| *i).collect();
+        on_host(&host_indices)?;
+        if !self.on_cuda() {
+            out.extend(on_host_now.drain(..).map(|(i, w)| (i, Handout::Ready(w))));
+            out.sort_by_key(|(i, _)| *i);
+        }
+        out.extend(misses);
         // The ready ones compute while the copies run.
         let mut copying = Vec::new();
         for (i, handout) in out {
             match handout {
-                Handout::Ready(w) => each(i, &w)?,
                 Handout::Copying(ticket, s) => copying.push((i, ticket, s)),
+                handout => self.give(i, handout, each)?,
             }
         }
         for (i, ticket, s) in copying {
-            let w = self.landed(ticket, s)?;
-            each(i, &w)?;
+            self.give(i, Handout::Copying(ticket, s), each)?;
         }
         while !deferred.is_empty() {
             deferred = self.next_round(layer, set, deferred, rounds, each)?;
         }
-        self.through_scratch(layer, set, through_scratch, each)
+        self.through_scratch(layer, set, through_scratch, each)?;
+        for (i, w) in on_host_now {
+            each(i, &w)?;
+        }
+        Ok(())
     }
 
     /// A prefill's streamed experts `queue` (`(i, expert)`) of `layer`, through the scratch
@@ -684,10 +766,7 @@ impl ExpertStore {
             issue(s, &mut in_flight)?;
         }
         while let Some((i, handout, s)) = in_flight.pop_front() {
-            match handout {
-                Handout::Ready(w) => each(i, &w)?,
-                Handout::Copying(ticket, slot) => each(i, &self.landed(ticket, slot)?)?,
-            }
+            self.give(i, handout, each)?;
             issue(s, &mut in_flight)?;
         }
         Ok(())
@@ -749,10 +828,7 @@ impl ExpertStore {
             return Err(too_small().into());
         }
         for (i, handout) in round {
-            match handout {
-                Handout::Ready(w) => each(i, &w)?,
-                Handout::Copying(ticket, s) => each(i, &self.landed(ticket, s)?)?,
-            }
+            self.give(i, handout, each)?;
         }
         Ok(rest)
     }
@@ -765,7 +841,7 @@ impl ExpertStore {
         rows: &[usize],
     ) -> ferry_model::Result<Vec<ExpertWeights>> {
         let mut out: Vec<Option<ExpertWeights>> = vec![None; wanted.len()];
-        self.each_expert_in(layer, wanted, rows, false, &mut |i, w| {
+        self.each_expert_in(layer, wanted, rows, false, &mut |_| Ok(()), &mut |i, w| {
             out[i] = Some(w.clone());
             Ok(())
         })?;
@@ -791,7 +867,7 @@ impl ExpertStore {
                 pool.slots[s].pinned = Some(layer);
                 continue;
             }
-            if self.decide(setting, cost.as_ref(), &expert.work, n) != Tier::Stream {
+            if self.decide(setting, cost.as_ref(), expert, n) != Tier::Stream {
                 continue;
             }
             let Some(s) = pool.victim() else { break };
@@ -882,7 +958,7 @@ impl ExpertStore {
                 };
                 ticket
             }
-            (Copies::Cuda(gpu), HostSlab::Pinned(host), None) => {
+            (Copies::Cuda(gpu), HostSlab::Pinned { layer: host, .. }, None) => {
                 let views = gpu.fill(s, host, kind)?;
                 slot.content = Content::Loaded {
                     key,
@@ -1050,9 +1126,11 @@ impl RoutedExperts for LayerHandle {
         &self,
         wanted: &[usize],
         rows: &[usize],
+        on_host: &mut dyn FnMut(&[usize]) -> ferry_model::Result<()>,
         each: &mut dyn FnMut(usize, &ExpertWeights) -> ferry_model::Result<()>,
     ) -> ferry_model::Result<()> {
-        self.store.each_expert(self.layer, wanted, rows, each)
+        self.store
+            .each_expert(self.layer, wanted, rows, on_host, each)
     }
 
     fn predicts(&self) -> bool {
@@ -1085,7 +1163,12 @@ fn host_expert(
     );
     let layout = Arc::new(layer.layout().clone());
     let slab = if device.is_cuda() {
-        HostSlab::Pinned(layer)
+        // The CPU kernels read a slab of GGUF blocks in place; a dense one only streams.
+        let views = match layer.can_view() {
+            true => Some(experts_of(layer.views()?)?),
+            false => None,
+        };
+        HostSlab::Pinned { layer, views }
     } else {
         let slab = SlotBuffers::new(layer.blocks_len, layer.dense_len, dtype, &Device::Cpu)?;
         slab.fill(&layer)?;

@@ -13,8 +13,16 @@
 //! ([`HostMemory::Pinned`]); on the CPU they are heap buffers shaped like a CPU slot (a block
 //! arena and a dense tensor, [`SlotBuffers`]), so an offloaded layer can also be computed where
 //! it lies ([`HostLayer::views`]: the host tier, no copy) instead of being copied into a slot.
+//!
+//! A pinned slab is one buffer held as a [`BlockArena`]: the copy stream reads its bytes, and
+//! when it has no dense region (an expert whose matrices are all GGUF blocks) ferry's CPU
+//! kernels compute from the same bytes in place ([`HostLayer::views`]: the host tier on CUDA).
+//! A slab with a dense region (a whole layer's norms; an expert held dense on CUDA, f16/bf16
+//! weights or a type candle's CUDA kernels lack) has no CPU view there: a CPU tensor cannot
+//! borrow pinned memory, and a second copy would double the host memory, so it only streams.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 
@@ -22,6 +30,7 @@ use super::buffer::{AlignedBytes, HostMemory};
 use super::error::OffloadError;
 pub use super::layout::{LayerLayout, TensorEntry, TENSOR_ALIGN};
 use super::layout::{SlotKind, SlotLayout};
+use super::qview::BlockArena;
 use super::slot::SlotBuffers;
 use ferry_model::checkpoint::Checkpoint;
 use ferry_model::loader::holding::stored_as;
@@ -45,9 +54,10 @@ pub struct HostLayer {
 /// Where a slab's bytes are.
 #[derive(Debug)]
 enum Slab {
-    /// One buffer: the block region followed by the dense region (`blocks_len` is where dense
-    /// starts); pinned memory, which CUDA copies read.
-    Bytes(AlignedBytes),
+    /// One buffer, written once: the block region followed by the dense region (`blocks_len`
+    /// is where dense starts); pinned memory, which CUDA copies read, held as a block arena
+    /// so that the block region can also be viewed by the CPU kernels.
+    Bytes(Arc<BlockArena>),
     /// CPU memory laid out as a CPU slot: the block region in a block arena, the dense region
     /// in a tensor of the compute dtype, so the layer's weights can be viewed in place.
     Cpu(SlotBuffers),
@@ -70,6 +80,18 @@ impl HostLayer {
         expert: usize,
         memory: &HostMemory,
     ) -> Result<Self> {
+        Self::expert_in(checkpoint, layout, expert, memory, false)
+    }
+
+    /// [`HostLayer::expert`]; `one_buffer` writes a heap slab as one buffer, the shape of a
+    /// pinned one (tests on the CPU of what a CUDA device's slabs do).
+    fn expert_in(
+        checkpoint: &Checkpoint,
+        layout: &LayerLayout,
+        expert: usize,
+        memory: &HostMemory,
+        one_buffer: bool,
+    ) -> Result<Self> {
         let tensors = checkpoint.tensors().layer(layout.index)?;
         let records: Vec<&TensorRecord> = layout
             .entries
@@ -78,16 +100,34 @@ impl HostLayer {
             .filter(|(e, _)| e.part.is_expert() && e.unit == expert)
             .map(|(_, (_, r))| r)
             .collect();
-        Self::write(checkpoint, layout.expert(expert), &records, memory)
+        Self::write(
+            checkpoint,
+            layout.expert(expert),
+            &records,
+            memory,
+            one_buffer,
+        )
+    }
+
+    /// [`HostLayer::expert`] in one heap buffer laid out as a pinned slab is.
+    #[cfg(test)]
+    pub(crate) fn expert_in_one_buffer(
+        checkpoint: &Checkpoint,
+        layout: &LayerLayout,
+        expert: usize,
+    ) -> Result<Self> {
+        Self::expert_in(checkpoint, layout, expert, &HostMemory::Heap, true)
     }
 
     /// Writes the slab of `layout`, whose entries are `records` in order, front to back (so
-    /// the slab is written once; only alignment gaps are zeroed).
+    /// the slab is written once; only alignment gaps are zeroed): shaped as a CPU slot on the
+    /// heap unless `one_buffer`, one buffer in pinned memory.
     fn write(
         checkpoint: &Checkpoint,
         layout: LayerLayout,
         records: &[&TensorRecord],
         memory: &HostMemory,
+        one_buffer: bool,
     ) -> Result<Self> {
         if records.len() != layout.entries.len() {
             return Err(OffloadError::Weights(format!(
@@ -107,18 +147,14 @@ impl HostLayer {
             })
             .collect();
         placed.sort_by_key(|(start, _, _)| *start);
-        if let HostMemory::Heap = memory {
+        if matches!(memory, HostMemory::Heap) && !one_buffer {
             // The dense region's dtype: its tensors' (the compute dtype), any without one.
-            let dtype = layout
-                .entries
-                .iter()
-                .find_map(|e| match e.kind {
-                    TensorKind::Dense(dtype) => Some(dtype),
-                    TensorKind::Blocks(_) => None,
-                })
-                .unwrap_or(DType::F32);
-            let buffers =
-                SlotBuffers::new(layout.blocks_len, layout.dense_len, dtype, &Device::Cpu)?;
+            let buffers = SlotBuffers::new(
+                layout.blocks_len,
+                layout.dense_len,
+                dense_dtype(&layout),
+                &Device::Cpu,
+            )?;
             for (start, entry, record) in placed {
                 let bytes = entry_bytes(checkpoint, record, entry)?;
                 match entry.kind {
@@ -141,7 +177,7 @@ impl HostLayer {
         })?;
         Ok(HostLayer {
             layout,
-            slab: Slab::Bytes(slab),
+            slab: Slab::Bytes(BlockArena::from_bytes(slab)),
         })
     }
 
@@ -163,7 +199,16 @@ impl HostLayer {
 
     fn bytes(&self) -> Result<&[u8]> {
         match &self.slab {
-            Slab::Bytes(bytes) => Ok(bytes.as_bytes()),
+            Slab::Bytes(arena) => {
+                let guard = arena.read();
+                let bytes = guard.as_bytes();
+                // SAFETY: the arena's buffer is allocated once and never resized or freed while
+                // `self` holds the arena, and it is never written after `write` filled it: no
+                // write handle is ever taken on it (the CPU views over it, `SlotBlocks`, only
+                // read; their `from_float` is for storage candle quantizes into, never a view).
+                // So the bytes stay valid and unchanged for `&self`'s lifetime.
+                Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr(), bytes.len()) })
+            }
             Slab::Cpu(_) => Err(OffloadError::Weights(format!(
                 "layer {}: its slab is CPU memory, which CUDA copies do not read",
                 self.index
@@ -180,21 +225,44 @@ impl HostLayer {
     }
 
     /// The layer's weights as views into its slab, where it lies (the host tier: no weight
-    /// byte is copied). Only a slab in CPU memory can be computed on.
+    /// byte is copied): a slab shaped as a CPU slot, or a slab in one buffer (pinned) without a
+    /// dense region, whose block region the CPU kernels read in place.
     pub fn views(&self) -> Result<LayerWeights> {
         match &self.slab {
             Slab::Cpu(buffers) => buffers.views(&self.layout),
+            Slab::Bytes(arena) if self.can_view_in_one_buffer() => {
+                SlotBuffers::over_blocks(arena.clone(), dense_dtype(&self.layout))?
+                    .views(&self.layout)
+            }
             Slab::Bytes(_) => Err(OffloadError::Weights(format!(
-                "layer {}: a pinned slab (a CUDA device's) cannot be computed on the host yet",
-                self.index
+                "layer {}: its pinned slab has {} bytes of dense tensors, which ferry's CPU \
+                 kernels cannot read in place (on CUDA it only streams)",
+                self.index, self.dense_len
             ))),
         }
+    }
+
+    /// Whether the layer can be computed where its slab lies ([`HostLayer::views`]).
+    pub fn can_view(&self) -> bool {
+        match &self.slab {
+            Slab::Cpu(_) => true,
+            Slab::Bytes(_) => self.can_view_in_one_buffer(),
+        }
+    }
+
+    /// A one-buffer slab is viewed by its block region alone: it must have no dense tensor.
+    fn can_view_in_one_buffer(&self) -> bool {
+        self.dense_len == 0
+            && self
+                .entries
+                .iter()
+                .all(|e| matches!(e.kind, TensorKind::Blocks(_)))
     }
 
     /// Bytes the slab occupies in host memory.
     pub fn allocated_bytes(&self) -> u64 {
         match &self.slab {
-            Slab::Bytes(bytes) => bytes.capacity_bytes() as u64,
+            Slab::Bytes(arena) => arena.read().capacity_bytes() as u64,
             Slab::Cpu(buffers) => buffers.allocated_bytes(),
         }
     }
@@ -202,7 +270,7 @@ impl HostLayer {
     /// Whether the slab is page-locked (CUDA devices).
     pub fn is_pinned(&self) -> bool {
         match &self.slab {
-            Slab::Bytes(bytes) => bytes.is_pinned(),
+            Slab::Bytes(arena) => arena.read().is_pinned(),
             Slab::Cpu(_) => false,
         }
     }
@@ -231,7 +299,9 @@ impl HostStore {
             let tensors = checkpoint.tensors().layer(index)?;
             // The layout's entries are the table's tensors in order (experts once each).
             let records: Vec<&TensorRecord> = tensors.tensors.iter().map(|(_, r)| r).collect();
-            out.push(HostLayer::write(checkpoint, layout, &records, memory)?);
+            out.push(HostLayer::write(
+                checkpoint, layout, &records, memory, false,
+            )?);
         }
         Ok(Self {
             layers: out,
@@ -275,6 +345,18 @@ impl HostStore {
         let slot = self.slot_layout(SlotKind::Cpu);
         (slot.blocks_bytes, slot.dense_bytes)
     }
+}
+
+/// The dtype of `layout`'s dense region: its tensors' (the compute dtype), f32 without one.
+fn dense_dtype(layout: &LayerLayout) -> DType {
+    layout
+        .entries
+        .iter()
+        .find_map(|e| match e.kind {
+            TensorKind::Dense(dtype) => Some(dtype),
+            TensorKind::Blocks(_) => None,
+        })
+        .unwrap_or(DType::F32)
 }
 
 /// `record`'s bytes as `entry` holds them: raw (borrowed from the mapped file) when the stored
@@ -342,3 +424,7 @@ fn elem_bytes<T: Copy>(src: &[T]) -> Vec<u8> {
     // SAFETY: `src` is a slice of plain floats; viewing its memory as bytes is always valid.
     unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u8, n) }.to_vec()
 }
+
+#[cfg(test)]
+#[path = "host_tests.rs"]
+mod tests;

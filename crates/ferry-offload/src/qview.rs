@@ -114,6 +114,14 @@ impl BlockArena {
         })
     }
 
+    /// A region over `bytes` as they are (a host slab written once: on CUDA pinned memory,
+    /// which the copy stream reads and ferry's CPU kernels compute from alike).
+    pub fn from_bytes(bytes: AlignedBytes) -> Arc<Self> {
+        Arc::new(Self {
+            data: RwLock::new(bytes),
+        })
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.read().len()

@@ -42,6 +42,17 @@ impl SlotBuffers {
         })
     }
 
+    /// The block region `blocks` with an empty dense region of `dtype`: the CPU view of a
+    /// host slab held in one buffer (on CUDA pinned memory) that has no dense tensor, so its
+    /// matrices are computed where they lie ([`super::host::HostLayer::views`]).
+    pub fn over_blocks(blocks: Arc<BlockArena>, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            blocks,
+            dense: Tensor::zeros(0, dtype, &Device::Cpu)?,
+            dense_dtype: dtype,
+        })
+    }
+
     /// Bytes this slot holds on the device.
     pub fn allocated_bytes(&self) -> u64 {
         (self.blocks.len() + self.dense.elem_count() * self.dense_dtype.size_in_bytes()) as u64

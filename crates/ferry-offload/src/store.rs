@@ -160,8 +160,9 @@ impl WeightStore {
 
     /// Sets how offloaded dense layers pick their tier from the next step on. `moe` and
     /// `hidden` are the model's (a whole MoE layer computes its top-k experts per row; rows
-    /// are `hidden` wide). A forced host tier is refused where a slab cannot be computed on
-    /// (a CUDA device's pinned slabs).
+    /// are `hidden` wide). A forced host tier is refused where a slab cannot be computed on:
+    /// a CUDA device's pinned slabs of whole layers (their norms are dense), and experts held
+    /// dense on CUDA.
     pub fn set_layer_tiers(
         &self,
         tiers: LayerTiers,
@@ -175,15 +176,20 @@ impl WeightStore {
                     .into(),
             ));
         }
-        if tiers.forced == Some(Tier::Host)
-            && self.experts.as_ref().is_some_and(|e| !e.computes_on_host())
+        if let Some(experts) = self
+            .experts
+            .as_ref()
+            .filter(|_| tiers.forced == Some(Tier::Host))
         {
-            return Err(OffloadError::Weights(
-                "offload.tier = \"host\": computing offloaded experts on the host is \
-                 implemented for the CPU device only (on CUDA they stream); use \"stream\" or \
-                 \"auto\""
-                    .into(),
-            ));
+            let dense = experts.stream_only_experts();
+            if dense > 0 {
+                return Err(OffloadError::Weights(format!(
+                    "offload.tier = \"host\": {dense} offloaded experts are held dense on this \
+                     device (f16/bf16 weights, or a GGUF type CUDA's kernels lack, dequantized \
+                     at load); ferry's CPU kernels compute only GGUF blocks from a pinned slab, \
+                     so these can only stream; use \"stream\" or \"auto\""
+                )));
+            }
         }
         let works = match &self.host {
             Some(host) => host

@@ -180,6 +180,9 @@ pub struct TierReport {
     pub max_batch: usize,
     /// One line per offloaded unit kind.
     pub lines: Vec<TierLine>,
+    /// Why the units only stream on this device, when they do whatever the rates say (on
+    /// CUDA: whole layers, and experts held dense).
+    pub stream_only: Option<String>,
 }
 
 impl TierReport {
@@ -199,7 +202,25 @@ impl TierReport {
             calibration,
             max_batch,
             lines,
+            stream_only: None,
         }
+    }
+
+    /// The report whose units only stream on this device, forced so, for `reason`.
+    pub fn stream_only(mut self, reason: impl Into<String>) -> Self {
+        self.calibration.model.forced = Some(Tier::Stream);
+        self.lines = self
+            .lines
+            .into_iter()
+            .map(|line| TierLine {
+                at_one: Tier::Stream,
+                at_max_batch: Tier::Stream,
+                crossover: Some(1),
+                ..line
+            })
+            .collect();
+        self.stream_only = Some(reason.into());
+        self
     }
 
     /// The lines `ferry plan` prints, e.g.
@@ -211,6 +232,9 @@ impl TierReport {
     pub fn render_text(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "tiers   {}", self.calibration.rates());
+        if let Some(reason) = &self.stream_only {
+            let _ = writeln!(out, "  stream only: {reason}");
+        }
         for line in &self.lines {
             let k = &line.kind;
             let rows = if k.rows_at_max_batch == 1 {
@@ -240,7 +264,7 @@ impl TierReport {
     /// The report as JSON: `{"link_bytes_per_s", "host_flops_per_s", "host_read_bytes_per_s",
     /// "device_flops_per_s", "activation_bytes_per_s" (the rate a host-computed unit's rows move
     /// at; null when they cost nothing, on the CPU device), "weight_type", "forced": null |
-    /// "stream" | "host", "max_batch",
+    /// "stream" | "host", "stream_only": null | why the units only stream here, "max_batch",
     /// "units": [{"kind", "count", "weight_bytes", "flops_per_row", "activation_bytes_per_row",
     /// "rows_at_max_batch", "tier_at_1", "tier_at_max_batch", "crossover_rows"}]}`.
     pub fn json(&self) -> Value {
@@ -274,6 +298,7 @@ impl TierReport {
             },
             "weight_type": type_name(self.calibration.weight_type),
             "forced": m.forced.map(Tier::name),
+            "stream_only": self.stream_only,
             "max_batch": self.max_batch,
             "units": units,
         })

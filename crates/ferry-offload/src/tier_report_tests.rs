@@ -83,6 +83,7 @@ fn calibration(model: CostModel) -> Calibration {
         model,
         weight_type: GgmlDType::Q4_1,
         sources: [Source::Set; 4],
+        activations: None,
         elapsed: Duration::ZERO,
         cached_from: None,
         cached_at: None,
@@ -188,4 +189,42 @@ fn the_report_decides_renders_and_serialises() {
         .render_text()
         .contains("batch 1 host, max_batch 64 (64 rows) host; never streams"));
     assert_eq!(forced.json()["forced"], "host");
+}
+
+/// Units a device cannot compute on the host (whole layers on CUDA) stream at every batch,
+/// and the report says why.
+#[test]
+fn stream_only_units_say_why() {
+    let model = CostModel {
+        link_bytes_per_s: 1e9,
+        host_flops_per_s: 10e9,
+        host_read_bytes_per_s: 20e9,
+        device_flops_per_s: 1e15,
+        forced: None,
+        activation_bytes_per_s: None,
+    };
+    let kinds = unit_kinds(&dense_layer(), Offloaded::Layers(20), None, 64, 64);
+    let free = TierReport::new(calibration(model), 64, kinds.clone());
+    assert_eq!(
+        free.lines[0].at_one,
+        Tier::Host,
+        "the rates alone pick host at 1 row"
+    );
+    assert_eq!(free.json()["stream_only"], Value::Null);
+    let report = TierReport::new(calibration(model), 64, kinds).stream_only("no host tier here");
+    let line = &report.lines[0];
+    assert_eq!(
+        (line.at_one, line.at_max_batch),
+        (Tier::Stream, Tier::Stream)
+    );
+    assert_eq!(line.crossover, Some(1));
+    assert_eq!(report.calibration.model.forced, Some(Tier::Stream));
+    let text = report.render_text();
+    assert!(
+        text.contains("\n  stream only: no host tier here\n"),
+        "{text}"
+    );
+    assert!(text.contains("batch 1 stream, max_batch 64 (64 rows) stream; streams from 1 row"));
+    assert_eq!(report.json()["stream_only"], "no host tier here");
+    assert_eq!(report.json()["forced"], "stream");
 }
