@@ -171,7 +171,11 @@ fn rates_of(count: usize, seconds: f64, calls: &mut [&mut Call<'_>]) -> Result<V
 
 /// `x` to three significant digits (a prompt's GB/s of weights is small: 0.0312, 1.25, 31.4).
 fn significant(x: f64) -> String {
-    let digits = if x > 0.0 { 2 - x.abs().log10().floor() as i32 } else { 2 };
+    let digits = if x > 0.0 {
+        2 - x.abs().log10().floor() as i32
+    } else {
+        2
+    };
     format!("{x:.*}", digits.clamp(0, 6) as usize)
 }
 

@@ -44,7 +44,7 @@ use super::activation::{ActRow, Activations, Q8Block};
 #[cfg(target_arch = "x86_64")]
 use super::kquants::activation::QK_K;
 #[cfg(target_arch = "x86_64")]
-use super::{amx_panel, avx2_tile, avx512_panel};
+use super::{amx_panel, avx2_panel, avx2_tile, avx512_panel};
 use super::{kquants, scalar_tile, CpuQMatMul, Dot, Format, Kernel, PARALLEL_MIN_BLOCKS};
 use crate::error::Result;
 
@@ -279,6 +279,21 @@ impl Task<'_> {
                 &mut put,
             ) {
                 return;
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let (Tiling::Tiled, None, Some(k)) = (tiling, self.dot.avx512, self.dot.avx2) {
+            // The AVX2 GEMM kernel (the AVX-512 one's order, on eight lanes).
+            let (kernel, format) = (self.dot.kernel, self.dot.format);
+            if avx2_panel::takes(kernel, format, self.m) {
+                let rows: Vec<&[Q8Block]> = self.acts.clone().map(|i| row(i).q8).collect();
+                let first = self.acts.start;
+                let mut put = |i: usize, r0: usize, ys: &[f32]| self.out.set_run(first + i, r0, ys);
+                let (data, stride, weights) = (self.data, self.row_bytes, self.weights.clone());
+                let vnni = avx2_panel::vnni_for(kernel);
+                if avx2_panel::run(k, vnni, format, data, stride, weights, &rows, &mut put) {
+                    return;
+                }
             }
         }
         #[cfg(target_arch = "x86_64")]
