@@ -272,8 +272,11 @@ struct Panel<'a> {
 }
 
 /// Words `j` of the eight registers `r` as register `j` (word `r` of it from `r[r]`).
+///
+/// # Safety
+/// The CPU must have AVX2 (inlined into callers that enable it).
 #[inline(always)]
-unsafe fn transpose(r: [__m256i; 8]) -> [__m256i; 8] {
+pub(super) unsafe fn transpose(r: [__m256i; 8]) -> [__m256i; 8] {
     let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
     let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
     let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
