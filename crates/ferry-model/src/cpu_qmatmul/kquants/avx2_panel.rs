@@ -17,6 +17,9 @@
 //! operations in its order (`acc += (d * ad) * sumi - (dmin * ad) * summ`, block by block
 //! from 0), so the outputs equal the one-row and four-row kernels' bit for bit.
 
+// The panel's chunks, rows and lanes are indexed in lockstep.
+#![allow(clippy::needless_range_loop)]
+
 use std::arch::x86_64::*;
 use std::ops::Range;
 
