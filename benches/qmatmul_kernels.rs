@@ -169,6 +169,16 @@ fn rates_of(count: usize, seconds: f64, calls: &mut [&mut Call<'_>]) -> Result<V
     Ok(best)
 }
 
+/// `x` to three significant digits (a prompt's GB/s of weights is small: 0.0312, 1.25, 31.4).
+fn significant(x: f64) -> String {
+    let digits = if x > 0.0 {
+        2 - x.abs().log10().floor() as i32
+    } else {
+        2
+    };
+    format!("{x:.*}", digits.clamp(0, 6) as usize)
+}
+
 /// The kernel choice called `name` on the command line.
 fn kernel_named(name: &str) -> Result<Kernel, String> {
     match name {
@@ -245,7 +255,7 @@ fn kernel_table(options: &Options) -> Result<(), String> {
             let best = rates_of(2, options.seconds, &mut refs)?;
             let gbs: Vec<String> = best
                 .iter()
-                .map(|r| format!("{:.2}", r * matrix_bytes as f64 / 1e9))
+                .map(|r| significant(r * matrix_bytes as f64 / 1e9))
                 .collect();
             let ratio: Vec<String> = best[1..]
                 .iter()

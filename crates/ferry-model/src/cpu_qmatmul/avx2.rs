@@ -141,33 +141,57 @@ unsafe fn q4_0(w: *const u8, a: &[Q8Block]) -> f32 {
 
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C; `w..w + 20 * a.len()` must be readable.
+///
+/// Each block's two scalar products, `d * a.d` (its scale) and `m * a.s` (its offset term),
+/// are one `vmulps` of `[d, m]` (one F16C conversion) by `[a.d, a.s]` (adjacent fields of
+/// [`Q8Block`]), and the offset sum `offset + (m0 s0 + m1 s1)` is kept in lane 1 of a
+/// register: the scalar operations and order, in two fewer multiplies and no lane moves per
+/// block (the loop was bound by the vector ports at m = 1).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_1(w: *const u8, a: &[Q8Block]) -> f32 {
     let mut acc0 = _mm256_setzero_ps();
     let mut acc1 = _mm256_setzero_ps();
-    let mut offset = 0f32;
+    // Lane 1: the offset sum (lane 0 sums the scales, unused).
+    let mut offset = _mm_setzero_ps();
     let mut pairs = a.chunks_exact(2);
     let mut p = w;
     for pair in &mut pairs {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
-        // d and m of both blocks in one conversion: lanes [d0, m0, ..] and [d1, m1, ..].
-        let dm0 = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
-        let dm1 = _mm_cvtph_ps(_mm_cvtsi32_si128(p.add(20).cast::<i32>().read_unaligned()));
+        // Lanes [d0 * a0.d, m0 * a0.s, 0, 0] and the same of block 1.
+        let t0 = _mm_mul_ps(dm_at(p), d_s(&pair[0]));
+        let t1 = _mm_mul_ps(dm_at(p.add(20)), d_s(&pair[1]));
         let prod0 = dot_u8_i8(nibbles(p.add(4)), load_act(&pair[0]));
         let prod1 = dot_u8_i8(nibbles(p.add(24)), load_act(&pair[1]));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(dm0) * pair[0].d), prod0, acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(dm1) * pair[1].d), prod1, acc1);
-        offset += _mm_cvtss_f32(_mm_movehdup_ps(dm0)) * pair[0].s
-            + _mm_cvtss_f32(_mm_movehdup_ps(dm1)) * pair[1].s;
+        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(t0), prod0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_broadcastss_ps(t1), prod1, acc1);
+        offset = _mm_add_ps(offset, _mm_add_ps(t0, t1));
         p = p.add(40);
     }
     if let [last] = pairs.remainder() {
-        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
+        let t = _mm_mul_ps(dm_at(p), d_s(last));
         let prod = dot_u8_i8(nibbles(p.add(4)), load_act(last));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(dm) * last.d), prod, acc0);
-        offset += _mm_cvtss_f32(_mm_movehdup_ps(dm)) * last.s;
+        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(t), prod, acc0);
+        offset = _mm_add_ps(offset, t);
     }
-    hsum(_mm256_add_ps(acc0, acc1)) + offset
+    hsum(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_movehdup_ps(offset))
+}
+
+/// The f16 pair `[d, m]` at `p` as `[d, m, 0, 0]`.
+///
+/// # Safety
+/// `p..p + 4` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dm_at(p: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()))
+}
+
+/// `[a.d, a.s, 0, 0]` (adjacent `f32` fields of the `repr(C)` [`Q8Block`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn d_s(a: &Q8Block) -> __m128 {
+    // SAFETY: `d` and `s` are the block's first eight bytes.
+    unsafe { _mm_castsi128_ps(_mm_loadl_epi64((a as *const Q8Block).cast())) }
 }
 
 /// # Safety

@@ -1,7 +1,8 @@
 //! AVX-512 (F, BW, VL, VNNI) dot products of one raw GGUF weight row with one quantized
 //! activation row, for the formats whose blocks are 32 integer weights times one scale (Q4_0,
 //! Q5_0, Q8_0, IQ4_NL, IQ4_XS, MXFP4; Q4_1 and Q5_1 with their minimum), and the block decoders
-//! they share with the multi-row GEMM kernel in [`super::avx512_panel`].
+//! they share with the multi-row GEMM kernels in [`super::avx512_panel`] and
+//! [`super::avx2_panel`].
 //!
 //! Each block is decoded to 32 *unsigned* bytes `u_j = w_j + offset` ([`Codec`]: the signed
 //! weights of Q8_0 and of the IQ4 / MXFP4 tables shifted by 128, Q4_0's nibbles as they are
@@ -130,14 +131,17 @@ pub(super) fn row_bytes(format: Format, kb: usize) -> Option<usize> {
     })
 }
 
-/// A block format as 32 unsigned bytes `w_j + OFFSET` and a scale per 32-element block.
+/// A block format as 32 unsigned bytes `w_j + OFFSET` and a scale per 32-element block. The
+/// decoders use AVX2 and F16C instructions only, so the AVX2 GEMM kernel
+/// ([`super::avx2_panel`]) shares them.
 pub(super) trait Codec {
     /// What was added to every weight to make it unsigned.
     const OFFSET: i32;
     /// Block `b` of the row at `row`: its 32 shifted weights and its scale.
     ///
     /// # Safety
-    /// The CPU must have the features of [`Avx512`]; the row must hold block `b`.
+    /// The CPU must have AVX2, FMA and F16C (which [`Avx512`] implies); the row must hold
+    /// block `b`.
     unsafe fn block(row: *const u8, b: usize) -> (__m256i, f32);
     /// Whether blocks also carry a minimum `m` (Q4_1, Q5_1: element `j` is `d * u_j + m`), whose
     /// term `m * a.s` follows the block's in the sum.

@@ -11,7 +11,7 @@ use super::iq_tests::random_blocks;
 use super::test_support::{close, outputs};
 use super::tests::values;
 use super::tile::{Tiling, GEMM_MIN_ROWS};
-use super::{amx_panel, avx512_panel};
+use super::{amx_panel, avx2_panel, avx512_panel};
 use super::{Blocks, CpuQMatMul, Format, Kernel};
 use crate::header::GgufType;
 
@@ -46,7 +46,7 @@ fn detect() -> Option<Avx512> {
 }
 
 /// Whether `kernel`'s tiled matmul of `m` rows of `ty` must equal its per-row loop bit for
-/// bit: always, except where a table-coded or Q5 format's prompt (`m >= GEMM_MIN_ROWS`) takes
+/// bit: always, except where a prompt takes the AVX2 GEMM kernel ([`avx2_panel::takes`]), or where a table-coded or Q5 format's prompt (`m >= GEMM_MIN_ROWS`) takes
 /// the AVX-512 GEMM kernel (`Kernel::Auto` or `Kernel::Avx512`) while its row-at-a-time products keep the AVX2 kernel
 /// ([`Avx512::row_wins`]), or where a prompt takes the AMX GEMM ([`amx_panel`]) and the
 /// row-at-a-time products a kernel of another order (Q8_0's AVX2 one); those differ by float
@@ -61,12 +61,17 @@ pub(super) fn exact_per_row(ty: GgufType, kernel: Kernel, m: usize) -> bool {
         && amx_panel::enabled(format)
         && !avx512_row
         && super::amx::Amx::detect().is_some();
-    let avx512_gemm = matches!(kernel, Kernel::Auto | Kernel::Avx512)
-        && m >= GEMM_MIN_ROWS
+    let avx512_path = matches!(kernel, Kernel::Auto | Kernel::Avx512)
         && Avx512::enabled(format)
-        && !Avx512::row_wins(format)
         && Avx512::detect().is_some();
-    !amx && !avx512_gemm
+    let avx512_gemm = avx512_path && m >= GEMM_MIN_ROWS && !Avx512::row_wins(format);
+    // Off the AVX-512 path (and the AMX one), a prompt through the AVX2 GEMM kernel has the
+    // AVX-512 row kernel's order, the per-row loop the AVX2 row kernel's.
+    let avx2_gemm = !avx512_path
+        && !amx
+        && avx2_panel::takes(kernel, format, m)
+        && super::avx2::Avx2::detect().is_some();
+    !amx && !avx512_gemm && !avx2_gemm
 }
 
 fn quantized(x: &[f32], k: usize) -> Vec<Q8Block> {

@@ -5,8 +5,8 @@
 //! and per 256-block for the k-quants ([`kquants::activation`]), once per kind a call needs;
 //! each output is an integer dot product over one weight row ([`scalar`], [`q5`],
 //! [`kquants::scalar`], or their AVX2 twins when the CPU has it), several activation rows per
-//! weight row at once for prompts ([`tile`]; on AVX-512 VNNI CPUs a GEMM kernel,
-//! [`avx512_panel`]), and output rows are split across rayon's pool (`RAYON_NUM_THREADS`).
+//! weight row at once for prompts ([`tile`]; a GEMM kernel on AVX-512 VNNI CPUs,
+//! [`avx512_panel`], and its eight-row form on AVX2 ones, [`avx2_panel`]), and output rows are split across rayon's pool (`RAYON_NUM_THREADS`).
 //! On AMX CPUs the k-quants' prompts take int8 tile multiplies ([`kquants::amx_tile`]), and so
 //! do those of Q4_0, Q8_0, IQ4_NL, IQ4_XS and MXFP4 ([`amx_panel`]).
 //!
@@ -24,6 +24,10 @@ pub mod amx;
 pub mod amx_panel;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2_panel;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod avx2_panel_tests;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_tile;
 #[cfg(target_arch = "x86_64")]

@@ -20,7 +20,11 @@
 //! rows decoded once per task, every activation row swept over them). It equals the AVX-512
 //! one-row kernel bit for bit; where the row-at-a-time products keep the AVX2 kernel
 //! ([`super::avx512::Avx512::row_wins`]) the prompt's and the decode's results differ by
-//! float summation order only.
+//! float summation order only. Off the AVX-512 path (no AVX-512 VNNI, or `Kernel::Avx2` /
+//! `Kernel::AvxVnni`) the calls [`super::avx2_panel::takes`] names run through that kernel, the
+//! same GEMM on eight-row panels in ymm, with the same order (bit for bit the AVX-512 one-row
+//! kernel), and k-quant calls of at least [`kquants::avx2_panel::MIN_ROWS`] rows on the AVX2 /
+//! AVX-VNNI tile path through [`kquants::avx2_panel`], bit for bit the one-row k-quant dots.
 //!
 //! On AMX CPUs (`Kernel::Auto`) a call of at least [`kquants::amx_tile::min_rows`] rows of
 //! Q4_K, Q5_K or Q6_K runs each task through [`kquants::amx_tile`] (int8 tile multiplies of
@@ -44,7 +48,7 @@ use super::activation::{ActRow, Activations, Q8Block};
 #[cfg(target_arch = "x86_64")]
 use super::kquants::activation::QK_K;
 #[cfg(target_arch = "x86_64")]
-use super::{amx_panel, avx2_tile, avx512_panel};
+use super::{amx_panel, avx2_panel, avx2_tile, avx512_panel};
 use super::{kquants, scalar_tile, CpuQMatMul, Dot, Format, Kernel, PARALLEL_MIN_BLOCKS};
 use crate::error::Result;
 
@@ -282,6 +286,21 @@ impl Task<'_> {
             }
         }
         #[cfg(target_arch = "x86_64")]
+        if let (Tiling::Tiled, None, Some(k)) = (tiling, self.dot.avx512, self.dot.avx2) {
+            // The AVX2 GEMM kernel (the AVX-512 one's order, on eight lanes).
+            let (kernel, format) = (self.dot.kernel, self.dot.format);
+            if avx2_panel::takes(kernel, format, self.m) {
+                let rows: Vec<&[Q8Block]> = self.acts.clone().map(|i| row(i).q8).collect();
+                let first = self.acts.start;
+                let mut put = |i: usize, r0: usize, ys: &[f32]| self.out.set_run(first + i, r0, ys);
+                let (data, stride, weights) = (self.data, self.row_bytes, self.weights.clone());
+                let vnni = avx2_panel::vnni_for(kernel);
+                if avx2_panel::run(k, vnni, format, data, stride, weights, &rows, &mut put) {
+                    return;
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
         if let (Tiling::Tiled, Some(amx), Format::K(f)) = (tiling, self.dot.amx, self.dot.format) {
             // k-quant prompts on AMX (equal bit for bit to the one-row kernels).
             if self.m >= kquants::amx_tile::min_rows(f) && kquants::amx_tile::supports(f) {
@@ -290,6 +309,19 @@ impl Task<'_> {
                 let mut put = |i: usize, r0: usize, ys: &[f32]| self.out.set_run(first + i, r0, ys);
                 let (data, stride, weights) = (self.data, self.row_bytes, self.weights.clone());
                 if kquants::amx_tile::run(amx, f, data, stride, weights, &rows, &mut put) {
+                    return;
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let (Tiling::Tiled, Some(k), Format::K(f)) = (tiling, self.dot.avx2, self.dot.format) {
+            // k-quant prompts on AVX2 / AVX-VNNI (equal bit for bit to the one-row kernels).
+            if kquants::avx2_panel::takes(self.dot.kernel, self.m) {
+                let rows: Vec<_> = self.acts.clone().map(|i| row(i).q8k).collect();
+                let first = self.acts.start;
+                let mut put = |i: usize, r0: usize, ys: &[f32]| self.out.set_run(first + i, r0, ys);
+                let (data, stride, weights) = (self.data, self.row_bytes, self.weights.clone());
+                if kquants::avx2_panel::run(k, f, data, stride, weights, &rows, &mut put) {
                     return;
                 }
             }

@@ -1,7 +1,8 @@
 //! Dot products of raw GGUF k-quant rows (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) with 256-element int8
 //! activation blocks ([`activation`]): the portable reference ([`scalar`]) and AVX2 ([`avx2`]),
 //! plus four-activation-row micro-kernels for the tiled matmul ([`tile`]: AVX2, AVX-VNNI and
-//! AVX-512 in [`avx2_tile`] and [`avx512_tile`]) and the AMX prompt GEMM ([`amx_tile`]).
+//! AVX-512 in [`avx2_tile`] and [`avx512_tile`]), the AVX2 prompt GEMM ([`avx2_panel`]) and
+//! the AMX one ([`amx_tile`]).
 //!
 //! Every k-quant stores 256 weights per super-block, in eight 32-element chunks; chunk `c` covers
 //! elements `32 c..32 c + 32` and has one scale per 16-element half (Q2_K, Q3_K, Q6_K) or one for
@@ -14,6 +15,8 @@ pub mod activation;
 pub mod amx_tile;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2_panel;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_tile;
 #[cfg(target_arch = "x86_64")]
