@@ -99,6 +99,7 @@ pub(crate) fn plan_for(
         n_used: 2,
         pool_slots: Some(pool),
         host_layers: Default::default(),
+        route_counts: Vec::new(),
     });
     plan(&input).unwrap()
 }
@@ -839,6 +840,7 @@ fn a_cuda_plan_places_experts_and_counts_the_pool() {
             n_used: 2,
             pool_slots: Some(3),
             host_layers: Default::default(),
+            route_counts: Vec::new(),
         });
         plan(&input).unwrap()
     };
