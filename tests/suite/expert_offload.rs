@@ -45,12 +45,29 @@ pub(crate) fn prompts() -> Vec<Vec<u32>> {
 }
 
 pub(crate) fn qwen3_moe(dir: &Path) -> PathBuf {
+    qwen3_moe_file(dir, false)
+}
+
+/// [`qwen3_moe`] with a vocabulary in the file, so `ferry serve` can serve it.
+pub(crate) fn qwen3_moe_servable(dir: &Path) -> PathBuf {
+    qwen3_moe_file(dir, true)
+}
+
+fn qwen3_moe_file(dir: &Path, vocab: bool) -> PathBuf {
     let mut tiny = Tiny::llama();
     tiny.gguf_meta = vec![("general.dtype", Value::U32(0))];
     tiny.gguf_meta.extend(tiny::moe_meta(EXPERTS, 32));
+    if vocab {
+        tiny.add_spm_vocab();
+    }
     let mut weights = tiny.qwen3_weights(true);
     tiny.add_experts(&mut weights, EXPERTS, 32, false);
-    let path = dir.join("qwen3moe-q8.gguf");
+    let name = if vocab {
+        "qwen3moe-q8-vocab.gguf"
+    } else {
+        "qwen3moe-q8.gguf"
+    };
+    let path = dir.join(name);
     tiny.write_gguf(&path, "qwen3moe", &weights, GgmlDType::Q8_0, false);
     path
 }

@@ -7,7 +7,10 @@
 //! and says so.
 
 use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use ferry::config::{OffloadMode, TierChoice};
 use ferry::model::checkpoint::Checkpoint;
@@ -16,8 +19,10 @@ use ferry::offload::expert_routes::{ModelKey, RouteCache};
 use ferry::offload::{load_placed, Plan, StreamConfig};
 
 use crate::expert_offload::{
-    greedy, options, plan_counted, plan_for, prompts, qwen3_moe, reference, EXPERTS, NEW_TOKENS,
+    greedy, options, plan_counted, plan_for, prompts, qwen3_moe, qwen3_moe_servable, reference,
+    EXPERTS, NEW_TOKENS,
 };
+use crate::serve_process::ServeProcess;
 
 /// Decodes `prompts` with `plan` and `tier`: the tokens and the store's route counts.
 fn decode(
@@ -124,28 +129,10 @@ fn routes_are_counted_kept_and_make_the_hot_experts_resident() {
     }
 }
 
-/// `ferry plan` orders the residents by the counts in the user's routes file, says where they
-/// came from, and ignores a corrupt file with a warning; `offload.expert_routes = false`
-/// ignores the counts.
-#[test]
-fn ferry_plan_reads_the_counts_and_says_so() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = qwen3_moe(dir.path());
-    let cache_home = tempfile::tempdir().unwrap();
-    let plan = |extra: &[&str]| {
-        let (ok, stdout, stderr) = crate::fit::run_plan(
-            Command::new(env!("CARGO_BIN_EXE_ferry"))
-                .args(["plan", "--json", "--device", "cpu", "--model"])
-                .arg(&path)
-                .args(extra)
-                .env("XDG_CACHE_HOME", cache_home.path()),
-        );
-        assert!(ok, "{stderr}");
-        let document: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
-        (document["models"][0]["plan"].clone(), stderr)
-    };
-    // The context and batch set (never lowered to fit), everything on the device: then a
-    // budget some experts' bytes smaller keeps some experts of each layer on the host.
+/// Flags that set the context, batch and step size (never lowered to fit) and a budget some
+/// experts' bytes smaller than the whole model's, so some experts of each layer are on the
+/// host; `plan` runs `ferry plan --json` with flags.
+fn offloading_flags(plan: &dyn Fn(&[&str]) -> (serde_json::Value, String)) -> Vec<String> {
     let fixed = [
         "--max-context",
         "64",
@@ -157,8 +144,37 @@ fn ferry_plan_reads_the_counts_and_says_so() {
     let (whole, _) = plan(&[&fixed[..], &["--gpu-memory", "1GiB"]].concat());
     assert!(whole["experts"].is_null(), "{whole}");
     let device = whole["device_bytes"].as_u64().expect("device_bytes");
-    let bytes = (device - 90_000).to_string();
-    let budget = [&fixed[..], &["--gpu-memory", bytes.as_str()]].concat();
+    let mut flags: Vec<String> = fixed.iter().map(|f| f.to_string()).collect();
+    flags.extend(["--gpu-memory".to_string(), (device - 90_000).to_string()]);
+    flags
+}
+
+/// `ferry plan --json` of the model at `path` with `extra` flags and the caches under
+/// `cache_home`: the model's plan and stderr.
+fn plan_json(path: &Path, cache_home: &Path, extra: &[&str]) -> (serde_json::Value, String) {
+    let (ok, stdout, stderr) = crate::fit::run_plan(
+        Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["plan", "--json", "--device", "cpu", "--model"])
+            .arg(path)
+            .args(extra)
+            .env("XDG_CACHE_HOME", cache_home),
+    );
+    assert!(ok, "{stderr}");
+    let document: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    (document["models"][0]["plan"].clone(), stderr)
+}
+
+/// `ferry plan` orders the residents by the counts in the user's routes file, says where they
+/// came from, and ignores a corrupt file with a warning; `offload.expert_routes = false`
+/// ignores the counts.
+#[test]
+fn ferry_plan_reads_the_counts_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = qwen3_moe(dir.path());
+    let cache_home = tempfile::tempdir().unwrap();
+    let plan = |extra: &[&str]| plan_json(&path, cache_home.path(), extra);
+    let budget = offloading_flags(&plan);
+    let budget: Vec<&str> = budget.iter().map(String::as_str).collect();
     let (before, _) = plan(&budget);
     let layers = before["experts"]["layers"]
         .as_array()
@@ -203,4 +219,60 @@ fn ferry_plan_reads_the_counts_and_says_so() {
     let (corrupt, stderr) = plan(&budget);
     assert_eq!(corrupt["experts"], before["experts"]);
     assert!(stderr.contains("expert route counts ignored"), "{stderr}");
+}
+
+/// A real `ferry serve` with offloaded experts counts the routes of a completion and, stopped
+/// by SIGTERM, adds them to the routes file under its `XDG_CACHE_HOME`, keyed by its model file.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_writes_the_counts_when_it_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = qwen3_moe_servable(dir.path());
+    let cache_home = tempfile::tempdir().unwrap();
+    let flags = offloading_flags(&|extra| plan_json(&path, cache_home.path(), extra));
+    let (planned, _) = plan_json(
+        &path,
+        cache_home.path(),
+        &flags.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    assert!(planned["experts"].is_object(), "{planned}");
+    let mut args: Vec<OsString> = vec!["--model".into(), path.clone().into()];
+    args.extend(["--served-name", "tiny"].map(OsString::from));
+    args.extend(flags.iter().map(OsString::from));
+    let mut server = ServeProcess::start_with(&args, |command| {
+        command.env("XDG_CACHE_HOME", cache_home.path());
+    })
+    .await;
+    let reply: serde_json::Value = reqwest::Client::new()
+        .post(format!("{}/v1/completions", server.base))
+        .json(
+            &serde_json::json!({"model": "tiny", "prompt": "hello world", "max_tokens": 4,
+                                  "temperature": 0, "ignore_eos": true}),
+        )
+        .send()
+        .await
+        .expect("POST")
+        .json()
+        .await
+        .expect("json");
+    let usage = &reply["usage"];
+    let (prompt, completion) = (
+        usage["prompt_tokens"].as_u64().expect("usage"),
+        usage["completion_tokens"].as_u64().expect("usage"),
+    );
+    assert_eq!(completion, 4, "{reply}");
+    let file = cache_home.path().join("ferry").join("expert-routes.json");
+    assert!(!file.exists(), "nothing written before the server stops");
+    server.sigterm();
+    assert!(server.wait_exit(Duration::from_secs(60)).success());
+    let key = ModelKey::of(&ModelFiles::Gguf { path: path.clone() }).unwrap();
+    let counts = RouteCache::at(&file)
+        .load(&key)
+        .unwrap()
+        .expect("counts written at shutdown");
+    // Every row the model computed (the prompt, then each token but the last), top 2.
+    let rows = prompt + completion - 1;
+    assert_eq!(counts.len(), planned["layers"].as_array().unwrap().len());
+    for line in &counts {
+        assert_eq!(line.iter().sum::<u64>(), 2 * rows, "{counts:?}");
+    }
 }
