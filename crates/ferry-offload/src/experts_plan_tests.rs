@@ -450,6 +450,17 @@ fn route_counts_make_the_most_routed_experts_resident() {
     // The same bytes and counts as the plan without counts: only which experts moved.
     assert_eq!(with.device_bytes, without.device_bytes);
     assert_eq!(with.host_bytes, without.host_bytes);
+    // `ferry plan` lists the residents where they are not the first experts.
+    let text = crate::render::render_text(&with);
+    assert!(text.contains(" + 2 scratch; resident 3,5,7)\n"), "{text}");
+    assert!(text.contains(" + 2 scratch; resident 1,6)\n"), "{text}");
+    assert_eq!(text.matches("; resident").count(), 3, "{text}");
+    assert!(!crate::render::render_text(&without).contains("resident "));
+    let json = crate::render::plan_json(&with);
+    assert_eq!(
+        json["experts"]["layers"][0]["resident_experts"],
+        serde_json::json!([3, 5, 7])
+    );
     assert_eq!(residency_order(4, Some(&[1, 3, 3])), [1, 2, 0, 3]);
     assert_eq!(residency_order(3, None), [0, 1, 2]);
 }
