@@ -156,6 +156,7 @@ fn plans(checkpoint: &Checkpoint, link: u64) -> Result<(Plan, Plan), String> {
         n_used: 2,
         pool_slots: None,
         host_layers: Default::default(),
+        route_counts: Vec::new(),
     });
     let all = plan(&input).map_err(|e| e.to_string())?;
     let host_experts = all.host_bytes;

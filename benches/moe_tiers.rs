@@ -227,6 +227,7 @@ fn all_offloaded(checkpoint: &Checkpoint, o: &Options) -> Result<Plan, String> {
         n_used: o.top_k,
         pool_slots: None,
         host_layers: Default::default(),
+        route_counts: Vec::new(),
     });
     plan(&input).map_err(|e| e.to_string())
 }

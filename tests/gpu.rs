@@ -685,6 +685,7 @@ fn offloaded_experts_decode_like_none_on_the_gpu() {
             n_used: 2,
             pool_slots: Some(pool),
             host_layers: Default::default(),
+            route_counts: Vec::new(),
         });
         plan(&input).expect("plan")
     };
@@ -775,6 +776,7 @@ fn offloaded_experts_compute_on_the_host_beside_the_gpu() {
             n_used: 2,
             pool_slots: Some(2),
             host_layers: Default::default(),
+            route_counts: Vec::new(),
         });
         (options, plan(&input).expect("plan"))
     };

@@ -13,6 +13,8 @@
 //! - [`swap`]: the server's residency manager for mode `model`: shared budget and location probe.
 //! - [`device_plan`]: every model's plan on the one device, as `ferry plan` prints it and
 //!   `serve` executes it.
+//! - [`expert_routes`]: the experts' route counts kept across runs: read when planning, written
+//!   by `serve`.
 //! - [`tiers`]: the tier cost model of a planned model (start-up calibration, decisions).
 //! - [`serve`]: `ferry serve` as a library call: configuration + listener + shutdown signal ->
 //!   engine, loading threads, metrics publisher and HTTP server, until stopped.
@@ -23,6 +25,7 @@ pub mod device_plan;
 pub mod draft;
 pub mod draft_model;
 pub mod error;
+pub mod expert_routes;
 pub mod load;
 pub mod load_report;
 pub mod placement;

@@ -48,7 +48,7 @@ pub fn model_placement(plan: &Plan, tiers: Option<&TierReport>) -> ModelPlacemen
             layer: layer.index,
             experts: (0..layer.n_experts())
                 .map(|i| {
-                    if i < layer.device_experts {
+                    if layer.is_resident(i) {
                         ExpertLocation::Resident
                     } else {
                         off_device

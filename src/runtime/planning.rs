@@ -3,13 +3,16 @@
 //! ([`ferry_offload::fit`]: unset `max_context` / `max_batch` are chosen, and logged when
 //! lowered). Loading plans the same way from the checkpoint it then loads ([`plan_checkpoint`]),
 //! so the plan `ferry plan` prints is the one `ferry serve` follows. A speculative draft model is
-//! placed first and the model gets what it leaves of the budget ([`super::draft`]).
+//! placed first and the model gets what it leaves of the budget ([`super::draft`]). A MoE
+//! model's resident experts are the most routed ones where earlier runs counted them
+//! ([`super::expert_routes`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use candle_core::{DType, Device};
 
 use super::draft::{open_draft, plan_draft_first, DraftPlan};
+use super::expert_routes::recorded_routes;
 use super::RuntimeError;
 use ferry_config::{DeviceConfig, DtypeChoice, KvOffload, ModelConfig, OffloadMode};
 use ferry_model::checkpoint::Checkpoint;
@@ -156,6 +159,8 @@ pub fn plan_beside(
     let link_bandwidth = device_config
         .link_bandwidth
         .unwrap_or(DEFAULT_LINK_BANDWIDTH);
+    // What earlier runs counted of the experts' routing: the most routed are resident first.
+    let routes = recorded_routes(model, checkpoint);
     let input_at = |max_context: usize, max_batch: usize, step_tokens: usize| {
         let mut input = PlanInput::new(
             model.offload.mode,
@@ -192,6 +197,10 @@ pub fn plan_beside(
                 n_used: moe.n_used,
                 pool_slots: None,
                 host_layers: model.tier.host_expert_layers.clone(),
+                route_counts: routes
+                    .as_ref()
+                    .map(|r| r.counts.clone())
+                    .unwrap_or_default(),
             });
         input
     };
@@ -220,6 +229,9 @@ pub fn plan_beside(
     if let Some(note) = recurrent_note(spec) {
         tracing::info!(model = %model.name, "{note}");
         fitted.plan.notes.push(note);
+    }
+    if let Some(routes) = routes.as_ref().filter(|_| fitted.plan.experts.is_some()) {
+        fitted.plan.notes.push(routes.note());
     }
     if let Some(note) = needless_streaming(&fitted.plan, &input_for) {
         tracing::warn!(model = %model.name, "{note}");

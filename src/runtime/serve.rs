@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 
 use super::device::{describe, select_device};
 use super::device_plan::prepare_serving;
+use super::expert_routes::{RouteKeeper, ROUTES_INTERVAL};
 use super::load::{load_planned, release_after_load, Planned};
 use super::placement::model_placement;
 use super::swap::SwapResidency;
@@ -29,6 +30,7 @@ use ferry_engine::worker::{
 use ferry_engine::{Backend, EngineError, PrefixCacheOptions};
 use ferry_metrics::Metrics;
 use ferry_model::source::HubOptions;
+use ferry_offload::expert_routes::{ModelKey, RouteCache};
 use ferry_server::options::default_allowed_hosts;
 use ferry_server::{ServeReport, ServerOptions, ShutdownSignal};
 
@@ -183,6 +185,9 @@ pub async fn serve(
         engine.set_residency(Arc::new(SwapResidency(swap.clone())));
     }
     let telemetry = Telemetry::new(metrics, swap.clone());
+    // The expert stores' route counts, added to the user's routes file every few minutes and
+    // when the server stops, for the next plans' resident experts.
+    let route_keeper = RouteCache::user().map(|cache| Arc::new(RouteKeeper::new(cache)));
 
     // Each model loads on its own engine thread; the server answers /health 503 meanwhile.
     let (load_results, mut load_results_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -202,6 +207,11 @@ pub async fn serve(
                 name: model.name.clone(),
                 source,
             })?;
+        // A model placed expert by expert counts its routes (when `offload.expert_routes`).
+        let route_key = route_keeper
+            .clone()
+            .filter(|_| model.tier.expert_routes && plan.experts.is_some())
+            .zip(ModelKey::of(checkpoint.files()));
         let device = device.clone();
         let device_config = config.device.clone();
         let results = load_results.clone();
@@ -229,6 +239,13 @@ pub async fn serve(
                 if let Ok(loaded) = &outcome {
                     telemetry
                         .add_model(&model.name, Arc::clone(loaded.runner.store().accounting()));
+                    if let Some((keeper, key)) = route_key {
+                        keeper.add(
+                            &model.name,
+                            key,
+                            Arc::clone(loaded.runner.store().accounting()),
+                        );
+                    }
                     if let Some(draft) = loaded.runner.draft() {
                         telemetry.add_draft(
                             &model.name,
@@ -252,6 +269,17 @@ pub async fn serve(
             every.tick().await;
             telemetry.publish();
         }
+    });
+    let route_writer = route_keeper.clone().map(|keeper| {
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(ROUTES_INTERVAL);
+            every.tick().await;
+            loop {
+                every.tick().await;
+                let keeper = Arc::clone(&keeper);
+                let _ = tokio::task::spawn_blocking(move || keeper.write()).await;
+            }
+        })
     });
     let address = listener
         .local_addr()
@@ -300,6 +328,12 @@ pub async fn serve(
         reason = all_failed => Err(RuntimeError::NoModelLoaded(reason)),
     };
     publisher.abort();
+    if let Some(writer) = route_writer {
+        writer.abort();
+    }
+    if let Some(keeper) = route_keeper {
+        let _ = tokio::task::spawn_blocking(move || keeper.write()).await;
+    }
     outcome
 }
 

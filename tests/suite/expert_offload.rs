@@ -32,10 +32,10 @@ use ferry::offload::{load_placed, CostModel, ExpertInput, Served, SlotKind, Stre
 use crate::tiny::{self, Tiny};
 
 pub(crate) const EXPERTS: usize = 8;
-const NEW_TOKENS: usize = 6;
+pub(crate) const NEW_TOKENS: usize = 6;
 
 /// Four prompts of different lengths (batch 4); the first alone is batch 1.
-fn prompts() -> Vec<Vec<u32>> {
+pub(crate) fn prompts() -> Vec<Vec<u32>> {
     vec![
         tiny::PROMPT.to_vec(),
         vec![3, 9, 27, 81],
@@ -45,12 +45,29 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 pub(crate) fn qwen3_moe(dir: &Path) -> PathBuf {
+    qwen3_moe_file(dir, false)
+}
+
+/// [`qwen3_moe`] with a vocabulary in the file, so `ferry serve` can serve it.
+pub(crate) fn qwen3_moe_servable(dir: &Path) -> PathBuf {
+    qwen3_moe_file(dir, true)
+}
+
+fn qwen3_moe_file(dir: &Path, vocab: bool) -> PathBuf {
     let mut tiny = Tiny::llama();
     tiny.gguf_meta = vec![("general.dtype", Value::U32(0))];
     tiny.gguf_meta.extend(tiny::moe_meta(EXPERTS, 32));
+    if vocab {
+        tiny.add_spm_vocab();
+    }
     let mut weights = tiny.qwen3_weights(true);
     tiny.add_experts(&mut weights, EXPERTS, 32, false);
-    let path = dir.join("qwen3moe-q8.gguf");
+    let name = if vocab {
+        "qwen3moe-q8-vocab.gguf"
+    } else {
+        "qwen3moe-q8.gguf"
+    };
+    let path = dir.join(name);
     tiny.write_gguf(&path, "qwen3moe", &weights, GgmlDType::Q8_0, false);
     path
 }
@@ -91,6 +108,18 @@ pub(crate) fn plan_for(
     budget: u64,
     pool: usize,
 ) -> Plan {
+    plan_counted(checkpoint, mode, budget, pool, Vec::new())
+}
+
+/// [`plan_for`] with the experts' route counts (per layer and expert) the planner orders the
+/// resident experts by.
+pub(crate) fn plan_counted(
+    checkpoint: &Checkpoint,
+    mode: OffloadMode,
+    budget: u64,
+    pool: usize,
+    route_counts: Vec<Vec<u64>>,
+) -> Plan {
     let holding = Holding::new(checkpoint, &options()).unwrap();
     let sizes = ModelSizes::of(checkpoint, &holding, SlotKind::Cpu).unwrap();
     let mut input = PlanInput::new(mode, sizes.layers, sizes.fixed, budget);
@@ -99,6 +128,7 @@ pub(crate) fn plan_for(
         n_used: 2,
         pool_slots: Some(pool),
         host_layers: Default::default(),
+        route_counts,
     });
     plan(&input).unwrap()
 }
@@ -118,7 +148,11 @@ pub(crate) fn expert_slab_bytes(checkpoint: &Checkpoint) -> u64 {
 }
 
 /// Greedy tokens of every prompt, decoded together, `NEW_TOKENS` each.
-fn greedy(model: &Model, layers: &mut dyn LayerSource, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
+pub(crate) fn greedy(
+    model: &Model,
+    layers: &mut dyn LayerSource,
+    prompts: &[Vec<u32>],
+) -> Vec<Vec<u32>> {
     greedy_watching(model, layers, prompts, &mut || {})
 }
 
@@ -150,7 +184,7 @@ fn greedy_watching(
 }
 
 /// One MoE forward's request: `(step, layer, wanted)`.
-type Route = (usize, usize, Vec<usize>);
+pub(crate) type Route = (usize, usize, Vec<usize>);
 /// The experts each MoE forward asked for, in call order.
 type RouteLog = Arc<Mutex<Vec<Route>>>;
 
@@ -199,7 +233,7 @@ impl LayerSource for Recording {
 }
 
 /// Mode `none`'s tokens and the routing of every step.
-fn reference(files: &ModelFiles, prompts: &[Vec<u32>]) -> (Vec<Vec<u32>>, Vec<Route>) {
+pub(crate) fn reference(files: &ModelFiles, prompts: &[Vec<u32>]) -> (Vec<Vec<u32>>, Vec<Route>) {
     let loaded = load_model(files, &options(), &mut |_| {}).unwrap();
     let log = RouteLog::default();
     let mut recording = Recording {
@@ -839,6 +873,7 @@ fn a_cuda_plan_places_experts_and_counts_the_pool() {
             n_used: 2,
             pool_slots: Some(3),
             host_layers: Default::default(),
+            route_counts: Vec::new(),
         });
         plan(&input).unwrap()
     };

@@ -24,6 +24,7 @@ mod dense_tiers;
 mod embeddings_real;
 mod expert_offload;
 mod expert_prefill;
+mod expert_routes;
 mod fit;
 mod gguf_sources;
 mod gpu_check_dry;

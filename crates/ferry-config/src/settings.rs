@@ -718,6 +718,17 @@ pub static SETTINGS: &[Setting] = &[
         field: field!(Model, ExpertLayers, tier.host_expert_layers),
     },
     Setting {
+        name: "expert-routes",
+        short: None,
+        key: "offload.expert_routes",
+        value_name: "BOOL",
+        default: Some("true"),
+        default_note: "",
+        example: "false",
+        help: "Count how often each expert is routed to while serving with offloaded experts, keep the counts per model file in expert-routes.json beside the calibration cache (written at shutdown and every few minutes), and make the most routed experts of each layer resident first; false: neither counts nor reads them (experts 0.. of each layer resident).",
+        field: field!(Model, Switch, tier.expert_routes),
+    },
+    Setting {
         name: "offload-tier",
         short: None,
         key: "offload.tier",

@@ -111,6 +111,9 @@ pub struct TierConfig {
     /// The MoE layers that keep every expert on the host (`offload.host_expert_layers`): the
     /// first N, or a list of layer indices.
     pub host_expert_layers: super::expert_layers::HostExpertLayers,
+    /// Count routed experts while serving and place the most routed first
+    /// (`offload.expert_routes`).
+    pub expert_routes: bool,
 }
 
 /// Resolved `[[models]]` entry.

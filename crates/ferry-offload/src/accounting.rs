@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::cost::TierCounts;
+use super::expert_routes::RouteCounter;
 use super::experts_steps::ExpertStepCounts;
 use super::plan::Plan;
 use super::units::format_bytes;
@@ -64,6 +65,7 @@ pub struct Accounting {
     expert_prefetch_hits: AtomicU64,
     tier_decisions: TierCounts,
     expert_steps: ExpertStepCounts,
+    routes: RouteCounter,
 }
 
 /// A copy of the counters at one moment.
@@ -162,7 +164,14 @@ impl Accounting {
             expert_prefetch_hits: AtomicU64::new(0),
             tier_decisions: TierCounts::default(),
             expert_steps: ExpertStepCounts::default(),
+            routes: RouteCounter::default(),
         }
+    }
+
+    /// Rows routed to each expert of each layer (the expert store counts them; the server
+    /// keeps them across runs, [`super::expert_routes`]).
+    pub fn routes(&self) -> &RouteCounter {
+        &self.routes
     }
 
     /// The tier cost model's decisions, one per offloaded unit and step (record them here).

@@ -77,6 +77,7 @@ fn configured_rates_replace_measurements() {
         device_gflops: Some(20_000.0),
         experts: true,
         host_expert_layers: Default::default(),
+        expert_routes: true,
     };
     let calibration = calibrate(&input(&tier, GgmlDType::Q4_0, Some(8_000_000_000))).unwrap();
     assert_eq!(

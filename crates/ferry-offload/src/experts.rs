@@ -586,6 +586,11 @@ impl ExpertStore {
             ))
             .into());
         }
+        // Every routed expert counts, resident or not: the next plan's residents are the most
+        // routed ones.
+        self.accounting
+            .routes()
+            .record(layer, set.resident.len(), wanted, rows);
         let mut pool = self.lock();
         self.begin(&mut pool, layer);
         // What this layer predicted and did not route gives its slot back.

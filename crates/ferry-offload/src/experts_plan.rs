@@ -3,9 +3,12 @@
 //! For a mixture-of-experts model the planner places, in order: the fixed parts, the KV cache,
 //! workspace and reserve, then the non-expert parts of every layer (attention, norms, router),
 //! then a pool of expert slots (at least one token's routed experts), then experts, spread
-//! evenly over the layers (expert 0 of every layer, then expert 1, ...), until the budget
+//! evenly over the layers (each layer's first expert, then its second, ...), until the budget
 //! (except in the MoE layers of [`ExpertInput::host_layers`], which keep them all on the host
-//! by setting, as llama.cpp's `--n-cpu-moe` does). The
+//! by setting, as llama.cpp's `--n-cpu-moe` does). A layer's experts go in its residency
+//! order ([`LayerExperts::order`]): the most routed first where [`ExpertInput::route_counts`]
+//! says which (counted while serving, [`super::expert_routes`]), ties and unknown ones by
+//! index, so without counts experts `0..k` of each layer are resident. The
 //! remaining experts live in host slabs, one per expert (its gate, up and down together), and
 //! are either copied into a slot of the pool when the router picks them or computed where they
 //! are ([`super::experts`] runs both).
@@ -42,6 +45,20 @@ pub struct ExpertInput {
     /// (`offload.host_expert_layers`, llama.cpp's `--n-cpu-moe`: the first N, or a list);
     /// `First(0)`: the budget decides.
     pub host_layers: HostExpertLayers,
+    /// Per decoder layer, how often each expert was routed to (from earlier serving,
+    /// [`super::expert_routes`]); a missing layer or expert counts 0. Empty: no counts, every
+    /// layer's experts resident in index order.
+    pub route_counts: Vec<Vec<u64>>,
+}
+
+/// The residency order of `n` experts: the most routed first by `counts` (a missing expert
+/// counts 0), ties in index order.
+pub fn residency_order(n: usize, counts: Option<&[u64]>) -> Vec<usize> {
+    let count = |e: usize| counts.and_then(|c| c.get(e)).copied().unwrap_or(0);
+    let mut order: Vec<usize> = (0..n).collect();
+    // A stable sort: equal counts keep index order.
+    order.sort_by_key(|&e| std::cmp::Reverse(count(e)));
+    order
 }
 
 /// One MoE layer's experts in a plan.
@@ -53,7 +70,10 @@ pub struct LayerExperts {
     pub base_bytes: u64,
     /// Device bytes of each expert (gate, up and down), in expert order.
     pub expert_bytes: Vec<u64>,
-    /// Experts `0..device_experts` are resident; the rest live in host slabs.
+    /// The residency order of the experts (every expert once): the first `device_experts`
+    /// are resident, the rest live in host slabs ([`residency_order`]).
+    pub order: Vec<usize>,
+    /// How many experts are resident: `order[..device_experts]`.
     pub device_experts: usize,
 }
 
@@ -68,19 +88,40 @@ impl LayerExperts {
         self.n_experts() - self.device_experts
     }
 
-    /// Whether expert `e` is resident.
+    /// Whether expert `e` is resident: the one definition every consumer uses.
     pub fn is_resident(&self, e: usize) -> bool {
-        e < self.device_experts
+        self.order[..self.device_experts].contains(&e)
+    }
+
+    /// The resident experts, in index order.
+    pub fn resident_experts(&self) -> Vec<usize> {
+        let mut resident = self.order[..self.device_experts].to_vec();
+        resident.sort_unstable();
+        resident
+    }
+
+    /// The experts in host slabs, in index order.
+    pub fn offloaded_experts(&self) -> Vec<usize> {
+        let mut host = self.order[self.device_experts..].to_vec();
+        host.sort_unstable();
+        host
     }
 
     /// Device bytes: the other parts and the resident experts.
     pub fn device_bytes(&self) -> u64 {
-        self.base_bytes + self.expert_bytes[..self.device_experts].iter().sum::<u64>()
+        self.base_bytes
+            + self.order[..self.device_experts]
+                .iter()
+                .map(|&e| self.expert_bytes[e])
+                .sum::<u64>()
     }
 
     /// Bytes of the experts in host slabs.
     pub fn host_bytes(&self) -> u64 {
-        self.expert_bytes[self.device_experts..].iter().sum()
+        self.order[self.device_experts..]
+            .iter()
+            .map(|&e| self.expert_bytes[e])
+            .sum()
     }
 
     /// Bytes of the whole layer.
@@ -162,6 +203,7 @@ pub fn layer_experts(layouts: &[LayerLayout], kind: SlotKind) -> Option<Vec<Laye
             expert_bytes: (0..expert_units(l))
                 .map(|e| l.expert(e).resident_bytes(kind))
                 .collect(),
+            order: (0..expert_units(l)).collect(),
             device_experts: 0,
         })
         .collect();
@@ -209,13 +251,17 @@ pub fn place(
     scratch_slots: usize,
 ) -> Option<ExpertPlan> {
     let mut layers = layer_experts(layouts, kind)?;
+    for l in &mut layers {
+        let counts = input.route_counts.get(l.index).map(Vec::as_slice);
+        l.order = residency_order(l.n_experts(), counts);
+    }
     let base: u64 = layers.iter().map(|l| l.base_bytes).sum();
     let mut left = available.checked_sub(base)?;
     let pool_slots = input.pool_slots.unwrap_or(input.n_used).max(1);
     let host_layouts = |layers: &[LayerExperts]| {
         let mut slot = SlotLayout::new(kind);
         for (l, layout) in layers.iter().zip(layouts) {
-            for e in l.device_experts..l.n_experts() {
+            for e in l.offloaded_experts() {
                 slot.add(&layout.expert(e));
             }
         }
@@ -234,17 +280,18 @@ pub fn place(
             .unwrap_or(0);
         // The layers whose experts stay on the host by setting (checked by the planner).
         let pinned = pinned_layers(layouts, input).unwrap_or_default();
-        'fill: for e in 0..most {
+        // Each layer's first expert by residency order, then its second, ...
+        'fill: for rank in 0..most {
             for l in layers
                 .iter_mut()
-                .filter(|l| e < l.n_experts() && !pinned.contains(&l.index))
+                .filter(|l| rank < l.n_experts() && !pinned.contains(&l.index))
             {
-                let bytes = l.expert_bytes[e];
+                let bytes = l.expert_bytes[l.order[rank]];
                 if bytes > left {
                     break 'fill;
                 }
                 left -= bytes;
-                l.device_experts = e + 1;
+                l.device_experts = rank + 1;
             }
         }
     }

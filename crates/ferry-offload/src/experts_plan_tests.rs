@@ -60,6 +60,7 @@ fn input(mode: OffloadMode, layouts: Vec<LayerLayout>, budget: u64, n_used: usiz
         n_used,
         pool_slots: None,
         host_layers: Default::default(),
+        route_counts: Vec::new(),
     });
     input
 }
@@ -194,6 +195,7 @@ fn a_larger_pool_is_counted_on_the_device() {
         n_used: 2,
         pool_slots: Some(5),
         host_layers: Default::default(),
+        route_counts: Vec::new(),
     });
     let p = plan(&inp).expect("fits");
     // The pool's 5 slots and the prefill scratch slots beside it.
@@ -384,4 +386,81 @@ fn a_fitted_expert_plan_says_its_experts_are_on_the_host() {
         note.contains("8 of 8 routed experts live on the host"),
         "{note}"
     );
+}
+
+#[test]
+fn route_counts_make_the_most_routed_experts_resident() {
+    let (layers, base, expert) = (4, PIECE * 3, PIECE * 3);
+    let scratch = PREFILL_SCRATCH_SLOTS * expert;
+    // Room for the other parts, the pool of 2 and 10 experts: 3, 3, 2, 2 per layer.
+    let budget = (layers * base + 2 * expert + scratch + 10 * expert + expert / 2) as u64;
+    let without = plan(&input(
+        OffloadMode::Auto,
+        layouts(layers, base, 8, expert),
+        budget,
+        2,
+    ))
+    .expect("fits");
+    // No counts: the first experts of every layer, as before counts existed.
+    let ex = without.experts.as_ref().expect("experts placed");
+    let resident: Vec<Vec<usize>> = ex.layers.iter().map(|l| l.resident_experts()).collect();
+    assert_eq!(
+        resident,
+        [vec![0, 1, 2], vec![0, 1, 2], vec![0, 1], vec![0, 1]]
+    );
+    // Empty counts, or all zero, place exactly the same plan.
+    let mut inp = input(
+        OffloadMode::Auto,
+        layouts(layers, base, 8, expert),
+        budget,
+        2,
+    );
+    inp.experts = inp.experts.map(|e| ExpertInput {
+        route_counts: vec![vec![0; 8]; layers],
+        ..e
+    });
+    assert_eq!(plan(&inp).expect("fits"), without);
+
+    // Layer 0 routed most to 7, then 5 and 3 tied (index order); layer 2 to 6 and 1; layer 1
+    // has counts for two experts only (the rest unknown: index order); layer 3 none.
+    inp.experts = inp.experts.map(|e| ExpertInput {
+        route_counts: vec![
+            vec![0, 1, 0, 4, 0, 4, 0, 9],
+            vec![0, 0, 0, 5],
+            vec![0, 2, 0, 0, 0, 0, 8],
+        ],
+        ..e
+    });
+    let with = plan(&inp).expect("fits");
+    let ex = with.experts.as_ref().expect("experts placed");
+    let resident: Vec<Vec<usize>> = ex.layers.iter().map(|l| l.resident_experts()).collect();
+    assert_eq!(
+        resident,
+        [vec![3, 5, 7], vec![0, 1, 3], vec![1, 6], vec![0, 1]]
+    );
+    for l in &ex.layers {
+        for e in 0..l.n_experts() {
+            assert_eq!(l.is_resident(e), resident[l.index].contains(&e));
+        }
+        assert_eq!(
+            l.offloaded_experts().len() + l.resident_experts().len(),
+            l.n_experts()
+        );
+    }
+    // The same bytes and counts as the plan without counts: only which experts moved.
+    assert_eq!(with.device_bytes, without.device_bytes);
+    assert_eq!(with.host_bytes, without.host_bytes);
+    // `ferry plan` lists the residents where they are not the first experts.
+    let text = crate::render::render_text(&with);
+    assert!(text.contains(" + 2 scratch; resident 3,5,7)\n"), "{text}");
+    assert!(text.contains(" + 2 scratch; resident 1,6)\n"), "{text}");
+    assert_eq!(text.matches("; resident").count(), 3, "{text}");
+    assert!(!crate::render::render_text(&without).contains("resident "));
+    let json = crate::render::plan_json(&with);
+    assert_eq!(
+        json["experts"]["layers"][0]["resident_experts"],
+        serde_json::json!([3, 5, 7])
+    );
+    assert_eq!(residency_order(4, Some(&[1, 3, 3])), [1, 2, 0, 3]);
+    assert_eq!(residency_order(3, None), [0, 1, 2]);
 }

@@ -46,6 +46,8 @@
 //!   events; the CUDA primitives themselves live in [`ferry_gpu`]).
 //! - [`experts`]: [`ExpertStore`], a MoE model's offloaded experts: host slabs one per expert,
 //!   a pool of expert slots with an LRU cache of hot experts, and the host-compute tier;
+//!   [`expert_routes`]: how often each expert is routed to, counted while serving and kept in
+//!   a per-user file, so the planner makes the most routed experts resident;
 //!   `experts_gpu` is the pool's CUDA side (device slots filled on a copy stream);
 //!   [`experts_steps`]: prefill and decode steps apart, and the per-kind counters of where each
 //!   routed expert was served.
@@ -66,6 +68,7 @@ pub mod calibrate_cache;
 mod copy_shared;
 pub mod cost;
 mod error;
+pub mod expert_routes;
 mod experts;
 mod experts_copy;
 mod experts_gpu;

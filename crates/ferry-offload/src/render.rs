@@ -158,14 +158,14 @@ pub fn render_text(plan: &Plan) -> String {
     out
 }
 
-/// The expert tiers of a MoE plan, one line per layer (its resident experts, those on the
-/// host, and the pool they are cached in when routed), and the bytes moved per token against
+/// The expert tiers of a MoE plan, one line per layer (its resident experts, listed when route
+/// counts made them other than the first ones, those on the host, and the pool they are cached in when routed), and the bytes moved per token against
 /// whole-layer streaming:
 ///
 /// ```text
 /// experts top 2 of 8 per token
 ///   layer 0       experts: 3 device, 5 host (1.5 MiB each; pool 2 + 2 scratch)
-///   layer 1       experts: 2 device, 6 host (1.5 MiB each; pool 2 + 2 scratch)
+///   layer 1       experts: 2 device, 6 host (1.5 MiB each; pool 2 + 2 scratch; resident 3,6)
 /// routed experts ~2.9 MiB moved per token (whole-layer streaming 13.5 MiB: 0.21x)
 /// ```
 fn expert_lines(out: &mut String, experts: &ExpertPlan) {
@@ -188,9 +188,18 @@ fn expert_lines(out: &mut String, experts: &ExpertPlan) {
             continue;
         }
         let each = l.expert_bytes.iter().max().copied().unwrap_or(0);
+        // Which experts are resident, when they are not simply the first ones (route counts
+        // reordered them).
+        let resident = l.resident_experts();
+        let which = if resident.iter().enumerate().all(|(i, &e)| i == e) {
+            String::new()
+        } else {
+            let list: Vec<String> = resident.iter().map(usize::to_string).collect();
+            format!("; resident {}", list.join(","))
+        };
         let _ = writeln!(
             out,
-            "  {label:<14}experts: {} device, {} host ({} each; pool {} + {} scratch)",
+            "  {label:<14}experts: {} device, {} host ({} each; pool {} + {} scratch{which})",
             l.device_experts,
             l.host_experts(),
             format_bytes(each),
@@ -221,6 +230,7 @@ fn experts_json(experts: &ExpertPlan) -> serde_json::Value {
                 "index": l.index,
                 "base_bytes": l.base_bytes,
                 "device_experts": l.device_experts,
+                "resident_experts": l.resident_experts(),
                 "host_experts": l.host_experts(),
                 "expert_bytes": l.expert_bytes.iter().max().copied().unwrap_or(0),
                 "device_bytes": l.device_bytes(),
@@ -351,7 +361,8 @@ fn cache_line(plan: &Plan) -> String {
 ///  "slot_layout": {"kind": "cpu"|"cuda", "dense_bytes", "blocks_bytes",
 ///                  "matrices": [{"part", "type", "shape", "bytes", "allocated"}]},
 ///  "experts": {"n_used", "pool_slots", "scratch_slots", "bytes_per_token", "whole_layer_bytes_per_token",
-///              "layers": [{"index", "base_bytes", "device_experts", "host_experts",
+///              "layers": [{"index", "base_bytes", "device_experts", "resident_experts": [..],
+///                          "host_experts",
 ///                          "expert_bytes", "device_bytes", "host_bytes"}]}}
 /// ```
 ///
