@@ -1069,7 +1069,15 @@ fn a_tight_budget_degrades_with_its_reason_and_a_line_per_layer() {
             "{text}"
         );
     }
-    // Far too small: the refusal names the smallest budget.
+    // Far too small even with fewer tokens per step (an unset `max_step_tokens` is lowered
+    // before a refusal: set it, so the smallest budget named is the one at 512).
+    let (ok, text, stderr) = plan("3MiB", &[]);
+    assert!(ok, "{stderr}");
+    assert!(text.contains("note: fitted `max_step_tokens`"), "{text}");
+    let plan = |budget: &str, extra: &[&str]| {
+        let set = [&["--max-step-tokens", "512"], extra].concat();
+        plan(budget, &set)
+    };
     let (ok, _, stderr) = plan("3MiB", &[]);
     assert!(!ok);
     let named = stderr
