@@ -316,7 +316,7 @@ impl Task<'_> {
         #[cfg(target_arch = "x86_64")]
         if let (Tiling::Tiled, Some(k), Format::K(f)) = (tiling, self.dot.avx2, self.dot.format) {
             // k-quant prompts on AVX2 / AVX-VNNI (equal bit for bit to the one-row kernels).
-            if kquants::avx2_panel::takes(self.dot.kernel, self.m) {
+            if kquants::avx2_panel::takes(self.dot.kernel, f, self.m) {
                 let rows: Vec<_> = self.acts.clone().map(|i| row(i).q8k).collect();
                 let first = self.acts.start;
                 let mut put = |i: usize, r0: usize, ys: &[f32]| self.out.set_run(first + i, r0, ys);

@@ -24,7 +24,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::activation::{Q8KBlock, GROUP, QK_K};
-use super::tile::Path;
+use super::tile::{has_rows8, Path};
 use super::{scales_mins_k4, scales_q3_k, KFormat};
 use crate::cpu_qmatmul::avx2::{f16_at, Avx2, PREFETCH_AHEAD};
 use crate::cpu_qmatmul::avx2_panel::transpose;
@@ -46,12 +46,19 @@ const HALVES: usize = QK_K / GROUP;
 /// formats' cheaper one).
 pub const MIN_ROWS: usize = 8;
 
-/// Whether a call of `m` activation rows runs here under `kernel`: from [`MIN_ROWS`] rows
-/// where the k-quant tiles' path is AVX2 or AVX-VNNI (on AVX-512 CPUs `Kernel::Auto` keeps
-/// the zmm tiles, on AMX ones the AMX GEMM). It is bit for bit the tiles' result either way.
-pub fn takes(kernel: Kernel, m: usize) -> bool {
-    let path = Path::detect(kernel);
-    m >= MIN_ROWS && matches!(path, Some(Path::Avx2 | Path::Avx2Vnni))
+/// Whether a call of `m` activation rows of `format` runs here under `kernel`: from
+/// [`MIN_ROWS`] rows where the k-quant tiles' path is AVX2 or AVX-VNNI, and on the AVX-512
+/// path for the formats it has no eight-row zmm tile for (Q2_K, Q3_K: there the four-row ymm
+/// tiles ran them, at about 0.65x this kernel's speed in a whole-model prompt). Q4_K..Q6_K
+/// keep the zmm tiles on AVX-512 CPUs, and on AMX ones the AMX GEMM (which comes first). It
+/// is bit for bit the tiles' result either way.
+pub fn takes(kernel: Kernel, format: KFormat, m: usize) -> bool {
+    m >= MIN_ROWS
+        && match Path::detect(kernel) {
+            Some(Path::Avx2 | Path::Avx2Vnni) => true,
+            Some(Path::Avx512) => !has_rows8(Path::Avx512, format),
+            None => false,
+        }
 }
 
 /// Computes `acts[i] . W[r]` for every activation row `i` of `acts` and weight row `r` in
