@@ -24,7 +24,8 @@
 //! `Kernel::AvxVnni`) the calls [`super::avx2_panel::takes`] names run through that kernel, the
 //! same GEMM on eight-row panels in ymm, with the same order (bit for bit the AVX-512 one-row
 //! kernel), and k-quant calls of at least [`kquants::avx2_panel::MIN_ROWS`] rows on the AVX2 /
-//! AVX-VNNI tile path through [`kquants::avx2_panel`], bit for bit the one-row k-quant dots.
+//! AVX-VNNI tile path (Q2_K / Q3_K on the AVX-512 one too) through [`kquants::avx2_panel`],
+//! bit for bit the one-row k-quant dots.
 //!
 //! On AMX CPUs (`Kernel::Auto`) a call of at least [`kquants::amx_tile::min_rows`] rows of
 //! Q4_K, Q5_K or Q6_K runs each task through [`kquants::amx_tile`] (int8 tile multiplies of
