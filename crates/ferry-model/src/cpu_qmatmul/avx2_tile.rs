@@ -382,10 +382,9 @@ unsafe fn q5_1_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
 
 /// The four-row form of the AVX2 Q5 row kernel (Q5_0: `MIN = false`, 22-byte blocks; Q5_1:
 /// `MIN = true`, 24-byte blocks): even blocks into one set of sums and odd into another, each
-/// block's 5-bit weights made once for the four rows, and each row's scalar offset terms
-/// summed as the row kernel sums them (even and odd blocks apart, then added), the four rows
-/// in the lanes of a register (lane `r`: row `r`; lane-wise products and sums round as the
-/// scalar ones do).
+/// block's 5-bit weights made once for the four rows, and each row's scalar offset term
+/// updated block by block in the row kernel's order, the four of them in the lanes of one
+/// register (lane `r`: row `r`; lane-wise products and sums round as the scalar ones do).
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C (and AVX-VNNI when `VNNI`); `w..w + BYTES * a[0].len()`
@@ -398,20 +397,19 @@ unsafe fn q5_body<const BYTES: usize, const MIN: bool, const VNNI: bool>(
     let kb = a[0].len();
     let mut acc0 = [_mm256_setzero_ps(); 4];
     let mut acc1 = [_mm256_setzero_ps(); 4];
-    let mut offset0 = _mm_setzero_ps();
-    let mut offset1 = _mm_setzero_ps();
+    let mut offset = _mm_setzero_ps();
     let mut p = w;
     for j in 0..kb / 2 {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
-        offset0 = q5_block::<MIN, VNNI>(p, a, 2 * j, &mut acc0, offset0);
-        offset1 = q5_block::<MIN, VNNI>(p.add(BYTES), a, 2 * j + 1, &mut acc1, offset1);
+        offset = q5_block::<MIN, VNNI>(p, a, 2 * j, &mut acc0, offset);
+        offset = q5_block::<MIN, VNNI>(p.add(BYTES), a, 2 * j + 1, &mut acc1, offset);
         p = p.add(2 * BYTES);
     }
     if kb % 2 == 1 {
-        offset0 = q5_block::<MIN, VNNI>(p, a, kb - 1, &mut acc0, offset0);
+        offset = q5_block::<MIN, VNNI>(p, a, kb - 1, &mut acc0, offset);
     }
     let mut offsets = [0f32; 4];
-    _mm_storeu_ps(offsets.as_mut_ptr(), _mm_add_ps(offset0, offset1));
+    _mm_storeu_ps(offsets.as_mut_ptr(), offset);
     std::array::from_fn(|r| hsum(_mm256_add_ps(acc0[r], acc1[r])) + offsets[r])
 }
 

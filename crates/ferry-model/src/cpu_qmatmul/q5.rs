@@ -113,10 +113,9 @@ pub mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q5<const BYTES: usize, const MIN: bool>(w: *const u8, a: &[Q8Block]) -> f32 {
         let qh_at = if MIN { 4 } else { 2 };
-        // Two chains of accumulators, even and odd blocks, vector and scalar alike: one chain
-        // makes each block wait for the previous one's add (the scalar offset's too).
-        let mut acc = [_mm256_setzero_ps(); 2];
-        let mut offset = [0f32; 2];
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut offset = 0f32;
         for (i, a) in a.iter().enumerate() {
             let p = w.add(BYTES * i);
             if i % 2 == 0 {
@@ -126,14 +125,17 @@ pub mod avx2 {
             let qh = p.add(qh_at).cast::<u32>().read_unaligned();
             let q = _mm256_or_si256(nibbles(p.add(qh_at + 4)), high_bits(u32::from_le(qh)));
             let prod = dot_u8_i8(q, load_act(a));
-            let chain = i % 2;
-            acc[chain] = _mm256_fmadd_ps(_mm256_set1_ps(scale), prod, acc[chain]);
-            if MIN {
-                offset[chain] += f16_at(p.add(2)) * a.s;
+            if i % 2 == 0 {
+                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(scale), prod, acc0);
             } else {
-                offset[chain] -= scale * (16 * a.isum) as f32;
+                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(scale), prod, acc1);
+            }
+            if MIN {
+                offset += f16_at(p.add(2)) * a.s;
+            } else {
+                offset -= scale * (16 * a.isum) as f32;
             }
         }
-        hsum(_mm256_add_ps(acc[0], acc[1])) + (offset[0] + offset[1])
+        hsum(_mm256_add_ps(acc0, acc1)) + offset
     }
 }
