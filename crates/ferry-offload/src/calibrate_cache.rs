@@ -215,16 +215,8 @@ impl CalibrationCache {
         });
         let excess = file.entries.len().saturating_sub(MAX_ENTRIES);
         file.entries.drain(..excess);
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
         let text = serde_json::to_string_pretty(&file).map_err(std::io::Error::other)?;
-        // Written beside and renamed over, so a reader never sees half a file.
-        let partial = self
-            .path
-            .with_extension(format!("json.{}", std::process::id()));
-        std::fs::write(&partial, text)?;
-        std::fs::rename(&partial, &self.path)
+        replace_file(&self.path, text.as_bytes())
     }
 
     fn read(&self) -> CacheFile {
@@ -257,4 +249,15 @@ fn cpu_model() -> String {
         })
         .filter(|name| !name.is_empty())
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// Writes `bytes` as the file at `path` (its folder made when missing), written beside and
+/// renamed over so a reader never sees half a file: the caches' one way of writing.
+pub(crate) fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let partial = path.with_extension(format!("json.{}", std::process::id()));
+    std::fs::write(&partial, bytes)?;
+    std::fs::rename(&partial, path)
 }

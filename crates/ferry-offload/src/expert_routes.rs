@@ -75,13 +75,25 @@ impl RouteCounter {
 
     /// Puts counts [`Self::take`] took back (a write that failed).
     pub fn give_back(&self, taken: &[Vec<u64>]) {
-        for (layer, line) in taken.iter().enumerate() {
-            let wanted: Vec<usize> = (0..line.len()).collect();
-            let rows: Vec<usize> = line
-                .iter()
-                .map(|&c| usize::try_from(c).unwrap_or(usize::MAX))
-                .collect();
-            self.record(layer, line.len(), &wanted, &rows);
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        add_counts(&mut counts, taken);
+    }
+}
+
+/// Adds `counts` into `into` per layer and expert, within [`MAX_LAYERS`] x [`MAX_EXPERTS`]
+/// (saturating), growing `into` where `counts` are wider.
+fn add_counts(into: &mut Vec<Vec<u64>>, counts: &[Vec<u64>]) {
+    for (layer, line) in counts.iter().enumerate().take(MAX_LAYERS) {
+        if into.len() <= layer {
+            into.resize(layer + 1, Vec::new());
+        }
+        let n = line.len().min(MAX_EXPERTS);
+        let kept = &mut into[layer];
+        if kept.len() < n {
+            kept.resize(n, 0);
+        }
+        for (c, &add) in kept.iter_mut().zip(&line[..n]) {
+            *c = c.saturating_add(add);
         }
     }
 }
@@ -206,35 +218,15 @@ impl RouteCache {
             .position(|e| &e.key == key)
             .map(|i| file.entries.remove(i).counts)
             .unwrap_or_default();
-        for (layer, line) in counts.iter().enumerate().take(MAX_LAYERS) {
-            if kept.len() <= layer {
-                kept.resize(layer + 1, Vec::new());
-            }
-            let into = &mut kept[layer];
-            let n = line.len().min(MAX_EXPERTS);
-            if into.len() < n {
-                into.resize(n, 0);
-            }
-            for (c, &add) in into.iter_mut().zip(&line[..n]) {
-                *c = c.saturating_add(add);
-            }
-        }
+        add_counts(&mut kept, counts);
         file.entries.push(Entry {
             key: key.clone(),
             counts: kept,
         });
         let excess = file.entries.len().saturating_sub(MAX_MODELS);
         file.entries.drain(..excess);
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
         let text = serde_json::to_string(&file).map_err(std::io::Error::other)?;
-        // Written beside and renamed over, so a reader never sees half a file.
-        let partial = self
-            .path
-            .with_extension(format!("json.{}", std::process::id()));
-        std::fs::write(&partial, text)?;
-        std::fs::rename(&partial, &self.path)
+        super::calibrate_cache::replace_file(&self.path, text.as_bytes())
     }
 
     /// The file's entries: none when it is missing; an error when it is not a routes file of
