@@ -81,8 +81,15 @@ pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_u8_i8(w: __m256i, y: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(sums_u8_i8(w, y))
+}
+
+/// Sums of `u8 * i8` products (four per lane), eight i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn sums_u8_i8(w: __m256i, y: __m256i) -> __m256i {
     let pairs = _mm256_maddubs_epi16(w, y);
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
 }
 
 /// The activation block's int8 values.

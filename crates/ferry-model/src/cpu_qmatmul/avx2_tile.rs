@@ -91,6 +91,16 @@ unsafe fn dot<const VNNI: bool>(w: __m256i, y: __m256i) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn vnni_dot(w: __m256i, y: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(vnni_sums(w, y))
+}
+
+/// [`super::avx2::sums_u8_i8`] by one `vpdpbusd` (AVX-VNNI, VEX encoded).
+///
+/// # Safety
+/// The CPU must have AVX2 and AVX-VNNI.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn vnni_sums(w: __m256i, y: __m256i) -> __m256i {
     let mut sums = _mm256_setzero_si256();
     // SAFETY: the caller has AVX-VNNI; the instruction reads and writes registers only.
     std::arch::asm!(
@@ -100,7 +110,7 @@ unsafe fn vnni_dot(w: __m256i, y: __m256i) -> __m256 {
         y = in(ymm_reg) y,
         options(pure, nomem, nostack, preserves_flags),
     );
-    _mm256_cvtepi32_ps(sums)
+    sums
 }
 
 /// Three entry points per format: the kernel body compiled without AVX-VNNI, with it, and with
@@ -382,9 +392,10 @@ unsafe fn q5_1_body<const VNNI: bool>(w: *const u8, a: Rows4<'_>) -> [f32; 4] {
 
 /// The four-row form of the AVX2 Q5 row kernel (Q5_0: `MIN = false`, 22-byte blocks; Q5_1:
 /// `MIN = true`, 24-byte blocks): even blocks into one set of sums and odd into another, each
-/// block's 5-bit weights made once for the four rows, and each row's scalar offset term
-/// updated block by block in the row kernel's order, the four of them in the lanes of one
-/// register (lane `r`: row `r`; lane-wise products and sums round as the scalar ones do).
+/// block's 5-bit weights made once for the four rows; Q5_0's offset in each row's integer
+/// sums, Q5_1's offset terms summed block by block in the row kernel's order, the four rows'
+/// in the lanes of one register (lane `r`: row `r`; lane-wise products and sums round as the
+/// row kernel's lane 1 does).
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C (and AVX-VNNI when `VNNI`); `w..w + BYTES * a[0].len()`
@@ -410,12 +421,20 @@ unsafe fn q5_body<const BYTES: usize, const MIN: bool, const VNNI: bool>(
     }
     let mut offsets = [0f32; 4];
     _mm_storeu_ps(offsets.as_mut_ptr(), offset);
-    std::array::from_fn(|r| hsum(_mm256_add_ps(acc0[r], acc1[r])) + offsets[r])
+    std::array::from_fn(|r| {
+        let sum = hsum(_mm256_add_ps(acc0[r], acc1[r]));
+        if MIN {
+            sum + offsets[r]
+        } else {
+            sum
+        }
+    })
 }
 
-/// Block `i` of a Q5 row at `p` for the four rows `a`: its weights into `sums` (as
-/// [`unsigned_block`]), and `offset` plus its offset terms, returned (lane `r`: row `r`'s
-/// `- d * a.d * (16 * isum)` for Q5_0, `+ m * a.s` for Q5_1, as the row kernel's scalars).
+/// Block `i` of a Q5 row at `p` for the four rows `a`, as the row kernel does it: its
+/// weights into `sums` (Q5_0: each row's integer sums less `16 * isum` in lane 0 before the
+/// conversion; Q5_1 as [`unsigned_block`]), and for Q5_1 `offset` plus its offset terms,
+/// returned (lane `r`: row `r`'s `+ m * a.s`, as the row kernel's lane 1).
 /// A function, not a closure, so that it is compiled with its caller's target features.
 ///
 /// # Safety
@@ -428,21 +447,27 @@ unsafe fn q5_block<const MIN: bool, const VNNI: bool>(
     sums: &mut [__m256; 4],
     offset: __m128,
 ) -> __m128 {
-    let qh_at = if MIN { 4 } else { 2 };
+    use super::q5::avx2::{five_bits, less_offset};
     let d = f16_at(p);
-    let qh = u32::from_le(p.add(qh_at).cast::<u32>().read_unaligned());
-    let q = _mm256_or_si256(nibbles(p.add(qh_at + 4)), super::q5::avx2::high_bits(qh));
-    unsigned_block::<VNNI>(q, d, a, i, sums);
-    let b = [0, 1, 2, 3].map(|r| a[r].get_unchecked(i));
+    let q = five_bits(p.add(if MIN { 4 } else { 2 }));
     if MIN {
+        unsigned_block::<VNNI>(q, d, a, i, sums);
+        let b = [0, 1, 2, 3].map(|r| a[r].get_unchecked(i));
         let s = _mm_set_ps(b[3].s, b[2].s, b[1].s, b[0].s);
-        _mm_add_ps(offset, _mm_mul_ps(_mm_set1_ps(f16_at(p.add(2))), s))
-    } else {
-        let ad = _mm_set_ps(b[3].d, b[2].d, b[1].d, b[0].d);
-        let isum = |r: usize| 16 * b[r].isum;
-        let isums = _mm_cvtepi32_ps(_mm_set_epi32(isum(3), isum(2), isum(1), isum(0)));
-        _mm_sub_ps(offset, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(d), ad), isums))
+        return _mm_add_ps(offset, _mm_mul_ps(_mm_set1_ps(f16_at(p.add(2))), s));
     }
+    for (row, sum) in a.iter().zip(sums.iter_mut()) {
+        let b = row.get_unchecked(i);
+        let y = load_act(b);
+        let ints = if VNNI {
+            vnni_sums(q, y)
+        } else {
+            super::avx2::sums_u8_i8(q, y)
+        };
+        let prod = _mm256_cvtepi32_ps(less_offset(ints, b.isum));
+        *sum = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), prod, *sum);
+    }
+    offset
 }
 
 /// [`super::avx2::table_row`] (IQ4_NL: the f16-scaled table blocks) of `w` with each of the

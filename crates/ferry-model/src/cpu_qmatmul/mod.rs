@@ -48,6 +48,10 @@ mod iq_tile_tests;
 pub mod kquants;
 pub mod mxfp4;
 pub mod q5;
+#[cfg(target_arch = "x86_64")]
+pub mod q5_avx512;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod q5_tests;
 pub mod scalar;
 pub mod scalar_tile;
 #[cfg(test)]
@@ -223,11 +227,23 @@ impl Dot {
             return y;
         }
         #[cfg(target_arch = "x86_64")]
+        if let Some(k) = self.avx512 {
+            match self.format {
+                Format::Q5_0 => return q5_avx512::dot_q5_0(k, w, a.q8),
+                Format::Q5_1 => return q5_avx512::dot_q5_1(k, w, a.q8),
+                _ => {}
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
         if let Some(k) = self.avx2 {
+            // AVX-VNNI's `vpdpbusd` (the same sums) unless plain AVX2 was asked for.
+            let vnni = self.kernel != Kernel::Avx2;
             return match self.format {
                 Format::Q4_0 => k.dot_q4_0(w, a.q8),
                 Format::Q4_1 => k.dot_q4_1(w, a.q8),
                 Format::Q8_0 => k.dot_q8_0(w, a.q8),
+                Format::Q5_0 if vnni => q5::avx2::dot_q5_0_vnni(k, w, a.q8),
+                Format::Q5_1 if vnni => q5::avx2::dot_q5_1_vnni(k, w, a.q8),
                 Format::Q5_0 => q5::avx2::dot_q5_0(k, w, a.q8),
                 Format::Q5_1 => q5::avx2::dot_q5_1(k, w, a.q8),
                 Format::K(f) => kquants::avx2::dot(k, f, w, a.q8k),

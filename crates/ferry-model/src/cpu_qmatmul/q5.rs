@@ -66,20 +66,28 @@ pub fn dot_q5_1(w: &[u8], a: &[Q8Block]) -> f32 {
 }
 
 /// The AVX2 kernels: the 32 high bits are spread to one byte per element (`0x10` where set)
-/// and OR-ed into the nibbles, then multiplied as in the Q4 kernels.
+/// and OR-ed into the nibbles, the bytes multiplied with the activations into eight i32 lanes
+/// (`vpmaddubsw` + `vpmaddwd`, or AVX-VNNI's `vpdpbusd` in the `vnni` variants: the same
+/// sums), and the block's integer dot product finished in those lanes: Q5_0's offset
+/// `-16 * isum` is subtracted from lane 0 before the one conversion to f32, so no scalar
+/// float work per block is left but the scale (`d * a.d`, and Q5_1's `m * a.s`, one multiply
+/// of `[d, m]` by `[a.d, a.s]`). Even blocks go into one f32 accumulator and odd into another;
+/// Q5_1's offset terms are summed in block order in lane 1 of a register.
+/// [`super::super::avx2_tile`]'s four-row kernels repeat these operations exactly.
 #[cfg(target_arch = "x86_64")]
 pub mod avx2 {
     use std::arch::x86_64::*;
 
     use super::super::activation::Q8Block;
-    use super::super::avx2::{dot_u8_i8, f16_at, hsum, load_act, nibbles, Avx2, PREFETCH_AHEAD};
+    use super::super::avx2::{hsum, load_act, sums_u8_i8, Avx2, PREFETCH_AHEAD};
+    use super::super::avx2_tile::{has_vnni, vnni_sums};
 
     /// Dot product of a Q5_0 row (at least `22 * a.len()` bytes) with `a`.
     pub fn dot_q5_0(k: Avx2, w: &[u8], a: &[Q8Block]) -> f32 {
         let _ = k;
         assert!(w.len() >= 22 * a.len(), "q5_0 row too short");
         // SAFETY: `k` proves the features; the assert bounds every read of `w`.
-        unsafe { q5::<22, false>(w.as_ptr(), a) }
+        unsafe { plain::q5::<22, false>(w.as_ptr(), a) }
     }
 
     /// Dot product of a Q5_1 row (at least `24 * a.len()` bytes) with `a`.
@@ -87,7 +95,28 @@ pub mod avx2 {
         let _ = k;
         assert!(w.len() >= 24 * a.len(), "q5_1 row too short");
         // SAFETY: as in `dot_q5_0`.
-        unsafe { q5::<24, true>(w.as_ptr(), a) }
+        unsafe { plain::q5::<24, true>(w.as_ptr(), a) }
+    }
+
+    /// [`dot_q5_0`] with AVX-VNNI's `vpdpbusd` where the CPU has it ([`has_vnni`]): the same
+    /// result, bit for bit.
+    pub fn dot_q5_0_vnni(k: Avx2, w: &[u8], a: &[Q8Block]) -> f32 {
+        if !has_vnni() {
+            return dot_q5_0(k, w, a);
+        }
+        assert!(w.len() >= 22 * a.len(), "q5_0 row too short");
+        // SAFETY: `k` and `has_vnni` prove the features; the assert bounds every read of `w`.
+        unsafe { vnni::q5::<22, false>(w.as_ptr(), a) }
+    }
+
+    /// [`dot_q5_1`] with AVX-VNNI's `vpdpbusd` where the CPU has it (see [`dot_q5_0_vnni`]).
+    pub fn dot_q5_1_vnni(k: Avx2, w: &[u8], a: &[Q8Block]) -> f32 {
+        if !has_vnni() {
+            return dot_q5_1(k, w, a);
+        }
+        assert!(w.len() >= 24 * a.len(), "q5_1 row too short");
+        // SAFETY: as in `dot_q5_0_vnni`.
+        unsafe { vnni::q5::<24, true>(w.as_ptr(), a) }
     }
 
     /// `0x10` in byte `j` where bit `j` of `qh` is set, else 0.
@@ -106,36 +135,137 @@ pub mod avx2 {
         _mm256_and_si256(set, _mm256_set1_epi8(0x10))
     }
 
-    /// Q5_0 (`MIN = false`, 22-byte blocks) or Q5_1 (`MIN = true`, 24-byte blocks).
+    /// The 32 nibbles of the 16 bytes at `p`, low halves first: the bytes broadcast to both
+    /// halves of the register and the upper half shifted right by 4 (in 32-bit lanes, whose
+    /// bits from the next byte the mask drops), one shift and one mask for the four
+    /// instructions of [`super::super::avx2::nibbles`].
     ///
     /// # Safety
-    /// The CPU must have AVX2, FMA, F16C; `w..w + BYTES * a.len()` must be readable.
+    /// `p..p + 16` must be readable.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q5<const BYTES: usize, const MIN: bool>(w: *const u8, a: &[Q8Block]) -> f32 {
-        let qh_at = if MIN { 4 } else { 2 };
+    pub(in crate::cpu_qmatmul) unsafe fn nibbles(p: *const u8) -> __m256i {
+        let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast()));
+        let shifted = _mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+        _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F))
+    }
+
+    /// The 32 unsigned 5-bit values of the block whose `qh` is at `qh`, nibbles at `qh + 4`.
+    ///
+    /// # Safety
+    /// `qh..qh + 20` must be readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in crate::cpu_qmatmul) unsafe fn five_bits(qh: *const u8) -> __m256i {
+        let bits = u32::from_le(qh.cast::<u32>().read_unaligned());
+        _mm256_or_si256(nibbles(qh.add(4)), high_bits(bits))
+    }
+
+    /// `d * a.d` in lane 0 for the Q5_0 block at `p`: the f16 `d` converted from a 32-bit load
+    /// (its other lane, the low half of `qh`, unused), one instruction fewer than
+    /// [`super::super::avx2::f16_at`].
+    ///
+    /// # Safety
+    /// `p..p + 4` must be readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in crate::cpu_qmatmul) unsafe fn scale_q5_0(p: *const u8, a: &Q8Block) -> __m128 {
+        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
+        _mm_mul_ss(d, _mm_load_ss(&a.d))
+    }
+
+    /// `sums` less `16 * isum` in lane 0: Q5_0's exact block dot product in eight lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in crate::cpu_qmatmul) fn less_offset(sums: __m256i, isum: i32) -> __m256i {
+        _mm256_sub_epi32(sums, _mm256_zextsi128_si256(_mm_cvtsi32_si128(16 * isum)))
+    }
+
+    /// The row loop, compiled without AVX-VNNI (`plain`) and with it (`vnni`).
+    macro_rules! variant {
+        ($module:ident, $vnni:expr) => {
+            mod $module {
+                use super::*;
+
+                /// Q5_0 (`MIN = false`, 22-byte blocks) or Q5_1 (`MIN = true`, 24-byte
+                /// blocks).
+                ///
+                /// # Safety
+                /// The CPU must have AVX2, FMA, F16C (and AVX-VNNI in `vnni`);
+                /// `w..w + BYTES * a.len()` must be readable.
+                #[target_feature(enable = "avx2,fma,f16c")]
+                pub(super) unsafe fn q5<const BYTES: usize, const MIN: bool>(
+                    w: *const u8,
+                    a: &[Q8Block],
+                ) -> f32 {
+                    super::row::<BYTES, MIN, { $vnni }>(w, a)
+                }
+            }
+        };
+    }
+    variant!(plain, false);
+    variant!(vnni, true);
+
+    /// # Safety
+    /// Inlined into its variants; as their `q5`.
+    #[inline(always)]
+    unsafe fn row<const BYTES: usize, const MIN: bool, const VNNI: bool>(
+        w: *const u8,
+        a: &[Q8Block],
+    ) -> f32 {
         let mut acc0 = _mm256_setzero_ps();
         let mut acc1 = _mm256_setzero_ps();
-        let mut offset = 0f32;
-        for (i, a) in a.iter().enumerate() {
-            let p = w.add(BYTES * i);
-            if i % 2 == 0 {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
-            }
-            let scale = f16_at(p) * a.d;
-            let qh = p.add(qh_at).cast::<u32>().read_unaligned();
-            let q = _mm256_or_si256(nibbles(p.add(qh_at + 4)), high_bits(u32::from_le(qh)));
-            let prod = dot_u8_i8(q, load_act(a));
-            if i % 2 == 0 {
-                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(scale), prod, acc0);
-            } else {
-                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(scale), prod, acc1);
-            }
-            if MIN {
-                offset += f16_at(p.add(2)) * a.s;
-            } else {
-                offset -= scale * (16 * a.isum) as f32;
-            }
+        // Lane 1: Q5_1's offset sum (lane 0 sums the scales, unused).
+        let mut offset = _mm_setzero_ps();
+        let mut pairs = a.chunks_exact(2);
+        let mut p = w;
+        for pair in &mut pairs {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
+            acc0 = block::<MIN, VNNI>(p, &pair[0], acc0, &mut offset);
+            acc1 = block::<MIN, VNNI>(p.add(BYTES), &pair[1], acc1, &mut offset);
+            p = p.add(2 * BYTES);
         }
-        hsum(_mm256_add_ps(acc0, acc1)) + offset
+        if let [last] = pairs.remainder() {
+            acc0 = block::<MIN, VNNI>(p, last, acc0, &mut offset);
+        }
+        let sum = hsum(_mm256_add_ps(acc0, acc1));
+        if MIN {
+            sum + _mm_cvtss_f32(_mm_movehdup_ps(offset))
+        } else {
+            sum
+        }
+    }
+
+    /// `acc` plus the block at `p` times `a` (Q5_1: its offset term into lane 1 of `offset`).
+    ///
+    /// # Safety
+    /// As [`row`]; the block at `p` must be readable.
+    #[inline(always)]
+    unsafe fn block<const MIN: bool, const VNNI: bool>(
+        p: *const u8,
+        a: &Q8Block,
+        acc: __m256,
+        offset: &mut __m128,
+    ) -> __m256 {
+        let q = five_bits(p.add(if MIN { 4 } else { 2 }));
+        let y = load_act(a);
+        let sums = if VNNI {
+            vnni_sums(q, y)
+        } else {
+            sums_u8_i8(q, y)
+        };
+        if MIN {
+            // [d * a.d, m * a.s, 0, 0].
+            let t = _mm_mul_ps(
+                _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned())),
+                _mm_castsi128_ps(_mm_loadl_epi64((a as *const Q8Block).cast())),
+            );
+            *offset = _mm_add_ps(*offset, t);
+            let prod = _mm256_cvtepi32_ps(sums);
+            _mm256_fmadd_ps(_mm256_broadcastss_ps(t), prod, acc)
+        } else {
+            let prod = _mm256_cvtepi32_ps(less_offset(sums, a.isum));
+            _mm256_fmadd_ps(_mm256_broadcastss_ps(scale_q5_0(p, a)), prod, acc)
+        }
     }
 }
