@@ -161,16 +161,26 @@ pub mod avx2 {
         _mm256_or_si256(nibbles(qh.add(4)), high_bits(bits))
     }
 
-    /// `d * a.d` in lane 0 for the Q5_0 block at `p`: the f16 `d` converted from a 32-bit load
-    /// (its other lane, the low half of `qh`, unused), one instruction fewer than
-    /// [`super::super::avx2::f16_at`].
+    /// `d * a.d` in lane 0 for the Q5_0 block at `p`: the f16 `d` converted straight from
+    /// memory (`vcvtph2ps` of the block's first 8 bytes, whose other three lanes are unused),
+    /// in `asm!` as [`super::super::avx2::f16_at`] and for its reason: from the intrinsics the
+    /// compiler loads the f16 with a `vpinsrw` into a live register (measured: the row's
+    /// accumulator, which made every block wait for the previous one), and otherwise takes
+    /// two more instructions.
     ///
     /// # Safety
-    /// `p..p + 4` must be readable.
+    /// `p..p + 8` must be readable.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(in crate::cpu_qmatmul) unsafe fn scale_q5_0(p: *const u8, a: &Q8Block) -> __m128 {
-        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
+        let d: __m128;
+        // SAFETY: F16C is enabled for this function; the caller makes `p..p + 8` readable.
+        std::arch::asm!(
+            "vcvtph2ps {d}, qword ptr [{p}]",
+            p = in(reg) p,
+            d = out(xmm_reg) d,
+            options(pure, readonly, nostack, preserves_flags),
+        );
         _mm_mul_ss(d, _mm_load_ss(&a.d))
     }
 
