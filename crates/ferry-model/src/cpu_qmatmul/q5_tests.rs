@@ -72,8 +72,8 @@ fn quantized(x: &[f32]) -> Vec<Q8Block> {
 fn simd_row_kernels_equal_the_scalar_dot_within_summation_order() {
     for ty in [GgufType::Q5_0, GgufType::Q5_1] {
         let bytes = if ty == GgufType::Q5_1 { 24 } else { 22 };
-        // 1, 3 and 7 blocks: a lone and an odd last block; 28 and 128 blocks: pairs only.
-        for (s, &(n, cols)) in [(5, 32), (4, 96), (3, 224), (6, 896), (2, 4096)]
+        // 1, 3, 7 and 9 blocks: a lone and an odd last block; 28 and 128 blocks: pairs only.
+        for (s, &(n, cols)) in [(5, 32), (4, 96), (3, 224), (3, 288), (6, 896), (2, 4096)]
             .iter()
             .enumerate()
         {
