@@ -11,6 +11,7 @@
 use std::arch::x86_64::*;
 
 use super::activation::Q8Block;
+use super::avx2_tile::{has_vnni, vnni_sums};
 
 /// Proof that this CPU has AVX2, FMA and F16C.
 #[derive(Debug, Clone, Copy)]
@@ -43,7 +44,18 @@ impl Avx2 {
     pub fn dot_q8_0(self, w: &[u8], a: &[Q8Block]) -> f32 {
         assert!(w.len() >= 34 * a.len(), "q8_0 row too short");
         // SAFETY: as in `dot_q4_0`.
-        unsafe { q8_0(w.as_ptr(), a) }
+        unsafe { q8_0_plain(w.as_ptr(), a) }
+    }
+
+    /// [`dot_q8_0`](Self::dot_q8_0) with AVX-VNNI's `vpdpbusd` where the CPU has it
+    /// ([`has_vnni`]): the same lane sums, so the same result bit for bit.
+    pub fn dot_q8_0_vnni(self, w: &[u8], a: &[Q8Block]) -> f32 {
+        if !has_vnni() {
+            return self.dot_q8_0(w, a);
+        }
+        assert!(w.len() >= 34 * a.len(), "q8_0 row too short");
+        // SAFETY: as in `dot_q4_0`, and `has_vnni` proves AVX-VNNI.
+        unsafe { q8_0_vnni(w.as_ptr(), a) }
     }
 }
 
@@ -127,6 +139,29 @@ pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
     _mm_cvtss_f32(out)
 }
 
+/// `d * a.d` in lane 0, for the block at `p` whose f16 scale `d` comes first (Q8_0, Q5_0):
+/// `d` converted straight from memory (`vcvtph2ps` of the block's first 8 bytes, whose other
+/// three lanes are unused), in `asm!` as [`f16_at`] and for its reason (from the intrinsics the
+/// compiler loaded the f16 with a `vpinsrw` into the Q5_0 row's accumulator, which made every
+/// block wait for the previous one), and two instructions fewer than [`f16_at`]. The value is
+/// `f16_at(p) * a.d` exactly.
+///
+/// # Safety
+/// `p..p + 8` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn block_scale(p: *const u8, a: &Q8Block) -> __m128 {
+    let d: __m128;
+    // SAFETY: F16C is enabled for this function; the caller makes `p..p + 8` readable.
+    std::arch::asm!(
+        "vcvtph2ps {d}, qword ptr [{p}]",
+        p = in(reg) p,
+        d = out(xmm_reg) d,
+        options(pure, readonly, nostack, preserves_flags),
+    );
+    _mm_mul_ss(d, _mm_load_ss(&a.d))
+}
+
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C; `w..w + 18 * a.len()` must be readable.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -204,7 +239,23 @@ fn d_s(a: &Q8Block) -> __m128 {
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C; `w..w + 34 * a.len()` must be readable.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0(w: *const u8, a: &[Q8Block]) -> f32 {
+unsafe fn q8_0_plain(w: *const u8, a: &[Q8Block]) -> f32 {
+    q8_0::<false>(w, a)
+}
+
+/// # Safety
+/// As [`q8_0_plain`], and the CPU must have AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_vnni(w: *const u8, a: &[Q8Block]) -> f32 {
+    q8_0::<true>(w, a)
+}
+
+/// The Q8_0 row loop, with `vpdpbusd` for `vpmaddubsw` + `vpmaddwd` when `VNNI`.
+///
+/// # Safety
+/// As [`q8_0_plain`] (inlined into it and [`q8_0_vnni`]).
+#[inline(always)]
+unsafe fn q8_0<const VNNI: bool>(w: *const u8, a: &[Q8Block]) -> f32 {
     let mut acc0 = _mm256_setzero_ps();
     let mut acc1 = _mm256_setzero_ps();
     let mut pairs = a.chunks_exact(2);
@@ -212,12 +263,12 @@ unsafe fn q8_0(w: *const u8, a: &[Q8Block]) -> f32 {
     for pair in &mut pairs {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD + 64).cast());
-        acc0 = q8_0_block(p, &pair[0], acc0);
-        acc1 = q8_0_block(p.add(34), &pair[1], acc1);
+        acc0 = q8_0_block::<VNNI>(p, &pair[0], acc0);
+        acc1 = q8_0_block::<VNNI>(p.add(34), &pair[1], acc1);
         p = p.add(68);
     }
     if let [last] = pairs.remainder() {
-        acc0 = q8_0_block(p, last, acc0);
+        acc0 = q8_0_block::<VNNI>(p, last, acc0);
     }
     hsum(_mm256_add_ps(acc0, acc1))
 }
@@ -225,15 +276,20 @@ unsafe fn q8_0(w: *const u8, a: &[Q8Block]) -> f32 {
 /// `acc + scale * (w . y)` for the Q8_0 block at `p`.
 ///
 /// # Safety
-/// `p..p + 34` must be readable.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_block(p: *const u8, a: &Q8Block, acc: __m256) -> __m256 {
+/// `p..p + 34` must be readable (and the CPU must have AVX-VNNI when `VNNI`).
+#[inline(always)]
+unsafe fn q8_0_block<const VNNI: bool>(p: *const u8, a: &Q8Block, acc: __m256) -> __m256 {
     let wv = _mm256_loadu_si256(p.add(2).cast());
     let yv = load_act(a);
     // |w| * (y * sign(w)) == w * y, with the unsigned operand first as vpmaddubsw needs.
-    let prod = dot_u8_i8(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(yv, wv));
-    _mm256_fmadd_ps(_mm256_set1_ps(f16_at(p) * a.d), prod, acc)
+    let (u, s) = (_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(yv, wv));
+    let sums = if VNNI {
+        vnni_sums(u, s)
+    } else {
+        sums_u8_i8(u, s)
+    };
+    let scale = _mm256_broadcastss_ps(block_scale(p, a));
+    _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sums), acc)
 }
 
 /// The 32 signed bytes `table[nibble_j]` for the 16 packed index bytes at `p` (low halves

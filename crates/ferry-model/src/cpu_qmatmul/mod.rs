@@ -241,6 +241,7 @@ impl Dot {
             return match self.format {
                 Format::Q4_0 => k.dot_q4_0(w, a.q8),
                 Format::Q4_1 => k.dot_q4_1(w, a.q8),
+                Format::Q8_0 if vnni => k.dot_q8_0_vnni(w, a.q8),
                 Format::Q8_0 => k.dot_q8_0(w, a.q8),
                 Format::Q5_0 if vnni => q5::avx2::dot_q5_0_vnni(k, w, a.q8),
                 Format::Q5_1 if vnni => q5::avx2::dot_q5_1_vnni(k, w, a.q8),

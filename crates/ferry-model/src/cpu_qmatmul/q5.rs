@@ -79,7 +79,7 @@ pub mod avx2 {
     use std::arch::x86_64::*;
 
     use super::super::activation::Q8Block;
-    use super::super::avx2::{hsum, load_act, sums_u8_i8, Avx2, PREFETCH_AHEAD};
+    use super::super::avx2::{block_scale, hsum, load_act, sums_u8_i8, Avx2, PREFETCH_AHEAD};
     use super::super::avx2_tile::{has_vnni, vnni_sums};
 
     /// Dot product of a Q5_0 row (at least `22 * a.len()` bytes) with `a`.
@@ -159,29 +159,6 @@ pub mod avx2 {
     pub(in crate::cpu_qmatmul) unsafe fn five_bits(qh: *const u8) -> __m256i {
         let bits = u32::from_le(qh.cast::<u32>().read_unaligned());
         _mm256_or_si256(nibbles(qh.add(4)), high_bits(bits))
-    }
-
-    /// `d * a.d` in lane 0 for the Q5_0 block at `p`: the f16 `d` converted straight from
-    /// memory (`vcvtph2ps` of the block's first 8 bytes, whose other three lanes are unused),
-    /// in `asm!` as [`super::super::avx2::f16_at`] and for its reason: from the intrinsics the
-    /// compiler loads the f16 with a `vpinsrw` into a live register (measured: the row's
-    /// accumulator, which made every block wait for the previous one), and otherwise takes
-    /// two more instructions.
-    ///
-    /// # Safety
-    /// `p..p + 8` must be readable.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(in crate::cpu_qmatmul) unsafe fn scale_q5_0(p: *const u8, a: &Q8Block) -> __m128 {
-        let d: __m128;
-        // SAFETY: F16C is enabled for this function; the caller makes `p..p + 8` readable.
-        std::arch::asm!(
-            "vcvtph2ps {d}, qword ptr [{p}]",
-            p = in(reg) p,
-            d = out(xmm_reg) d,
-            options(pure, readonly, nostack, preserves_flags),
-        );
-        _mm_mul_ss(d, _mm_load_ss(&a.d))
     }
 
     /// `sums` less `16 * isum` in lane 0: Q5_0's exact block dot product in eight lanes.
@@ -275,7 +252,7 @@ pub mod avx2 {
             _mm256_fmadd_ps(_mm256_broadcastss_ps(t), prod, acc)
         } else {
             let prod = _mm256_cvtepi32_ps(less_offset(sums, a.isum));
-            _mm256_fmadd_ps(_mm256_broadcastss_ps(scale_q5_0(p, a)), prod, acc)
+            _mm256_fmadd_ps(_mm256_broadcastss_ps(block_scale(p, a)), prod, acc)
         }
     }
 }

@@ -17,9 +17,9 @@
 use std::arch::x86_64::*;
 
 use super::activation::Q8Block;
-use super::avx2::{hsum, load_act, PREFETCH_AHEAD};
+use super::avx2::{block_scale, hsum, load_act, PREFETCH_AHEAD};
 use super::avx512::Avx512;
-use super::q5::avx2::{nibbles, scale_q5_0};
+use super::q5::avx2::nibbles;
 
 /// Dot product of a Q5_0 row (at least `22 * a.len()` bytes) with `a`.
 pub fn dot_q5_0(k: Avx512, w: &[u8], a: &[Q8Block]) -> f32 {
@@ -96,6 +96,6 @@ unsafe fn block<const MIN: bool>(
         *offset = _mm_add_ps(*offset, t);
         _mm256_fmadd_ps(_mm256_broadcastss_ps(t), prod, acc)
     } else {
-        _mm256_fmadd_ps(_mm256_broadcastss_ps(scale_q5_0(p, a)), prod, acc)
+        _mm256_fmadd_ps(_mm256_broadcastss_ps(block_scale(p, a)), prod, acc)
     }
 }

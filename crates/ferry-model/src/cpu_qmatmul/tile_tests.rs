@@ -166,6 +166,18 @@ fn avx2_four_row_kernels_with_and_without_vnni_equal_the_one_row_dot() {
                 GgmlDType::Q5_1 => q5::avx2::dot_q5_1(k, &data, a),
                 _ => k.dot_q8_0(&data, a),
             });
+            // The one-row kernels' AVX-VNNI variants (plain AVX2 where the CPU lacks it):
+            // the same lane sums, so the same results.
+            let one_vnni = a.map(|a| match dtype {
+                GgmlDType::Q5_0 => Some(q5::avx2::dot_q5_0_vnni(k, &data, a)),
+                GgmlDType::Q5_1 => Some(q5::avx2::dot_q5_1_vnni(k, &data, a)),
+                GgmlDType::Q8_0 => Some(k.dot_q8_0_vnni(&data, a)),
+                _ => None,
+            });
+            if let [Some(_), ..] = one_vnni {
+                let one_vnni = one_vnni.map(Option::unwrap);
+                assert_eq!(one_vnni, one, "{dtype:?} one-row VNNI variant, {kb} blocks");
+            }
             for vnni in [false, true] {
                 let four = match dtype {
                     GgmlDType::Q4_0 => avx2_tile::q4_0(k, vnni, &data, a),
