@@ -3,7 +3,8 @@
 //! multiplied with the four activation rows' blocks while it sits in registers.
 //!
 //! Every output is computed with exactly the operations, in exactly the order, of the
-//! one-row kernel in [`super::avx2`] (same accumulators, same scalar offset sums), so a tiled
+//! one-row kernel in [`super::avx2`] or [`super::q5::avx2`] (same accumulators, same offset
+//! sums, in the same lanes or scalars), so a tiled
 //! matmul returns bit for bit what the row-by-row one does. Where the CPU has AVX-VNNI the
 //! byte products are summed by one `vpdpbusd` instead of `vpmaddubsw` + `vpmaddwd`: both give
 //! the same 32-bit sums of the same four products per lane (the 16-bit stage cannot saturate,

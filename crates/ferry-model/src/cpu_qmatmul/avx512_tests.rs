@@ -229,10 +229,9 @@ fn every_path_of_the_tiled_matmul_agrees_with_its_per_row_loop_and_the_others() 
                     }
                 }
                 let format = Format::of(ty).unwrap();
-                let q5 = matches!(format, Format::Q5_0 | Format::Q5_1);
-                if m < GEMM_MIN_ROWS && !Avx512::row_wins(format) && !q5 {
-                    // Decode of a table-coded format is the AVX2 path's, unchanged (Q5's has
-                    // its own AVX-512 kernel, `q5_avx512`: within summation order, above).
+                if m < GEMM_MIN_ROWS && !Avx512::row_wins(format) {
+                    // Decode of a table-coded format is the AVX2 path's, unchanged; Q5's
+                    // AVX-512 kernel (`q5_avx512`) has the AVX2 one's lane sums and order.
                     assert_eq!(
                         run(Kernel::Auto, Tiling::Tiled),
                         run(Kernel::Avx2, Tiling::Tiled)

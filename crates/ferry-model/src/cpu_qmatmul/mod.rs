@@ -4,7 +4,8 @@
 //! int8, per 32-block for the 32-element formats (llama.cpp's Q8_1 scheme, see [`activation`])
 //! and per 256-block for the k-quants ([`kquants::activation`]), once per kind a call needs;
 //! each output is an integer dot product over one weight row ([`scalar`], [`q5`],
-//! [`kquants::scalar`], or their AVX2 twins when the CPU has it), several activation rows per
+//! [`kquants::scalar`], or their AVX2 twins when the CPU has it, with AVX-VNNI where it has
+//! that; Q5's on AVX-512 [`q5_avx512`]), several activation rows per
 //! weight row at once for prompts ([`tile`]; a GEMM kernel on AVX-512 VNNI CPUs,
 //! [`avx512_panel`], and its eight-row form on AVX2 ones, [`avx2_panel`]), and output rows are split across rayon's pool (`RAYON_NUM_THREADS`).
 //! On AMX CPUs the k-quants' prompts take int8 tile multiplies ([`kquants::amx_tile`]), and so

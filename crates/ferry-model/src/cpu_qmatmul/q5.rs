@@ -1,5 +1,6 @@
 //! Dot products of raw GGUF Q5_0 / Q5_1 rows with 32-element int8 activation blocks
-//! ([`Q8Block`]), portable and AVX2 (same contract as [`super::scalar`] / [`super::avx2`]).
+//! ([`Q8Block`]), portable and AVX2 / AVX-VNNI (same contract as [`super::scalar`] /
+//! [`super::avx2`]; the AVX-512 one is [`super::q5_avx512`]).
 //!
 //! Layouts (little endian, 32 elements per block): Q5_0, 22 bytes: `d: f16`, `qh: u32`,
 //! `qs: [u8; 16]`; Q5_1, 24 bytes: `d: f16`, `m: f16`, `qh: u32`, `qs: [u8; 16]`. Element `j`

@@ -10,9 +10,9 @@
 //! eight i32 lanes, started from Q5_0's offset `-16 * isum` in lane 0: the lanes sum to the
 //! block's exact integer dot product. The lanes are then converted and scaled once, even
 //! blocks into one f32 accumulator and odd into another, with Q5_1's offset terms `m * a.s`
-//! summed in block order in lane 1 of a register (as [`super::q5::avx2`], so the results differ
-//! from that path's only where a float sum of the same terms rounds differently: not at all,
-//! by construction, but no test relies on it).
+//! summed in block order in lane 1 of a register: the lane values and float operations of
+//! [`super::q5::avx2`], so the results equal that path's bit for bit (tested), and decode
+//! gives the same tokens on both.
 
 use std::arch::x86_64::*;
 

@@ -2,8 +2,9 @@
 //! AVX-VNNI, [`super::q5_avx512`]) against the scalar dot ([`super::q5::dot_q5_0`],
 //! [`super::q5::dot_q5_1`]): on blocks of every bit pattern within float summation order, and,
 //! with every scale 1 (so each f32 operation is exact), equal to the exact integer dot product,
-//! which the in-lane offset of Q5_0 must get right to the unit. A path the CPU lacks says so
-//! and is skipped.
+//! which the in-lane offset of Q5_0 must get right to the unit; and every SIMD path equal to
+//! the plain AVX2 one bit for bit (the same lane sums, the same float operations). A path the
+//! CPU lacks says so and is skipped.
 
 use half::f16;
 
@@ -32,9 +33,15 @@ fn kernels(ty: GgufType) -> Vec<(&'static str, RowFn)> {
         });
         if has_vnni() {
             out.push(if q5_1 {
-                ("avx-vnni", Box::new(move |w, a| q5::avx2::dot_q5_1_vnni(k, w, a)))
+                (
+                    "avx-vnni",
+                    Box::new(move |w, a| q5::avx2::dot_q5_1_vnni(k, w, a)),
+                )
             } else {
-                ("avx-vnni", Box::new(move |w, a| q5::avx2::dot_q5_0_vnni(k, w, a)))
+                (
+                    "avx-vnni",
+                    Box::new(move |w, a| q5::avx2::dot_q5_0_vnni(k, w, a)),
+                )
             });
         } else {
             eprintln!("skipped avx-vnni: this CPU lacks AVX-VNNI");
@@ -81,13 +88,21 @@ fn simd_row_kernels_equal_the_scalar_dot_within_summation_order() {
             let data = blocks.bytes().unwrap().into_owned();
             let row = bytes * cols / 32;
             let act = quantized(&values(cols, 70 + s as u64));
-            for (name, dot) in kernels(ty) {
+            let all = kernels(ty);
+            for (name, dot) in &all {
                 for r in 0..n {
                     let w = &data[r * row..(r + 1) * row];
                     let (got, want) = (dot(w, &act), scalar(ty, w, &act));
                     assert!(
                         close(got, want, cols),
                         "{ty} {name} {cols} row {r}: {got} vs scalar {want}"
+                    );
+                    let plain = all[0].1(w, &act);
+                    assert_eq!(
+                        got.to_bits(),
+                        plain.to_bits(),
+                        "{ty} {name} {cols} row {r}: {got} vs {} {plain}",
+                        all[0].0
                     );
                 }
             }

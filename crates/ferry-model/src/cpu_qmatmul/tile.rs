@@ -19,8 +19,8 @@
 //! [`super::avx512_panel`] has runs each task through that GEMM kernel instead (sixteen weight
 //! rows decoded once per task, every activation row swept over them). It equals the AVX-512
 //! one-row kernel bit for bit; where the row-at-a-time products keep the AVX2 kernel
-//! ([`super::avx512::Avx512::row_wins`]) the prompt's and the decode's results differ by
-//! float summation order only. Off the AVX-512 path (no AVX-512 VNNI, or `Kernel::Avx2` /
+//! ([`super::avx512::Avx512::row_wins`]), or take Q5's own ([`super::q5_avx512`]), the
+//! prompt's and the decode's results differ by float summation order only. Off the AVX-512 path (no AVX-512 VNNI, or `Kernel::Avx2` /
 //! `Kernel::AvxVnni`) the calls [`super::avx2_panel::takes`] names run through that kernel, the
 //! same GEMM on eight-row panels in ymm, with the same order (bit for bit the AVX-512 one-row
 //! kernel), and k-quant calls of at least [`kquants::avx2_panel::MIN_ROWS`] rows on the AVX2 /
