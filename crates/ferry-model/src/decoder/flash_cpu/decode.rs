@@ -32,8 +32,12 @@ pub(super) fn run(isa: Isa, call: Call<'_>, out: &mut [f32]) {
     let threads = rayon::current_num_threads();
     let parallel = threads > 1 && s.n_heads * n * d >= PARALLEL_MIN;
     let ranges = if parallel {
-        (RANGES_PER_THREAD * threads)
-            .div_ceil(s.n_kv_heads)
+        // Whole rounds of tasks for the pool (3 key/value heads on 2 threads: 4 ranges each,
+        // 12 tasks, not 3 and 9, where one thread would take a task more than the other).
+        let target = (RANGES_PER_THREAD * threads).div_ceil(s.n_kv_heads);
+        (target..target + threads)
+            .find(|r| (r * s.n_kv_heads).is_multiple_of(threads))
+            .unwrap_or(target)
             .min(n.div_ceil(MIN_RANGE))
             .max(1)
     } else {

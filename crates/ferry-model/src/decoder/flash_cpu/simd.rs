@@ -210,13 +210,13 @@ impl Kernel for Scalar {
 
 /// Generates an instruction set's [`Kernel`]: `$vec` the register type, `$w` its lanes,
 /// `$load` the element load, `$zero`, `$loadf`, `$storef`, `$set1`, `$fma` its intrinsics,
-/// `$hsum` its horizontal sum, `$fold` its lane-per-key reduction of `$w` sum vectors,
-/// `$lanes` its [`Lanes`] (the vector `e^x`) and `$cols` the value vectors one weighted pass
-/// keeps per row.
+/// `$fold` its lane-per-key reduction of `$w` sum vectors, `$lanes` its [`Lanes`] (the
+/// vector `e^x`, the horizontal sum and maximum) and `$cols` the value vectors one weighted
+/// pass keeps per row.
 #[cfg(target_arch = "x86_64")]
 macro_rules! simd_kernel {
     ($name:ident, $vec:ty, $w:literal, $load:ident, $zero:ident, $loadf:ident, $storef:ident,
-     $set1:ident, $fma:ident, $hsum:ident, $fold:ident, $lanes:ty, $cols:literal) => {
+     $set1:ident, $fma:ident, $fold:ident, $lanes:ty, $cols:literal) => {
         impl $name {
             /// `R` query rows against each key, one horizontal sum per key and row (the keys
             /// past the last whole block).
@@ -241,7 +241,7 @@ macro_rules! simd_kernel {
                         c += $w;
                     }
                     for (r, a) in acc.iter().enumerate() {
-                        let mut s = $hsum(*a);
+                        let mut s = <$lanes>::reduce_add(*a);
                         for (c, &k) in key.iter().enumerate().skip(full) {
                             s += *q.add(r * d + c) * k.to_f32();
                         }
@@ -412,32 +412,31 @@ macro_rules! simd_kernel {
                 let full = n / $w * $w;
                 let p = scores.as_mut_ptr();
                 let scale = S::splat(s.scale);
-                let mut i = 0;
-                while i < full {
-                    S::store(p.add(i), S::mul(S::load(p.add(i)), scale));
-                    i += $w;
-                }
-                for x in &mut scores[full..] {
-                    *x *= s.scale;
-                }
-                if let Some(cap) = s.softcap {
-                    for x in scores.iter_mut() {
-                        *x = (*x / cap).tanh() * cap;
-                    }
-                }
-                let p = scores.as_mut_ptr();
                 let mut m = S::splat(f32::NEG_INFINITY);
                 let mut i = 0;
-                while i < full {
-                    m = S::max(m, S::load(p.add(i)));
-                    i += $w;
+                if let Some(cap) = s.softcap {
+                    for x in scores.iter_mut() {
+                        *x = (*x * s.scale / cap).tanh() * cap;
+                    }
+                    let p = scores.as_ptr();
+                    while i < full {
+                        m = S::max(m, S::load(p.add(i)));
+                        i += $w;
+                    }
+                } else {
+                    while i < full {
+                        let x = S::mul(S::load(p.add(i)), scale);
+                        S::store(p.add(i), x);
+                        m = S::max(m, x);
+                        i += $w;
+                    }
+                    for x in &mut scores[full..] {
+                        *x *= s.scale;
+                    }
                 }
-                let mut lanes = [0f32; $w];
-                S::store(lanes.as_mut_ptr(), m);
-                let tile_max = lanes
+                let tile_max = scores[full..]
                     .iter()
-                    .chain(&scores[full..])
-                    .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                    .fold(S::reduce_max(m), |m, &x| m.max(x));
                 let new_max = max.max(tile_max);
                 let correction = (*max - new_max).exp();
                 *max = new_max;
@@ -450,8 +449,7 @@ macro_rules! simd_kernel {
                     total = S::add(total, e);
                     i += $w;
                 }
-                S::store(lanes.as_mut_ptr(), total);
-                let mut tile_sum: f32 = lanes.iter().sum();
+                let mut tile_sum = S::reduce_add(total);
                 for x in &mut scores[full..] {
                     *x = exp_neg(*x - new_max);
                     tile_sum += *x;
@@ -493,16 +491,6 @@ macro_rules! simd_kernel {
 #[cfg(target_arch = "x86_64")]
 pub(super) struct Avx2;
 
-/// The sum of a register's eight lanes.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn hsum256(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
-
 /// One score per lane from eight sum vectors: lane `j` of the result is the sum of `acc[j]`'s
 /// lanes. Three levels of pairwise folds at lane distance `h` = 4, 2, 1: where bit `h` of the
 /// lane index is clear a fold keeps `a[i] + a[i + h]`, where set `b[i - h] + b[i]` (a blend
@@ -542,7 +530,6 @@ simd_kernel!(
     _mm256_storeu_ps,
     _mm256_set1_ps,
     _mm256_fmadd_ps,
-    hsum256,
     fold_avx2,
     super::lanes::Avx2,
     2
@@ -613,7 +600,6 @@ simd_kernel!(
     _mm512_storeu_ps,
     _mm512_set1_ps,
     _mm512_fmadd_ps,
-    _mm512_reduce_add_ps,
     fold_avx512,
     super::lanes::Avx512,
     4
