@@ -3,8 +3,9 @@
 //! with every query head of the group, so each key and value row is read once per step and a
 //! few heads still keep every thread busy at long contexts. A task keeps its own running
 //! maximum, sum and weighted sum of values per query head; [`merge`] rescales the ranges to
-//! their common maximum and adds them up. The inner loops are [`super::simd`]'s kernels,
-//! inlined into one function per instruction set so the softmax between them vectorizes too.
+//! their common maximum and adds them up. The ranges are sized so the tasks fill whole rounds
+//! of the pool's threads. The inner loops (dot products, softmax, weighted values) are
+//! [`super::simd`]'s kernels, inlined into one function per instruction set.
 
 use half::{bf16, f16};
 use rayon::prelude::*;

@@ -1,7 +1,8 @@
 //! The vector operations the register-blocked prefill ([`super::blocked`]) is written in, per
 //! instruction set ([`Lanes`]: [`Avx512`] sixteen f32 lanes, [`Avx2`] eight), among them a
 //! vectorized `e^x` for `x <= 0` ([`Lanes::exp_neg`]: the same Cephes polynomial as the scalar
-//! [`super::exp_neg`], exactly 0 below -87) and the widening of cache rows to f32.
+//! [`super::exp_neg`], exactly 0 below -87), the horizontal sum and maximum, and the widening of
+//! cache rows to f32. The decode kernels ([`super::simd`]) use it for their softmax.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
