@@ -7,12 +7,16 @@
 //! the host (`kv_offload = on`) costs per layer against streaming the layer's cache to the GPU.
 //!
 //! Usage: cargo bench --bench flash_attention -- [--seq 512] [--pos 3584] [--rounds 4]
-//!        [--link-bandwidth 16e9]
+//!        [--link-bandwidth 16e9] [--cpu-qmatmul auto|avx2|scalar|...]
+//! (`--cpu-qmatmul` holds attention to the instruction sets that kernel choice allows, as the
+//! setting does in the server: `avx2` runs the AVX2-only CPU's loops.)
 //! Threads: RAYON_NUM_THREADS.
 
 use std::time::Instant;
 
 use clap::Parser;
+use ferry::config::values::{Codec, Kernels};
+use ferry::config::CpuQmatmul;
 use ferry::model::decoder::flash_cpu::{attend, KvData, KvHeads, Shape};
 use half::{bf16, f16};
 
@@ -40,6 +44,9 @@ struct Options {
     /// Host-to-device bytes/s the cache would stream at instead (PCIe 4.0 x16 moves about 25e9).
     #[arg(long, default_value_t = 16e9)]
     link_bandwidth: f64,
+    /// CPU kernel choice, as the `cpu_qmatmul` setting takes it (attention follows it).
+    #[arg(long, default_value = "auto", value_parser = Kernels::parse)]
+    cpu_qmatmul: CpuQmatmul,
     /// The flag `cargo bench` appends.
     #[arg(long = "bench", hide = true)]
     _bench: bool,
@@ -59,6 +66,7 @@ fn values(n: usize, mut state: u64) -> Vec<f32> {
 
 fn main() -> Result<(), String> {
     let o = Options::parse();
+    ferry::model::weights::set_cpu_qmatmul(o.cpu_qmatmul);
     let (d, len) = (o.head_dim, o.pos + o.seq);
     let q = values(o.heads * o.seq * d, 1);
     let k32 = values(o.kv_heads * len * d, 2);

@@ -3,16 +3,17 @@
 //! with every query head of the group, so each key and value row is read once per step and a
 //! few heads still keep every thread busy at long contexts. A task keeps its own running
 //! maximum, sum and weighted sum of values per query head; [`merge`] rescales the ranges to
-//! their common maximum and adds them up. The inner loops are [`super::simd`]'s kernels,
-//! inlined into one function per instruction set so the softmax between them vectorizes too.
+//! their common maximum and adds them up. The ranges are sized so the tasks fill whole rounds
+//! of the pool's threads. The inner loops (dot products, softmax, weighted values) are
+//! [`super::simd`]'s kernels, inlined into one function per instruction set.
 
 use half::{bf16, f16};
 use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::simd::{Avx2, Avx512};
-use super::simd::{Elem, Kernel, Scalar};
-use super::{denominator, first_visible, online_softmax, Call, Isa, KvData, KvHeads, Shape};
+use super::simd::{Elem, Kernel, Scalar, KEY_BLOCK};
+use super::{denominator, first_visible, Call, Isa, KvData, KvHeads, Shape};
 
 /// Keys per tile inside a task (the group's scores of one tile are a small buffer).
 const TILE: usize = 128;
@@ -32,8 +33,12 @@ pub(super) fn run(isa: Isa, call: Call<'_>, out: &mut [f32]) {
     let threads = rayon::current_num_threads();
     let parallel = threads > 1 && s.n_heads * n * d >= PARALLEL_MIN;
     let ranges = if parallel {
-        (RANGES_PER_THREAD * threads)
-            .div_ceil(s.n_kv_heads)
+        // Whole rounds of tasks for the pool (3 key/value heads on 2 threads: 4 ranges each,
+        // 12 tasks, not 3 and 9, where one thread would take a task more than the other).
+        let target = (RANGES_PER_THREAD * threads).div_ceil(s.n_kv_heads);
+        (target..target + threads)
+            .find(|r| (r * s.n_kv_heads).is_multiple_of(threads))
+            .unwrap_or(target)
             .min(n.div_ceil(MIN_RANGE))
             .max(1)
     } else {
@@ -144,7 +149,7 @@ fn range_decoded<K: Kernel>(
     let group = task.q.len() / d;
     let part = task.part;
     start(part, d);
-    let mut scores = vec![0f32; group * TILE];
+    let (mut scores, mut scratch) = (vec![0f32; group * TILE], vec![0f32; KEY_BLOCK * d]);
     let (mut k_tile, mut v_tile) = (vec![0f32; TILE * d], vec![0f32; TILE * d]);
     let mut t0 = task.keys.start;
     while t0 < task.keys.end {
@@ -158,6 +163,7 @@ fn range_decoded<K: Kernel>(
             s,
             part,
             &mut scores,
+            &mut scratch,
         );
         t0 += n;
     }
@@ -192,12 +198,13 @@ fn range_typed<K: Kernel, TK: Elem, TV: Elem>(
     let part = task.part;
     start(part, d);
     let mut scores = vec![0f32; group * TILE];
+    let mut scratch = vec![0f32; KEY_BLOCK * d];
     let n_keys = keys.len() / d;
     let mut t0 = 0;
     while t0 < n_keys {
         let n = (n_keys - t0).min(TILE);
         let (k_tile, v_tile) = (&keys[t0 * d..(t0 + n) * d], &values[t0 * d..(t0 + n) * d]);
-        tile_step::<K, TK, TV>(task.q, k_tile, v_tile, s, part, &mut scores);
+        tile_step::<K, TK, TV>(task.q, k_tile, v_tile, s, part, &mut scores, &mut scratch);
         t0 += n;
     }
 }
@@ -213,7 +220,8 @@ fn start(part: &mut [f32], d: usize) {
 }
 
 /// Folds one tile of key and value rows (`[n, head_dim]` each, `n <= TILE`) into the group's
-/// running state `part`, with `scores` (`group * TILE`) as scratch.
+/// running state `part`, with `scores` (`group * TILE`) and `scratch` ([`KEY_BLOCK`] rows, for
+/// the key rows the dot products widen) as scratch.
 #[inline(always)]
 fn tile_step<K: Kernel, TK: Elem, TV: Elem>(
     q: &[f32],
@@ -222,18 +230,20 @@ fn tile_step<K: Kernel, TK: Elem, TV: Elem>(
     s: &Shape,
     part: &mut [f32],
     scores: &mut [f32],
+    scratch: &mut [f32],
 ) {
     let d = s.head_dim;
     let width = d + 2;
     let group = q.len() / d;
     let n = k_tile.len() / d;
     // SAFETY: `range`'s callers run a kernel only on a CPU with its features.
-    unsafe { K::dots(q, group, k_tile, d, scores, TILE) };
+    unsafe { K::dots(q, group, k_tile, d, scores, TILE, scratch) };
     for (g, state) in part.chunks_exact_mut(width).enumerate() {
         let (acc, running) = state.split_at_mut(d);
         let (max, sum) = running.split_at_mut(1);
         let row = &mut scores[g * TILE..g * TILE + n];
-        let correction = online_softmax(s, row, &mut max[0], &mut sum[0]);
+        // SAFETY: as above.
+        let correction = unsafe { K::softmax(s, row, &mut max[0], &mut sum[0]) };
         if correction != 1.0 {
             for o in acc.iter_mut() {
                 *o *= correction;

@@ -1,7 +1,8 @@
 //! The vector operations the register-blocked prefill ([`super::blocked`]) is written in, per
 //! instruction set ([`Lanes`]: [`Avx512`] sixteen f32 lanes, [`Avx2`] eight), among them a
 //! vectorized `e^x` for `x <= 0` ([`Lanes::exp_neg`]: the same Cephes polynomial as the scalar
-//! [`super::exp_neg`], exactly 0 below -87) and the widening of cache rows to f32.
+//! [`super::exp_neg`], exactly 0 below -87), the horizontal sum and maximum, and the widening of
+//! cache rows to f32. The decode kernels ([`super::simd`]) use it for their softmax.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -36,6 +37,10 @@ pub(super) trait Lanes {
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+    /// The sum of the lanes.
+    unsafe fn reduce_add(v: Self::V) -> f32;
+    /// The largest lane.
+    unsafe fn reduce_max(v: Self::V) -> f32;
     /// `e^x` per lane for `x <= 0`: within 1 ulp down to -87 (measured max relative error 8.0e-8),
     /// exactly 0 below (and for -inf).
     unsafe fn exp_neg(x: Self::V) -> Self::V;
@@ -113,6 +118,14 @@ impl Lanes for Avx512 {
         _mm512_max_ps(a, b)
     }
     #[inline(always)]
+    unsafe fn reduce_add(v: __m512) -> f32 {
+        _mm512_reduce_add_ps(v)
+    }
+    #[inline(always)]
+    unsafe fn reduce_max(v: __m512) -> f32 {
+        _mm512_reduce_max_ps(v)
+    }
+    #[inline(always)]
     unsafe fn exp_neg(x: __m512) -> __m512 {
         exp_body!(
             Avx512,
@@ -186,6 +199,18 @@ impl Lanes for Avx2 {
     #[inline(always)]
     unsafe fn max(a: __m256, b: __m256) -> __m256 {
         _mm256_max_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn reduce_add(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+    #[inline(always)]
+    unsafe fn reduce_max(v: __m256) -> f32 {
+        let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
     }
     #[inline(always)]
     unsafe fn exp_neg(x: __m256) -> __m256 {

@@ -760,3 +760,55 @@ fn long_prefill_chunks_wide_groups_and_window_edges_match_on_every_instruction_s
         );
     }
 }
+
+#[test]
+fn decode_key_blocks_their_tails_and_odd_widths_match_on_every_instruction_set() {
+    // The SIMD dot products take keys a register's lanes at a time (8 or 16) and fold them into
+    // one score per lane, then the keys past the last whole block one by one, and the columns
+    // past the last whole vector one by one: widths of whole vectors (64, 128), with a column
+    // tail (40, 33) and narrower than one vector (7); groups of 1, 3, 4 and 5 query heads (past
+    // the four rows of one pass); ranges whose key counts end on, just past and just before a
+    // block; each cache dtype widened into the blocks.
+    for (heads, kv_heads) in [(3, 3), (9, 3), (8, 2), (10, 2)] {
+        for dim in [64, 128, 40, 33, 7] {
+            for (pos, ranges) in [(15, 1), (16, 1), (46, 2), (142, 1), (300, 3)] {
+                for cache in [DType::F32, DType::F16, DType::BF16] {
+                    assert_isas_close(
+                        Case {
+                            heads,
+                            kv_heads,
+                            dim,
+                            pos,
+                            seq: 1,
+                            cache,
+                            ..BASE
+                        },
+                        Some(ranges),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_with_the_soft_cap_and_peaky_scores_matches_on_every_instruction_set() {
+    // The vector softmax's two paths (scale fused with the maximum; soft cap first) on scores
+    // whose maximum moves from tile to tile.
+    for softcap in [None, Some(20.0)] {
+        assert_isas_close(
+            Case {
+                heads: 9,
+                kv_heads: 3,
+                dim: 64,
+                pos: 700,
+                seq: 1,
+                amp: 4.0,
+                softcap,
+                cache: DType::F16,
+                ..BASE
+            },
+            Some(2),
+        );
+    }
+}
