@@ -77,15 +77,17 @@ impl Avx512 {
     }
 
     /// Whether the one-row kernel also serves `format`'s row-at-a-time products (decode, and
-    /// calls of fewer than [`super::tile::GEMM_MIN_ROWS`] rows). Measured (2 threads, 4096 x
-    /// 4096, m = 1): on par with the AVX2 kernels for Q4_0 and Q8_0, 0.45-0.75x of them for
-    /// the table-coded formats, whose per-block table lookup and horizontal sum cost more than
-    /// the AVX2 lane sums; those keep their AVX2 row kernels, and only their prompts take the
-    /// GEMM kernel. So do Q5_0 and Q5_1, whose decode takes [`super::q5_avx512`] (lane sums
-    /// like the AVX2 kernels', with AVX-512's byte masks and `vpdpbusd`: 1.6x the AVX2 row
-    /// kernel before it at m = 1), and only their prompts this order.
+    /// calls of fewer than [`super::tile::GEMM_MIN_ROWS`] rows): none of the formats
+    /// [`enabled`](Self::enabled) here. Measured at m = 1 (2 threads, 4096 x 4096, idle):
+    /// Q4_0 0.42x the AVX2 row kernel (6.8 against 16.1 GB/s), the table-coded formats
+    /// 0.45-0.75x, whose per-block table lookup and horizontal sum cost more than the AVX2
+    /// lane sums. So their decode keeps the AVX2 row kernels ([`super::avx2`]), Q5_0 / Q5_1's
+    /// takes [`super::q5_avx512`] (lane sums like the AVX2 kernels', with AVX-512's byte
+    /// masks and `vpdpbusd`: 1.6x the AVX2 row kernel before it at m = 1), and only their
+    /// prompts take this path's order (the GEMM's). Q4_1 and Q8_0 (not enabled on this path
+    /// for candle parity) would take it: on par with AVX2 at m = 1.
     pub(super) fn row_wins(format: Format) -> bool {
-        matches!(format, Format::Q4_0 | Format::Q4_1 | Format::Q8_0)
+        matches!(format, Format::Q4_1 | Format::Q8_0)
     }
 
     /// Dot product of one weight row `w` of `format` with `a` (`None`: no kernel here).
