@@ -315,6 +315,21 @@ impl Task<'_> {
             }
         }
         #[cfg(target_arch = "x86_64")]
+        if let (Tiling::Tiled, Some(_), Format::K(f)) = (tiling, self.dot.avx2, self.dot.format) {
+            // Q2_K / Q3_K prompts on AVX-512 (equal bit for bit to the one-row kernels).
+            let k = kquants::avx512_tile::Avx512::detect();
+            if let Some(k) = k.filter(|_| kquants::avx512_panel::takes(self.dot.kernel, f, self.m))
+            {
+                let rows: Vec<_> = self.acts.clone().map(|i| row(i).q8k).collect();
+                let first = self.acts.start;
+                let mut put = |i: usize, r0: usize, ys: &[f32]| self.out.set_run(first + i, r0, ys);
+                let (data, stride, weights) = (self.data, self.row_bytes, self.weights.clone());
+                if kquants::avx512_panel::run(k, f, data, stride, weights, &rows, &mut put) {
+                    return;
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
         if let (Tiling::Tiled, Some(k), Format::K(f)) = (tiling, self.dot.avx2, self.dot.format) {
             // k-quant prompts on AVX2 / AVX-VNNI (equal bit for bit to the one-row kernels).
             if kquants::avx2_panel::takes(self.dot.kernel, f, self.m) {
