@@ -179,12 +179,15 @@ pub fn run(
         let row_bytes = mm.weight.row_bytes();
         let out = Out::new(out, mm.rows);
         let dot = Dot::new(mm.format, kernel);
-        // The AMX GEMMs decode each weight panel once per task and sweep all the task's
-        // activation rows over it: longer activation runs share that decoding, and the task's
-        // weights are read once (no L2 cap on them; a longer run of weight rows shares the
-        // task's activation packing).
+        // The AMX GEMMs and the k-quant AVX-512 one decode each weight panel once per task and
+        // sweep all the task's activation rows over it: longer activation runs share that
+        // decoding, and the task's weights are read once (no L2 cap on them; a longer run of
+        // weight rows shares the task's activation packing).
         #[cfg(target_arch = "x86_64")]
-        let amx_rows = amx_task_rows(&dot, m, kb);
+        let amx_rows = amx_task_rows(&dot, m, kb).or_else(|| match dot.format {
+            Format::K(f) => kquants::avx512_panel::task_rows(kernel, f, m),
+            _ => None,
+        });
         #[cfg(not(target_arch = "x86_64"))]
         let amx_rows: Option<usize> = None;
         let weight_cap = match amx_rows {

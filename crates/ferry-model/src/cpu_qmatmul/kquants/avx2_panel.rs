@@ -233,7 +233,7 @@ unsafe fn k4<const BYTES: usize, const QH: bool>(row: *const u8, b: usize) -> De
     }
 }
 
-struct Q4K;
+pub(super) struct Q4K;
 impl KCodec for Q4K {
     const BYTES: usize = 144;
     const WORDS_PER_I16: usize = 8;
@@ -244,7 +244,7 @@ impl KCodec for Q4K {
     }
 }
 
-struct Q5K;
+pub(super) struct Q5K;
 impl KCodec for Q5K {
     const BYTES: usize = 176;
     const WORDS_PER_I16: usize = 4;

@@ -29,7 +29,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::activation::{Q8KBlock, QK_K};
-use super::avx2_panel::{KCodec, Q2K, Q3K};
+use super::avx2_panel::{KCodec, Q2K, Q3K, Q4K, Q5K};
 use super::avx512_tile::Avx512;
 use super::tile::Path;
 use super::KFormat;
@@ -48,11 +48,35 @@ const WORDS: usize = 8;
 const HALVES: usize = 16;
 
 /// Calls of at least this many activation rows take the kernel (see [`takes`]).
-pub const MIN_ROWS: usize = 8;
+pub const MIN_ROWS: usize = 16;
 
 /// Whether `format` has a kernel here (Q2_K and Q3_K: their scaled weights fit a byte).
 pub fn handles(format: KFormat) -> bool {
-    matches!(format, KFormat::Q2K | KFormat::Q3K)
+    matches!(
+        format,
+        KFormat::Q2K | KFormat::Q3K | KFormat::Q4K | KFormat::Q5K
+    )
+}
+
+/// A k-quant the panel runs: [`KCodec`] plus how its scales are applied.
+trait Panelled: KCodec {
+    /// Words whose `vpdpbusd` sums are added up before `vpdpwssd` multiplies them by their
+    /// scale (their sum must fit an i16: Q4_K four, `16 * 15 * 128 < 2^15`; Q5_K two,
+    /// `8 * 31 * 128 < 2^15`); 0 for the formats whose bytes carry their scale (Q2_K, Q3_K).
+    const SCALE_WORDS: usize;
+}
+
+impl Panelled for Q2K {
+    const SCALE_WORDS: usize = 0;
+}
+impl Panelled for Q3K {
+    const SCALE_WORDS: usize = 0;
+}
+impl Panelled for Q4K {
+    const SCALE_WORDS: usize = 4;
+}
+impl Panelled for Q5K {
+    const SCALE_WORDS: usize = 2;
 }
 
 /// Whether a call of `m` activation rows of `format` runs here under `kernel`: from
@@ -60,6 +84,17 @@ pub fn handles(format: KFormat) -> bool {
 /// the AMX GEMM has no Q2_K / Q3_K kernel). Bit for bit the tiles' and AVX2 panel's result.
 pub fn takes(kernel: Kernel, format: KFormat, m: usize) -> bool {
     m >= MIN_ROWS && handles(format) && Path::detect(kernel) == Some(Path::Avx512)
+}
+
+/// Activation rows per task of a call [`takes`] (the tiled matmul's default is 64): the
+/// decoding of a panel's block is shared by all of them, the block (4.5 KiB) and their
+/// activation blocks (`TASK_ROWS * 292` bytes) stay in L1.
+pub const TASK_ROWS: usize = 256;
+
+/// Activation rows per task of a call of `m` rows of `format` under `kernel`: [`TASK_ROWS`]
+/// where [`takes`] it, `None` where not.
+pub fn task_rows(kernel: Kernel, format: KFormat, m: usize) -> Option<usize> {
+    takes(kernel, format, m).then_some(TASK_ROWS)
 }
 
 /// Computes `acts[i] . W[r]` for every activation row `i` of `acts` and weight row `r` in
@@ -87,7 +122,9 @@ pub fn run(
         match format {
             KFormat::Q2K => panels::<Q2K>(args),
             KFormat::Q3K => panels::<Q3K>(args),
-            _ => return false,
+            KFormat::Q4K => panels::<Q4K>(args),
+            KFormat::Q5K => panels::<Q5K>(args),
+            KFormat::Q6K => return false,
         }
     }
     true
@@ -106,8 +143,10 @@ type Args<'a, 'b> = (
 struct Block {
     /// Chunk c's scaled word j of the sixteen rows at `[c * WORDS + j]`.
     packed: [__m512i; CHUNKS * WORDS],
-    /// Q2_K: the mins of groups `2 k, 2 k + 1` (two i16 per lane) at `[k]`.
+    /// The mins of groups `2 k, 2 k + 1` (two i16 per lane) at `[k]` (Q2_K, Q4_K, Q5_K).
     mins: [__m512i; HALVES / 2],
+    /// Q4_K / Q5_K: half h's scale (the low i16 of each lane, the high one 0) at `[h]`.
+    scales: [__m512i; HALVES],
     /// `d` and `dmin` of the sixteen rows.
     d: __m512,
     dmin: __m512,
@@ -152,13 +191,14 @@ const SWEEP: usize = 4;
 /// bytes at `data` must each hold `acts[0].len()` super-blocks and every row of `acts` as many
 /// ([`checked_blocks`]); `C` is Q2_K (`C::MIN`) or Q3_K.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn panels<C: KCodec>(args: Args<'_, '_>) {
+unsafe fn panels<C: Panelled>(args: Args<'_, '_>) {
     let (data, row_stride, weights, acts, out) = args;
     let kb = acts[0].len();
     let m = acts.len();
     let mut block = Block {
         packed: [_mm512_setzero_si512(); CHUNKS * WORDS],
         mins: [_mm512_setzero_si512(); HALVES / 2],
+        scales: [_mm512_setzero_si512(); HALVES],
         d: _mm512_setzero_ps(),
         dmin: _mm512_setzero_ps(),
     };
@@ -213,7 +253,7 @@ unsafe fn panels<C: KCodec>(args: Args<'_, '_>) {
 /// # Safety
 /// As [`panels`].
 #[inline(always)]
-unsafe fn decode<C: KCodec>(
+unsafe fn decode<C: Panelled>(
     block: &mut Block,
     data: *const u8,
     row_stride: usize,
@@ -235,7 +275,10 @@ unsafe fn decode<C: KCodec>(
         }
         (d[r], dmin[r]) = (dec.d, dec.dmin);
         for (h, &s) in dec.scales.iter().enumerate() {
-            scales[h][r] = pair(s, s);
+            scales[h][r] = match C::SCALE_WORDS {
+                0 => pair(s, s),
+                _ => pair(s, 0),
+            };
             bias[h][r] = u32::from((128 + 4 * s) as u8) * 0x0101_0101;
         }
         if C::MIN {
@@ -253,10 +296,16 @@ unsafe fn decode<C: KCodec>(
             let h = 2 * c + j / 4;
             let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo[j]), hi[j]);
             let s = lanes_u32(&scales[h]);
-            block.packed[c * WORDS + j] = match C::MIN {
-                true => scaled_q2(w, s),
-                false => shifted_q3(w, s, lanes_u32(&bias[h])),
+            block.packed[c * WORDS + j] = match (C::SCALE_WORDS, C::MIN) {
+                (0, true) => scaled_q2(w, s),
+                (0, false) => shifted_q3(w, s, lanes_u32(&bias[h])),
+                _ => w,
             };
+        }
+    }
+    if C::SCALE_WORDS > 0 {
+        for h in 0..HALVES {
+            block.scales[h] = lanes_u32(&scales[h]);
         }
     }
     if C::MIN {
@@ -274,7 +323,7 @@ unsafe fn decode<C: KCodec>(
 /// # Safety
 /// The CPU must have AVX-512 F, BW, VNNI.
 #[inline(always)]
-unsafe fn sweep<const R: usize, C: KCodec>(
+unsafe fn sweep<const R: usize, C: Panelled>(
     block: &Block,
     a: [&Q8KBlock; R],
     shifts: [i32; R],
@@ -293,11 +342,25 @@ unsafe fn sweep<const R: usize, C: KCodec>(
         let w: [__m512i; WORDS] = std::array::from_fn(|j| block.packed[c * WORDS + j]);
         for r in 0..R {
             let q = a[r].qs.as_ptr().add(32 * c).cast::<i32>();
-            for j in (0..WORDS).step_by(2) {
-                let y0 = _mm512_set1_epi32(q.add(j).read_unaligned());
-                let y1 = _mm512_set1_epi32(q.add(j + 1).read_unaligned());
-                s0[r] = _mm512_dpbusd_epi32(s0[r], w[j], y0);
-                s1[r] = _mm512_dpbusd_epi32(s1[r], w[j + 1], y1);
+            let y = |j: usize| _mm512_set1_epi32(q.add(j).read_unaligned());
+            if C::SCALE_WORDS == 0 {
+                for j in (0..WORDS).step_by(2) {
+                    s0[r] = _mm512_dpbusd_epi32(s0[r], w[j], y(j));
+                    s1[r] = _mm512_dpbusd_epi32(s1[r], w[j + 1], y(j + 1));
+                }
+                continue;
+            }
+            // Q4_K / Q5_K: the words' exact sum (within i16) times their half's scale.
+            for start in (0..WORDS).step_by(C::SCALE_WORDS) {
+                let mut t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[start], y(start));
+                for j in start + 1..start + C::SCALE_WORDS {
+                    t = _mm512_dpbusd_epi32(t, w[j], y(j));
+                }
+                let scale = block.scales[2 * c + start / 4];
+                match start / C::SCALE_WORDS % 2 {
+                    0 => s0[r] = _mm512_dpwssd_epi32(s0[r], t, scale),
+                    _ => s1[r] = _mm512_dpwssd_epi32(s1[r], t, scale),
+                }
             }
         }
     }

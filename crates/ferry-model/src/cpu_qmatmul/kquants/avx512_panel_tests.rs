@@ -1,6 +1,7 @@
-//! The Q2_K / Q3_K AVX-512 GEMM kernel ([`super::run`]) against the scalar one-row kernels bit
+//! The Q2_K..Q5_K AVX-512 GEMM kernel ([`super::run`]) against the scalar one-row kernels bit
 //! for bit: partial sixteen-row panels, sub-ranges of weight rows, activation counts that leave
-//! partial four-row groups, the extreme scaled bytes (Q2_K's 45, Q3_K's 0 and 252) against
+//! partial four-row groups, the extreme scaled bytes (Q2_K's 45, Q3_K's 0 and 252) and i16 sums
+//! (Q4_K, Q5_K) against
 //! extreme activations; and a weight changed in one bit must change its row's outputs (the
 //! comparison can fail). (The tiled matmul through it: `tile_tests.rs`.)
 
@@ -9,7 +10,7 @@ use super::super::avx512_tile::Avx512;
 use super::super::{scalar, KFormat};
 use crate::cpu_qmatmul::test_support::{drift_values, random_bytes};
 
-const FORMATS: [KFormat; 2] = [KFormat::Q2K, KFormat::Q3K];
+const FORMATS: [KFormat; 4] = [KFormat::Q2K, KFormat::Q3K, KFormat::Q4K, KFormat::Q5K];
 
 /// `n` rows of `kb` random super-blocks of `format` with small finite f16 scales.
 fn weights(format: KFormat, n: usize, kb: usize, seed: u64) -> Vec<u8> {
@@ -18,7 +19,8 @@ fn weights(format: KFormat, n: usize, kb: usize, seed: u64) -> Vec<u8> {
     // The f16 `d` (and `dmin`) of each block: 2^-8..2^-7 (exponent 7), any mantissa.
     let scale_at: &[usize] = match format {
         KFormat::Q2K => &[80, 82],
-        _ => &[108],
+        KFormat::Q3K => &[108],
+        _ => &[0, 2],
     };
     for b in w.chunks_exact_mut(bytes) {
         for &at in scale_at {
@@ -72,7 +74,7 @@ fn assert_equal(format: KFormat, data: &[u8], n: usize, lo: usize, rows: &[&[Q8K
 }
 
 #[test]
-fn q2_k_q3_k_avx512_gemm_equals_the_scalar_row_kernel_bit_for_bit() {
+fn k_quant_avx512_gemm_equals_the_scalar_row_kernel_bit_for_bit() {
     if Avx512::detect().is_none() {
         eprintln!("skipped: this CPU lacks AVX-512 F/BW/VNNI");
         return;
@@ -95,8 +97,8 @@ fn q2_k_q3_k_avx512_gemm_equals_the_scalar_row_kernel_bit_for_bit() {
 #[test]
 fn the_extreme_scaled_bytes_stay_exact() {
     // Q2_K: scale 15 and quant 3 (the byte 45); Q3_K: scale -32 with quant 0 (the byte 252,
-    // product 128) and with quant 7 (product -96), scale 31 with quant 0 and 7; activations
-    // at -127 and 127.
+    // product 128) and with quant 7 (product -96), scale 31 with quant 0 and 7; Q4_K / Q5_K:
+    // every quant 15 / 31 (the largest i16 sums); activations at -128, -127 and 127.
     if Avx512::detect().is_none() {
         return;
     }
@@ -104,7 +106,12 @@ fn the_extreme_scaled_bytes_stay_exact() {
     let mut act = activations(m, kb, 3);
     for (i, a) in act.iter_mut().enumerate() {
         for (j, q) in a.qs.iter_mut().enumerate() {
-            *q = if (i + j / 7) % 2 == 0 { 127 } else { -127 };
+            *q = match i % 3 {
+                0 => 127,
+                1 => -128,
+                _ if (j / 7) % 2 == 0 => 127,
+                _ => -127,
+            };
         }
         for (s, g) in a.bsums.iter_mut().zip(a.qs.chunks_exact(16)) {
             *s = g.iter().map(|&q| i16::from(q)).sum();
@@ -125,6 +132,14 @@ fn the_extreme_scaled_bytes_stay_exact() {
         block[..96].fill(quants);
     }
     assert_equal(KFormat::Q3K, &q3, n, 0, &rows);
+    for (format, quants) in [(KFormat::Q4K, 16..144), (KFormat::Q5K, 16..176)] {
+        let mut w = weights(format, n, kb, 6);
+        for (b, block) in w.chunks_exact_mut(format.block_bytes()).enumerate() {
+            block[4..16].fill(if b % 2 == 0 { 0xFF } else { 0xBF });
+            block[quants.clone()].fill(0xFF);
+        }
+        assert_equal(format, &w, n, 0, &rows);
+    }
 }
 
 #[test]
