@@ -49,9 +49,10 @@ pub const MIN_ROWS: usize = 8;
 /// Whether a call of `m` activation rows of `format` runs here under `kernel`: from
 /// [`MIN_ROWS`] rows where the k-quant tiles' path is AVX2 or AVX-VNNI, and on the AVX-512
 /// path for the formats it has no eight-row zmm tile for (Q2_K, Q3_K: there the four-row ymm
-/// tiles ran them, at about 0.65x this kernel's speed in a whole-model prompt). Q4_K..Q6_K
-/// keep the zmm tiles on AVX-512 CPUs, and on AMX ones the AMX GEMM (which comes first). It
-/// is bit for bit the tiles' result either way.
+/// tiles ran them, at about 0.65x this kernel's speed in a whole-model prompt) below
+/// [`super::avx512_panel::MIN_ROWS`], from where the zmm GEMM takes them. Q4_K..Q6_K keep
+/// the zmm tiles on AVX-512 CPUs (or that GEMM), and on AMX ones the AMX GEMM (which comes
+/// first). It is bit for bit the tiles' result either way.
 pub fn takes(kernel: Kernel, format: KFormat, m: usize) -> bool {
     m >= MIN_ROWS
         && match Path::detect(kernel) {

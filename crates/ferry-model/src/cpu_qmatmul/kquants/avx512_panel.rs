@@ -1,26 +1,26 @@
-//! The multi-row GEMM kernel of Q2_K and Q3_K on AVX-512 (F, BW, VNNI): the zmm form of
-//! [`super::avx2_panel`], with each weight pre-multiplied by its 16-element group's scale so
-//! that one `vpdpbusd` per four weights of sixteen rows gives the scaled sums directly.
+//! The multi-row GEMM kernel of the k-quants Q2_K..Q5_K on AVX-512 (F, BW, VNNI): the zmm
+//! form of [`super::avx2_panel`], on sixteen weight rows per panel.
 //!
-//! A task's weight rows are taken sixteen at a time (a panel): every super-block of the
-//! sixteen rows is decoded once (the AVX2 panel's [`KCodec`] decoders) and transposed, so one
-//! zmm holds four consecutive weights of each of the sixteen rows, and each weight byte is
-//! replaced by an unsigned byte that already carries its group's scale:
-//! - Q2_K: `scale * q` (`0..=15 * 0..=3`, at most 45): one `vpmullw` of the 16-bit pairs by
-//!   the lane's scale (no carry crosses a byte). Summed against the int8 activations that is
-//!   the one-row kernels' `sumi`; the min term `summ` is `vpdpwssd` of the mins with the
-//!   activation's `bsums`.
-//! - Q3_K: `(4 - q) * scale + 128` (`q` the 3-bit weight `0..=7`, `scale` `-32..=31`, so the
-//!   product is `-128..=124` and the byte `0..=252`). Summed against the activations that is
-//!   `-sumi + 128 A` (`A` the block's activation sum): `sumi` (its `- 4 * offset` included) is
-//!   `128 A` less the sum, no `bsums` term left.
+//! A panel's super-block `b` is decoded once for all of a task's activation rows (the AVX2
+//! panel's [`KCodec`] decoders for the quants, its scales, mins and `d` gathered into lanes,
+//! [`Panelled::lanes`]) and transposed, so one zmm holds four consecutive weights of each of
+//! the sixteen rows; then every activation row adds the block's value to its sixteen
+//! accumulators (block-outer: the decoded block, 4.5 KiB, stays in L1). The scales:
+//! - Q2_K: each weight byte becomes `scale * q` (`0..=15 * 0..=3`, at most 45): one `vpmullw`
+//!   of the 16-bit pairs by the lane's scale (no carry crosses a byte). One `vpdpbusd` per four
+//!   weights of the sixteen rows then sums the one-row kernels' `sumi`; the min term `summ` is
+//!   `vpdpwssd` of the mins with the activation's `bsums`.
+//! - Q3_K: each byte becomes `(4 - q) * scale + 128` (`q` the 3-bit weight `0..=7`, `scale`
+//!   `-32..=31`: the product is `-128..=124`, the byte `0..=252`). Summed against the
+//!   activations that is `-sumi + 128 A` (`A` the block's activation sum), so `sumi` (its
+//!   `- 4 * offset` included) is `128 A` less the sum, no `bsums` term left.
+//! - Q4_K / Q5_K: the bytes stay `q`; the `vpdpbusd` sums of four (Q4_K) or two (Q5_K) words,
+//!   exact within an i16, are multiplied by their half-chunk's scale with `vpdpwssd`.
 //!
-//! Then every activation row sweeps the panel, four rows at a time: per super-block, 64
-//! `vpdpbusd` with four activation bytes broadcast (two accumulator chains per row) give the
-//! sixteen rows' exact integers in sixteen lanes. Both are the exact integers of the one-row
-//! kernels ([`super::scalar`]), and each lane combines them with [`super::block_value`]'s f32
-//! operations in its order (`acc += (d * ad) * sumi - (dmin * ad) * summ`, block by block from
-//! 0), so the outputs equal the one-row, four-row and AVX2-panel kernels' bit for bit.
+//! Each lane thus gets the exact integers `sumi` and `summ` of the one-row kernels
+//! ([`super::scalar`]) and combines them with [`super::block_value`]'s f32 operations in its
+//! order (`acc += (d * ad) * sumi - (dmin * ad) * summ`, block by block from 0), so the
+//! outputs equal the one-row, four-/eight-row and AVX2-panel kernels' bit for bit.
 
 // The panel's chunks, rows and lanes are indexed in lockstep.
 #![allow(clippy::needless_range_loop)]
@@ -47,10 +47,15 @@ const WORDS: usize = 8;
 /// 16-element groups (half chunks) per super-block.
 const HALVES: usize = 16;
 
-/// Calls of at least this many activation rows take the kernel (see [`takes`]).
+/// Calls of at least this many activation rows take the kernel (see [`takes`]). Measured on
+/// the AVX-512 VM (4096 x 4096, 2 threads, against the kernels before it): at 8 rows Q4_K /
+/// Q5_K ran at about 0.7-1.0x the eight-row zmm tiles and Q2_K / Q3_K at 0.75-1.0x the AVX2
+/// panel (a panel's decoding shared by only 8 rows); from 16 rows it wins (1.2-2.5x, 1.7-2.7x
+/// at 512).
 pub const MIN_ROWS: usize = 16;
 
-/// Whether `format` has a kernel here (Q2_K and Q3_K: their scaled weights fit a byte).
+/// Whether `format` has a kernel here (Q6_K has not: its six-bit words' sums fit an i16 only
+/// one word at a time, no cheaper than its eight-row tile).
 pub fn handles(format: KFormat) -> bool {
     matches!(
         format,
@@ -64,31 +69,198 @@ trait Panelled: KCodec {
     /// scale (their sum must fit an i16: Q4_K four, `16 * 15 * 128 < 2^15`; Q5_K two,
     /// `8 * 31 * 128 < 2^15`); 0 for the formats whose bytes carry their scale (Q2_K, Q3_K).
     const SCALE_WORDS: usize;
+    /// The scales, mins, `d` and `dmin` of one super-block of the panel's rows in lanes
+    /// (gathered: lane r's block at `at + offsets[r]`, lanes outside `rows` zero).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F, BW; the blocks of the `rows` lanes must be readable.
+    unsafe fn lanes(at: *const u8, offsets: __m512i, rows: __mmask16) -> Lanes;
+}
+
+/// A super-block's per-lane scale terms ([`Panelled::lanes`]).
+struct Lanes {
+    /// Half h's scale: Q2_K in both i16 of the lane, Q3_K likewise (signed), Q4_K / Q5_K in
+    /// the low one (the high one 0).
+    scales: [__m512i; HALVES],
+    /// Q3_K: the byte `128 + 4 scale` in every byte of the lane.
+    bias: [__m512i; HALVES],
+    /// The mins of groups `2 k, 2 k + 1` (two i16 per lane) at `[k]` (Q2_K, Q4_K, Q5_K).
+    mins: [__m512i; HALVES / 2],
+    d: __m512,
+    dmin: __m512,
+}
+
+/// The u32 at `at + offsets[r] + off` in lane r (0 outside `rows`).
+#[inline(always)]
+unsafe fn gather(at: *const u8, off: usize, offsets: __m512i, rows: __mmask16) -> __m512i {
+    _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), rows, offsets, at.add(off).cast())
+}
+
+/// Byte `e` of each lane of `v`, as an i32.
+#[inline(always)]
+unsafe fn byte(v: __m512i, e: usize) -> __m512i {
+    let s = _mm512_srl_epi32(v, _mm_cvtsi32_si128(8 * e as i32));
+    _mm512_and_si512(s, _mm512_set1_epi32(0xFF))
+}
+
+/// Each lane's low i16 in both halves.
+#[inline(always)]
+unsafe fn both_halves(v: __m512i) -> __m512i {
+    let lo = _mm512_and_si512(v, _mm512_set1_epi32(0xFFFF));
+    _mm512_or_si512(lo, _mm512_slli_epi32::<16>(lo))
+}
+
+/// The f16 in the low (`HIGH = false`) or high half of each lane, as f32.
+#[inline(always)]
+unsafe fn halves_f16<const HIGH: bool>(v: __m512i) -> __m512 {
+    let v = if HIGH { _mm512_srli_epi32::<16>(v) } else { v };
+    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v))
+}
+
+/// The masks `0x0F0F_0F0F`, `0x0303_0303` and `0x3F3F_3F3F` in every lane.
+#[inline(always)]
+unsafe fn masks() -> (__m512i, __m512i, __m512i) {
+    (
+        _mm512_set1_epi32(0x0F0F_0F0F),
+        _mm512_set1_epi32(0x0303_0303),
+        _mm512_set1_epi32(0x3F3F_3F3F),
+    )
+}
+
+/// `(v >> shift) & mask`, per lane.
+#[inline(always)]
+unsafe fn field<const SHIFT: u32>(v: __m512i, mask: __m512i) -> __m512i {
+    _mm512_and_si512(_mm512_srli_epi32::<SHIFT>(v), mask)
+}
+
+/// `(t & 0x0303_0303) << 4`, per lane (Q3_K's and the 6-bit scales' top bits).
+#[inline(always)]
+unsafe fn top2(t: __m512i) -> __m512i {
+    _mm512_slli_epi32::<4>(_mm512_and_si512(t, _mm512_set1_epi32(0x0303_0303)))
+}
+
+/// Lanes with every field zero (filled in by the formats; loops, not closures, so that the
+/// intrinsics are compiled with the caller's target features).
+#[inline(always)]
+unsafe fn zero_lanes() -> Lanes {
+    Lanes {
+        scales: [_mm512_setzero_si512(); HALVES],
+        bias: [_mm512_setzero_si512(); HALVES],
+        mins: [_mm512_setzero_si512(); HALVES / 2],
+        d: _mm512_setzero_ps(),
+        dmin: _mm512_setzero_ps(),
+    }
 }
 
 impl Panelled for Q2K {
     const SCALE_WORDS: usize = 0;
+    #[inline(always)]
+    unsafe fn lanes(at: *const u8, offsets: __m512i, rows: __mmask16) -> Lanes {
+        let mut out = zero_lanes();
+        let nib = _mm512_set1_epi32(0x0F);
+        let mut mins = [_mm512_setzero_si512(); HALVES];
+        for k in 0..4 {
+            let g = gather(at, 4 * k, offsets, rows);
+            for e in 0..4 {
+                let byte = byte(g, e);
+                out.scales[4 * k + e] = both_halves(_mm512_and_si512(byte, nib));
+                mins[4 * k + e] = _mm512_srli_epi32::<4>(byte);
+            }
+        }
+        for k in 0..HALVES / 2 {
+            out.mins[k] = _mm512_or_si512(mins[2 * k], _mm512_slli_epi32::<16>(mins[2 * k + 1]));
+        }
+        let dd = gather(at, 80, offsets, rows);
+        out.d = halves_f16::<false>(dd);
+        out.dmin = halves_f16::<true>(dd);
+        out
+    }
 }
 impl Panelled for Q3K {
     const SCALE_WORDS: usize = 0;
+    #[inline(always)]
+    unsafe fn lanes(at: *const u8, offsets: __m512i, rows: __mmask16) -> Lanes {
+        let mut out = zero_lanes();
+        // `scale_words_q3_k` in lanes.
+        let a0 = gather(at, 96, offsets, rows);
+        let a1 = gather(at, 100, offsets, rows);
+        let t = gather(at, 104, offsets, rows);
+        let (low, _, _) = masks();
+        let words = [
+            _mm512_or_si512(_mm512_and_si512(a0, low), top2(t)),
+            _mm512_or_si512(_mm512_and_si512(a1, low), top2(_mm512_srli_epi32::<2>(t))),
+            _mm512_or_si512(field::<4>(a0, low), top2(_mm512_srli_epi32::<4>(t))),
+            _mm512_or_si512(field::<4>(a1, low), top2(_mm512_srli_epi32::<6>(t))),
+        ];
+        let (thirty_two, bias_at) = (_mm512_set1_epi32(32), _mm512_set1_epi32(128));
+        for h in 0..HALVES {
+            let s = _mm512_sub_epi32(byte(words[h / 4], h % 4), thirty_two);
+            out.scales[h] = both_halves(s);
+            let b = _mm512_add_epi32(_mm512_slli_epi32::<2>(s), bias_at);
+            let b = _mm512_and_si512(b, _mm512_set1_epi32(0xFF));
+            let b = _mm512_or_si512(b, _mm512_slli_epi32::<8>(b));
+            out.bias[h] = _mm512_or_si512(b, _mm512_slli_epi32::<16>(b));
+        }
+        // The last u32 of the block: its f16 `d` in the high half.
+        out.d = halves_f16::<true>(gather(at, 106, offsets, rows));
+        out
+    }
 }
+
+/// [`Panelled::lanes`] of Q4_K and Q5_K (`scales_mins_k4` in lanes).
+#[inline(always)]
+unsafe fn lanes_k4(at: *const u8, offsets: __m512i, rows: __mmask16) -> Lanes {
+    let mut out = zero_lanes();
+    let a0 = gather(at, 4, offsets, rows);
+    let a1 = gather(at, 8, offsets, rows);
+    let a2 = gather(at, 12, offsets, rows);
+    let (low, _, six) = masks();
+    let sc = [
+        _mm512_and_si512(a0, six),
+        _mm512_or_si512(_mm512_and_si512(a2, low), top2(_mm512_srli_epi32::<6>(a0))),
+    ];
+    let mn = [
+        _mm512_and_si512(a1, six),
+        _mm512_or_si512(field::<4>(a2, low), top2(_mm512_srli_epi32::<6>(a1))),
+    ];
+    for c in 0..CHUNKS {
+        let s = byte(sc[c / 4], c % 4);
+        out.scales[2 * c] = s;
+        out.scales[2 * c + 1] = s;
+        out.mins[c] = both_halves(byte(mn[c / 4], c % 4));
+    }
+    let dd = gather(at, 0, offsets, rows);
+    out.d = halves_f16::<false>(dd);
+    out.dmin = halves_f16::<true>(dd);
+    out
+}
+
 impl Panelled for Q4K {
     const SCALE_WORDS: usize = 4;
+    #[inline(always)]
+    unsafe fn lanes(at: *const u8, offsets: __m512i, rows: __mmask16) -> Lanes {
+        lanes_k4(at, offsets, rows)
+    }
 }
 impl Panelled for Q5K {
     const SCALE_WORDS: usize = 2;
+    #[inline(always)]
+    unsafe fn lanes(at: *const u8, offsets: __m512i, rows: __mmask16) -> Lanes {
+        lanes_k4(at, offsets, rows)
+    }
 }
 
 /// Whether a call of `m` activation rows of `format` runs here under `kernel`: from
-/// [`MIN_ROWS`] rows of Q2_K / Q3_K where the k-quant tiles' path is AVX-512 (on AMX CPUs too:
-/// the AMX GEMM has no Q2_K / Q3_K kernel). Bit for bit the tiles' and AVX2 panel's result.
+/// [`MIN_ROWS`] rows of Q2_K..Q5_K where the k-quant tiles' path is AVX-512 (on AMX CPUs the
+/// AMX GEMM, checked first, keeps the Q4_K / Q5_K calls it takes). Bit for bit the tiles' and
+/// the AVX2 panel's result.
 pub fn takes(kernel: Kernel, format: KFormat, m: usize) -> bool {
     m >= MIN_ROWS && handles(format) && Path::detect(kernel) == Some(Path::Avx512)
 }
 
 /// Activation rows per task of a call [`takes`] (the tiled matmul's default is 64): the
-/// decoding of a panel's block is shared by all of them, the block (4.5 KiB) and their
-/// activation blocks (`TASK_ROWS * 292` bytes) stay in L1.
+/// decoding of a panel's block is shared by all of them. Measured at 512 rows (4096 x 4096,
+/// 2 threads): 128 rows 1.06-1.2x as fast as 64, 256 rows 1.1-1.2x.
 pub const TASK_ROWS: usize = 256;
 
 /// Activation rows per task of a call of `m` rows of `format` under `kernel`: [`TASK_ROWS`]
@@ -99,7 +271,8 @@ pub fn task_rows(kernel: Kernel, format: KFormat, m: usize) -> Option<usize> {
 
 /// Computes `acts[i] . W[r]` for every activation row `i` of `acts` and weight row `r` in
 /// `weights` of the `format` matrix `data` (`row_stride` bytes per row), handing them out as
-/// `out(i, r0, values of rows r0..)`; returns whether it did (Q2_K and Q3_K only).
+/// `out(i, r0, values of rows r0..)`; returns whether it did (Q2_K..Q5_K, rows of less than
+/// 128 MiB).
 pub fn run(
     k: Avx512,
     format: KFormat,
@@ -111,6 +284,10 @@ pub fn run(
 ) -> bool {
     let _ = k;
     if !handles(format) || acts.is_empty() || weights.is_empty() {
+        return false;
+    }
+    if row_stride > i32::MAX as usize / PANEL {
+        // The gathers' lane offsets are i32.
         return false;
     }
     let bytes = |kb: usize| Some(format.block_bytes() * kb);
@@ -152,18 +329,6 @@ struct Block {
     dmin: __m512,
 }
 
-/// Two i16 as the halves of one u32 (`lo` in the low half).
-#[inline(always)]
-fn pair(lo: i16, hi: i16) -> u32 {
-    u32::from(lo as u16) | (u32::from(hi as u16) << 16)
-}
-
-/// The sixteen u32 of `v` as a zmm.
-#[inline(always)]
-unsafe fn lanes_u32(v: &[u32; PANEL]) -> __m512i {
-    _mm512_loadu_si512(v.as_ptr().cast())
-}
-
 /// Q2_K's scaled weights of four transposed words `w` (each lane's bytes `0..=3`) times the
 /// lane's scale `s` (`0..=15`, in both i16 halves): `s * q` per byte.
 #[inline(always)]
@@ -189,7 +354,7 @@ const SWEEP: usize = 4;
 /// # Safety
 /// The CPU must have AVX-512 F, BW, VNNI and AVX2, FMA, F16C; rows `weights` of `row_stride`
 /// bytes at `data` must each hold `acts[0].len()` super-blocks and every row of `acts` as many
-/// ([`checked_blocks`]); `C` is Q2_K (`C::MIN`) or Q3_K.
+/// ([`checked_blocks`]) and `16 * row_stride` fit an i32.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn panels<C: Panelled>(args: Args<'_, '_>) {
     let (data, row_stride, weights, acts, out) = args;
@@ -262,31 +427,22 @@ unsafe fn decode<C: Panelled>(
     b: usize,
 ) {
     let mut q = [[_mm256_setzero_si256(); PANEL]; CHUNKS];
-    let mut scales = [[0u32; PANEL]; HALVES];
-    let mut bias = [[0u32; PANEL]; HALVES];
-    let mut mins = [[0u32; PANEL]; HALVES / 2];
-    let (mut d, mut dmin) = ([0f32; PANEL], [0f32; PANEL]);
     for r in 0..n {
         let row = data.add((first + r) * row_stride);
         _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(C::BYTES * b + PREFETCH_AHEAD).cast());
+        // Only the quants are used (the scalar scale decoding is dead code here).
         let dec = C::block(row, b);
         for c in 0..CHUNKS {
             q[c][r] = dec.q[c];
         }
-        (d[r], dmin[r]) = (dec.d, dec.dmin);
-        for (h, &s) in dec.scales.iter().enumerate() {
-            scales[h][r] = match C::SCALE_WORDS {
-                0 => pair(s, s),
-                _ => pair(s, 0),
-            };
-            bias[h][r] = u32::from((128 + 4 * s) as u8) * 0x0101_0101;
-        }
-        if C::MIN {
-            for k in 0..HALVES / 2 {
-                mins[k][r] = pair(dec.groups[2 * k], dec.groups[2 * k + 1]);
-            }
-        }
     }
+    let at = data.add(first * row_stride + C::BYTES * b);
+    let stride = row_stride as i32;
+    let offsets = _mm512_mullo_epi32(
+        _mm512_set1_epi32(stride),
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+    );
+    let lanes = C::lanes(at, offsets, ((1u32 << n) - 1) as __mmask16);
     for (c, q) in q.iter().enumerate() {
         let [lo, hi]: [[__m256i; 8]; 2] =
             std::array::from_fn(|g| std::array::from_fn(|r| q[8 * g + r]));
@@ -295,30 +451,22 @@ unsafe fn decode<C: Panelled>(
             // Words 0..4 are the chunk's first 16-element half, 4..8 its second.
             let h = 2 * c + j / 4;
             let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo[j]), hi[j]);
-            let s = lanes_u32(&scales[h]);
+            let s = lanes.scales[h];
             block.packed[c * WORDS + j] = match (C::SCALE_WORDS, C::MIN) {
                 (0, true) => scaled_q2(w, s),
-                (0, false) => shifted_q3(w, s, lanes_u32(&bias[h])),
+                (0, false) => shifted_q3(w, s, lanes.bias[h]),
                 _ => w,
             };
         }
     }
-    if C::SCALE_WORDS > 0 {
-        for h in 0..HALVES {
-            block.scales[h] = lanes_u32(&scales[h]);
-        }
-    }
-    if C::MIN {
-        for k in 0..HALVES / 2 {
-            block.mins[k] = lanes_u32(&mins[k]);
-        }
-    }
-    block.d = _mm512_loadu_ps(d.as_ptr());
-    block.dmin = _mm512_loadu_ps(dmin.as_ptr());
+    block.scales = lanes.scales;
+    block.mins = lanes.mins;
+    block.d = lanes.d;
+    block.dmin = lanes.dmin;
 }
 
 /// Adds the decoded block's value for each of the `R` activation blocks `a` to their sixteen
-/// accumulators `acc` (`shifts`: Q3_K's `128 A` of each block, zero for Q2_K).
+/// accumulators `acc` (`shifts`: Q3_K's `128 A` of each block, zero for the others).
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW, VNNI.
