@@ -25,7 +25,10 @@
 //! same GEMM on eight-row panels in ymm, with the same order (bit for bit the AVX-512 one-row
 //! kernel), and k-quant calls of at least [`kquants::avx2_panel::MIN_ROWS`] rows on the AVX2 /
 //! AVX-VNNI tile path (Q2_K / Q3_K on the AVX-512 one too) through [`kquants::avx2_panel`],
-//! bit for bit the one-row k-quant dots.
+//! bit for bit the one-row k-quant dots; on the AVX-512 one calls of at least
+//! [`kquants::avx512_panel::MIN_ROWS`] rows of Q2_K..Q5_K through [`kquants::avx512_panel`]
+//! instead (sixteen-row zmm panels, tasks of up to [`kquants::avx512_panel::TASK_ROWS`]
+//! activation rows), bit for bit the same.
 //!
 //! On AMX CPUs (`Kernel::Auto`) a call of at least [`kquants::amx_tile::min_rows`] rows of
 //! Q4_K, Q5_K or Q6_K runs each task through [`kquants::amx_tile`] (int8 tile multiplies of
@@ -179,12 +182,15 @@ pub fn run(
         let row_bytes = mm.weight.row_bytes();
         let out = Out::new(out, mm.rows);
         let dot = Dot::new(mm.format, kernel);
-        // The AMX GEMMs decode each weight panel once per task and sweep all the task's
-        // activation rows over it: longer activation runs share that decoding, and the task's
-        // weights are read once (no L2 cap on them; a longer run of weight rows shares the
-        // task's activation packing).
+        // The AMX GEMMs and the k-quant AVX-512 one decode each weight panel once per task and
+        // sweep all the task's activation rows over it: longer activation runs share that
+        // decoding, and the task's weights are read once (no L2 cap on them; a longer run of
+        // weight rows shares the task's activation packing).
         #[cfg(target_arch = "x86_64")]
-        let amx_rows = amx_task_rows(&dot, m, kb);
+        let amx_rows = amx_task_rows(&dot, m, kb).or_else(|| match dot.format {
+            Format::K(f) => kquants::avx512_panel::task_rows(kernel, f, m),
+            _ => None,
+        });
         #[cfg(not(target_arch = "x86_64"))]
         let amx_rows: Option<usize> = None;
         let weight_cap = match amx_rows {
@@ -310,6 +316,21 @@ impl Task<'_> {
                 let mut put = |i: usize, r0: usize, ys: &[f32]| self.out.set_run(first + i, r0, ys);
                 let (data, stride, weights) = (self.data, self.row_bytes, self.weights.clone());
                 if kquants::amx_tile::run(amx, f, data, stride, weights, &rows, &mut put) {
+                    return;
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let (Tiling::Tiled, Some(_), Format::K(f)) = (tiling, self.dot.avx2, self.dot.format) {
+            // Q2_K / Q3_K prompts on AVX-512 (equal bit for bit to the one-row kernels).
+            let k = kquants::avx512_tile::Avx512::detect();
+            if let Some(k) = k.filter(|_| kquants::avx512_panel::takes(self.dot.kernel, f, self.m))
+            {
+                let rows: Vec<_> = self.acts.clone().map(|i| row(i).q8k).collect();
+                let first = self.acts.start;
+                let mut put = |i: usize, r0: usize, ys: &[f32]| self.out.set_run(first + i, r0, ys);
+                let (data, stride, weights) = (self.data, self.row_bytes, self.weights.clone());
+                if kquants::avx512_panel::run(k, f, data, stride, weights, &rows, &mut put) {
                     return;
                 }
             }

@@ -49,14 +49,17 @@ pub const MIN_ROWS: usize = 8;
 /// Whether a call of `m` activation rows of `format` runs here under `kernel`: from
 /// [`MIN_ROWS`] rows where the k-quant tiles' path is AVX2 or AVX-VNNI, and on the AVX-512
 /// path for the formats it has no eight-row zmm tile for (Q2_K, Q3_K: there the four-row ymm
-/// tiles ran them, at about 0.65x this kernel's speed in a whole-model prompt). Q4_K..Q6_K
-/// keep the zmm tiles on AVX-512 CPUs, and on AMX ones the AMX GEMM (which comes first). It
-/// is bit for bit the tiles' result either way.
+/// tiles ran them, at about 0.65x this kernel's speed in a whole-model prompt) below
+/// [`super::avx512_panel::MIN_ROWS`], from where the zmm GEMM takes them. Q4_K..Q6_K keep
+/// the zmm tiles on AVX-512 CPUs (or that GEMM), and on AMX ones the AMX GEMM (which comes
+/// first). It is bit for bit the tiles' result either way.
 pub fn takes(kernel: Kernel, format: KFormat, m: usize) -> bool {
     m >= MIN_ROWS
         && match Path::detect(kernel) {
             Some(Path::Avx2 | Path::Avx2Vnni) => true,
-            Some(Path::Avx512) => !has_rows8(Path::Avx512, format),
+            Some(Path::Avx512) => {
+                !has_rows8(Path::Avx512, format) && !super::avx512_panel::takes(kernel, format, m)
+            }
             None => false,
         }
 }
@@ -103,19 +106,19 @@ type Args<'a, 'b> = (
 );
 
 /// One decoded super-block of one row.
-struct Decoded {
+pub(super) struct Decoded {
     /// Chunk `c`'s 32 unsigned weights (the one-row kernels' integer `q`, before any offset).
-    q: [__m256i; CHUNKS],
+    pub(super) q: [__m256i; CHUNKS],
     /// The scale of each 16-element half (Q4_K / Q5_K: their chunk's, twice).
-    scales: [i16; HALVES],
+    pub(super) scales: [i16; HALVES],
     /// What each 16-element group's activation sum is multiplied by (mins or scales).
-    groups: [i16; HALVES],
-    d: f32,
-    dmin: f32,
+    pub(super) groups: [i16; HALVES],
+    pub(super) d: f32,
+    pub(super) dmin: f32,
 }
 
 /// A k-quant as [`Decoded`] super-blocks.
-trait KCodec {
+pub(super) trait KCodec {
     /// Bytes per super-block.
     const BYTES: usize;
     /// How many words' `vpmaddubsw` pair sums may be added in 16 bits before they are
@@ -152,7 +155,7 @@ unsafe fn half(p: *const u8, at: usize) -> f32 {
     f16_at(p.add(at))
 }
 
-struct Q2K;
+pub(super) struct Q2K;
 impl KCodec for Q2K {
     const BYTES: usize = 84;
     const WORDS_PER_I16: usize = 4;
@@ -176,7 +179,7 @@ impl KCodec for Q2K {
     }
 }
 
-struct Q3K;
+pub(super) struct Q3K;
 impl KCodec for Q3K {
     const BYTES: usize = 110;
     const WORDS_PER_I16: usize = 4;
@@ -231,7 +234,7 @@ unsafe fn k4<const BYTES: usize, const QH: bool>(row: *const u8, b: usize) -> De
     }
 }
 
-struct Q4K;
+pub(super) struct Q4K;
 impl KCodec for Q4K {
     const BYTES: usize = 144;
     const WORDS_PER_I16: usize = 8;
@@ -242,7 +245,7 @@ impl KCodec for Q4K {
     }
 }
 
-struct Q5K;
+pub(super) struct Q5K;
 impl KCodec for Q5K {
     const BYTES: usize = 176;
     const WORDS_PER_I16: usize = 4;
