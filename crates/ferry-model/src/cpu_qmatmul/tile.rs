@@ -24,9 +24,9 @@
 //! `Kernel::AvxVnni`) the calls [`super::avx2_panel::takes`] names run through that kernel, the
 //! same GEMM on eight-row panels in ymm, with the same order (bit for bit the AVX-512 one-row
 //! kernel), and k-quant calls of at least [`kquants::avx2_panel::MIN_ROWS`] rows on the AVX2 /
-//! AVX-VNNI tile path (Q6_K, and Q2_K / Q3_K below the zmm GEMM's rows, on the AVX-512 one too) through [`kquants::avx2_panel`],
+//! AVX-VNNI tile path (Q2_K / Q3_K below the zmm GEMM's rows on the AVX-512 one too) through [`kquants::avx2_panel`],
 //! bit for bit the one-row k-quant dots; on the AVX-512 one calls of at least
-//! [`kquants::avx512_panel::MIN_ROWS`] rows of Q2_K..Q5_K through [`kquants::avx512_panel`]
+//! [`kquants::avx512_panel::MIN_ROWS`] rows of every k-quant through [`kquants::avx512_panel`]
 //! instead (sixteen-row zmm panels, tasks of up to [`kquants::avx512_panel::TASK_ROWS`]
 //! activation rows), bit for bit the same.
 //!

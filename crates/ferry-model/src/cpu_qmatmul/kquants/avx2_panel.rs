@@ -46,17 +46,11 @@ const HALVES: usize = QK_K / GROUP;
 /// formats' cheaper one).
 pub const MIN_ROWS: usize = 8;
 
-/// Q6_K calls of at least this many rows run here on the AVX-512 path too, instead of the
-/// eight-row zmm tiles (measured against them, 5632 x 2048, 2 threads, idle, alternating:
-/// 0.7-1.0x at 8 rows, 0.9x at 16, 1.13x at 32, 1.1-1.25x at 64 and 512).
-pub const Q6K_MIN_ROWS_ON_AVX512: usize = 32;
-
 /// Whether a call of `m` activation rows of `format` runs here under `kernel`: from
 /// [`MIN_ROWS`] rows where the k-quant tiles' path is AVX2 or AVX-VNNI, and on the AVX-512
 /// path for the formats it has no eight-row zmm tile for (Q2_K, Q3_K: there the four-row ymm
 /// tiles ran them, at about 0.65x this kernel's speed in a whole-model prompt) below
-/// [`super::avx512_panel::MIN_ROWS`], from where the zmm GEMM takes them; and Q6_K there
-/// from [`Q6K_MIN_ROWS_ON_AVX512`] rows, which that GEMM does not handle. Q4_K / Q5_K keep
+/// [`super::avx512_panel::MIN_ROWS`], from where the zmm GEMM takes them. Q4_K..Q6_K keep
 /// the zmm tiles on AVX-512
 /// CPUs below that GEMM's rows, and on AMX ones the AMX GEMM (which comes first). It is bit
 /// for bit the tiles' result either way.
@@ -65,9 +59,7 @@ pub fn takes(kernel: Kernel, format: KFormat, m: usize) -> bool {
         && match Path::detect(kernel) {
             Some(Path::Avx2 | Path::Avx2Vnni) => true,
             Some(Path::Avx512) => {
-                (format == KFormat::Q6K && m >= Q6K_MIN_ROWS_ON_AVX512)
-                    || (!has_rows8(Path::Avx512, format)
-                        && !super::avx512_panel::takes(kernel, format, m))
+                !has_rows8(Path::Avx512, format) && !super::avx512_panel::takes(kernel, format, m)
             }
             None => false,
         }
@@ -265,7 +257,7 @@ impl KCodec for Q5K {
     }
 }
 
-struct Q6K;
+pub(super) struct Q6K;
 impl KCodec for Q6K {
     const BYTES: usize = 210;
     // Six-bit weights: 2 * 63 * 128 per pair sum, two words in 16 bits.

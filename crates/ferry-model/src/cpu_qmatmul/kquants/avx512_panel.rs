@@ -1,4 +1,4 @@
-//! The multi-row GEMM kernel of the k-quants Q2_K..Q5_K on AVX-512 (F, BW, VNNI): the zmm
+//! The multi-row GEMM kernel of the k-quants Q2_K..Q6_K on AVX-512 (F, BW, VNNI): the zmm
 //! form of [`super::avx2_panel`], on sixteen weight rows per panel.
 //!
 //! A panel's super-block `b` is decoded once for all of a task's activation rows (the AVX2
@@ -16,6 +16,9 @@
 //!   `- 4 * offset` included) is `128 A` less the sum, no `bsums` term left.
 //! - Q4_K / Q5_K: the bytes stay `q`; the `vpdpbusd` sums of four (Q4_K) or two (Q5_K) words,
 //!   exact within an i16, are multiplied by their half-chunk's scale with `vpdpwssd`.
+//! - Q6_K: likewise one word at a time (`4 * 63 * 128 < 2^15`) by its half's signed scale;
+//!   its offset `32 * sum_g scale_g * bsum_g` (`vpdpwssd` of the scale pairs with `bsums`) is
+//!   taken off `sumi` in the lanes.
 //!
 //! Each lane thus gets the exact integers `sumi` and `summ` of the one-row kernels
 //! ([`super::scalar`]) and combines them with [`super::block_value`]'s f32 operations in its
@@ -29,7 +32,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::activation::{Q8KBlock, QK_K};
-use super::avx2_panel::{KCodec, Q2K, Q3K, Q4K, Q5K};
+use super::avx2_panel::{KCodec, Q2K, Q3K, Q4K, Q5K, Q6K};
 use super::avx512_tile::Avx512;
 use super::tile::Path;
 use super::KFormat;
@@ -54,20 +57,18 @@ const HALVES: usize = 16;
 /// at 512).
 pub const MIN_ROWS: usize = 16;
 
-/// Whether `format` has a kernel here (Q6_K has not: its six-bit words' sums fit an i16 only
-/// one word at a time, no cheaper than its eight-row tile).
+/// Whether `format` has a kernel here (every k-quant).
 pub fn handles(format: KFormat) -> bool {
-    matches!(
-        format,
-        KFormat::Q2K | KFormat::Q3K | KFormat::Q4K | KFormat::Q5K
-    )
+    let _ = format;
+    true
 }
 
 /// A k-quant the panel runs: [`KCodec`] plus how its scales are applied.
 trait Panelled: KCodec {
     /// Words whose `vpdpbusd` sums are added up before `vpdpwssd` multiplies them by their
     /// scale (their sum must fit an i16: Q4_K four, `16 * 15 * 128 < 2^15`; Q5_K two,
-    /// `8 * 31 * 128 < 2^15`); 0 for the formats whose bytes carry their scale (Q2_K, Q3_K).
+    /// `8 * 31 * 128 < 2^15`; Q6_K one, `4 * 63 * 128 < 2^15`); 0 for the formats whose bytes
+    /// carry their scale (Q2_K, Q3_K).
     const SCALE_WORDS: usize;
     /// The scales, mins, `d` and `dmin` of one super-block of the panel's rows in lanes
     /// (gathered: lane r's block at `at + offsets[r]`, lanes outside `rows` zero).
@@ -84,7 +85,8 @@ struct Lanes {
     scales: [__m512i; HALVES],
     /// Q3_K: the byte `128 + 4 scale` in every byte of the lane.
     bias: [__m512i; HALVES],
-    /// The mins of groups `2 k, 2 k + 1` (two i16 per lane) at `[k]` (Q2_K, Q4_K, Q5_K).
+    /// The mins of groups `2 k, 2 k + 1` (two i16 per lane) at `[k]` (Q2_K, Q4_K, Q5_K; Q6_K:
+    /// its scales, whose offset term they carry).
     mins: [__m512i; HALVES / 2],
     d: __m512,
     dmin: __m512,
@@ -250,9 +252,31 @@ impl Panelled for Q5K {
     }
 }
 
+impl Panelled for Q6K {
+    const SCALE_WORDS: usize = 1;
+    #[inline(always)]
+    unsafe fn lanes(at: *const u8, offsets: __m512i, rows: __mmask16) -> Lanes {
+        let mut out = zero_lanes();
+        // Sixteen signed byte scales at 192, the f16 `d` at 208 (read from 206: the high half,
+        // so the gather stays inside the 210-byte block).
+        let words: [__m512i; 4] = std::array::from_fn(|k| gather(at, 192 + 4 * k, offsets, rows));
+        let (sign, low) = (_mm512_set1_epi32(0x80), _mm512_set1_epi32(0xFFFF));
+        for h in 0..HALVES {
+            let b = _mm512_sub_epi32(_mm512_xor_si512(byte(words[h / 4], h % 4), sign), sign);
+            out.scales[h] = _mm512_and_si512(b, low);
+        }
+        for k in 0..HALVES / 2 {
+            let hi = _mm512_slli_epi32::<16>(out.scales[2 * k + 1]);
+            out.mins[k] = _mm512_or_si512(out.scales[2 * k], hi);
+        }
+        out.d = halves_f16::<true>(gather(at, 206, offsets, rows));
+        out
+    }
+}
+
 /// Whether a call of `m` activation rows of `format` runs here under `kernel`: from
-/// [`MIN_ROWS`] rows of Q2_K..Q5_K where the k-quant tiles' path is AVX-512 (on AMX CPUs the
-/// AMX GEMM, checked first, keeps the Q4_K / Q5_K calls it takes). Bit for bit the tiles' and
+/// [`MIN_ROWS`] rows of every k-quant where the k-quant tiles' path is AVX-512 (on AMX CPUs the
+/// AMX GEMM, checked first, keeps the Q4_K..Q6_K calls it takes). Bit for bit the tiles' and
 /// the AVX2 panel's result.
 pub fn takes(kernel: Kernel, format: KFormat, m: usize) -> bool {
     m >= MIN_ROWS && handles(format) && Path::detect(kernel) == Some(Path::Avx512)
@@ -271,7 +295,7 @@ pub fn task_rows(kernel: Kernel, format: KFormat, m: usize) -> Option<usize> {
 
 /// Computes `acts[i] . W[r]` for every activation row `i` of `acts` and weight row `r` in
 /// `weights` of the `format` matrix `data` (`row_stride` bytes per row), handing them out as
-/// `out(i, r0, values of rows r0..)`; returns whether it did (Q2_K..Q5_K, rows of less than
+/// `out(i, r0, values of rows r0..)`; returns whether it did (every k-quant, rows of less than
 /// 128 MiB).
 pub fn run(
     k: Avx512,
@@ -301,7 +325,7 @@ pub fn run(
             KFormat::Q3K => panels::<Q3K>(args),
             KFormat::Q4K => panels::<Q4K>(args),
             KFormat::Q5K => panels::<Q5K>(args),
-            KFormat::Q6K => return false,
+            KFormat::Q6K => panels::<Q6K>(args),
         }
     }
     true
@@ -320,7 +344,8 @@ type Args<'a, 'b> = (
 struct Block {
     /// Chunk c's scaled word j of the sixteen rows at `[c * WORDS + j]`.
     packed: [__m512i; CHUNKS * WORDS],
-    /// The mins of groups `2 k, 2 k + 1` (two i16 per lane) at `[k]` (Q2_K, Q4_K, Q5_K).
+    /// The mins of groups `2 k, 2 k + 1` (two i16 per lane) at `[k]` (Q2_K, Q4_K, Q5_K; Q6_K:
+    /// its scales, whose offset term they carry).
     mins: [__m512i; HALVES / 2],
     /// Q4_K / Q5_K: half h's scale (the low i16 of each lane, the high one 0) at `[h]`.
     scales: [__m512i; HALVES],
@@ -369,7 +394,7 @@ unsafe fn panels<C: Panelled>(args: Args<'_, '_>) {
     };
     // Q3_K: `128 A` of each activation row's blocks (`A` the block's activation sum), at
     // `[i * kb + b]`.
-    let shifts: Vec<i32> = match C::MIN {
+    let shifts: Vec<i32> = match C::MIN || C::SCALE_WORDS != 0 {
         true => vec![0; m * kb],
         false => acts
             .iter()
@@ -481,7 +506,7 @@ unsafe fn sweep<const R: usize, C: Panelled>(
     // sum is `-sumi`.
     let mut s0 = [_mm512_setzero_si512(); R];
     let mut s1 = [_mm512_setzero_si512(); R];
-    if !C::MIN {
+    if !C::MIN && C::SCALE_WORDS == 0 {
         for r in 0..R {
             s0[r] = _mm512_set1_epi32(-shifts[r]);
         }
@@ -524,10 +549,21 @@ unsafe fn sweep<const R: usize, C: Panelled>(
                 }
                 (sum, g)
             }
-            false => (
+            false if C::SCALE_WORDS == 0 => (
                 _mm512_sub_epi32(_mm512_setzero_si512(), sum),
                 _mm512_setzero_si512(),
             ),
+            // Q6_K: the offset through the group sums, `sumi - 32 * sum_g scale_g * bsum_g`.
+            false => {
+                let sums = a[r].bsums.as_ptr().cast::<i32>();
+                let mut g = _mm512_setzero_si512();
+                for k in 0..HALVES / 2 {
+                    let bs = _mm512_set1_epi32(sums.add(k).read_unaligned());
+                    g = _mm512_dpwssd_epi32(g, block.mins[k], bs);
+                }
+                let offset = _mm512_mullo_epi32(g, _mm512_set1_epi32(C::OFFSET));
+                (_mm512_sub_epi32(sum, offset), _mm512_setzero_si512())
+            }
         };
         // `block_value`, lane by lane: (d * ad) * sumi - (dmin * ad) * summ.
         let ad = _mm512_set1_ps(a[r].d);

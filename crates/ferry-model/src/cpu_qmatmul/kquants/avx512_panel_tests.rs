@@ -10,7 +10,13 @@ use super::super::avx512_tile::Avx512;
 use super::super::{scalar, KFormat};
 use crate::cpu_qmatmul::test_support::{drift_values, random_bytes};
 
-const FORMATS: [KFormat; 4] = [KFormat::Q2K, KFormat::Q3K, KFormat::Q4K, KFormat::Q5K];
+const FORMATS: [KFormat; 5] = [
+    KFormat::Q2K,
+    KFormat::Q3K,
+    KFormat::Q4K,
+    KFormat::Q5K,
+    KFormat::Q6K,
+];
 
 /// `n` rows of `kb` random super-blocks of `format` with small finite f16 scales.
 fn weights(format: KFormat, n: usize, kb: usize, seed: u64) -> Vec<u8> {
@@ -20,6 +26,7 @@ fn weights(format: KFormat, n: usize, kb: usize, seed: u64) -> Vec<u8> {
     let scale_at: &[usize] = match format {
         KFormat::Q2K => &[80, 82],
         KFormat::Q3K => &[108],
+        KFormat::Q6K => &[208],
         _ => &[0, 2],
     };
     for b in w.chunks_exact_mut(bytes) {
