@@ -224,14 +224,14 @@ unsafe fn q4_1(w: *const u8, a: &[Q8Block]) -> f32 {
 /// `p..p + 4` must be readable.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dm_at(p: *const u8) -> __m128 {
+pub(super) unsafe fn dm_at(p: *const u8) -> __m128 {
     _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()))
 }
 
 /// `[a.d, a.s, 0, 0]` (adjacent `f32` fields of the `repr(C)` [`Q8Block`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn d_s(a: &Q8Block) -> __m128 {
+pub(super) fn d_s(a: &Q8Block) -> __m128 {
     // SAFETY: `d` and `s` are the block's first eight bytes.
     unsafe { _mm_castsi128_ps(_mm_loadl_epi64((a as *const Q8Block).cast())) }
 }

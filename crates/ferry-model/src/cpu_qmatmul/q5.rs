@@ -80,7 +80,9 @@ pub mod avx2 {
     use std::arch::x86_64::*;
 
     use super::super::activation::Q8Block;
-    use super::super::avx2::{block_scale, hsum, load_act, sums_u8_i8, Avx2, PREFETCH_AHEAD};
+    use super::super::avx2::{
+        block_scale, d_s, dm_at, hsum, load_act, sums_u8_i8, Avx2, PREFETCH_AHEAD,
+    };
     use super::super::avx2_tile::{has_vnni, vnni_sums};
 
     /// Dot product of a Q5_0 row (at least `22 * a.len()` bytes) with `a`.
@@ -186,7 +188,7 @@ pub mod avx2 {
                     w: *const u8,
                     a: &[Q8Block],
                 ) -> f32 {
-                    super::row::<BYTES, MIN, { $vnni }>(w, a)
+                    super::row::<BYTES, MIN, Spread<{ $vnni }>>(w, a)
                 }
             }
         };
@@ -194,10 +196,47 @@ pub mod avx2 {
     variant!(plain, false);
     variant!(vnni, true);
 
+    /// How a kernel reduces one block to eight i32 lanes whose sum is its exact integer dot
+    /// product (Q5_0's offset `-16 * isum` included): the one part [`row`]'s kernels (these
+    /// and [`super::super::q5_avx512`]) do differently.
+    pub(in crate::cpu_qmatmul) trait LaneSums {
+        /// The lanes of the Q5_0 (`MIN = false`) or Q5_1 block at `p` against `a`.
+        ///
+        /// # Safety
+        /// The CPU must have the kernel's features; the block at `p` must be readable.
+        unsafe fn lanes<const MIN: bool>(p: *const u8, a: &Q8Block) -> __m256i;
+    }
+
+    /// AVX2's lanes: the high bits spread to bytes ([`five_bits`]), `vpmaddubsw` +
+    /// `vpmaddwd` (or AVX-VNNI's `vpdpbusd` where `VNNI`), Q5_0's offset off lane 0.
+    struct Spread<const VNNI: bool>;
+
+    impl<const VNNI: bool> LaneSums for Spread<VNNI> {
+        #[inline(always)]
+        unsafe fn lanes<const MIN: bool>(p: *const u8, a: &Q8Block) -> __m256i {
+            let q = five_bits(p.add(if MIN { 4 } else { 2 }));
+            let y = load_act(a);
+            let sums = if VNNI {
+                vnni_sums(q, y)
+            } else {
+                sums_u8_i8(q, y)
+            };
+            if MIN {
+                sums
+            } else {
+                less_offset(sums, a.isum)
+            }
+        }
+    }
+
+    /// The row loop of every Q5 row kernel, `S` its lane sums: blocks in pairs, even ones into
+    /// one f32 accumulator and odd ones into another, Q5_1's offset terms in lane 1.
+    ///
     /// # Safety
-    /// Inlined into its variants; as their `q5`.
+    /// Inlined into the kernels' `#[target_feature]` functions; the CPU must have their
+    /// features and `w..w + BYTES * a.len()` must be readable.
     #[inline(always)]
-    unsafe fn row<const BYTES: usize, const MIN: bool, const VNNI: bool>(
+    pub(in crate::cpu_qmatmul) unsafe fn row<const BYTES: usize, const MIN: bool, S: LaneSums>(
         w: *const u8,
         a: &[Q8Block],
     ) -> f32 {
@@ -209,12 +248,12 @@ pub mod avx2 {
         let mut p = w;
         for pair in &mut pairs {
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
-            acc0 = block::<MIN, VNNI>(p, &pair[0], acc0, &mut offset);
-            acc1 = block::<MIN, VNNI>(p.add(BYTES), &pair[1], acc1, &mut offset);
+            acc0 = block::<MIN, S>(p, &pair[0], acc0, &mut offset);
+            acc1 = block::<MIN, S>(p.add(BYTES), &pair[1], acc1, &mut offset);
             p = p.add(2 * BYTES);
         }
         if let [last] = pairs.remainder() {
-            acc0 = block::<MIN, VNNI>(p, last, acc0, &mut offset);
+            acc0 = block::<MIN, S>(p, last, acc0, &mut offset);
         }
         let sum = hsum(_mm256_add_ps(acc0, acc1));
         if MIN {
@@ -229,30 +268,19 @@ pub mod avx2 {
     /// # Safety
     /// As [`row`]; the block at `p` must be readable.
     #[inline(always)]
-    unsafe fn block<const MIN: bool, const VNNI: bool>(
+    unsafe fn block<const MIN: bool, S: LaneSums>(
         p: *const u8,
         a: &Q8Block,
         acc: __m256,
         offset: &mut __m128,
     ) -> __m256 {
-        let q = five_bits(p.add(if MIN { 4 } else { 2 }));
-        let y = load_act(a);
-        let sums = if VNNI {
-            vnni_sums(q, y)
-        } else {
-            sums_u8_i8(q, y)
-        };
+        let prod = _mm256_cvtepi32_ps(S::lanes::<MIN>(p, a));
         if MIN {
             // [d * a.d, m * a.s, 0, 0].
-            let t = _mm_mul_ps(
-                _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned())),
-                _mm_castsi128_ps(_mm_loadl_epi64((a as *const Q8Block).cast())),
-            );
+            let t = _mm_mul_ps(dm_at(p), d_s(a));
             *offset = _mm_add_ps(*offset, t);
-            let prod = _mm256_cvtepi32_ps(sums);
             _mm256_fmadd_ps(_mm256_broadcastss_ps(t), prod, acc)
         } else {
-            let prod = _mm256_cvtepi32_ps(less_offset(sums, a.isum));
             _mm256_fmadd_ps(_mm256_broadcastss_ps(block_scale(p, a)), prod, acc)
         }
     }
