@@ -198,6 +198,12 @@ pub fn run(
             None => TASK_WEIGHT_BYTES / row_bytes.max(1),
         };
         let per_task = n_total.div_ceil(weight_chunks).min(weight_cap).max(4);
+        // The GEMMs' panels (the k-quant zmm one's 64 rows) are not split between tasks.
+        #[cfg(target_arch = "x86_64")]
+        let per_task = match amx_rows {
+            Some(_) => per_task.next_multiple_of(kquants::avx512_panel::PANEL_ROWS),
+            None => per_task,
+        };
         let act_rows = amx_rows.unwrap_or(ACT_ROWS);
         for first in (0..m).step_by(act_rows) {
             for w0 in (0..mm.rows).step_by(per_task) {

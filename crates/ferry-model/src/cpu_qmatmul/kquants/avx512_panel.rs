@@ -1,11 +1,13 @@
 //! The multi-row GEMM kernel of the k-quants Q2_K..Q6_K on AVX-512 (F, BW, VNNI): the zmm
-//! form of [`super::avx2_panel`], on sixteen weight rows per panel.
+//! form of [`super::avx2_panel`], on 64 weight rows per panel (four blocks of sixteen).
 //!
 //! A panel's super-block `b` is decoded once for all of a task's activation rows (the AVX2
 //! panel's [`KCodec`] decoders for the quants, its scales, mins and `d` gathered into lanes,
 //! [`Panelled::lanes`]) and transposed, so one zmm holds four consecutive weights of each of
-//! the sixteen rows; then every activation row adds the block's value to its sixteen
-//! accumulators (block-outer: the decoded block, 4.5 KiB, stays in L1). The scales:
+//! sixteen rows; then every activation row adds the blocks' value to its 64 accumulators
+//! (block-outer: the four decoded blocks, 18 KiB, stay in L1). Each broadcast activation word
+//! meets the four blocks' registers (a broadcast per `vpdpbusd` held the kernel to about
+//! half the instruction's rate), two to four activation rows at a time. The scales:
 //! - Q2_K: each weight byte becomes `scale * q` (`0..=15 * 0..=3`, at most 45): one `vpmullw`
 //!   of the 16-bit pairs by the lane's scale (no carry crosses a byte). One `vpdpbusd` per four
 //!   weights of the sixteen rows then sums the one-row kernels' `sumi`; the min term `summ` is
@@ -373,8 +375,20 @@ unsafe fn shifted_q3(w: __m512i, s: __m512i, bias: __m512i) -> __m512i {
     _mm512_sub_epi8(bias, qs)
 }
 
-/// Rows per sweep of a decoded block.
+/// Sixteen-row blocks per panel: each broadcast activation word meets this many weight
+/// registers. Broadcasting an activation word costs a load port slot (the `{1to16}` operand);
+/// measured alone on the AVX-512 VM (a loop of `vpdpbusd` over registers and broadcasts):
+/// one weight register per broadcast ran at 2.9-3.2 G `vpdpbusd`/s per core, two at
+/// 3.7-4.4, four (by four activation rows) at 5.1, the register-only peak 5.9.
+const GROUPS: usize = 4;
+/// Weight rows per panel (the tiled matmul hands out weight ranges in multiples of it).
+pub const PANEL_ROWS: usize = PANEL * GROUPS;
+
+/// Activation rows per sweep of Q2_K / Q3_K (sixteen accumulators: one per row and group).
 const SWEEP: usize = 4;
+/// Activation rows per sweep of Q4_K..Q6_K (twelve accumulators and twelve half sums; two
+/// rows measured at most as fast).
+const SWEEP_SCALED: usize = 3;
 
 /// # Safety
 /// The CPU must have AVX-512 F, BW, VNNI and AVX2, FMA, F16C; rows `weights` of `row_stride`
@@ -385,13 +399,15 @@ unsafe fn panels<C: Panelled>(args: Args<'_, '_>) {
     let (data, row_stride, weights, acts, out) = args;
     let kb = acts[0].len();
     let m = acts.len();
-    let mut block = Block {
+    // Blocks past a short last panel's rows keep what they held (zero or an earlier panel's
+    // decoding): their lanes are computed and never handed out.
+    let mut blocks: [Block; GROUPS] = std::array::from_fn(|_| Block {
         packed: [_mm512_setzero_si512(); CHUNKS * WORDS],
         mins: [_mm512_setzero_si512(); HALVES / 2],
         scales: [_mm512_setzero_si512(); HALVES],
         d: _mm512_setzero_ps(),
         dmin: _mm512_setzero_ps(),
-    };
+    });
     // Q3_K: `128 A` of each activation row's blocks (`A` the block's activation sum), at
     // `[i * kb + b]`.
     let shifts: Vec<i32> = match C::MIN || C::SCALE_WORDS != 0 {
@@ -402,39 +418,59 @@ unsafe fn panels<C: Panelled>(args: Args<'_, '_>) {
             .map(|blk| 128 * blk.bsums.iter().map(|&s| i32::from(s)).sum::<i32>())
             .collect(),
     };
-    let mut acc = vec![_mm512_setzero_ps(); m];
-    let mut lanes = [0f32; PANEL];
-    for first in weights.clone().step_by(PANEL) {
-        let n = (weights.end - first).min(PANEL);
-        acc.fill(_mm512_setzero_ps());
-        // Block-outer: one decoded block (4.5 KiB) stays in L1 while every activation row
-        // adds its value, block after block, to its accumulator (the lanes' order of
+    let mut acc = vec![[_mm512_setzero_ps(); GROUPS]; m];
+    let mut lanes = [0f32; PANEL_ROWS];
+    for first in weights.clone().step_by(PANEL_ROWS) {
+        let n = (weights.end - first).min(PANEL_ROWS);
+        acc.fill([_mm512_setzero_ps(); GROUPS]);
+        // Block-outer: the decoded blocks (4 x 4.5 KiB) stay in L1 while every activation row
+        // adds their value, block after block, to its accumulators (the lanes' order of
         // `block_value`s is the one-row kernels').
         for b in 0..kb {
-            decode::<C>(&mut block, data, row_stride, first, n, b);
-            let mut i = 0;
-            while i + SWEEP <= m {
-                let a: [&Q8KBlock; SWEEP] = std::array::from_fn(|r| acts[i + r].get_unchecked(b));
-                let sh: [i32; SWEEP] = std::array::from_fn(|r| shifts[(i + r) * kb + b]);
-                let acc = &mut *acc.as_mut_ptr().add(i).cast::<[__m512; SWEEP]>();
-                sweep::<SWEEP, C>(&block, a, sh, acc);
-                i += SWEEP;
+            for (g, block) in blocks.iter_mut().enumerate().take(n.div_ceil(PANEL)) {
+                let rows = (n - PANEL * g).min(PANEL);
+                decode::<C>(block, data, row_stride, first + PANEL * g, rows, b);
             }
-            for i in i..m {
-                let acc = &mut *acc.as_mut_ptr().add(i).cast::<[__m512; 1]>();
-                sweep::<1, C>(
-                    &block,
-                    [acts[i].get_unchecked(b)],
-                    [shifts[i * kb + b]],
-                    acc,
-                );
-            }
+            let rows = match C::SCALE_WORDS {
+                0 => sweep_rows::<SWEEP, C>(&blocks, acts, b, &shifts, &mut acc, 0),
+                _ => sweep_rows::<SWEEP_SCALED, C>(&blocks, acts, b, &shifts, &mut acc, 0),
+            };
+            sweep_rows::<1, C>(&blocks, acts, b, &shifts, &mut acc, rows);
         }
-        for (i, &acc) in acc.iter().enumerate() {
-            _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
+        for (i, acc) in acc.iter().enumerate() {
+            for (g, &acc) in acc.iter().enumerate() {
+                _mm512_storeu_ps(lanes.as_mut_ptr().add(PANEL * g), acc);
+            }
             out(i, first, &lanes[..n]);
         }
     }
+}
+
+/// Sweeps super-block `b` of every activation row from `from` on, `R` rows at a time, over the
+/// decoded `blocks` (`shifts` as in [`panels`]); returns the first row it left (fewer than `R`
+/// remain).
+///
+/// # Safety
+/// As [`panels`].
+#[inline(always)]
+unsafe fn sweep_rows<const R: usize, C: Panelled>(
+    blocks: &[Block; GROUPS],
+    acts: &[&[Q8KBlock]],
+    b: usize,
+    shifts: &[i32],
+    acc: &mut [[__m512; GROUPS]],
+    from: usize,
+) -> usize {
+    let mut i = from;
+    while i + R <= acts.len() {
+        let a: [&Q8KBlock; R] = std::array::from_fn(|r| acts[i + r].get_unchecked(b));
+        let kb = acts[i].len();
+        let sh: [i32; R] = std::array::from_fn(|r| shifts[(i + r) * kb + b]);
+        let acc = &mut *acc.as_mut_ptr().add(i).cast::<[[__m512; GROUPS]; R]>();
+        sweep::<R, C>(blocks, a, sh, acc);
+        i += R;
+    }
+    i
 }
 
 /// Decodes super-block `b` of the `n` rows from `first` (of `row_stride` bytes at `data`)
@@ -490,86 +526,100 @@ unsafe fn decode<C: Panelled>(
     block.dmin = lanes.dmin;
 }
 
-/// Adds the decoded block's value for each of the `R` activation blocks `a` to their sixteen
-/// accumulators `acc` (`shifts`: Q3_K's `128 A` of each block, zero for the others).
+/// Adds the decoded blocks' value for each of the `R` activation blocks `a` to their
+/// accumulators `acc` (one per row and group; `shifts`: Q3_K's `128 A` of each block, zero for
+/// the others).
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW, VNNI.
 #[inline(always)]
 unsafe fn sweep<const R: usize, C: Panelled>(
-    block: &Block,
+    blocks: &[Block; GROUPS],
     a: [&Q8KBlock; R],
     shifts: [i32; R],
-    acc: &mut [__m512; R],
+    acc: &mut [[__m512; GROUPS]; R],
 ) {
-    // Two chains per row (integer sums: any order is exact). Q3_K starts at `-128 A`, so the
-    // sum is `-sumi`.
-    let mut s0 = [_mm512_setzero_si512(); R];
-    let mut s1 = [_mm512_setzero_si512(); R];
+    // One integer chain per row and group (any order is exact). Q3_K starts at `-128 A`, so
+    // the sum is `-sumi`.
+    let mut s = [[_mm512_setzero_si512(); GROUPS]; R];
     if !C::MIN && C::SCALE_WORDS == 0 {
         for r in 0..R {
-            s0[r] = _mm512_set1_epi32(-shifts[r]);
+            s[r] = [_mm512_set1_epi32(-shifts[r]); GROUPS];
         }
     }
+    // Activation word `k` (of four bytes) of row `r`, in every lane.
+    let y = |r: usize, k: usize| {
+        let q = a[r].qs.as_ptr().cast::<i32>();
+        _mm512_set1_epi32(q.add(k).read_unaligned())
+    };
     for c in 0..CHUNKS {
-        let w: [__m512i; WORDS] = std::array::from_fn(|j| block.packed[c * WORDS + j]);
-        for r in 0..R {
-            let q = a[r].qs.as_ptr().add(32 * c).cast::<i32>();
-            let y = |j: usize| _mm512_set1_epi32(q.add(j).read_unaligned());
-            if C::SCALE_WORDS == 0 {
-                for j in (0..WORDS).step_by(2) {
-                    s0[r] = _mm512_dpbusd_epi32(s0[r], w[j], y(j));
-                    s1[r] = _mm512_dpbusd_epi32(s1[r], w[j + 1], y(j + 1));
+        if C::SCALE_WORDS == 0 {
+            for j in 0..WORDS {
+                let w: [__m512i; GROUPS] = std::array::from_fn(|g| blocks[g].packed[c * WORDS + j]);
+                for r in 0..R {
+                    let y = y(r, c * WORDS + j);
+                    for g in 0..GROUPS {
+                        s[r][g] = _mm512_dpbusd_epi32(s[r][g], w[g], y);
+                    }
                 }
-                continue;
             }
-            // Q4_K / Q5_K: the words' exact sum (within i16) times their half's scale.
-            for start in (0..WORDS).step_by(C::SCALE_WORDS) {
-                let mut t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[start], y(start));
-                for j in start + 1..start + C::SCALE_WORDS {
-                    t = _mm512_dpbusd_epi32(t, w[j], y(j));
+            continue;
+        }
+        // Q4_K..Q6_K: the words' exact sum (within i16) times their half's scale.
+        for start in (0..WORDS).step_by(C::SCALE_WORDS) {
+            let mut t = [[_mm512_setzero_si512(); GROUPS]; R];
+            for j in start..start + C::SCALE_WORDS {
+                let w: [__m512i; GROUPS] = std::array::from_fn(|g| blocks[g].packed[c * WORDS + j]);
+                for r in 0..R {
+                    let y = y(r, c * WORDS + j);
+                    for g in 0..GROUPS {
+                        t[r][g] = _mm512_dpbusd_epi32(t[r][g], w[g], y);
+                    }
                 }
-                let scale = block.scales[2 * c + start / 4];
-                match start / C::SCALE_WORDS % 2 {
-                    0 => s0[r] = _mm512_dpwssd_epi32(s0[r], t, scale),
-                    _ => s1[r] = _mm512_dpwssd_epi32(s1[r], t, scale),
+            }
+            for g in 0..GROUPS {
+                let scale = blocks[g].scales[2 * c + start / 4];
+                for r in 0..R {
+                    s[r][g] = _mm512_dpwssd_epi32(s[r][g], t[r][g], scale);
                 }
             }
         }
     }
     for r in 0..R {
-        let sum = _mm512_add_epi32(s0[r], s1[r]);
-        let (sumi, summ) = match C::MIN {
-            true => {
-                let sums = a[r].bsums.as_ptr().cast::<i32>();
-                let mut g = _mm512_setzero_si512();
-                for k in 0..HALVES / 2 {
-                    let bs = _mm512_set1_epi32(sums.add(k).read_unaligned());
-                    g = _mm512_dpwssd_epi32(g, block.mins[k], bs);
-                }
-                (sum, g)
-            }
-            false if C::SCALE_WORDS == 0 => (
-                _mm512_sub_epi32(_mm512_setzero_si512(), sum),
-                _mm512_setzero_si512(),
-            ),
-            // Q6_K: the offset through the group sums, `sumi - 32 * sum_g scale_g * bsum_g`.
-            false => {
-                let sums = a[r].bsums.as_ptr().cast::<i32>();
-                let mut g = _mm512_setzero_si512();
-                for k in 0..HALVES / 2 {
-                    let bs = _mm512_set1_epi32(sums.add(k).read_unaligned());
-                    g = _mm512_dpwssd_epi32(g, block.mins[k], bs);
-                }
-                let offset = _mm512_mullo_epi32(g, _mm512_set1_epi32(C::OFFSET));
-                (_mm512_sub_epi32(sum, offset), _mm512_setzero_si512())
-            }
-        };
-        // `block_value`, lane by lane: (d * ad) * sumi - (dmin * ad) * summ.
         let ad = _mm512_set1_ps(a[r].d);
-        let t = _mm512_mul_ps(_mm512_mul_ps(block.d, ad), _mm512_cvtepi32_ps(sumi));
-        let m = _mm512_mul_ps(_mm512_mul_ps(block.dmin, ad), _mm512_cvtepi32_ps(summ));
-        acc[r] = _mm512_add_ps(acc[r], _mm512_sub_ps(t, m));
+        let sums = a[r].bsums.as_ptr().cast::<i32>();
+        for g in 0..GROUPS {
+            let block = &blocks[g];
+            let sum = s[r][g];
+            let (sumi, summ) = match C::MIN {
+                true => {
+                    let mut m = _mm512_setzero_si512();
+                    for k in 0..HALVES / 2 {
+                        let bs = _mm512_set1_epi32(sums.add(k).read_unaligned());
+                        m = _mm512_dpwssd_epi32(m, block.mins[k], bs);
+                    }
+                    (sum, m)
+                }
+                false if C::SCALE_WORDS == 0 => (
+                    _mm512_sub_epi32(_mm512_setzero_si512(), sum),
+                    _mm512_setzero_si512(),
+                ),
+                // Q6_K: the offset through the group sums, `sumi - 32 * sum_g scale_g * bsum_g`.
+                false => {
+                    let mut m = _mm512_setzero_si512();
+                    for k in 0..HALVES / 2 {
+                        let bs = _mm512_set1_epi32(sums.add(k).read_unaligned());
+                        m = _mm512_dpwssd_epi32(m, block.mins[k], bs);
+                    }
+                    let offset = _mm512_mullo_epi32(m, _mm512_set1_epi32(C::OFFSET));
+                    (_mm512_sub_epi32(sum, offset), _mm512_setzero_si512())
+                }
+            };
+            // `block_value`, lane by lane: (d * ad) * sumi - (dmin * ad) * summ.
+            let t = _mm512_mul_ps(_mm512_mul_ps(block.d, ad), _mm512_cvtepi32_ps(sumi));
+            let m = _mm512_mul_ps(_mm512_mul_ps(block.dmin, ad), _mm512_cvtepi32_ps(summ));
+            acc[r][g] = _mm512_add_ps(acc[r][g], _mm512_sub_ps(t, m));
+        }
     }
 }
 

@@ -1,6 +1,7 @@
-//! The Q2_K..Q5_K AVX-512 GEMM kernel ([`super::run`]) against the scalar one-row kernels bit
-//! for bit: partial sixteen-row panels, sub-ranges of weight rows, activation counts that leave
-//! partial four-row groups, the extreme scaled bytes (Q2_K's 45, Q3_K's 0 and 252) and i16 sums
+//! The Q2_K..Q6_K AVX-512 GEMM kernel ([`super::run`]) against the scalar one-row kernels bit
+//! for bit: partial sixteen-row blocks and 64-row panels (a short last panel, whose unused
+//! blocks hold an earlier panel's decoding), sub-ranges of weight rows, activation counts that
+//! leave partial two-, three- and four-row sweeps, the extreme scaled bytes (Q2_K's 45, Q3_K's 0 and 252) and i16 sums
 //! (Q4_K, Q5_K) against
 //! extreme activations; and a weight changed in one bit must change its row's outputs (the
 //! comparison can fail). (The tiled matmul through it: `tile_tests.rs`.)
@@ -87,9 +88,18 @@ fn k_quant_avx512_gemm_equals_the_scalar_row_kernel_bit_for_bit() {
         return;
     }
     for format in FORMATS {
-        for (s, &(n, kb)) in [(1, 1), (16, 1), (17, 2), (35, 3), (9, 2)]
-            .iter()
-            .enumerate()
+        for (s, &(n, kb)) in [
+            (1, 1),
+            (16, 1),
+            (17, 2),
+            (35, 3),
+            (9, 2),
+            (64, 1),
+            (70, 2),
+            (130, 1),
+        ]
+        .iter()
+        .enumerate()
         {
             let data = weights(format, n, kb, 11 + s as u64);
             for m in [1, 3, 4, 5, 8, 9, 14] {
