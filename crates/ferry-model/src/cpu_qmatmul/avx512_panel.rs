@@ -2,30 +2,48 @@
 //! MXFP4): a prompt's matmul computed as int8 outer products instead of one dot product per
 //! output.
 //!
-//! A task's weight rows are taken sixteen at a time (a panel): every block of the sixteen
-//! rows is decoded once ([`super::avx512::Codec`]: 32 unsigned bytes and a scale; Q5_0 / Q5_1
-//! merge their high bits from `qh` into the nibbles there) and stored
-//! transposed, so one 512-bit register holds four consecutive weights of each of the sixteen
-//! rows. Then every activation row sweeps the panel, four rows at a time: per block, eight
-//! `vpdpbusd` with four activation bytes broadcast give the sixteen rows' exact integer block
-//! sums in sixteen lanes (no horizontal sums), and one FMA per block adds
-//! `sumi * (d * a.d)` to the row's sixteen outputs. That is, lane for lane, the arithmetic of
-//! the one-row kernel in [`super::avx512`], so the outputs are equal to it bit for bit.
+//! A task's weight rows are taken 64 at a time (a panel, four blocks of sixteen): every block
+//! of the panel's rows is decoded once ([`super::avx512::Codec`]: 32 unsigned bytes and a
+//! scale; Q5_0 / Q5_1 merge their high bits from `qh` into the nibbles there), sixteen rows at
+//! a time transposed in registers, so one 512-bit register holds four consecutive weights of
+//! each of sixteen rows. Then the task's activation rows (up to [`TASK_ROWS`]) sweep the panel
+//! two at a time, four blocks (a chunk, 8 KiB, kept in L1) at a time: per block, eight
+//! broadcast activation words, each meeting the four weight registers by `vpdpbusd`, give the
+//! 64 rows' exact integer block sums in lanes (no horizontal sums), and one FMA per block and
+//! register adds `sumi * (d * a.d)` to the row's outputs. That is, lane for lane, the
+//! arithmetic of the one-row kernel in [`super::avx512`], so the outputs are equal to it bit
+//! for bit.
 //!
 //! The decoding (the only format-specific step) costs one pass over the panel's weights per
-//! task, shared by all of the task's activation rows; the sweep costs about twelve
-//! instructions per 512 multiply-adds.
+//! task, shared by all of the task's activation rows. Sharing each broadcast between four
+//! registers (one broadcast per `vpdpbusd` held the instruction to about half its rate) made
+//! the sweep 1.4-1.5x as fast (5632 x 2048, 512 rows, IQ4_XS / Q4_0 / Q5_0).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::activation::Q8Block;
+use super::avx2_panel::transpose;
 use super::avx512::{row_bytes, Avx512, Codec, Iq4Nl, Iq4Xs, Mxfp4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::tile::checked_blocks;
 use super::Format;
 
-/// Weight rows per panel (the lanes of one register of i32).
+/// Weight rows per block of a panel (the lanes of one register of i32).
 const PANEL: usize = 16;
+/// Sixteen-row blocks per panel: each broadcast activation word meets this many weight
+/// registers (a broadcast per `vpdpbusd` holds the instruction to about half its rate, see
+/// [`super::kquants::avx512_panel`]).
+const GROUPS: usize = 4;
+/// Weight rows per panel (the tiled matmul hands out weight ranges in multiples of it).
+pub const PANEL_ROWS: usize = PANEL * GROUPS;
+/// Activation rows per task of the tiled matmul (the decoding of a panel is shared by all of
+/// them; as [`super::kquants::avx512_panel::TASK_ROWS`]).
+pub const TASK_ROWS: usize = 256;
+/// Activation rows per sweep (eight block sums and eight accumulators).
+const SWEEP: usize = 2;
+/// Blocks per chunk: a chunk's decoded weights (2 KiB a block) stay in L1 while the task's
+/// activation rows sweep it.
+const CHUNK_BLOCKS: usize = 4;
 /// 32-bit words per decoded block (32 bytes).
 const WORDS: usize = 8;
 
@@ -83,58 +101,106 @@ unsafe fn panels<C: Codec>(
     out: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     let kb = acts[0].len();
-    // Block b's word w of lane (row) r at [(b * WORDS + w) * PANEL + r]; scales at [b * PANEL + r].
-    let mut packed = vec![0u32; kb * WORDS * PANEL];
-    let mut scales = vec![0f32; kb * PANEL];
-    let mut mins = vec![0f32; if C::MIN { kb * PANEL } else { 0 }];
-    let mut lanes = [0f32; PANEL];
-    for first in weights.clone().step_by(PANEL) {
-        let n = (weights.end - first).min(PANEL);
-        if n < PANEL {
+    // Block b's word w of lane (row) r at [(b * WORDS + w) * PANEL_ROWS + r]; scales at
+    // [b * PANEL_ROWS + r].
+    let mut packed = vec![0u32; kb * WORDS * PANEL_ROWS];
+    let mut scales = vec![0f32; kb * PANEL_ROWS];
+    let mut mins = vec![0f32; if C::MIN { kb * PANEL_ROWS } else { 0 }];
+    let mut lanes = [0f32; PANEL_ROWS];
+    let mut acc = vec![[_mm512_setzero_ps(); GROUPS]; acts.len()];
+    for first in weights.clone().step_by(PANEL_ROWS) {
+        let n = (weights.end - first).min(PANEL_ROWS);
+        if n < PANEL_ROWS {
             packed.fill(0);
             scales.fill(0.0);
             mins.fill(0.0);
         }
-        for r in 0..n {
-            let row = data.add((first + r) * row_stride);
-            let mut words = [0u32; WORDS];
-            for b in 0..kb {
-                let (u, d) = C::block(row, b);
-                _mm256_storeu_si256(words.as_mut_ptr().cast(), u);
-                for (w, &word) in words.iter().enumerate() {
-                    packed[(b * WORDS + w) * PANEL + r] = word;
-                }
-                scales[b * PANEL + r] = d;
-                if C::MIN {
-                    mins[b * PANEL + r] = C::min(row, b);
-                }
-            }
-        }
-        let mut emit = |i: usize, acc: __m512| {
-            _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
-            out(i, first, &lanes[..n]);
-        };
-        let mut i = 0;
-        while i + 4 <= acts.len() {
-            let acc = sweep::<4, C>(
-                &packed,
-                &scales,
-                &mins,
-                [acts[i], acts[i + 1], acts[i + 2], acts[i + 3]],
+        for g in 0..n.div_ceil(PANEL) {
+            let rows = (n - PANEL * g).min(PANEL);
+            let at = data.add((first + PANEL * g) * row_stride);
+            decode::<C>(
+                at,
+                row_stride,
+                rows,
+                kb,
+                &mut packed,
+                &mut scales,
+                &mut mins,
+                g,
             );
-            for (di, acc) in acc.into_iter().enumerate() {
-                emit(i + di, acc);
-            }
-            i += 4;
         }
-        for (i, &a) in acts.iter().enumerate().skip(i) {
-            let [acc] = sweep::<1, C>(&packed, &scales, &mins, [a]);
-            emit(i, acc);
+        // Chunk-outer: a chunk's decoded blocks (8 KiB) stay in L1 while every activation row
+        // adds their value to its accumulators (the lanes' order of block terms is the one-row
+        // kernel's).
+        acc.fill([_mm512_setzero_ps(); GROUPS]);
+        for chunk in (0..kb).step_by(CHUNK_BLOCKS) {
+            let blocks = chunk..(chunk + CHUNK_BLOCKS).min(kb);
+            let mut i = 0;
+            while i + SWEEP <= acts.len() {
+                let rows: [&[Q8Block]; SWEEP] = std::array::from_fn(|r| acts[i + r]);
+                let acc = &mut *acc.as_mut_ptr().add(i).cast::<[[__m512; GROUPS]; SWEEP]>();
+                sweep::<SWEEP, C>(&packed, &scales, &mins, rows, blocks.clone(), acc);
+                i += SWEEP;
+            }
+            for (i, &a) in acts.iter().enumerate().skip(i) {
+                let acc = &mut *acc.as_mut_ptr().add(i).cast::<[[__m512; GROUPS]; 1]>();
+                sweep::<1, C>(&packed, &scales, &mins, [a], blocks.clone(), acc);
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            for (g, &acc) in acc.iter().enumerate() {
+                _mm512_storeu_ps(lanes.as_mut_ptr().add(PANEL * g), acc);
+            }
+            out(i, first, &lanes[..n]);
         }
     }
 }
 
-/// The sixteen outputs of each of the `R` activation rows `a` against a decoded panel.
+/// Decodes the `rows` (at most sixteen) rows of `row_stride` bytes at `at` into block `g` of the
+/// panel (`packed`, `scales`, `mins` as in [`panels`]), every one of their `kb` blocks: the
+/// sixteen rows' blocks transposed in registers, so each word of sixteen lanes is one store.
+///
+/// # Safety
+/// As [`panels`]; the buffers hold `kb` blocks of the panel.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn decode<C: Codec>(
+    at: *const u8,
+    row_stride: usize,
+    rows: usize,
+    kb: usize,
+    packed: &mut [u32],
+    scales: &mut [f32],
+    mins: &mut [f32],
+    g: usize,
+) {
+    debug_assert!(packed.len() >= kb * WORDS * PANEL_ROWS && rows <= PANEL);
+    let lane0 = PANEL * g;
+    for b in 0..kb {
+        let mut q = [_mm256_setzero_si256(); PANEL];
+        for (r, q) in q.iter_mut().enumerate().take(rows) {
+            let row = at.add(r * row_stride);
+            let (u, d) = C::block(row, b);
+            *q = u;
+            *scales.get_unchecked_mut(b * PANEL_ROWS + lane0 + r) = d;
+            if C::MIN {
+                *mins.get_unchecked_mut(b * PANEL_ROWS + lane0 + r) = C::min(row, b);
+            }
+        }
+        let lo = transpose(std::array::from_fn(|r| q[r]));
+        let hi = transpose(std::array::from_fn(|r| q[8 + r]));
+        for j in 0..WORDS {
+            let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo[j]), hi[j]);
+            let to = packed
+                .as_mut_ptr()
+                .add((b * WORDS + j) * PANEL_ROWS + lane0);
+            _mm512_storeu_si512(to.cast(), w);
+        }
+    }
+}
+
+/// Adds blocks `blocks` of each of the `R` activation rows `a` against a decoded panel to the
+/// rows' 64 accumulators (four registers) `acc`.
 ///
 /// # Safety
 /// The CPU must have the features of [`Avx512`]; `packed` and `scales` hold `a[0].len()`
@@ -145,40 +211,49 @@ unsafe fn sweep<const R: usize, C: Codec>(
     scales: &[f32],
     mins: &[f32],
     a: [&[Q8Block]; R],
-) -> [__m512; R] {
+    blocks: Range<usize>,
+    out: &mut [[__m512; GROUPS]; R],
+) {
     let offset = C::OFFSET;
     let kb = a[0].len();
-    debug_assert!(packed.len() >= kb * WORDS * PANEL && scales.len() >= kb * PANEL);
-    let mut acc = [_mm512_setzero_ps(); R];
-    for b in 0..kb {
-        let base = packed.as_ptr().add(b * WORDS * PANEL);
-        let w: [__m512i; WORDS] =
-            std::array::from_fn(|j| _mm512_loadu_si512(base.add(j * PANEL).cast()));
-        let ws = _mm512_loadu_ps(scales.as_ptr().add(b * PANEL));
-        let wm = match C::MIN {
-            true => _mm512_loadu_ps(mins.as_ptr().add(b * PANEL)),
-            false => _mm512_setzero_ps(),
-        };
-        for r in 0..R {
-            let blk = a[r].get_unchecked(b);
-            let q = blk.qs.as_ptr().cast::<i32>();
-            // The block sum starts at the offset correction: integer sums are exact, so
-            // sum(u * a) - offset * sum(a) in any order is the block's dot product.
-            let mut s0 = _mm512_set1_epi32(-offset * blk.isum);
-            let mut s1 = _mm512_setzero_si512();
-            for j in (0..WORDS).step_by(2) {
-                let y0 = _mm512_set1_epi32(q.add(j).read_unaligned());
-                let y1 = _mm512_set1_epi32(q.add(j + 1).read_unaligned());
-                s0 = _mm512_dpbusd_epi32(s0, w[j], y0);
-                s1 = _mm512_dpbusd_epi32(s1, w[j + 1], y1);
+    debug_assert!(packed.len() >= kb * WORDS * PANEL_ROWS && scales.len() >= kb * PANEL_ROWS);
+    debug_assert!(blocks.end <= kb);
+    let mut acc = *out;
+    for b in blocks {
+        let base = packed.as_ptr().add(b * WORDS * PANEL_ROWS);
+        let blk: [&Q8Block; R] = std::array::from_fn(|r| a[r].get_unchecked(b));
+        // Each block sum starts at the offset correction: integer sums are exact, so
+        // sum(u * a) - offset * sum(a) in any order is the block's dot product.
+        let mut s: [[__m512i; GROUPS]; R] =
+            std::array::from_fn(|r| [_mm512_set1_epi32(-offset * blk[r].isum); GROUPS]);
+        for j in 0..WORDS {
+            let w: [__m512i; GROUPS] = std::array::from_fn(|g| {
+                _mm512_loadu_si512(base.add(j * PANEL_ROWS + g * PANEL).cast())
+            });
+            for r in 0..R {
+                let q = blk[r].qs.as_ptr().cast::<i32>();
+                let y = _mm512_set1_epi32(q.add(j).read_unaligned());
+                for g in 0..GROUPS {
+                    s[r][g] = _mm512_dpbusd_epi32(s[r][g], w[g], y);
+                }
             }
-            let sumi = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-            let scale = _mm512_mul_ps(ws, _mm512_set1_ps(blk.d));
-            acc[r] = _mm512_fmadd_ps(sumi, scale, acc[r]);
-            if C::MIN {
-                acc[r] = _mm512_fmadd_ps(wm, _mm512_set1_ps(blk.s), acc[r]);
+        }
+        for g in 0..GROUPS {
+            let at = b * PANEL_ROWS + g * PANEL;
+            let ws = _mm512_loadu_ps(scales.as_ptr().add(at));
+            let wm = match C::MIN {
+                true => _mm512_loadu_ps(mins.as_ptr().add(at)),
+                false => _mm512_setzero_ps(),
+            };
+            for r in 0..R {
+                let sumi = _mm512_cvtepi32_ps(s[r][g]);
+                let scale = _mm512_mul_ps(ws, _mm512_set1_ps(blk[r].d));
+                acc[r][g] = _mm512_fmadd_ps(sumi, scale, acc[r][g]);
+                if C::MIN {
+                    acc[r][g] = _mm512_fmadd_ps(wm, _mm512_set1_ps(blk[r].s), acc[r][g]);
+                }
             }
         }
     }
-    acc
+    *out = acc;
 }

@@ -148,10 +148,18 @@ fn avx512_gemm_kernel_equals_the_row_kernel_bit_for_bit() {
     let Some(k) = detect() else { return };
     for ty in AVX512_TYPES {
         let format = Format::of(ty).unwrap();
-        // 1, 17 and 33 rows leave partial panels; 256 and 1280 columns odd and even blocks.
-        for (s, &(n, cols)) in [(1, 256), (17, 256), (33, 1280), (16, 512)]
-            .iter()
-            .enumerate()
+        // 1, 17, 33, 70 and 130 rows leave partial blocks and 64-row panels (130: a last
+        // panel of two rows, its unused blocks zeroed); 256 and 1280 columns odd and even blocks.
+        for (s, &(n, cols)) in [
+            (1, 256),
+            (17, 256),
+            (33, 1280),
+            (16, 512),
+            (70, 256),
+            (130, 1280),
+        ]
+        .iter()
+        .enumerate()
         {
             let blocks = random_blocks(ty, n, cols, 40 + s as u64);
             let data = bytes(&blocks);

@@ -65,6 +65,13 @@ pub const GEMM_MIN_ROWS: usize = 4;
 
 /// Activation rows per task.
 pub const ACT_ROWS: usize = 64;
+/// Weight rows of the widest GEMM panel (the zmm ones'): the GEMMs' tasks take whole multiples.
+const GEMM_PANEL_ROWS: usize = 64;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(
+    GEMM_PANEL_ROWS.is_multiple_of(kquants::avx512_panel::PANEL_ROWS)
+        && GEMM_PANEL_ROWS.is_multiple_of(avx512_panel::PANEL_ROWS)
+);
 /// Bytes of weight rows per task at most (a task's weights are swept once per four activation
 /// rows, so they should stay in L2).
 const TASK_WEIGHT_BYTES: usize = 256 * 1024;
@@ -182,29 +189,26 @@ pub fn run(
         let row_bytes = mm.weight.row_bytes();
         let out = Out::new(out, mm.rows);
         let dot = Dot::new(mm.format, kernel);
-        // The AMX GEMMs and the k-quant AVX-512 one decode each weight panel once per task and
-        // sweep all the task's activation rows over it: longer activation runs share that
-        // decoding, and the task's weights are read once (no L2 cap on them; a longer run of
-        // weight rows shares the task's activation packing).
+        // The AMX and zmm GEMMs decode each weight panel once per task and sweep all the
+        // task's activation rows over it: longer activation runs share that decoding, and the
+        // task's weights are read once (no L2 cap on them; a longer run of weight rows shares
+        // the task's activation packing). Their panels (64 rows at most) are not split
+        // between tasks.
         #[cfg(target_arch = "x86_64")]
-        let amx_rows = amx_task_rows(&dot, m, kb).or_else(|| match dot.format {
+        let gemm_rows = amx_task_rows(&dot, m, kb).or_else(|| match dot.format {
             Format::K(f) => kquants::avx512_panel::task_rows(kernel, f, m),
-            _ => None,
+            _ => (dot.avx512.is_some() && tiling == Tiling::Tiled && m >= GEMM_MIN_ROWS)
+                .then_some(avx512_panel::TASK_ROWS),
         });
         #[cfg(not(target_arch = "x86_64"))]
-        let amx_rows: Option<usize> = None;
-        let weight_cap = match amx_rows {
-            Some(_) => usize::MAX,
-            None => TASK_WEIGHT_BYTES / row_bytes.max(1),
+        let gemm_rows: Option<usize> = None;
+        let (weight_cap, panel_rows) = match gemm_rows {
+            Some(_) => (usize::MAX, GEMM_PANEL_ROWS),
+            None => (TASK_WEIGHT_BYTES / row_bytes.max(1), 1),
         };
         let per_task = n_total.div_ceil(weight_chunks).min(weight_cap).max(4);
-        // The GEMMs' panels (the k-quant zmm one's 64 rows) are not split between tasks.
-        #[cfg(target_arch = "x86_64")]
-        let per_task = match amx_rows {
-            Some(_) => per_task.next_multiple_of(kquants::avx512_panel::PANEL_ROWS),
-            None => per_task,
-        };
-        let act_rows = amx_rows.unwrap_or(ACT_ROWS);
+        let per_task = per_task.next_multiple_of(panel_rows);
+        let act_rows = gemm_rows.unwrap_or(ACT_ROWS);
         for first in (0..m).step_by(act_rows) {
             for w0 in (0..mm.rows).step_by(per_task) {
                 tasks.push(Task {
@@ -280,11 +284,7 @@ impl Task<'_> {
             // where that is it, see `Avx512::row_wins`).
             let rows: Vec<&[Q8Block]> = self.acts.clone().map(|i| row(i).q8).collect();
             let (first, format) = (self.acts.start, self.dot.format);
-            let mut put = |i: usize, r0: usize, ys: &[f32]| {
-                for (r, &y) in (r0..).zip(ys) {
-                    self.out.set(first + i, r, y);
-                }
-            };
+            let mut put = |i: usize, r0: usize, ys: &[f32]| self.out.set_run(first + i, r0, ys);
             let weights = self.weights.clone();
             if avx512_panel::run(
                 k,
