@@ -57,23 +57,36 @@ pub fn round_to_i8(x: f32) -> i8 {
 }
 
 /// Quantizes one row `x` (its length a multiple of [`BLOCK`]) into `out` (`x.len() / BLOCK`
-/// blocks).
+/// blocks); on AVX2 by [`super::activation_avx2`], equal bit for bit.
 pub fn quantize_row(x: &[f32], out: &mut [Q8Block]) {
-    for (block, xs) in out.iter_mut().zip(x.chunks_exact(BLOCK)) {
-        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let d16 = f16::from_f32(d);
-        let mut sum = 0i32;
-        for (q, &v) in block.qs.iter_mut().zip(xs) {
-            // |v * id| <= 127 up to rounding, so nothing is clipped.
-            *q = round_to_i8(v * id);
-            sum += i32::from(*q);
+    let (blocks, _) = x.as_chunks::<BLOCK>();
+    #[cfg(target_arch = "x86_64")]
+    if let Some(k) = super::activation_avx2::Avx2::detect() {
+        for (block, xs) in out.iter_mut().zip(blocks) {
+            k.block_q8(xs, block);
         }
-        block.d = d16.to_f32();
-        block.s = (f16::from_f32(sum as f32) * d16).to_f32();
-        block.isum = sum;
+        return;
     }
+    for (block, xs) in out.iter_mut().zip(blocks) {
+        quantize_block(xs, block);
+    }
+}
+
+/// [`quantize_row`]'s block, in scalar code.
+pub(super) fn quantize_block(xs: &[f32; BLOCK], block: &mut Q8Block) {
+    let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let d16 = f16::from_f32(d);
+    let mut sum = 0i32;
+    for (q, &v) in block.qs.iter_mut().zip(xs) {
+        // |v * id| <= 127 up to rounding, so nothing is clipped.
+        *q = round_to_i8(v * id);
+        sum += i32::from(*q);
+    }
+    block.d = d16.to_f32();
+    block.s = (f16::from_f32(sum as f32) * d16).to_f32();
+    block.isum = sum;
 }
 
 /// Which quantized activations a weight format's kernel reads.

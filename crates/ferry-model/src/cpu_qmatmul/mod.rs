@@ -20,6 +20,10 @@
 
 pub mod activation;
 #[cfg(target_arch = "x86_64")]
+pub mod activation_avx2;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod activation_avx2_tests;
+#[cfg(target_arch = "x86_64")]
 pub mod amx;
 #[cfg(target_arch = "x86_64")]
 pub mod amx_panel;

@@ -37,31 +37,46 @@ impl Q8KBlock {
 }
 
 /// Quantizes one row `x` (its length a multiple of [`QK_K`]) into `out` (`x.len() / QK_K`
-/// blocks).
+/// blocks); on AVX2 by [`crate::cpu_qmatmul::activation_avx2`], equal bit for bit.
 pub fn quantize_row_k(x: &[f32], out: &mut [Q8KBlock]) {
-    for (block, xs) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
-        let (mut max, mut amax) = (0f32, 0f32);
-        for &v in xs {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
+    let (blocks, _) = x.as_chunks::<QK_K>();
+    #[cfg(target_arch = "x86_64")]
+    if let Some(k) = crate::cpu_qmatmul::activation_avx2::Avx2::detect() {
+        for (block, xs) in out.iter_mut().zip(blocks) {
+            if !k.block_q8k(xs, block) {
+                quantize_block_k(xs, block);
             }
         }
-        if amax == 0.0 {
-            *block = Q8KBlock::ZERO;
-            continue;
-        }
-        let iscale = -127.0 / max;
-        for (q, &v) in block.qs.iter_mut().zip(xs) {
-            // |v * iscale| <= 127 up to rounding; the saturation only guards that rounding.
-            *q = round_to_i8(iscale * v);
-        }
-        for (s, g) in block.bsums.iter_mut().zip(block.qs.chunks_exact(GROUP)) {
-            // At most 16 * 128 in magnitude, so it fits an i16.
-            *s = g.iter().map(|&q| i16::from(q)).sum();
-        }
-        block.d = 1.0 / iscale;
+        return;
     }
+    for (block, xs) in out.iter_mut().zip(blocks) {
+        quantize_block_k(xs, block);
+    }
+}
+
+/// [`quantize_row_k`]'s block, in scalar code.
+pub(crate) fn quantize_block_k(xs: &[f32; QK_K], block: &mut Q8KBlock) {
+    let (mut max, mut amax) = (0f32, 0f32);
+    for &v in xs {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax == 0.0 {
+        *block = Q8KBlock::ZERO;
+        return;
+    }
+    let iscale = -127.0 / max;
+    for (q, &v) in block.qs.iter_mut().zip(xs) {
+        // |v * iscale| <= 127 up to rounding; the saturation only guards that rounding.
+        *q = round_to_i8(iscale * v);
+    }
+    for (s, g) in block.bsums.iter_mut().zip(block.qs.chunks_exact(GROUP)) {
+        // At most 16 * 128 in magnitude, so it fits an i16.
+        *s = g.iter().map(|&q| i16::from(q)).sum();
+    }
+    block.d = 1.0 / iscale;
 }
 
 #[cfg(test)]
