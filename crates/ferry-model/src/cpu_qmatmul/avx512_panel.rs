@@ -138,7 +138,11 @@ unsafe fn panels<C: Codec>(
             let blocks = chunk..(chunk + CHUNK_BLOCKS).min(kb);
             let mut i = 0;
             while i + SWEEP <= acts.len() {
-                let rows: [&[Q8Block]; SWEEP] = std::array::from_fn(|r| acts[i + r]);
+                // A loop, not `from_fn`: its closure was left a call (and a `vzeroupper`).
+                let mut rows: [&[Q8Block]; SWEEP] = [&[]; SWEEP];
+                for (r, row) in rows.iter_mut().enumerate() {
+                    *row = acts[i + r];
+                }
                 let acc = &mut *acc.as_mut_ptr().add(i).cast::<[[__m512; GROUPS]; SWEEP]>();
                 sweep::<SWEEP, C>(&packed, &scales, &mins, rows, blocks.clone(), acc);
                 i += SWEEP;
