@@ -10,6 +10,8 @@
 # (name the CPU with it: AVX2-only and AVX-512 machines differ).
 #
 # Usage: benches/compare-llama-cpp.sh [THREADS] [GEN_TOKENS] [RUNS]
+#   RUNS (default 2) processes of each engine per row, alternating ferry and llama.cpp, each
+#   process running the request twice; the table takes the median of their second (warm) runs.
 #   FERRY_COMPARE_MODE     native (default): each engine on everything the CPU has; avx2: both held
 #                          to AVX2 + FMA + F16C (an AVX2-only CPU such as AMD Zen 2/3 on this
 #                          one): ferry with `--cpu-qmatmul avx2` (no AVX-512, AVX-VNNI or AMX,
@@ -120,27 +122,35 @@ for name in $models; do
     warm="$(warm_read "$path")"
     for prompt_tokens in $prompts; do
         echo "compare: $name, $prompt_tokens-token prompt, $threads threads" >&2
-        if ferry_out="$(RAYON_NUM_THREADS="$threads" cargo bench --profile "$profile" --quiet --bench decode -- \
-                --model "$path" --prompt-tokens "$prompt_tokens" --gen-tokens "$gen_tokens" \
-                --runs "$runs" --cpu-qmatmul "$ferry_kernels" 2>/tmp/ferry-compare-stderr.$$)"; then
-            ferry_err=""
-        else
-            ferry_err="$(grep -v '^\s*$' /tmp/ferry-compare-stderr.$$ | grep -iE 'error|cannot' | tail -n 1 || true)"
-            ferry_out=""
-        fi
-        rm -f /tmp/ferry-compare-stderr.$$
-        # The peer gets ferry's prompt ids; when ferry could not load the file, the same passage
-        # length in ids of the peer's own (any ids do for throughput).
-        if [ -n "$ferry_out" ]; then
-            ids="$(echo "$ferry_out" | head -n 1 | sed 's/.*"prompt_ids":\(\[[0-9, ]*\]\).*/\1/')"
-        else
-            ids="$(python3 -c "import json; print(json.dumps([(i * 7919) % 20000 + 100 for i in range($prompt_tokens)]))")"
-        fi
-        peer_out="$("$venv/bin/python" benches/llama_cpp_peer.py "$path" "$ids" "$gen_tokens" "$runs" "$threads" 2>/dev/null || true)"
+        # One process of each side at a time, alternating, so that both see the same phases of
+        # a noisy machine (a VM's speed drifts by 15-30 % over minutes); each process runs the
+        # request twice and only the second (warm) run counts.
+        ferry_out=""; ferry_err=""; peer_out=""
+        for _ in $(seq "$runs"); do
+            if one="$(RAYON_NUM_THREADS="$threads" cargo bench --profile "$profile" --quiet --bench decode -- \
+                    --model "$path" --prompt-tokens "$prompt_tokens" --gen-tokens "$gen_tokens" \
+                    --runs 2 --cpu-qmatmul "$ferry_kernels" 2>/tmp/ferry-compare-stderr.$$)"; then
+                ferry_out="$ferry_out$one"$'\n'
+            else
+                ferry_err="$(grep -v '^\s*$' /tmp/ferry-compare-stderr.$$ | grep -iE 'error|cannot' | tail -n 1 || true)"
+            fi
+            rm -f /tmp/ferry-compare-stderr.$$
+            # The peer gets ferry's prompt ids; when ferry could not load the file, the same
+            # passage length in ids of the peer's own (any ids do for throughput).
+            if [ -n "$ferry_out" ]; then
+                ids="$(echo "$ferry_out" | head -n 1 | sed 's/.*"prompt_ids":\(\[[0-9, ]*\]\).*/\1/')"
+            else
+                ids="$(python3 -c "import json; print(json.dumps([(i * 7919) % 20000 + 100 for i in range($prompt_tokens)]))")"
+            fi
+            peer_out="$peer_out$("$venv/bin/python" benches/llama_cpp_peer.py "$path" "$ids" "$gen_tokens" 2 "$threads" 2>/dev/null || true)"$'\n'
+        done
+        [ -n "$ferry_out" ] && ferry_err=""
         python3 - "$name" "$prompt_tokens" "$size" "$warm" "$ferry_out" "$ferry_err" "$peer_out" >>"$results" <<'PY'
 import json, sys
 name, prompt, size, warm, ferry, ferry_err, peer = sys.argv[1:8]
-rows = lambda text: [json.loads(l) for l in text.splitlines() if l.strip().startswith("{")]
+# Each process's warm runs (its first run is the warm-up).
+rows = lambda text: [r for r in (json.loads(l) for l in text.splitlines() if l.strip().startswith("{"))
+                     if r.get("run", 1) >= 1]
 ferry_rows = rows(ferry)
 for r in ferry_rows:
     r.pop("prompt_ids", None)
