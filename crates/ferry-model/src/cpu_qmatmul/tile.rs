@@ -172,12 +172,11 @@ pub fn run(
 ) -> Result<()> {
     let n_total: usize = jobs.iter().map(|(mm, _)| mm.rows).sum();
     let parallel = n_total * kb * m >= PARALLEL_MIN_BLOCKS;
-    let act_chunks = m.div_ceil(ACT_ROWS);
-    // Enough tasks for rayon to balance (four per thread), counting the activation chunks.
-    let weight_chunks = if parallel {
-        (4 * rayon::current_num_threads()).div_ceil(act_chunks)
-    } else {
-        1
+    // Enough tasks for rayon to balance (four per thread), counting the activation chunks of
+    // the rows a task takes (`ACT_ROWS`, or a GEMM's longer runs: see below).
+    let weight_chunks = |act_rows: usize| match parallel {
+        true => (4 * rayon::current_num_threads()).div_ceil(m.div_ceil(act_rows)),
+        false => 1,
     };
     let mats: Vec<&CpuQMatMul> = jobs.iter().map(|(mm, _)| *mm).collect();
     let datas = mats
@@ -212,9 +211,12 @@ pub fn run(
             Some(_) => (usize::MAX, GEMM_PANEL_ROWS),
             None => (TASK_WEIGHT_BYTES / row_bytes.max(1), 1),
         };
-        let per_task = n_total.div_ceil(weight_chunks).min(weight_cap).max(4);
-        let per_task = per_task.next_multiple_of(panel_rows);
         let act_rows = gemm_rows.unwrap_or(ACT_ROWS);
+        let per_task = n_total
+            .div_ceil(weight_chunks(act_rows))
+            .min(weight_cap)
+            .max(4);
+        let per_task = per_task.next_multiple_of(panel_rows);
         for first in (0..m).step_by(act_rows) {
             for w0 in (0..mm.rows).step_by(per_task) {
                 tasks.push(Task {
