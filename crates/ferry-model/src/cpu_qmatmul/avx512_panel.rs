@@ -6,7 +6,7 @@
 //! of the panel's rows is decoded once ([`super::avx512::Codec`]: 32 unsigned bytes and a
 //! scale; Q5_0 / Q5_1 merge their high bits from `qh` into the nibbles there), sixteen rows at
 //! a time transposed in registers, so one 512-bit register holds four consecutive weights of
-//! each of sixteen rows. Then the task's activation rows (up to [`TASK_ROWS`]) sweep the panel
+//! each of sixteen rows. Then the task's activation rows (up to [`super::tile::GEMM_TASK_ROWS`]) sweep the panel
 //! three at a time, four blocks (a chunk, 8 KiB, kept in L1) at a time: per block, eight
 //! broadcast activation words, each meeting the four weight registers by `vpdpbusd`, give the
 //! 64 rows' exact integer block sums in lanes (no horizontal sums), and one FMA per block and
@@ -36,9 +36,6 @@ const PANEL: usize = 16;
 const GROUPS: usize = 4;
 /// Weight rows per panel (the tiled matmul hands out weight ranges in multiples of it).
 pub const PANEL_ROWS: usize = PANEL * GROUPS;
-/// Activation rows per task of the tiled matmul (the decoding of a panel is shared by all of
-/// them; as [`super::kquants::avx512_panel::TASK_ROWS`]).
-pub const TASK_ROWS: usize = 256;
 /// Activation rows per sweep (twelve block sums, each a chain of eight `vpdpbusd` per block,
 /// and twelve accumulators; two rows, eight chains, measured 4-13 % slower).
 const SWEEP: usize = 3;

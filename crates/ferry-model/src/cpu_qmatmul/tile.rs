@@ -16,8 +16,9 @@
 //! arithmetic exactly, so the tiling never changes a result.
 //!
 //! On AVX-512 VNNI CPUs a call of at least [`GEMM_MIN_ROWS`] rows of a format
-//! [`super::avx512_panel`] has runs each task through that GEMM kernel instead (sixteen weight
-//! rows decoded once per task, every activation row swept over them). It equals the AVX-512
+//! [`super::avx512_panel`] has runs each task through that GEMM kernel instead (64-row weight
+//! panels decoded once per task of up to [`GEMM_TASK_ROWS`] activation rows, every activation
+//! row swept over them). It equals the AVX-512
 //! one-row kernel bit for bit; where the row-at-a-time products keep the AVX2 kernel
 //! ([`super::avx512::Avx512::row_wins`]), or take Q5's own ([`super::q5_avx512`]), the
 //! prompt's and the decode's results differ by float summation order only. Off the AVX-512 path (no AVX-512 VNNI, or `Kernel::Avx2` /
@@ -27,8 +28,8 @@
 //! AVX-VNNI tile path (Q2_K / Q3_K below the zmm GEMM's rows on the AVX-512 one too) through [`kquants::avx2_panel`],
 //! bit for bit the one-row k-quant dots; on the AVX-512 one calls of at least
 //! [`kquants::avx512_panel::MIN_ROWS`] rows of every k-quant through [`kquants::avx512_panel`]
-//! instead (sixteen-row zmm panels, tasks of up to [`kquants::avx512_panel::TASK_ROWS`]
-//! activation rows), bit for bit the same.
+//! instead (64-row zmm panels, tasks of up to [`GEMM_TASK_ROWS`] activation rows, as the AVX2
+//! k-quant GEMM's), bit for bit the same.
 //!
 //! On AMX CPUs (`Kernel::Auto`) a call of at least [`kquants::amx_tile::min_rows`] rows of
 //! Q4_K, Q5_K or Q6_K runs each task through [`kquants::amx_tile`] (int8 tile multiplies of
@@ -65,6 +66,12 @@ pub const GEMM_MIN_ROWS: usize = 4;
 
 /// Activation rows per task.
 pub const ACT_ROWS: usize = 64;
+/// Activation rows per task of the zmm GEMMs and the AVX2 k-quant one (the decoding of a
+/// panel is shared by all of them). Measured at 512 rows, 2 threads: the k-quant zmm GEMM
+/// (4096 x 4096) 1.06-1.2x as fast with 128 rows as with 64 and 1.1-1.2x with 256; the
+/// 32-element one (5632 x 2048) 1.2-1.4x with 256; the AVX2 k-quant one 1.12-1.14x with 256
+/// (the AVX2 32-element panel measured 8-12 % slower with 256 and keeps [`ACT_ROWS`]).
+pub const GEMM_TASK_ROWS: usize = 256;
 /// Weight rows of the widest GEMM panel (the zmm ones'): the GEMMs' tasks take whole multiples.
 const GEMM_PANEL_ROWS: usize = 64;
 #[cfg(target_arch = "x86_64")]
@@ -190,20 +197,16 @@ pub fn run(
         let dot = Dot::new(mm.format, kernel);
         // The AMX, zmm and AVX2 k-quant GEMMs decode each weight panel once per task and sweep
         // all the task's activation rows over it: longer activation runs share that decoding
-        // (the AVX2 k-quant panel: 1.12-1.14x with 256 rows instead of 64, Q4_K / Q6_K at 512),
         // and the task's weights are read once (no L2 cap on them; a longer run of weight rows
         // shares the task's activation packing). Their panels (64 rows at most) are not split
         // between tasks.
         #[cfg(target_arch = "x86_64")]
         let gemm_rows = amx_task_rows(&dot, m, kb).or_else(|| match dot.format {
-            Format::K(f) => kquants::avx512_panel::task_rows(kernel, f, m).or_else(|| {
-                (tiling == Tiling::Tiled && kquants::avx2_panel::takes(kernel, f, m))
-                    .then_some(avx512_panel::TASK_ROWS)
-            }),
-            // (The AVX2 panel of these formats measured 8-12 % slower with 256-row tasks:
-            // it keeps the default.)
+            Format::K(f) => (kquants::avx512_panel::takes(kernel, f, m)
+                || tiling == Tiling::Tiled && kquants::avx2_panel::takes(kernel, f, m))
+            .then_some(GEMM_TASK_ROWS),
             _ => (dot.avx512.is_some() && tiling == Tiling::Tiled && m >= GEMM_MIN_ROWS)
-                .then_some(avx512_panel::TASK_ROWS),
+                .then_some(GEMM_TASK_ROWS),
         });
         #[cfg(not(target_arch = "x86_64"))]
         let gemm_rows: Option<usize> = None;

@@ -302,17 +302,6 @@ pub fn takes(kernel: Kernel, format: KFormat, m: usize) -> bool {
     m >= MIN_ROWS && handles(format) && Path::detect(kernel) == Some(Path::Avx512)
 }
 
-/// Activation rows per task of a call [`takes`] (the tiled matmul's default is 64): the
-/// decoding of a panel's block is shared by all of them. Measured at 512 rows (4096 x 4096,
-/// 2 threads): 128 rows 1.06-1.2x as fast as 64, 256 rows 1.1-1.2x.
-pub const TASK_ROWS: usize = 256;
-
-/// Activation rows per task of a call of `m` rows of `format` under `kernel`: [`TASK_ROWS`]
-/// where [`takes`] it, `None` where not.
-pub fn task_rows(kernel: Kernel, format: KFormat, m: usize) -> Option<usize> {
-    takes(kernel, format, m).then_some(TASK_ROWS)
-}
-
 /// Computes `acts[i] . W[r]` for every activation row `i` of `acts` and weight row `r` in
 /// `weights` of the `format` matrix `data` (`row_stride` bytes per row), handing them out as
 /// `out(i, r0, values of rows r0..)`; returns whether it did (every k-quant, rows of less than
