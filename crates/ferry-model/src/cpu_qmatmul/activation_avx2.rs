@@ -4,8 +4,8 @@
 //!
 //! The same float operations lane by lane: the largest magnitude by `vmaxps` (NaN lanes
 //! ignored, as the scalar comparisons ignore them), the scaled values rounded half away from
-//! zero by [`super::activation::round_to_i8`]'s truncation and fraction test, NaN to 0; then packed to bytes, the
-//! group sums taken by `vpsadbw` of the bytes offset to unsigned.
+//! zero by [`super::activation::round_to_i8`]'s truncation and fraction test, NaN to 0; then
+//! packed to bytes, the group sums taken by `vpsadbw` of the bytes offset to unsigned.
 
 use std::arch::x86_64::*;
 
