@@ -6,8 +6,9 @@
 //! of the panel's rows is decoded once ([`super::avx512::Codec`]: 32 unsigned bytes and a
 //! scale; Q5_0 / Q5_1 merge their high bits from `qh` into the nibbles there), sixteen rows at
 //! a time transposed in registers, so one 512-bit register holds four consecutive weights of
-//! each of sixteen rows. Then the task's activation rows (up to [`super::tile::GEMM_TASK_ROWS`]) sweep the panel
-//! three at a time, four blocks (a chunk, 8 KiB, kept in L1) at a time: per block, eight
+//! each of sixteen rows. Then the task's activation rows (up to
+//! [`super::tile::GEMM_TASK_ROWS`]) sweep the panel three at a time, four blocks (a chunk,
+//! 8 KiB, kept in L1) at a time: per block, eight
 //! broadcast activation words, each meeting the four weight registers by `vpdpbusd`, give the
 //! 64 rows' exact integer block sums in lanes (no horizontal sums), and one FMA per block and
 //! register adds `sumi * (d * a.d)` to the row's outputs. That is, lane for lane, the
