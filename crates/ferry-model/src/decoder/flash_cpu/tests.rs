@@ -59,6 +59,19 @@ const BASE: Case = Case {
 };
 
 impl Case {
+    /// One decode step (a single query row) after `pos` cached positions, the rest as [`BASE`].
+    fn decode(heads: usize, kv_heads: usize, dim: usize, pos: usize, cache: DType) -> Case {
+        Case {
+            heads,
+            kv_heads,
+            dim,
+            pos,
+            seq: 1,
+            cache,
+            ..BASE
+        }
+    }
+
     /// The cache's format.
     fn format(&self) -> KvFormat {
         self.blocks.unwrap_or(KvFormat::Dense(self.cache))
@@ -585,17 +598,7 @@ fn the_kernel_choice_holds_attention_to_its_instruction_sets() {
 fn decode_at_many_context_lengths_matches_on_every_instruction_set() {
     let (heads, kv_heads, dim) = (9, 3, 64);
     for pos in [0, 1, 15, 16, 63, 127, 128, 129, 300, 1000, 2100] {
-        assert_isas_close(
-            Case {
-                heads,
-                kv_heads,
-                dim,
-                pos,
-                seq: 1,
-                ..BASE
-            },
-            None,
-        );
+        assert_isas_close(Case::decode(heads, kv_heads, dim, pos, DType::F32), None);
     }
 }
 
@@ -603,18 +606,7 @@ fn decode_at_many_context_lengths_matches_on_every_instruction_set() {
 fn decode_split_into_key_ranges_matches_with_a_partial_last_range() {
     for (pos, ranges) in [(9, 2), (100, 3), (299, 7), (500, 4), (999, 16), (40, 41)] {
         for cache in [DType::F32, DType::F16, DType::BF16] {
-            assert_isas_close(
-                Case {
-                    heads: 8,
-                    kv_heads: 2,
-                    dim: 32,
-                    pos,
-                    seq: 1,
-                    cache,
-                    ..BASE
-                },
-                Some(ranges),
-            );
+            assert_isas_close(Case::decode(8, 2, 32, pos, cache), Some(ranges));
         }
     }
 }
@@ -623,17 +615,7 @@ fn decode_split_into_key_ranges_matches_with_a_partial_last_range() {
 fn decode_of_odd_dims_and_wide_groups_matches_on_every_instruction_set() {
     // Groups past the kernels' four rows per pass, and widths with a scalar tail.
     for (heads, kv_heads, dim) in [(7, 1, 64), (12, 2, 80), (6, 3, 33), (5, 5, 7), (16, 2, 128)] {
-        assert_isas_close(
-            Case {
-                heads,
-                kv_heads,
-                dim,
-                pos: 260,
-                seq: 1,
-                ..BASE
-            },
-            Some(3),
-        );
+        assert_isas_close(Case::decode(heads, kv_heads, dim, 260, DType::F32), Some(3));
     }
 }
 
@@ -661,18 +643,7 @@ fn decode_windows_soft_cap_and_half_caches_match_on_every_instruction_set() {
         Some(3),
     );
     for cache in [DType::F16, DType::BF16] {
-        assert_isas_close(
-            Case {
-                heads: 9,
-                kv_heads: 3,
-                dim: 64,
-                pos: 777,
-                seq: 1,
-                cache,
-                ..BASE
-            },
-            None,
-        );
+        assert_isas_close(Case::decode(9, 3, 64, 777, cache), None);
     }
 }
 
@@ -773,18 +744,7 @@ fn decode_key_blocks_their_tails_and_odd_widths_match_on_every_instruction_set()
         for dim in [64, 128, 40, 33, 7] {
             for (pos, ranges) in [(15, 1), (16, 1), (46, 2), (142, 1), (300, 3)] {
                 for cache in [DType::F32, DType::F16, DType::BF16] {
-                    assert_isas_close(
-                        Case {
-                            heads,
-                            kv_heads,
-                            dim,
-                            pos,
-                            seq: 1,
-                            cache,
-                            ..BASE
-                        },
-                        Some(ranges),
-                    );
+                    assert_isas_close(Case::decode(heads, kv_heads, dim, pos, cache), Some(ranges));
                 }
             }
         }
