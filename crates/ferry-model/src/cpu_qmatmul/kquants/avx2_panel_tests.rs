@@ -8,14 +8,6 @@ use super::super::{scalar, KFormat};
 use crate::cpu_qmatmul::avx2::Avx2;
 use crate::cpu_qmatmul::test_support::{drift_values, random_bytes};
 
-const FORMATS: [KFormat; 5] = [
-    KFormat::Q2K,
-    KFormat::Q3K,
-    KFormat::Q4K,
-    KFormat::Q5K,
-    KFormat::Q6K,
-];
-
 /// `n` rows of `kb` random super-blocks of `format` with small finite f16 scales.
 fn weights(format: KFormat, n: usize, kb: usize, seed: u64) -> Vec<u8> {
     let bytes = format.block_bytes();
@@ -52,7 +44,7 @@ fn k_quant_avx2_gemm_equals_the_scalar_row_kernel_bit_for_bit() {
         eprintln!("skipped: this CPU lacks AVX2/FMA/F16C");
         return;
     }
-    for format in FORMATS {
+    for format in KFormat::ALL {
         for (s, &(n, kb)) in [(1, 1), (17, 2), (9, 3)].iter().enumerate() {
             let data = weights(format, n, kb, 11 + s as u64);
             let row_bytes = data.len() / n;
@@ -92,7 +84,7 @@ fn a_changed_weight_bit_changes_the_k_quant_avx2_gemm_outputs() {
     if Avx2::detect().is_none() {
         return;
     }
-    for format in FORMATS {
+    for format in KFormat::ALL {
         let (n, kb, m) = (9, 2, 8);
         let data = weights(format, n, kb, 5);
         let x = drift_values(m * kb * QK_K, 6, 37);

@@ -11,14 +11,6 @@ use super::super::avx512_tile::Avx512;
 use super::super::{scalar, KFormat};
 use crate::cpu_qmatmul::test_support::{drift_values, random_bytes};
 
-const FORMATS: [KFormat; 5] = [
-    KFormat::Q2K,
-    KFormat::Q3K,
-    KFormat::Q4K,
-    KFormat::Q5K,
-    KFormat::Q6K,
-];
-
 /// `n` rows of `kb` random super-blocks of `format` with small finite f16 scales.
 fn weights(format: KFormat, n: usize, kb: usize, seed: u64) -> Vec<u8> {
     let bytes = format.block_bytes();
@@ -87,7 +79,7 @@ fn k_quant_avx512_gemm_equals_the_scalar_row_kernel_bit_for_bit() {
         eprintln!("skipped: this CPU lacks AVX-512 F/BW/VNNI");
         return;
     }
-    for format in FORMATS {
+    for format in KFormat::ALL {
         for (s, &(n, kb)) in [
             (1, 1),
             (16, 1),
@@ -166,7 +158,7 @@ fn a_changed_weight_bit_changes_the_avx512_gemm_outputs() {
     if Avx512::detect().is_none() {
         return;
     }
-    for format in FORMATS {
+    for format in KFormat::ALL {
         let (n, kb, m) = (19, 2, 8);
         let data = weights(format, n, kb, 5);
         let act = activations(m, kb, 6);

@@ -37,6 +37,15 @@ pub enum KFormat {
 }
 
 impl KFormat {
+    /// Every k-quant format.
+    pub const ALL: [KFormat; 5] = [
+        KFormat::Q2K,
+        KFormat::Q3K,
+        KFormat::Q4K,
+        KFormat::Q5K,
+        KFormat::Q6K,
+    ];
+
     /// Bytes per 256-element super-block.
     pub fn block_bytes(self) -> usize {
         match self {

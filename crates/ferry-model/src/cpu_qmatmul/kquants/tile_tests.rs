@@ -11,14 +11,6 @@ use super::{has_rows8, has_tile, rows4, rows8, Path, Rows4K, Rows8K};
 use crate::cpu_qmatmul::tile::Tiling;
 use crate::cpu_qmatmul::{test_support, CpuQMatMul, Kernel};
 
-const TILED: [KFormat; 5] = [
-    KFormat::Q2K,
-    KFormat::Q3K,
-    KFormat::Q4K,
-    KFormat::Q5K,
-    KFormat::Q6K,
-];
-
 /// How often the values' magnitude scale repeats along a row.
 const DRIFT: usize = 7;
 
@@ -70,7 +62,7 @@ fn paths() -> Vec<Path> {
 
 #[test]
 fn four_row_kernels_equal_four_scalar_one_row_dots_on_every_path() {
-    for format in TILED {
+    for format in KFormat::ALL {
         for kb in [1, 2, 3, 16] {
             for seed in 0..3 {
                 let w = random_row(format, kb, 40 + seed);
@@ -97,7 +89,7 @@ fn eight_row_kernels_equal_eight_scalar_one_row_dots() {
     if !Path::Avx512.available() {
         eprintln!("eight-row k-quant kernels skipped: no AVX-512 on this CPU");
     }
-    for format in TILED {
+    for format in KFormat::ALL {
         for kb in [1, 3, 16] {
             let w = random_row(format, kb, 90 + kb as u64);
             let mut act = activations(kb, 11, false);
@@ -129,7 +121,7 @@ fn unavailable_paths_fall_back() {
     let act = activations(1, 3, false);
     let r: Vec<&[Q8KBlock]> = act.chunks(1).collect();
     let a: Rows4K<'_> = [r[0], r[1], r[2], r[3]];
-    assert!(TILED.into_iter().all(has_tile));
+    assert!(KFormat::ALL.into_iter().all(has_tile));
     for path in Path::all().into_iter().filter(|p| !p.available()) {
         let w = random_row(KFormat::Q4K, 1, 5);
         assert_eq!(rows4(path, KFormat::Q4K, &w, a), None, "{path:?}");
