@@ -32,7 +32,7 @@ use std::ops::Range;
 
 use super::activation::Q8Block;
 use super::avx2::Avx2;
-use super::avx2_tile::has_vnni;
+use super::avx2_tile::{dpbusd, has_vnni};
 use super::avx512::{row_bytes, Codec, Iq4Nl, Iq4Xs, Mxfp4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::tile::{checked_blocks, GEMM_MIN_ROWS};
 use super::{amx_panel, Format, Kernel};
@@ -304,26 +304,6 @@ pub(super) unsafe fn transpose(r: [__m256i; 8]) -> [__m256i; 8] {
         _mm256_permute2x128_si256::<0x31>(u2, u6),
         _mm256_permute2x128_si256::<0x31>(u3, u7),
     ]
-}
-
-/// `vpdpbusd`: `acc` plus the sums of four `u8 * i8` products per lane (AVX-VNNI, VEX
-/// encoded, by `asm!` as in [`super::avx2_tile`]).
-///
-/// # Safety
-/// The CPU must have AVX2 and AVX-VNNI.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dpbusd(acc: __m256i, u: __m256i, y: __m256i) -> __m256i {
-    let mut acc = acc;
-    // SAFETY: the caller has AVX-VNNI; the instruction reads and writes registers only.
-    std::arch::asm!(
-        "{{vex}} vpdpbusd {acc}, {u}, {y}",
-        acc = inout(ymm_reg) acc,
-        u = in(ymm_reg) u,
-        y = in(ymm_reg) y,
-        options(pure, nomem, nostack, preserves_flags),
-    );
-    acc
 }
 
 /// The exact integer block sums of the eight panel rows (lanes) with activation block `blk`,

@@ -102,16 +102,27 @@ unsafe fn vnni_dot(w: __m256i, y: __m256i) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn vnni_sums(w: __m256i, y: __m256i) -> __m256i {
-    let mut sums = _mm256_setzero_si256();
+    dpbusd(_mm256_setzero_si256(), w, y)
+}
+
+/// `vpdpbusd`: `acc` plus the sums of four `u8 * i8` products per lane (AVX-VNNI, VEX
+/// encoded, by `asm!`: see [`has_vnni`]).
+///
+/// # Safety
+/// The CPU must have AVX2 and AVX-VNNI.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dpbusd(acc: __m256i, u: __m256i, y: __m256i) -> __m256i {
+    let mut acc = acc;
     // SAFETY: the caller has AVX-VNNI; the instruction reads and writes registers only.
     std::arch::asm!(
-        "{{vex}} vpdpbusd {acc}, {w}, {y}",
-        acc = inout(ymm_reg) sums,
-        w = in(ymm_reg) w,
+        "{{vex}} vpdpbusd {acc}, {u}, {y}",
+        acc = inout(ymm_reg) acc,
+        u = in(ymm_reg) u,
         y = in(ymm_reg) y,
         options(pure, nomem, nostack, preserves_flags),
     );
-    sums
+    acc
 }
 
 /// Three entry points per format: the kernel body compiled without AVX-VNNI, with it, and with
