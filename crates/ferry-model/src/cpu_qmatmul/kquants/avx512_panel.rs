@@ -416,9 +416,9 @@ unsafe fn panels<C: Panelled>(args: Args<'_, '_>) {
         dmin: _mm512_setzero_ps(),
     });
     // Q3_K: `128 A` of each activation row's blocks (`A` the block's activation sum), at
-    // `[i * kb + b]`.
+    // `[i * kb + b]`; empty for the other formats (no shift).
     let shifts: Vec<i32> = match C::MIN || C::SCALE_WORDS != 0 {
-        true => vec![0; m * kb],
+        true => Vec::new(),
         false => acts
             .iter()
             .flat_map(|a| a.iter())
@@ -472,7 +472,10 @@ unsafe fn sweep_rows<const R: usize, C: Panelled>(
     while i + R <= acts.len() {
         let a: [&Q8KBlock; R] = std::array::from_fn(|r| acts[i + r].get_unchecked(b));
         let kb = acts[i].len();
-        let sh: [i32; R] = std::array::from_fn(|r| shifts[(i + r) * kb + b]);
+        let sh: [i32; R] = std::array::from_fn(|r| match shifts.is_empty() {
+            true => 0,
+            false => shifts[(i + r) * kb + b],
+        });
         let acc = &mut *acc.as_mut_ptr().add(i).cast::<[[__m512; GROUPS]; R]>();
         sweep::<R, C>(blocks, a, sh, acc);
         i += R;
