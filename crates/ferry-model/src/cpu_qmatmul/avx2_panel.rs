@@ -307,18 +307,13 @@ pub(super) unsafe fn transpose(r: [__m256i; 8]) -> [__m256i; 8] {
 }
 
 /// The exact integer block sums of the eight panel rows (lanes) with activation block `blk`,
-/// the decoded words of the block in `w` (magnitudes for signed weights without VNNI, whose
-/// weights are at `signs`).
+/// the decoded words of the block in `w` (unsigned ones: the signed formats without VNNI take
+/// [`sweep_signed`]).
 ///
 /// # Safety
-/// The CPU must have AVX2 (and AVX-VNNI when `VNNI`); `signs` must hold the block's eight
-/// words when `C::SIGNED && !VNNI`.
+/// The CPU must have AVX2 (and AVX-VNNI when `VNNI`).
 #[inline(always)]
-unsafe fn block_sums<C: Codec16, const VNNI: bool>(
-    w: &[__m256i; WORDS],
-    signs: *const u32,
-    blk: &Q8Block,
-) -> __m256i {
+unsafe fn block_sums<C: Codec16, const VNNI: bool>(w: &[__m256i; WORDS], blk: &Q8Block) -> __m256i {
     let q = blk.qs.as_ptr().cast::<i32>();
     // Word j of the activations in every lane (a plain loop, not a closure, so that it is
     // compiled with the caller's target features).
@@ -336,27 +331,8 @@ unsafe fn block_sums<C: Codec16, const VNNI: bool>(
         }
         return _mm256_add_epi32(s0, s1);
     }
+    debug_assert!(!C::SIGNED);
     let ones = _mm256_set1_epi16(1);
-    if C::SIGNED {
-        let mut s0 = _mm256_setzero_si256();
-        let mut s1 = _mm256_setzero_si256();
-        for j in (0..WORDS).step_by(2) {
-            let p0 = _mm256_maddubs_epi16(
-                w[j],
-                _mm256_sign_epi8(y[j], _mm256_loadu_si256(signs.add(j * PANEL).cast())),
-            );
-            let p1 = _mm256_maddubs_epi16(
-                w[j + 1],
-                _mm256_sign_epi8(
-                    y[j + 1],
-                    _mm256_loadu_si256(signs.add((j + 1) * PANEL).cast()),
-                ),
-            );
-            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(p0, ones));
-            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(p1, ones));
-        }
-        return _mm256_add_epi32(s0, s1);
-    }
     let mut s = _mm256_set1_epi32(-C::OFFSET * blk.isum);
     for group in (0..WORDS).step_by(C::WORDS_PER_I16) {
         let mut s16 = _mm256_maddubs_epi16(w[group], y[group]);
@@ -380,10 +356,12 @@ unsafe fn sweep<const R: usize, C: Codec16, const VNNI: bool>(
 ) -> [__m256; R] {
     let kb = a[0].len();
     debug_assert!(panel.packed.len() >= kb * WORDS * PANEL && panel.scales.len() >= kb * PANEL);
+    if C::SIGNED && !VNNI {
+        return sweep_signed::<R, C>(panel, a);
+    }
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..kb {
         let base = panel.packed.as_ptr().add(b * WORDS * PANEL);
-        let signs = panel.signs.as_ptr().wrapping_add(b * WORDS * PANEL);
         let mut w = [_mm256_setzero_si256(); WORDS];
         for (j, w) in w.iter_mut().enumerate() {
             *w = _mm256_loadu_si256(base.add(j * PANEL).cast());
@@ -395,12 +373,56 @@ unsafe fn sweep<const R: usize, C: Codec16, const VNNI: bool>(
         };
         for r in 0..R {
             let blk = a[r].get_unchecked(b);
-            let sumi = _mm256_cvtepi32_ps(block_sums::<C, VNNI>(&w, signs, blk));
+            let sumi = _mm256_cvtepi32_ps(block_sums::<C, VNNI>(&w, blk));
             let scale = _mm256_mul_ps(ws, _mm256_set1_ps(blk.d));
             acc[r] = _mm256_fmadd_ps(sumi, scale, acc[r]);
             if C::MIN {
                 acc[r] = _mm256_fmadd_ps(wm, _mm256_set1_ps(blk.s), acc[r]);
             }
+        }
+    }
+    acc
+}
+
+/// [`sweep`] for the signed formats without AVX-VNNI (the sign trick): words outer, rows
+/// inner, so one word's magnitudes and weights are in registers at a time. (Holding all eight
+/// words of both, sixteen registers, spilled the rows' accumulators to the stack every block:
+/// Q8_0 and IQ4_XS ran at half the unsigned formats' rate.) The word loop is a runtime loop
+/// (unrolled, the scheduler hoists every load again). The integer sums are exact, so the
+/// order of their terms changes nothing.
+///
+/// # Safety
+/// As [`sweep`]; the panel's `signs` hold the weights (`C::SIGNED`).
+#[inline(always)]
+unsafe fn sweep_signed<const R: usize, C: Codec16>(
+    panel: &Panel<'_>,
+    a: [&[Q8Block]; R],
+) -> [__m256; R] {
+    debug_assert!(C::SIGNED && !C::MIN);
+    let kb = a[0].len();
+    debug_assert!(panel.signs.len() >= kb * WORDS * PANEL);
+    let ones = _mm256_set1_epi16(1);
+    let words = std::hint::black_box(WORDS);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for b in 0..kb {
+        let magnitudes = panel.packed.as_ptr().add(b * WORDS * PANEL);
+        let signs = panel.signs.as_ptr().add(b * WORDS * PANEL);
+        let mut sums = [_mm256_setzero_si256(); R];
+        for j in 0..words {
+            let w = _mm256_loadu_si256(magnitudes.add(j * PANEL).cast());
+            let s = _mm256_loadu_si256(signs.add(j * PANEL).cast());
+            for r in 0..R {
+                let q = a[r].get_unchecked(b).qs.as_ptr().cast::<i32>();
+                let y = _mm256_set1_epi32(q.add(j).read_unaligned());
+                let pairs = _mm256_maddubs_epi16(w, _mm256_sign_epi8(y, s));
+                sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs, ones));
+            }
+        }
+        let ws = _mm256_loadu_ps(panel.scales.as_ptr().add(b * PANEL));
+        for r in 0..R {
+            let blk = a[r].get_unchecked(b);
+            let scale = _mm256_mul_ps(ws, _mm256_set1_ps(blk.d));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), scale, acc[r]);
         }
     }
     acc
