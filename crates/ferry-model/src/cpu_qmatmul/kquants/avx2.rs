@@ -3,16 +3,22 @@
 //!
 //! Per 32-element chunk the weights are unpacked to unsigned bytes (0..63 at most), multiplied
 //! with the int8 activations by `vpmaddubsw` (no saturation: `2 * 63 * 127 < 2^15`), and the
-//! i16 pair sums by the chunk's two 16-element scales with `vpmaddwd`, accumulating in i32. The
-//! offset terms come from the activation's 16-element sums, so each block yields the same two
-//! exact integers as the scalar kernel and [`block_value`] combines them the same way: the
-//! results are bit-identical. Weights are prefetched as in [`crate::cpu_qmatmul::avx2`].
+//! i16 pair sums by the chunk's two 16-element scales with `vpmaddwd` (the scales picked by one
+//! `vpshufb` per chunk from a register holding eight of them in both halves), accumulating in
+//! i32. The offset terms come from the activation's 16-element sums, so each block yields the
+//! same two exact integers as the scalar kernel.
+//!
+//! The blocks are taken eight at a time ([`row`]): their integer lanes are summed across the
+//! eight blocks at once (a tree of `vphaddd`, not two horizontal sums per block), the eight
+//! `block_value`s are computed lane by lane with its very operations, and then added to the
+//! row's total one by one in block order, as the scalar kernel adds them: the results are
+//! bit-identical. Weights are prefetched as in [`crate::cpu_qmatmul::avx2`].
 
 use std::arch::x86_64::*;
 
-use super::super::avx2::{f16_at, Avx2, PREFETCH_AHEAD};
+use super::super::avx2::{Avx2, PREFETCH_AHEAD};
 use super::activation::Q8KBlock;
-use super::{block_value, scale_words_q3_k, scales_mins_k4, KFormat};
+use super::{scale_words_q3_k, scales_mins_k4, KFormat};
 
 /// Dot product of one row of `format` (at least `format.block_bytes() * a.len()` bytes) with
 /// `a`.
@@ -32,16 +38,6 @@ pub fn dot(k: Avx2, format: KFormat, w: &[u8], a: &[Q8KBlock]) -> f32 {
             KFormat::Q6K => q6_k(w.as_ptr(), a),
         }
     }
-}
-
-/// Sum of eight i32 lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn hsum_i32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<1>(s));
-    _mm_cvtsi128_si32(s)
 }
 
 /// From sixteen i16 scales, scale `2 c` in every lane of the low half and `2 c + 1` in the
@@ -96,58 +92,160 @@ pub(super) fn prefetch(p: *const u8, bytes: usize) {
     }
 }
 
+/// One k-quant's block for [`row`]: its bytes, where its f16 scales are, and its integer lanes.
+trait RowBlock {
+    /// Bytes per super-block.
+    const BYTES: usize;
+    /// Byte offset of the f16 `d`.
+    const D_AT: usize;
+    /// Byte offset of the f16 `dmin` (`None`: the format has none, its offset is in `sumi`).
+    const DMIN_AT: Option<usize>;
+    /// Two vectors of i32 lanes whose lane sums are the block's `sumi` and `summ` (zero where
+    /// [`DMIN_AT`](Self::DMIN_AT) is `None`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA, F16C; `p..p + BYTES` must be readable.
+    unsafe fn lanes(p: *const u8, a: &Q8KBlock) -> (__m256i, __m256i);
+}
+
+/// Blocks per group of [`row`] (the lanes of one register).
+const GROUP: usize = 8;
+
+/// The dot product of one row of `B` blocks at `w` with `a` (see the module header).
+///
 /// # Safety
-/// The CPU must have AVX2, FMA, F16C; `w..w + 84 * a.len()` must be readable.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q2_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
-    let m4 = _mm_set1_epi8(0x0F);
-    let m3 = _mm256_set1_epi8(3);
+/// The CPU must have AVX2, FMA, F16C; `w..w + B::BYTES * a.len()` must be readable.
+#[inline(always)]
+unsafe fn row<B: RowBlock>(w: *const u8, a: &[Q8KBlock]) -> f32 {
     let mut acc = 0f32;
-    for (i, a) in a.iter().enumerate() {
-        let p = w.add(84 * i);
-        prefetch(p, 84);
+    let mut sums = [_mm256_setzero_si256(); GROUP];
+    let mut mins = [_mm256_setzero_si256(); GROUP];
+    let mut d = [0u16; GROUP];
+    let mut dmin = [0u16; GROUP];
+    let mut ad = [0f32; GROUP];
+    let mut values = [0f32; GROUP];
+    for (g, group) in a.chunks(GROUP).enumerate() {
+        for (k, a) in group.iter().enumerate() {
+            let p = w.add(B::BYTES * (GROUP * g + k));
+            prefetch(p, B::BYTES);
+            (sums[k], mins[k]) = B::lanes(p, a);
+            d[k] = p.add(B::D_AT).cast::<u16>().read_unaligned();
+            if let Some(at) = B::DMIN_AT {
+                dmin[k] = p.add(at).cast::<u16>().read_unaligned();
+            }
+            ad[k] = a.d;
+        }
+        // Lanes past a short last group hold the previous group's values: computed, not added.
+        let sumi = _mm256_cvtepi32_ps(lane_sums(&sums));
+        let summ = _mm256_cvtepi32_ps(lane_sums(&mins));
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().cast()));
+        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(dmin.as_ptr().cast()));
+        let ad = _mm256_loadu_ps(ad.as_ptr());
+        // `block_value`, lane by lane: `(d * ad) * sumi - (dmin * ad) * summ`.
+        let value = _mm256_sub_ps(
+            _mm256_mul_ps(_mm256_mul_ps(d, ad), sumi),
+            _mm256_mul_ps(_mm256_mul_ps(dmin, ad), summ),
+        );
+        _mm256_storeu_ps(values.as_mut_ptr(), value);
+        for &v in &values[..group.len()] {
+            acc += v;
+        }
+    }
+    acc
+}
+
+/// Lane `k` of the result is the sum of the eight lanes of `v[k]` (exact, wrapping as the
+/// scalar kernel's i32 sums would).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn lane_sums(v: &[__m256i; GROUP]) -> __m256i {
+    // Each 128-bit half: [v0, v1, v2, v3] (and [v4..v7]) summed over that half's four lanes.
+    let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(q0, q1),
+        _mm256_permute2x128_si256::<0x31>(q0, q1),
+    )
+}
+
+/// Sixteen i16 scales as two registers, scales `0..8` in both halves of the first and `8..16`
+/// in both halves of the second, for [`chunk_scales`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn doubled(sc16: __m256i) -> [__m256i; 2] {
+    [
+        _mm256_permute2x128_si256::<0x00>(sc16, sc16),
+        _mm256_permute2x128_si256::<0x11>(sc16, sc16),
+    ]
+}
+
+/// `vpshufb` patterns: for chunk `c % 4`, the bytes of i16 `2 (c % 4)` in every lane of the low
+/// half and of i16 `2 (c % 4) + 1` in the high half.
+const PICK: [[u8; 32]; 4] = {
+    let mut pick = [[0u8; 32]; 4];
+    let mut c = 0;
+    while c < 4 {
+        let mut i = 0;
+        while i < 32 {
+            let word = 2 * c + i / 16;
+            pick[c][i] = (2 * word + i % 2) as u8;
+            i += 1;
+        }
+        c += 1;
+    }
+    pick
+};
+
+/// [`pair_scales`] from [`doubled`] scales: one `vpshufb` (`pair_scales` takes three shuffles).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn chunk_scales(doubled: &[__m256i; 2], c: usize) -> __m256i {
+    // SAFETY: `PICK[c % 4]` is 32 bytes.
+    let pick = unsafe { _mm256_loadu_si256(PICK[c % 4].as_ptr().cast()) };
+    _mm256_shuffle_epi8(doubled[c / 4], pick)
+}
+
+struct Q2;
+impl RowBlock for Q2 {
+    const BYTES: usize = 84;
+    const D_AT: usize = 80;
+    const DMIN_AT: Option<usize> = Some(82);
+    #[inline(always)]
+    unsafe fn lanes(p: *const u8, a: &Q8KBlock) -> (__m256i, __m256i) {
+        let m4 = _mm_set1_epi8(0x0F);
+        let m3 = _mm256_set1_epi8(3);
         let raw = _mm_loadu_si128(p.cast());
-        let sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+        let sc = doubled(_mm256_cvtepu8_epi16(_mm_and_si128(raw, m4)));
         let mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), m4));
-        let summ = hsum_i32(_mm256_madd_epi16(mn16, bsums(a)));
         let mut sum = _mm256_setzero_si256();
         for n in 0..2 {
             let mut q = _mm256_loadu_si256(p.add(16 + 32 * n).cast());
             for j in 0..4 {
                 let c = 4 * n + j;
                 let v = _mm256_and_si256(q, m3);
-                sum = _mm256_add_epi32(
-                    sum,
-                    chunk(v, a.qs.as_ptr().add(32 * c), pair_scales(sc16, c)),
-                );
+                let s = chunk(v, a.qs.as_ptr().add(32 * c), chunk_scales(&sc, c));
+                sum = _mm256_add_epi32(sum, s);
                 q = _mm256_srli_epi16::<2>(q);
             }
         }
-        acc += block_value(
-            f16_at(p.add(80)),
-            f16_at(p.add(82)),
-            a.d,
-            hsum_i32(sum),
-            summ,
-        );
+        (sum, _mm256_madd_epi16(mn16, bsums(a)))
     }
-    acc
 }
 
-/// # Safety
-/// The CPU must have AVX2, FMA, F16C; `w..w + 110 * a.len()` must be readable.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q3_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
-    let m3 = _mm256_set1_epi8(3);
-    let one = _mm256_set1_epi8(1);
-    let mut acc = 0f32;
-    for (i, a) in a.iter().enumerate() {
-        let p = w.add(110 * i);
-        prefetch(p, 110);
+struct Q3;
+impl RowBlock for Q3 {
+    const BYTES: usize = 110;
+    const D_AT: usize = 108;
+    const DMIN_AT: Option<usize> = None;
+    #[inline(always)]
+    unsafe fn lanes(p: *const u8, a: &Q8KBlock) -> (__m256i, __m256i) {
+        let m3 = _mm256_set1_epi8(3);
+        let one = _mm256_set1_epi8(1);
         let [w0, w1, w2, w3] = scale_words_q3_k(std::slice::from_raw_parts(p.add(96), 12));
         let words = _mm_set_epi32(w3 as i32, w2 as i32, w1 as i32, w0 as i32);
         let sc16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(words, _mm_set1_epi8(32)));
         let offset = _mm256_madd_epi16(sc16, bsums(a));
+        let sc = doubled(sc16);
         let mut h = _mm256_loadu_si256(p.cast());
         let mut sum = _mm256_setzero_si256();
         for n in 0..2 {
@@ -156,36 +254,30 @@ unsafe fn q3_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
                 let c = 4 * n + j;
                 let hb = _mm256_slli_epi16::<2>(_mm256_and_si256(h, one));
                 let v = _mm256_or_si256(_mm256_and_si256(q, m3), hb);
-                sum = _mm256_add_epi32(
-                    sum,
-                    chunk(v, a.qs.as_ptr().add(32 * c), pair_scales(sc16, c)),
-                );
+                let s = chunk(v, a.qs.as_ptr().add(32 * c), chunk_scales(&sc, c));
+                sum = _mm256_add_epi32(sum, s);
                 q = _mm256_srli_epi16::<2>(q);
                 h = _mm256_srli_epi16::<1>(h);
             }
         }
-        let sumi = hsum_i32(_mm256_sub_epi32(sum, _mm256_slli_epi32::<2>(offset)));
-        acc += block_value(f16_at(p.add(108)), 0.0, a.d, sumi, 0);
+        let sumi = _mm256_sub_epi32(sum, _mm256_slli_epi32::<2>(offset));
+        (sumi, _mm256_setzero_si256())
     }
-    acc
 }
 
-/// The shared body of Q4_K (`HIGH = false`, quants at byte 16) and Q5_K (`HIGH = true`, high
-/// bits at byte 16, quants at byte 48).
-///
-/// # Safety
-/// The CPU must have AVX2, FMA, F16C; `w..w + BYTES * a.len()` must be readable.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4<const BYTES: usize, const HIGH: bool>(w: *const u8, a: &[Q8KBlock]) -> f32 {
-    let qs_at = if HIGH { 48 } else { 16 };
-    let mut acc = 0f32;
-    for (i, a) in a.iter().enumerate() {
-        let p = w.add(BYTES * i);
-        prefetch(p, BYTES);
+/// Q4_K (`HIGH = false`, quants at byte 16) and Q5_K (`HIGH = true`, high bits at byte 16,
+/// quants at byte 48), `BYTES` per block.
+struct K4<const BYTES: usize, const HIGH: bool>;
+impl<const BYTES: usize, const HIGH: bool> RowBlock for K4<BYTES, HIGH> {
+    const BYTES: usize = BYTES;
+    const D_AT: usize = 0;
+    const DMIN_AT: Option<usize> = Some(2);
+    #[inline(always)]
+    unsafe fn lanes(p: *const u8, a: &Q8KBlock) -> (__m256i, __m256i) {
+        let qs_at = if HIGH { 48 } else { 16 };
         let (sc, mn) = scales_mins_k4(std::slice::from_raw_parts(p.add(4), 12));
-        let summ = hsum_i32(_mm256_madd_epi16(duplicated(mn), bsums(a)));
-        let sc16 = duplicated(sc);
+        let mins = _mm256_madd_epi16(duplicated(mn), bsums(a));
+        let sc = doubled(duplicated(sc));
         let mut h = if HIGH {
             _mm256_loadu_si256(p.add(16).cast())
         } else {
@@ -195,27 +287,64 @@ unsafe fn k4<const BYTES: usize, const HIGH: bool>(w: *const u8, a: &[Q8KBlock])
         for j in 0..4 {
             let (lo, hi) = k4_quants::<HIGH>(p.add(qs_at + 32 * j), &mut h);
             let y = a.qs.as_ptr().add(64 * j);
-            let s0 = chunk(lo, y, pair_scales(sc16, 2 * j));
-            let s1 = chunk(hi, y.add(32), pair_scales(sc16, 2 * j + 1));
+            let s0 = chunk(lo, y, chunk_scales(&sc, 2 * j));
+            let s1 = chunk(hi, y.add(32), chunk_scales(&sc, 2 * j + 1));
             sum = _mm256_add_epi32(sum, _mm256_add_epi32(s0, s1));
         }
-        acc += block_value(f16_at(p), f16_at(p.add(2)), a.d, hsum_i32(sum), summ);
+        (sum, mins)
     }
-    acc
+}
+
+struct Q6;
+impl RowBlock for Q6 {
+    const BYTES: usize = 210;
+    const D_AT: usize = 208;
+    const DMIN_AT: Option<usize> = None;
+    #[inline(always)]
+    unsafe fn lanes(p: *const u8, a: &Q8KBlock) -> (__m256i, __m256i) {
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192).cast()));
+        let offset = _mm256_madd_epi16(sc16, bsums(a));
+        let sc = doubled(sc16);
+        let mut sum = _mm256_setzero_si256();
+        for n in 0..2 {
+            let q = q6_k_quants(p, n);
+            for (g, v) in q.into_iter().enumerate() {
+                let c = 4 * n + g;
+                let s = chunk(v, a.qs.as_ptr().add(32 * c), chunk_scales(&sc, c));
+                sum = _mm256_add_epi32(sum, s);
+            }
+        }
+        let sumi = _mm256_sub_epi32(sum, _mm256_slli_epi32::<5>(offset));
+        (sumi, _mm256_setzero_si256())
+    }
 }
 
 /// # Safety
-/// As [`k4`] with 144-byte blocks.
+/// The CPU must have AVX2, FMA, F16C; `w..w + 84 * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
+    row::<Q2>(w, a)
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `w..w + 110 * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
+    row::<Q3>(w, a)
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `w..w + 144 * a.len()` must be readable.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
-    k4::<144, false>(w, a)
+    row::<K4<144, false>>(w, a)
 }
 
 /// # Safety
-/// As [`k4`] with 176-byte blocks.
+/// The CPU must have AVX2, FMA, F16C; `w..w + 176 * a.len()` must be readable.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q5_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
-    k4::<176, true>(w, a)
+    row::<K4<176, true>>(w, a)
 }
 
 /// The low and high nibbles of the 32 Q4_K / Q5_K quant bytes at `q` (64 quants, two chunks),
@@ -282,25 +411,5 @@ pub(super) unsafe fn q6_k_quants(p: *const u8, n: usize) -> [__m256i; 4] {
 /// The CPU must have AVX2, FMA, F16C; `w..w + 210 * a.len()` must be readable.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k(w: *const u8, a: &[Q8KBlock]) -> f32 {
-    let mut acc = 0f32;
-    for (i, a) in a.iter().enumerate() {
-        let p = w.add(210 * i);
-        prefetch(p, 210);
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192).cast()));
-        let offset = _mm256_madd_epi16(sc16, bsums(a));
-        let mut sum = _mm256_setzero_si256();
-        for n in 0..2 {
-            let q = q6_k_quants(p, n);
-            for (g, v) in q.into_iter().enumerate() {
-                let c = 4 * n + g;
-                sum = _mm256_add_epi32(
-                    sum,
-                    chunk(v, a.qs.as_ptr().add(32 * c), pair_scales(sc16, c)),
-                );
-            }
-        }
-        let sumi = hsum_i32(_mm256_sub_epi32(sum, _mm256_slli_epi32::<5>(offset)));
-        acc += block_value(f16_at(p.add(208)), 0.0, a.d, sumi, 0);
-    }
-    acc
+    row::<Q6>(w, a)
 }

@@ -85,6 +85,35 @@ fn four_row_kernels_equal_four_scalar_one_row_dots_on_every_path() {
 }
 
 #[test]
+#[cfg(target_arch = "x86_64")]
+fn avx2_one_row_dots_equal_the_scalar_dot_across_block_groups() {
+    // The AVX2 one-row kernel sums its blocks in groups of eight: rows of fewer, exactly as
+    // many, one more and several groups with a short last one (stale lanes left over).
+    let Some(k) = crate::cpu_qmatmul::avx2::Avx2::detect() else {
+        eprintln!("AVX2 one-row k-quant dots skipped: no AVX2 on this CPU");
+        return;
+    };
+    for format in KFormat::ALL {
+        for kb in [1, 7, 8, 9, 17, 22] {
+            for seed in 0..3 {
+                let w = random_row(format, kb, 140 + seed);
+                let act = activations(kb, 170 + seed, seed == 2);
+                for (r, a) in act.chunks(kb).enumerate() {
+                    let want = scalar::dot(format, &w, a);
+                    assert!(want.is_finite());
+                    let got = super::super::avx2::dot(k, format, &w, a);
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{format:?} {kb} blocks, seed {seed}, row {r}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn eight_row_kernels_equal_eight_scalar_one_row_dots() {
     if !Path::Avx512.available() {
         eprintln!("eight-row k-quant kernels skipped: no AVX-512 on this CPU");
