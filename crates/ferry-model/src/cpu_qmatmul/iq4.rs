@@ -117,9 +117,9 @@ mod x86 {
 
     use super::super::activation::Q8Block;
     use super::super::avx2::{
-        f16_at, hsum, table_block, table_product, table_row, Avx2, BlockScale, PREFETCH_AHEAD,
+        f16_at, hsum, table_product, table_row, Avx2, BlockScale, PREFETCH_AHEAD,
     };
-    use super::{xs_scale, IQ4_NL_BYTES, IQ4_XS_BYTES, KVALUES, XS_SUB};
+    use super::{IQ4_NL_BYTES, IQ4_XS_BYTES, KVALUES, XS_SUB};
 
     /// AVX2 form of [`super::dot_iq4_nl`].
     pub fn avx2_dot_iq4_nl(k: Avx2, w: &[u8], a: &[Q8Block]) -> f32 {
@@ -145,19 +145,58 @@ mod x86 {
 
     /// # Safety
     /// The CPU must have AVX2, FMA, F16C; `w` must hold `a.len() / 8` super-blocks.
+    ///
+    /// Per super-block the eight sub-block scales `d * (ls - 32)` are computed in one register
+    /// (variable shifts pick the 6-bit scales' bits), and two sub-blocks' indices are looked up
+    /// per 32-byte load; the accumulation is the one of [`avx2_tile::iq4_xs`]'s rows (one
+    /// accumulator, sub-block by sub-block, `(d * ls) * a.d` times the block's lane sums).
+    ///
+    /// [`avx2_tile::iq4_xs`]: super::super::avx2_tile::iq4_xs
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn iq4_xs(w: &[u8], a: &[Q8Block]) -> f32 {
-        let table = _mm_loadu_si128(KVALUES.as_ptr().cast());
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES.as_ptr().cast()));
+        let mask = _mm256_set1_epi8(0x0F);
+        // Sub-block i's low four bits are bits 4i.. of the u32 `scales_l`, its high two bits
+        // 2i.. of the u16 `scales_h`.
+        let low_at = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+        let high_at = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+        let mut scales = [0f32; XS_SUB];
         let mut acc = _mm256_setzero_ps();
         for (b, a) in w.chunks_exact(IQ4_XS_BYTES).zip(a.chunks_exact(XS_SUB)) {
             let p = b.as_ptr();
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD + 64).cast());
-            let d = f16_at(p);
-            for (i, a) in a.iter().enumerate() {
-                let wv = table_block(table, p.add(8 + 16 * i));
-                let scale = d * xs_scale(b, i) as f32 * a.d;
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(scale), table_product(wv, a), acc);
+            let high = _mm256_set1_epi32(i32::from(p.add(2).cast::<u16>().read_unaligned()));
+            let low = _mm256_set1_epi32(p.add(4).cast::<i32>().read_unaligned());
+            let ls = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srlv_epi32(low, low_at), _mm256_set1_epi32(0x0F)),
+                _mm256_slli_epi32::<4>(_mm256_and_si256(
+                    _mm256_srlv_epi32(high, high_at),
+                    _mm256_set1_epi32(3),
+                )),
+            );
+            let ls = _mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32)));
+            // `d * xs_scale(b, i) as f32`, lane i.
+            _mm256_storeu_ps(
+                scales.as_mut_ptr(),
+                _mm256_mul_ps(_mm256_set1_ps(f16_at(p)), ls),
+            );
+            for pair in 0..XS_SUB / 2 {
+                // Sub-blocks 2 pair and 2 pair + 1: their low nibbles' values in the halves of
+                // `lo`, their high nibbles' in the halves of `hi`.
+                let q = _mm256_loadu_si256(p.add(8 + 32 * pair).cast());
+                let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(q, mask));
+                let hi =
+                    _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask));
+                let halves = [
+                    _mm256_permute2x128_si256::<0x20>(lo, hi),
+                    _mm256_permute2x128_si256::<0x31>(lo, hi),
+                ];
+                for (h, wv) in halves.into_iter().enumerate() {
+                    let i = 2 * pair + h;
+                    let scale = scales[i] * a[i].d;
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(scale), table_product(wv, &a[i]), acc);
+                }
             }
         }
         hsum(acc)
