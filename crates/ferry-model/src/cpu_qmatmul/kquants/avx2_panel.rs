@@ -392,27 +392,31 @@ unsafe fn sweep<const R: usize, C: KCodec>(panel: &Panel, a: [&[Q8KBlock]; R]) -
             *blk = a[r].get_unchecked(b);
         }
         let mut sumi = [_mm256_setzero_si256(); R];
-        for c in 0..CHUNKS {
+        // Words outer, rows inner: one weight word and the rows' 16-bit sums in registers (a
+        // chunk's eight words and a row's eight broadcasts at once spilled). A runtime chunk
+        // loop, so that the scheduler does not hoist the next chunks' loads.
+        for c in 0..std::hint::black_box(CHUNKS) {
             let base = panel.packed.as_ptr().add((b * CHUNKS + c) * WORDS * PANEL);
-            let mut w = [_mm256_setzero_si256(); WORDS];
-            for (j, w) in w.iter_mut().enumerate() {
-                *w = _mm256_loadu_si256(base.add(j * PANEL).cast());
-            }
             let scales = panel.scales.as_ptr().add((b * HALVES + 2 * c) * PANEL);
-            for r in 0..R {
-                let q = blk[r].qs.as_ptr().add(32 * c).cast::<i32>();
-                let mut y = [_mm256_setzero_si256(); WORDS];
-                for (j, y) in y.iter_mut().enumerate() {
-                    *y = _mm256_set1_epi32(q.add(j).read_unaligned());
-                }
-                for start in (0..WORDS).step_by(C::WORDS_PER_I16) {
-                    let mut s16 = _mm256_maddubs_epi16(w[start], y[start]);
-                    for j in start + 1..start + C::WORDS_PER_I16 {
-                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[j], y[j]));
+            for start in (0..WORDS).step_by(C::WORDS_PER_I16) {
+                let mut s16 = [_mm256_setzero_si256(); R];
+                for j in start..start + C::WORDS_PER_I16 {
+                    let w = _mm256_loadu_si256(base.add(j * PANEL).cast());
+                    for r in 0..R {
+                        let q = blk[r].qs.as_ptr().add(32 * c).cast::<i32>();
+                        let y = _mm256_set1_epi32(q.add(j).read_unaligned());
+                        let p = _mm256_maddubs_epi16(w, y);
+                        s16[r] = if j == start {
+                            p
+                        } else {
+                            _mm256_add_epi16(s16[r], p)
+                        };
                     }
-                    // Words 0..4 are the chunk's first half, 4..8 its second.
-                    let scale = _mm256_loadu_si256(scales.add(start / 4 * PANEL).cast());
-                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(s16, scale));
+                }
+                // Words 0..4 are the chunk's first half, 4..8 its second.
+                let scale = _mm256_loadu_si256(scales.add(start / 4 * PANEL).cast());
+                for r in 0..R {
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(s16[r], scale));
                 }
             }
         }
