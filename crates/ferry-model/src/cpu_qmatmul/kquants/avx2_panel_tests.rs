@@ -45,7 +45,11 @@ fn k_quant_avx2_gemm_equals_the_scalar_row_kernel_bit_for_bit() {
         return;
     }
     for format in KFormat::ALL {
-        for (s, &(n, kb)) in [(1, 1), (17, 2), (9, 3)].iter().enumerate() {
+        // Sixteen-row pairs of panels, a short second panel, a lone last panel (n - n / 3 rows).
+        for (s, &(n, kb)) in [(1, 1), (17, 2), (9, 3), (40, 2), (30, 1)]
+            .iter()
+            .enumerate()
+        {
             let data = weights(format, n, kb, 11 + s as u64);
             let row_bytes = data.len() / n;
             for m in [1, 3, 4, 6, 9] {
