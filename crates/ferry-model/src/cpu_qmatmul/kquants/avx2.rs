@@ -4,7 +4,7 @@
 //! Per 32-element chunk the weights are unpacked to unsigned bytes (0..63 at most), multiplied
 //! with the int8 activations by `vpmaddubsw` (no saturation: `2 * 63 * 127 < 2^15`), and the
 //! i16 pair sums by the chunk's two 16-element scales with `vpmaddwd` (the scales picked by one
-//! `vpshufb` per chunk from a register holding eight of them in both halves), accumulating in
+//! `vpshufb` per chunk from a register holding eight of them in both halves, [`pair_scales`]), accumulating in
 //! i32. The offset terms come from the activation's 16-element sums, so each block yields the
 //! same two exact integers as the scalar kernel.
 //!
@@ -38,19 +38,6 @@ pub fn dot(k: Avx2, format: KFormat, w: &[u8], a: &[Q8KBlock]) -> f32 {
             KFormat::Q6K => q6_k(w.as_ptr(), a),
         }
     }
-}
-
-/// From sixteen i16 scales, scale `2 c` in every lane of the low half and `2 c + 1` in the
-/// high half: the scales of chunk `c`'s two 16-element halves.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn pair_scales(sc16: __m256i, c: usize) -> __m256i {
-    let pair = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(c as i32));
-    let pick = _mm256_setr_epi8(
-        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
-        2, 3,
-    );
-    _mm256_shuffle_epi8(pair, pick)
 }
 
 /// Eight i32 lanes of `sum scale * q * y` for one chunk: `q` unsigned weight bytes, `y` the 32
@@ -169,10 +156,10 @@ fn lane_sums(v: &[__m256i; GROUP]) -> __m256i {
 }
 
 /// Sixteen i16 scales as two registers, scales `0..8` in both halves of the first and `8..16`
-/// in both halves of the second, for [`chunk_scales`].
+/// in both halves of the second, for [`pair_scales`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn doubled(sc16: __m256i) -> [__m256i; 2] {
+pub(super) fn doubled(sc16: __m256i) -> [__m256i; 2] {
     [
         _mm256_permute2x128_si256::<0x00>(sc16, sc16),
         _mm256_permute2x128_si256::<0x11>(sc16, sc16),
@@ -196,10 +183,11 @@ const PICK: [[u8; 32]; 4] = {
     pick
 };
 
-/// [`pair_scales`] from [`doubled`] scales: one `vpshufb` (`pair_scales` takes three shuffles).
+/// From [`doubled`] scales, scale `2 c` in every i16 lane of the low half and `2 c + 1` in the
+/// high half: the scales of chunk `c`'s two 16-element halves, by one `vpshufb`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn chunk_scales(doubled: &[__m256i; 2], c: usize) -> __m256i {
+pub(super) fn pair_scales(doubled: &[__m256i; 2], c: usize) -> __m256i {
     // SAFETY: `PICK[c % 4]` is 32 bytes.
     let pick = unsafe { _mm256_loadu_si256(PICK[c % 4].as_ptr().cast()) };
     _mm256_shuffle_epi8(doubled[c / 4], pick)
@@ -223,7 +211,7 @@ impl RowBlock for Q2 {
             for j in 0..4 {
                 let c = 4 * n + j;
                 let v = _mm256_and_si256(q, m3);
-                let s = chunk(v, a.qs.as_ptr().add(32 * c), chunk_scales(&sc, c));
+                let s = chunk(v, a.qs.as_ptr().add(32 * c), pair_scales(&sc, c));
                 sum = _mm256_add_epi32(sum, s);
                 q = _mm256_srli_epi16::<2>(q);
             }
@@ -254,7 +242,7 @@ impl RowBlock for Q3 {
                 let c = 4 * n + j;
                 let hb = _mm256_slli_epi16::<2>(_mm256_and_si256(h, one));
                 let v = _mm256_or_si256(_mm256_and_si256(q, m3), hb);
-                let s = chunk(v, a.qs.as_ptr().add(32 * c), chunk_scales(&sc, c));
+                let s = chunk(v, a.qs.as_ptr().add(32 * c), pair_scales(&sc, c));
                 sum = _mm256_add_epi32(sum, s);
                 q = _mm256_srli_epi16::<2>(q);
                 h = _mm256_srli_epi16::<1>(h);
@@ -287,8 +275,8 @@ impl<const BYTES: usize, const HIGH: bool> RowBlock for K4<BYTES, HIGH> {
         for j in 0..4 {
             let (lo, hi) = k4_quants::<HIGH>(p.add(qs_at + 32 * j), &mut h);
             let y = a.qs.as_ptr().add(64 * j);
-            let s0 = chunk(lo, y, chunk_scales(&sc, 2 * j));
-            let s1 = chunk(hi, y.add(32), chunk_scales(&sc, 2 * j + 1));
+            let s0 = chunk(lo, y, pair_scales(&sc, 2 * j));
+            let s1 = chunk(hi, y.add(32), pair_scales(&sc, 2 * j + 1));
             sum = _mm256_add_epi32(sum, _mm256_add_epi32(s0, s1));
         }
         (sum, mins)
@@ -310,7 +298,7 @@ impl RowBlock for Q6 {
             let q = q6_k_quants(p, n);
             for (g, v) in q.into_iter().enumerate() {
                 let c = 4 * n + g;
-                let s = chunk(v, a.qs.as_ptr().add(32 * c), chunk_scales(&sc, c));
+                let s = chunk(v, a.qs.as_ptr().add(32 * c), pair_scales(&sc, c));
                 sum = _mm256_add_epi32(sum, s);
             }
         }

@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 
 use super::super::avx2::f16_at;
 use super::activation::Q8KBlock;
-use super::avx2::{bsums, duplicated, k4_quants, pair_scales, prefetch, q6_k_quants};
+use super::avx2::{bsums, doubled, duplicated, k4_quants, pair_scales, prefetch, q6_k_quants};
 use super::tile::Rows4K;
 use super::{scale_words_q3_k, scales_mins_k4, KFormat};
 
@@ -146,7 +146,7 @@ unsafe fn k4<const BYTES: usize, const HIGH: bool, const VNNI: bool>(
         prefetch(p, BYTES);
         let b = blocks(&a, i);
         let (sc, mn) = scales_mins_k4(std::slice::from_raw_parts(p.add(4), 12));
-        let (sc16, mn16) = (duplicated(sc), duplicated(mn));
+        let (scales, mn16) = (doubled(duplicated(sc)), duplicated(mn));
         let mut h = if HIGH {
             _mm256_loadu_si256(p.add(16).cast())
         } else {
@@ -155,7 +155,7 @@ unsafe fn k4<const BYTES: usize, const HIGH: bool, const VNNI: bool>(
         let mut sum = [_mm256_setzero_si256(); 4];
         for j in 0..4 {
             let (lo, hi) = k4_quants::<HIGH>(p.add(qs_at + 32 * j), &mut h);
-            let (s0, s1) = (pair_scales(sc16, 2 * j), pair_scales(sc16, 2 * j + 1));
+            let (s0, s1) = (pair_scales(&scales, 2 * j), pair_scales(&scales, 2 * j + 1));
             for r in 0..4 {
                 let y = b[r].qs.as_ptr().add(64 * j);
                 sum[r] = chunk::<VNNI>(sum[r], lo, y, s0);
@@ -187,12 +187,13 @@ unsafe fn q6_k<const VNNI: bool>(w: *const u8, a: Rows4K<'_>) -> [f32; 4] {
         prefetch(p, 210);
         let b = blocks(&a, i);
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192).cast()));
+        let sc = doubled(sc16);
         let mut sum = [_mm256_setzero_si256(); 4];
         for n in 0..2 {
             let q = q6_k_quants(p, n);
             for g in 0..4 {
                 let c = 4 * n + g;
-                let s = pair_scales(sc16, c);
+                let s = pair_scales(&sc, c);
                 for r in 0..4 {
                     sum[r] = chunk::<VNNI>(sum[r], q[g], b[r].qs.as_ptr().add(32 * c), s);
                 }
@@ -225,6 +226,7 @@ unsafe fn q2_k<const VNNI: bool>(w: *const u8, a: Rows4K<'_>) -> [f32; 4] {
         let b = blocks(&a, i);
         let raw = _mm_loadu_si128(p.cast());
         let sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+        let sc = doubled(sc16);
         let mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), m4));
         let mut sum = [_mm256_setzero_si256(); 4];
         for n in 0..2 {
@@ -232,7 +234,7 @@ unsafe fn q2_k<const VNNI: bool>(w: *const u8, a: Rows4K<'_>) -> [f32; 4] {
             for j in 0..4 {
                 let c = 4 * n + j;
                 let v = _mm256_and_si256(q, m3);
-                let s = pair_scales(sc16, c);
+                let s = pair_scales(&sc, c);
                 for r in 0..4 {
                     sum[r] = chunk::<VNNI>(sum[r], v, b[r].qs.as_ptr().add(32 * c), s);
                 }
@@ -269,6 +271,7 @@ unsafe fn q3_k<const VNNI: bool>(w: *const u8, a: Rows4K<'_>) -> [f32; 4] {
         let [w0, w1, w2, w3] = scale_words_q3_k(std::slice::from_raw_parts(p.add(96), 12));
         let words = _mm_set_epi32(w3 as i32, w2 as i32, w1 as i32, w0 as i32);
         let sc16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(words, _mm_set1_epi8(32)));
+        let sc = doubled(sc16);
         let mut h = _mm256_loadu_si256(p.cast());
         let mut sum = [_mm256_setzero_si256(); 4];
         for n in 0..2 {
@@ -277,7 +280,7 @@ unsafe fn q3_k<const VNNI: bool>(w: *const u8, a: Rows4K<'_>) -> [f32; 4] {
                 let c = 4 * n + j;
                 let hb = _mm256_slli_epi16::<2>(_mm256_and_si256(h, one));
                 let v = _mm256_or_si256(_mm256_and_si256(q, m3), hb);
-                let s = pair_scales(sc16, c);
+                let s = pair_scales(&sc, c);
                 for r in 0..4 {
                     sum[r] = chunk::<VNNI>(sum[r], v, b[r].qs.as_ptr().add(32 * c), s);
                 }
