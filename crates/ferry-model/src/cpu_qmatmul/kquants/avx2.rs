@@ -123,22 +123,33 @@ unsafe fn row<B: RowBlock>(w: *const u8, a: &[Q8KBlock]) -> f32 {
             ad[k] = a.d;
         }
         // Lanes past a short last group hold the previous group's values: computed, not added.
-        let sumi = _mm256_cvtepi32_ps(lane_sums(&sums));
-        let summ = _mm256_cvtepi32_ps(lane_sums(&mins));
+        let (sumi, summ) = (lane_sums(&sums), lane_sums(&mins));
         let d = _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().cast()));
         let dmin = _mm256_cvtph_ps(_mm_loadu_si128(dmin.as_ptr().cast()));
         let ad = _mm256_loadu_ps(ad.as_ptr());
-        // `block_value`, lane by lane: `(d * ad) * sumi - (dmin * ad) * summ`.
-        let value = _mm256_sub_ps(
-            _mm256_mul_ps(_mm256_mul_ps(d, ad), sumi),
-            _mm256_mul_ps(_mm256_mul_ps(dmin, ad), summ),
-        );
-        _mm256_storeu_ps(values.as_mut_ptr(), value);
+        _mm256_storeu_ps(values.as_mut_ptr(), block_values(d, dmin, ad, sumi, summ));
         for &v in &values[..group.len()] {
             acc += v;
         }
     }
     acc
+}
+
+/// [`super::block_value`] on eight lanes, with its f32 operations lane by lane:
+/// `(d * ad) * sumi - (dmin * ad) * summ` (shared with the AVX2 k-quant GEMM).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn block_values(
+    d: __m256,
+    dmin: __m256,
+    ad: __m256,
+    sumi: __m256i,
+    summ: __m256i,
+) -> __m256 {
+    _mm256_sub_ps(
+        _mm256_mul_ps(_mm256_mul_ps(d, ad), _mm256_cvtepi32_ps(sumi)),
+        _mm256_mul_ps(_mm256_mul_ps(dmin, ad), _mm256_cvtepi32_ps(summ)),
+    )
 }
 
 /// Lane `k` of the result is the sum of the eight lanes of `v[k]` (exact, wrapping as the

@@ -24,6 +24,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::activation::{Q8KBlock, GROUP, QK_K};
+use super::avx2::block_values;
 use super::tile::{has_rows8, Path};
 use super::{scales_mins_k4, scales_q3_k, KFormat};
 use crate::cpu_qmatmul::avx2::{f16_at, Avx2, PREFETCH_AHEAD};
@@ -438,11 +439,8 @@ unsafe fn sweep<const R: usize, C: KCodec>(panel: &Panel, a: [&[Q8KBlock]; R]) -
                     (_mm256_sub_epi32(sumi[r], offset), _mm256_setzero_si256())
                 }
             };
-            // `block_value`, lane by lane: (d * ad) * sumi - (dmin * ad) * summ.
-            let ad = _mm256_set1_ps(blk[r].d);
-            let t = _mm256_mul_ps(_mm256_mul_ps(d, ad), _mm256_cvtepi32_ps(sumi));
-            let m = _mm256_mul_ps(_mm256_mul_ps(dmin, ad), _mm256_cvtepi32_ps(summ));
-            acc[r] = _mm256_add_ps(acc[r], _mm256_sub_ps(t, m));
+            let values = block_values(d, dmin, _mm256_set1_ps(blk[r].d), sumi, summ);
+            acc[r] = _mm256_add_ps(acc[r], values);
         }
     }
     acc
