@@ -111,6 +111,18 @@ impl Linear {
         })
     }
 
+    /// A CPU-quantized layer with its weight's panel layout made where the process's
+    /// kernels read it ([`CpuQMatMul::with_panels`]); any other layer as it is.
+    pub fn with_panels(self) -> Self {
+        match self {
+            Linear::CpuQuantized { weight, bias } => Linear::CpuQuantized {
+                weight: weight.with_panels(),
+                bias,
+            },
+            other => other,
+        }
+    }
+
     /// Applies the projection to `x` of shape `[.., in]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match self {

@@ -158,6 +158,30 @@ impl Blocks {
         })
     }
 
+    /// Hands the mapped file's pages of these blocks back to the page cache (a mapped view
+    /// whose bytes are held elsewhere too); they are read again from the file if used. No-op
+    /// for blocks in memory of their own.
+    pub fn release_pages(&self) {
+        if let Bytes::Mapped { map, range } = &self.bytes {
+            // Whole pages inside the range only: neighbours' pages stay.
+            let page = 4096;
+            let start = range.start.next_multiple_of(page);
+            let end = range.end / page * page;
+            if end > start {
+                // SAFETY: the mapping is a read-only private file mapping; dropping its pages
+                // only makes the next read fault them in from the file again, with the same
+                // bytes.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start,
+                        end - start,
+                    )
+                };
+            }
+        }
+    }
+
     /// Dequantizes rows `ids` into `out` (`ids.len() * cols` values, row after row).
     pub fn dequantize_rows(&self, ids: &[u32], out: &mut [f32]) -> Result<()> {
         if out.len() != ids.len() * self.cols {

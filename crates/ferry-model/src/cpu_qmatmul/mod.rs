@@ -317,6 +317,9 @@ pub struct CpuQMatMul {
     format: Format,
     rows: usize,
     cols: usize,
+    /// The weight again in the eight-row panel layout ([`with_panels`](Self::with_panels)),
+    /// which the AVX2 k-quant kernels then read instead of `weight`.
+    panels: Option<Arc<kquants::panel8::Panels>>,
 }
 
 impl CpuQMatMul {
@@ -356,7 +359,56 @@ impl CpuQMatMul {
             format,
             rows,
             cols,
+            panels: None,
         })
+    }
+
+    /// This weight with its eight-row panel layout ([`kquants::panel8`]) made, where the
+    /// process's kernel choice runs it through the AVX2 k-quant kernels and the format has
+    /// one (Q4_K, Q6_K with a multiple of eight rows); from then on those kernels read only
+    /// the panels (a decode step about twice as fast per weight byte), and the mapped file's
+    /// pages of the GGUF rows are handed back to the page cache, so the process holds the
+    /// weight once. Unchanged otherwise. Results are bit for bit the same either way.
+    pub fn with_panels(self) -> Self {
+        self.with_panels_for(process_kernel())
+    }
+
+    /// [`with_panels`](Self::with_panels) for the kernel choice `kernel`.
+    pub fn with_panels_for(mut self, kernel: Kernel) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if let Format::K(f) = self.format {
+            let kb = self.cols / kquants::activation::QK_K;
+            let avx2 = kquants::panel8_avx2::takes(kernel);
+            if avx2 && kquants::panel8::fits(f, self.rows, kb) {
+                let packed = self
+                    .weight
+                    .bytes()
+                    .map_err(|e| e.to_string())
+                    .and_then(|raw| {
+                        kquants::panel8::Panels::pack(f, &raw, self.rows, kb)
+                            .map_err(|e| e.to_string())
+                    });
+                match packed {
+                    Ok(panels) => {
+                        self.weight.release_pages();
+                        self.panels = Some(Arc::new(panels));
+                    }
+                    Err(e) => tracing::warn!(
+                        "{f:?} weight {}x{}: no panel layout ({e}); the GGUF rows are used",
+                        self.rows,
+                        self.cols
+                    ),
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = kernel;
+        self
+    }
+
+    /// Whether the weight is held in the panel layout too ([`with_panels`](Self::with_panels)).
+    pub fn has_panels(&self) -> bool {
+        self.panels.is_some()
     }
 
     /// The wrapped weight.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 
+use super::kquants::KFormat;
 use super::tile::Tiling;
 use super::{matmul_many_with, CpuQMatMul, Kernel};
 
@@ -57,4 +58,23 @@ pub(crate) fn outputs(
 /// block sums, summed in another order).
 pub(crate) fn close(a: f32, b: f32, k: usize) -> bool {
     (a - b).abs() <= 1e-5 * (1.0 + b.abs()) * (k as f32).sqrt()
+}
+
+/// `n` rows of `kb` random super-blocks of `format` with small finite f16 scales.
+pub(crate) fn k_quant_weights(format: KFormat, n: usize, kb: usize, seed: u64) -> Vec<u8> {
+    let bytes = format.block_bytes();
+    let mut w = random_bytes(bytes * n * kb, seed);
+    // The f16 `d` (and `dmin`) of each block: 2^-8..2^-7 (exponent 7), any mantissa.
+    let scale_at: &[usize] = match format {
+        KFormat::Q2K => &[80, 82],
+        KFormat::Q3K => &[108],
+        KFormat::Q4K | KFormat::Q5K => &[0, 2],
+        KFormat::Q6K => &[208],
+    };
+    for b in w.chunks_exact_mut(bytes) {
+        for &at in scale_at {
+            b[at + 1] = 0x1C | (b[at + 1] & 0x83);
+        }
+    }
+    w
 }

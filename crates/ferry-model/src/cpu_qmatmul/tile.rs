@@ -215,6 +215,18 @@ pub fn run(
             None => (TASK_WEIGHT_BYTES / row_bytes.max(1), 1),
         };
         let act_rows = gemm_rows.unwrap_or(ACT_ROWS);
+        #[cfg(target_arch = "x86_64")]
+        let panels = match (tiling, dot.avx2, &mm.panels) {
+            (Tiling::Tiled, Some(k), Some(panels)) if kquants::panel8_avx2::takes(kernel) => {
+                Some((&**panels, k))
+            }
+            _ => None,
+        };
+        #[cfg(target_arch = "x86_64")]
+        let panel_rows = match panels {
+            Some(_) => panel_rows.max(kquants::panel8::ROWS),
+            None => panel_rows,
+        };
         let per_task = n_total
             .div_ceil(weight_chunks(act_rows))
             .min(weight_cap)
@@ -231,6 +243,8 @@ pub fn run(
                     weights: w0..(w0 + per_task).min(mm.rows),
                     acts: first..(first + act_rows).min(m),
                     out,
+                    #[cfg(target_arch = "x86_64")]
+                    panels,
                 });
             }
         }
@@ -268,6 +282,10 @@ struct Task<'a> {
     weights: Range<usize>,
     acts: Range<usize>,
     out: Out<'a>,
+    /// The matrix in the panel layout, when the call's kernel reads it (the AVX2 k-quant
+    /// path, tiled): `weights` are then whole panels.
+    #[cfg(target_arch = "x86_64")]
+    panels: Option<(&'a kquants::panel8::Panels, super::avx2::Avx2)>,
 }
 
 impl Task<'_> {
@@ -275,6 +293,30 @@ impl Task<'_> {
         let row = |i: usize| -> ActRow<'_> { act.row(i) };
         let weight = |r: usize| &self.data[r * self.row_bytes..(r + 1) * self.row_bytes];
         let mut i = self.acts.start;
+        #[cfg(target_arch = "x86_64")]
+        if let Some((panels, k)) = self.panels {
+            // The panel layout: the k-quant GEMM from it, or the panel dots row by row.
+            let rows: Vec<_> = self.acts.clone().map(|i| row(i).q8k).collect();
+            let first = self.acts.start;
+            let mut put = |i: usize, r0: usize, ys: &[f32]| self.out.set_run(first + i, r0, ys);
+            let weights = self.weights.clone();
+            if self.m >= kquants::avx2_panel::MIN_ROWS {
+                kquants::avx2_panel::run_panels(k, panels, weights, &rows, &mut put);
+            } else {
+                let step = kquants::panel8::ROWS;
+                for (i, a) in rows.into_iter().enumerate() {
+                    for r0 in weights.clone().step_by(step) {
+                        let panel = panels.panel(r0 / step);
+                        put(
+                            i,
+                            r0,
+                            &kquants::panel8_avx2::dots(k, panels.format(), panel, a),
+                        );
+                    }
+                }
+            }
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if let (Tiling::Tiled, Some(amx)) = (tiling, self.dot.amx) {
             // The AMX GEMM of the 32-element formats (equal bit for bit to `Avx512::row`).

@@ -142,7 +142,8 @@ impl<'a> WeightReader<'a> {
     fn linear(&mut self, weight: &TensorRecord, bias: Option<&TensorRecord>) -> Result<Linear> {
         let bias = bias.map(|b| self.vector(b)).transpose()?;
         Ok(match self.read(Role::Matrix, weight)? {
-            Held::View(b) => Linear::from_blocks(b, bias)?,
+            // A matrix (never the embedding table, which lookups read as the file has it).
+            Held::View(b) => Linear::from_blocks(b, bias)?.with_panels(),
             Held::Blocks(q) => Linear::quantized(q, bias)?,
             Held::Dense(weight) => Linear::Dense { weight, bias },
         })

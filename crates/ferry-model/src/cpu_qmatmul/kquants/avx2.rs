@@ -380,12 +380,22 @@ pub(super) unsafe fn k4_quants<const HIGH: bool>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q6_k_quants(p: *const u8, n: usize) -> [__m256i; 4] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m3 = _mm256_set1_epi8(3);
-    let m30 = _mm256_set1_epi8(0x30);
     let ql0 = _mm256_loadu_si256(p.add(64 * n).cast());
     let ql1 = _mm256_loadu_si256(p.add(64 * n + 32).cast());
     let qh = _mm256_loadu_si256(p.add(128 + 32 * n).cast());
+    q6_k_bytes(ql0, ql1, qh)
+}
+
+/// The six-bit quants of four chunks from their bytes: `ql0` (low nibbles of the first and
+/// third chunk), `ql1` (second and fourth) and `qh` (their high two bits, two bits per chunk),
+/// byte `i` of each giving element `i` of the chunks (the one-row, four-row and panel
+/// kernels' one Q6_K decoding).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn q6_k_bytes(ql0: __m256i, ql1: __m256i, qh: __m256i) -> [__m256i; 4] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(3);
+    let m30 = _mm256_set1_epi8(0x30);
     [
         _mm256_or_si256(
             _mm256_and_si256(ql0, m4),

@@ -25,6 +25,8 @@ use std::ops::Range;
 
 use super::activation::{Q8KBlock, GROUP, QK_K};
 use super::avx2::block_values;
+use super::panel8::{self, Panels};
+use super::panel8_avx2;
 use super::tile::{has_rows8, Path};
 use super::{scales_mins_k4, scales_q3_k, KFormat};
 use crate::cpu_qmatmul::avx2::{f16_at, Avx2, PREFETCH_AHEAD};
@@ -34,6 +36,7 @@ use crate::cpu_qmatmul::Kernel;
 
 /// Weight rows per panel (the lanes of one register of i32).
 const PANEL: usize = 8;
+const _: () = assert!(PANEL == panel8::ROWS);
 /// 32-element chunks per super-block.
 const CHUNKS: usize = QK_K / 32;
 /// 32-bit words per chunk.
@@ -84,24 +87,76 @@ pub fn run(
     }
     let bytes = |kb: usize| Some(format.block_bytes() * kb);
     checked_blocks(acts, data, row_stride, &weights, bytes, &format);
+    let source = Source::Rows {
+        data: data.as_ptr(),
+        stride: row_stride,
+    };
     // SAFETY: `k` proves AVX2, FMA and F16C; the asserts bound every read of `data`.
-    unsafe {
-        let args = (data.as_ptr(), row_stride, weights, acts, out);
-        match format {
-            KFormat::Q2K => panels::<Q2K>(args),
-            KFormat::Q3K => panels::<Q3K>(args),
-            KFormat::Q4K => panels::<Q4K>(args),
-            KFormat::Q5K => panels::<Q5K>(args),
-            KFormat::Q6K => panels::<Q6K>(args),
-        }
-    }
+    unsafe { dispatch(format, (source, weights, acts, out)) };
     true
+}
+
+/// [`run`] over a matrix in the panel layout ([`Panels`]): each panel block's eight GGUF
+/// blocks are unpacked to a buffer and decoded from there (once per task, shared by all its
+/// activation rows). `weights` must start at a multiple of [`panel8::ROWS`].
+pub fn run_panels(
+    k: Avx2,
+    panels: &Panels,
+    weights: Range<usize>,
+    acts: &[&[Q8KBlock]],
+    out: &mut dyn FnMut(usize, usize, &[f32]),
+) -> bool {
+    let _ = k;
+    if acts.is_empty() || weights.is_empty() {
+        return false;
+    }
+    assert!(
+        weights.start.is_multiple_of(panel8::ROWS) && weights.end <= panels.rows(),
+        "weight rows {weights:?} are not whole panels of the {} rows",
+        panels.rows()
+    );
+    assert!(
+        acts.iter().all(|a| a.len() == panels.kb()),
+        "activation rows of other than {} blocks",
+        panels.kb()
+    );
+    // SAFETY: `k` proves AVX2, FMA and F16C; the panels are read through checked slices.
+    unsafe {
+        dispatch(
+            panels.format(),
+            (Source::Panels(panels), weights, acts, out),
+        )
+    };
+    true
+}
+
+/// [`panels`] for `format`.
+///
+/// # Safety
+/// As [`panels`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dispatch(format: KFormat, args: Args<'_, '_>) {
+    match format {
+        KFormat::Q2K => panels::<Q2K>(args),
+        KFormat::Q3K => panels::<Q3K>(args),
+        KFormat::Q4K => panels::<Q4K>(args),
+        KFormat::Q5K => panels::<Q5K>(args),
+        KFormat::Q6K => panels::<Q6K>(args),
+    }
+}
+
+/// Where a task's GGUF blocks are read from.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    /// Rows of `stride` bytes at `data` (bounded by [`checked_blocks`]).
+    Rows { data: *const u8, stride: usize },
+    /// A matrix in the panel layout.
+    Panels(&'a Panels),
 }
 
 /// The arguments of [`run`] past the format.
 type Args<'a, 'b> = (
-    *const u8,
-    usize,
+    Source<'a>,
     Range<usize>,
     &'a [&'a [Q8KBlock]],
     &'b mut dyn FnMut(usize, usize, &[f32]),
@@ -136,6 +191,16 @@ pub(super) trait KCodec {
     /// # Safety
     /// The CPU must have AVX2, FMA, F16C; the row must hold super-block `b`.
     unsafe fn block(row: *const u8, b: usize) -> Decoded;
+    /// Fills super-block `b` of `panel` straight from one panel block of the
+    /// [`panel8`] layout at `blk` (equal to decoding its eight GGUF rows); `false` where the
+    /// format has no panel layout.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA, F16C; `blk` must hold one panel block of the format.
+    unsafe fn fill(blk: *const u8, panel: &mut Panel, b: usize) -> bool {
+        let _ = (blk, panel, b);
+        false
+    }
 }
 
 /// The bytes `(v >> shift) & mask` of `v`.
@@ -245,6 +310,11 @@ impl KCodec for Q4K {
     unsafe fn block(row: *const u8, b: usize) -> Decoded {
         k4::<{ Self::BYTES }, false>(row, b)
     }
+    #[inline(always)]
+    unsafe fn fill(blk: *const u8, panel: &mut Panel, b: usize) -> bool {
+        panel8_avx2::fill_q4_k(blk, panel, b);
+        true
+    }
 }
 
 pub(super) struct Q5K;
@@ -284,19 +354,24 @@ impl KCodec for Q6K {
             dmin: 0.0,
         }
     }
+    #[inline(always)]
+    unsafe fn fill(blk: *const u8, panel: &mut Panel, b: usize) -> bool {
+        panel8_avx2::fill_q6_k(blk, panel, b);
+        true
+    }
 }
 
 /// A decoded panel of `kb` super-blocks (layouts in [`panels`]).
-struct Panel {
+pub(super) struct Panel {
     /// Super-block b's chunk c's word j of lane r at `[((b * CHUNKS + c) * WORDS + j) * PANEL + r]`.
-    packed: Vec<u32>,
+    pub(super) packed: Vec<u32>,
     /// Half h's scale of lane r, twice, at `[(b * HALVES + h) * PANEL + r]`.
-    scales: Vec<u32>,
+    pub(super) scales: Vec<u32>,
     /// Groups `2 k, 2 k + 1`'s weights of lane r at `[(b * HALVES / 2 + k) * PANEL + r]`.
-    groups: Vec<u32>,
+    pub(super) groups: Vec<u32>,
     /// `d` and `dmin` of lane r at `[b * PANEL + r]`.
-    d: Vec<f32>,
-    dmin: Vec<f32>,
+    pub(super) d: Vec<f32>,
+    pub(super) dmin: Vec<f32>,
 }
 
 /// Two i16 as the halves of one u32 (`lo` in the low half).
@@ -310,8 +385,9 @@ fn pair(lo: i16, hi: i16) -> u32 {
 /// hold `acts[0].len()` super-blocks and every row of `acts` as many ([`checked_blocks`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn panels<C: KCodec>(args: Args<'_, '_>) {
-    let (data, row_stride, weights, acts, out) = args;
+    let (source, weights, acts, out) = args;
     let kb = acts[0].len();
+    let mut unpacked = vec![0u8; PANEL * C::BYTES];
     let mut panel = Panel {
         packed: vec![0; kb * CHUNKS * WORDS * PANEL],
         scales: vec![0; kb * HALVES * PANEL],
@@ -323,6 +399,21 @@ unsafe fn panels<C: KCodec>(args: Args<'_, '_>) {
     for first in weights.clone().step_by(PANEL) {
         let n = (weights.end - first).min(PANEL);
         for b in 0..kb {
+            if let Source::Panels(panels) = source {
+                let blk = &panels.panel(first / PANEL)[b * PANEL * C::BYTES..];
+                assert!(blk.len() >= PANEL * C::BYTES);
+                if C::fill(blk.as_ptr(), &mut panel, b) {
+                    continue;
+                }
+            }
+            // Row r's block b is block `at` of the row at `base + r * stride`.
+            let (base, stride, at) = match source {
+                Source::Rows { data, stride } => (data.add(first * stride), stride, b),
+                Source::Panels(panels) => {
+                    panels.unpack_block(first / PANEL, b, &mut unpacked);
+                    (unpacked.as_ptr(), C::BYTES, 0)
+                }
+            };
             let mut q = [[_mm256_setzero_si256(); PANEL]; CHUNKS];
             for r in 0..PANEL {
                 let lane = b * PANEL + r;
@@ -336,9 +427,11 @@ unsafe fn panels<C: KCodec>(args: Args<'_, '_>) {
                     }
                     continue;
                 }
-                let row = data.add((first + r) * row_stride);
-                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(C::BYTES * b + PREFETCH_AHEAD).cast());
-                let dec = C::block(row, b);
+                let row = base.add(r * stride);
+                _mm_prefetch::<_MM_HINT_T0>(
+                    row.wrapping_add(C::BYTES * at + PREFETCH_AHEAD).cast(),
+                );
+                let dec = C::block(row, at);
                 for c in 0..CHUNKS {
                     q[c][r] = dec.q[c];
                 }

@@ -6,26 +6,7 @@
 use super::super::activation::{quantize_row_k, Q8KBlock, QK_K};
 use super::super::{scalar, KFormat};
 use crate::cpu_qmatmul::avx2::Avx2;
-use crate::cpu_qmatmul::test_support::{drift_values, random_bytes};
-
-/// `n` rows of `kb` random super-blocks of `format` with small finite f16 scales.
-fn weights(format: KFormat, n: usize, kb: usize, seed: u64) -> Vec<u8> {
-    let bytes = format.block_bytes();
-    let mut w = random_bytes(bytes * n * kb, seed);
-    // The f16 `d` (and `dmin`) of each block: 2^-8..2^-7 (exponent 7), any mantissa.
-    let scale_at: &[usize] = match format {
-        KFormat::Q2K => &[80, 82],
-        KFormat::Q3K => &[108],
-        KFormat::Q4K | KFormat::Q5K => &[0, 2],
-        KFormat::Q6K => &[208],
-    };
-    for b in w.chunks_exact_mut(bytes) {
-        for &at in scale_at {
-            b[at + 1] = 0x1C | (b[at + 1] & 0x83);
-        }
-    }
-    w
-}
+use crate::cpu_qmatmul::test_support::{drift_values, k_quant_weights as weights};
 
 fn outputs(format: KFormat, data: &[u8], n: usize, lo: usize, rows: &[&[Q8KBlock]]) -> Vec<f32> {
     let k = Avx2::detect().unwrap();

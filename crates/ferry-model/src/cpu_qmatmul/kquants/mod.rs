@@ -23,6 +23,9 @@ pub mod avx2_tile;
 pub mod avx512_panel;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512_tile;
+pub mod panel8;
+#[cfg(target_arch = "x86_64")]
+pub mod panel8_avx2;
 pub mod scalar;
 pub mod tile;
 

@@ -1,0 +1,176 @@
+//! The eight-row interleaved ("panel") layout of k-quant weights, made once at load for the
+//! AVX2 decode kernels ([`super::panel8_avx2`]).
+//!
+//! A matrix of `rows` (a multiple of [`ROWS`]) by `kb` super-blocks is stored panel after
+//! panel (rows `8 p..8 p + 8`), and within a panel super-block after super-block; one panel
+//! block holds the eight rows' GGUF blocks with the same bytes, regrouped: each format's block
+//! is cut into segments of equal units ([`KFormat::segments`]), and a segment of `count` units
+//! of `unit` bytes is stored unit-major, row-minor (unit `k` of rows 0..8, then unit `k + 1`).
+//! So one 32-byte load gives four quant bytes of each of the eight rows, and one 16-byte load
+//! the f16 `d` of all eight. The layout is lossless ([`unpack_row`] gives a row's GGUF bytes
+//! back) and exactly as large as the GGUF rows.
+
+use super::KFormat;
+
+/// Weight rows per panel.
+pub const ROWS: usize = 8;
+
+/// A run of equal units of a block: `(byte offset in the GGUF block, unit bytes, units)`.
+type Segment = (usize, usize, usize);
+
+impl KFormat {
+    /// The segments a panel block is made of, in panel order; they cover the GGUF block once.
+    /// `None`: no panel layout for this format.
+    pub fn segments(self) -> Option<&'static [Segment]> {
+        match self {
+            // d, dmin, the 12 scale bytes as three words, the 128 quant bytes as 32 words.
+            KFormat::Q4K => Some(&[(0, 2, 1), (2, 2, 1), (4, 4, 3), (16, 4, 32)]),
+            // d, the 16 scales as four words, ql as 32 words, qh as 16.
+            KFormat::Q6K => Some(&[(208, 2, 1), (192, 4, 4), (0, 4, 32), (128, 4, 16)]),
+            _ => None,
+        }
+    }
+}
+
+/// Byte offset within a panel block of segment `s`'s first unit.
+pub fn segment_at(format: KFormat, s: usize) -> usize {
+    let segments = format.segments().expect("a format with a panel layout");
+    segments[..s]
+        .iter()
+        .map(|&(_, unit, count)| unit * count * ROWS)
+        .sum()
+}
+
+/// Whether a `rows` x `kb` super-block matrix of `format` can take the panel layout.
+pub fn fits(format: KFormat, rows: usize, kb: usize) -> bool {
+    format.segments().is_some() && rows.is_multiple_of(ROWS) && rows > 0 && kb > 0
+}
+
+/// A matrix in the panel layout.
+#[derive(Debug)]
+pub struct Panels {
+    format: KFormat,
+    rows: usize,
+    kb: usize,
+    bytes: memmap2::Mmap,
+}
+
+impl Panels {
+    /// The panel layout of `raw` (`rows` GGUF rows of `kb` super-blocks each, row after row;
+    /// [`fits`] must hold), the panels made in parallel; an error when no memory could be
+    /// mapped for them.
+    pub fn pack(format: KFormat, raw: &[u8], rows: usize, kb: usize) -> std::io::Result<Panels> {
+        use rayon::prelude::*;
+        let bytes = format.block_bytes();
+        assert!(
+            fits(format, rows, kb),
+            "{format:?} {rows}x{kb} has no panel layout"
+        );
+        assert_eq!(raw.len(), rows * kb * bytes, "{format:?} matrix size");
+        let segments = format.segments().expect("checked by fits");
+        let panel_bytes = ROWS * kb * bytes;
+        // Anonymous memory of its own, its pages made at once (`MAP_POPULATE`) rather than
+        // faulted in one by one as they are written.
+        let mut out = memmap2::MmapOptions::new()
+            .len(raw.len())
+            .populate()
+            .map_anon()?;
+        out.par_chunks_mut(panel_bytes)
+            .enumerate()
+            .for_each(|(panel, out)| {
+                let rows = &raw[panel * panel_bytes..(panel + 1) * panel_bytes];
+                let mut at = 0;
+                for b in 0..kb {
+                    for &(offset, unit, count) in segments {
+                        for k in 0..count {
+                            for r in 0..ROWS {
+                                let from = (r * kb + b) * bytes + offset + k * unit;
+                                match unit {
+                                    2 => out[at..at + 2].copy_from_slice(&rows[from..from + 2]),
+                                    4 => out[at..at + 4].copy_from_slice(&rows[from..from + 4]),
+                                    _ => {
+                                        out[at..at + unit].copy_from_slice(&rows[from..from + unit])
+                                    }
+                                }
+                                at += unit;
+                            }
+                        }
+                    }
+                }
+            });
+        Ok(Panels {
+            format,
+            rows,
+            kb,
+            bytes: out.make_read_only()?,
+        })
+    }
+
+    pub fn format(&self) -> KFormat {
+        self.format
+    }
+
+    /// Weight rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Super-blocks per row.
+    pub fn kb(&self) -> usize {
+        self.kb
+    }
+
+    /// Bytes held.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Whether there are no rows (never: a matrix with a panel layout has some).
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// The `kb` panel blocks of the panel holding rows `8 p..8 p + 8`.
+    pub fn panel(&self, p: usize) -> &[u8] {
+        let n = ROWS * self.kb * self.format.block_bytes();
+        &self.bytes[p * n..(p + 1) * n]
+    }
+
+    /// The eight rows' GGUF blocks of super-block `b` of panel `p`, row after row, in `out`
+    /// (`8 * block_bytes` long).
+    pub fn unpack_block(&self, p: usize, b: usize, out: &mut [u8]) {
+        let bytes = self.format.block_bytes();
+        let block = &self.panel(p)[b * ROWS * bytes..(b + 1) * ROWS * bytes];
+        unpack_block(self.format, block, out);
+    }
+
+    /// Row `row`'s GGUF bytes (`kb` super-blocks), in `out`.
+    pub fn unpack_row(&self, row: usize, out: &mut [u8]) {
+        let bytes = self.format.block_bytes();
+        assert_eq!(out.len(), self.kb * bytes, "{:?} row size", self.format);
+        let mut blocks = vec![0u8; ROWS * bytes];
+        for b in 0..self.kb {
+            self.unpack_block(row / ROWS, b, &mut blocks);
+            let r = row % ROWS;
+            out[b * bytes..(b + 1) * bytes].copy_from_slice(&blocks[r * bytes..(r + 1) * bytes]);
+        }
+    }
+}
+
+/// The eight rows' GGUF blocks (row after row, in `out`) of one panel block.
+fn unpack_block(format: KFormat, block: &[u8], out: &mut [u8]) {
+    let bytes = format.block_bytes();
+    let segments = format.segments().expect("a format with a panel layout");
+    assert_eq!(block.len(), ROWS * bytes, "{format:?} panel block size");
+    assert_eq!(out.len(), ROWS * bytes, "{format:?} block rows size");
+    let mut at = 0;
+    for &(offset, unit, count) in segments {
+        for k in 0..count {
+            for r in 0..ROWS {
+                let to = r * bytes + offset + k * unit;
+                out[to..to + unit].copy_from_slice(&block[at..at + unit]);
+                at += unit;
+            }
+        }
+    }
+}

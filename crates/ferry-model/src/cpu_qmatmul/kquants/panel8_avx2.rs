@@ -1,0 +1,348 @@
+//! AVX2 dot products of one activation row with the eight weight rows of a panel in the
+//! [`super::panel8`] layout (the decode kernel of Q4_K / Q6_K on AVX2).
+//!
+//! One 32-byte load holds four quant bytes of each of the eight rows; the activation's four
+//! matching bytes are broadcast and `vpmaddubsw`-multiplied with them, the 16-bit pair sums of
+//! a chunk (or half chunk) summed in 16 bits (no saturation, as in [`super::avx2_panel`]) and
+//! `vpmaddwd`-multiplied by each row's scale, picked for all eight rows by one `vpshufb`. Each
+//! i32 lane is then one row's exact `sumi` / `summ` of the one-row kernels, combined with
+//! [`super::avx2::block_values`]' f32 operations and added block by block from 0: every lane
+//! equals the one-row dot of its row bit for bit, with no horizontal sums at all.
+
+use std::arch::x86_64::*;
+
+use super::activation::Q8KBlock;
+use super::avx2::{block_values, q6_k_bytes};
+use super::avx2_panel::Panel;
+use super::panel8::{segment_at, ROWS};
+use super::tile::Path;
+use super::KFormat;
+use crate::cpu_qmatmul::avx2::Avx2;
+use crate::cpu_qmatmul::Kernel;
+
+/// Whether `kernel` runs the k-quants through the AVX2 kernels on this CPU (plain AVX2 or
+/// AVX-VNNI: the tile path [`Path::detect`] picks), where the panel layout is read.
+pub fn takes(kernel: Kernel) -> bool {
+    matches!(Path::detect(kernel), Some(Path::Avx2 | Path::Avx2Vnni))
+}
+
+/// The eight dot products of the panel at `panel` (`a.len()` panel blocks of `format`) with
+/// `a`, row `r` of the panel in lane `r`.
+pub fn dots(k: Avx2, format: KFormat, panel: &[u8], a: &[Q8KBlock]) -> [f32; ROWS] {
+    let _ = k;
+    assert!(
+        panel.len() >= format.block_bytes() * ROWS * a.len(),
+        "{format:?} panel too short"
+    );
+    let mut out = [0f32; ROWS];
+    // SAFETY: `k` proves AVX2, FMA and F16C; the assert bounds every read of `panel`.
+    unsafe {
+        let acc = match format {
+            KFormat::Q4K => q4_k(panel.as_ptr(), a),
+            KFormat::Q6K => q6_k(panel.as_ptr(), a),
+            _ => panic!("{format:?} has no panel layout"),
+        };
+        _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    }
+    out
+}
+
+/// A `vpshufb` pattern giving, in every 32-bit lane, bytes `lo` and `hi` of that lane as its
+/// two 16-bit halves: zero-extended (`HIGH = false`: the byte in the low half of each i16) or
+/// in the high byte, to be sign-extended by an arithmetic shift (`HIGH = true`).
+const fn pattern<const HIGH: bool>(lo: usize, hi: usize) -> [u8; 32] {
+    let mut p = [0x80u8; 32];
+    let mut i = 0;
+    while i < 32 {
+        let lane = (i % 16) / 4;
+        let byte = if i % 4 < 2 { lo } else { hi };
+        if (i % 2 == 1) == HIGH {
+            p[i] = (4 * lane + byte) as u8;
+        }
+        i += 1;
+    }
+    p
+}
+
+/// Byte `c` of each lane, twice, zero-extended (Q4_K's scales and mins).
+const SAME: [[u8; 32]; 4] = [
+    pattern::<false>(0, 0),
+    pattern::<false>(1, 1),
+    pattern::<false>(2, 2),
+    pattern::<false>(3, 3),
+];
+/// Byte `c` of each lane, twice, in the high bytes (Q6_K's signed scales).
+const SAME_HIGH: [[u8; 32]; 4] = [
+    pattern::<true>(0, 0),
+    pattern::<true>(1, 1),
+    pattern::<true>(2, 2),
+    pattern::<true>(3, 3),
+];
+/// Bytes `2 k` and `2 k + 1` of each lane in the high bytes (Q6_K's scale pairs).
+const PAIR_HIGH: [[u8; 32]; 2] = [pattern::<true>(0, 1), pattern::<true>(2, 3)];
+
+/// `v` shuffled by `pattern`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn shuffle(v: __m256i, pattern: &[u8; 32]) -> __m256i {
+    // SAFETY: `pattern` is 32 bytes.
+    _mm256_shuffle_epi8(v, unsafe { _mm256_loadu_si256(pattern.as_ptr().cast()) })
+}
+
+/// Byte `c` (0..4) of each 32-bit lane of `v` as two u16 in that lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn pick(v: __m256i, c: usize) -> __m256i {
+    shuffle(v, &SAME[c % 4])
+}
+
+/// `v` shuffled by a `HIGH` pattern, sign-extended to i16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn pick_signed(v: __m256i, pattern: &[u8; 32]) -> __m256i {
+    _mm256_srai_epi16::<8>(shuffle(v, pattern))
+}
+
+/// Bytes ahead of the panel block being read that are prefetched: a panel block takes as
+/// long as eight one-row blocks, so the one-row kernels' distance would arrive too late.
+const AHEAD: usize = 4096;
+
+/// Prefetches the `bytes` at `AHEAD` past `p`.
+#[inline(always)]
+unsafe fn prefetch(p: *const u8, bytes: usize) {
+    for off in (0..bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD + off).cast());
+    }
+}
+
+/// The activation's four bytes at `y` in every lane.
+#[inline(always)]
+unsafe fn broadcast(y: *const i8) -> __m256i {
+    _mm256_set1_epi32(y.cast::<i32>().read_unaligned())
+}
+
+/// The eight f16 at `p` as f32.
+#[inline(always)]
+unsafe fn halves(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+}
+
+/// The eight scales and eight mins of each row of the Q4_K panel block at `blk`: lane `r` of
+/// `scales[0]` holds row r's scales 0..4, of `scales[1]` its 4..8 (the scalar
+/// `scales_mins_k4` on every lane, byte for byte), likewise the mins.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `blk..blk + 128` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_scales_mins(blk: *const u8) -> ([__m256i; 2], [__m256i; 2]) {
+    let (m4, m6, m2) = (
+        _mm256_set1_epi8(0x0F),
+        _mm256_set1_epi8(0x3F),
+        _mm256_set1_epi8(0x03),
+    );
+    let load = |at: usize| _mm256_loadu_si256(blk.add(at).cast());
+    let (a0, a1, a2) = (load(32), load(64), load(96));
+    let top = |v: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(v), m2));
+    let scales = [
+        _mm256_and_si256(a0, m6),
+        _mm256_or_si256(_mm256_and_si256(a2, m4), top(a0)),
+    ];
+    let mins = [
+        _mm256_and_si256(a1, m6),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(a2), m4), top(a1)),
+    ];
+    (scales, mins)
+}
+
+/// The sixteen half-chunk scales of each row of the Q6_K panel block at `blk` (lane r of
+/// entry h: row r's scale h twice, as i16), and its eight pairs (entry g: scales 2 g, 2 g + 1).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `blk..blk + 144` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_scales(blk: *const u8) -> ([__m256i; 16], [__m256i; 8]) {
+    let at = segment_at(KFormat::Q6K, 1);
+    // Lane r of `sc[u]`: scales 4 u..4 u + 4 of row r.
+    let sc: [__m256i; 4] = std::array::from_fn(|u| _mm256_loadu_si256(blk.add(at + 32 * u).cast()));
+    (
+        std::array::from_fn(|h| pick_signed(sc[h / 4], &SAME_HIGH[h % 4])),
+        std::array::from_fn(|g| pick_signed(sc[g / 2], &PAIR_HIGH[g % 2])),
+    )
+}
+
+/// Super-block `b` of a decoded GEMM panel ([`super::avx2_panel`]) from the Q4_K panel block
+/// at `blk`: the same words, scales, group weights and `d`, `dmin` as decoding the eight
+/// GGUF rows gives, with no transposition.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `blk..blk + 1152` must be readable and `panel` hold
+/// super-block `b`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn fill_q4_k(blk: *const u8, panel: &mut Panel, b: usize) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let quants = segment_at(KFormat::Q4K, 3);
+    let (sc, mn) = q4_k_scales_mins(blk);
+    let store = |v: &mut Vec<u32>, at: usize, x: __m256i| {
+        assert!(at + ROWS <= v.len());
+        _mm256_storeu_si256(v.as_mut_ptr().add(at).cast(), x);
+    };
+    for j in 0..4 {
+        for w in 0..8 {
+            let x = _mm256_loadu_si256(blk.add(quants + (8 * j + w) * 32).cast());
+            let lo = _mm256_and_si256(x, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
+            store(&mut panel.packed, ((b * 8 + 2 * j) * 8 + w) * ROWS, lo);
+            store(&mut panel.packed, ((b * 8 + 2 * j + 1) * 8 + w) * ROWS, hi);
+        }
+    }
+    for h in 0..16 {
+        let c = h / 2;
+        store(&mut panel.scales, (b * 16 + h) * ROWS, pick(sc[c / 4], c));
+    }
+    for g in 0..8 {
+        store(&mut panel.groups, (b * 8 + g) * ROWS, pick(mn[g / 4], g));
+    }
+    let at = b * ROWS;
+    assert!(at + ROWS <= panel.d.len() && at + ROWS <= panel.dmin.len());
+    _mm256_storeu_ps(panel.d.as_mut_ptr().add(at), halves(blk));
+    _mm256_storeu_ps(panel.dmin.as_mut_ptr().add(at), halves(blk.add(16)));
+}
+
+/// [`fill_q4_k`] for Q6_K.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `blk..blk + 1680` must be readable and `panel` hold
+/// super-block `b`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn fill_q6_k(blk: *const u8, panel: &mut Panel, b: usize) {
+    let (ql, qh) = (segment_at(KFormat::Q6K, 2), segment_at(KFormat::Q6K, 3));
+    let (half_scales, pairs) = q6_k_scales(blk);
+    let load = |at: usize| _mm256_loadu_si256(blk.add(at).cast());
+    let store = |v: &mut Vec<u32>, at: usize, x: __m256i| {
+        assert!(at + ROWS <= v.len());
+        _mm256_storeu_si256(v.as_mut_ptr().add(at).cast(), x);
+    };
+    for n in 0..2 {
+        for w in 0..8 {
+            let q = q6_k_bytes(
+                load(ql + (16 * n + w) * 32),
+                load(ql + (16 * n + 8 + w) * 32),
+                load(qh + (8 * n + w) * 32),
+            );
+            for (g, q) in q.into_iter().enumerate() {
+                store(&mut panel.packed, ((b * 8 + 4 * n + g) * 8 + w) * ROWS, q);
+            }
+        }
+    }
+    for (h, &s) in half_scales.iter().enumerate() {
+        store(&mut panel.scales, (b * 16 + h) * ROWS, s);
+    }
+    for (g, &p) in pairs.iter().enumerate() {
+        store(&mut panel.groups, (b * 8 + g) * ROWS, p);
+    }
+    let at = b * ROWS;
+    assert!(at + ROWS <= panel.d.len() && at + ROWS <= panel.dmin.len());
+    _mm256_storeu_ps(panel.d.as_mut_ptr().add(at), halves(blk));
+    _mm256_storeu_ps(panel.dmin.as_mut_ptr().add(at), _mm256_setzero_ps());
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `p..p + 1152 * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
+    const BLOCK: usize = 144 * ROWS;
+    let m4 = _mm256_set1_epi8(0x0F);
+    let quants = segment_at(KFormat::Q4K, 3);
+    let mut acc = _mm256_setzero_ps();
+    for (b, a) in a.iter().enumerate() {
+        let blk = p.add(BLOCK * b);
+        prefetch(blk, BLOCK);
+        let (d, dmin) = (halves(blk), halves(blk.add(16)));
+        let load = |at: usize| _mm256_loadu_si256(blk.add(at).cast());
+        let (sc, mn) = q4_k_scales_mins(blk);
+        let y = a.qs.as_ptr();
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..4 {
+            let (mut lo16, mut hi16) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            for w in 0..8 {
+                let x = load(quants + (8 * j + w) * 32);
+                let lo = _mm256_and_si256(x, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
+                let ylo = broadcast(y.add(64 * j + 4 * w));
+                let yhi = broadcast(y.add(64 * j + 32 + 4 * w));
+                lo16 = _mm256_add_epi16(lo16, _mm256_maddubs_epi16(lo, ylo));
+                hi16 = _mm256_add_epi16(hi16, _mm256_maddubs_epi16(hi, yhi));
+            }
+            let (c0, c1) = (2 * j, 2 * j + 1);
+            let s0 = _mm256_madd_epi16(lo16, pick(sc[c0 / 4], c0));
+            let s1 = _mm256_madd_epi16(hi16, pick(sc[c1 / 4], c1));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s0, s1));
+        }
+        let bsums = a.bsums.as_ptr().cast::<i32>();
+        let mut summ = _mm256_setzero_si256();
+        for c in 0..8 {
+            let bs = _mm256_set1_epi32(bsums.add(c).read_unaligned());
+            summ = _mm256_add_epi32(summ, _mm256_madd_epi16(pick(mn[c / 4], c), bs));
+        }
+        acc = _mm256_add_ps(acc, block_values(d, dmin, _mm256_set1_ps(a.d), sumi, summ));
+    }
+    acc
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `p..p + 1680 * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
+    const BLOCK: usize = 210 * ROWS;
+    let (ql, qh) = (segment_at(KFormat::Q6K, 2), segment_at(KFormat::Q6K, 3));
+    let mut acc = _mm256_setzero_ps();
+    for (b, a) in a.iter().enumerate() {
+        let blk = p.add(BLOCK * b);
+        prefetch(blk, BLOCK);
+        let d = halves(blk);
+        let load = |at: usize| _mm256_loadu_si256(blk.add(at).cast());
+        let (half_scales, pairs) = q6_k_scales(blk);
+        let y = a.qs.as_ptr();
+        let mut sumi = _mm256_setzero_si256();
+        for n in 0..2 {
+            for t in 0..4 {
+                // Words 2 t, 2 t + 1 of chunks 4 n..4 n + 4: one 16-bit sum per chunk.
+                let mut s16 = [_mm256_setzero_si256(); 4];
+                for w in [2 * t, 2 * t + 1] {
+                    let q = q6_k_bytes(
+                        load(ql + (16 * n + w) * 32),
+                        load(ql + (16 * n + 8 + w) * 32),
+                        load(qh + (8 * n + w) * 32),
+                    );
+                    for g in 0..4 {
+                        let yw = broadcast(y.add(32 * (4 * n + g) + 4 * w));
+                        s16[g] = _mm256_add_epi16(s16[g], _mm256_maddubs_epi16(q[g], yw));
+                    }
+                }
+                for (g, &s16) in s16.iter().enumerate() {
+                    // Half `2 c + t / 2` of chunk c: words 0..4 the first, 4..8 the second.
+                    let h = 2 * (4 * n + g) + t / 2;
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s16, half_scales[h]));
+                }
+            }
+        }
+        // The offset: 32 times the scales against the activation's 16-element sums.
+        let bsums = a.bsums.as_ptr().cast::<i32>();
+        let mut offset = _mm256_setzero_si256();
+        for (k, &pair) in pairs.iter().enumerate() {
+            let bs = _mm256_set1_epi32(bsums.add(k).read_unaligned());
+            offset = _mm256_add_epi32(offset, _mm256_madd_epi16(pair, bs));
+        }
+        let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<5>(offset));
+        let zero = _mm256_setzero_si256();
+        let values = block_values(d, _mm256_setzero_ps(), _mm256_set1_ps(a.d), sumi, zero);
+        acc = _mm256_add_ps(acc, values);
+    }
+    acc
+}
+
+#[cfg(test)]
+#[path = "panel8_tests.rs"]
+mod tests;
