@@ -96,9 +96,10 @@ pub fn run(
     true
 }
 
-/// [`run`] over a matrix in the panel layout ([`Panels`]): each panel block's eight GGUF
-/// blocks are unpacked to a buffer and decoded from there (once per task, shared by all its
-/// activation rows). `weights` must start at a multiple of [`panel8::ROWS`].
+/// [`run`] over a matrix in the panel layout ([`Panels`]): each panel block fills the
+/// decoded panel straight from the layout ([`KCodec::fill`], no transposition), once per task
+/// and shared by all its activation rows. `weights` must start at a multiple of
+/// [`panel8::ROWS`].
 pub fn run_panels(
     k: Avx2,
     panels: &Panels,
