@@ -168,9 +168,12 @@ impl Blocks {
             let start = range.start.next_multiple_of(page);
             let end = range.end / page * page;
             if end > start {
-                // SAFETY: the mapping is a read-only private file mapping; dropping its pages
-                // only makes the next read fault them in from the file again, with the same
-                // bytes.
+                // No huge mappings over the range (it becomes a mapping of its own): otherwise
+                // reading a neighbouring tensor maps the file's large pages across it again
+                // (measured: a third of a Q3_K_M file's released Q4_K rows came back).
+                let _ = map.advise_range(memmap2::Advice::NoHugePage, start, end - start);
+                // SAFETY: the mapping is a read-only file mapping; dropping its pages only
+                // makes the next read fault them in from the file again, with the same bytes.
                 let _ = unsafe {
                     map.unchecked_advise_range(
                         memmap2::UncheckedAdvice::DontNeed,
