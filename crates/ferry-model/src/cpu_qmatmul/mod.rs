@@ -365,7 +365,7 @@ impl CpuQMatMul {
 
     /// This weight with its eight-row panel layout ([`kquants::panel8`]) made, where the
     /// process's kernel choice runs it through the AVX2 k-quant kernels and the format has
-    /// one (Q4_K, Q6_K with a multiple of eight rows); from then on those kernels read only
+    /// one (Q2_K, Q3_K, Q4_K, Q6_K with a multiple of eight rows); from then on those kernels read only
     /// the panels (a decode step about twice as fast per weight byte), and the mapped file's
     /// pages of the GGUF rows are handed back to the page cache, so the process holds the
     /// weight once. Unchanged otherwise. Results are bit for bit the same either way.

@@ -245,6 +245,11 @@ impl KCodec for Q2K {
             dmin: half(p, 82),
         }
     }
+    #[inline(always)]
+    unsafe fn fill(blk: *const u8, panel: &mut Panel, b: usize) -> bool {
+        panel8_avx2::fill_q2_k(blk, panel, b);
+        true
+    }
 }
 
 pub(super) struct Q3K;
@@ -271,6 +276,11 @@ impl KCodec for Q3K {
             d: half(p, 108),
             dmin: 0.0,
         }
+    }
+    #[inline(always)]
+    unsafe fn fill(blk: *const u8, panel: &mut Panel, b: usize) -> bool {
+        panel8_avx2::fill_q3_k(blk, panel, b);
+        true
     }
 }
 

@@ -25,12 +25,47 @@ impl KFormat {
         match self {
             // d, dmin, the 12 scale bytes as three words, the 128 quant bytes as 32 words.
             KFormat::Q4K => Some(&[(0, 2, 1), (2, 2, 1), (4, 4, 3), (16, 4, 32)]),
-            // d, the 16 scales as four words, ql as 32 words, qh as 16.
-            KFormat::Q6K => Some(&[(208, 2, 1), (192, 4, 4), (0, 4, 32), (128, 4, 16)]),
+            KFormat::Q6K => Some(&Q6K_SEGMENTS),
+            // d, dmin, the 16 scale-and-min bytes as four words, the quants as 16.
+            KFormat::Q2K => Some(&[(80, 2, 1), (82, 2, 1), (0, 4, 4), (16, 4, 16)]),
+            KFormat::Q3K => Some(&Q3K_SEGMENTS),
             _ => None,
         }
     }
 }
+
+/// Q6_K: d, the 16 scales as four words, then for each half `n` and word `w` the three words
+/// a kernel reads together (`ql` words `16 n + w`, `16 n + 8 + w`, `qh` word `8 n + w`), so
+/// the quants are read front to back (in three separate runs the hardware prefetchers lost
+/// them: the decode was a fifth slower than the one-row kernel's).
+const Q6K_SEGMENTS: [Segment; 50] = {
+    let mut s = [(0, 0, 0); 50];
+    (s[0], s[1]) = ((208, 2, 1), (192, 4, 4));
+    let mut i = 0;
+    while i < 16 {
+        let (n, w) = (i / 8, i % 8);
+        s[2 + 3 * i] = (64 * n + 4 * w, 4, 1);
+        s[3 + 3 * i] = (64 * n + 32 + 4 * w, 4, 1);
+        s[4 + 3 * i] = (128 + 32 * n + 4 * w, 4, 1);
+        i += 1;
+    }
+    s
+};
+
+/// Q3_K: d, the 12 scale bytes as three words, then for each word `w` the high-bit mask's word
+/// `w` and the quant words `w`, `8 + w` (read together, front to back).
+const Q3K_SEGMENTS: [Segment; 26] = {
+    let mut s = [(0, 0, 0); 26];
+    (s[0], s[1]) = ((108, 2, 1), (96, 4, 3));
+    let mut w = 0;
+    while w < 8 {
+        s[2 + 3 * w] = (4 * w, 4, 1);
+        s[3 + 3 * w] = (32 + 4 * w, 4, 1);
+        s[4 + 3 * w] = (64 + 4 * w, 4, 1);
+        w += 1;
+    }
+    s
+};
 
 /// Byte offset within a panel block of segment `s`'s first unit.
 pub fn segment_at(format: KFormat, s: usize) -> usize {

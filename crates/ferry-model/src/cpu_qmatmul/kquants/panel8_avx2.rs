@@ -1,5 +1,5 @@
 //! AVX2 dot products of one activation row with the eight weight rows of a panel in the
-//! [`super::panel8`] layout (the decode kernel of Q4_K / Q6_K on AVX2).
+//! [`super::panel8`] layout (the decode kernel of Q2_K, Q3_K, Q4_K and Q6_K on AVX2).
 //!
 //! One 32-byte load holds four quant bytes of each of the eight rows; the activation's four
 //! matching bytes are broadcast and `vpmaddubsw`-multiplied with them, the 16-bit pair sums of
@@ -40,6 +40,8 @@ pub fn dots(k: Avx2, format: KFormat, panel: &[u8], a: &[Q8KBlock]) -> [f32; ROW
         let acc = match format {
             KFormat::Q4K => q4_k(panel.as_ptr(), a),
             KFormat::Q6K => q6_k(panel.as_ptr(), a),
+            KFormat::Q2K => q2_k(panel.as_ptr(), a),
+            KFormat::Q3K => q3_k(panel.as_ptr(), a),
             _ => panic!("{format:?} has no panel layout"),
         };
         _mm256_storeu_ps(out.as_mut_ptr(), acc);
@@ -80,6 +82,8 @@ const SAME_HIGH: [[u8; 32]; 4] = [
 ];
 /// Bytes `2 k` and `2 k + 1` of each lane in the high bytes (Q6_K's scale pairs).
 const PAIR_HIGH: [[u8; 32]; 2] = [pattern::<true>(0, 1), pattern::<true>(2, 3)];
+/// Bytes `2 k` and `2 k + 1` of each lane, zero-extended (Q2_K's min pairs).
+const PAIR: [[u8; 32]; 2] = [pattern::<false>(0, 1), pattern::<false>(2, 3)];
 
 /// `v` shuffled by `pattern`.
 #[inline]
@@ -217,20 +221,15 @@ pub(super) unsafe fn fill_q4_k(blk: *const u8, panel: &mut Panel, b: usize) {
 /// super-block `b`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn fill_q6_k(blk: *const u8, panel: &mut Panel, b: usize) {
-    let (ql, qh) = (segment_at(KFormat::Q6K, 2), segment_at(KFormat::Q6K, 3));
+    let quants = segment_at(KFormat::Q6K, 2);
     let (half_scales, pairs) = q6_k_scales(blk);
-    let load = |at: usize| _mm256_loadu_si256(blk.add(at).cast());
     let store = |v: &mut Vec<u32>, at: usize, x: __m256i| {
         assert!(at + ROWS <= v.len());
         _mm256_storeu_si256(v.as_mut_ptr().add(at).cast(), x);
     };
     for n in 0..2 {
         for w in 0..8 {
-            let q = q6_k_bytes(
-                load(ql + (16 * n + w) * 32),
-                load(ql + (16 * n + 8 + w) * 32),
-                load(qh + (8 * n + w) * 32),
-            );
+            let q = q6_k_words(blk.add(quants), n, w);
             for (g, q) in q.into_iter().enumerate() {
                 store(&mut panel.packed, ((b * 8 + 4 * n + g) * 8 + w) * ROWS, q);
             }
@@ -246,6 +245,248 @@ pub(super) unsafe fn fill_q6_k(blk: *const u8, panel: &mut Panel, b: usize) {
     assert!(at + ROWS <= panel.d.len() && at + ROWS <= panel.dmin.len());
     _mm256_storeu_ps(panel.d.as_mut_ptr().add(at), halves(blk));
     _mm256_storeu_ps(panel.dmin.as_mut_ptr().add(at), _mm256_setzero_ps());
+}
+
+/// Word `w` of chunks `4 n..4 n + 4` of the Q6_K panel block's quants at `q` (its three
+/// words side by side, see `Q6K_SEGMENTS`).
+#[inline(always)]
+unsafe fn q6_k_words(q: *const u8, n: usize, w: usize) -> [__m256i; 4] {
+    let at = q.add((8 * n + w) * 3 * 32);
+    let load = |i: usize| _mm256_loadu_si256(at.add(32 * i).cast());
+    q6_k_bytes(load(0), load(1), load(2))
+}
+
+/// Bits `shift..` of each byte of `v` under `mask`.
+#[inline(always)]
+unsafe fn bits(v: __m256i, shift: usize, mask: i8) -> __m256i {
+    let s = _mm256_srl_epi16(v, _mm_cvtsi32_si128(shift as i32));
+    _mm256_and_si256(s, _mm256_set1_epi8(mask))
+}
+
+/// The Q2_K panel block at `blk`: the sixteen half-chunk scales of each row (entry h, lane r:
+/// row r's scale h twice) and its eight pairs of mins (entry k: mins 2 k, 2 k + 1).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `blk..blk + 160` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_k_scales_mins(blk: *const u8) -> ([__m256i; 16], [__m256i; 8]) {
+    let at = segment_at(KFormat::Q2K, 2);
+    let units: [__m256i; 4] =
+        std::array::from_fn(|u| _mm256_loadu_si256(blk.add(at + 32 * u).cast()));
+    let scales = units.map(|u| bits(u, 0, 0x0F));
+    let mins = units.map(|u| bits(u, 4, 0x0F));
+    (
+        std::array::from_fn(|h| pick(scales[h / 4], h % 4)),
+        std::array::from_fn(|k| shuffle(mins[k / 2], &PAIR[k % 2])),
+    )
+}
+
+/// The chunk `c` quants of the Q2_K quant word `x` (two bits per chunk of four).
+#[inline(always)]
+unsafe fn q2_k_chunk(x: __m256i, c: usize) -> __m256i {
+    bits(x, 2 * (c % 4), 3)
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `p..p + 672 * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
+    const BLOCK: usize = 84 * ROWS;
+    let quants = segment_at(KFormat::Q2K, 3);
+    let mut acc = _mm256_setzero_ps();
+    for (b, a) in a.iter().enumerate() {
+        let blk = p.add(BLOCK * b);
+        prefetch(blk, BLOCK);
+        let (d, dmin) = (halves(blk), halves(blk.add(16)));
+        let (scales, mins) = q2_k_scales_mins(blk);
+        let y = a.qs.as_ptr();
+        let mut sumi = _mm256_setzero_si256();
+        for n in 0..2 {
+            for t in 0..2 {
+                // Words 4 t..4 t + 4 of chunks 4 n..4 n + 4: half `2 c + t` of each.
+                let mut s16 = [_mm256_setzero_si256(); 4];
+                for w in 4 * t..4 * t + 4 {
+                    let x = _mm256_loadu_si256(blk.add(quants + (8 * n + w) * 32).cast());
+                    for (j, s16) in s16.iter_mut().enumerate() {
+                        let yw = broadcast(y.add(32 * (4 * n + j) + 4 * w));
+                        let q = q2_k_chunk(x, j);
+                        *s16 = _mm256_add_epi16(*s16, _mm256_maddubs_epi16(q, yw));
+                    }
+                }
+                for (j, &s16) in s16.iter().enumerate() {
+                    let h = 2 * (4 * n + j) + t;
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s16, scales[h]));
+                }
+            }
+        }
+        let bsums = a.bsums.as_ptr().cast::<i32>();
+        let mut summ = _mm256_setzero_si256();
+        for (k, &pair) in mins.iter().enumerate() {
+            let bs = _mm256_set1_epi32(bsums.add(k).read_unaligned());
+            summ = _mm256_add_epi32(summ, _mm256_madd_epi16(pair, bs));
+        }
+        acc = _mm256_add_ps(acc, block_values(d, dmin, _mm256_set1_ps(a.d), sumi, summ));
+    }
+    acc
+}
+
+/// The Q3_K panel block at `blk`: the sixteen signed half-chunk scales of each row (entry h,
+/// lane r: row r's scale h twice, as i16) and its eight pairs (entry k: scales 2 k, 2 k + 1);
+/// the scalar `scale_words_q3_k`, less 32, on every lane.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `blk..blk + 112` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k_scales(blk: *const u8) -> ([__m256i; 16], [__m256i; 8]) {
+    let at = segment_at(KFormat::Q3K, 1);
+    let load = |u: usize| _mm256_loadu_si256(blk.add(at + 32 * u).cast());
+    let (a0, a1, t) = (load(0), load(1), load(2));
+    let top = |shift: usize| _mm256_slli_epi16::<4>(bits(t, shift, 0x03));
+    let words = [
+        _mm256_or_si256(bits(a0, 0, 0x0F), top(0)),
+        _mm256_or_si256(bits(a1, 0, 0x0F), top(2)),
+        _mm256_or_si256(bits(a0, 4, 0x0F), top(4)),
+        _mm256_or_si256(bits(a1, 4, 0x0F), top(6)),
+    ]
+    .map(|w| _mm256_sub_epi8(w, _mm256_set1_epi8(32)));
+    (
+        std::array::from_fn(|h| pick_signed(words[h / 4], &SAME_HIGH[h % 4])),
+        std::array::from_fn(|k| pick_signed(words[k / 2], &PAIR_HIGH[k % 2])),
+    )
+}
+
+/// The high-bit mask word `w` and quant words `w`, `8 + w` of the Q3_K panel block's quants
+/// at `q` (side by side, see `Q3K_SEGMENTS`).
+#[inline(always)]
+unsafe fn q3_k_words(q: *const u8, w: usize) -> [__m256i; 3] {
+    let at = q.add(w * 3 * 32);
+    std::array::from_fn(|i| _mm256_loadu_si256(at.add(32 * i).cast()))
+}
+
+/// The chunk `c` quants (0..8, before the offset of 4) of the Q3_K quant word `x` and
+/// high-bit word `hmask`.
+#[inline(always)]
+unsafe fn q3_k_chunk(x: __m256i, hmask: __m256i, c: usize) -> __m256i {
+    let high = _mm256_slli_epi16::<2>(bits(hmask, c, 1));
+    _mm256_or_si256(bits(x, 2 * (c % 4), 3), high)
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `p..p + 880 * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
+    const BLOCK: usize = 110 * ROWS;
+    let quants = segment_at(KFormat::Q3K, 2);
+    let mut acc = _mm256_setzero_ps();
+    for (b, a) in a.iter().enumerate() {
+        let blk = p.add(BLOCK * b);
+        prefetch(blk, BLOCK);
+        let d = halves(blk);
+        let (scales, pairs) = q3_k_scales(blk);
+        let y = a.qs.as_ptr();
+        let mut sumi = _mm256_setzero_si256();
+        for t in 0..2 {
+            // Words 4 t..4 t + 4 of all eight chunks: half `2 c + t` of each.
+            let mut s16 = [_mm256_setzero_si256(); 8];
+            for w in 4 * t..4 * t + 4 {
+                let [hm, x0, x1] = q3_k_words(blk.add(quants), w);
+                for (c, s16) in s16.iter_mut().enumerate() {
+                    let yw = broadcast(y.add(32 * c + 4 * w));
+                    let q = q3_k_chunk(if c < 4 { x0 } else { x1 }, hm, c);
+                    *s16 = _mm256_add_epi16(*s16, _mm256_maddubs_epi16(q, yw));
+                }
+            }
+            for (c, &s16) in s16.iter().enumerate() {
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s16, scales[2 * c + t]));
+            }
+        }
+        let bsums = a.bsums.as_ptr().cast::<i32>();
+        let mut offset = _mm256_setzero_si256();
+        for (k, &pair) in pairs.iter().enumerate() {
+            let bs = _mm256_set1_epi32(bsums.add(k).read_unaligned());
+            offset = _mm256_add_epi32(offset, _mm256_madd_epi16(pair, bs));
+        }
+        let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<2>(offset));
+        let zero = _mm256_setzero_si256();
+        let values = block_values(d, _mm256_setzero_ps(), _mm256_set1_ps(a.d), sumi, zero);
+        acc = _mm256_add_ps(acc, values);
+    }
+    acc
+}
+
+/// [`fill_q4_k`] for Q2_K.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `blk..blk + 672` must be readable and `panel` hold
+/// super-block `b`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn fill_q2_k(blk: *const u8, panel: &mut Panel, b: usize) {
+    let quants = segment_at(KFormat::Q2K, 3);
+    let (scales, mins) = q2_k_scales_mins(blk);
+    for n in 0..2 {
+        for w in 0..8 {
+            let x = _mm256_loadu_si256(blk.add(quants + (8 * n + w) * 32).cast());
+            for j in 0..4 {
+                let at = ((b * 8 + 4 * n + j) * 8 + w) * ROWS;
+                store(&mut panel.packed, at, q2_k_chunk(x, j));
+            }
+        }
+    }
+    fill_rest(panel, b, &scales, &mins, halves(blk), halves(blk.add(16)));
+}
+
+/// [`fill_q4_k`] for Q3_K.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `blk..blk + 880` must be readable and `panel` hold
+/// super-block `b`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn fill_q3_k(blk: *const u8, panel: &mut Panel, b: usize) {
+    let quants = segment_at(KFormat::Q3K, 2);
+    let (scales, pairs) = q3_k_scales(blk);
+    for w in 0..8 {
+        let [hm, x0, x1] = q3_k_words(blk.add(quants), w);
+        for c in 0..8 {
+            let at = ((b * 8 + c) * 8 + w) * ROWS;
+            store(
+                &mut panel.packed,
+                at,
+                q3_k_chunk(if c < 4 { x0 } else { x1 }, hm, c),
+            );
+        }
+    }
+    fill_rest(panel, b, &scales, &pairs, halves(blk), _mm256_setzero_ps());
+}
+
+/// Eight lanes `x` into `v[at..at + 8]`.
+#[inline(always)]
+unsafe fn store(v: &mut [u32], at: usize, x: __m256i) {
+    assert!(at + ROWS <= v.len());
+    _mm256_storeu_si256(v.as_mut_ptr().add(at).cast(), x);
+}
+
+/// Super-block `b`'s half-chunk scales, group-weight pairs, `d` and `dmin` into `panel`.
+#[inline(always)]
+unsafe fn fill_rest(
+    panel: &mut Panel,
+    b: usize,
+    scales: &[__m256i; 16],
+    groups: &[__m256i; 8],
+    d: __m256,
+    dmin: __m256,
+) {
+    for (h, &s) in scales.iter().enumerate() {
+        store(&mut panel.scales, (b * 16 + h) * ROWS, s);
+    }
+    for (g, &p) in groups.iter().enumerate() {
+        store(&mut panel.groups, (b * 8 + g) * ROWS, p);
+    }
+    let at = b * ROWS;
+    assert!(at + ROWS <= panel.d.len() && at + ROWS <= panel.dmin.len());
+    _mm256_storeu_ps(panel.d.as_mut_ptr().add(at), d);
+    _mm256_storeu_ps(panel.dmin.as_mut_ptr().add(at), dmin);
 }
 
 /// # Safety
@@ -296,13 +537,12 @@ unsafe fn q4_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
     const BLOCK: usize = 210 * ROWS;
-    let (ql, qh) = (segment_at(KFormat::Q6K, 2), segment_at(KFormat::Q6K, 3));
+    let quants = segment_at(KFormat::Q6K, 2);
     let mut acc = _mm256_setzero_ps();
     for (b, a) in a.iter().enumerate() {
         let blk = p.add(BLOCK * b);
         prefetch(blk, BLOCK);
         let d = halves(blk);
-        let load = |at: usize| _mm256_loadu_si256(blk.add(at).cast());
         let (half_scales, pairs) = q6_k_scales(blk);
         let y = a.qs.as_ptr();
         let mut sumi = _mm256_setzero_si256();
@@ -311,11 +551,7 @@ unsafe fn q6_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
                 // Words 2 t, 2 t + 1 of chunks 4 n..4 n + 4: one 16-bit sum per chunk.
                 let mut s16 = [_mm256_setzero_si256(); 4];
                 for w in [2 * t, 2 * t + 1] {
-                    let q = q6_k_bytes(
-                        load(ql + (16 * n + w) * 32),
-                        load(ql + (16 * n + 8 + w) * 32),
-                        load(qh + (8 * n + w) * 32),
-                    );
+                    let q = q6_k_words(blk.add(quants), n, w);
                     for g in 0..4 {
                         let yw = broadcast(y.add(32 * (4 * n + g) + 4 * w));
                         s16[g] = _mm256_add_epi16(s16[g], _mm256_maddubs_epi16(q[g], yw));

@@ -13,7 +13,7 @@ use crate::cpu_qmatmul::tile::Tiling;
 use crate::cpu_qmatmul::Kernel;
 
 /// The formats with a panel layout.
-const FORMATS: [KFormat; 2] = [KFormat::Q4K, KFormat::Q6K];
+const FORMATS: [KFormat; 4] = [KFormat::Q2K, KFormat::Q3K, KFormat::Q4K, KFormat::Q6K];
 
 /// `m` activation rows of `kb` super-blocks.
 fn activations(m: usize, kb: usize, seed: u64) -> Vec<Vec<Q8KBlock>> {
@@ -52,7 +52,7 @@ fn the_panel_layout_gives_every_row_back() {
     }
     assert!(!fits(KFormat::Q4K, 12, 2), "rows not whole panels");
     assert!(
-        !fits(KFormat::Q3K, 16, 2),
+        !fits(KFormat::Q5K, 16, 2),
         "a format without a panel layout"
     );
     assert!(fits(KFormat::Q6K, 16, 2));
