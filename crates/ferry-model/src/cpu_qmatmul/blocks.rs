@@ -158,6 +158,18 @@ impl Blocks {
         })
     }
 
+    /// Maps the file's pages of these blocks into the process in one call
+    /// (`MADV_POPULATE_READ`) ahead of a full read: reading them through page faults costs
+    /// several times more (measured: packing Q4_K panels from a warm file, 1 GB/s). No-op for
+    /// blocks in memory of their own, or where the kernel lacks it.
+    pub fn populate_pages(&self) {
+        if let Bytes::Mapped { map, range } = &self.bytes {
+            if !range.is_empty() {
+                let _ = map.advise_range(memmap2::Advice::PopulateRead, range.start, range.len());
+            }
+        }
+    }
+
     /// Hands the mapped file's pages of these blocks back to the page cache (a mapped view
     /// whose bytes are held elsewhere too); they are read again from the file if used. No-op
     /// for blocks in memory of their own.

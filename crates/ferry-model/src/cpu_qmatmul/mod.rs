@@ -380,6 +380,7 @@ impl CpuQMatMul {
             let kb = self.cols / kquants::activation::QK_K;
             let avx2 = kquants::panel8_avx2::takes(kernel);
             if avx2 && kquants::panel8::fits(f, self.rows, kb) {
+                self.weight.populate_pages();
                 let packed = self
                     .weight
                     .bytes()

@@ -114,24 +114,7 @@ impl Panels {
             .enumerate()
             .for_each(|(panel, out)| {
                 let rows = &raw[panel * panel_bytes..(panel + 1) * panel_bytes];
-                let mut at = 0;
-                for b in 0..kb {
-                    for &(offset, unit, count) in segments {
-                        for k in 0..count {
-                            for r in 0..ROWS {
-                                let from = (r * kb + b) * bytes + offset + k * unit;
-                                match unit {
-                                    2 => out[at..at + 2].copy_from_slice(&rows[from..from + 2]),
-                                    4 => out[at..at + 4].copy_from_slice(&rows[from..from + 4]),
-                                    _ => {
-                                        out[at..at + unit].copy_from_slice(&rows[from..from + unit])
-                                    }
-                                }
-                                at += unit;
-                            }
-                        }
-                    }
-                }
+                pack_panel(segments, bytes, kb, rows, out);
             });
         Ok(Panels {
             format,
@@ -190,6 +173,50 @@ impl Panels {
             out[b * bytes..(b + 1) * bytes].copy_from_slice(&blocks[r * bytes..(r + 1) * bytes]);
         }
     }
+}
+
+/// One panel (`rows`: its eight GGUF rows of `kb` blocks of `bytes`) into `out`, unit by unit.
+fn pack_panel(segments: &[Segment], bytes: usize, kb: usize, rows: &[u8], out: &mut [u8]) {
+    let row_len = kb * bytes;
+    assert!(rows.len() == ROWS * row_len && out.len() == rows.len());
+    assert!(segments
+        .iter()
+        .all(|&(offset, unit, count)| offset + unit * count <= bytes));
+    assert_eq!(
+        segments.iter().map(|&(_, u, c)| u * c).sum::<usize>(),
+        bytes
+    );
+    let src = rows.as_ptr();
+    let mut to = out.as_mut_ptr();
+    for b in 0..kb {
+        for &(offset, unit, count) in segments {
+            for k in 0..count {
+                let at = b * bytes + offset + k * unit;
+                // SAFETY: `at + unit <= row_len` (the segments lie inside a block), so every
+                // read is inside `rows`; the writes fill `out` once, front to back (the
+                // segments cover a block exactly once), so they stay inside it.
+                unsafe {
+                    let from = |r: usize| src.add(r * row_len + at);
+                    match unit {
+                        4 => {
+                            for r in 0..ROWS {
+                                to.cast::<u32>()
+                                    .write_unaligned(from(r).cast::<u32>().read_unaligned());
+                                to = to.add(4);
+                            }
+                        }
+                        _ => {
+                            for r in 0..ROWS {
+                                std::ptr::copy_nonoverlapping(from(r), to, unit);
+                                to = to.add(unit);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    debug_assert_eq!(to as usize - out.as_ptr() as usize, out.len());
 }
 
 /// The eight rows' GGUF blocks (row after row, in `out`) of one panel block.
