@@ -2,7 +2,9 @@
 //! activation blocks ([`activation`]): the portable reference ([`scalar`]) and AVX2 ([`avx2`]),
 //! plus four-activation-row micro-kernels for the tiled matmul ([`tile`]: AVX2, AVX-VNNI and
 //! AVX-512 in [`avx2_tile`] and [`avx512_tile`]), the AVX2 prompt GEMM ([`avx2_panel`]), the
-//! AVX-512 one of Q2_K / Q3_K ([`avx512_panel`]) and the AMX one ([`amx_tile`]).
+//! AVX-512 one of Q2_K / Q3_K ([`avx512_panel`]) and the AMX one ([`amx_tile`]); and the
+//! eight-row panel layout made at load for the AVX2 path ([`panel8`]) with its decode kernel
+//! ([`panel8_avx2`]).
 //!
 //! Every k-quant stores 256 weights per super-block, in eight 32-element chunks; chunk `c` covers
 //! elements `32 c..32 c + 32` and has one scale per 16-element half (Q2_K, Q3_K, Q6_K) or one for

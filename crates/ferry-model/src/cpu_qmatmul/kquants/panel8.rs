@@ -7,8 +7,8 @@
 //! is cut into segments of equal units ([`KFormat::segments`]), and a segment of `count` units
 //! of `unit` bytes is stored unit-major, row-minor (unit `k` of rows 0..8, then unit `k + 1`).
 //! So one 32-byte load gives four quant bytes of each of the eight rows, and one 16-byte load
-//! the f16 `d` of all eight. The layout is lossless ([`unpack_row`] gives a row's GGUF bytes
-//! back) and exactly as large as the GGUF rows.
+//! the f16 `d` of all eight. The layout is lossless ([`Panels::unpack_row`] gives a row's GGUF
+//! bytes back) and exactly as large as the GGUF rows; Q2_K, Q3_K, Q4_K and Q6_K have one.
 
 use super::KFormat;
 
