@@ -125,6 +125,22 @@ unsafe fn broadcast(y: *const i8) -> __m256i {
     _mm256_set1_epi32(y.cast::<i32>().read_unaligned())
 }
 
+/// Each lane's group term: `sum_k groups[k] . (bsums[2 k], bsums[2 k + 1])` of the activation
+/// block `a`, where lane r of `groups[k]` holds row r's weights of the 16-element groups
+/// `2 k, 2 k + 1` (mins, or signed scales) as two i16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn group_sums(groups: &[__m256i; 8], a: &Q8KBlock) -> __m256i {
+    let bsums = a.bsums.as_ptr().cast::<i32>();
+    let mut sum = _mm256_setzero_si256();
+    for (k, &g) in groups.iter().enumerate() {
+        // SAFETY: `bsums` is 16 i16, eight pairs.
+        let bs = _mm256_set1_epi32(unsafe { bsums.add(k).read_unaligned() });
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(g, bs));
+    }
+    sum
+}
+
 /// The eight f16 at `p` as f32.
 #[inline(always)]
 unsafe fn halves(p: *const u8) -> __m256 {
@@ -320,12 +336,7 @@ unsafe fn q2_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
                 }
             }
         }
-        let bsums = a.bsums.as_ptr().cast::<i32>();
-        let mut summ = _mm256_setzero_si256();
-        for (k, &pair) in mins.iter().enumerate() {
-            let bs = _mm256_set1_epi32(bsums.add(k).read_unaligned());
-            summ = _mm256_add_epi32(summ, _mm256_madd_epi16(pair, bs));
-        }
+        let summ = group_sums(&mins, a);
         acc = _mm256_add_ps(acc, block_values(d, dmin, _mm256_set1_ps(a.d), sumi, summ));
     }
     acc
@@ -402,12 +413,7 @@ unsafe fn q3_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s16, scales[2 * c + t]));
             }
         }
-        let bsums = a.bsums.as_ptr().cast::<i32>();
-        let mut offset = _mm256_setzero_si256();
-        for (k, &pair) in pairs.iter().enumerate() {
-            let bs = _mm256_set1_epi32(bsums.add(k).read_unaligned());
-            offset = _mm256_add_epi32(offset, _mm256_madd_epi16(pair, bs));
-        }
+        let offset = group_sums(&pairs, a);
         let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<2>(offset));
         let zero = _mm256_setzero_si256();
         let values = block_values(d, _mm256_setzero_ps(), _mm256_set1_ps(a.d), sumi, zero);
@@ -521,12 +527,7 @@ unsafe fn q4_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
             let s1 = _mm256_madd_epi16(hi16, pick(sc[c1 / 4], c1));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s0, s1));
         }
-        let bsums = a.bsums.as_ptr().cast::<i32>();
-        let mut summ = _mm256_setzero_si256();
-        for c in 0..8 {
-            let bs = _mm256_set1_epi32(bsums.add(c).read_unaligned());
-            summ = _mm256_add_epi32(summ, _mm256_madd_epi16(pick(mn[c / 4], c), bs));
-        }
+        let summ = group_sums(&std::array::from_fn(|c| pick(mn[c / 4], c)), a);
         acc = _mm256_add_ps(acc, block_values(d, dmin, _mm256_set1_ps(a.d), sumi, summ));
     }
     acc
@@ -565,12 +566,7 @@ unsafe fn q6_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
             }
         }
         // The offset: 32 times the scales against the activation's 16-element sums.
-        let bsums = a.bsums.as_ptr().cast::<i32>();
-        let mut offset = _mm256_setzero_si256();
-        for (k, &pair) in pairs.iter().enumerate() {
-            let bs = _mm256_set1_epi32(bsums.add(k).read_unaligned());
-            offset = _mm256_add_epi32(offset, _mm256_madd_epi16(pair, bs));
-        }
+        let offset = group_sums(&pairs, a);
         let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<5>(offset));
         let zero = _mm256_setzero_si256();
         let values = block_values(d, _mm256_setzero_ps(), _mm256_set1_ps(a.d), sumi, zero);
