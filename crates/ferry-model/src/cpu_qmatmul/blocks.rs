@@ -159,9 +159,10 @@ impl Blocks {
     }
 
     /// Maps the file's pages of these blocks into the process in one call
-    /// (`MADV_POPULATE_READ`) ahead of a full read: reading them through page faults costs
-    /// several times more (measured: packing Q4_K panels from a warm file, 1 GB/s). No-op for
-    /// blocks in memory of their own, or where the kernel lacks it.
+    /// (`MADV_POPULATE_READ`) ahead of a full read, instead of a page fault every few pages
+    /// (on the Zen 3 VM of docs/BENCHMARKS.md session 10 the panels' load time moved within
+    /// the noise with it). No-op for blocks in memory of their own, or where the kernel lacks
+    /// it.
     pub fn populate_pages(&self) {
         if let Bytes::Mapped { map, range } = &self.bytes {
             if !range.is_empty() {

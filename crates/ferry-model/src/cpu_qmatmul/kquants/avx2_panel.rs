@@ -398,7 +398,6 @@ fn pair(lo: i16, hi: i16) -> u32 {
 unsafe fn panels<C: KCodec>(args: Args<'_, '_>) {
     let (source, weights, acts, out) = args;
     let kb = acts[0].len();
-    let mut unpacked = vec![0u8; PANEL * C::BYTES];
     let mut panel = Panel {
         packed: vec![0; kb * CHUNKS * WORDS * PANEL],
         scales: vec![0; kb * HALVES * PANEL],
@@ -410,19 +409,14 @@ unsafe fn panels<C: KCodec>(args: Args<'_, '_>) {
     for first in weights.clone().step_by(PANEL) {
         let n = (weights.end - first).min(PANEL);
         for b in 0..kb {
-            if let Source::Panels(panels) = source {
-                let blk = &panels.panel(first / PANEL)[b * PANEL * C::BYTES..];
-                assert!(blk.len() >= PANEL * C::BYTES);
-                if C::fill(blk.as_ptr(), &mut panel, b) {
-                    continue;
-                }
-            }
-            // Row r's block b is block `at` of the row at `base + r * stride`.
-            let (base, stride, at) = match source {
-                Source::Rows { data, stride } => (data.add(first * stride), stride, b),
+            let (data, stride) = match source {
+                Source::Rows { data, stride } => (data, stride),
                 Source::Panels(panels) => {
-                    panels.unpack_block(first / PANEL, b, &mut unpacked);
-                    (unpacked.as_ptr(), C::BYTES, 0)
+                    let blk = &panels.panel(first / PANEL)[b * PANEL * C::BYTES..];
+                    assert!(blk.len() >= PANEL * C::BYTES);
+                    // Every format with a panel layout fills from it.
+                    assert!(C::fill(blk.as_ptr(), &mut panel, b), "no panel fill");
+                    continue;
                 }
             };
             let mut q = [[_mm256_setzero_si256(); PANEL]; CHUNKS];
@@ -438,11 +432,9 @@ unsafe fn panels<C: KCodec>(args: Args<'_, '_>) {
                     }
                     continue;
                 }
-                let row = base.add(r * stride);
-                _mm_prefetch::<_MM_HINT_T0>(
-                    row.wrapping_add(C::BYTES * at + PREFETCH_AHEAD).cast(),
-                );
-                let dec = C::block(row, at);
+                let row = data.add((first + r) * stride);
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(C::BYTES * b + PREFETCH_AHEAD).cast());
+                let dec = C::block(row, b);
                 for c in 0..CHUNKS {
                     q[c][r] = dec.q[c];
                 }

@@ -156,7 +156,7 @@ impl Panels {
 
     /// The eight rows' GGUF blocks of super-block `b` of panel `p`, row after row, in `out`
     /// (`8 * block_bytes` long).
-    pub fn unpack_block(&self, p: usize, b: usize, out: &mut [u8]) {
+    fn unpack_block(&self, p: usize, b: usize, out: &mut [u8]) {
         let bytes = self.format.block_bytes();
         let block = &self.panel(p)[b * ROWS * bytes..(b + 1) * ROWS * bytes];
         unpack_block(self.format, block, out);

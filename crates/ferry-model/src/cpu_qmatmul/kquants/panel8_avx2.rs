@@ -204,10 +204,6 @@ pub(super) unsafe fn fill_q4_k(blk: *const u8, panel: &mut Panel, b: usize) {
     let m4 = _mm256_set1_epi8(0x0F);
     let quants = segment_at(KFormat::Q4K, 3);
     let (sc, mn) = q4_k_scales_mins(blk);
-    let store = |v: &mut Vec<u32>, at: usize, x: __m256i| {
-        assert!(at + ROWS <= v.len());
-        _mm256_storeu_si256(v.as_mut_ptr().add(at).cast(), x);
-    };
     for j in 0..4 {
         for w in 0..8 {
             let x = _mm256_loadu_si256(blk.add(quants + (8 * j + w) * 32).cast());
@@ -217,17 +213,10 @@ pub(super) unsafe fn fill_q4_k(blk: *const u8, panel: &mut Panel, b: usize) {
             store(&mut panel.packed, ((b * 8 + 2 * j + 1) * 8 + w) * ROWS, hi);
         }
     }
-    for h in 0..16 {
-        let c = h / 2;
-        store(&mut panel.scales, (b * 16 + h) * ROWS, pick(sc[c / 4], c));
-    }
-    for g in 0..8 {
-        store(&mut panel.groups, (b * 8 + g) * ROWS, pick(mn[g / 4], g));
-    }
-    let at = b * ROWS;
-    assert!(at + ROWS <= panel.d.len() && at + ROWS <= panel.dmin.len());
-    _mm256_storeu_ps(panel.d.as_mut_ptr().add(at), halves(blk));
-    _mm256_storeu_ps(panel.dmin.as_mut_ptr().add(at), halves(blk.add(16)));
+    // A chunk's one scale for both its halves; group g's weight is chunk g's min.
+    let scales = std::array::from_fn(|h| pick(sc[h / 8], h / 2));
+    let groups = std::array::from_fn(|g| pick(mn[g / 4], g));
+    fill_rest(panel, b, &scales, &groups, halves(blk), halves(blk.add(16)));
 }
 
 /// [`fill_q4_k`] for Q6_K.
@@ -239,10 +228,6 @@ pub(super) unsafe fn fill_q4_k(blk: *const u8, panel: &mut Panel, b: usize) {
 pub(super) unsafe fn fill_q6_k(blk: *const u8, panel: &mut Panel, b: usize) {
     let quants = segment_at(KFormat::Q6K, 2);
     let (half_scales, pairs) = q6_k_scales(blk);
-    let store = |v: &mut Vec<u32>, at: usize, x: __m256i| {
-        assert!(at + ROWS <= v.len());
-        _mm256_storeu_si256(v.as_mut_ptr().add(at).cast(), x);
-    };
     for n in 0..2 {
         for w in 0..8 {
             let q = q6_k_words(blk.add(quants), n, w);
@@ -251,16 +236,14 @@ pub(super) unsafe fn fill_q6_k(blk: *const u8, panel: &mut Panel, b: usize) {
             }
         }
     }
-    for (h, &s) in half_scales.iter().enumerate() {
-        store(&mut panel.scales, (b * 16 + h) * ROWS, s);
-    }
-    for (g, &p) in pairs.iter().enumerate() {
-        store(&mut panel.groups, (b * 8 + g) * ROWS, p);
-    }
-    let at = b * ROWS;
-    assert!(at + ROWS <= panel.d.len() && at + ROWS <= panel.dmin.len());
-    _mm256_storeu_ps(panel.d.as_mut_ptr().add(at), halves(blk));
-    _mm256_storeu_ps(panel.dmin.as_mut_ptr().add(at), _mm256_setzero_ps());
+    fill_rest(
+        panel,
+        b,
+        &half_scales,
+        &pairs,
+        halves(blk),
+        _mm256_setzero_ps(),
+    );
 }
 
 /// Word `w` of chunks `4 n..4 n + 4` of the Q6_K panel block's quants at `q` (its three
