@@ -15,9 +15,10 @@ use std::time::Instant;
 
 use clap::Parser;
 use common::ModelArgs;
-use ferry::config::values::{Codec, Dtype, Kernels};
+use ferry::config::values::{Codec, Dtype, Kernels, PanelCache};
 use ferry::config::{
     CpuQmatmul, DtypeChoice, MemoryBudget, ModelConfig, OffloadConfig, OffloadMode,
+    PanelCacheChoice,
 };
 use ferry::engine::sampling::argmax;
 use ferry::engine::traits::{LanguageModel, TextCodec};
@@ -45,6 +46,10 @@ struct Options {
     /// avx512, avx-vnni, avx2, scalar, candle): `avx2` measures an AVX2-only CPU's path.
     #[arg(long, default_value = "auto", value_parser = Kernels::parse)]
     cpu_qmatmul: CpuQmatmul,
+    /// Where k-quant panel layouts are cached, as the `panel_cache` setting takes it (auto,
+    /// off or a folder): `off` measures a load that makes them.
+    #[arg(long, default_value = "auto", value_parser = PanelCache::parse)]
+    panel_cache: PanelCacheChoice,
 }
 
 fn main() -> Result<(), String> {
@@ -52,6 +57,7 @@ fn main() -> Result<(), String> {
     // The allocator settings `ferry serve` runs with, so the resident sets below are the server's.
     ferry::server::limits::tune_allocator();
     ferry::model::weights::set_cpu_qmatmul(options.cpu_qmatmul);
+    ferry::model::loader::panel_cache::set_panel_cache(&options.panel_cache);
     let config = ModelConfig {
         name: "bench".to_string(),
         source: options.model.source.clone(),
@@ -74,6 +80,8 @@ fn main() -> Result<(), String> {
     // Load-to-ready (plan, weights, tokenizer) and the resident set right after it (no KV yet).
     let load_seconds = load_started.elapsed().as_secs_f64();
     let rss_after_load = Rss::now().total;
+    // A first load writes the panel cache in the background: no run shares the CPU with it.
+    ferry::model::loader::panel_cache::wait_for_panel_cache_writes();
     let mut runner = loaded.runner;
 
     // A prompt of exactly `prompt_tokens` ids: a plain English passage, repeated as needed.

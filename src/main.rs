@@ -25,7 +25,11 @@ use ferry::runtime::load::load_for_serving_on;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
-    match run(cli) {
+    let outcome = run(cli);
+    // A panel cache file still being written (a short run: the first load of a model) is
+    // finished rather than left as a temporary.
+    ferry::model::loader::panel_cache::wait_for_panel_cache_writes();
+    match outcome {
         Ok(code) => code,
         Err(err) => {
             // Written without `eprintln!`, which panics when stderr cannot be written.
@@ -84,6 +88,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 fn load_config(file: &ConfigFile, flags: &Overrides) -> anyhow::Result<Config> {
     let resolved = ferry::config::load(file.config.as_deref(), flags)?;
     ferry::model::weights::set_cpu_qmatmul(resolved.config.device.cpu_qmatmul);
+    ferry::model::loader::panel_cache::set_panel_cache(&resolved.config.device.panel_cache);
     Ok(resolved.config)
 }
 

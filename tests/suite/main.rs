@@ -41,6 +41,7 @@ mod model_real;
 mod observability;
 mod offload_model_mode;
 mod offload_modes;
+mod panel_cache;
 mod plan_agreement;
 mod plan_serve;
 mod prefix_cache;

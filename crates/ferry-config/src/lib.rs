@@ -51,5 +51,5 @@ pub use types::{SpeculativeConfig, TierConfig};
 pub use values::TierChoice;
 pub use values::{
     ChatTemplateSource, CpuQmatmul, DeviceChoice, DtypeChoice, KvOffload, MemoryBudget,
-    OffloadMode, QuantType, ReasoningChoice, SpeculativeMethod,
+    OffloadMode, PanelCacheChoice, QuantType, ReasoningChoice, SpeculativeMethod,
 };

@@ -11,8 +11,8 @@ use super::sampling::{Fraction, Nucleus, OptionalCount, OptionalSampling, Penalt
 use super::types::{DeviceConfig, ModelConfig, ServerConfig};
 use super::values::{
     Bandwidth, Budget, Codec, Device, Dtype, Gflops, Kernels, KvDtype, KvPlace, Mode, Names,
-    Number, OptionalPositive, OptionalSwitch, OptionalText, Positive, Reasoning, Secret, Secrets,
-    Shown, Size, Speculation, Spread, Switch, Template, Text, Tiers, Time,
+    Number, OptionalPositive, OptionalSwitch, OptionalText, PanelCache, Positive, Reasoning,
+    Secret, Secrets, Shown, Size, Speculation, Spread, Switch, Template, Text, Tiers, Time,
 };
 
 /// The table a setting lives in.
@@ -386,6 +386,17 @@ pub static SETTINGS: &[Setting] = &[
         example: "candle",
         help: "Quantized matmul on the CPU: auto (ferry's kernels where they apply, on the fastest instruction sets the CPU has), avx512, avx-vnni, avx2 or scalar (ferry's kernels held to those instruction sets, e.g. avx2 to measure an AVX2-only CPU's path) or candle.",
         field: field!(Device, Kernels, cpu_qmatmul),
+    },
+    Setting {
+        name: "panel-cache",
+        short: None,
+        key: "panel_cache",
+        value_name: "DIR",
+        default: Some("auto"),
+        default_note: "",
+        example: "off",
+        help: "Where the CPU loader keeps the eight-row layouts it makes of k-quant matrices on AVX2 machines, one file per model, so that the next load maps them instead of making them again: auto (~/.cache/ferry/panels, $XDG_CACHE_HOME/ferry/panels when set), off (made at every load) or a folder.",
+        field: field!(Device, PanelCache, panel_cache),
     },
     Setting {
         name: "recalibrate",

@@ -8,7 +8,7 @@ use super::sampling::SamplingSettings;
 use super::settings::{in_scope, Scope, Section};
 use super::values::{
     ChatTemplateSource, CpuQmatmul, DeviceChoice, DtypeChoice, KvOffload, MemoryBudget,
-    OffloadMode, ReasoningChoice, SpeculativeMethod, TierChoice,
+    OffloadMode, PanelCacheChoice, ReasoningChoice, SpeculativeMethod, TierChoice,
 };
 
 /// A fully resolved configuration.
@@ -75,6 +75,8 @@ pub struct DeviceConfig {
     pub link_bandwidth: Option<u64>,
     /// Kernels for quantized weights on the CPU.
     pub cpu_qmatmul: CpuQmatmul,
+    /// Where k-quant panel layouts made at load are kept for the next load.
+    pub panel_cache: PanelCacheChoice,
     /// Measure the tier calibration again instead of reading the cached one.
     pub recalibrate: bool,
     /// Cache a calibration only when its probes' spread is below this fraction.
@@ -210,6 +212,7 @@ impl DeviceConfig {
             kind: DeviceChoice::Auto,
             link_bandwidth: None,
             cpu_qmatmul: CpuQmatmul::Auto,
+            panel_cache: PanelCacheChoice::Auto,
             recalibrate: false,
             calibration_spread: 0.0,
         }

@@ -133,6 +133,19 @@ pub enum CpuQmatmul {
     Candle,
 }
 
+/// Where the loader keeps the panel layouts it makes of k-quant matrices (`device.panel_cache`).
+/// A config type the model reads.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PanelCacheChoice {
+    /// The user's cache: `$XDG_CACHE_HOME/ferry/panels`, else `~/.cache/ferry/panels`.
+    #[default]
+    Auto,
+    /// No cache file: the panels are made at every load.
+    Off,
+    /// This folder.
+    Dir(std::path::PathBuf),
+}
+
 /// Whether a reasoning template's replies are read apart (`reasoning_format`). A config type
 /// the runtime reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -738,6 +751,28 @@ impl Codec for Kernels {
     }
 }
 
+/// `auto`, `off` or a folder.
+pub struct PanelCache;
+impl Codec for PanelCache {
+    type Value = PanelCacheChoice;
+    fn parse(text: &str) -> Result<PanelCacheChoice, String> {
+        let trimmed = text.trim();
+        match trimmed.to_ascii_lowercase().as_str() {
+            "" => Err("the panel cache is auto, off or a folder, not empty".to_string()),
+            "auto" => Ok(PanelCacheChoice::Auto),
+            "off" => Ok(PanelCacheChoice::Off),
+            _ => Ok(PanelCacheChoice::Dir(trimmed.into())),
+        }
+    }
+    fn show(value: &PanelCacheChoice) -> Shown {
+        Shown::Text(match value {
+            PanelCacheChoice::Auto => "auto".to_string(),
+            PanelCacheChoice::Off => "off".to_string(),
+            PanelCacheChoice::Dir(dir) => dir.display().to_string(),
+        })
+    }
+}
+
 /// `auto` or `none`.
 pub struct Reasoning;
 impl Codec for Reasoning {
@@ -910,6 +945,26 @@ mod tests {
         assert!(Text::parse("  ").is_err());
         assert!(Kernels::parse("fast").is_err());
         assert_eq!(Number::<u16>::parse("70000").ok(), None);
+    }
+
+    #[test]
+    fn panel_cache_choices_parse_and_show_back() {
+        assert_eq!(PanelCache::parse(" AUTO "), Ok(PanelCacheChoice::Auto));
+        assert_eq!(PanelCache::parse("off"), Ok(PanelCacheChoice::Off));
+        let dir = PanelCacheChoice::Dir("/var/cache/ferry panels".into());
+        assert_eq!(
+            PanelCache::parse(" /var/cache/ferry panels "),
+            Ok(dir.clone())
+        );
+        assert_eq!(
+            PanelCache::show(&dir),
+            Shown::Text("/var/cache/ferry panels".to_string())
+        );
+        assert_eq!(
+            PanelCache::show(&PanelCacheChoice::Off),
+            Shown::Text("off".to_string())
+        );
+        assert!(PanelCache::parse("  ").is_err());
     }
 
     #[test]

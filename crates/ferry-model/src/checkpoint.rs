@@ -144,6 +144,19 @@ impl Checkpoint {
         }
     }
 
+    /// The GGUF files, as [`TensorRecord::file`] indexes them (the splits of a split model);
+    /// `None` for safetensors.
+    pub fn gguf_paths(&self) -> Option<Vec<PathBuf>> {
+        let (ModelFiles::Gguf { path }, Headers::Gguf { maps, .. }) = (&self.files, &self.headers)
+        else {
+            return None;
+        };
+        match maps.len() {
+            1 => Some(vec![path.clone()]),
+            count => split_paths(path, count).ok(),
+        }
+    }
+
     /// The stored bytes of `record`.
     pub fn bytes(&self, record: &TensorRecord) -> Result<&[u8]> {
         let file: &[u8] = match &self.headers {

@@ -74,6 +74,7 @@ pub use self::blocks::Blocks;
 
 use self::activation::{ActKind, ActRow, Activations, BLOCK};
 use self::kquants::activation::QK_K;
+pub use self::kquants::panel8::PanelShape;
 use self::kquants::KFormat;
 use super::error::{ModelError, Result};
 use super::header::GgufType;
@@ -375,37 +376,83 @@ impl CpuQMatMul {
     }
 
     /// [`with_panels`](Self::with_panels) for the kernel choice `kernel`.
-    pub fn with_panels_for(mut self, kernel: Kernel) -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if let Format::K(f) = self.format {
-            let kb = self.cols / kquants::activation::QK_K;
-            let avx2 = kquants::panel8_avx2::takes(kernel);
-            if avx2 && kquants::panel8::fits(f, self.rows, kb) {
-                self.weight.populate_pages();
-                let packed = self
-                    .weight
-                    .bytes()
-                    .map_err(|e| e.to_string())
-                    .and_then(|raw| {
-                        kquants::panel8::Panels::pack(f, &raw, self.rows, kb)
-                            .map_err(|e| e.to_string())
-                    });
-                match packed {
-                    Ok(panels) => {
-                        self.weight.release_pages();
-                        self.panels = Some(Arc::new(panels));
-                    }
-                    Err(e) => tracing::warn!(
-                        "{f:?} weight {}x{}: no panel layout ({e}); the GGUF rows are used",
-                        self.rows,
-                        self.cols
-                    ),
-                }
+    pub fn with_panels_for(self, kernel: Kernel) -> Self {
+        if self.panel_shape(kernel).is_none() {
+            return self;
+        }
+        match self.pack_panels() {
+            Ok(panels) => self.with_these_panels(Arc::new(panels)),
+            Err(e) => {
+                tracing::warn!(
+                    "{:?} weight {}x{}: no panel layout ({e}); the GGUF rows are used",
+                    self.weight.ty(),
+                    self.rows,
+                    self.cols
+                );
+                self
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
+    }
+
+    /// The panel layout the kernel choice `kernel` would read this weight in (format, rows,
+    /// super-blocks per row); `None` where it reads the GGUF rows (no AVX2 k-quant path, a
+    /// format or shape without a layout).
+    pub fn panel_shape(&self, kernel: Kernel) -> Option<PanelShape> {
+        #[cfg(target_arch = "x86_64")]
+        if let Format::K(format) = self.format {
+            let kb = self.cols / QK_K;
+            if kquants::panel8_avx2::takes(kernel) && kquants::panel8::fits(format, self.rows, kb) {
+                return Some(PanelShape {
+                    format,
+                    rows: self.rows,
+                    kb,
+                });
+            }
+        }
         let _ = kernel;
+        None
+    }
+
+    /// The weight's panel layout, made from its GGUF rows (in parallel, into memory of its
+    /// own); an error for a format without one or when no memory could be mapped.
+    pub fn pack_panels(&self) -> std::result::Result<kquants::panel8::Panels, String> {
+        let Format::K(format) = self.format else {
+            return Err(format!("{:?} has no panel layout", self.weight.ty()));
+        };
+        self.weight.populate_pages();
+        let raw = self.weight.bytes().map_err(|e| e.to_string())?;
+        kquants::panel8::Panels::pack(format, &raw, self.rows, self.cols / QK_K)
+            .map_err(|e| e.to_string())
+    }
+
+    /// This weight reading `panels` (its own layout, made by [`pack_panels`](Self::pack_panels)
+    /// now or at an earlier load: bit for bit the same) from now on; the mapped file's pages of
+    /// the GGUF rows are handed back. Panels of another shape are refused (the weight is
+    /// returned unchanged, with a warning).
+    pub fn with_these_panels(mut self, panels: Arc<kquants::panel8::Panels>) -> Self {
+        let ours = match self.format {
+            Format::K(format) => PanelShape {
+                format,
+                rows: self.rows,
+                kb: self.cols / QK_K,
+            },
+            _ => {
+                tracing::warn!("{:?} weight: panels refused", self.weight.ty());
+                return self;
+            }
+        };
+        if panels.shape() != ours {
+            tracing::warn!("{ours:?} weight: panels of {:?} refused", panels.shape());
+            return self;
+        }
+        self.weight.release_pages();
+        self.panels = Some(panels);
         self
+    }
+
+    /// The weight's panel layout, if it reads one.
+    pub fn panels(&self) -> Option<&Arc<kquants::panel8::Panels>> {
+        self.panels.as_ref()
     }
 
     /// Whether the weight is held in the panel layout too ([`with_panels`](Self::with_panels)).

@@ -11,9 +11,10 @@ use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 
 use super::holding::{Holding, Role, TensorKind};
+use super::panel_cache::{process_panel_cache, PanelCache};
 use super::{LoadOptions, LoadProgress};
 use crate::checkpoint::Checkpoint;
-use crate::cpu_qmatmul::Blocks;
+use crate::cpu_qmatmul::{process_kernel, Blocks};
 use crate::decoder::ModelParts;
 use crate::error::{ModelError, Result};
 use crate::spec::ModelSpec;
@@ -28,6 +29,8 @@ pub struct WeightReader<'a> {
     done: u64,
     total: u64,
     sink: Option<&'a mut dyn FnMut(LoadProgress)>,
+    /// Where matrices' panel layouts are cached (the process's folder unless set otherwise).
+    panels: Option<PanelCache>,
 }
 
 impl<'a> WeightReader<'a> {
@@ -51,7 +54,24 @@ impl<'a> WeightReader<'a> {
                 .map(|r| r.stored_bytes() as u64)
                 .sum(),
             sink: None,
-        })
+            panels: None,
+        }
+        .with_panel_cache(process_panel_cache().as_deref()))
+    }
+
+    /// Caches the panel layouts of this load's matrices in `folder` ([`PanelCache`]), or in
+    /// none (every load makes them); the default is the process's folder
+    /// ([`super::panel_cache::set_panel_cache`]). The file is written when the reader is
+    /// dropped.
+    pub fn with_panel_cache(mut self, folder: Option<&std::path::Path>) -> Self {
+        let wanted = folder.filter(|_| self.device.is_cpu());
+        self.panels = wanted.and_then(|folder| PanelCache::open(folder, self.checkpoint));
+        self
+    }
+
+    /// Matrices whose panel layouts this load made, and those it mapped from the panel cache.
+    pub fn panel_counts(&self) -> (usize, usize) {
+        self.panels.as_ref().map_or((0, 0), PanelCache::counts)
     }
 
     /// Reports progress to `sink` after each tensor read.
@@ -143,10 +163,35 @@ impl<'a> WeightReader<'a> {
         let bias = bias.map(|b| self.vector(b)).transpose()?;
         Ok(match self.read(Role::Matrix, weight)? {
             // A matrix (never the embedding table, which lookups read as the file has it).
-            Held::View(b) => Linear::from_blocks(b, bias)?.with_panels(),
+            Held::View(b) => self.with_panels(Linear::from_blocks(b, bias)?, weight),
             Held::Blocks(q) => Linear::quantized(q, bias)?,
             Held::Dense(weight) => Linear::Dense { weight, bias },
         })
+    }
+
+    /// `linear` (read from `record`) with its panel layout, where the process's kernels read
+    /// one: from the panel cache when it has it, else made now.
+    fn with_panels(&mut self, linear: Linear, record: &TensorRecord) -> Linear {
+        let Some(cache) = self.panels.as_mut() else {
+            return linear.with_panels();
+        };
+        let Linear::CpuQuantized { weight, bias } = linear else {
+            return linear;
+        };
+        let Some(shape) = weight.panel_shape(process_kernel()) else {
+            return Linear::CpuQuantized { weight, bias };
+        };
+        let weight = match cache.panels(self.checkpoint, record, &weight, shape) {
+            Ok(panels) => weight.with_these_panels(panels),
+            Err(e) => {
+                tracing::warn!(
+                    "`{}`: no panel layout ({e}); the GGUF rows are used",
+                    record.name
+                );
+                weight
+            }
+        };
+        Linear::CpuQuantized { weight, bias }
     }
 
     /// Reads `record` as [`Holding`] says a tensor of `role` is held.
@@ -186,6 +231,15 @@ impl<'a> WeightReader<'a> {
                 total_bytes: self.total,
                 what: record.name.clone(),
             });
+        }
+    }
+}
+
+impl Drop for WeightReader<'_> {
+    /// Writes the panel cache (in the background) when this load made panels.
+    fn drop(&mut self) {
+        if let Some(cache) = self.panels.take() {
+            cache.finish();
         }
     }
 }

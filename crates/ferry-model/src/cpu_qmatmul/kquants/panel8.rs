@@ -9,6 +9,11 @@
 //! So one 32-byte load gives four quant bytes of each of the eight rows, and one 16-byte load
 //! the f16 `d` of all eight. The layout is lossless ([`Panels::unpack_row`] gives a row's GGUF
 //! bytes back) and exactly as large as the GGUF rows; Q2_K, Q3_K, Q4_K and Q6_K have one.
+//! Panels live in memory of their own ([`Panels::pack`]) or in a mapped file that holds them
+//! as [`Panels::as_bytes`] gave them ([`Panels::mapped`]: the loader's panel cache).
+
+use std::ops::Range;
+use std::sync::Arc;
 
 use super::KFormat;
 
@@ -81,13 +86,40 @@ pub fn fits(format: KFormat, rows: usize, kb: usize) -> bool {
     format.segments().is_some() && rows.is_multiple_of(ROWS) && rows > 0 && kb > 0
 }
 
+/// What a matrix's panel layout is: its format, weight rows and super-blocks per row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PanelShape {
+    pub format: KFormat,
+    pub rows: usize,
+    pub kb: usize,
+}
+
+impl PanelShape {
+    /// Bytes of the layout (as many as the GGUF rows').
+    pub fn bytes(self) -> usize {
+        self.rows * self.kb * self.format.block_bytes()
+    }
+}
+
 /// A matrix in the panel layout.
 #[derive(Debug)]
 pub struct Panels {
     format: KFormat,
     rows: usize,
     kb: usize,
-    bytes: memmap2::Mmap,
+    bytes: PanelBytes,
+}
+
+/// Where a [`Panels`]' bytes are.
+#[derive(Debug)]
+enum PanelBytes {
+    /// Anonymous memory of their own.
+    Own(memmap2::Mmap),
+    /// A range of a mapped file.
+    Mapped {
+        map: Arc<memmap2::Mmap>,
+        range: Range<usize>,
+    },
 }
 
 impl Panels {
@@ -120,8 +152,44 @@ impl Panels {
             format,
             rows,
             kb,
-            bytes: out.make_read_only()?,
+            bytes: PanelBytes::Own(out.make_read_only()?),
         })
+    }
+
+    /// The panels of a matrix of `shape` held in `map[range]` as
+    /// [`Panels::as_bytes`] gave them (a panel cache file); `None` when the format has no panel
+    /// layout for that shape or `range` does not hold exactly its bytes inside `map`. The bytes
+    /// are read as they are: the caller vouches for where they came from.
+    pub fn mapped(
+        shape: PanelShape,
+        map: Arc<memmap2::Mmap>,
+        range: Range<usize>,
+    ) -> Option<Panels> {
+        let PanelShape { format, rows, kb } = shape;
+        let fits_range = range.end <= map.len() && range.len() == shape.bytes();
+        (fits(format, rows, kb) && fits_range).then_some(Panels {
+            format,
+            rows,
+            kb,
+            bytes: PanelBytes::Mapped { map, range },
+        })
+    }
+
+    /// Format, rows and super-blocks per row.
+    pub fn shape(&self) -> PanelShape {
+        PanelShape {
+            format: self.format,
+            rows: self.rows,
+            kb: self.kb,
+        }
+    }
+
+    /// Every panel, front to back (what [`Panels::mapped`] reads back).
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.bytes {
+            PanelBytes::Own(map) => map,
+            PanelBytes::Mapped { map, range } => &map[range.clone()],
+        }
     }
 
     pub fn format(&self) -> KFormat {
@@ -140,7 +208,7 @@ impl Panels {
 
     /// Bytes held.
     pub fn len(&self) -> usize {
-        self.bytes.len()
+        self.as_bytes().len()
     }
 
     /// Whether there are no rows (never: a matrix with a panel layout has some).
@@ -151,7 +219,7 @@ impl Panels {
     /// The `kb` panel blocks of the panel holding rows `8 p..8 p + 8`.
     pub fn panel(&self, p: usize) -> &[u8] {
         let n = ROWS * self.kb * self.format.block_bytes();
-        &self.bytes[p * n..(p + 1) * n]
+        &self.as_bytes()[p * n..(p + 1) * n]
     }
 
     /// The eight rows' GGUF blocks of super-block `b` of panel `p`, row after row, in `out`
