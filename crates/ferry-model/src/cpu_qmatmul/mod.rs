@@ -366,7 +366,7 @@ impl CpuQMatMul {
 
     /// This weight with its eight-row panel layout ([`kquants::panel8`]) made, where the
     /// process's kernel choice runs it through the AVX2 k-quant kernels and the format has
-    /// one (Q2_K, Q3_K, Q4_K, Q6_K with a multiple of eight rows); from then on those kernels
+    /// one (every k-quant, with a multiple of eight rows); from then on those kernels
     /// read only the panels (the decode kernel 1.5-2.2x the one-row dots in cache on Zen 3),
     /// and the mapped file's pages of the GGUF rows are handed back to the page cache, so the
     /// process holds the weight once. Unchanged otherwise. Results are bit for bit the same
@@ -395,13 +395,13 @@ impl CpuQMatMul {
     }
 
     /// The panel layout the kernel choice `kernel` would read this weight in (format, rows,
-    /// super-blocks per row); `None` where it reads the GGUF rows (no AVX2 k-quant path, a
-    /// format or shape without a layout).
+    /// super-blocks per row); `None` where it reads the GGUF rows (not a k-quant, no AVX2
+    /// k-quant path, rows not a multiple of eight).
     pub fn panel_shape(&self, kernel: Kernel) -> Option<PanelShape> {
         #[cfg(target_arch = "x86_64")]
         if let Format::K(format) = self.format {
             let kb = self.cols / QK_K;
-            if kquants::panel8_avx2::takes(kernel) && kquants::panel8::fits(format, self.rows, kb) {
+            if kquants::panel8_avx2::takes(kernel) && kquants::panel8::fits(self.rows, kb) {
                 return Some(PanelShape {
                     format,
                     rows: self.rows,
@@ -414,10 +414,10 @@ impl CpuQMatMul {
     }
 
     /// The weight's panel layout, made from its GGUF rows (in parallel, into memory of its
-    /// own); an error for a format without one or when no memory could be mapped.
+    /// own); an error for a weight that is not a k-quant or when no memory could be mapped.
     pub fn pack_panels(&self) -> std::result::Result<kquants::panel8::Panels, String> {
         let Format::K(format) = self.format else {
-            return Err(format!("{:?} has no panel layout", self.weight.ty()));
+            return Err(format!("{:?} is not a k-quant", self.weight.ty()));
         };
         self.weight.populate_pages();
         let raw = self.weight.bytes().map_err(|e| e.to_string())?;

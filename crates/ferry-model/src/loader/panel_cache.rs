@@ -510,7 +510,7 @@ fn layout_version() -> u32 {
     crc.update(&(panel8::ROWS as u32).to_le_bytes());
     for format in KFormat::ALL {
         crc.update(format_name(format).as_bytes());
-        for &(offset, unit, count) in format.segments().unwrap_or(&[]) {
+        for &(offset, unit, count) in format.segments() {
             for n in [offset, unit, count] {
                 crc.update(&(n as u32).to_le_bytes());
             }

@@ -8,7 +8,7 @@
 //! of `unit` bytes is stored unit-major, row-minor (unit `k` of rows 0..8, then unit `k + 1`).
 //! So one 32-byte load gives four quant bytes of each of the eight rows, and one 16-byte load
 //! the f16 `d` of all eight. The layout is lossless ([`Panels::unpack_row`] gives a row's GGUF
-//! bytes back) and exactly as large as the GGUF rows; Q2_K, Q3_K, Q4_K and Q6_K have one.
+//! bytes back) and exactly as large as the GGUF rows; every k-quant (Q2_K..Q6_K) has one.
 //! Panels live in memory of their own ([`Panels::pack`]) or in a mapped file that holds them
 //! as [`Panels::as_bytes`] gave them ([`Panels::mapped`]: the loader's panel cache).
 
@@ -25,16 +25,16 @@ type Segment = (usize, usize, usize);
 
 impl KFormat {
     /// The segments a panel block is made of, in panel order; they cover the GGUF block once.
-    /// `None`: no panel layout for this format.
-    pub fn segments(self) -> Option<&'static [Segment]> {
+    pub fn segments(self) -> &'static [Segment] {
         match self {
             // d, dmin, the 12 scale bytes as three words, the 128 quant bytes as 32 words.
-            KFormat::Q4K => Some(&[(0, 2, 1), (2, 2, 1), (4, 4, 3), (16, 4, 32)]),
-            KFormat::Q6K => Some(&Q6K_SEGMENTS),
+            KFormat::Q4K => &[(0, 2, 1), (2, 2, 1), (4, 4, 3), (16, 4, 32)],
+            // Q4_K's, with the 32 fifth-bit bytes as eight words before the quants.
+            KFormat::Q5K => &[(0, 2, 1), (2, 2, 1), (4, 4, 3), (16, 4, 8), (48, 4, 32)],
+            KFormat::Q6K => &Q6K_SEGMENTS,
             // d, dmin, the 16 scale-and-min bytes as four words, the quants as 16.
-            KFormat::Q2K => Some(&[(80, 2, 1), (82, 2, 1), (0, 4, 4), (16, 4, 16)]),
-            KFormat::Q3K => Some(&Q3K_SEGMENTS),
-            _ => None,
+            KFormat::Q2K => &[(80, 2, 1), (82, 2, 1), (0, 4, 4), (16, 4, 16)],
+            KFormat::Q3K => &Q3K_SEGMENTS,
         }
     }
 }
@@ -74,16 +74,16 @@ const Q3K_SEGMENTS: [Segment; 26] = {
 
 /// Byte offset within a panel block of segment `s`'s first unit.
 pub fn segment_at(format: KFormat, s: usize) -> usize {
-    let segments = format.segments().expect("a format with a panel layout");
+    let segments = format.segments();
     segments[..s]
         .iter()
         .map(|&(_, unit, count)| unit * count * ROWS)
         .sum()
 }
 
-/// Whether a `rows` x `kb` super-block matrix of `format` can take the panel layout.
-pub fn fits(format: KFormat, rows: usize, kb: usize) -> bool {
-    format.segments().is_some() && rows.is_multiple_of(ROWS) && rows > 0 && kb > 0
+/// Whether a `rows` x `kb` super-block k-quant matrix can take the panel layout.
+pub fn fits(rows: usize, kb: usize) -> bool {
+    rows.is_multiple_of(ROWS) && rows > 0 && kb > 0
 }
 
 /// What a matrix's panel layout is: its format, weight rows and super-blocks per row.
@@ -129,12 +129,9 @@ impl Panels {
     pub fn pack(format: KFormat, raw: &[u8], rows: usize, kb: usize) -> std::io::Result<Panels> {
         use rayon::prelude::*;
         let bytes = format.block_bytes();
-        assert!(
-            fits(format, rows, kb),
-            "{format:?} {rows}x{kb} has no panel layout"
-        );
+        assert!(fits(rows, kb), "{format:?} {rows}x{kb} has no panel layout");
         assert_eq!(raw.len(), rows * kb * bytes, "{format:?} matrix size");
-        let segments = format.segments().expect("checked by fits");
+        let segments = format.segments();
         let panel_bytes = ROWS * kb * bytes;
         // Anonymous memory of its own, its pages made at once (`MAP_POPULATE`) rather than
         // faulted in one by one as they are written.
@@ -157,8 +154,8 @@ impl Panels {
     }
 
     /// The panels of a matrix of `shape` held in `map[range]` as
-    /// [`Panels::as_bytes`] gave them (a panel cache file); `None` when the format has no panel
-    /// layout for that shape or `range` does not hold exactly its bytes inside `map`. The bytes
+    /// [`Panels::as_bytes`] gave them (a panel cache file); `None` when the shape has no panel
+    /// layout or `range` does not hold exactly its bytes inside `map`. The bytes
     /// are read as they are: the caller vouches for where they came from.
     pub fn mapped(
         shape: PanelShape,
@@ -167,7 +164,7 @@ impl Panels {
     ) -> Option<Panels> {
         let PanelShape { format, rows, kb } = shape;
         let fits_range = range.end <= map.len() && range.len() == shape.bytes();
-        (fits(format, rows, kb) && fits_range).then_some(Panels {
+        (fits(rows, kb) && fits_range).then_some(Panels {
             format,
             rows,
             kb,
@@ -290,7 +287,7 @@ fn pack_panel(segments: &[Segment], bytes: usize, kb: usize, rows: &[u8], out: &
 /// The eight rows' GGUF blocks (row after row, in `out`) of one panel block.
 fn unpack_block(format: KFormat, block: &[u8], out: &mut [u8]) {
     let bytes = format.block_bytes();
-    let segments = format.segments().expect("a format with a panel layout");
+    let segments = format.segments();
     assert_eq!(block.len(), ROWS * bytes, "{format:?} panel block size");
     assert_eq!(out.len(), ROWS * bytes, "{format:?} block rows size");
     let mut at = 0;

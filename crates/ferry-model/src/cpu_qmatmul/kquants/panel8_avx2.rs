@@ -1,5 +1,5 @@
 //! AVX2 dot products of one activation row with the eight weight rows of a panel in the
-//! [`super::panel8`] layout (the decode kernel of Q2_K, Q3_K, Q4_K and Q6_K on AVX2).
+//! [`super::panel8`] layout (the decode kernel of the k-quants on AVX2).
 //!
 //! One 32-byte load holds four quant bytes of each of the eight rows; the activation's four
 //! matching bytes are broadcast and `vpmaddubsw`-multiplied with them, the 16-bit pair sums of
@@ -39,10 +39,10 @@ pub fn dots(k: Avx2, format: KFormat, panel: &[u8], a: &[Q8KBlock]) -> [f32; ROW
     unsafe {
         let acc = match format {
             KFormat::Q4K => q4_k(panel.as_ptr(), a),
+            KFormat::Q5K => q5_k(panel.as_ptr(), a),
             KFormat::Q6K => q6_k(panel.as_ptr(), a),
             KFormat::Q2K => q2_k(panel.as_ptr(), a),
             KFormat::Q3K => q3_k(panel.as_ptr(), a),
-            _ => panic!("{format:?} has no panel layout"),
         };
         _mm256_storeu_ps(out.as_mut_ptr(), acc);
     }
@@ -214,6 +214,32 @@ pub(super) unsafe fn fill_q4_k(blk: *const u8, panel: &mut Panel, b: usize) {
         }
     }
     // A chunk's one scale for both its halves; group g's weight is chunk g's min.
+    let scales = std::array::from_fn(|h| pick(sc[h / 8], h / 2));
+    let groups = std::array::from_fn(|g| pick(mn[g / 4], g));
+    fill_rest(panel, b, &scales, &groups, halves(blk), halves(blk.add(16)));
+}
+
+/// [`fill_q4_k`] for Q5_K.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `blk..blk + 1408` must be readable and `panel` hold
+/// super-block `b`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn fill_q5_k(blk: *const u8, panel: &mut Panel, b: usize) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let (highs, quants) = (segment_at(KFormat::Q5K, 3), segment_at(KFormat::Q5K, 4));
+    let (sc, mn) = q4_k_scales_mins(blk);
+    for j in 0..4 {
+        for w in 0..8 {
+            let x = _mm256_loadu_si256(blk.add(quants + (8 * j + w) * 32).cast());
+            let h = _mm256_loadu_si256(blk.add(highs + w * 32).cast());
+            let lo = _mm256_or_si256(_mm256_and_si256(x, m4), q5_k_high(h, 2 * j));
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
+            let hi = _mm256_or_si256(hi, q5_k_high(h, 2 * j + 1));
+            store(&mut panel.packed, ((b * 8 + 2 * j) * 8 + w) * ROWS, lo);
+            store(&mut panel.packed, ((b * 8 + 2 * j + 1) * 8 + w) * ROWS, hi);
+        }
+    }
     let scales = std::array::from_fn(|h| pick(sc[h / 8], h / 2));
     let groups = std::array::from_fn(|g| pick(mn[g / 4], g));
     fill_rest(panel, b, &scales, &groups, halves(blk), halves(blk.add(16)));
@@ -509,6 +535,62 @@ unsafe fn q4_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
             let s0 = _mm256_madd_epi16(lo16, pick(sc[c0 / 4], c0));
             let s1 = _mm256_madd_epi16(hi16, pick(sc[c1 / 4], c1));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s0, s1));
+        }
+        let summ = group_sums(&std::array::from_fn(|c| pick(mn[c / 4], c)), a);
+        acc = _mm256_add_ps(acc, block_values(d, dmin, _mm256_set1_ps(a.d), sumi, summ));
+    }
+    acc
+}
+
+/// Chunk `c`'s fifth bits of the Q5_K words `qh` (bit `c` of each byte) as 16 or 0.
+#[inline(always)]
+unsafe fn q5_k_high(qh: __m256i, c: usize) -> __m256i {
+    // Bit c to bit 4 of its byte: 16-bit shifts bring no bit of the other byte to bit 4.
+    let moved = match c {
+        0..=4 => _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - c as i32)),
+        _ => _mm256_srl_epi16(qh, _mm_cvtsi32_si128(c as i32 - 4)),
+    };
+    _mm256_and_si256(moved, _mm256_set1_epi8(0x10))
+}
+
+/// [`q4_k`] for Q5_K: the fifth bits ORed in, four words' pair sums per 16-bit sum.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `p..p + 1408 * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
+    const BLOCK: usize = 176 * ROWS;
+    let m4 = _mm256_set1_epi8(0x0F);
+    let (highs, quants) = (segment_at(KFormat::Q5K, 3), segment_at(KFormat::Q5K, 4));
+    let mut acc = _mm256_setzero_ps();
+    for (b, a) in a.iter().enumerate() {
+        let blk = p.add(BLOCK * b);
+        prefetch(blk, BLOCK);
+        let (d, dmin) = (halves(blk), halves(blk.add(16)));
+        let load = |at: usize| _mm256_loadu_si256(blk.add(at).cast());
+        let (sc, mn) = q4_k_scales_mins(blk);
+        let y = a.qs.as_ptr();
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..4 {
+            let (c0, c1) = (2 * j, 2 * j + 1);
+            let (s0, s1) = (pick(sc[c0 / 4], c0), pick(sc[c1 / 4], c1));
+            // Five-bit weights: 2 * 31 * 128 per pair sum, four words in 16 bits.
+            for t in 0..2 {
+                let (mut lo16, mut hi16) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                for w in 4 * t..4 * t + 4 {
+                    let x = load(quants + (8 * j + w) * 32);
+                    let h = load(highs + w * 32);
+                    let lo = _mm256_or_si256(_mm256_and_si256(x, m4), q5_k_high(h, c0));
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
+                    let hi = _mm256_or_si256(hi, q5_k_high(h, c1));
+                    let ylo = broadcast(y.add(64 * j + 4 * w));
+                    let yhi = broadcast(y.add(64 * j + 32 + 4 * w));
+                    lo16 = _mm256_add_epi16(lo16, _mm256_maddubs_epi16(lo, ylo));
+                    hi16 = _mm256_add_epi16(hi16, _mm256_maddubs_epi16(hi, yhi));
+                }
+                let s = _mm256_add_epi32(_mm256_madd_epi16(lo16, s0), _mm256_madd_epi16(hi16, s1));
+                sumi = _mm256_add_epi32(sumi, s);
+            }
         }
         let summ = group_sums(&std::array::from_fn(|c| pick(mn[c / 4], c)), a);
         acc = _mm256_add_ps(acc, block_values(d, dmin, _mm256_set1_ps(a.d), sumi, summ));
