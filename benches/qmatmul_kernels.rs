@@ -50,6 +50,11 @@ struct Options {
     /// Block types to run (default: all with a ferry kernel).
     #[arg(long, value_delimiter = ',')]
     types: Vec<String>,
+    /// Give ferry's k-quant weights the eight-row panel layout the loader makes on AVX2 CPUs
+    /// (`CpuQMatMul::with_panels`), so the AVX2 / AVX-VNNI kernels read it, as a loaded model's
+    /// do; without it they read the GGUF rows.
+    #[arg(long)]
+    panels: bool,
     /// Passed by `cargo bench`.
     #[arg(long = "bench", hide = true)]
     _bench: bool,
@@ -94,6 +99,16 @@ fn ferry_only_weight(
     }
     let blocks = Blocks::owned(data, ty, &[rows, cols]).map_err(|e| e.to_string())?;
     CpuQMatMul::from_blocks(blocks).map_err(|e| e.to_string())
+}
+
+/// ferry's matmul of `weight`, with the panel layout of the AVX2 path when `panels` (a no-op
+/// for the formats without one).
+fn ferry_weight(weight: Arc<QTensor>, panels: bool) -> Result<CpuQMatMul, String> {
+    let matmul = CpuQMatMul::new(weight).map_err(|e| e.to_string())?;
+    Ok(match panels {
+        true => matmul.with_panels_for(Kernel::Avx2),
+        false => matmul,
+    })
 }
 
 /// `m` deterministic input rows of `cols` features in [-1, 1).
@@ -224,7 +239,7 @@ fn kernel_table(options: &Options) -> Result<(), String> {
     for &(name, dtype, bytes, elems, scales) in TYPES.iter().filter(|t| wanted(t.0)) {
         let weights = (1..=2)
             .map(|i| weight(dtype, (bytes, elems, scales), (rows, cols), i))
-            .map(|w| w.and_then(|w| CpuQMatMul::new(w).map_err(|e| e.to_string())))
+            .map(|w| w.and_then(|w| ferry_weight(w, options.panels)))
             .collect::<Result<Vec<_>, _>>()?;
         mats.push((name, rows * cols / elems * bytes, weights));
     }
@@ -323,7 +338,7 @@ fn main() -> Result<(), String> {
             .collect::<Result<Vec<_>, _>>()?;
         let ferry = weights
             .iter()
-            .map(|w| CpuQMatMul::new(w.clone()).map_err(|e| e.to_string()))
+            .map(|w| ferry_weight(w.clone(), options.panels))
             .collect::<Result<Vec<_>, _>>()?;
         let candle = weights
             .iter()
