@@ -19,7 +19,8 @@
 //! own bytes are not hashed again when read (that would read the whole file at every load, the
 //! cost the cache removes); like the model file, a cache file must not be rewritten in place
 //! while a server maps it. Writing also deletes the folder's cache files whose model files are
-//! gone, and temporaries over an hour old, so the folder holds at most one file per model.
+//! gone, and temporaries over an hour old, so the folder holds at most one file per model; no
+//! file is written where its disk has less than twice its size free.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -320,6 +321,8 @@ impl PanelCache {
     pub fn write(&self) -> std::io::Result<u64> {
         let folder = self.file.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(folder)?;
+        let bytes: u64 = self.used.iter().map(|(_, p)| p.len() as u64).sum();
+        room_for(bytes, free_bytes(folder)).map_err(std::io::Error::other)?;
         let mut matrices = Vec::with_capacity(self.used.len());
         let mut end = 0;
         for (entry, panels) in &self.used {
@@ -348,6 +351,38 @@ impl PanelCache {
         sweep(folder, &self.file);
         written
     }
+}
+
+/// Whether a file of `bytes` may be written where `free` bytes are free (unknown: yes): a
+/// cache never takes the last of a disk, so only where twice its size is free.
+fn room_for(bytes: u64, free: Option<u64>) -> Result<(), String> {
+    match free {
+        Some(free) if free < bytes.saturating_mul(2) => Err(format!(
+            "{} MiB free on its disk, the file would take {} MiB (it is written when twice \
+             that is free)",
+            free >> 20,
+            bytes >> 20
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Bytes free to an unprivileged writer on the file system holding `folder`; `None` where
+/// that cannot be asked.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(clippy::useless_conversion)] // u64 already on 64-bit targets, not on every one
+fn free_bytes(folder: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(folder.as_os_str().as_bytes()).ok()?;
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated; `stat` is a valid out-parameter.
+    let ok = unsafe { libc::statvfs(path.as_ptr(), &mut stat) } == 0;
+    ok.then(|| u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize)))
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn free_bytes(_folder: &Path) -> Option<u64> {
+    None
 }
 
 /// Writes the prefix, `header`, and each matrix's panels at its offset; `fsync`s.
@@ -548,6 +583,18 @@ mod tests {
         );
         let dir = PanelCacheChoice::Dir("/d".into());
         assert_eq!(panel_cache_folder(&dir, at(&[])), Some(PathBuf::from("/d")));
+    }
+
+    #[test]
+    fn a_cache_file_is_written_only_where_twice_its_size_is_free() {
+        let mib = 1 << 20;
+        assert!(room_for(300 * mib, Some(599 * mib))
+            .unwrap_err()
+            .contains("599 MiB free"));
+        assert!(room_for(300 * mib, Some(600 * mib)).is_ok());
+        assert!(room_for(300 * mib, None).is_ok(), "unknown: written");
+        let asked = cfg!(all(target_os = "linux", target_env = "gnu"));
+        assert_eq!(free_bytes(Path::new("/")).is_some_and(|b| b > 0), asked);
     }
 
     #[test]
