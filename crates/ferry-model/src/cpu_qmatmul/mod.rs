@@ -124,6 +124,18 @@ pub fn process_kernel() -> Kernel {
     KERNELS[PROCESS_KERNEL.load(std::sync::atomic::Ordering::Relaxed) % KERNELS.len()]
 }
 
+/// Whether the kernel choice `kernel` reads k-quant weights in the eight-row panel layout on
+/// this CPU (the AVX2 / AVX-VNNI k-quant path), where a weight has one.
+pub fn reads_panels(kernel: Kernel) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return kquants::panel8_avx2::takes(kernel);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = kernel;
+        false
+    }
+}
+
 /// Weight block formats this matmul handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[allow(non_camel_case_types)]
@@ -398,19 +410,15 @@ impl CpuQMatMul {
     /// super-blocks per row); `None` where it reads the GGUF rows (not a k-quant, no AVX2
     /// k-quant path, rows not a multiple of eight).
     pub fn panel_shape(&self, kernel: Kernel) -> Option<PanelShape> {
-        #[cfg(target_arch = "x86_64")]
-        if let Format::K(format) = self.format {
-            let kb = self.cols / QK_K;
-            if kquants::panel8_avx2::takes(kernel) && kquants::panel8::fits(self.rows, kb) {
-                return Some(PanelShape {
-                    format,
-                    rows: self.rows,
-                    kb,
-                });
-            }
-        }
-        let _ = kernel;
-        None
+        let Format::K(format) = self.format else {
+            return None;
+        };
+        let kb = self.cols / QK_K;
+        (reads_panels(kernel) && kquants::panel8::fits(self.rows, kb)).then_some(PanelShape {
+            format,
+            rows: self.rows,
+            kb,
+        })
     }
 
     /// The weight's panel layout, made from its GGUF rows (in parallel, into memory of its

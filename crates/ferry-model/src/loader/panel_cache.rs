@@ -308,10 +308,12 @@ impl PanelCache {
                 }
             });
         match spawned {
-            Ok(writer) => WRITERS
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(writer),
+            Ok(writer) => {
+                let mut writers = WRITERS.lock().unwrap_or_else(|e| e.into_inner());
+                // Finished writers are let go, so a long-lived process keeps none of them.
+                writers.retain(|w| !w.is_finished());
+                writers.push(writer);
+            }
             Err(e) => tracing::warn!("panel cache not written: no thread for it ({e})"),
         }
     }

@@ -14,7 +14,7 @@ use super::holding::{Holding, Role, TensorKind};
 use super::panel_cache::{process_panel_cache, PanelCache};
 use super::{LoadOptions, LoadProgress};
 use crate::checkpoint::Checkpoint;
-use crate::cpu_qmatmul::{process_kernel, Blocks};
+use crate::cpu_qmatmul::{process_kernel, reads_panels, Blocks};
 use crate::decoder::ModelParts;
 use crate::error::{ModelError, Result};
 use crate::spec::ModelSpec;
@@ -64,7 +64,7 @@ impl<'a> WeightReader<'a> {
     /// ([`super::panel_cache::set_panel_cache`]). The file is written when the reader is
     /// dropped.
     pub fn with_panel_cache(mut self, folder: Option<&std::path::Path>) -> Self {
-        let wanted = folder.filter(|_| self.device.is_cpu());
+        let wanted = folder.filter(|_| self.device.is_cpu() && reads_panels(process_kernel()));
         self.panels = wanted.and_then(|folder| PanelCache::open(folder, self.checkpoint));
         self
     }
