@@ -18,23 +18,10 @@ use ferry::model::source::ModelFiles;
 
 use crate::tiny::{Tiny, PROMPT, STEPS};
 
-/// Hidden 256 (one k-quant super-block per row), every matrix a whole number of 8-row panels.
-fn tiny() -> Tiny {
-    Tiny {
-        hidden: 256,
-        inter: 512,
-        layers: 2,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 64,
-        ..Tiny::llama()
-    }
-}
-
 /// Writes the tiny model at `path`: Q6_K down projections, Q4_K the other layer matrices,
 /// every weight times `scale`.
 fn write_model(path: &Path, scale: f64) {
-    let tiny = tiny();
+    let tiny = Tiny::k_quant_wide();
     let weights = tiny
         .random_weights(false, false)
         .into_iter()

@@ -21,20 +21,6 @@ use ferry::offload::plan::Plan;
 use ferry::offload::{load_placed, StreamConfig};
 use ferry::runtime::planning::plan_checkpoint;
 
-/// Widths that are whole k-quant super-blocks (256), so every type applies as asked.
-fn wide() -> Tiny {
-    Tiny {
-        hidden: 256,
-        inter: 512,
-        layers: 2,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 64,
-        vocab: 256,
-        ..Tiny::llama()
-    }
-}
-
 fn q(ty: QuantType) -> DtypeChoice {
     DtypeChoice::Quantize(ty)
 }
@@ -113,7 +99,7 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn q8_0_on_load_keeps_the_dense_logits_and_the_plan_counts_its_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let tiny = wide();
+    let tiny = Tiny::k_quant_wide();
     let (files, weights) = write(&tiny, dir.path());
     let dense = tiny::ours(&files, DtypeChoice::F32);
     let quantized = tiny::ours(&files, q(QuantType::Q8_0));
@@ -139,7 +125,7 @@ fn q8_0_on_load_keeps_the_dense_logits_and_the_plan_counts_its_bytes() {
 #[test]
 fn every_load_time_type_is_sized_as_loaded_and_stays_close_to_the_dense_model() {
     let dir = tempfile::tempdir().unwrap();
-    let tiny = wide();
+    let tiny = Tiny::k_quant_wide();
     let (files, weights) = write(&tiny, dir.path());
     let dense = tiny::ours(&files, DtypeChoice::F32);
     for ty in QuantType::ALL {
@@ -172,7 +158,7 @@ fn blocks_made_at_load_are_the_blocks_a_gguf_of_that_type_holds() {
     // test writer uses candle's quantizer too): ferry serving that file as it is and ferry
     // quantizing the safetensors at load compute the same logits.
     let dir = tempfile::tempdir().unwrap();
-    let tiny = wide();
+    let tiny = Tiny::k_quant_wide();
     let (files, weights) = write(&tiny, dir.path());
     for ty in [QuantType::Q8_0, QuantType::Q4_K, QuantType::Q5_0] {
         let candle = ferry::model::loader::holding::ggml_type(ty);
@@ -246,7 +232,7 @@ fn rows_that_are_not_whole_blocks_fall_back_per_tensor_like_llama_cpp() {
 #[test]
 fn streamed_layers_hold_the_blocks_the_resident_ones_do() {
     let dir = tempfile::tempdir().unwrap();
-    let tiny = wide();
+    let tiny = Tiny::k_quant_wide();
     let (files, _) = write(&tiny, dir.path());
     let dtype = q(QuantType::Q4_K);
     let checkpoint = Checkpoint::open(&files).unwrap();
@@ -276,7 +262,7 @@ fn streamed_layers_hold_the_blocks_the_resident_ones_do() {
 #[test]
 fn a_dense_gguf_quantizes_and_a_quantized_one_is_refused_by_plan_and_loader() {
     let dir = tempfile::tempdir().unwrap();
-    let tiny = wide();
+    let tiny = Tiny::k_quant_wide();
     let weights = tiny.random_weights(false, true);
     let path = dir.path().join("f32.gguf");
     tiny.write_gguf(&path, "llama", &weights, GgmlDType::F32, true);

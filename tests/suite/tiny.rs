@@ -49,6 +49,22 @@ impl Tiny {
         }
     }
 
+    /// [`Tiny::llama`] with widths that are whole k-quant super-blocks (hidden 256,
+    /// intermediate 512, head dim 64, vocab 256), every matrix a whole number of eight-row
+    /// panels, 2 layers: every k-quant type applies as asked.
+    pub fn k_quant_wide() -> Self {
+        Self {
+            hidden: 256,
+            inter: 512,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 64,
+            vocab: 256,
+            ..Self::llama()
+        }
+    }
+
     fn common_json(&self) -> String {
         format!(
             r#""hidden_size": {}, "intermediate_size": {}, "num_hidden_layers": {},

@@ -192,23 +192,17 @@ unsafe fn q6_k_scales(blk: *const u8) -> ([__m256i; 16], [__m256i; 8]) {
     )
 }
 
-/// Super-block `b` of a decoded GEMM panel ([`super::avx2_panel`]) from the Q4_K panel block
-/// at `blk`: the same words, scales, group weights and `d`, `dmin` as decoding the eight
-/// GGUF rows gives, with no transposition.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA, F16C; `blk..blk + 1152` must be readable and `panel` hold
-/// super-block `b`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn fill_q4_k(blk: *const u8, panel: &mut Panel, b: usize) {
+/// Super-block `b` of a decoded GEMM panel ([`super::avx2_panel`]) from the Q4_K
+/// (`FIFTH = false`) or Q5_K panel block at `blk`: the same words, scales, group weights and
+/// `d`, `dmin` as decoding the eight GGUF rows gives, with no transposition.
+#[inline(always)]
+unsafe fn fill_k4<const FIFTH: bool>(blk: *const u8, panel: &mut Panel, b: usize) {
     let m4 = _mm256_set1_epi8(0x0F);
-    let quants = segment_at(KFormat::Q4K, 3);
+    let at = k4_layout::<FIFTH>();
     let (sc, mn) = q4_k_scales_mins(blk);
     for j in 0..4 {
         for w in 0..8 {
-            let x = _mm256_loadu_si256(blk.add(quants + (8 * j + w) * 32).cast());
-            let lo = _mm256_and_si256(x, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
+            let (lo, hi) = k4_words::<FIFTH>(blk, at, j, w, m4);
             store(&mut panel.packed, ((b * 8 + 2 * j) * 8 + w) * ROWS, lo);
             store(&mut panel.packed, ((b * 8 + 2 * j + 1) * 8 + w) * ROWS, hi);
         }
@@ -219,30 +213,24 @@ pub(super) unsafe fn fill_q4_k(blk: *const u8, panel: &mut Panel, b: usize) {
     fill_rest(panel, b, &scales, &groups, halves(blk), halves(blk.add(16)));
 }
 
-/// [`fill_q4_k`] for Q5_K.
+/// [`fill_k4`] for Q4_K.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `blk..blk + 1152` must be readable and `panel` hold
+/// super-block `b`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn fill_q4_k(blk: *const u8, panel: &mut Panel, b: usize) {
+    fill_k4::<false>(blk, panel, b)
+}
+
+/// [`fill_k4`] for Q5_K.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C; `blk..blk + 1408` must be readable and `panel` hold
 /// super-block `b`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn fill_q5_k(blk: *const u8, panel: &mut Panel, b: usize) {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let (highs, quants) = (segment_at(KFormat::Q5K, 3), segment_at(KFormat::Q5K, 4));
-    let (sc, mn) = q4_k_scales_mins(blk);
-    for j in 0..4 {
-        for w in 0..8 {
-            let x = _mm256_loadu_si256(blk.add(quants + (8 * j + w) * 32).cast());
-            let h = _mm256_loadu_si256(blk.add(highs + w * 32).cast());
-            let lo = _mm256_or_si256(_mm256_and_si256(x, m4), q5_k_high(h, 2 * j));
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
-            let hi = _mm256_or_si256(hi, q5_k_high(h, 2 * j + 1));
-            store(&mut panel.packed, ((b * 8 + 2 * j) * 8 + w) * ROWS, lo);
-            store(&mut panel.packed, ((b * 8 + 2 * j + 1) * 8 + w) * ROWS, hi);
-        }
-    }
-    let scales = std::array::from_fn(|h| pick(sc[h / 8], h / 2));
-    let groups = std::array::from_fn(|g| pick(mn[g / 4], g));
-    fill_rest(panel, b, &scales, &groups, halves(blk), halves(blk.add(16)));
+    fill_k4::<true>(blk, panel, b)
 }
 
 /// [`fill_q4_k`] for Q6_K.
@@ -504,44 +492,6 @@ unsafe fn fill_rest(
     _mm256_storeu_ps(panel.dmin.as_mut_ptr().add(at), dmin);
 }
 
-/// # Safety
-/// The CPU must have AVX2, FMA, F16C; `p..p + 1152 * a.len()` must be readable.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
-    const BLOCK: usize = 144 * ROWS;
-    let m4 = _mm256_set1_epi8(0x0F);
-    let quants = segment_at(KFormat::Q4K, 3);
-    let mut acc = _mm256_setzero_ps();
-    for (b, a) in a.iter().enumerate() {
-        let blk = p.add(BLOCK * b);
-        prefetch(blk, BLOCK);
-        let (d, dmin) = (halves(blk), halves(blk.add(16)));
-        let load = |at: usize| _mm256_loadu_si256(blk.add(at).cast());
-        let (sc, mn) = q4_k_scales_mins(blk);
-        let y = a.qs.as_ptr();
-        let mut sumi = _mm256_setzero_si256();
-        for j in 0..4 {
-            let (mut lo16, mut hi16) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-            for w in 0..8 {
-                let x = load(quants + (8 * j + w) * 32);
-                let lo = _mm256_and_si256(x, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
-                let ylo = broadcast(y.add(64 * j + 4 * w));
-                let yhi = broadcast(y.add(64 * j + 32 + 4 * w));
-                lo16 = _mm256_add_epi16(lo16, _mm256_maddubs_epi16(lo, ylo));
-                hi16 = _mm256_add_epi16(hi16, _mm256_maddubs_epi16(hi, yhi));
-            }
-            let (c0, c1) = (2 * j, 2 * j + 1);
-            let s0 = _mm256_madd_epi16(lo16, pick(sc[c0 / 4], c0));
-            let s1 = _mm256_madd_epi16(hi16, pick(sc[c1 / 4], c1));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s0, s1));
-        }
-        let summ = group_sums(&std::array::from_fn(|c| pick(mn[c / 4], c)), a);
-        acc = _mm256_add_ps(acc, block_values(d, dmin, _mm256_set1_ps(a.d), sumi, summ));
-    }
-    acc
-}
-
 /// Chunk `c`'s fifth bits of the Q5_K words `qh` (bit `c` of each byte) as 16 or 0.
 #[inline(always)]
 unsafe fn q5_k_high(qh: __m256i, c: usize) -> __m256i {
@@ -553,36 +503,76 @@ unsafe fn q5_k_high(qh: __m256i, c: usize) -> __m256i {
     _mm256_and_si256(moved, _mm256_set1_epi8(0x10))
 }
 
-/// [`q4_k`] for Q5_K: the fifth bits ORed in, four words' pair sums per 16-bit sum.
+/// Where a Q4_K (`FIFTH = false`) or Q5_K panel block's fifth-bit words (Q5_K) and quants
+/// start, and its size.
+#[inline(always)]
+fn k4_layout<const FIFTH: bool>() -> K4Layout {
+    let format = if FIFTH { KFormat::Q5K } else { KFormat::Q4K };
+    let quants = format.segments().len() - 1;
+    K4Layout {
+        highs: segment_at(format, quants - 1),
+        quants: segment_at(format, quants),
+        block: format.block_bytes() * ROWS,
+    }
+}
+
+/// See [`k4_layout`].
+#[derive(Clone, Copy)]
+struct K4Layout {
+    highs: usize,
+    quants: usize,
+    block: usize,
+}
+
+/// Chunks `2 j` and `2 j + 1`'s unsigned weights of word `w` of a Q4_K / Q5_K panel block
+/// at `blk` laid out as `at` says (`m4`: 0x0F in every byte).
+#[inline(always)]
+unsafe fn k4_words<const FIFTH: bool>(
+    blk: *const u8,
+    at: K4Layout,
+    j: usize,
+    w: usize,
+    m4: __m256i,
+) -> (__m256i, __m256i) {
+    let x = _mm256_loadu_si256(blk.add(at.quants + (8 * j + w) * 32).cast());
+    let lo = _mm256_and_si256(x, m4);
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
+    if !FIFTH {
+        return (lo, hi);
+    }
+    let h = _mm256_loadu_si256(blk.add(at.highs + w * 32).cast());
+    (
+        _mm256_or_si256(lo, q5_k_high(h, 2 * j)),
+        _mm256_or_si256(hi, q5_k_high(h, 2 * j + 1)),
+    )
+}
+
+/// The Q4_K (`FIFTH = false`) or Q5_K panel dots: per chunk pair, eight (Q4_K) or four
+/// (Q5_K: 2 * 31 * 128 per pair sum) words' `vpmaddubsw` pair sums added in 16 bits before
+/// `vpmaddwd` by the chunk's scale.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA, F16C; `p..p + 1408 * a.len()` must be readable.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
-    const BLOCK: usize = 176 * ROWS;
+/// The CPU must have AVX2, FMA, F16C; `p..p + 8 * block_bytes * a.len()` must be readable.
+#[inline(always)]
+unsafe fn k4<const FIFTH: bool>(p: *const u8, a: &[Q8KBlock]) -> __m256 {
+    let at = k4_layout::<FIFTH>();
+    let per_i16 = if FIFTH { 4 } else { 8 };
     let m4 = _mm256_set1_epi8(0x0F);
-    let (highs, quants) = (segment_at(KFormat::Q5K, 3), segment_at(KFormat::Q5K, 4));
     let mut acc = _mm256_setzero_ps();
     for (b, a) in a.iter().enumerate() {
-        let blk = p.add(BLOCK * b);
-        prefetch(blk, BLOCK);
+        let blk = p.add(at.block * b);
+        prefetch(blk, at.block);
         let (d, dmin) = (halves(blk), halves(blk.add(16)));
-        let load = |at: usize| _mm256_loadu_si256(blk.add(at).cast());
         let (sc, mn) = q4_k_scales_mins(blk);
         let y = a.qs.as_ptr();
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
             let (c0, c1) = (2 * j, 2 * j + 1);
             let (s0, s1) = (pick(sc[c0 / 4], c0), pick(sc[c1 / 4], c1));
-            // Five-bit weights: 2 * 31 * 128 per pair sum, four words in 16 bits.
-            for t in 0..2 {
+            for t in 0..8 / per_i16 {
                 let (mut lo16, mut hi16) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-                for w in 4 * t..4 * t + 4 {
-                    let x = load(quants + (8 * j + w) * 32);
-                    let h = load(highs + w * 32);
-                    let lo = _mm256_or_si256(_mm256_and_si256(x, m4), q5_k_high(h, c0));
-                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
-                    let hi = _mm256_or_si256(hi, q5_k_high(h, c1));
+                for w in t * per_i16..(t + 1) * per_i16 {
+                    let (lo, hi) = k4_words::<FIFTH>(blk, at, j, w, m4);
                     let ylo = broadcast(y.add(64 * j + 4 * w));
                     let yhi = broadcast(y.add(64 * j + 32 + 4 * w));
                     lo16 = _mm256_add_epi16(lo16, _mm256_maddubs_epi16(lo, ylo));
@@ -596,6 +586,20 @@ unsafe fn q5_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
         acc = _mm256_add_ps(acc, block_values(d, dmin, _mm256_set1_ps(a.d), sumi, summ));
     }
     acc
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `p..p + 1152 * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
+    k4::<false>(p, a)
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C; `p..p + 1408 * a.len()` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
+    k4::<true>(p, a)
 }
 
 /// # Safety
