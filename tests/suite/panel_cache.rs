@@ -4,7 +4,8 @@
 //! bit for bit, as a load without a cache; a model rewritten with other weights (its size and
 //! modification time put back as they were) and a cache whose header lost a bit are both
 //! refused and the layouts made again; a cache file whose model is gone is deleted by the next
-//! write; a folder that cannot be made costs the cache, never the load.
+//! write; a folder that cannot be made costs the cache, never the load; two loads of one model
+//! at once (one process: the writers' temporaries must differ) leave one whole file.
 
 use std::path::{Path, PathBuf};
 
@@ -168,4 +169,35 @@ fn the_panel_cache_is_mapped_by_the_next_load_and_refused_when_stale_or_damaged(
     let (unblocked, counts) = load(&model, Some(&blocked.join("panels")));
     assert_eq!(counts, (matrices, 0));
     assert_eq!(bits(&unblocked), bits(&changed_plain));
+}
+
+#[test]
+fn two_loads_at_once_leave_one_whole_cache_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny-q4_k.gguf");
+    let folder = dir.path().join("panels");
+    write_model(&model, 1.0);
+    let (plain, _) = load(&model, None);
+    // Both miss, both make the panels and write the file (each its own temporary, renamed).
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| load(&model, Some(&folder)));
+        let b = s.spawn(|| load(&model, Some(&folder)));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let matrices = a.1 .0;
+    if matrices == 0 {
+        eprintln!("skipped: this CPU's k-quant kernels read no panel layout");
+        return;
+    }
+    assert_eq!(bits(&a.0), bits(&plain));
+    assert_eq!(bits(&b.0), bits(&plain));
+    let names: Vec<String> = std::fs::read_dir(&folder)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 1, "one file, no temporary left: {names:?}");
+    let (mapped, counts) = load(&model, Some(&folder));
+    assert_eq!(counts, (0, matrices), "the file left is whole");
+    assert_eq!(bits(&mapped), bits(&plain));
 }

@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -340,10 +341,13 @@ impl PanelCache {
             matrices,
         })
         .map_err(std::io::Error::other)?;
+        // Its own name per writer: two loads of one model in one process write at once too.
+        static WRITES: AtomicU64 = AtomicU64::new(0);
         let temporary = folder.join(format!(
-            ".{}.{}.tmp",
+            ".{}.{}-{}.tmp",
             self.file.file_name().unwrap_or_default().to_string_lossy(),
-            std::process::id()
+            std::process::id(),
+            WRITES.fetch_add(1, Ordering::Relaxed)
         ));
         let written = write_file(&temporary, &header, &self.used)
             .and_then(|bytes| std::fs::rename(&temporary, &self.file).map(|()| bytes));
