@@ -158,19 +158,6 @@ impl Blocks {
         })
     }
 
-    /// Maps the file's pages of these blocks into the process in one call
-    /// (`MADV_POPULATE_READ`) ahead of a full read, instead of a page fault every few pages
-    /// (on the Zen 3 VM of docs/BENCHMARKS.md session 10 the panels' load time moved within
-    /// the noise with it). No-op for blocks in memory of their own, or where the kernel lacks
-    /// it.
-    pub fn populate_pages(&self) {
-        if let Bytes::Mapped { map, range } = &self.bytes {
-            if !range.is_empty() {
-                let _ = map.advise_range(memmap2::Advice::PopulateRead, range.start, range.len());
-            }
-        }
-    }
-
     /// Hands the mapped file's pages of these blocks back to the page cache (a mapped view
     /// whose bytes are held elsewhere too); they are read again from the file if used. No-op
     /// for blocks in memory of their own.

@@ -427,7 +427,6 @@ impl CpuQMatMul {
         let Format::K(format) = self.format else {
             return Err(format!("{:?} is not a k-quant", self.weight.ty()));
         };
-        self.weight.populate_pages();
         let raw = self.weight.bytes().map_err(|e| e.to_string())?;
         kquants::panel8::Panels::pack(format, &raw, self.rows, self.cols / QK_K)
             .map_err(|e| e.to_string())

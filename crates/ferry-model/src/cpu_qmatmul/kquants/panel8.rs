@@ -133,12 +133,11 @@ impl Panels {
         assert_eq!(raw.len(), rows * kb * bytes, "{format:?} matrix size");
         let segments = format.segments();
         let panel_bytes = ROWS * kb * bytes;
-        // Anonymous memory of its own, its pages made at once (`MAP_POPULATE`) rather than
-        // faulted in one by one as they are written.
-        let mut out = memmap2::MmapOptions::new()
-            .len(raw.len())
-            .populate()
-            .map_anon()?;
+        // Anonymous memory of its own, its pages made as the packing threads write them
+        // (measured on the Zen 3 VM of docs/BENCHMARKS.md: `MAP_POPULATE` made them on one
+        // thread at about 2 GB/s, a load 5 % slower; `MADV_HUGEPAGE` stalled some loads 3x
+        // in compaction).
+        let mut out = memmap2::MmapOptions::new().len(raw.len()).map_anon()?;
         out.par_chunks_mut(panel_bytes)
             .enumerate()
             .for_each(|(panel, out)| {
