@@ -457,11 +457,6 @@ impl CpuQMatMul {
         self
     }
 
-    /// The weight's panel layout, if it reads one.
-    pub fn panels(&self) -> Option<&Arc<kquants::panel8::Panels>> {
-        self.panels.as_ref()
-    }
-
     /// Whether the weight is held in the panel layout too ([`with_panels`](Self::with_panels)).
     pub fn has_panels(&self) -> bool {
         self.panels.is_some()

@@ -218,11 +218,6 @@ impl PanelCache {
         })
     }
 
-    /// The cache file's path.
-    pub fn file(&self) -> &Path {
-        &self.file
-    }
-
     /// Matrices whose panels were made so far, and those mapped from the file.
     pub fn counts(&self) -> (usize, usize) {
         (self.made, self.mapped)
@@ -321,7 +316,7 @@ impl PanelCache {
 
     /// Writes the file (a temporary, `fsync`ed, renamed into place) with every matrix of this
     /// load; deletes the folder's files of models that are gone. Returns the bytes written.
-    pub fn write(&self) -> std::io::Result<u64> {
+    fn write(&self) -> std::io::Result<u64> {
         let folder = self.file.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(folder)?;
         let bytes: u64 = self.used.iter().map(|(_, p)| p.len() as u64).sum();
