@@ -3,10 +3,10 @@
 # the default model (SmolLM2-135M Q4_1) and the synthetic 2048-wide Llama of
 # scripts/make-quant-models.py in Q4_K_M, Q5_K_M, Q6_K, Q8_0, IQ4_XS, Q2_K, Q3_K_M and the
 # 896-wide Q4_K_M mix; prefill and decode after a prompt of 512 and of 4,096 tokens; plus each
-# engine's load-to-ready time against one warm read of the file (ferry's with its panel cache,
-# `device.panel_cache`, in the user's cache as the server has it: on AVX2 CPUs the first ferry
-# process of a k-quant file makes the cache and loads slower; the median of 3 or more runs is a
-# load from the cache), and its resident set after loading against the file's size; for ferry also the
+# engine's load-to-ready time against one warm read of the file (ferry's from its panel cache,
+# `device.panel_cache`, in the user's cache as the server has it, made by one load before the
+# timed ones; plus one load without it, which packs the layouts on AVX2 CPUs), and its
+# resident set after loading against the file's size; for ferry also the
 # resident set after a request against the file's size plus the KV cache it holds, split into
 # anonymous memory and file pages (the model's mapped pages, the binary's own). A row whose model
 # ferry cannot load yet says so and the run goes on. Prints one markdown table at the end
@@ -123,6 +123,16 @@ for name in $models; do
     path="$(model_path "$name")"
     size="$(stat -c %s "$path")"
     warm="$(warm_read "$path")"
+    # ferry's load when it packs the panel layouts (no cache), then one load that makes the
+    # cache, so that every timed process below loads from it as a restarted server does.
+    ferry_load() {
+        RAYON_NUM_THREADS="$threads" cargo bench --profile "$profile" --quiet --bench decode -- \
+            --model "$path" --prompt-tokens 1 --gen-tokens 1 --runs 1 \
+            --cpu-qmatmul "$ferry_kernels" --panel-cache "$1" 2>/dev/null \
+            | sed -n 's/.*"load_s":\([0-9.]*\).*/\1/p' | head -n 1 || true
+    }
+    packing="$(ferry_load off)"
+    ferry_load auto >/dev/null
     for prompt_tokens in $prompts; do
         echo "compare: $name, $prompt_tokens-token prompt, $threads threads" >&2
         # One process of each side at a time, alternating, so that both see the same phases of
@@ -148,9 +158,9 @@ for name in $models; do
             peer_out="$peer_out$("$venv/bin/python" benches/llama_cpp_peer.py "$path" "$ids" "$gen_tokens" 2 "$threads" 2>/dev/null || true)"$'\n'
         done
         [ -n "$ferry_out" ] && ferry_err=""
-        python3 - "$name" "$prompt_tokens" "$size" "$warm" "$ferry_out" "$ferry_err" "$peer_out" >>"$results" <<'PY'
+        python3 - "$name" "$prompt_tokens" "$size" "$warm" "$ferry_out" "$ferry_err" "$peer_out" "$packing" >>"$results" <<'PY'
 import json, sys
-name, prompt, size, warm, ferry, ferry_err, peer = sys.argv[1:8]
+name, prompt, size, warm, ferry, ferry_err, peer, packing = sys.argv[1:9]
 # Each process's warm runs (its first run is the warm-up).
 rows = lambda text: [r for r in (json.loads(l) for l in text.splitlines() if l.strip().startswith("{"))
                      if r.get("run", 1) >= 1]
@@ -158,6 +168,7 @@ ferry_rows = rows(ferry)
 for r in ferry_rows:
     r.pop("prompt_ids", None)
 print(json.dumps({"model": name, "prompt": int(prompt), "size": int(size), "warm_read_s": float(warm),
+                  "ferry_packing_load_s": float(packing) if packing else None,
                   "ferry": ferry_rows, "ferry_error": ferry_err, "peer": rows(peer)}))
 PY
         tail -n 1 "$results" >&2
@@ -179,11 +190,12 @@ print(f"\n{threads} threads, ferry built with cargo profile {sys.argv[3]}; load 
       "RSS = resident set after loading / file size (llama.cpp's includes the Python interpreter); "
       "after req = ferry's resident set after a request / (file size + KV cache bytes allocated), then / "
       "(file size + KV bytes of the positions stored: the CPU's cache pages are resident only where written), split into "
-      "anonymous memory, the model file's mapped pages and the binary's own pages\n")
+      "anonymous memory, the model file's mapped pages and the binary's own pages; ferry's loads come from its panel "
+      "cache (made before the timed runs), packing = one load without it (--panel-cache off) / the warm read\n")
 print("| model | prompt | prefill tok/s ferry / llama.cpp | = | decode tok/s ferry / llama.cpp | = "
       "| load s ferry / llama.cpp (warm read) | load x ferry / llama.cpp | RSS MiB ferry / llama.cpp (file) | RSS x ferry / llama.cpp "
-      "| after req MiB ferry (file + KV) | after req x | x stored | anon / model / binary MiB |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "| after req MiB ferry (file + KV) | after req x | x stored | anon / model / binary MiB | packing s (x) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for line in open(path):
     r = json.loads(line)
     f, p, warm, size = r["ferry"], r["peer"], r["warm_read_s"], r["size"]
@@ -201,7 +213,7 @@ for line in open(path):
         why = r["ferry_error"] or "failed"
         note = "not loadable by ferry yet" if "cannot compute yet" in why else f"ferry failed: {why}"
         print(f"| {r['model']} | {r['prompt']} | {note} ({fmt(pp)} llama.cpp) | | "
-              f"({fmt(pd)} llama.cpp) | | ({fmt(pl, '.3f')} llama.cpp, {warm:.3f}) | | | | | | | |")
+              f"({fmt(pd)} llama.cpp) | | ({fmt(pl, '.3f')} llama.cpp, {warm:.3f}) | | | | | | | | |")
         continue
     mb = lambda b: None if b is None else b / 2**20
     print(f"| {r['model']} | {r['prompt']} | {fmt(fp)} / {fmt(pp)} | {ratio(fp, pp)} | {fmt(fd)} / {fmt(pd)} "
@@ -210,5 +222,6 @@ for line in open(path):
           f"| {ratio(fr, size)} / {ratio(pr, size)} "
           f"| {fmt(mb(fq), '.0f')} ({fmt(mb(size + kv), '.0f')}) | {ratio(fq, None if kv is None else size + kv)} "
           f"| {ratio(fq, None if kvs is None else size + kvs)} "
-          f"| {fmt(mb(fa), '.0f')} / {fmt(mb(fm), '.0f')} / {fmt(mb(fb), '.0f')} |")
+          f"| {fmt(mb(fa), '.0f')} / {fmt(mb(fm), '.0f')} / {fmt(mb(fb), '.0f')} "
+          f"| {fmt(r.get('ferry_packing_load_s'), '.3f')} ({ratio(r.get('ferry_packing_load_s'), warm)}) |")
 PY
