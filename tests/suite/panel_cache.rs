@@ -78,12 +78,18 @@ fn load(path: &Path, folder: Option<&Path>) -> (Vec<Vec<f32>>, (usize, usize)) {
 
 /// The `.panels` files in `folder`.
 fn cache_files(folder: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(folder)
+    let mut files = folder_entries(folder);
+    files.retain(|p| p.extension().is_some_and(|e| e == "panels"));
+    files
+}
+
+/// Everything in `folder` (none when it is missing), sorted.
+fn folder_entries(folder: &Path) -> Vec<PathBuf> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(folder)
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
-    files.retain(|p| p.extension().is_some_and(|e| e == "panels"));
-    files.sort();
-    files
+    entries.sort();
+    entries
 }
 
 fn bits(logits: &[Vec<f32>]) -> Vec<Vec<u32>> {
@@ -191,12 +197,8 @@ fn two_loads_at_once_leave_one_whole_cache_file() {
     }
     assert_eq!(bits(&a.0), bits(&plain));
     assert_eq!(bits(&b.0), bits(&plain));
-    let names: Vec<String> = std::fs::read_dir(&folder)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(names.len(), 1, "one file, no temporary left: {names:?}");
+    let entries = folder_entries(&folder);
+    assert_eq!(entries.len(), 1, "one file, no temporary left: {entries:?}");
     let (mapped, counts) = load(&model, Some(&folder));
     assert_eq!(counts, (0, matrices), "the file left is whole");
     assert_eq!(bits(&mapped), bits(&plain));

@@ -26,8 +26,10 @@
 //!   shown ([`expert_layers`]: `offload.host_expert_layers`); [`units`]: sizes, durations and
 //!   bandwidths.
 //! - [`load`]: the I/O edge (file, process environment, warnings about unknown `FERRY_*`
-//!   variables); [`show`]: `ferry config`'s listing; [`env`]: the unknown-variable check.
+//!   variables); [`show`]: `ferry config`'s listing; [`env`]: the unknown-variable check;
+//!   [`cache_folder`]: the user's cache folder every cache of the layers above lives in.
 
+pub mod cache_folder;
 mod env;
 mod error;
 pub mod expert_layers;
@@ -41,6 +43,7 @@ mod types;
 mod units;
 pub mod values;
 
+pub use cache_folder::user_cache_folder;
 pub use error::ConfigError;
 pub use expert_layers::HostExpertLayers;
 pub use load::load;

@@ -169,10 +169,8 @@ impl CalibrationCache {
 
     /// [`CalibrationCache::user`] with the environment read through `var`.
     pub fn user_from(var: impl Fn(&str) -> Option<PathBuf>) -> Option<Self> {
-        let non_empty = |k: &str| var(k).filter(|p| !p.as_os_str().is_empty());
-        let dir =
-            non_empty("XDG_CACHE_HOME").or_else(|| non_empty("HOME").map(|h| h.join(".cache")))?;
-        Some(Self::at(dir.join("ferry").join("calibration.json")))
+        let folder = ferry_config::user_cache_folder(var)?;
+        Some(Self::at(folder.join("calibration.json")))
     }
 
     /// The file's path.

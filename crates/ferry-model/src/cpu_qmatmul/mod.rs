@@ -410,11 +410,17 @@ impl CpuQMatMul {
     /// super-blocks per row); `None` where it reads the GGUF rows (not a k-quant, no AVX2
     /// k-quant path, rows not a multiple of eight).
     pub fn panel_shape(&self, kernel: Kernel) -> Option<PanelShape> {
+        self.layout_shape().filter(|_| reads_panels(kernel))
+    }
+
+    /// The shape of this weight's panel layout, whichever kernels run: `None` for a weight
+    /// that is not a k-quant or whose rows are not a multiple of eight.
+    fn layout_shape(&self) -> Option<PanelShape> {
         let Format::K(format) = self.format else {
             return None;
         };
         let kb = self.cols / QK_K;
-        (reads_panels(kernel) && kquants::panel8::fits(self.rows, kb)).then_some(PanelShape {
+        kquants::panel8::fits(self.rows, kb).then_some(PanelShape {
             format,
             rows: self.rows,
             kb,
@@ -422,13 +428,19 @@ impl CpuQMatMul {
     }
 
     /// The weight's panel layout, made from its GGUF rows (in parallel, into memory of its
-    /// own); an error for a weight that is not a k-quant or when no memory could be mapped.
+    /// own); an error for a weight without one ([`panel_shape`](Self::panel_shape)) or when no
+    /// memory could be mapped.
     pub fn pack_panels(&self) -> std::result::Result<kquants::panel8::Panels, String> {
-        let Format::K(format) = self.format else {
-            return Err(format!("{:?} is not a k-quant", self.weight.ty()));
-        };
+        let shape = self.layout_shape().ok_or_else(|| {
+            format!(
+                "{:?} {}x{} has no panel layout",
+                self.weight.ty(),
+                self.rows,
+                self.cols
+            )
+        })?;
         let raw = self.weight.bytes().map_err(|e| e.to_string())?;
-        kquants::panel8::Panels::pack(format, &raw, self.rows, self.cols / QK_K)
+        kquants::panel8::Panels::pack(shape.format, &raw, shape.rows, shape.kb)
             .map_err(|e| e.to_string())
     }
 
@@ -437,19 +449,14 @@ impl CpuQMatMul {
     /// the GGUF rows are handed back. Panels of another shape are refused (the weight is
     /// returned unchanged, with a warning).
     pub fn with_these_panels(mut self, panels: Arc<kquants::panel8::Panels>) -> Self {
-        let ours = match self.format {
-            Format::K(format) => PanelShape {
-                format,
-                rows: self.rows,
-                kb: self.cols / QK_K,
-            },
-            _ => {
-                tracing::warn!("{:?} weight: panels refused", self.weight.ty());
-                return self;
-            }
-        };
-        if panels.shape() != ours {
-            tracing::warn!("{ours:?} weight: panels of {:?} refused", panels.shape());
+        if self.layout_shape() != Some(panels.shape()) {
+            tracing::warn!(
+                "{:?} {}x{} weight: panels of {:?} refused",
+                self.weight.ty(),
+                self.rows,
+                self.cols,
+                panels.shape()
+            );
             return self;
         }
         self.weight.release_pages();

@@ -75,12 +75,7 @@ pub fn panel_cache_folder(
     match choice {
         PanelCacheChoice::Off => None,
         PanelCacheChoice::Dir(dir) => Some(dir.clone()),
-        PanelCacheChoice::Auto => {
-            let non_empty = |k: &str| var(k).filter(|p| !p.as_os_str().is_empty());
-            let base = non_empty("XDG_CACHE_HOME")
-                .or_else(|| non_empty("HOME").map(|h| h.join(".cache")))?;
-            Some(base.join("ferry").join("panels"))
-        }
+        PanelCacheChoice::Auto => Some(ferry_config::user_cache_folder(var)?.join("panels")),
     }
 }
 

@@ -104,9 +104,7 @@ impl PanelShape {
 /// A matrix in the panel layout.
 #[derive(Debug)]
 pub struct Panels {
-    format: KFormat,
-    rows: usize,
-    kb: usize,
+    shape: PanelShape,
     bytes: PanelBytes,
 }
 
@@ -145,9 +143,7 @@ impl Panels {
                 pack_panel(segments, bytes, kb, rows, out);
             });
         Ok(Panels {
-            format,
-            rows,
-            kb,
+            shape: PanelShape { format, rows, kb },
             bytes: PanelBytes::Own(out.make_read_only()?),
         })
     }
@@ -161,23 +157,16 @@ impl Panels {
         map: Arc<memmap2::Mmap>,
         range: Range<usize>,
     ) -> Option<Panels> {
-        let PanelShape { format, rows, kb } = shape;
         let fits_range = range.end <= map.len() && range.len() == shape.bytes();
-        (fits(rows, kb) && fits_range).then_some(Panels {
-            format,
-            rows,
-            kb,
+        (fits(shape.rows, shape.kb) && fits_range).then_some(Panels {
+            shape,
             bytes: PanelBytes::Mapped { map, range },
         })
     }
 
     /// Format, rows and super-blocks per row.
     pub fn shape(&self) -> PanelShape {
-        PanelShape {
-            format: self.format,
-            rows: self.rows,
-            kb: self.kb,
-        }
+        self.shape
     }
 
     /// Every panel, front to back (what [`Panels::mapped`] reads back).
@@ -189,17 +178,17 @@ impl Panels {
     }
 
     pub fn format(&self) -> KFormat {
-        self.format
+        self.shape.format
     }
 
     /// Weight rows.
     pub fn rows(&self) -> usize {
-        self.rows
+        self.shape.rows
     }
 
     /// Super-blocks per row.
     pub fn kb(&self) -> usize {
-        self.kb
+        self.shape.kb
     }
 
     /// Bytes held.
@@ -209,29 +198,34 @@ impl Panels {
 
     /// Whether there are no rows (never: a matrix with a panel layout has some).
     pub fn is_empty(&self) -> bool {
-        self.rows == 0
+        self.shape.rows == 0
     }
 
     /// The `kb` panel blocks of the panel holding rows `8 p..8 p + 8`.
     pub fn panel(&self, p: usize) -> &[u8] {
-        let n = ROWS * self.kb * self.format.block_bytes();
+        let n = ROWS * self.shape.kb * self.shape.format.block_bytes();
         &self.as_bytes()[p * n..(p + 1) * n]
     }
 
     /// The eight rows' GGUF blocks of super-block `b` of panel `p`, row after row, in `out`
     /// (`8 * block_bytes` long).
     fn unpack_block(&self, p: usize, b: usize, out: &mut [u8]) {
-        let bytes = self.format.block_bytes();
+        let bytes = self.shape.format.block_bytes();
         let block = &self.panel(p)[b * ROWS * bytes..(b + 1) * ROWS * bytes];
-        unpack_block(self.format, block, out);
+        unpack_block(self.shape.format, block, out);
     }
 
     /// Row `row`'s GGUF bytes (`kb` super-blocks), in `out`.
     pub fn unpack_row(&self, row: usize, out: &mut [u8]) {
-        let bytes = self.format.block_bytes();
-        assert_eq!(out.len(), self.kb * bytes, "{:?} row size", self.format);
+        let bytes = self.shape.format.block_bytes();
+        assert_eq!(
+            out.len(),
+            self.shape.kb * bytes,
+            "{:?} row size",
+            self.shape.format
+        );
         let mut blocks = vec![0u8; ROWS * bytes];
-        for b in 0..self.kb {
+        for b in 0..self.shape.kb {
             self.unpack_block(row / ROWS, b, &mut blocks);
             let r = row % ROWS;
             out[b * bytes..(b + 1) * bytes].copy_from_slice(&blocks[r * bytes..(r + 1) * bytes]);

@@ -141,6 +141,22 @@ fn group_sums(groups: &[__m256i; 8], a: &Q8KBlock) -> __m256i {
     sum
 }
 
+/// Each lane's block value of a format whose weights carry an offset (Q3_K: 4, Q6_K: 32,
+/// i.e. `1 << SHIFT`) instead of a min: `d * a.d * (sumi - (1 << SHIFT) * group term)`, the
+/// group term the scale pairs `pairs` against the activation's 16-element sums.
+#[inline(always)]
+unsafe fn offset_block_values<const SHIFT: i32>(
+    d: __m256,
+    sumi: __m256i,
+    pairs: &[__m256i; 8],
+    a: &Q8KBlock,
+) -> __m256 {
+    let offset = _mm256_slli_epi32::<SHIFT>(group_sums(pairs, a));
+    let zero = _mm256_setzero_si256();
+    let sumi = _mm256_sub_epi32(sumi, offset);
+    block_values(d, _mm256_setzero_ps(), _mm256_set1_ps(a.d), sumi, zero)
+}
+
 /// The eight f16 at `p` as f32.
 #[inline(always)]
 unsafe fn halves(p: *const u8) -> __m256 {
@@ -410,11 +426,8 @@ unsafe fn q3_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s16, scales[2 * c + t]));
             }
         }
-        let offset = group_sums(&pairs, a);
-        let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<2>(offset));
-        let zero = _mm256_setzero_si256();
-        let values = block_values(d, _mm256_setzero_ps(), _mm256_set1_ps(a.d), sumi, zero);
-        acc = _mm256_add_ps(acc, values);
+        // The offset: 4 times the scales against the activation's 16-element sums.
+        acc = _mm256_add_ps(acc, offset_block_values::<2>(d, sumi, &pairs, a));
     }
     acc
 }
@@ -635,11 +648,7 @@ unsafe fn q6_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
             }
         }
         // The offset: 32 times the scales against the activation's 16-element sums.
-        let offset = group_sums(&pairs, a);
-        let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<5>(offset));
-        let zero = _mm256_setzero_si256();
-        let values = block_values(d, _mm256_setzero_ps(), _mm256_set1_ps(a.d), sumi, zero);
-        acc = _mm256_add_ps(acc, values);
+        acc = _mm256_add_ps(acc, offset_block_values::<5>(d, sumi, &pairs, a));
     }
     acc
 }
