@@ -46,7 +46,7 @@ struct Options {
     /// avx512, avx-vnni, avx2, scalar, candle): `avx2` measures an AVX2-only CPU's path.
     #[arg(long, default_value = "auto", value_parser = Kernels::parse)]
     cpu_qmatmul: CpuQmatmul,
-    /// Where k-quant panel layouts are cached, as the `panel_cache` setting takes it (auto,
+    /// Where k-quant and IQ4_XS panel layouts are cached, as the `panel_cache` setting takes it (auto,
     /// off or a folder): `off` measures a load that makes them.
     #[arg(long, default_value = "auto", value_parser = PanelCache::parse)]
     panel_cache: PanelCacheChoice,

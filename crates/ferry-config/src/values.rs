@@ -133,7 +133,7 @@ pub enum CpuQmatmul {
     Candle,
 }
 
-/// Where the loader keeps the panel layouts it makes of k-quant matrices (`device.panel_cache`).
+/// Where the loader keeps the panel layouts it makes of k-quant and IQ4_XS matrices (`device.panel_cache`).
 /// A config type the model reads.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum PanelCacheChoice {

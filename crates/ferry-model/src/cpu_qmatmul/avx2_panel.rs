@@ -25,7 +25,9 @@
 //! sequence ([`super::avx512`]: `acc = fma(sumi_b, d_b * a.d_b, acc)` block by block from 0):
 //! the outputs equal that kernel's (and the AVX-512 panel's) bit for bit on any CPU. Against
 //! the AVX2 one-row kernels ([`super::avx2`], [`super::q5::avx2`], decode) they differ by
-//! float summation order only. [`takes`] says which calls run here.
+//! float summation order only. [`takes`] says which calls run here. An IQ4_XS matrix in the
+//! eight-row panel layout ([`super::panel8`]) fills its decoded panels straight from it
+//! ([`run_panels`], [`super::iq4_panel::fill`]), with the same results.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -34,11 +36,13 @@ use super::activation::Q8Block;
 use super::avx2::Avx2;
 use super::avx2_tile::{dpbusd, has_vnni};
 use super::avx512::{row_bytes, Codec, Iq4Nl, Iq4Xs, Mxfp4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::iq4::XS_SUB;
+use super::panel8::{PanelFormat, Panels, ROWS};
 use super::tile::{checked_blocks, GEMM_MIN_ROWS};
-use super::{amx_panel, Format, Kernel};
+use super::{amx_panel, iq4_panel, Format, Kernel};
 
-/// Weight rows per panel (the lanes of one register of i32).
-const PANEL: usize = 8;
+/// Weight rows per panel (the lanes of one register of i32), those of the panel layout's.
+const PANEL: usize = ROWS;
 /// 32-bit words per decoded block (32 bytes).
 const WORDS: usize = 8;
 
@@ -126,6 +130,51 @@ pub(super) fn run(
     true
 }
 
+/// [`run`] over an IQ4_XS matrix in the panel layout ([`Panels`]): each panel is filled straight
+/// from the layout ([`iq4_panel::fill`], no transposition), then swept as [`run`] sweeps it;
+/// the outputs equal [`run`]'s over the GGUF rows bit for bit. `weights` must start at a
+/// multiple of [`ROWS`]; `false` (nothing done) for panels of another format.
+pub(super) fn run_panels(
+    k: Avx2,
+    vnni: bool,
+    panels: &Panels,
+    weights: Range<usize>,
+    acts: &[&[Q8Block]],
+    out: &mut dyn FnMut(usize, usize, &[f32]),
+) -> bool {
+    let _ = k;
+    if panels.format() != PanelFormat::Iq4Xs || acts.is_empty() || weights.is_empty() {
+        return false;
+    }
+    assert!(
+        weights.start.is_multiple_of(ROWS) && weights.end <= panels.rows(),
+        "weight rows {weights:?} are not whole panels of the {} rows",
+        panels.rows()
+    );
+    assert!(
+        acts.iter().all(|a| a.len() == panels.kb() * XS_SUB),
+        "activation rows of other than {} blocks",
+        panels.kb() * XS_SUB
+    );
+    // SAFETY: `k` proves AVX2, FMA and F16C (and `has_vnni` AVX-VNNI where `vnni`); the
+    // panels are read through checked slices.
+    unsafe {
+        match vnni && has_vnni() {
+            false => plain::xs_panels((panels, weights, acts, out)),
+            true => vnni::xs_panels((panels, weights, acts, out)),
+        }
+    }
+    true
+}
+
+/// The arguments of [`run_panels`] as the two variants take them.
+type PanelArgs<'a, 'b> = (
+    &'a Panels,
+    Range<usize>,
+    &'a [&'a [Q8Block]],
+    &'b mut dyn FnMut(usize, usize, &[f32]),
+);
+
 /// The arguments of [`run`] past the format, as the two variants take them.
 type Args<'a, 'b> = (
     *const u8,
@@ -182,6 +231,14 @@ macro_rules! variant {
             pub(super) unsafe fn panels<C: Codec16>(args: Args<'_, '_>) {
                 super::panels::<C, { $vnni }>(args)
             }
+
+            /// # Safety
+            /// The CPU must have AVX2, FMA, F16C (and AVX-VNNI in the `vnni` variant); the
+            /// arguments as [`run_panels`] checks them.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub(super) unsafe fn xs_panels(args: PanelArgs<'_, '_>) {
+                super::xs_panels::<{ $vnni }>(args)
+            }
         }
     };
 }
@@ -203,7 +260,6 @@ unsafe fn panels<C: Codec16, const VNNI: bool>(args: Args<'_, '_>) {
     let mut signs = vec![0u32; if signed { kb * WORDS * PANEL } else { 0 }];
     let mut scales = vec![0f32; kb * PANEL];
     let mut mins = vec![0f32; if C::MIN { kb * PANEL } else { 0 }];
-    let mut lanes = [0f32; PANEL];
     for first in weights.clone().step_by(PANEL) {
         let n = (weights.end - first).min(PANEL);
         let rows: [*const u8; PANEL] =
@@ -244,22 +300,67 @@ unsafe fn panels<C: Codec16, const VNNI: bool>(args: Args<'_, '_>) {
             scales: &scales,
             mins: &mins,
         };
-        let mut emit = |i: usize, acc: __m256| {
-            _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-            out(i, first, &lanes[..n]);
+        sweep_all::<C, VNNI>(&panel, acts, first, n, out);
+    }
+}
+
+/// The IQ4_XS panel loop of [`run_panels`]: fill the decoded panel from each panel of the
+/// layout, sweep every activation row over it.
+///
+/// # Safety
+/// As the variants' `xs_panels`; inlined into them.
+#[inline(always)]
+unsafe fn xs_panels<const VNNI: bool>(args: PanelArgs<'_, '_>) {
+    let (panels, weights, acts, out) = args;
+    let kb = acts[0].len();
+    let mut packed = vec![0u32; kb * WORDS * PANEL];
+    let mut signs = vec![0u32; if VNNI { 0 } else { kb * WORDS * PANEL }];
+    let mut scales = vec![0f32; kb * PANEL];
+    let block = PanelFormat::Iq4Xs.block_bytes() * ROWS;
+    for first in weights.step_by(PANEL) {
+        let panel = panels.panel(first / PANEL);
+        for (b, blk) in panel.chunks_exact(block).enumerate() {
+            iq4_panel::fill::<VNNI>(blk.as_ptr(), &mut packed, &mut signs, &mut scales, b);
+        }
+        let panel = Panel {
+            packed: &packed,
+            signs: &signs,
+            scales: &scales,
+            mins: &[],
         };
-        let mut i = 0;
-        while i + 4 <= acts.len() {
-            let a = [acts[i], acts[i + 1], acts[i + 2], acts[i + 3]];
-            for (di, acc) in sweep::<4, C, VNNI>(&panel, a).into_iter().enumerate() {
-                emit(i + di, acc);
-            }
-            i += 4;
+        sweep_all::<Iq4Xs, VNNI>(&panel, acts, first, PANEL, out);
+    }
+}
+
+/// Every activation row of `acts` swept over the decoded panel of weight rows
+/// `first..first + n`, four at a time, the results handed to `out`.
+///
+/// # Safety
+/// As [`sweep`].
+#[inline(always)]
+unsafe fn sweep_all<C: Codec16, const VNNI: bool>(
+    panel: &Panel<'_>,
+    acts: &[&[Q8Block]],
+    first: usize,
+    n: usize,
+    out: &mut dyn FnMut(usize, usize, &[f32]),
+) {
+    let mut lanes = [0f32; PANEL];
+    let mut emit = |i: usize, acc: __m256| {
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        out(i, first, &lanes[..n]);
+    };
+    let mut i = 0;
+    while i + 4 <= acts.len() {
+        let a = [acts[i], acts[i + 1], acts[i + 2], acts[i + 3]];
+        for (di, acc) in sweep::<4, C, VNNI>(panel, a).into_iter().enumerate() {
+            emit(i + di, acc);
         }
-        for (i, &a) in acts.iter().enumerate().skip(i) {
-            let [acc] = sweep::<1, C, VNNI>(&panel, [a]);
-            emit(i, acc);
-        }
+        i += 4;
+    }
+    for (i, &a) in acts.iter().enumerate().skip(i) {
+        let [acc] = sweep::<1, C, VNNI>(panel, [a]);
+        emit(i, acc);
     }
 }
 

@@ -46,12 +46,17 @@ pub mod dequant;
 #[cfg(test)]
 mod format_tests;
 pub mod iq4;
+#[cfg(target_arch = "x86_64")]
+pub mod iq4_panel;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod iq4_panel_tests;
 #[cfg(test)]
 mod iq_tests;
 #[cfg(test)]
 mod iq_tile_tests;
 pub mod kquants;
 pub mod mxfp4;
+pub mod panel8;
 pub mod q5;
 #[cfg(target_arch = "x86_64")]
 pub mod q5_avx512;
@@ -74,8 +79,8 @@ pub use self::blocks::Blocks;
 
 use self::activation::{ActKind, ActRow, Activations, BLOCK};
 use self::kquants::activation::QK_K;
-pub use self::kquants::panel8::PanelShape;
 use self::kquants::KFormat;
+pub use self::panel8::{PanelFormat, PanelShape};
 use super::error::{ModelError, Result};
 use super::header::GgufType;
 
@@ -124,8 +129,8 @@ pub fn process_kernel() -> Kernel {
     KERNELS[PROCESS_KERNEL.load(std::sync::atomic::Ordering::Relaxed) % KERNELS.len()]
 }
 
-/// Whether the kernel choice `kernel` reads k-quant weights in the eight-row panel layout on
-/// this CPU (the AVX2 / AVX-VNNI k-quant path), where a weight has one.
+/// Whether the kernel choice `kernel` reads k-quant and IQ4_XS weights in the eight-row panel
+/// layout on this CPU (the AVX2 / AVX-VNNI k-quant path), where a weight has one.
 pub fn reads_panels(kernel: Kernel) -> bool {
     #[cfg(target_arch = "x86_64")]
     return kquants::panel8_avx2::takes(kernel);
@@ -331,8 +336,8 @@ pub struct CpuQMatMul {
     rows: usize,
     cols: usize,
     /// The weight again in the eight-row panel layout ([`with_panels`](Self::with_panels)),
-    /// which the AVX2 k-quant kernels then read instead of `weight`.
-    panels: Option<Arc<kquants::panel8::Panels>>,
+    /// which the AVX2 k-quant and IQ4_XS kernels then read instead of `weight`.
+    panels: Option<Arc<panel8::Panels>>,
 }
 
 impl CpuQMatMul {
@@ -376,13 +381,14 @@ impl CpuQMatMul {
         })
     }
 
-    /// This weight with its eight-row panel layout ([`kquants::panel8`]) made, where the
+    /// This weight with its eight-row panel layout ([`panel8`]) made, where the
     /// process's kernel choice runs it through the AVX2 k-quant kernels and the format has
-    /// one (every k-quant, with a multiple of eight rows); from then on those kernels
+    /// one (every k-quant and IQ4_XS, with a multiple of eight rows); from then on those kernels
     /// read only the panels (the decode kernel 1.5-2.2x the one-row dots in cache on Zen 3),
     /// and the mapped file's pages of the GGUF rows are handed back to the page cache, so the
     /// process holds the weight once. Unchanged otherwise. Results are bit for bit the same
-    /// either way.
+    /// either way, but for IQ4_XS's decode: its panel kernel sums in the prompt GEMM's order,
+    /// its one-row kernel in another (float rounding apart, the same sums).
     pub fn with_panels(self) -> Self {
         self.with_panels_for(process_kernel())
     }
@@ -407,20 +413,22 @@ impl CpuQMatMul {
     }
 
     /// The panel layout the kernel choice `kernel` would read this weight in (format, rows,
-    /// super-blocks per row); `None` where it reads the GGUF rows (not a k-quant, no AVX2
-    /// k-quant path, rows not a multiple of eight).
+    /// super-blocks per row); `None` where it reads the GGUF rows (not a k-quant or IQ4_XS,
+    /// no AVX2 k-quant path, rows not a multiple of eight).
     pub fn panel_shape(&self, kernel: Kernel) -> Option<PanelShape> {
         self.layout_shape().filter(|_| reads_panels(kernel))
     }
 
     /// The shape of this weight's panel layout, whichever kernels run: `None` for a weight
-    /// that is not a k-quant or whose rows are not a multiple of eight.
+    /// that is not a k-quant or IQ4_XS, or whose rows are not a multiple of eight.
     fn layout_shape(&self) -> Option<PanelShape> {
-        let Format::K(format) = self.format else {
-            return None;
+        let format = match self.format {
+            Format::K(format) => PanelFormat::K(format),
+            Format::IQ4_XS => PanelFormat::Iq4Xs,
+            _ => return None,
         };
         let kb = self.cols / QK_K;
-        kquants::panel8::fits(self.rows, kb).then_some(PanelShape {
+        panel8::fits(self.rows, kb).then_some(PanelShape {
             format,
             rows: self.rows,
             kb,
@@ -430,7 +438,7 @@ impl CpuQMatMul {
     /// The weight's panel layout, made from its GGUF rows (in parallel, into memory of its
     /// own); an error for a weight without one ([`panel_shape`](Self::panel_shape)) or when no
     /// memory could be mapped.
-    pub fn pack_panels(&self) -> std::result::Result<kquants::panel8::Panels, String> {
+    pub fn pack_panels(&self) -> std::result::Result<panel8::Panels, String> {
         let shape = self.layout_shape().ok_or_else(|| {
             format!(
                 "{:?} {}x{} has no panel layout",
@@ -440,15 +448,14 @@ impl CpuQMatMul {
             )
         })?;
         let raw = self.weight.bytes().map_err(|e| e.to_string())?;
-        kquants::panel8::Panels::pack(shape.format, &raw, shape.rows, shape.kb)
-            .map_err(|e| e.to_string())
+        panel8::Panels::pack(shape.format, &raw, shape.rows, shape.kb).map_err(|e| e.to_string())
     }
 
     /// This weight reading `panels` (its own layout, made by [`pack_panels`](Self::pack_panels)
     /// now or at an earlier load: bit for bit the same) from now on; the mapped file's pages of
     /// the GGUF rows are handed back. Panels of another shape are refused (the weight is
     /// returned unchanged, with a warning).
-    pub fn with_these_panels(mut self, panels: Arc<kquants::panel8::Panels>) -> Self {
+    pub fn with_these_panels(mut self, panels: Arc<panel8::Panels>) -> Self {
         if self.layout_shape() != Some(panels.shape()) {
             tracing::warn!(
                 "{:?} {}x{} weight: panels of {:?} refused",

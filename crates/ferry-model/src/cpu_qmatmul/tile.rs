@@ -224,7 +224,7 @@ pub fn run(
         };
         #[cfg(target_arch = "x86_64")]
         let panel_rows = match panels {
-            Some(_) => panel_rows.max(kquants::panel8::ROWS),
+            Some(_) => panel_rows.max(super::panel8::ROWS),
             None => panel_rows,
         };
         let per_task = n_total
@@ -285,7 +285,7 @@ struct Task<'a> {
     /// The matrix in the panel layout, when the call's kernel reads it (the AVX2 k-quant
     /// path, tiled): `weights` are then whole panels.
     #[cfg(target_arch = "x86_64")]
-    panels: Option<(&'a kquants::panel8::Panels, super::avx2::Avx2)>,
+    panels: Option<(&'a super::panel8::Panels, super::avx2::Avx2)>,
 }
 
 impl Task<'_> {
@@ -295,26 +295,7 @@ impl Task<'_> {
         let mut i = self.acts.start;
         #[cfg(target_arch = "x86_64")]
         if let Some((panels, k)) = self.panels {
-            // The panel layout: the k-quant GEMM from it, or the panel dots row by row.
-            let rows: Vec<_> = self.acts.clone().map(|i| row(i).q8k).collect();
-            let first = self.acts.start;
-            let mut put = |i: usize, r0: usize, ys: &[f32]| self.out.set_run(first + i, r0, ys);
-            let weights = self.weights.clone();
-            if self.m >= kquants::avx2_panel::MIN_ROWS {
-                kquants::avx2_panel::run_panels(k, panels, weights, &rows, &mut put);
-            } else {
-                let step = kquants::panel8::ROWS;
-                for (i, a) in rows.into_iter().enumerate() {
-                    for r0 in weights.clone().step_by(step) {
-                        let panel = panels.panel(r0 / step);
-                        put(
-                            i,
-                            r0,
-                            &kquants::panel8_avx2::dots(k, panels.format(), panel, a),
-                        );
-                    }
-                }
-            }
+            self.run_panels(panels, k, act);
             return;
         }
         #[cfg(target_arch = "x86_64")]
@@ -444,6 +425,49 @@ impl Task<'_> {
             let a = row(i);
             for r in self.weights.clone() {
                 self.out.set(i, r, self.dot.row(weight(r), a));
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Task<'_> {
+    /// [`Task::run`] on the matrix's panel layout: the GEMM from it (the k-quant one, or the
+    /// AVX2 32-element one for IQ4_XS), or the panel dots row by row.
+    fn run_panels(&self, panels: &super::panel8::Panels, k: super::avx2::Avx2, act: &Activations) {
+        use super::panel8::{PanelFormat, ROWS};
+        let first = self.acts.start;
+        let mut put = |i: usize, r0: usize, ys: &[f32]| self.out.set_run(first + i, r0, ys);
+        let weights = self.weights.clone();
+        let panel_starts = weights.clone().step_by(ROWS);
+        match panels.format() {
+            PanelFormat::K(format) => {
+                let rows: Vec<_> = self.acts.clone().map(|i| act.row(i).q8k).collect();
+                if self.m >= kquants::avx2_panel::MIN_ROWS {
+                    kquants::avx2_panel::run_panels(k, panels, weights, &rows, &mut put);
+                    return;
+                }
+                for (i, a) in rows.into_iter().enumerate() {
+                    for r0 in panel_starts.clone() {
+                        let panel = panels.panel(r0 / ROWS);
+                        put(i, r0, &kquants::panel8_avx2::dots(k, format, panel, a));
+                    }
+                }
+            }
+            PanelFormat::Iq4Xs => {
+                let rows: Vec<_> = self.acts.clone().map(|i| act.row(i).q8).collect();
+                let kernel = self.dot.kernel;
+                if avx2_panel::takes(kernel, self.dot.format, self.m) {
+                    let vnni = avx2_panel::vnni_for(kernel);
+                    avx2_panel::run_panels(k, vnni, panels, weights, &rows, &mut put);
+                    return;
+                }
+                for (i, a) in rows.into_iter().enumerate() {
+                    for r0 in panel_starts.clone() {
+                        let panel = panels.panel(r0 / ROWS);
+                        put(i, r0, &super::iq4_panel::dots(k, panel, a));
+                    }
+                }
             }
         }
     }

@@ -1,5 +1,5 @@
 //! The panel cache: the eight-row panel layouts ([`Panels`]) the CPU loader makes of a model's
-//! k-quant matrices on AVX2 machines, kept in one file per model so that the next load maps
+//! k-quant and IQ4_XS matrices on AVX2 machines, kept in one file per model so that the next load maps
 //! them instead of making them again (making them took 3-7x a warm read of the model file on
 //! the Zen 3 VM of docs/BENCHMARKS.md; mapping a cache file takes about nothing, its pages come
 //! in as the kernels first read them, as the model file's do).
@@ -35,8 +35,7 @@ use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::Checkpoint;
-use crate::cpu_qmatmul::kquants::panel8::{self, PanelShape, Panels};
-use crate::cpu_qmatmul::kquants::KFormat;
+use crate::cpu_qmatmul::panel8::{self, PanelFormat, PanelShape, Panels};
 use crate::cpu_qmatmul::CpuQMatMul;
 use crate::tensors::TensorRecord;
 pub use ferry_config::PanelCacheChoice;
@@ -524,13 +523,15 @@ fn sample_crc(rows: &[u8]) -> u32 {
 }
 
 /// The name a cache file gives a format.
-fn format_name(format: KFormat) -> &'static str {
+fn format_name(format: PanelFormat) -> &'static str {
+    use crate::cpu_qmatmul::kquants::KFormat;
     match format {
-        KFormat::Q2K => "q2_k",
-        KFormat::Q3K => "q3_k",
-        KFormat::Q4K => "q4_k",
-        KFormat::Q5K => "q5_k",
-        KFormat::Q6K => "q6_k",
+        PanelFormat::K(KFormat::Q2K) => "q2_k",
+        PanelFormat::K(KFormat::Q3K) => "q3_k",
+        PanelFormat::K(KFormat::Q4K) => "q4_k",
+        PanelFormat::K(KFormat::Q5K) => "q5_k",
+        PanelFormat::K(KFormat::Q6K) => "q6_k",
+        PanelFormat::Iq4Xs => "iq4_xs",
     }
 }
 
@@ -539,7 +540,7 @@ fn format_name(format: KFormat) -> &'static str {
 fn layout_version() -> u32 {
     let mut crc = crc32fast::Hasher::new();
     crc.update(&(panel8::ROWS as u32).to_le_bytes());
-    for format in KFormat::ALL {
+    for format in PanelFormat::ALL {
         crc.update(format_name(format).as_bytes());
         for &(offset, unit, count) in format.segments() {
             for n in [offset, unit, count] {

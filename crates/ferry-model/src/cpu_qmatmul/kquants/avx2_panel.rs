@@ -25,12 +25,12 @@ use std::ops::Range;
 
 use super::activation::{Q8KBlock, GROUP, QK_K};
 use super::avx2::block_values;
-use super::panel8::{self, Panels};
 use super::panel8_avx2;
 use super::tile::{has_rows8, Path};
 use super::{scales_mins_k4, scales_q3_k, KFormat};
 use crate::cpu_qmatmul::avx2::{f16_at, Avx2, PREFETCH_AHEAD};
 use crate::cpu_qmatmul::avx2_panel::transpose;
+use crate::cpu_qmatmul::panel8::{self, PanelFormat, Panels};
 use crate::cpu_qmatmul::tile::checked_blocks;
 use crate::cpu_qmatmul::Kernel;
 
@@ -108,6 +108,9 @@ pub fn run_panels(
     out: &mut dyn FnMut(usize, usize, &[f32]),
 ) -> bool {
     let _ = k;
+    let PanelFormat::K(format) = panels.format() else {
+        return false;
+    };
     if acts.is_empty() || weights.is_empty() {
         return false;
     }
@@ -122,12 +125,7 @@ pub fn run_panels(
         panels.kb()
     );
     // SAFETY: `k` proves AVX2, FMA and F16C; the panels are read through checked slices.
-    unsafe {
-        dispatch(
-            panels.format(),
-            (Source::Panels(panels), weights, acts, out),
-        )
-    };
+    unsafe { dispatch(format, (Source::Panels(panels), weights, acts, out)) };
     true
 }
 

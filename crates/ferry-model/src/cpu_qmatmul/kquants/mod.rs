@@ -3,8 +3,8 @@
 //! plus four-activation-row micro-kernels for the tiled matmul ([`tile`]: AVX2, AVX-VNNI and
 //! AVX-512 in [`avx2_tile`] and [`avx512_tile`]), the AVX2 prompt GEMM ([`avx2_panel`]), the
 //! AVX-512 one of Q2_K / Q3_K ([`avx512_panel`]) and the AMX one ([`amx_tile`]); and the
-//! eight-row panel layout made at load for the AVX2 path ([`panel8`]) with its decode kernel
-//! ([`panel8_avx2`]).
+//! decode kernel of the eight-row panel layout made at load for the AVX2 path
+//! ([`super::panel8`]): [`panel8_avx2`].
 //!
 //! Every k-quant stores 256 weights per super-block, in eight 32-element chunks; chunk `c` covers
 //! elements `32 c..32 c + 32` and has one scale per 16-element half (Q2_K, Q3_K, Q6_K) or one for
@@ -25,7 +25,6 @@ pub mod avx2_tile;
 pub mod avx512_panel;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512_tile;
-pub mod panel8;
 #[cfg(target_arch = "x86_64")]
 pub mod panel8_avx2;
 pub mod scalar;

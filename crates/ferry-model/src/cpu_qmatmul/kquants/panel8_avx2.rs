@@ -14,10 +14,10 @@ use std::arch::x86_64::*;
 use super::activation::Q8KBlock;
 use super::avx2::{block_values, q6_k_bytes};
 use super::avx2_panel::Panel;
-use super::panel8::{segment_at, ROWS};
 use super::tile::Path;
 use super::KFormat;
 use crate::cpu_qmatmul::avx2::Avx2;
+use crate::cpu_qmatmul::panel8::{segment_at, PanelFormat, ROWS};
 use crate::cpu_qmatmul::Kernel;
 
 /// Whether `kernel` runs the k-quants through the AVX2 kernels on this CPU (plain AVX2 or
@@ -113,7 +113,7 @@ const AHEAD: usize = 4096;
 
 /// Prefetches the `bytes` at `AHEAD` past `p`.
 #[inline(always)]
-unsafe fn prefetch(p: *const u8, bytes: usize) {
+pub(crate) unsafe fn prefetch(p: *const u8, bytes: usize) {
     for off in (0..bytes).step_by(64) {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD + off).cast());
     }
@@ -521,7 +521,7 @@ unsafe fn q5_k_high(qh: __m256i, c: usize) -> __m256i {
 #[inline(always)]
 fn k4_layout<const FIFTH: bool>() -> K4Layout {
     let format = if FIFTH { KFormat::Q5K } else { KFormat::Q4K };
-    let quants = format.segments().len() - 1;
+    let quants = PanelFormat::from(format).segments().len() - 1;
     K4Layout {
         highs: segment_at(format, quants - 1),
         quants: segment_at(format, quants),

@@ -1,13 +1,13 @@
-//! The panel layout ([`super::super::panel8`]) and its AVX2 kernels: every row comes back from
+//! The k-quants' panel layout ([`crate::cpu_qmatmul::panel8`]) and its AVX2 kernels: every row comes back from
 //! the layout byte for byte; the panel dots, the GEMM read from panels and the tiled matmul of
 //! a weight with panels equal the scalar one-row kernel (or the per-row loop over the GGUF
 //! rows) bit for bit; a weight changed in one bit changes its row's output and no other (the
 //! comparisons can fail).
 
 use super::super::activation::{quantize_row_k, Q8KBlock, QK_K};
-use super::super::panel8::{fits, Panels, ROWS};
 use super::super::{avx2_panel, scalar, KFormat};
 use crate::cpu_qmatmul::avx2::Avx2;
+use crate::cpu_qmatmul::panel8::{fits, Panels, ROWS};
 use crate::cpu_qmatmul::test_support::{self, drift_values, k_quant_weights, outputs};
 use crate::cpu_qmatmul::tile::Tiling;
 use crate::cpu_qmatmul::Kernel;
@@ -32,7 +32,7 @@ fn the_panel_layout_gives_every_row_back() {
     for format in FORMATS {
         for (n, kb) in [(8, 1), (16, 3), (24, 2)] {
             let raw = k_quant_weights(format, n, kb, 5 + n as u64);
-            let panels = Panels::pack(format, &raw, n, kb).unwrap();
+            let panels = Panels::pack(format.into(), &raw, n, kb).unwrap();
             assert_eq!(
                 panels.len(),
                 raw.len(),
@@ -66,7 +66,7 @@ fn panel_dots_equal_the_scalar_row_kernel_bit_for_bit() {
             let mut raw = k_quant_weights(format, n, kb, 40 + s as u64);
             let row_bytes = kb * format.block_bytes();
             for (i, a) in activations(3, kb, 70 + s as u64).iter().enumerate() {
-                let panels = Panels::pack(format, &raw, n, kb).unwrap();
+                let panels = Panels::pack(format.into(), &raw, n, kb).unwrap();
                 for p in 0..n / ROWS {
                     let got = super::dots(k, format, panels.panel(p), a);
                     for (r, y) in got.into_iter().enumerate() {
@@ -82,7 +82,7 @@ fn panel_dots_equal_the_scalar_row_kernel_bit_for_bit() {
                 let quant = if format == KFormat::Q5K { 88 } else { 40 };
                 let at = 9 * row_bytes + row_bytes - format.block_bytes() + quant + i;
                 raw[at] ^= 0x01;
-                let changed = Panels::pack(format, &raw, n, kb).unwrap();
+                let changed = Panels::pack(format.into(), &raw, n, kb).unwrap();
                 let after = super::dots(k, format, changed.panel(1), a);
                 let row9 = scalar::dot(format, &raw[9 * row_bytes..][..row_bytes], a);
                 assert_eq!(after[1].to_bits(), row9.to_bits(), "{format:?} changed row");
@@ -104,7 +104,7 @@ fn the_gemm_from_panels_equals_the_gemm_from_rows_bit_for_bit() {
     for format in FORMATS {
         let (n, kb) = (32, 3);
         let raw = k_quant_weights(format, n, kb, 90);
-        let panels = Panels::pack(format, &raw, n, kb).unwrap();
+        let panels = Panels::pack(format.into(), &raw, n, kb).unwrap();
         for (m, range) in [(8, 0..32), (13, 8..24), (9, 16..32)] {
             let acts = activations(m, kb, 200 + m as u64);
             let rows: Vec<&[Q8KBlock]> = acts.iter().map(Vec::as_slice).collect();

@@ -1,21 +1,23 @@
-//! The eight-row interleaved ("panel") layout of k-quant weights, made once at load for the
-//! AVX2 decode kernels ([`super::panel8_avx2`]).
+//! The eight-row interleaved ("panel") layout of k-quant and IQ4_XS weights, made once at load
+//! for the AVX2 kernels that read it ([`super::kquants::panel8_avx2`], [`super::iq4_panel`]).
 //!
 //! A matrix of `rows` (a multiple of [`ROWS`]) by `kb` super-blocks is stored panel after
 //! panel (rows `8 p..8 p + 8`), and within a panel super-block after super-block; one panel
 //! block holds the eight rows' GGUF blocks with the same bytes, regrouped: each format's block
-//! is cut into segments of equal units ([`KFormat::segments`]), and a segment of `count` units
+//! is cut into segments of equal units ([`PanelFormat::segments`]), and a segment of `count` units
 //! of `unit` bytes is stored unit-major, row-minor (unit `k` of rows 0..8, then unit `k + 1`).
 //! So one 32-byte load gives four quant bytes of each of the eight rows, and one 16-byte load
 //! the f16 `d` of all eight. The layout is lossless ([`Panels::unpack_row`] gives a row's GGUF
-//! bytes back) and exactly as large as the GGUF rows; every k-quant (Q2_K..Q6_K) has one.
+//! bytes back) and exactly as large as the GGUF rows; every k-quant (Q2_K..Q6_K) has one, and
+//! so has IQ4_XS (256-element super-blocks too).
 //! Panels live in memory of their own ([`Panels::pack`]) or in a mapped file that holds them
 //! as [`Panels::as_bytes`] gave them ([`Panels::mapped`]: the loader's panel cache).
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::KFormat;
+use super::iq4::IQ4_XS_BYTES;
+use super::kquants::KFormat;
 
 /// Weight rows per panel.
 pub const ROWS: usize = 8;
@@ -23,19 +25,62 @@ pub const ROWS: usize = 8;
 /// A run of equal units of a block: `(byte offset in the GGUF block, unit bytes, units)`.
 type Segment = (usize, usize, usize);
 
-impl KFormat {
+/// The formats with a panel layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PanelFormat {
+    /// A k-quant.
+    K(KFormat),
+    /// IQ4_XS.
+    Iq4Xs,
+}
+
+impl From<KFormat> for PanelFormat {
+    fn from(format: KFormat) -> Self {
+        PanelFormat::K(format)
+    }
+}
+
+impl PanelFormat {
+    /// Every format with a panel layout.
+    pub const ALL: [PanelFormat; 6] = [
+        PanelFormat::K(KFormat::Q2K),
+        PanelFormat::K(KFormat::Q3K),
+        PanelFormat::K(KFormat::Q4K),
+        PanelFormat::K(KFormat::Q5K),
+        PanelFormat::K(KFormat::Q6K),
+        PanelFormat::Iq4Xs,
+    ];
+
+    /// Bytes per 256-element super-block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            PanelFormat::K(format) => format.block_bytes(),
+            PanelFormat::Iq4Xs => IQ4_XS_BYTES,
+        }
+    }
+
     /// The segments a panel block is made of, in panel order; they cover the GGUF block once.
     pub fn segments(self) -> &'static [Segment] {
         match self {
-            // d, dmin, the 12 scale bytes as three words, the 128 quant bytes as 32 words.
-            KFormat::Q4K => &[(0, 2, 1), (2, 2, 1), (4, 4, 3), (16, 4, 32)],
-            // Q4_K's, with the 32 fifth-bit bytes as eight words before the quants.
-            KFormat::Q5K => &[(0, 2, 1), (2, 2, 1), (4, 4, 3), (16, 4, 8), (48, 4, 32)],
-            KFormat::Q6K => &Q6K_SEGMENTS,
-            // d, dmin, the 16 scale-and-min bytes as four words, the quants as 16.
-            KFormat::Q2K => &[(80, 2, 1), (82, 2, 1), (0, 4, 4), (16, 4, 16)],
-            KFormat::Q3K => &Q3K_SEGMENTS,
+            PanelFormat::K(format) => k_segments(format),
+            // d, scales_h, scales_l as one word, the 128 index bytes as 32 words (sub-block
+            // `i`'s four words are units `4 i..4 i + 4`).
+            PanelFormat::Iq4Xs => &[(0, 2, 1), (2, 2, 1), (4, 4, 1), (8, 4, 32)],
         }
+    }
+}
+
+/// A k-quant's segments ([`PanelFormat::segments`]).
+fn k_segments(format: KFormat) -> &'static [Segment] {
+    match format {
+        // d, dmin, the 12 scale bytes as three words, the 128 quant bytes as 32 words.
+        KFormat::Q4K => &[(0, 2, 1), (2, 2, 1), (4, 4, 3), (16, 4, 32)],
+        // Q4_K's, with the 32 fifth-bit bytes as eight words before the quants.
+        KFormat::Q5K => &[(0, 2, 1), (2, 2, 1), (4, 4, 3), (16, 4, 8), (48, 4, 32)],
+        KFormat::Q6K => &Q6K_SEGMENTS,
+        // d, dmin, the 16 scale-and-min bytes as four words, the quants as 16.
+        KFormat::Q2K => &[(80, 2, 1), (82, 2, 1), (0, 4, 4), (16, 4, 16)],
+        KFormat::Q3K => &Q3K_SEGMENTS,
     }
 }
 
@@ -73,15 +118,15 @@ const Q3K_SEGMENTS: [Segment; 26] = {
 };
 
 /// Byte offset within a panel block of segment `s`'s first unit.
-pub fn segment_at(format: KFormat, s: usize) -> usize {
-    let segments = format.segments();
+pub fn segment_at(format: impl Into<PanelFormat>, s: usize) -> usize {
+    let segments = format.into().segments();
     segments[..s]
         .iter()
         .map(|&(_, unit, count)| unit * count * ROWS)
         .sum()
 }
 
-/// Whether a `rows` x `kb` super-block k-quant matrix can take the panel layout.
+/// Whether a `rows` x `kb` super-block matrix can take the panel layout.
 pub fn fits(rows: usize, kb: usize) -> bool {
     rows.is_multiple_of(ROWS) && rows > 0 && kb > 0
 }
@@ -89,7 +134,7 @@ pub fn fits(rows: usize, kb: usize) -> bool {
 /// What a matrix's panel layout is: its format, weight rows and super-blocks per row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PanelShape {
-    pub format: KFormat,
+    pub format: PanelFormat,
     pub rows: usize,
     pub kb: usize,
 }
@@ -124,7 +169,12 @@ impl Panels {
     /// The panel layout of `raw` (`rows` GGUF rows of `kb` super-blocks each, row after row;
     /// [`fits`] must hold), the panels made in parallel; an error when no memory could be
     /// mapped for them.
-    pub fn pack(format: KFormat, raw: &[u8], rows: usize, kb: usize) -> std::io::Result<Panels> {
+    pub fn pack(
+        format: PanelFormat,
+        raw: &[u8],
+        rows: usize,
+        kb: usize,
+    ) -> std::io::Result<Panels> {
         use rayon::prelude::*;
         let bytes = format.block_bytes();
         assert!(fits(rows, kb), "{format:?} {rows}x{kb} has no panel layout");
@@ -177,7 +227,7 @@ impl Panels {
         }
     }
 
-    pub fn format(&self) -> KFormat {
+    pub fn format(&self) -> PanelFormat {
         self.shape.format
     }
 
@@ -278,7 +328,7 @@ fn pack_panel(segments: &[Segment], bytes: usize, kb: usize, rows: &[u8], out: &
 }
 
 /// The eight rows' GGUF blocks (row after row, in `out`) of one panel block.
-fn unpack_block(format: KFormat, block: &[u8], out: &mut [u8]) {
+fn unpack_block(format: PanelFormat, block: &[u8], out: &mut [u8]) {
     let bytes = format.block_bytes();
     let segments = format.segments();
     assert_eq!(block.len(), ROWS * bytes, "{format:?} panel block size");
