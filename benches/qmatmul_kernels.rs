@@ -50,9 +50,9 @@ struct Options {
     /// Block types to run (default: all with a ferry kernel).
     #[arg(long, value_delimiter = ',')]
     types: Vec<String>,
-    /// Give ferry's k-quant weights the eight-row panel layout the loader makes on AVX2 CPUs
-    /// (`CpuQMatMul::with_panels`), so the AVX2 / AVX-VNNI kernels read it, as a loaded model's
-    /// do; without it they read the GGUF rows.
+    /// Give ferry's k-quant and IQ4_XS weights the eight-row panel layout the loader makes on
+    /// AVX2 CPUs (`CpuQMatMul::with_panels`), so the AVX2 / AVX-VNNI kernels read it, as a
+    /// loaded model's do; without it they read the GGUF rows.
     #[arg(long)]
     panels: bool,
     /// Passed by `cargo bench`.
@@ -82,11 +82,13 @@ const FERRY_ONLY: [(&str, GgufType, usize, usize, usize); 3] = [
     ("mxfp4", GgufType::MXFP4, 17, 32, 0),
 ];
 
-/// A ferry-only `rows x cols` weight of pseudo-random blocks with small finite scales.
+/// A ferry-only `rows x cols` weight of pseudo-random blocks with small finite scales, with
+/// the panel layout of the AVX2 path when `panels` (IQ4_XS has one).
 fn ferry_only_weight(
     (ty, bytes, elems, at): (GgufType, usize, usize, usize),
     (rows, cols): (usize, usize),
     seed: u64,
+    panels: bool,
 ) -> Result<CpuQMatMul, String> {
     let mut data = random_bytes(rows * cols / elems * bytes, seed);
     for (b, block) in data.chunks_exact_mut(bytes).enumerate() {
@@ -98,7 +100,11 @@ fn ferry_only_weight(
         }
     }
     let blocks = Blocks::owned(data, ty, &[rows, cols]).map_err(|e| e.to_string())?;
-    CpuQMatMul::from_blocks(blocks).map_err(|e| e.to_string())
+    let matmul = CpuQMatMul::from_blocks(blocks).map_err(|e| e.to_string())?;
+    Ok(match panels {
+        true => matmul.with_panels_for(Kernel::Avx2),
+        false => matmul,
+    })
 }
 
 /// ferry's matmul of `weight`, with the panel layout of the AVX2 path when `panels` (a no-op
@@ -245,7 +251,7 @@ fn kernel_table(options: &Options) -> Result<(), String> {
     }
     for &(name, ty, bytes, elems, at) in FERRY_ONLY.iter().filter(|t| wanted(t.0)) {
         let weights = (1..=2)
-            .map(|i| ferry_only_weight((ty, bytes, elems, at), (rows, cols), i))
+            .map(|i| ferry_only_weight((ty, bytes, elems, at), (rows, cols), i, options.panels))
             .collect::<Result<Vec<_>, _>>()?;
         mats.push((name, rows * cols / elems * bytes, weights));
     }
@@ -393,7 +399,10 @@ fn ferry_only(options: &Options, kernel: Kernel) -> Result<(), String> {
             .div_ceil(matrix_bytes)
             .clamp(1, 64);
         let ferry = (0..count)
-            .map(|i| ferry_only_weight((ty, bytes, elems, at), (rows, cols), i as u64 + 1))
+            .map(|i| {
+                let seed = i as u64 + 1;
+                ferry_only_weight((ty, bytes, elems, at), (rows, cols), seed, options.panels)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         for m in [1usize, 64] {
             let x = input(m, cols);
