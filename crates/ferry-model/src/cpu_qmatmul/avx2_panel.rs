@@ -25,9 +25,10 @@
 //! sequence ([`super::avx512`]: `acc = fma(sumi_b, d_b * a.d_b, acc)` block by block from 0):
 //! the outputs equal that kernel's (and the AVX-512 panel's) bit for bit on any CPU. Against
 //! the AVX2 one-row kernels ([`super::avx2`], [`super::q5::avx2`], decode) they differ by
-//! float summation order only. [`takes`] says which calls run here. An IQ4_XS matrix in the
-//! eight-row panel layout ([`super::panel8`]) fills its decoded panels straight from it
-//! ([`run_panels`], [`super::iq4_panel::fill`]), with the same results.
+//! float summation order only. [`takes`] says which calls run here. An IQ4_XS, Q5_0 or Q5_1
+//! matrix in the eight-row panel layout ([`super::panel8`]) fills its decoded panels straight
+//! from it ([`run_panels`], [`super::iq4_panel::fill`], [`super::q5_panel::fill`]), with the
+//! same results.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -36,10 +37,9 @@ use super::activation::Q8Block;
 use super::avx2::Avx2;
 use super::avx2_tile::{dpbusd, has_vnni};
 use super::avx512::{row_bytes, Codec, Iq4Nl, Iq4Xs, Mxfp4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use super::iq4::XS_SUB;
 use super::panel8::{PanelFormat, Panels, ROWS};
 use super::tile::{checked_blocks, GEMM_MIN_ROWS};
-use super::{amx_panel, iq4_panel, Format, Kernel};
+use super::{amx_panel, iq4_panel, q5_panel, Format, Kernel};
 
 /// Weight rows per panel (the lanes of one register of i32), those of the panel layout's.
 const PANEL: usize = ROWS;
@@ -130,10 +130,11 @@ pub(super) fn run(
     true
 }
 
-/// [`run`] over an IQ4_XS matrix in the panel layout ([`Panels`]): each panel is filled straight
-/// from the layout ([`iq4_panel::fill`], no transposition), then swept as [`run`] sweeps it;
-/// the outputs equal [`run`]'s over the GGUF rows bit for bit. `weights` must start at a
-/// multiple of [`ROWS`]; `false` (nothing done) for panels of another format.
+/// [`run`] over an IQ4_XS, Q5_0 or Q5_1 matrix in the panel layout ([`Panels`]): each panel
+/// is filled straight from the layout ([`iq4_panel::fill`], [`q5_panel::fill`], no
+/// transposition), then swept as [`run`] sweeps it; the outputs equal [`run`]'s over the GGUF
+/// rows bit for bit. `weights` must start at a multiple of [`ROWS`]; `false` (nothing done)
+/// for panels of another format.
 pub(super) fn run_panels(
     k: Avx2,
     vnni: bool,
@@ -143,7 +144,12 @@ pub(super) fn run_panels(
     out: &mut dyn FnMut(usize, usize, &[f32]),
 ) -> bool {
     let _ = k;
-    if panels.format() != PanelFormat::Iq4Xs || acts.is_empty() || weights.is_empty() {
+    let format = panels.format();
+    let ours = matches!(
+        format,
+        PanelFormat::Iq4Xs | PanelFormat::Q5_0 | PanelFormat::Q5_1
+    );
+    if !ours || acts.is_empty() || weights.is_empty() {
         return false;
     }
     assert!(
@@ -151,17 +157,17 @@ pub(super) fn run_panels(
         "weight rows {weights:?} are not whole panels of the {} rows",
         panels.rows()
     );
+    let blocks = panels.kb() * format.block_elements() / 32;
     assert!(
-        acts.iter().all(|a| a.len() == panels.kb() * XS_SUB),
-        "activation rows of other than {} blocks",
-        panels.kb() * XS_SUB
+        acts.iter().all(|a| a.len() == blocks),
+        "activation rows of other than {blocks} blocks"
     );
     // SAFETY: `k` proves AVX2, FMA and F16C (and `has_vnni` AVX-VNNI where `vnni`); the
     // panels are read through checked slices.
     unsafe {
         match vnni && has_vnni() {
-            false => plain::xs_panels((panels, weights, acts, out)),
-            true => vnni::xs_panels((panels, weights, acts, out)),
+            false => plain::layout_panels((panels, weights, acts, out)),
+            true => vnni::layout_panels((panels, weights, acts, out)),
         }
     }
     true
@@ -236,8 +242,13 @@ macro_rules! variant {
             /// The CPU must have AVX2, FMA, F16C (and AVX-VNNI in the `vnni` variant); the
             /// arguments as [`run_panels`] checks them.
             #[target_feature(enable = "avx2,fma,f16c")]
-            pub(super) unsafe fn xs_panels(args: PanelArgs<'_, '_>) {
-                super::xs_panels::<{ $vnni }>(args)
+            pub(super) unsafe fn layout_panels(args: PanelArgs<'_, '_>) {
+                match args.0.format() {
+                    PanelFormat::Iq4Xs => super::layout_panels::<Iq4Xs, { $vnni }>(args),
+                    PanelFormat::Q5_0 => super::layout_panels::<Q5_0, { $vnni }>(args),
+                    PanelFormat::Q5_1 => super::layout_panels::<Q5_1, { $vnni }>(args),
+                    _ => {}
+                }
             }
         }
     };
@@ -304,31 +315,95 @@ unsafe fn panels<C: Codec16, const VNNI: bool>(args: Args<'_, '_>) {
     }
 }
 
-/// The IQ4_XS panel loop of [`run_panels`]: fill the decoded panel from each panel of the
-/// layout, sweep every activation row over it.
+/// The panel loop of [`run_panels`]: fill the decoded panel from each panel of the layout,
+/// sweep every activation row over it.
 ///
 /// # Safety
-/// As the variants' `xs_panels`; inlined into them.
+/// As the variants' `layout_panels`; inlined into them.
 #[inline(always)]
-unsafe fn xs_panels<const VNNI: bool>(args: PanelArgs<'_, '_>) {
+unsafe fn layout_panels<C: FromLayout, const VNNI: bool>(args: PanelArgs<'_, '_>) {
     let (panels, weights, acts, out) = args;
     let kb = acts[0].len();
-    let mut packed = vec![0u32; kb * WORDS * PANEL];
-    let mut signs = vec![0u32; if VNNI { 0 } else { kb * WORDS * PANEL }];
-    let mut scales = vec![0f32; kb * PANEL];
-    let block = PanelFormat::Iq4Xs.block_bytes() * ROWS;
+    let mut decoded = Decoded {
+        packed: vec![0u32; kb * WORDS * PANEL],
+        signs: vec![
+            0u32;
+            if C::SIGNED && !VNNI {
+                kb * WORDS * PANEL
+            } else {
+                0
+            }
+        ],
+        scales: vec![0f32; kb * PANEL],
+        mins: vec![0f32; if C::MIN { kb * PANEL } else { 0 }],
+    };
+    let block = panels.format().block_bytes() * ROWS;
     for first in weights.step_by(PANEL) {
         let panel = panels.panel(first / PANEL);
         for (b, blk) in panel.chunks_exact(block).enumerate() {
-            iq4_panel::fill::<VNNI>(blk.as_ptr(), &mut packed, &mut signs, &mut scales, b);
+            C::fill::<VNNI>(blk.as_ptr(), &mut decoded, b);
         }
         let panel = Panel {
-            packed: &packed,
-            signs: &signs,
-            scales: &scales,
-            mins: &[],
+            packed: &decoded.packed,
+            signs: &decoded.signs,
+            scales: &decoded.scales,
+            mins: &decoded.mins,
         };
-        sweep_all::<Iq4Xs, VNNI>(&panel, acts, first, PANEL, out);
+        sweep_all::<C, VNNI>(&panel, acts, first, PANEL, out);
+    }
+}
+
+/// A decoded panel's arrays, owned (see [`panels`] for the layout).
+struct Decoded {
+    packed: Vec<u32>,
+    signs: Vec<u32>,
+    scales: Vec<f32>,
+    mins: Vec<f32>,
+}
+
+/// A format whose decoded panels fill straight from its panel layout.
+trait FromLayout: Codec16 {
+    /// Fills the decoded panel's part of the layout's panel block `b` (at `blk`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA, F16C; `blk` holds one panel block; `panel`'s arrays are
+    /// as long as [`layout_panels`] makes them for the blocks up to `b`.
+    unsafe fn fill<const VNNI: bool>(blk: *const u8, panel: &mut Decoded, b: usize);
+}
+impl FromLayout for Iq4Xs {
+    #[inline(always)]
+    unsafe fn fill<const VNNI: bool>(blk: *const u8, panel: &mut Decoded, b: usize) {
+        let Decoded {
+            packed,
+            signs,
+            scales,
+            ..
+        } = panel;
+        iq4_panel::fill::<VNNI>(blk, packed, signs, scales, b)
+    }
+}
+impl FromLayout for Q5_0 {
+    #[inline(always)]
+    unsafe fn fill<const VNNI: bool>(blk: *const u8, panel: &mut Decoded, b: usize) {
+        let Decoded {
+            packed,
+            scales,
+            mins,
+            ..
+        } = panel;
+        q5_panel::fill::<false>(blk, packed, scales, mins, b)
+    }
+}
+impl FromLayout for Q5_1 {
+    #[inline(always)]
+    unsafe fn fill<const VNNI: bool>(blk: *const u8, panel: &mut Decoded, b: usize) {
+        let Decoded {
+            packed,
+            scales,
+            mins,
+            ..
+        } = panel;
+        q5_panel::fill::<true>(blk, packed, scales, mins, b)
     }
 }
 

@@ -48,18 +48,20 @@ mod format_tests;
 pub mod iq4;
 #[cfg(target_arch = "x86_64")]
 pub mod iq4_panel;
-#[cfg(all(test, target_arch = "x86_64"))]
-mod iq4_panel_tests;
 #[cfg(test)]
 mod iq_tests;
 #[cfg(test)]
 mod iq_tile_tests;
 pub mod kquants;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod layout_panel_tests;
 pub mod mxfp4;
 pub mod panel8;
 pub mod q5;
 #[cfg(target_arch = "x86_64")]
 pub mod q5_avx512;
+#[cfg(target_arch = "x86_64")]
+pub mod q5_panel;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod q5_tests;
 pub mod scalar;
@@ -129,7 +131,7 @@ pub fn process_kernel() -> Kernel {
     KERNELS[PROCESS_KERNEL.load(std::sync::atomic::Ordering::Relaxed) % KERNELS.len()]
 }
 
-/// Whether the kernel choice `kernel` reads k-quant and IQ4_XS weights in the eight-row panel
+/// Whether the kernel choice `kernel` reads k-quant, IQ4_XS, Q5_0 and Q5_1 weights in the eight-row panel
 /// layout on this CPU (the AVX2 / AVX-VNNI k-quant path), where a weight has one.
 pub fn reads_panels(kernel: Kernel) -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -336,7 +338,7 @@ pub struct CpuQMatMul {
     rows: usize,
     cols: usize,
     /// The weight again in the eight-row panel layout ([`with_panels`](Self::with_panels)),
-    /// which the AVX2 k-quant and IQ4_XS kernels then read instead of `weight`.
+    /// which the AVX2 k-quant, IQ4_XS, Q5_0 and Q5_1 kernels then read instead of `weight`.
     panels: Option<Arc<panel8::Panels>>,
 }
 
@@ -383,12 +385,13 @@ impl CpuQMatMul {
 
     /// This weight with its eight-row panel layout ([`panel8`]) made, where the
     /// process's kernel choice runs it through the AVX2 k-quant kernels and the format has
-    /// one (every k-quant and IQ4_XS, with a multiple of eight rows); from then on those kernels
+    /// one (every k-quant, IQ4_XS, Q5_0 and Q5_1, with a multiple of eight rows); from then on those kernels
     /// read only the panels (the decode kernel 1.5-2.2x the one-row dots in cache on Zen 3),
     /// and the mapped file's pages of the GGUF rows are handed back to the page cache, so the
     /// process holds the weight once. Unchanged otherwise. Results are bit for bit the same
-    /// either way, but for IQ4_XS's decode: its panel kernel sums in the prompt GEMM's order,
-    /// its one-row kernel in another (float rounding apart, the same sums).
+    /// either way, but for the decode of IQ4_XS, Q5_0 and Q5_1: their panel kernels sum in the
+    /// prompt GEMM's order, their one-row kernels in another (float rounding apart, the same
+    /// sums).
     pub fn with_panels(self) -> Self {
         self.with_panels_for(process_kernel())
     }
@@ -413,21 +416,23 @@ impl CpuQMatMul {
     }
 
     /// The panel layout the kernel choice `kernel` would read this weight in (format, rows,
-    /// super-blocks per row); `None` where it reads the GGUF rows (not a k-quant or IQ4_XS,
+    /// super-blocks per row); `None` where it reads the GGUF rows (not a k-quant, IQ4_XS, Q5_0 or Q5_1,
     /// no AVX2 k-quant path, rows not a multiple of eight).
     pub fn panel_shape(&self, kernel: Kernel) -> Option<PanelShape> {
         self.layout_shape().filter(|_| reads_panels(kernel))
     }
 
     /// The shape of this weight's panel layout, whichever kernels run: `None` for a weight
-    /// that is not a k-quant or IQ4_XS, or whose rows are not a multiple of eight.
+    /// that is not a k-quant, IQ4_XS, Q5_0 or Q5_1, or whose rows are not a multiple of eight.
     fn layout_shape(&self) -> Option<PanelShape> {
         let format = match self.format {
             Format::K(format) => PanelFormat::K(format),
             Format::IQ4_XS => PanelFormat::Iq4Xs,
+            Format::Q5_0 => PanelFormat::Q5_0,
+            Format::Q5_1 => PanelFormat::Q5_1,
             _ => return None,
         };
-        let kb = self.cols / QK_K;
+        let kb = self.cols / format.block_elements();
         panel8::fits(self.rows, kb).then_some(PanelShape {
             format,
             rows: self.rows,

@@ -1,5 +1,6 @@
-//! The eight-row interleaved ("panel") layout of k-quant and IQ4_XS weights, made once at load
-//! for the AVX2 kernels that read it ([`super::kquants::panel8_avx2`], [`super::iq4_panel`]).
+//! The eight-row interleaved ("panel") layout of k-quant, IQ4_XS, Q5_0 and Q5_1 weights, made
+//! once at load for the AVX2 kernels that read it ([`super::kquants::panel8_avx2`],
+//! [`super::iq4_panel`], [`super::q5_panel`]).
 //!
 //! A matrix of `rows` (a multiple of [`ROWS`]) by `kb` super-blocks is stored panel after
 //! panel (rows `8 p..8 p + 8`), and within a panel super-block after super-block; one panel
@@ -9,7 +10,8 @@
 //! So one 32-byte load gives four quant bytes of each of the eight rows, and one 16-byte load
 //! the f16 `d` of all eight. The layout is lossless ([`Panels::unpack_row`] gives a row's GGUF
 //! bytes back) and exactly as large as the GGUF rows; every k-quant (Q2_K..Q6_K) has one, and
-//! so has IQ4_XS (256-element super-blocks too).
+//! so have IQ4_XS (256-element super-blocks too), Q5_0 and Q5_1 (32-element blocks, `kb` of
+//! them per row).
 //! Panels live in memory of their own ([`Panels::pack`]) or in a mapped file that holds them
 //! as [`Panels::as_bytes`] gave them ([`Panels::mapped`]: the loader's panel cache).
 
@@ -32,6 +34,10 @@ pub enum PanelFormat {
     K(KFormat),
     /// IQ4_XS.
     Iq4Xs,
+    /// Q5_0 (32-element blocks).
+    Q5_0,
+    /// Q5_1 (32-element blocks).
+    Q5_1,
 }
 
 impl From<KFormat> for PanelFormat {
@@ -42,20 +48,32 @@ impl From<KFormat> for PanelFormat {
 
 impl PanelFormat {
     /// Every format with a panel layout.
-    pub const ALL: [PanelFormat; 6] = [
+    pub const ALL: [PanelFormat; 8] = [
         PanelFormat::K(KFormat::Q2K),
         PanelFormat::K(KFormat::Q3K),
         PanelFormat::K(KFormat::Q4K),
         PanelFormat::K(KFormat::Q5K),
         PanelFormat::K(KFormat::Q6K),
         PanelFormat::Iq4Xs,
+        PanelFormat::Q5_0,
+        PanelFormat::Q5_1,
     ];
 
-    /// Bytes per 256-element super-block.
+    /// Bytes per block (a 256-element super-block, Q5_0 / Q5_1's 32-element block).
     pub fn block_bytes(self) -> usize {
         match self {
             PanelFormat::K(format) => format.block_bytes(),
             PanelFormat::Iq4Xs => IQ4_XS_BYTES,
+            PanelFormat::Q5_0 => 22,
+            PanelFormat::Q5_1 => 24,
+        }
+    }
+
+    /// Elements per block.
+    pub fn block_elements(self) -> usize {
+        match self {
+            PanelFormat::K(_) | PanelFormat::Iq4Xs => 256,
+            PanelFormat::Q5_0 | PanelFormat::Q5_1 => 32,
         }
     }
 
@@ -66,6 +84,10 @@ impl PanelFormat {
             // d, scales_h, scales_l as one word, the 128 index bytes as 32 words (sub-block
             // `i`'s four words are units `4 i..4 i + 4`).
             PanelFormat::Iq4Xs => &[(0, 2, 1), (2, 2, 1), (4, 4, 1), (8, 4, 32)],
+            // d, qh, the 16 nibble bytes as four words.
+            PanelFormat::Q5_0 => &[(0, 2, 1), (2, 4, 1), (6, 4, 4)],
+            // d, m, qh, the nibbles.
+            PanelFormat::Q5_1 => &[(0, 2, 1), (2, 2, 1), (4, 4, 1), (8, 4, 4)],
         }
     }
 }
@@ -131,7 +153,7 @@ pub fn fits(rows: usize, kb: usize) -> bool {
     rows.is_multiple_of(ROWS) && rows > 0 && kb > 0
 }
 
-/// What a matrix's panel layout is: its format, weight rows and super-blocks per row.
+/// What a matrix's panel layout is: its format, weight rows and blocks per row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PanelShape {
     pub format: PanelFormat,

@@ -433,7 +433,7 @@ impl Task<'_> {
 #[cfg(target_arch = "x86_64")]
 impl Task<'_> {
     /// [`Task::run`] on the matrix's panel layout: the GEMM from it (the k-quant one, or the
-    /// AVX2 32-element one for IQ4_XS), or the panel dots row by row.
+    /// AVX2 32-element one for IQ4_XS, Q5_0 and Q5_1), or the panel dots row by row.
     fn run_panels(&self, panels: &super::panel8::Panels, k: super::avx2::Avx2, act: &Activations) {
         use super::panel8::{PanelFormat, ROWS};
         let first = self.acts.start;
@@ -454,7 +454,7 @@ impl Task<'_> {
                     }
                 }
             }
-            PanelFormat::Iq4Xs => {
+            format => {
                 let rows: Vec<_> = self.acts.clone().map(|i| act.row(i).q8).collect();
                 let kernel = self.dot.kernel;
                 if avx2_panel::takes(kernel, self.dot.format, self.m) {
@@ -465,7 +465,12 @@ impl Task<'_> {
                 for (i, a) in rows.into_iter().enumerate() {
                     for r0 in panel_starts.clone() {
                         let panel = panels.panel(r0 / ROWS);
-                        put(i, r0, &super::iq4_panel::dots(k, panel, a));
+                        let ys = match format {
+                            PanelFormat::Iq4Xs => super::iq4_panel::dots(k, panel, a),
+                            PanelFormat::Q5_0 => super::q5_panel::dots::<false>(k, panel, a),
+                            _ => super::q5_panel::dots::<true>(k, panel, a),
+                        };
+                        put(i, r0, &ys);
                     }
                 }
             }

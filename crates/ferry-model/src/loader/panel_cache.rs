@@ -532,6 +532,8 @@ fn format_name(format: PanelFormat) -> &'static str {
         PanelFormat::K(KFormat::Q5K) => "q5_k",
         PanelFormat::K(KFormat::Q6K) => "q6_k",
         PanelFormat::Iq4Xs => "iq4_xs",
+        PanelFormat::Q5_0 => "q5_0",
+        PanelFormat::Q5_1 => "q5_1",
     }
 }
 
