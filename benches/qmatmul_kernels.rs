@@ -50,8 +50,8 @@ struct Options {
     /// Block types to run (default: all with a ferry kernel).
     #[arg(long, value_delimiter = ',')]
     types: Vec<String>,
-    /// Give ferry's k-quant and IQ4_XS weights the eight-row panel layout the loader makes on
-    /// AVX2 CPUs (`CpuQMatMul::with_panels`), so the AVX2 / AVX-VNNI kernels read it, as a
+    /// Give ferry's k-quant, IQ4_XS, Q5_0 and Q5_1 weights the eight-row panel layout the loader
+    /// makes on AVX2 CPUs (`CpuQMatMul::with_panels`), so the AVX2 / AVX-VNNI kernels read it, as a
     /// loaded model's do; without it they read the GGUF rows.
     #[arg(long)]
     panels: bool,

@@ -6,7 +6,8 @@
 //! refused and the layouts made again; a cache file whose model is gone is deleted by the next
 //! write; a folder that cannot be made costs the cache, never the load; two loads of one model
 //! at once (one process: the writers' temporaries must differ) leave one whole file.
-//! An IQ4_XS model (llama.cpp's quantizer's tiny fixture) is cached and mapped the same way.
+//! IQ4_XS (llama.cpp's quantizer's tiny fixture), Q5_0 and Q5_1 matrices are cached and mapped
+//! the same way.
 
 use std::path::{Path, PathBuf};
 
@@ -23,6 +24,16 @@ use crate::tiny::{Tiny, PROMPT, STEPS};
 /// Writes the tiny model at `path`: Q6_K down projections, Q4_K the other layer matrices,
 /// every weight times `scale`.
 fn write_model(path: &Path, scale: f64) {
+    write_typed(path, scale, |name: &str| match name {
+        n if n.ends_with("ffn_down.weight") => GgmlDType::Q6K,
+        n if n.starts_with("blk.") => GgmlDType::Q4K,
+        _ => GgmlDType::Q8_0,
+    });
+}
+
+/// Writes the tiny model at `path` with the layer matrices' types `types` gives, every weight
+/// times `scale`.
+fn write_typed(path: &Path, scale: f64, types: impl Fn(&str) -> GgmlDType) {
     let tiny = Tiny::k_quant_wide();
     let weights = tiny
         .random_weights(false, false)
@@ -36,11 +47,6 @@ fn write_model(path: &Path, scale: f64) {
             (name, t)
         })
         .collect();
-    let types = |name: &str| match name {
-        n if n.ends_with("ffn_down.weight") => GgmlDType::Q6K,
-        n if n.starts_with("blk.") => GgmlDType::Q4K,
-        _ => GgmlDType::Q8_0,
-    };
     tiny.write_gguf_typed(path, "llama", &weights, &types, true);
 }
 
@@ -205,25 +211,40 @@ fn two_loads_at_once_leave_one_whole_cache_file() {
     assert_eq!(bits(&mapped), bits(&plain));
 }
 
-/// IQ4_XS matrices (llama.cpp's quantizer's tiny fixture) have panel layouts too: made and
-/// cached by the first load, mapped by the second, the logits bit for bit those of a load
-/// without a cache.
+/// IQ4_XS matrices (llama.cpp's quantizer's tiny fixture), Q5_0 and Q5_1 ones (candle's) have
+/// panel layouts too: made and cached by the first load, mapped by the second, the logits bit
+/// for bit those of a load without a cache.
 #[test]
-fn an_iq4_xs_model_s_panels_are_cached_too() {
-    let model = crate::fixtures::path("quant-llamacpp").join("tiny-iq4_xs.gguf");
+fn iq4_xs_q5_0_and_q5_1_panels_are_cached_too() {
     let dir = tempfile::tempdir().unwrap();
-    let folder = dir.path().join("panels");
-    let (plain, _) = load(&model, None);
-    let (first, made) = load(&model, Some(&folder));
-    if made.0 == 0 {
-        eprintln!("skipped: this CPU's kernels read no panel layout");
-        return;
+    let q5 = dir.path().join("tiny-q5.gguf");
+    write_typed(&q5, 1.0, |name: &str| match name {
+        n if n.contains("attn") => GgmlDType::Q5_0,
+        n if n.starts_with("blk.") => GgmlDType::Q5_1,
+        _ => GgmlDType::Q8_0,
+    });
+    let iq4_xs = crate::fixtures::path("quant-llamacpp").join("tiny-iq4_xs.gguf");
+    for (model, formats) in [(iq4_xs, &["iq4_xs"][..]), (q5, &["q5_0", "q5_1"][..])] {
+        let folder = dir.path().join(format!("panels-{}", formats[0]));
+        let (plain, _) = load(&model, None);
+        let (first, made) = load(&model, Some(&folder));
+        if made.0 == 0 {
+            eprintln!("skipped: this CPU's kernels read no panel layout");
+            return;
+        }
+        let (second, mapped) = load(&model, Some(&folder));
+        assert_eq!(
+            mapped,
+            (0, made.0),
+            "{formats:?}: every matrix mapped from the cache"
+        );
+        assert_eq!(bits(&first), bits(&plain), "{formats:?}");
+        assert_eq!(bits(&second), bits(&plain), "{formats:?}");
+        let file = std::fs::read(&cache_files(&folder)[0]).unwrap();
+        let header = String::from_utf8_lossy(&file[..file.len().min(64 * 1024)]);
+        for format in formats {
+            let name = format!("\"{format}\"");
+            assert!(header.contains(&name), "{format} matrices in the file");
+        }
     }
-    let (second, mapped) = load(&model, Some(&folder));
-    assert_eq!(mapped, (0, made.0), "every matrix mapped from the cache");
-    assert_eq!(bits(&first), bits(&plain));
-    assert_eq!(bits(&second), bits(&plain));
-    let header = std::fs::read(&cache_files(&folder)[0]).unwrap();
-    let header = String::from_utf8_lossy(&header[..header.len().min(64 * 1024)]);
-    assert!(header.contains("\"iq4_xs\""), "IQ4_XS matrices in the file");
 }

@@ -560,12 +560,12 @@ unsafe fn sweep<const R: usize, C: Codec16, const VNNI: bool>(
     acc
 }
 
-/// [`sweep`] for the signed formats without AVX-VNNI (the sign trick): words outer, rows
-/// inner, so one word's magnitudes and weights are in registers at a time. (Holding all eight
-/// words of both, sixteen registers, spilled the rows' accumulators to the stack every block:
-/// Q8_0 and IQ4_XS ran at 0.6-0.7x the unsigned formats' rate on Zen 3.) The word loop is a runtime loop
-/// (unrolled, the scheduler hoists every load again). The integer sums are exact, so the
-/// order of their terms changes nothing.
+/// [`sweep`] for the signed formats without AVX-VNNI (the sign trick): words outer, rows inner, so
+/// one word's magnitudes and weights are in registers at a time. (Holding all eight words of both,
+/// sixteen registers, spilled the rows' accumulators to the stack every block: Q8_0 and IQ4_XS ran
+/// at 0.6-0.7x the unsigned formats' rate on Zen 3.) The word loop is a runtime loop (unrolled, the
+/// scheduler hoists every load again). The integer sums are exact, so the order of their terms
+/// changes nothing.
 ///
 /// # Safety
 /// As [`sweep`]; the panel's `signs` hold the weights (`C::SIGNED`).

@@ -1,8 +1,8 @@
 //! The panel cache: the eight-row panel layouts ([`Panels`]) the CPU loader makes of a model's
-//! k-quant and IQ4_XS matrices on AVX2 machines, kept in one file per model so that the next load maps
-//! them instead of making them again (making them took 3-7x a warm read of the model file on
-//! the Zen 3 VM of docs/BENCHMARKS.md; mapping a cache file takes about nothing, its pages come
-//! in as the kernels first read them, as the model file's do).
+//! k-quant, IQ4_XS, Q5_0 and Q5_1 matrices on AVX2 machines, kept in one file per model so that the
+//! next load maps them instead of making them again (making them took 3-7x a warm read of the model
+//! file on the Zen 3 VM of docs/BENCHMARKS.md; mapping a cache file takes about nothing, its pages
+//! come in as the kernels first read them, as the model file's do).
 //!
 //! The folder is the process's choice ([`set_panel_cache`], `device.panel_cache`: the user's
 //! cache unless configured; no folder, so no cache, unless the binary sets one). The file of a

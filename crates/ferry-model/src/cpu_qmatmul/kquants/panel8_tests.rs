@@ -1,8 +1,8 @@
-//! The k-quants' panel layout ([`crate::cpu_qmatmul::panel8`]) and its AVX2 kernels: every row comes back from
-//! the layout byte for byte; the panel dots, the GEMM read from panels and the tiled matmul of
-//! a weight with panels equal the scalar one-row kernel (or the per-row loop over the GGUF
-//! rows) bit for bit; a weight changed in one bit changes its row's output and no other (the
-//! comparisons can fail).
+//! The k-quants' panel layout ([`crate::cpu_qmatmul::panel8`]) and its AVX2 kernels: every row
+//! comes back from the layout byte for byte; the panel dots, the GEMM read from panels and the
+//! tiled matmul of a weight with panels equal the scalar one-row kernel (or the per-row loop over
+//! the GGUF rows) bit for bit; a weight changed in one bit changes its row's output and no other
+//! (the comparisons can fail).
 
 use super::super::activation::{quantize_row_k, Q8KBlock, QK_K};
 use super::super::{avx2_panel, scalar, KFormat};
