@@ -6,8 +6,8 @@
 //! refused and the layouts made again; a cache file whose model is gone is deleted by the next
 //! write; a folder that cannot be made costs the cache, never the load; two loads of one model
 //! at once (one process: the writers' temporaries must differ) leave one whole file.
-//! IQ4_XS (llama.cpp's quantizer's tiny fixture), Q5_0 and Q5_1 matrices are cached and mapped
-//! the same way.
+//! IQ4_XS, IQ4_NL (llama.cpp's quantizer's tiny fixtures), Q5_0 and Q5_1 matrices are cached and
+//! mapped the same way.
 
 use std::path::{Path, PathBuf};
 
@@ -211,11 +211,11 @@ fn two_loads_at_once_leave_one_whole_cache_file() {
     assert_eq!(bits(&mapped), bits(&plain));
 }
 
-/// IQ4_XS matrices (llama.cpp's quantizer's tiny fixture), Q5_0 and Q5_1 ones (candle's) have
-/// panel layouts too: made and cached by the first load, mapped by the second, the logits bit
-/// for bit those of a load without a cache.
+/// IQ4_XS and IQ4_NL matrices (llama.cpp's quantizer's tiny fixtures), Q5_0 and Q5_1 ones
+/// (candle's) have panel layouts too: made and cached by the first load, mapped by the second, the
+/// logits bit for bit those of a load without a cache.
 #[test]
-fn iq4_xs_q5_0_and_q5_1_panels_are_cached_too() {
+fn iq4_and_q5_panels_are_cached_too() {
     let dir = tempfile::tempdir().unwrap();
     let q5 = dir.path().join("tiny-q5.gguf");
     write_typed(&q5, 1.0, |name: &str| match name {
@@ -223,8 +223,12 @@ fn iq4_xs_q5_0_and_q5_1_panels_are_cached_too() {
         n if n.starts_with("blk.") => GgmlDType::Q5_1,
         _ => GgmlDType::Q8_0,
     });
-    let iq4_xs = crate::fixtures::path("quant-llamacpp").join("tiny-iq4_xs.gguf");
-    for (model, formats) in [(iq4_xs, &["iq4_xs"][..]), (q5, &["q5_0", "q5_1"][..])] {
+    let fixture = |name: &str| crate::fixtures::path("quant-llamacpp").join(name);
+    for (model, formats) in [
+        (fixture("tiny-iq4_xs.gguf"), &["iq4_xs"][..]),
+        (fixture("tiny-iq4_nl.gguf"), &["iq4_nl"][..]),
+        (q5, &["q5_0", "q5_1"][..]),
+    ] {
         let folder = dir.path().join(format!("panels-{}", formats[0]));
         let (plain, _) = load(&model, None);
         let (first, made) = load(&model, Some(&folder));

@@ -25,8 +25,8 @@
 //! sequence ([`super::avx512`]: `acc = fma(sumi_b, d_b * a.d_b, acc)` block by block from 0):
 //! the outputs equal that kernel's (and the AVX-512 panel's) bit for bit on any CPU. Against
 //! the AVX2 one-row kernels ([`super::avx2`], [`super::q5::avx2`], decode) they differ by
-//! float summation order only. [`takes`] says which calls run here. An IQ4_XS, Q5_0 or Q5_1
-//! matrix in the eight-row panel layout ([`super::panel8`]) fills its decoded panels straight
+//! float summation order only. [`takes`] says which calls run here. An IQ4_XS, IQ4_NL, Q5_0 or
+//! Q5_1 matrix in the eight-row panel layout ([`super::panel8`]) fills its decoded panels straight
 //! from it ([`run_panels`], [`super::iq4_panel::fill`], [`super::q5_panel::fill`]), with the
 //! same results.
 
@@ -130,7 +130,7 @@ pub(super) fn run(
     true
 }
 
-/// [`run`] over an IQ4_XS, Q5_0 or Q5_1 matrix in the panel layout ([`Panels`]): each panel
+/// [`run`] over an IQ4_XS, IQ4_NL, Q5_0 or Q5_1 matrix in the panel layout ([`Panels`]): each panel
 /// is filled straight from the layout ([`iq4_panel::fill`], [`q5_panel::fill`], no
 /// transposition), then swept as [`run`] sweeps it; the outputs equal [`run`]'s over the GGUF
 /// rows bit for bit. `weights` must start at a multiple of [`ROWS`]; `false` (nothing done)
@@ -147,7 +147,7 @@ pub(super) fn run_panels(
     let format = panels.format();
     let ours = matches!(
         format,
-        PanelFormat::Iq4Xs | PanelFormat::Q5_0 | PanelFormat::Q5_1
+        PanelFormat::Iq4Xs | PanelFormat::Iq4Nl | PanelFormat::Q5_0 | PanelFormat::Q5_1
     );
     if !ours || acts.is_empty() || weights.is_empty() {
         return false;
@@ -245,6 +245,7 @@ macro_rules! variant {
             pub(super) unsafe fn layout_panels(args: PanelArgs<'_, '_>) {
                 match args.0.format() {
                     PanelFormat::Iq4Xs => super::layout_panels::<Iq4Xs, { $vnni }>(args),
+                    PanelFormat::Iq4Nl => super::layout_panels::<Iq4Nl, { $vnni }>(args),
                     PanelFormat::Q5_0 => super::layout_panels::<Q5_0, { $vnni }>(args),
                     PanelFormat::Q5_1 => super::layout_panels::<Q5_1, { $vnni }>(args),
                     _ => {}
@@ -379,7 +380,19 @@ impl FromLayout for Iq4Xs {
             scales,
             ..
         } = panel;
-        iq4_panel::fill::<VNNI>(blk, packed, signs, scales, b)
+        iq4_panel::fill::<true, VNNI>(blk, packed, signs, scales, b)
+    }
+}
+impl FromLayout for Iq4Nl {
+    #[inline(always)]
+    unsafe fn fill<const VNNI: bool>(blk: *const u8, panel: &mut Decoded, b: usize) {
+        let Decoded {
+            packed,
+            signs,
+            scales,
+            ..
+        } = panel;
+        iq4_panel::fill::<false, VNNI>(blk, packed, signs, scales, b)
     }
 }
 impl FromLayout for Q5_0 {

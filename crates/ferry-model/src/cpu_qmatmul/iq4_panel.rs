@@ -1,59 +1,79 @@
-//! IQ4_XS in the eight-row panel layout ([`super::panel8`]) on AVX2: the decode kernel (one
-//! activation row against the eight rows of a panel: [`dots`]) and the fill of the AVX2 GEMM's
-//! decoded panel straight from the layout ([`fill`], for [`super::avx2_panel::run_panels`]).
+//! IQ4_XS and IQ4_NL in the eight-row panel layout ([`super::panel8`]) on AVX2: the decode
+//! kernel (one activation row against the eight rows of a panel: [`dots`]) and the fill of the
+//! AVX2 GEMM's decoded panel straight from the layout ([`fill`], for
+//! [`super::avx2_panel::run_panels`]).
 //!
-//! A panel block (super-block `b` of eight rows) holds the eight f16 `d`, the eight u16
+//! An IQ4_XS panel block (super-block `b` of eight rows) holds the eight f16 `d`, the eight u16
 //! `scales_h`, the eight u32 `scales_l`, then the 128 index bytes of each row as 32 words, word
-//! `k` of all eight rows in one 32-byte load. Sub-block `i` (32 elements) is words
-//! `4 i..4 i + 4`; the low nibbles of its word `j` index elements `4 j..4 j + 4`, the high ones
-//! elements `16 + 4 j..`. Both kernels look the nibbles up with `vpshufb` in the value table and
-//! in its magnitudes, so one register holds four weights of each of the eight rows, as the GEMM's
-//! transposed panel does, with no transposition. The products take the sign trick
-//! (`|w| * (a * sign(w))` by `vpmaddubsw`, widened by `vpmaddwd`): exact integers. The decode
-//! kernel adds `sumi * ((d * (ls - 32)) * a.d)` sub-block by sub-block from 0 in each row's
-//! lane, the sequence of [`super::avx2_panel`]'s GEMM (and of the AVX-512 one-row kernel): with
-//! panels, an IQ4_XS prompt and its decode give the same bits for a row.
+//! `k` of all eight rows in one 32-byte load; an IQ4_NL one (block `b`, 32 elements) the eight
+//! `d` and four such words. Sub-block `i` (32 elements) is words `4 i..4 i + 4`; the low
+//! nibbles of its word `j` index elements `4 j..4 j + 4`, the high ones elements `16 + 4 j..`.
+//! Both kernels look the nibbles up with `vpshufb` in the value table and in its magnitudes, so
+//! one register holds four weights of each of the eight rows, as the GEMM's transposed panel
+//! does, with no transposition. The products take the sign trick (`|w| * (a * sign(w))` by
+//! `vpmaddubsw`, widened by `vpmaddwd`): exact integers. The decode kernel adds
+//! `sumi * ((d * (ls - 32)) * a.d)` (IQ4_NL: `sumi * (d * a.d)`) sub-block by sub-block from 0
+//! in each row's lane, the sequence of [`super::avx2_panel`]'s GEMM (and of the AVX-512 one-row
+//! kernel): with panels, a prompt and its decode give the same bits for a row.
 
 use std::arch::x86_64::*;
 
 use super::activation::Q8Block;
 use super::avx2::Avx2;
-use super::iq4::{IQ4_XS_BYTES, KVALUES, XS_SUB};
+use super::iq4::{KVALUES, XS_SUB};
 use super::kquants::panel8_avx2::prefetch;
 use super::panel8::{segment_at, PanelFormat, ROWS};
 
-/// Bytes of a panel block (eight rows' super-blocks).
-const BLOCK: usize = ROWS * IQ4_XS_BYTES;
-/// Index words per sub-block (16 bytes of each row).
+/// Index words per (sub-)block of 32 elements (16 bytes of each row).
 const SUB_WORDS: usize = 4;
 
-/// The eight dot products of the IQ4_XS panel `panel` (`a.len() / 8` panel blocks) with the
-/// activation row `a` (32-element blocks), row `r` of the panel in lane `r`.
-pub fn dots(k: Avx2, panel: &[u8], a: &[Q8Block]) -> [f32; ROWS] {
+/// IQ4_XS (`XS`) or IQ4_NL.
+#[inline(always)]
+fn format<const XS: bool>() -> PanelFormat {
+    if XS {
+        PanelFormat::Iq4Xs
+    } else {
+        PanelFormat::Iq4Nl
+    }
+}
+
+/// Where a panel block's index words start, its 32-element (sub-)blocks and its bytes.
+#[inline(always)]
+fn layout<const XS: bool>() -> (usize, usize, usize) {
+    let format = format::<XS>();
+    let quants = segment_at(format, format.segments().len() - 1);
+    let subs = format.block_elements() / 32;
+    (quants, subs, format.block_bytes() * ROWS)
+}
+
+/// The eight dot products of the IQ4_XS (`XS`) or IQ4_NL panel `panel` with the activation row
+/// `a` (32-element blocks), row `r` of the panel in lane `r`.
+pub fn dots<const XS: bool>(k: Avx2, panel: &[u8], a: &[Q8Block]) -> [f32; ROWS] {
     let _ = k;
+    let (_, subs, block) = layout::<XS>();
     assert!(
-        a.len().is_multiple_of(XS_SUB) && panel.len() >= BLOCK * (a.len() / XS_SUB),
-        "iq4_xs panel too short"
+        a.len().is_multiple_of(subs) && panel.len() >= block * (a.len() / subs),
+        "iq4 panel too short"
     );
     let mut out = [0f32; ROWS];
     // SAFETY: `k` proves AVX2, FMA and F16C; the assert bounds every read of `panel`.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), decode(panel.as_ptr(), a)) };
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), decode::<XS>(panel.as_ptr(), a)) };
     out
 }
 
 /// See [`dots`].
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA, F16C; `panel` must hold `a.len() / 8` panel blocks.
+/// The CPU must have AVX2, FMA, F16C; `panel` must hold the panel blocks of `a`'s blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode(panel: *const u8, a: &[Q8Block]) -> __m256 {
+unsafe fn decode<const XS: bool>(panel: *const u8, a: &[Q8Block]) -> __m256 {
     let tables = Tables::new();
-    let quants = segment_at(PanelFormat::Iq4Xs, 3);
+    let (quants, subs, block) = layout::<XS>();
     let mut acc = _mm256_setzero_ps();
-    for (b, a) in a.chunks_exact(XS_SUB).enumerate() {
-        let blk = panel.add(b * BLOCK);
+    for (b, a) in a.chunks_exact(subs).enumerate() {
+        let blk = panel.add(b * block);
         prefetch(blk, quants);
-        let scales = sub_block_scales(blk);
+        let scales = scales::<XS>(blk);
         for (i, a) in a.iter().enumerate() {
             let q = blk.add(quants + i * SUB_WORDS * 32);
             prefetch(q, SUB_WORDS * 32);
@@ -73,17 +93,18 @@ unsafe fn decode(panel: *const u8, a: &[Q8Block]) -> __m256 {
     acc
 }
 
-/// Fills blocks `8 b..8 b + 8` (super-block `b`) of the AVX2 GEMM's decoded panel from the
-/// panel block at `blk`: the weights' magnitudes in `packed` and the weights in `signs` (plain
-/// AVX2), or the weights plus 128 in `packed` (`VNNI`); each block's scales `d * (ls - 32)` in
-/// `scales`. The layout of the arrays is [`super::avx2_panel`]'s (block `c`'s word `w` of row
-/// `r` at `(8 c + w) * 8 + r`, its scales at `8 c + r`), and the values those of its decoder.
+/// Fills the 32-element blocks of panel block `b` (IQ4_XS: blocks `8 b..8 b + 8`; IQ4_NL:
+/// block `b`) of the AVX2 GEMM's decoded panel from the panel block at `blk`: the weights'
+/// magnitudes in `packed` and the weights in `signs` (plain AVX2), or the weights plus 128 in
+/// `packed` (`VNNI`); each block's scale (`d * (ls - 32)`, IQ4_NL's `d`) in `scales`. The
+/// layout of the arrays is [`super::avx2_panel`]'s (block `c`'s word `w` of row `r` at
+/// `(8 c + w) * 8 + r`, its scales at `8 c + r`), and the values those of its decoders.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C; `blk` must hold one panel block; `packed` (and `signs`
-/// unless `VNNI`) must hold `64 * (8 b + 8)` words, `scales` `8 * (8 b + 8)` values.
+/// unless `VNNI`) must hold those blocks' words, `scales` their values.
 #[inline(always)]
-pub(super) unsafe fn fill<const VNNI: bool>(
+pub(super) unsafe fn fill<const XS: bool, const VNNI: bool>(
     blk: *const u8,
     packed: &mut [u32],
     signs: &mut [u32],
@@ -91,10 +112,10 @@ pub(super) unsafe fn fill<const VNNI: bool>(
     b: usize,
 ) {
     let tables = Tables::new();
-    let quants = segment_at(PanelFormat::Iq4Xs, 3);
+    let (quants, subs, _) = layout::<XS>();
     let words = 2 * SUB_WORDS;
-    for (i, scale) in sub_block_scales(blk).into_iter().enumerate() {
-        let c = XS_SUB * b + i;
+    for (i, scale) in self::scales::<XS>(blk).into_iter().take(subs).enumerate() {
+        let c = subs * b + i;
         _mm256_storeu_ps(scales.as_mut_ptr().add(c * ROWS), scale);
         let q = blk.add(quants + i * SUB_WORDS * 32);
         for j in 0..SUB_WORDS {
@@ -114,6 +135,18 @@ pub(super) unsafe fn fill<const VNNI: bool>(
             }
         }
     }
+}
+
+/// Each 32-element (sub-)block's scale of each row of the panel block at `blk` (entry `i`,
+/// lane `r`): IQ4_XS's [`sub_block_scales`], IQ4_NL's `d` (entry 0).
+#[inline(always)]
+unsafe fn scales<const XS: bool>(blk: *const u8) -> [__m256; XS_SUB] {
+    if XS {
+        return sub_block_scales(blk);
+    }
+    let mut out = [_mm256_setzero_ps(); XS_SUB];
+    out[0] = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
+    out
 }
 
 /// [`KVALUES`] as bytes: the weights, their magnitudes, the weights plus 128.

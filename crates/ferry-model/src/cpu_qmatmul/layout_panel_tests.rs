@@ -1,4 +1,4 @@
-//! IQ4_XS, Q5_0 and Q5_1 in the panel layout ([`super::iq4_panel`], [`super::q5_panel`]): every
+//! IQ4_XS, IQ4_NL, Q5_0 and Q5_1 in the panel layout ([`super::iq4_panel`], [`super::q5_panel`]): every
 //! row comes back from the layout byte for byte; the panel dots and the GEMM read from panels
 //! equal the AVX2 GEMM over the GGUF rows bit for bit (and the scalar dot within float summation
 //! order); a weight changed in one bit changes its row's output and no other; a weight with
@@ -24,11 +24,16 @@ struct Case {
     format: Format,
 }
 
-const CASES: [Case; 3] = [
+const CASES: [Case; 4] = [
     Case {
         ty: GgufType::IQ4_XS,
         layout: PanelFormat::Iq4Xs,
         format: Format::IQ4_XS,
+    },
+    Case {
+        ty: GgufType::IQ4_NL,
+        layout: PanelFormat::Iq4Nl,
+        format: Format::IQ4_NL,
     },
     Case {
         ty: GgufType::Q5_0,
@@ -70,7 +75,8 @@ impl Case {
     /// The panel kernel's eight dots.
     fn dots(self, k: Avx2, panel: &[u8], a: &[Q8Block]) -> [f32; ROWS] {
         match self.layout {
-            PanelFormat::Iq4Xs => iq4_panel::dots(k, panel, a),
+            PanelFormat::Iq4Xs => iq4_panel::dots::<true>(k, panel, a),
+            PanelFormat::Iq4Nl => iq4_panel::dots::<false>(k, panel, a),
             PanelFormat::Q5_0 => q5_panel::dots::<false>(k, panel, a),
             _ => q5_panel::dots::<true>(k, panel, a),
         }
@@ -80,6 +86,7 @@ impl Case {
     fn scalar(self, row: &[u8], a: &[Q8Block]) -> f32 {
         match self.layout {
             PanelFormat::Iq4Xs => iq4::dot_iq4_xs(row, a),
+            PanelFormat::Iq4Nl => iq4::dot_iq4_nl(row, a),
             PanelFormat::Q5_0 => q5::dot_q5_0(row, a),
             _ => q5::dot_q5_1(row, a),
         }

@@ -1,5 +1,5 @@
-//! The eight-row interleaved ("panel") layout of k-quant, IQ4_XS, Q5_0 and Q5_1 weights, made
-//! once at load for the AVX2 kernels that read it ([`super::kquants::panel8_avx2`],
+//! The eight-row interleaved ("panel") layout of k-quant, IQ4_XS, IQ4_NL, Q5_0 and Q5_1 weights,
+//! made once at load for the AVX2 kernels that read it ([`super::kquants::panel8_avx2`],
 //! [`super::iq4_panel`], [`super::q5_panel`]).
 //!
 //! A matrix of `rows` (a multiple of [`ROWS`]) by `kb` super-blocks is stored panel after
@@ -10,15 +10,15 @@
 //! So one 32-byte load gives four quant bytes of each of the eight rows, and one 16-byte load
 //! the f16 `d` of all eight. The layout is lossless ([`Panels::unpack_row`] gives a row's GGUF
 //! bytes back) and exactly as large as the GGUF rows; every k-quant (Q2_K..Q6_K) has one, and
-//! so have IQ4_XS (256-element super-blocks too), Q5_0 and Q5_1 (32-element blocks, `kb` of
-//! them per row).
+//! so have IQ4_XS (256-element super-blocks too), IQ4_NL, Q5_0 and Q5_1 (32-element blocks,
+//! `kb` of them per row).
 //! Panels live in memory of their own ([`Panels::pack`]) or in a mapped file that holds them
 //! as [`Panels::as_bytes`] gave them ([`Panels::mapped`]: the loader's panel cache).
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::iq4::IQ4_XS_BYTES;
+use super::iq4::{IQ4_NL_BYTES, IQ4_XS_BYTES};
 use super::kquants::KFormat;
 
 /// Weight rows per panel.
@@ -34,6 +34,8 @@ pub enum PanelFormat {
     K(KFormat),
     /// IQ4_XS.
     Iq4Xs,
+    /// IQ4_NL (32-element blocks).
+    Iq4Nl,
     /// Q5_0 (32-element blocks).
     Q5_0,
     /// Q5_1 (32-element blocks).
@@ -48,22 +50,24 @@ impl From<KFormat> for PanelFormat {
 
 impl PanelFormat {
     /// Every format with a panel layout.
-    pub const ALL: [PanelFormat; 8] = [
+    pub const ALL: [PanelFormat; 9] = [
         PanelFormat::K(KFormat::Q2K),
         PanelFormat::K(KFormat::Q3K),
         PanelFormat::K(KFormat::Q4K),
         PanelFormat::K(KFormat::Q5K),
         PanelFormat::K(KFormat::Q6K),
         PanelFormat::Iq4Xs,
+        PanelFormat::Iq4Nl,
         PanelFormat::Q5_0,
         PanelFormat::Q5_1,
     ];
 
-    /// Bytes per block (a 256-element super-block, Q5_0 / Q5_1's 32-element block).
+    /// Bytes per block (a 256-element super-block; IQ4_NL, Q5_0, Q5_1: a 32-element block).
     pub fn block_bytes(self) -> usize {
         match self {
             PanelFormat::K(format) => format.block_bytes(),
             PanelFormat::Iq4Xs => IQ4_XS_BYTES,
+            PanelFormat::Iq4Nl => IQ4_NL_BYTES,
             PanelFormat::Q5_0 => 22,
             PanelFormat::Q5_1 => 24,
         }
@@ -73,7 +77,7 @@ impl PanelFormat {
     pub fn block_elements(self) -> usize {
         match self {
             PanelFormat::K(_) | PanelFormat::Iq4Xs => 256,
-            PanelFormat::Q5_0 | PanelFormat::Q5_1 => 32,
+            PanelFormat::Iq4Nl | PanelFormat::Q5_0 | PanelFormat::Q5_1 => 32,
         }
     }
 
@@ -84,6 +88,8 @@ impl PanelFormat {
             // d, scales_h, scales_l as one word, the 128 index bytes as 32 words (sub-block
             // `i`'s four words are units `4 i..4 i + 4`).
             PanelFormat::Iq4Xs => &[(0, 2, 1), (2, 2, 1), (4, 4, 1), (8, 4, 32)],
+            // d, the 16 index bytes as four words.
+            PanelFormat::Iq4Nl => &[(0, 2, 1), (2, 4, 4)],
             // d, qh, the 16 nibble bytes as four words.
             PanelFormat::Q5_0 => &[(0, 2, 1), (2, 4, 1), (6, 4, 4)],
             // d, m, qh, the nibbles.

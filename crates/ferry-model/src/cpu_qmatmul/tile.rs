@@ -433,7 +433,7 @@ impl Task<'_> {
 #[cfg(target_arch = "x86_64")]
 impl Task<'_> {
     /// [`Task::run`] on the matrix's panel layout: the GEMM from it (the k-quant one, or the
-    /// AVX2 32-element one for IQ4_XS, Q5_0 and Q5_1), or the panel dots row by row.
+    /// AVX2 32-element one for IQ4_XS, IQ4_NL, Q5_0 and Q5_1), or the panel dots row by row.
     fn run_panels(&self, panels: &super::panel8::Panels, k: super::avx2::Avx2, act: &Activations) {
         use super::panel8::{PanelFormat, ROWS};
         let first = self.acts.start;
@@ -466,7 +466,8 @@ impl Task<'_> {
                     for r0 in panel_starts.clone() {
                         let panel = panels.panel(r0 / ROWS);
                         let ys = match format {
-                            PanelFormat::Iq4Xs => super::iq4_panel::dots(k, panel, a),
+                            PanelFormat::Iq4Xs => super::iq4_panel::dots::<true>(k, panel, a),
+                            PanelFormat::Iq4Nl => super::iq4_panel::dots::<false>(k, panel, a),
                             PanelFormat::Q5_0 => super::q5_panel::dots::<false>(k, panel, a),
                             _ => super::q5_panel::dots::<true>(k, panel, a),
                         };
