@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ferry vs llama.cpp on the same GGUFs, same prompt token ids, same thread count, in one run:
 # the default model (SmolLM2-135M Q4_1) and the synthetic 2048-wide Llama of
-# scripts/make-quant-models.py in Q4_K_M, Q5_K_M, Q6_K, Q8_0, IQ4_XS, Q2_K, Q3_K_M and the
+# scripts/make-quant-models.py in Q4_K_M, Q5_K_M, Q6_K, Q8_0, IQ4_XS, IQ4_NL, Q2_K, Q3_K_M and the
 # 896-wide Q4_K_M mix; prefill and decode after a prompt of 512 and of 4,096 tokens; plus each
 # engine's load-to-ready time against one warm read of the file (ferry's from its panel cache,
 # `device.panel_cache`, in the user's cache as the server has it, made by one load before the
@@ -25,7 +25,8 @@
 #                          ~/.cache/ferry/wheels/avx2/) with its repacked weight layouts on
 #                          (FERRY_PEER_EXTRA_BUFTS=1; without AMX built in they are safe)
 #   FERRY_COMPARE_MODELS   models to run (default: "default synth-q4_k_m synth-q5_k_m synth-q6_k
-#                          synth-q8_0 synth-iq4_xs synth896-q4_k_m synth-q2_k synth-q3_k_m"; any name of
+#                          synth-q8_0 synth-iq4_xs synth-iq4_nl synth896-q4_k_m synth-q2_k
+#                          synth-q3_k_m"; any name of
 #                          `scripts/make-quant-models.py --list`, or a path to a GGUF;
 #                          synth896-q4_k_m is the Q5_0/Q8_0-heavy mix of 896-wide models)
 #   FERRY_COMPARE_PROMPTS  prompt lengths (default: "512 4096")
@@ -40,7 +41,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 threads="${1:-2}"; gen_tokens="${2:-64}"; runs="${3:-2}"
-models="${FERRY_COMPARE_MODELS:-default synth-q4_k_m synth-q5_k_m synth-q6_k synth-q8_0 synth-iq4_xs synth896-q4_k_m synth-q2_k synth-q3_k_m}"
+models="${FERRY_COMPARE_MODELS:-default synth-q4_k_m synth-q5_k_m synth-q6_k synth-q8_0 synth-iq4_xs synth-iq4_nl synth896-q4_k_m synth-q2_k synth-q3_k_m}"
 prompts="${FERRY_COMPARE_PROMPTS:-512 4096}"
 mode="${FERRY_COMPARE_MODE:-native}"
 case "$mode" in
