@@ -152,16 +152,8 @@ pub(super) fn run_panels(
     if !ours || acts.is_empty() || weights.is_empty() {
         return false;
     }
-    assert!(
-        weights.start.is_multiple_of(ROWS) && weights.end <= panels.rows(),
-        "weight rows {weights:?} are not whole panels of the {} rows",
-        panels.rows()
-    );
     let blocks = panels.kb() * format.block_elements() / 32;
-    assert!(
-        acts.iter().all(|a| a.len() == blocks),
-        "activation rows of other than {blocks} blocks"
-    );
+    panels.check_task(&weights, acts.iter().map(|a| a.len()), blocks);
     // SAFETY: `k` proves AVX2, FMA and F16C (and `has_vnni` AVX-VNNI where `vnni`); the
     // panels are read through checked slices.
     unsafe {
@@ -316,107 +308,53 @@ unsafe fn panels<C: Codec16, const VNNI: bool>(args: Args<'_, '_>) {
     }
 }
 
-/// The panel loop of [`run_panels`]: fill the decoded panel from each panel of the layout,
-/// sweep every activation row over it.
+/// The panel loop of [`run_panels`]: fill the decoded panel from each panel of the layout
+/// (by the format's fill: `C` is its decoder, whose sweep follows), sweep every activation
+/// row over it.
 ///
 /// # Safety
 /// As the variants' `layout_panels`; inlined into them.
 #[inline(always)]
-unsafe fn layout_panels<C: FromLayout, const VNNI: bool>(args: PanelArgs<'_, '_>) {
+unsafe fn layout_panels<C: Codec16, const VNNI: bool>(args: PanelArgs<'_, '_>) {
     let (panels, weights, acts, out) = args;
     let kb = acts[0].len();
-    let mut decoded = Decoded {
-        packed: vec![0u32; kb * WORDS * PANEL],
-        signs: vec![
-            0u32;
-            if C::SIGNED && !VNNI {
-                kb * WORDS * PANEL
-            } else {
-                0
-            }
-        ],
-        scales: vec![0f32; kb * PANEL],
-        mins: vec![0f32; if C::MIN { kb * PANEL } else { 0 }],
-    };
-    let block = panels.format().block_bytes() * ROWS;
+    let mut packed = vec![0u32; kb * WORDS * PANEL];
+    let mut signs = vec![
+        0u32;
+        if C::SIGNED && !VNNI {
+            kb * WORDS * PANEL
+        } else {
+            0
+        }
+    ];
+    let mut scales = vec![0f32; kb * PANEL];
+    let mut mins = vec![0f32; if C::MIN { kb * PANEL } else { 0 }];
+    let format = panels.format();
+    let block = format.block_bytes() * ROWS;
     for first in weights.step_by(PANEL) {
         let panel = panels.panel(first / PANEL);
         for (b, blk) in panel.chunks_exact(block).enumerate() {
-            C::fill::<VNNI>(blk.as_ptr(), &mut decoded, b);
+            let (blk, p, s, d, m) = (
+                blk.as_ptr(),
+                &mut packed,
+                &mut signs,
+                &mut scales,
+                &mut mins,
+            );
+            match format {
+                PanelFormat::Iq4Xs => iq4_panel::fill::<true, VNNI>(blk, p, s, d, b),
+                PanelFormat::Iq4Nl => iq4_panel::fill::<false, VNNI>(blk, p, s, d, b),
+                PanelFormat::Q5_0 => q5_panel::fill::<false>(blk, p, d, m, b),
+                _ => q5_panel::fill::<true>(blk, p, d, m, b),
+            }
         }
         let panel = Panel {
-            packed: &decoded.packed,
-            signs: &decoded.signs,
-            scales: &decoded.scales,
-            mins: &decoded.mins,
+            packed: &packed,
+            signs: &signs,
+            scales: &scales,
+            mins: &mins,
         };
         sweep_all::<C, VNNI>(&panel, acts, first, PANEL, out);
-    }
-}
-
-/// A decoded panel's arrays, owned (see [`panels`] for the layout).
-struct Decoded {
-    packed: Vec<u32>,
-    signs: Vec<u32>,
-    scales: Vec<f32>,
-    mins: Vec<f32>,
-}
-
-/// A format whose decoded panels fill straight from its panel layout.
-trait FromLayout: Codec16 {
-    /// Fills the decoded panel's part of the layout's panel block `b` (at `blk`).
-    ///
-    /// # Safety
-    /// The CPU must have AVX2, FMA, F16C; `blk` holds one panel block; `panel`'s arrays are
-    /// as long as [`layout_panels`] makes them for the blocks up to `b`.
-    unsafe fn fill<const VNNI: bool>(blk: *const u8, panel: &mut Decoded, b: usize);
-}
-impl FromLayout for Iq4Xs {
-    #[inline(always)]
-    unsafe fn fill<const VNNI: bool>(blk: *const u8, panel: &mut Decoded, b: usize) {
-        let Decoded {
-            packed,
-            signs,
-            scales,
-            ..
-        } = panel;
-        iq4_panel::fill::<true, VNNI>(blk, packed, signs, scales, b)
-    }
-}
-impl FromLayout for Iq4Nl {
-    #[inline(always)]
-    unsafe fn fill<const VNNI: bool>(blk: *const u8, panel: &mut Decoded, b: usize) {
-        let Decoded {
-            packed,
-            signs,
-            scales,
-            ..
-        } = panel;
-        iq4_panel::fill::<false, VNNI>(blk, packed, signs, scales, b)
-    }
-}
-impl FromLayout for Q5_0 {
-    #[inline(always)]
-    unsafe fn fill<const VNNI: bool>(blk: *const u8, panel: &mut Decoded, b: usize) {
-        let Decoded {
-            packed,
-            scales,
-            mins,
-            ..
-        } = panel;
-        q5_panel::fill::<false>(blk, packed, scales, mins, b)
-    }
-}
-impl FromLayout for Q5_1 {
-    #[inline(always)]
-    unsafe fn fill<const VNNI: bool>(blk: *const u8, panel: &mut Decoded, b: usize) {
-        let Decoded {
-            packed,
-            scales,
-            mins,
-            ..
-        } = panel;
-        q5_panel::fill::<true>(blk, packed, scales, mins, b)
     }
 }
 

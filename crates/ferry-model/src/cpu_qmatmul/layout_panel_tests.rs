@@ -1,16 +1,16 @@
-//! IQ4_XS, IQ4_NL, Q5_0 and Q5_1 in the panel layout ([`super::iq4_panel`], [`super::q5_panel`]): every
-//! row comes back from the layout byte for byte; the panel dots and the GEMM read from panels
-//! equal the AVX2 GEMM over the GGUF rows bit for bit (and the scalar dot within float summation
-//! order); a weight changed in one bit changes its row's output and no other; a weight with
-//! panels multiplies as its GGUF rows do, its decode giving the bits its prompt gives (the
-//! comparisons can fail).
+//! IQ4_XS, IQ4_NL, Q5_0 and Q5_1 in the panel layout ([`super::iq4_panel`], [`super::q5_panel`]):
+//! every format's rows (the k-quants' too) come back from the layout byte for byte; the panel
+//! dots and the GEMM read from panels equal the AVX2 GEMM over the GGUF rows bit for bit (and the
+//! scalar dot within float summation order); a weight changed in one bit changes its row's output
+//! and no other; a weight with panels multiplies as its GGUF rows do, its decode giving the bits
+//! its prompt gives (the comparisons can fail).
 
 use super::activation::{quantize_row, Q8Block};
 use super::avx2::Avx2;
 use super::avx2_tile::has_vnni;
 use super::iq_tests::random_blocks;
 use super::panel8::{fits, PanelFormat, Panels, ROWS};
-use super::test_support::{close, outputs};
+use super::test_support::{close, k_quant_weights, outputs};
 use super::tests::values;
 use super::tile::Tiling;
 use super::{avx2_panel, iq4, iq4_panel, q5, q5_panel, CpuQMatMul, Format, Kernel};
@@ -123,29 +123,34 @@ fn gemm(
 }
 
 #[test]
-fn the_panel_layout_gives_every_row_back() {
-    for case in CASES {
+fn every_format_s_panel_layout_gives_every_row_back() {
+    for format in PanelFormat::ALL {
         for (n, kb) in [(8, 1), (16, 3), (24, 2)] {
-            let raw = case.weights(n, kb, 5 + n as u64);
-            let panels = Panels::pack(case.layout, &raw, n, kb).unwrap();
+            let seed = 5 + n as u64;
+            let raw = match format {
+                PanelFormat::K(k) => k_quant_weights(k, n, kb, seed),
+                _ => {
+                    let case = CASES.into_iter().find(|c| c.layout == format).unwrap();
+                    case.weights(n, kb, seed)
+                }
+            };
+            let panels = Panels::pack(format, &raw, n, kb).unwrap();
             assert_eq!(
                 panels.len(),
                 raw.len(),
-                "{case:?}: as large as the GGUF rows"
+                "{format:?}: as large as the GGUF rows"
             );
-            let row_bytes = kb * case.layout.block_bytes();
+            let row_bytes = kb * format.block_bytes();
             let mut row = vec![0u8; row_bytes];
             for r in 0..n {
                 panels.unpack_row(r, &mut row);
-                assert_eq!(
-                    row,
-                    raw[r * row_bytes..(r + 1) * row_bytes],
-                    "{case:?} row {r}"
-                );
+                let want = &raw[r * row_bytes..(r + 1) * row_bytes];
+                assert_eq!(row, want, "{format:?} row {r}");
             }
         }
     }
-    assert!(!fits(20, 1), "rows not whole panels");
+    assert!(!fits(12, 2), "rows not whole panels");
+    assert!(fits(16, 2));
 }
 
 #[test]

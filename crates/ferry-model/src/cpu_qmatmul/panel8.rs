@@ -269,6 +269,25 @@ impl Panels {
         self.shape.kb
     }
 
+    /// Panics unless `weights` are whole panels of this matrix and every length in
+    /// `act_rows` (activation rows' blocks) is `blocks`: the panel GEMMs' argument check.
+    pub fn check_task(
+        &self,
+        weights: &Range<usize>,
+        act_rows: impl IntoIterator<Item = usize>,
+        blocks: usize,
+    ) {
+        assert!(
+            weights.start.is_multiple_of(ROWS) && weights.end <= self.rows(),
+            "weight rows {weights:?} are not whole panels of the {} rows",
+            self.rows()
+        );
+        assert!(
+            act_rows.into_iter().all(|n| n == blocks),
+            "activation rows of other than {blocks} blocks"
+        );
+    }
+
     /// Bytes held.
     pub fn len(&self) -> usize {
         self.as_bytes().len()

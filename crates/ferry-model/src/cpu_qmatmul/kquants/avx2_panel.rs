@@ -114,16 +114,7 @@ pub fn run_panels(
     if acts.is_empty() || weights.is_empty() {
         return false;
     }
-    assert!(
-        weights.start.is_multiple_of(panel8::ROWS) && weights.end <= panels.rows(),
-        "weight rows {weights:?} are not whole panels of the {} rows",
-        panels.rows()
-    );
-    assert!(
-        acts.iter().all(|a| a.len() == panels.kb()),
-        "activation rows of other than {} blocks",
-        panels.kb()
-    );
+    panels.check_task(&weights, acts.iter().map(|a| a.len()), panels.kb());
     // SAFETY: `k` proves AVX2, FMA and F16C; the panels are read through checked slices.
     unsafe { dispatch(format, (Source::Panels(panels), weights, acts, out)) };
     true

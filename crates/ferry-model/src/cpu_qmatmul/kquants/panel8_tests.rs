@@ -1,13 +1,13 @@
-//! The k-quants' panel layout ([`crate::cpu_qmatmul::panel8`]) and its AVX2 kernels: every row
-//! comes back from the layout byte for byte; the panel dots, the GEMM read from panels and the
-//! tiled matmul of a weight with panels equal the scalar one-row kernel (or the per-row loop over
-//! the GGUF rows) bit for bit; a weight changed in one bit changes its row's output and no other
-//! (the comparisons can fail).
+//! The k-quants' panel layout ([`crate::cpu_qmatmul::panel8`]) and its AVX2 kernels (that every row
+//! comes back from the layout: `layout_panel_tests`): the panel dots, the GEMM read from panels and
+//! the tiled matmul of a weight with panels equal the scalar one-row kernel (or the per-row loop
+//! over the GGUF rows) bit for bit; a weight changed in one bit changes its row's output and no
+//! other (the comparisons can fail).
 
 use super::super::activation::{quantize_row_k, Q8KBlock, QK_K};
 use super::super::{avx2_panel, scalar, KFormat};
 use crate::cpu_qmatmul::avx2::Avx2;
-use crate::cpu_qmatmul::panel8::{fits, Panels, ROWS};
+use crate::cpu_qmatmul::panel8::{Panels, ROWS};
 use crate::cpu_qmatmul::test_support::{self, drift_values, k_quant_weights, outputs};
 use crate::cpu_qmatmul::tile::Tiling;
 use crate::cpu_qmatmul::Kernel;
@@ -25,33 +25,6 @@ fn activations(m: usize, kb: usize, seed: u64) -> Vec<Vec<Q8KBlock>> {
             a
         })
         .collect()
-}
-
-#[test]
-fn the_panel_layout_gives_every_row_back() {
-    for format in FORMATS {
-        for (n, kb) in [(8, 1), (16, 3), (24, 2)] {
-            let raw = k_quant_weights(format, n, kb, 5 + n as u64);
-            let panels = Panels::pack(format.into(), &raw, n, kb).unwrap();
-            assert_eq!(
-                panels.len(),
-                raw.len(),
-                "{format:?}: as large as the GGUF rows"
-            );
-            let row_bytes = kb * format.block_bytes();
-            let mut row = vec![0u8; row_bytes];
-            for r in 0..n {
-                panels.unpack_row(r, &mut row);
-                assert_eq!(
-                    row,
-                    raw[r * row_bytes..(r + 1) * row_bytes],
-                    "{format:?} row {r}"
-                );
-            }
-        }
-    }
-    assert!(!fits(12, 2), "rows not whole panels");
-    assert!(fits(16, 2));
 }
 
 #[test]
