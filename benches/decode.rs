@@ -46,8 +46,9 @@ struct Options {
     /// avx512, avx-vnni, avx2, scalar, candle): `avx2` measures an AVX2-only CPU's path.
     #[arg(long, default_value = "auto", value_parser = Kernels::parse)]
     cpu_qmatmul: CpuQmatmul,
-    /// Where k-quant, IQ4_XS, IQ4_NL, Q5_0 and Q5_1 panel layouts are cached, as the `panel_cache`
-    /// setting takes it (auto, off or a folder): `off` measures a load that makes them.
+    /// Where k-quant, IQ4_XS, IQ4_NL, MXFP4, Q5_0 and Q5_1 panel layouts are cached, as the
+    /// `panel_cache` setting takes it (auto, off or a folder): `off` measures a load that makes
+    /// them.
     #[arg(long, default_value = "auto", value_parser = PanelCache::parse)]
     panel_cache: PanelCacheChoice,
 }

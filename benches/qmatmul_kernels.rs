@@ -50,9 +50,9 @@ struct Options {
     /// Block types to run (default: all with a ferry kernel).
     #[arg(long, value_delimiter = ',')]
     types: Vec<String>,
-    /// Give ferry's k-quant, IQ4_XS, IQ4_NL, Q5_0 and Q5_1 weights the eight-row panel layout the
-    /// loader makes on AVX2 CPUs (`CpuQMatMul::with_panels`), so the AVX2 / AVX-VNNI kernels read
-    /// it, as a loaded model's do; without it they read the GGUF rows.
+    /// Give ferry's k-quant, IQ4_XS, IQ4_NL, MXFP4, Q5_0 and Q5_1 weights the eight-row panel
+    /// layout the loader makes on AVX2 CPUs (`CpuQMatMul::with_panels`), so the AVX2 / AVX-VNNI
+    /// kernels read it, as a loaded model's do; without it they read the GGUF rows.
     #[arg(long)]
     panels: bool,
     /// Passed by `cargo bench`.
@@ -83,7 +83,7 @@ const FERRY_ONLY: [(&str, GgufType, usize, usize, usize); 3] = [
 ];
 
 /// A ferry-only `rows x cols` weight of pseudo-random blocks with small finite scales, with
-/// the panel layout of the AVX2 path when `panels` (IQ4_XS has one).
+/// the panel layout of the AVX2 path when `panels`.
 fn ferry_only_weight(
     (ty, bytes, elems, at): (GgufType, usize, usize, usize),
     (rows, cols): (usize, usize),

@@ -6,8 +6,8 @@
 //! refused and the layouts made again; a cache file whose model is gone is deleted by the next
 //! write; a folder that cannot be made costs the cache, never the load; two loads of one model
 //! at once (one process: the writers' temporaries must differ) leave one whole file.
-//! IQ4_XS, IQ4_NL (llama.cpp's quantizer's tiny fixtures), Q5_0 and Q5_1 matrices are cached and
-//! mapped the same way.
+//! IQ4_XS, IQ4_NL, MXFP4 (llama.cpp's quantizer's tiny fixtures), Q5_0 and Q5_1 matrices are
+//! cached and mapped the same way.
 
 use std::path::{Path, PathBuf};
 
@@ -211,11 +211,11 @@ fn two_loads_at_once_leave_one_whole_cache_file() {
     assert_eq!(bits(&mapped), bits(&plain));
 }
 
-/// IQ4_XS and IQ4_NL matrices (llama.cpp's quantizer's tiny fixtures), Q5_0 and Q5_1 ones
+/// IQ4_XS, IQ4_NL and MXFP4 matrices (llama.cpp's quantizer's tiny fixtures), Q5_0 and Q5_1 ones
 /// (candle's) have panel layouts too: made and cached by the first load, mapped by the second, the
 /// logits bit for bit those of a load without a cache.
 #[test]
-fn iq4_and_q5_panels_are_cached_too() {
+fn table_coded_and_q5_panels_are_cached_too() {
     let dir = tempfile::tempdir().unwrap();
     let q5 = dir.path().join("tiny-q5.gguf");
     write_typed(&q5, 1.0, |name: &str| match name {
@@ -227,6 +227,7 @@ fn iq4_and_q5_panels_are_cached_too() {
     for (model, formats) in [
         (fixture("tiny-iq4_xs.gguf"), &["iq4_xs"][..]),
         (fixture("tiny-iq4_nl.gguf"), &["iq4_nl"][..]),
+        (fixture("tiny-mxfp4.gguf"), &["mxfp4"][..]),
         (q5, &["q5_0", "q5_1"][..]),
     ] {
         let folder = dir.path().join(format!("panels-{}", formats[0]));

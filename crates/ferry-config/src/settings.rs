@@ -395,7 +395,7 @@ pub static SETTINGS: &[Setting] = &[
         default: Some("auto"),
         default_note: "",
         example: "off",
-        help: "Where the CPU loader keeps the eight-row layouts it makes of k-quant, IQ4_XS, IQ4_NL, Q5_0 and Q5_1 matrices on AVX2 machines, one file per model, so that the next load maps them instead of making them again: auto (~/.cache/ferry/panels, $XDG_CACHE_HOME/ferry/panels when set), off (made at every load) or a folder.",
+        help: "Where the CPU loader keeps the eight-row layouts it makes of k-quant, IQ4_XS, IQ4_NL, MXFP4, Q5_0 and Q5_1 matrices on AVX2 machines, one file per model, so that the next load maps them instead of making them again: auto (~/.cache/ferry/panels, $XDG_CACHE_HOME/ferry/panels when set), off (made at every load) or a folder.",
         field: field!(Device, PanelCache, panel_cache),
     },
     Setting {

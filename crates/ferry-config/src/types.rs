@@ -75,8 +75,8 @@ pub struct DeviceConfig {
     pub link_bandwidth: Option<u64>,
     /// Kernels for quantized weights on the CPU.
     pub cpu_qmatmul: CpuQmatmul,
-    /// Where k-quant, IQ4_XS, IQ4_NL, Q5_0 and Q5_1 panel layouts made at load are kept for the
-    /// next load.
+    /// Where k-quant, IQ4_XS, IQ4_NL, MXFP4, Q5_0 and Q5_1 panel layouts made at load are kept for
+    /// the next load.
     pub panel_cache: PanelCacheChoice,
     /// Measure the tier calibration again instead of reading the cached one.
     pub recalibrate: bool,

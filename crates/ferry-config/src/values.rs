@@ -133,8 +133,8 @@ pub enum CpuQmatmul {
     Candle,
 }
 
-/// Where the loader keeps the panel layouts it makes of k-quant, IQ4_XS, IQ4_NL, Q5_0 and Q5_1
-/// matrices (`device.panel_cache`). A config type the model reads.
+/// Where the loader keeps the panel layouts it makes of k-quant, IQ4_XS, IQ4_NL, MXFP4, Q5_0 and
+/// Q5_1 matrices (`device.panel_cache`). A config type the model reads.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum PanelCacheChoice {
     /// The user's cache: `$XDG_CACHE_HOME/ferry/panels`, else `~/.cache/ferry/panels`.

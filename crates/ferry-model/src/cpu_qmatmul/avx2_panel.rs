@@ -21,14 +21,14 @@
 //!   formats, signed weights up to 128 in magnitude) by the sign trick of the one-row kernels
 //!   (`|w| * (a * sign(w))`, at most `2 * 128 * 127` per pair) widened every word.
 //!
-//! Every integer sum is exact, so each lane computes exactly the AVX-512 one-row kernel's
-//! sequence ([`super::avx512`]: `acc = fma(sumi_b, d_b * a.d_b, acc)` block by block from 0):
-//! the outputs equal that kernel's (and the AVX-512 panel's) bit for bit on any CPU. Against
-//! the AVX2 one-row kernels ([`super::avx2`], [`super::q5::avx2`], decode) they differ by
-//! float summation order only. [`takes`] says which calls run here. An IQ4_XS, IQ4_NL, Q5_0 or
-//! Q5_1 matrix in the eight-row panel layout ([`super::panel8`]) fills its decoded panels straight
-//! from it ([`run_panels`], [`super::iq4_panel::fill`], [`super::q5_panel::fill`]), with the
-//! same results.
+//! Every integer sum is exact, so each lane computes exactly the AVX-512 one-row kernel's sequence
+//! ([`super::avx512`]: `acc = fma(sumi_b, d_b * a.d_b, acc)` block by block from 0): the outputs
+//! equal that kernel's (and the AVX-512 panel's) bit for bit on any CPU. Against the AVX2 one-row
+//! kernels ([`super::avx2`], [`super::q5::avx2`], decode) they differ by float summation order
+//! only. [`takes`] says which calls run here. An IQ4_XS, IQ4_NL, MXFP4, Q5_0 or Q5_1 matrix in the
+//! eight-row panel layout ([`super::panel8`]) fills its decoded panels straight from it
+//! ([`run_panels`], [`super::table_panel::fill`], [`super::q5_panel::fill`]), with the same
+//! results.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -39,7 +39,7 @@ use super::avx2_tile::{dpbusd, has_vnni};
 use super::avx512::{row_bytes, Codec, Iq4Nl, Iq4Xs, Mxfp4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::panel8::{PanelFormat, Panels, ROWS};
 use super::tile::{checked_blocks, GEMM_MIN_ROWS};
-use super::{amx_panel, iq4_panel, q5_panel, Format, Kernel};
+use super::{amx_panel, q5_panel, table_panel, Format, Kernel};
 
 /// Weight rows per panel (the lanes of one register of i32), those of the panel layout's.
 const PANEL: usize = ROWS;
@@ -130,11 +130,11 @@ pub(super) fn run(
     true
 }
 
-/// [`run`] over an IQ4_XS, IQ4_NL, Q5_0 or Q5_1 matrix in the panel layout ([`Panels`]): each panel
-/// is filled straight from the layout ([`iq4_panel::fill`], [`q5_panel::fill`], no
-/// transposition), then swept as [`run`] sweeps it; the outputs equal [`run`]'s over the GGUF
-/// rows bit for bit. `weights` must start at a multiple of [`ROWS`]; `false` (nothing done)
-/// for panels of another format.
+/// [`run`] over an IQ4_XS, IQ4_NL, MXFP4, Q5_0 or Q5_1 matrix in the panel layout ([`Panels`]):
+/// each panel is filled straight from the layout ([`table_panel::fill`], [`q5_panel::fill`], no
+/// transposition), then swept as [`run`] sweeps it; the outputs equal [`run`]'s over the GGUF rows
+/// bit for bit. `weights` must start at a multiple of [`ROWS`]; `false` (nothing done) for panels
+/// of another format.
 pub(super) fn run_panels(
     k: Avx2,
     vnni: bool,
@@ -147,7 +147,11 @@ pub(super) fn run_panels(
     let format = panels.format();
     let ours = matches!(
         format,
-        PanelFormat::Iq4Xs | PanelFormat::Iq4Nl | PanelFormat::Q5_0 | PanelFormat::Q5_1
+        PanelFormat::Iq4Xs
+            | PanelFormat::Iq4Nl
+            | PanelFormat::Mxfp4
+            | PanelFormat::Q5_0
+            | PanelFormat::Q5_1
     );
     if !ours || acts.is_empty() || weights.is_empty() {
         return false;
@@ -238,6 +242,7 @@ macro_rules! variant {
                 match args.0.format() {
                     PanelFormat::Iq4Xs => super::layout_panels::<Iq4Xs, { $vnni }>(args),
                     PanelFormat::Iq4Nl => super::layout_panels::<Iq4Nl, { $vnni }>(args),
+                    PanelFormat::Mxfp4 => super::layout_panels::<Mxfp4, { $vnni }>(args),
                     PanelFormat::Q5_0 => super::layout_panels::<Q5_0, { $vnni }>(args),
                     PanelFormat::Q5_1 => super::layout_panels::<Q5_1, { $vnni }>(args),
                     _ => {}
@@ -342,8 +347,9 @@ unsafe fn layout_panels<C: Codec16, const VNNI: bool>(args: PanelArgs<'_, '_>) {
                 &mut mins,
             );
             match format {
-                PanelFormat::Iq4Xs => iq4_panel::fill::<true, VNNI>(blk, p, s, d, b),
-                PanelFormat::Iq4Nl => iq4_panel::fill::<false, VNNI>(blk, p, s, d, b),
+                PanelFormat::Iq4Xs => table_panel::fill::<table_panel::Xs, VNNI>(blk, p, s, d, b),
+                PanelFormat::Iq4Nl => table_panel::fill::<table_panel::Nl, VNNI>(blk, p, s, d, b),
+                PanelFormat::Mxfp4 => table_panel::fill::<table_panel::Mx, VNNI>(blk, p, s, d, b),
                 PanelFormat::Q5_0 => q5_panel::fill::<false>(blk, p, d, m, b),
                 _ => q5_panel::fill::<true>(blk, p, d, m, b),
             }

@@ -1,9 +1,9 @@
-//! IQ4_XS, IQ4_NL, Q5_0 and Q5_1 in the panel layout ([`super::iq4_panel`], [`super::q5_panel`]):
-//! every format's rows (the k-quants' too) come back from the layout byte for byte; the panel
-//! dots and the GEMM read from panels equal the AVX2 GEMM over the GGUF rows bit for bit (and the
-//! scalar dot within float summation order); a weight changed in one bit changes its row's output
-//! and no other; a weight with panels multiplies as its GGUF rows do, its decode giving the bits
-//! its prompt gives (the comparisons can fail).
+//! IQ4_XS, IQ4_NL, MXFP4, Q5_0 and Q5_1 in the panel layout ([`super::table_panel`],
+//! [`super::q5_panel`]): every format's rows (the k-quants' too) come back from the layout byte for
+//! byte; the panel dots and the GEMM read from panels equal the AVX2 GEMM over the GGUF rows bit
+//! for bit (and the scalar dot within float summation order); a weight changed in one bit changes
+//! its row's output and no other; a weight with panels multiplies as its GGUF rows do, its decode
+//! giving the bits its prompt gives (the comparisons can fail).
 
 use super::activation::{quantize_row, Q8Block};
 use super::avx2::Avx2;
@@ -13,7 +13,7 @@ use super::panel8::{fits, PanelFormat, Panels, ROWS};
 use super::test_support::{close, k_quant_weights, outputs};
 use super::tests::values;
 use super::tile::Tiling;
-use super::{avx2_panel, iq4, iq4_panel, q5, q5_panel, CpuQMatMul, Format, Kernel};
+use super::{avx2_panel, iq4, mxfp4, q5, q5_panel, table_panel, CpuQMatMul, Format, Kernel};
 use crate::header::GgufType;
 
 /// A format of these tests: its GGUF type, layout and matmul format.
@@ -24,7 +24,7 @@ struct Case {
     format: Format,
 }
 
-const CASES: [Case; 4] = [
+const CASES: [Case; 5] = [
     Case {
         ty: GgufType::IQ4_XS,
         layout: PanelFormat::Iq4Xs,
@@ -34,6 +34,11 @@ const CASES: [Case; 4] = [
         ty: GgufType::IQ4_NL,
         layout: PanelFormat::Iq4Nl,
         format: Format::IQ4_NL,
+    },
+    Case {
+        ty: GgufType::MXFP4,
+        layout: PanelFormat::Mxfp4,
+        format: Format::MXFP4,
     },
     Case {
         ty: GgufType::Q5_0,
@@ -75,8 +80,9 @@ impl Case {
     /// The panel kernel's eight dots.
     fn dots(self, k: Avx2, panel: &[u8], a: &[Q8Block]) -> [f32; ROWS] {
         match self.layout {
-            PanelFormat::Iq4Xs => iq4_panel::dots::<true>(k, panel, a),
-            PanelFormat::Iq4Nl => iq4_panel::dots::<false>(k, panel, a),
+            PanelFormat::Iq4Xs => table_panel::dots::<table_panel::Xs>(k, panel, a),
+            PanelFormat::Iq4Nl => table_panel::dots::<table_panel::Nl>(k, panel, a),
+            PanelFormat::Mxfp4 => table_panel::dots::<table_panel::Mx>(k, panel, a),
             PanelFormat::Q5_0 => q5_panel::dots::<false>(k, panel, a),
             _ => q5_panel::dots::<true>(k, panel, a),
         }
@@ -87,6 +93,7 @@ impl Case {
         match self.layout {
             PanelFormat::Iq4Xs => iq4::dot_iq4_xs(row, a),
             PanelFormat::Iq4Nl => iq4::dot_iq4_nl(row, a),
+            PanelFormat::Mxfp4 => mxfp4::dot_mxfp4(row, a),
             PanelFormat::Q5_0 => q5::dot_q5_0(row, a),
             _ => q5::dot_q5_1(row, a),
         }
@@ -273,6 +280,32 @@ fn a_weight_with_panels_multiplies_as_its_gguf_rows_do() {
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn mxfp4_panel_scales_equal_e8m0_half_for_every_byte() {
+    use super::table_panel::{Mx, TableFormat};
+    if Avx2::detect().is_none() {
+        eprintln!("skipped: this CPU lacks AVX2/FMA/F16C");
+        return;
+    }
+    // Eight rows' `e` at a time (the random blocks above only hold normal scales).
+    for first in (0..=255u8).step_by(ROWS) {
+        let mut blk = [0u8; 17 * ROWS];
+        for (r, e) in blk[..ROWS].iter_mut().enumerate() {
+            *e = first + r as u8;
+        }
+        let mut lanes = [0f32; ROWS];
+        // SAFETY: AVX2 and F16C checked above; `blk` is one MXFP4 panel block.
+        unsafe {
+            let scales = Mx::scales(blk.as_ptr());
+            std::arch::x86_64::_mm256_storeu_ps(lanes.as_mut_ptr(), scales[0]);
+        }
+        for (r, y) in lanes.into_iter().enumerate() {
+            let want = mxfp4::e8m0_half(blk[r]);
+            assert_eq!(y.to_bits(), want.to_bits(), "e = {}", blk[r]);
         }
     }
 }

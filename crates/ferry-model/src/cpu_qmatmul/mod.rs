@@ -46,8 +46,6 @@ pub mod dequant;
 #[cfg(test)]
 mod format_tests;
 pub mod iq4;
-#[cfg(target_arch = "x86_64")]
-pub mod iq4_panel;
 #[cfg(test)]
 mod iq_tests;
 #[cfg(test)]
@@ -66,6 +64,8 @@ pub mod q5_panel;
 mod q5_tests;
 pub mod scalar;
 pub mod scalar_tile;
+#[cfg(target_arch = "x86_64")]
+pub mod table_panel;
 #[cfg(test)]
 mod test_support;
 #[cfg(test)]
@@ -131,8 +131,9 @@ pub fn process_kernel() -> Kernel {
     KERNELS[PROCESS_KERNEL.load(std::sync::atomic::Ordering::Relaxed) % KERNELS.len()]
 }
 
-/// Whether the kernel choice `kernel` reads k-quant, IQ4_XS, IQ4_NL, Q5_0 and Q5_1 weights in the
-/// eight-row panel layout on this CPU (the AVX2 / AVX-VNNI k-quant path), where a weight has one.
+/// Whether the kernel choice `kernel` reads k-quant, IQ4_XS, IQ4_NL, MXFP4, Q5_0 and Q5_1 weights
+/// in the eight-row panel layout on this CPU (the AVX2 / AVX-VNNI k-quant path), where a weight has
+/// one.
 pub fn reads_panels(kernel: Kernel) -> bool {
     #[cfg(target_arch = "x86_64")]
     return kquants::panel8_avx2::takes(kernel);
@@ -337,8 +338,9 @@ pub struct CpuQMatMul {
     format: Format,
     rows: usize,
     cols: usize,
-    /// The weight again in the eight-row panel layout ([`with_panels`](Self::with_panels)),
-    /// which the AVX2 k-quant, IQ4_XS, IQ4_NL, Q5_0 and Q5_1 kernels then read instead of `weight`.
+    /// The weight again in the eight-row panel layout ([`with_panels`](Self::with_panels)), which
+    /// the AVX2 k-quant, IQ4_XS, IQ4_NL, MXFP4, Q5_0 and Q5_1 kernels then read instead of
+    /// `weight`.
     panels: Option<Arc<panel8::Panels>>,
 }
 
@@ -385,12 +387,13 @@ impl CpuQMatMul {
 
     /// This weight with its eight-row panel layout ([`panel8`]) made, where the process's kernel
     /// choice runs it through the AVX2 k-quant kernels and the format has one (every k-quant,
-    /// IQ4_XS, IQ4_NL, Q5_0 and Q5_1, with a multiple of eight rows); from then on those kernels
-    /// read only the panels (the decode kernel 1.5-2.2x the one-row dots in cache on Zen 3), and
-    /// the mapped file's pages of the GGUF rows are handed back to the page cache, so the process
-    /// holds the weight once. Unchanged otherwise. Results are bit for bit the same either way, but
-    /// for the decode of IQ4_XS, IQ4_NL, Q5_0 and Q5_1: their panel kernels sum in the prompt
-    /// GEMM's order, their one-row kernels in another (float rounding apart, the same sums).
+    /// IQ4_XS, IQ4_NL, MXFP4, Q5_0 and Q5_1, with a multiple of eight rows); from then on those
+    /// kernels read only the panels (the decode kernel 1.5-2.2x the one-row dots in cache on Zen
+    /// 3), and the mapped file's pages of the GGUF rows are handed back to the page cache, so the
+    /// process holds the weight once. Unchanged otherwise. Results are bit for bit the same either
+    /// way, but for the decode of IQ4_XS, IQ4_NL, MXFP4, Q5_0 and Q5_1: their panel kernels sum in
+    /// the prompt GEMM's order, their one-row kernels in another (float rounding apart, the same
+    /// sums).
     pub fn with_panels(self) -> Self {
         self.with_panels_for(process_kernel())
     }
@@ -422,12 +425,14 @@ impl CpuQMatMul {
     }
 
     /// The shape of this weight's panel layout, whichever kernels run: `None` for a weight that is
-    /// not a k-quant, IQ4_XS, IQ4_NL, Q5_0 or Q5_1, or whose rows are not a multiple of eight.
+    /// not a k-quant, IQ4_XS, IQ4_NL, MXFP4, Q5_0 or Q5_1, or whose rows are not a multiple of
+    /// eight.
     fn layout_shape(&self) -> Option<PanelShape> {
         let format = match self.format {
             Format::K(format) => PanelFormat::K(format),
             Format::IQ4_XS => PanelFormat::Iq4Xs,
             Format::IQ4_NL => PanelFormat::Iq4Nl,
+            Format::MXFP4 => PanelFormat::Mxfp4,
             Format::Q5_0 => PanelFormat::Q5_0,
             Format::Q5_1 => PanelFormat::Q5_1,
             _ => return None,

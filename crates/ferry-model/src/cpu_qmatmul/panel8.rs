@@ -1,6 +1,6 @@
-//! The eight-row interleaved ("panel") layout of k-quant, IQ4_XS, IQ4_NL, Q5_0 and Q5_1 weights,
-//! made once at load for the AVX2 kernels that read it ([`super::kquants::panel8_avx2`],
-//! [`super::iq4_panel`], [`super::q5_panel`]).
+//! The eight-row interleaved ("panel") layout of k-quant, IQ4_XS, IQ4_NL, MXFP4, Q5_0 and Q5_1
+//! weights, made once at load for the AVX2 kernels that read it ([`super::kquants::panel8_avx2`],
+//! [`super::table_panel`], [`super::q5_panel`]).
 //!
 //! A matrix of `rows` (a multiple of [`ROWS`]) by `kb` super-blocks is stored panel after
 //! panel (rows `8 p..8 p + 8`), and within a panel super-block after super-block; one panel
@@ -10,7 +10,7 @@
 //! So one 32-byte load gives four quant bytes of each of the eight rows, and one 16-byte load
 //! the f16 `d` of all eight. The layout is lossless ([`Panels::unpack_row`] gives a row's GGUF
 //! bytes back) and exactly as large as the GGUF rows; every k-quant (Q2_K..Q6_K) has one, and
-//! so have IQ4_XS (256-element super-blocks too), IQ4_NL, Q5_0 and Q5_1 (32-element blocks,
+//! so have IQ4_XS (256-element super-blocks too), IQ4_NL, MXFP4, Q5_0 and Q5_1 (32-element blocks,
 //! `kb` of them per row).
 //! Panels live in memory of their own ([`Panels::pack`]) or in a mapped file that holds them
 //! as [`Panels::as_bytes`] gave them ([`Panels::mapped`]: the loader's panel cache).
@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use super::iq4::{IQ4_NL_BYTES, IQ4_XS_BYTES};
 use super::kquants::KFormat;
+use super::mxfp4::MXFP4_BYTES;
 
 /// Weight rows per panel.
 pub const ROWS: usize = 8;
@@ -36,6 +37,8 @@ pub enum PanelFormat {
     Iq4Xs,
     /// IQ4_NL (32-element blocks).
     Iq4Nl,
+    /// MXFP4 (32-element blocks).
+    Mxfp4,
     /// Q5_0 (32-element blocks).
     Q5_0,
     /// Q5_1 (32-element blocks).
@@ -50,7 +53,7 @@ impl From<KFormat> for PanelFormat {
 
 impl PanelFormat {
     /// Every format with a panel layout.
-    pub const ALL: [PanelFormat; 9] = [
+    pub const ALL: [PanelFormat; 10] = [
         PanelFormat::K(KFormat::Q2K),
         PanelFormat::K(KFormat::Q3K),
         PanelFormat::K(KFormat::Q4K),
@@ -58,16 +61,18 @@ impl PanelFormat {
         PanelFormat::K(KFormat::Q6K),
         PanelFormat::Iq4Xs,
         PanelFormat::Iq4Nl,
+        PanelFormat::Mxfp4,
         PanelFormat::Q5_0,
         PanelFormat::Q5_1,
     ];
 
-    /// Bytes per block (a 256-element super-block; IQ4_NL, Q5_0, Q5_1: a 32-element block).
+    /// Bytes per block (a 256-element super-block; IQ4_NL, MXFP4, Q5_0, Q5_1: a 32-element block).
     pub fn block_bytes(self) -> usize {
         match self {
             PanelFormat::K(format) => format.block_bytes(),
             PanelFormat::Iq4Xs => IQ4_XS_BYTES,
             PanelFormat::Iq4Nl => IQ4_NL_BYTES,
+            PanelFormat::Mxfp4 => MXFP4_BYTES,
             PanelFormat::Q5_0 => 22,
             PanelFormat::Q5_1 => 24,
         }
@@ -77,7 +82,7 @@ impl PanelFormat {
     pub fn block_elements(self) -> usize {
         match self {
             PanelFormat::K(_) | PanelFormat::Iq4Xs => 256,
-            PanelFormat::Iq4Nl | PanelFormat::Q5_0 | PanelFormat::Q5_1 => 32,
+            PanelFormat::Iq4Nl | PanelFormat::Mxfp4 | PanelFormat::Q5_0 | PanelFormat::Q5_1 => 32,
         }
     }
 
@@ -90,6 +95,8 @@ impl PanelFormat {
             PanelFormat::Iq4Xs => &[(0, 2, 1), (2, 2, 1), (4, 4, 1), (8, 4, 32)],
             // d, the 16 index bytes as four words.
             PanelFormat::Iq4Nl => &[(0, 2, 1), (2, 4, 4)],
+            // The E8M0 byte, the 16 index bytes as four words.
+            PanelFormat::Mxfp4 => &[(0, 1, 1), (1, 4, 4)],
             // d, qh, the 16 nibble bytes as four words.
             PanelFormat::Q5_0 => &[(0, 2, 1), (2, 4, 1), (6, 4, 4)],
             // d, m, qh, the nibbles.

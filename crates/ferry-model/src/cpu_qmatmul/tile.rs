@@ -433,9 +433,10 @@ impl Task<'_> {
 #[cfg(target_arch = "x86_64")]
 impl Task<'_> {
     /// [`Task::run`] on the matrix's panel layout: the GEMM from it (the k-quant one, or the
-    /// AVX2 32-element one for IQ4_XS, IQ4_NL, Q5_0 and Q5_1), or the panel dots row by row.
+    /// AVX2 32-element one for IQ4_XS, IQ4_NL, MXFP4, Q5_0 and Q5_1), or the panel dots row by row.
     fn run_panels(&self, panels: &super::panel8::Panels, k: super::avx2::Avx2, act: &Activations) {
         use super::panel8::{PanelFormat, ROWS};
+        use super::table_panel;
         let first = self.acts.start;
         let mut put = |i: usize, r0: usize, ys: &[f32]| self.out.set_run(first + i, r0, ys);
         let weights = self.weights.clone();
@@ -466,8 +467,9 @@ impl Task<'_> {
                     for r0 in panel_starts.clone() {
                         let panel = panels.panel(r0 / ROWS);
                         let ys = match format {
-                            PanelFormat::Iq4Xs => super::iq4_panel::dots::<true>(k, panel, a),
-                            PanelFormat::Iq4Nl => super::iq4_panel::dots::<false>(k, panel, a),
+                            PanelFormat::Iq4Xs => table_panel::dots::<table_panel::Xs>(k, panel, a),
+                            PanelFormat::Iq4Nl => table_panel::dots::<table_panel::Nl>(k, panel, a),
+                            PanelFormat::Mxfp4 => table_panel::dots::<table_panel::Mx>(k, panel, a),
                             PanelFormat::Q5_0 => super::q5_panel::dots::<false>(k, panel, a),
                             _ => super::q5_panel::dots::<true>(k, panel, a),
                         };

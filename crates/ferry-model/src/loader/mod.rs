@@ -3,8 +3,8 @@
 //!
 //! - [`holding`]: [`Holding`], how each tensor is held (GGUF blocks or dense, in which dtype);
 //!   the planner sizes models with the same rules.
-//! - [`panel_cache`]: the k-quant, IQ4_XS, IQ4_NL, Q5_0 and Q5_1 matrices' panel layouts of an AVX2
-//!   machine kept in a file per model, mapped by the next load instead of made again.
+//! - [`panel_cache`]: the k-quant, IQ4_XS, IQ4_NL, MXFP4, Q5_0 and Q5_1 matrices' panel layouts of
+//!   an AVX2 machine kept in a file per model, mapped by the next load instead of made again.
 //! - [`quantize`]: a dense matrix quantized at load (dtype `q8_0`, `q4_k`, ...), rows split
 //!   over rayon's threads.
 //! - [`reader`]: [`WeightReader`], one reader for both formats, and [`read_prefix`], which reads

@@ -1,8 +1,8 @@
 //! The panel cache: the eight-row panel layouts ([`Panels`]) the CPU loader makes of a model's
-//! k-quant, IQ4_XS, IQ4_NL, Q5_0 and Q5_1 matrices on AVX2 machines, kept in one file per model so
-//! that the next load maps them instead of making them again (making them took 3-7x a warm read of
-//! the model file on the Zen 3 VM of docs/BENCHMARKS.md; mapping a cache file takes about nothing,
-//! its pages come in as the kernels first read them, as the model file's do).
+//! k-quant, IQ4_XS, IQ4_NL, MXFP4, Q5_0 and Q5_1 matrices on AVX2 machines, kept in one file per
+//! model so that the next load maps them instead of making them again (making them took 3-7x a warm
+//! read of the model file on the Zen 3 VM of docs/BENCHMARKS.md; mapping a cache file takes about
+//! nothing, its pages come in as the kernels first read them, as the model file's do).
 //!
 //! The folder is the process's choice ([`set_panel_cache`], `device.panel_cache`: the user's
 //! cache unless configured; no folder, so no cache, unless the binary sets one). The file of a
@@ -533,6 +533,7 @@ fn format_name(format: PanelFormat) -> &'static str {
         PanelFormat::K(KFormat::Q6K) => "q6_k",
         PanelFormat::Iq4Xs => "iq4_xs",
         PanelFormat::Iq4Nl => "iq4_nl",
+        PanelFormat::Mxfp4 => "mxfp4",
         PanelFormat::Q5_0 => "q5_0",
         PanelFormat::Q5_1 => "q5_1",
     }

@@ -1,63 +1,115 @@
-//! IQ4_XS and IQ4_NL in the eight-row panel layout ([`super::panel8`]) on AVX2: the decode
-//! kernel (one activation row against the eight rows of a panel: [`dots`]) and the fill of the
-//! AVX2 GEMM's decoded panel straight from the layout ([`fill`], for
-//! [`super::avx2_panel::run_panels`]).
+//! The table-coded formats (IQ4_XS, IQ4_NL, MXFP4) in the eight-row panel layout
+//! ([`super::panel8`]) on AVX2: the decode kernel (one activation row against the eight rows of
+//! a panel: [`dots`]) and the fill of the AVX2 GEMM's decoded panel straight from the layout
+//! ([`fill`], for [`super::avx2_panel::run_panels`]).
 //!
 //! An IQ4_XS panel block (super-block `b` of eight rows) holds the eight f16 `d`, the eight u16
 //! `scales_h`, the eight u32 `scales_l`, then the 128 index bytes of each row as 32 words, word
 //! `k` of all eight rows in one 32-byte load; an IQ4_NL one (block `b`, 32 elements) the eight
-//! `d` and four such words. Sub-block `i` (32 elements) is words `4 i..4 i + 4`; the low
-//! nibbles of its word `j` index elements `4 j..4 j + 4`, the high ones elements `16 + 4 j..`.
-//! Both kernels look the nibbles up with `vpshufb` in the value table and in its magnitudes, so
-//! one register holds four weights of each of the eight rows, as the GEMM's transposed panel
-//! does, with no transposition. The products take the sign trick (`|w| * (a * sign(w))` by
-//! `vpmaddubsw`, widened by `vpmaddwd`): exact integers. The decode kernel adds
-//! `sumi * ((d * (ls - 32)) * a.d)` (IQ4_NL: `sumi * (d * a.d)`) sub-block by sub-block from 0
-//! in each row's lane, the sequence of [`super::avx2_panel`]'s GEMM (and of the AVX-512 one-row
-//! kernel): with panels, a prompt and its decode give the same bits for a row.
+//! `d` and four such words, an MXFP4 one the eight E8M0 bytes `e` and four words. Sub-block `i`
+//! (32 elements) is words `4 i..4 i + 4`; the low nibbles of its word `j` index elements
+//! `4 j..4 j + 4`, the high ones elements `16 + 4 j..`. Both kernels look the nibbles up with
+//! `vpshufb` in the value table and in its magnitudes, so one register holds four weights of
+//! each of the eight rows, as the GEMM's transposed panel does, with no transposition. The
+//! products take the sign trick (`|w| * (a * sign(w))` by `vpmaddubsw`, widened by
+//! `vpmaddwd`): exact integers. The decode kernel adds `sumi * (scale * a.d)` (the scale:
+//! `d * (ls - 32)`, `d`, or `2^(e - 128)`) sub-block by sub-block from 0 in each row's lane,
+//! the sequence of [`super::avx2_panel`]'s GEMM (and of the AVX-512 one-row kernel): with
+//! panels, a prompt and its decode give the same bits for a row.
 
 use std::arch::x86_64::*;
 
 use super::activation::Q8Block;
 use super::avx2::Avx2;
-use super::iq4::{KVALUES, XS_SUB};
+use super::iq4::XS_SUB;
 use super::kquants::panel8_avx2::prefetch;
 use super::panel8::{segment_at, PanelFormat, ROWS};
+use super::{iq4, mxfp4};
 
 /// Index words per (sub-)block of 32 elements (16 bytes of each row).
 const SUB_WORDS: usize = 4;
 
-/// IQ4_XS (`XS`) or IQ4_NL.
-#[inline(always)]
-fn format<const XS: bool>() -> PanelFormat {
-    if XS {
-        PanelFormat::Iq4Xs
-    } else {
-        PanelFormat::Iq4Nl
+/// A table-coded format: its layout, value table and scales.
+pub trait TableFormat {
+    /// Its panel layout.
+    const FORMAT: PanelFormat;
+    /// Its value table as bytes: the weights, their magnitudes, the weights plus 128.
+    const TABLES: [[u8; 16]; 3];
+    /// Each 32-element (sub-)block's scale, row `r` of the panel block at `blk` in lane `r` of
+    /// entry `i` (entries past the format's sub-blocks unused).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, F16C; `blk` must hold one panel block.
+    unsafe fn scales(blk: *const u8) -> [__m256; XS_SUB];
+}
+
+/// IQ4_XS.
+pub struct Xs;
+/// IQ4_NL.
+pub struct Nl;
+/// MXFP4.
+pub struct Mx;
+
+impl TableFormat for Xs {
+    const FORMAT: PanelFormat = PanelFormat::Iq4Xs;
+    const TABLES: [[u8; 16]; 3] = tables(&iq4::KVALUES);
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8) -> [__m256; XS_SUB] {
+        sub_block_scales(blk)
+    }
+}
+
+impl TableFormat for Nl {
+    const FORMAT: PanelFormat = PanelFormat::Iq4Nl;
+    const TABLES: [[u8; 16]; 3] = tables(&iq4::KVALUES);
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8) -> [__m256; XS_SUB] {
+        let mut out = [_mm256_setzero_ps(); XS_SUB];
+        out[0] = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
+        out
+    }
+}
+
+impl TableFormat for Mx {
+    const FORMAT: PanelFormat = PanelFormat::Mxfp4;
+    const TABLES: [[u8; 16]; 3] = tables(&mxfp4::KVALUES);
+    /// [`mxfp4::e8m0_half`] of each row's `e`, lane by lane: `(e - 1) << 23` as f32 bits, or
+    /// the denormal `0x0020_0000 << e` for `e < 2`.
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8) -> [__m256; XS_SUB] {
+        let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.cast()));
+        let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+        let denormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+        let is_normal = _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1));
+        let bits = _mm256_blendv_epi8(denormal, normal, is_normal);
+        let mut out = [_mm256_setzero_ps(); XS_SUB];
+        out[0] = _mm256_castsi256_ps(bits);
+        out
     }
 }
 
 /// Where a panel block's index words start, its 32-element (sub-)blocks and its bytes.
 #[inline(always)]
-fn layout<const XS: bool>() -> (usize, usize, usize) {
-    let format = format::<XS>();
+fn layout<F: TableFormat>() -> (usize, usize, usize) {
+    let format = F::FORMAT;
     let quants = segment_at(format, format.segments().len() - 1);
     let subs = format.block_elements() / 32;
     (quants, subs, format.block_bytes() * ROWS)
 }
 
-/// The eight dot products of the IQ4_XS (`XS`) or IQ4_NL panel `panel` with the activation row
-/// `a` (32-element blocks), row `r` of the panel in lane `r`.
-pub fn dots<const XS: bool>(k: Avx2, panel: &[u8], a: &[Q8Block]) -> [f32; ROWS] {
+/// The eight dot products of the `F` panel `panel` with the activation row `a` (32-element
+/// blocks), row `r` of the panel in lane `r`.
+pub fn dots<F: TableFormat>(k: Avx2, panel: &[u8], a: &[Q8Block]) -> [f32; ROWS] {
     let _ = k;
-    let (_, subs, block) = layout::<XS>();
+    let (_, subs, block) = layout::<F>();
     assert!(
         a.len().is_multiple_of(subs) && panel.len() >= block * (a.len() / subs),
-        "iq4 panel too short"
+        "{:?} panel too short",
+        F::FORMAT
     );
     let mut out = [0f32; ROWS];
     // SAFETY: `k` proves AVX2, FMA and F16C; the assert bounds every read of `panel`.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), decode::<XS>(panel.as_ptr(), a)) };
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), decode::<F>(panel.as_ptr(), a)) };
     out
 }
 
@@ -66,14 +118,14 @@ pub fn dots<const XS: bool>(k: Avx2, panel: &[u8], a: &[Q8Block]) -> [f32; ROWS]
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C; `panel` must hold the panel blocks of `a`'s blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode<const XS: bool>(panel: *const u8, a: &[Q8Block]) -> __m256 {
-    let tables = Tables::new();
-    let (quants, subs, block) = layout::<XS>();
+unsafe fn decode<F: TableFormat>(panel: *const u8, a: &[Q8Block]) -> __m256 {
+    let tables = Tables::new(&F::TABLES);
+    let (quants, subs, block) = layout::<F>();
     let mut acc = _mm256_setzero_ps();
     for (b, a) in a.chunks_exact(subs).enumerate() {
         let blk = panel.add(b * block);
         prefetch(blk, quants);
-        let scales = scales::<XS>(blk);
+        let scales = F::scales(blk);
         for (i, a) in a.iter().enumerate() {
             let q = blk.add(quants + i * SUB_WORDS * 32);
             prefetch(q, SUB_WORDS * 32);
@@ -93,10 +145,10 @@ unsafe fn decode<const XS: bool>(panel: *const u8, a: &[Q8Block]) -> __m256 {
     acc
 }
 
-/// Fills the 32-element blocks of panel block `b` (IQ4_XS: blocks `8 b..8 b + 8`; IQ4_NL:
+/// Fills the 32-element blocks of panel block `b` (IQ4_XS: blocks `8 b..8 b + 8`; the others:
 /// block `b`) of the AVX2 GEMM's decoded panel from the panel block at `blk`: the weights'
 /// magnitudes in `packed` and the weights in `signs` (plain AVX2), or the weights plus 128 in
-/// `packed` (`VNNI`); each block's scale (`d * (ls - 32)`, IQ4_NL's `d`) in `scales`. The
+/// `packed` (`VNNI`); each block's scale ([`TableFormat::scales`]) in `scales`. The
 /// layout of the arrays is [`super::avx2_panel`]'s (block `c`'s word `w` of row `r` at
 /// `(8 c + w) * 8 + r`, its scales at `8 c + r`), and the values those of its decoders.
 ///
@@ -104,17 +156,17 @@ unsafe fn decode<const XS: bool>(panel: *const u8, a: &[Q8Block]) -> __m256 {
 /// The CPU must have AVX2, FMA, F16C; `blk` must hold one panel block; `packed` (and `signs`
 /// unless `VNNI`) must hold those blocks' words, `scales` their values.
 #[inline(always)]
-pub(super) unsafe fn fill<const XS: bool, const VNNI: bool>(
+pub(super) unsafe fn fill<F: TableFormat, const VNNI: bool>(
     blk: *const u8,
     packed: &mut [u32],
     signs: &mut [u32],
     scales: &mut [f32],
     b: usize,
 ) {
-    let tables = Tables::new();
-    let (quants, subs, _) = layout::<XS>();
+    let tables = Tables::new(&F::TABLES);
+    let (quants, subs, _) = layout::<F>();
     let words = 2 * SUB_WORDS;
-    for (i, scale) in self::scales::<XS>(blk).into_iter().take(subs).enumerate() {
+    for (i, scale) in F::scales(blk).into_iter().take(subs).enumerate() {
         let c = subs * b + i;
         _mm256_storeu_ps(scales.as_mut_ptr().add(c * ROWS), scale);
         let q = blk.add(quants + i * SUB_WORDS * 32);
@@ -137,31 +189,19 @@ pub(super) unsafe fn fill<const XS: bool, const VNNI: bool>(
     }
 }
 
-/// Each 32-element (sub-)block's scale of each row of the panel block at `blk` (entry `i`,
-/// lane `r`): IQ4_XS's [`sub_block_scales`], IQ4_NL's `d` (entry 0).
-#[inline(always)]
-unsafe fn scales<const XS: bool>(blk: *const u8) -> [__m256; XS_SUB] {
-    if XS {
-        return sub_block_scales(blk);
-    }
-    let mut out = [_mm256_setzero_ps(); XS_SUB];
-    out[0] = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
-    out
-}
-
-/// [`KVALUES`] as bytes: the weights, their magnitudes, the weights plus 128.
-const TABLES: [[u8; 16]; 3] = {
+/// A value table as bytes: the weights, their magnitudes, the weights plus 128.
+const fn tables(values: &[i8; 16]) -> [[u8; 16]; 3] {
     let mut t = [[0u8; 16]; 3];
     let mut n = 0;
     while n < 16 {
-        let v = KVALUES[n];
+        let v = values[n];
         t[0][n] = v as u8;
         t[1][n] = v.unsigned_abs();
         t[2][n] = (v as i16 + 128) as u8;
         n += 1;
     }
     t
-};
+}
 
 /// The value table in the three forms the kernels look nibbles up in (both lanes).
 #[derive(Clone, Copy)]
@@ -176,8 +216,8 @@ struct Tables {
 
 impl Tables {
     #[inline(always)]
-    unsafe fn new() -> Tables {
-        let (values, magnitudes, shifted) = (&TABLES[0], &TABLES[1], &TABLES[2]);
+    unsafe fn new(tables: &[[u8; 16]; 3]) -> Tables {
+        let (values, magnitudes, shifted) = (&tables[0], &tables[1], &tables[2]);
         Tables {
             values: _mm256_broadcastsi128_si256(_mm_loadu_si128(values.as_ptr().cast())),
             magnitudes: _mm256_broadcastsi128_si256(_mm_loadu_si128(magnitudes.as_ptr().cast())),
