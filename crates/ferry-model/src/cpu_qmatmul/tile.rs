@@ -30,6 +30,10 @@
 //! [`kquants::avx512_panel::MIN_ROWS`] rows of every k-quant through [`kquants::avx512_panel`]
 //! instead (64-row zmm panels, tasks of up to [`GEMM_TASK_ROWS`] activation rows, as the AVX2
 //! k-quant GEMM's), bit for bit the same.
+//! A matrix held in the eight-row panel layout ([`super::panel8`]: on that AVX2 / AVX-VNNI
+//! path) runs its tasks from the layout (`Task::run_panels`): prompts through the k-quant GEMM
+//! or the 32-element one, each filling its decoded panels from it; decode through the layout's
+//! own dot kernels ([`kquants::panel8_avx2`], [`super::table_panel`], [`super::q5_panel`]).
 //!
 //! On AMX CPUs (`Kernel::Auto`) a call of at least [`kquants::amx_tile::min_rows`] rows of
 //! Q4_K, Q5_K or Q6_K runs each task through [`kquants::amx_tile`] (int8 tile multiplies of
@@ -282,8 +286,8 @@ struct Task<'a> {
     weights: Range<usize>,
     acts: Range<usize>,
     out: Out<'a>,
-    /// The matrix in the panel layout, when the call's kernel reads it (the AVX2 k-quant
-    /// path, tiled): `weights` are then whole panels.
+    /// The matrix in the panel layout, when the call's kernel reads it (the AVX2 path's
+    /// k-quants, IQ4_XS, IQ4_NL, MXFP4, Q5_0 and Q5_1, tiled): `weights` are then whole panels.
     #[cfg(target_arch = "x86_64")]
     panels: Option<(&'a super::panel8::Panels, super::avx2::Avx2)>,
 }
