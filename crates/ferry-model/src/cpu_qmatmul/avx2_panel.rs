@@ -145,15 +145,9 @@ pub(super) fn run_panels(
 ) -> bool {
     let _ = k;
     let format = panels.format();
-    let ours = matches!(
-        format,
-        PanelFormat::Iq4Xs
-            | PanelFormat::Iq4Nl
-            | PanelFormat::Mxfp4
-            | PanelFormat::Q5_0
-            | PanelFormat::Q5_1
-    );
-    if !ours || acts.is_empty() || weights.is_empty() {
+    // The k-quants have their own GEMM (`kquants::avx2_panel::run_panels`).
+    let k_quant = matches!(format, PanelFormat::K(_));
+    if k_quant || acts.is_empty() || weights.is_empty() {
         return false;
     }
     let blocks = panels.kb() * format.block_elements() / 32;
@@ -167,6 +161,27 @@ pub(super) fn run_panels(
         }
     }
     true
+}
+
+/// The eight dot products of one activation row `a` with the panel `panel` of an IQ4_XS,
+/// IQ4_NL, MXFP4, Q5_0 or Q5_1 matrix in the panel layout (the decode kernels of
+/// [`table_panel`] and [`q5_panel`]: bit for bit [`run_panels`]' outputs for that row); `None`
+/// for a k-quant (`kquants::panel8_avx2::dots`).
+pub(super) fn panel_dots(
+    k: Avx2,
+    format: PanelFormat,
+    panel: &[u8],
+    a: &[Q8Block],
+) -> Option<[f32; ROWS]> {
+    use table_panel::{dots, Mx, Nl, Xs};
+    Some(match format {
+        PanelFormat::Iq4Xs => dots::<Xs>(k, panel, a),
+        PanelFormat::Iq4Nl => dots::<Nl>(k, panel, a),
+        PanelFormat::Mxfp4 => dots::<Mx>(k, panel, a),
+        PanelFormat::Q5_0 => q5_panel::dots::<false>(k, panel, a),
+        PanelFormat::Q5_1 => q5_panel::dots::<true>(k, panel, a),
+        PanelFormat::K(_) => return None,
+    })
 }
 
 /// The arguments of [`run_panels`] as the two variants take them.
@@ -264,16 +279,18 @@ unsafe fn panels<C: Codec16, const VNNI: bool>(args: Args<'_, '_>) {
     let kb = acts[0].len();
     // Signed weights without AVX-VNNI: their magnitudes in `packed`, the weights in `signs`.
     let signed = C::SIGNED && !VNNI;
-    // Block b's word w of lane (row) r at [(b * WORDS + w) * PANEL + r]; scales at [b * PANEL + r].
-    let mut packed = vec![0u32; kb * WORDS * PANEL];
-    let mut signs = vec![0u32; if signed { kb * WORDS * PANEL } else { 0 }];
-    let mut scales = vec![0f32; kb * PANEL];
-    let mut mins = vec![0f32; if C::MIN { kb * PANEL } else { 0 }];
+    let mut panel = Panel::new::<C, VNNI>(kb);
     for first in weights.clone().step_by(PANEL) {
         let n = (weights.end - first).min(PANEL);
         let rows: [*const u8; PANEL] =
             std::array::from_fn(|r| data.wrapping_add((first + r.min(n - 1)) * row_stride));
         for b in 0..kb {
+            let Panel {
+                packed,
+                signs,
+                scales,
+                mins,
+            } = &mut panel;
             let mut u = [_mm256_setzero_si256(); PANEL];
             for r in 0..n {
                 C::prefetch(rows[r], b);
@@ -303,12 +320,6 @@ unsafe fn panels<C: Codec16, const VNNI: bool>(args: Args<'_, '_>) {
                 }
             }
         }
-        let panel = Panel {
-            packed: &packed,
-            signs: &signs,
-            scales: &scales,
-            mins: &mins,
-        };
         sweep_all::<C, VNNI>(&panel, acts, first, n, out);
     }
 }
@@ -322,45 +333,29 @@ unsafe fn panels<C: Codec16, const VNNI: bool>(args: Args<'_, '_>) {
 #[inline(always)]
 unsafe fn layout_panels<C: Codec16, const VNNI: bool>(args: PanelArgs<'_, '_>) {
     let (panels, weights, acts, out) = args;
-    let kb = acts[0].len();
-    let mut packed = vec![0u32; kb * WORDS * PANEL];
-    let mut signs = vec![
-        0u32;
-        if C::SIGNED && !VNNI {
-            kb * WORDS * PANEL
-        } else {
-            0
-        }
-    ];
-    let mut scales = vec![0f32; kb * PANEL];
-    let mut mins = vec![0f32; if C::MIN { kb * PANEL } else { 0 }];
+    let mut decoded = Panel::new::<C, VNNI>(acts[0].len());
     let format = panels.format();
     let block = format.block_bytes() * ROWS;
     for first in weights.step_by(PANEL) {
-        let panel = panels.panel(first / PANEL);
-        for (b, blk) in panel.chunks_exact(block).enumerate() {
-            let (blk, p, s, d, m) = (
-                blk.as_ptr(),
-                &mut packed,
-                &mut signs,
-                &mut scales,
-                &mut mins,
-            );
+        for (b, blk) in panels.panel(first / PANEL).chunks_exact(block).enumerate() {
+            let blk = blk.as_ptr();
+            let Panel {
+                packed: p,
+                signs: s,
+                scales: d,
+                mins: m,
+            } = &mut decoded;
             match format {
                 PanelFormat::Iq4Xs => table_panel::fill::<table_panel::Xs, VNNI>(blk, p, s, d, b),
                 PanelFormat::Iq4Nl => table_panel::fill::<table_panel::Nl, VNNI>(blk, p, s, d, b),
                 PanelFormat::Mxfp4 => table_panel::fill::<table_panel::Mx, VNNI>(blk, p, s, d, b),
                 PanelFormat::Q5_0 => q5_panel::fill::<false>(blk, p, d, m, b),
-                _ => q5_panel::fill::<true>(blk, p, d, m, b),
+                PanelFormat::Q5_1 => q5_panel::fill::<true>(blk, p, d, m, b),
+                // `run_panels` hands the k-quants back.
+                PanelFormat::K(_) => return,
             }
         }
-        let panel = Panel {
-            packed: &packed,
-            signs: &signs,
-            scales: &scales,
-            mins: &mins,
-        };
-        sweep_all::<C, VNNI>(&panel, acts, first, PANEL, out);
+        sweep_all::<C, VNNI>(&decoded, acts, first, PANEL, out);
     }
 }
 
@@ -371,7 +366,7 @@ unsafe fn layout_panels<C: Codec16, const VNNI: bool>(args: PanelArgs<'_, '_>) {
 /// As [`sweep`].
 #[inline(always)]
 unsafe fn sweep_all<C: Codec16, const VNNI: bool>(
-    panel: &Panel<'_>,
+    panel: &Panel,
     acts: &[&[Q8Block]],
     first: usize,
     n: usize,
@@ -396,12 +391,29 @@ unsafe fn sweep_all<C: Codec16, const VNNI: bool>(
     }
 }
 
-/// A decoded panel (see [`panels`] for the layout).
-struct Panel<'a> {
-    packed: &'a [u32],
-    signs: &'a [u32],
-    scales: &'a [f32],
-    mins: &'a [f32],
+/// A decoded panel of eight weight rows, shared by every activation row of a task ([`Panel::new`]
+/// says where what is).
+struct Panel {
+    packed: Vec<u32>,
+    signs: Vec<u32>,
+    scales: Vec<f32>,
+    mins: Vec<f32>,
+}
+
+impl Panel {
+    /// A decoded panel of `kb` blocks for the decoder `C`: block `b`'s word `w` of lane (row)
+    /// `r` at `packed[(b * WORDS + w) * PANEL + r]`, its scale at `scales[b * PANEL + r]`;
+    /// signed weights without AVX-VNNI have their magnitudes in `packed` and the weights in
+    /// `signs`; `mins` where `C` has them.
+    fn new<C: Codec16, const VNNI: bool>(kb: usize) -> Panel {
+        let signed = C::SIGNED && !VNNI;
+        Panel {
+            packed: vec![0; kb * WORDS * PANEL],
+            signs: vec![0; if signed { kb * WORDS * PANEL } else { 0 }],
+            scales: vec![0.0; kb * PANEL],
+            mins: vec![0.0; if C::MIN { kb * PANEL } else { 0 }],
+        }
+    }
 }
 
 /// Words `j` of the eight registers `r` as register `j` (word `r` of it from `r[r]`).
@@ -484,7 +496,7 @@ unsafe fn block_sums<C: Codec16, const VNNI: bool>(w: &[__m256i; WORDS], blk: &Q
 /// blocks (see [`panels`]).
 #[inline(always)]
 unsafe fn sweep<const R: usize, C: Codec16, const VNNI: bool>(
-    panel: &Panel<'_>,
+    panel: &Panel,
     a: [&[Q8Block]; R],
 ) -> [__m256; R] {
     let kb = a[0].len();
@@ -528,7 +540,7 @@ unsafe fn sweep<const R: usize, C: Codec16, const VNNI: bool>(
 /// As [`sweep`]; the panel's `signs` hold the weights (`C::SIGNED`).
 #[inline(always)]
 unsafe fn sweep_signed<const R: usize, C: Codec16>(
-    panel: &Panel<'_>,
+    panel: &Panel,
     a: [&[Q8Block]; R],
 ) -> [__m256; R] {
     debug_assert!(C::SIGNED && !C::MIN);

@@ -13,7 +13,7 @@ use super::panel8::{fits, PanelFormat, Panels, ROWS};
 use super::test_support::{close, k_quant_weights, outputs};
 use super::tests::values;
 use super::tile::Tiling;
-use super::{avx2_panel, iq4, mxfp4, q5, q5_panel, table_panel, CpuQMatMul, Format, Kernel};
+use super::{avx2_panel, iq4, mxfp4, q5, CpuQMatMul, Format, Kernel};
 use crate::header::GgufType;
 
 /// A format of these tests: its GGUF type, layout and matmul format.
@@ -79,13 +79,7 @@ impl Case {
 
     /// The panel kernel's eight dots.
     fn dots(self, k: Avx2, panel: &[u8], a: &[Q8Block]) -> [f32; ROWS] {
-        match self.layout {
-            PanelFormat::Iq4Xs => table_panel::dots::<table_panel::Xs>(k, panel, a),
-            PanelFormat::Iq4Nl => table_panel::dots::<table_panel::Nl>(k, panel, a),
-            PanelFormat::Mxfp4 => table_panel::dots::<table_panel::Mx>(k, panel, a),
-            PanelFormat::Q5_0 => q5_panel::dots::<false>(k, panel, a),
-            _ => q5_panel::dots::<true>(k, panel, a),
-        }
+        avx2_panel::panel_dots(k, self.layout, panel, a).expect("a 32-element panel format")
     }
 
     /// The scalar one-row dot.

@@ -67,7 +67,7 @@ impl PanelFormat {
     ];
 
     /// Bytes per block (a 256-element super-block; IQ4_NL, MXFP4, Q5_0, Q5_1: a 32-element block).
-    pub fn block_bytes(self) -> usize {
+    pub const fn block_bytes(self) -> usize {
         match self {
             PanelFormat::K(format) => format.block_bytes(),
             PanelFormat::Iq4Xs => IQ4_XS_BYTES,
@@ -79,7 +79,7 @@ impl PanelFormat {
     }
 
     /// Elements per block.
-    pub fn block_elements(self) -> usize {
+    pub const fn block_elements(self) -> usize {
         match self {
             PanelFormat::K(_) | PanelFormat::Iq4Xs => 256,
             PanelFormat::Iq4Nl | PanelFormat::Mxfp4 | PanelFormat::Q5_0 | PanelFormat::Q5_1 => 32,
@@ -87,7 +87,7 @@ impl PanelFormat {
     }
 
     /// The segments a panel block is made of, in panel order; they cover the GGUF block once.
-    pub fn segments(self) -> &'static [Segment] {
+    pub const fn segments(self) -> &'static [Segment] {
         match self {
             PanelFormat::K(format) => k_segments(format),
             // d, scales_h, scales_l as one word, the 128 index bytes as 32 words (sub-block
@@ -103,10 +103,23 @@ impl PanelFormat {
             PanelFormat::Q5_1 => &[(0, 2, 1), (2, 2, 1), (4, 4, 1), (8, 4, 4)],
         }
     }
+
+    /// Byte offset within a panel block of segment `s`'s first unit (a constant where the
+    /// format is one: the kernels' offsets).
+    pub const fn offset(self, s: usize) -> usize {
+        let segments = self.segments();
+        let (mut at, mut i) = (0, 0);
+        while i < s {
+            let (_, unit, count) = segments[i];
+            at += unit * count * ROWS;
+            i += 1;
+        }
+        at
+    }
 }
 
 /// A k-quant's segments ([`PanelFormat::segments`]).
-fn k_segments(format: KFormat) -> &'static [Segment] {
+const fn k_segments(format: KFormat) -> &'static [Segment] {
     match format {
         // d, dmin, the 12 scale bytes as three words, the 128 quant bytes as 32 words.
         KFormat::Q4K => &[(0, 2, 1), (2, 2, 1), (4, 4, 3), (16, 4, 32)],
@@ -152,13 +165,9 @@ const Q3K_SEGMENTS: [Segment; 26] = {
     s
 };
 
-/// Byte offset within a panel block of segment `s`'s first unit.
+/// Byte offset within a panel block of segment `s`'s first unit ([`PanelFormat::offset`]).
 pub fn segment_at(format: impl Into<PanelFormat>, s: usize) -> usize {
-    let segments = format.into().segments();
-    segments[..s]
-        .iter()
-        .map(|&(_, unit, count)| unit * count * ROWS)
-        .sum()
+    format.into().offset(s)
 }
 
 /// Whether a `rows` x `kb` super-block matrix can take the panel layout.

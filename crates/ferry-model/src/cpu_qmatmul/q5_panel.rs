@@ -20,12 +20,12 @@ use std::arch::x86_64::*;
 use super::activation::Q8Block;
 use super::avx2::Avx2;
 use super::kquants::panel8_avx2::prefetch;
-use super::panel8::{segment_at, PanelFormat, ROWS};
+use super::panel8::{PanelFormat, ROWS};
 
 /// Words of nibbles per block (16 bytes of each row).
 const WORDS: usize = 4;
 
-/// Where a panel block's parts are, and its size.
+/// Where a panel block's parts are, and its size (constants: `const { Layout::of::<MIN>() }`).
 #[derive(Clone, Copy)]
 struct Layout {
     /// The `m` of Q5_1.
@@ -36,22 +36,20 @@ struct Layout {
 }
 
 impl Layout {
-    #[inline(always)]
-    fn of<const MIN: bool>() -> Layout {
+    const fn of<const MIN: bool>() -> Layout {
         let format = format::<MIN>();
         let highs = if MIN { 2 } else { 1 };
         Layout {
-            mins: segment_at(format, 1),
-            highs: segment_at(format, highs),
-            quants: segment_at(format, highs + 1),
+            mins: format.offset(1),
+            highs: format.offset(highs),
+            quants: format.offset(highs + 1),
             block: format.block_bytes() * ROWS,
         }
     }
 }
 
 /// Q5_1 (`MIN`) or Q5_0.
-#[inline(always)]
-fn format<const MIN: bool>() -> PanelFormat {
+const fn format<const MIN: bool>() -> PanelFormat {
     if MIN {
         PanelFormat::Q5_1
     } else {
@@ -63,7 +61,7 @@ fn format<const MIN: bool>() -> PanelFormat {
 /// blocks) with the activation row `a`, row `r` of the panel in lane `r`.
 pub fn dots<const MIN: bool>(k: Avx2, panel: &[u8], a: &[Q8Block]) -> [f32; ROWS] {
     let _ = k;
-    let at = Layout::of::<MIN>();
+    let at = const { Layout::of::<MIN>() };
     assert!(panel.len() >= at.block * a.len(), "q5 panel too short");
     let mut out = [0f32; ROWS];
     // SAFETY: `k` proves AVX2, FMA and F16C; the assert bounds every read of `panel`.
@@ -77,7 +75,7 @@ pub fn dots<const MIN: bool>(k: Avx2, panel: &[u8], a: &[Q8Block]) -> [f32; ROWS
 /// The CPU must have AVX2, FMA, F16C; `panel` must hold `a.len()` panel blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn decode<const MIN: bool>(panel: *const u8, a: &[Q8Block]) -> __m256 {
-    let at = Layout::of::<MIN>();
+    let at = const { Layout::of::<MIN>() };
     let ones = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_ps();
     for (b, a) in a.iter().enumerate() {
@@ -126,7 +124,7 @@ pub(super) unsafe fn fill<const MIN: bool>(
     mins: &mut [f32],
     b: usize,
 ) {
-    let at = Layout::of::<MIN>();
+    let at = const { Layout::of::<MIN>() };
     let qh = _mm256_loadu_si256(blk.add(at.highs).cast());
     for j in 0..WORDS {
         let (lo, hi) = weights(blk.add(at.quants + 32 * j), qh, j);

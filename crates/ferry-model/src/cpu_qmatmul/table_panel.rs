@@ -23,7 +23,7 @@ use super::activation::Q8Block;
 use super::avx2::Avx2;
 use super::iq4::XS_SUB;
 use super::kquants::panel8_avx2::prefetch;
-use super::panel8::{segment_at, PanelFormat, ROWS};
+use super::panel8::{PanelFormat, ROWS};
 use super::{iq4, mxfp4};
 
 /// Index words per (sub-)block of 32 elements (16 bytes of each row).
@@ -88,11 +88,11 @@ impl TableFormat for Mx {
     }
 }
 
-/// Where a panel block's index words start, its 32-element (sub-)blocks and its bytes.
-#[inline(always)]
-fn layout<F: TableFormat>() -> (usize, usize, usize) {
+/// Where a panel block's index words start, its 32-element (sub-)blocks and its bytes
+/// (constants: `const { layout::<F>() }`).
+const fn layout<F: TableFormat>() -> (usize, usize, usize) {
     let format = F::FORMAT;
-    let quants = segment_at(format, format.segments().len() - 1);
+    let quants = format.offset(format.segments().len() - 1);
     let subs = format.block_elements() / 32;
     (quants, subs, format.block_bytes() * ROWS)
 }
@@ -101,7 +101,7 @@ fn layout<F: TableFormat>() -> (usize, usize, usize) {
 /// blocks), row `r` of the panel in lane `r`.
 pub fn dots<F: TableFormat>(k: Avx2, panel: &[u8], a: &[Q8Block]) -> [f32; ROWS] {
     let _ = k;
-    let (_, subs, block) = layout::<F>();
+    let (_, subs, block) = const { layout::<F>() };
     assert!(
         a.len().is_multiple_of(subs) && panel.len() >= block * (a.len() / subs),
         "{:?} panel too short",
@@ -120,7 +120,7 @@ pub fn dots<F: TableFormat>(k: Avx2, panel: &[u8], a: &[Q8Block]) -> [f32; ROWS]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn decode<F: TableFormat>(panel: *const u8, a: &[Q8Block]) -> __m256 {
     let tables = Tables::new(&F::TABLES);
-    let (quants, subs, block) = layout::<F>();
+    let (quants, subs, block) = const { layout::<F>() };
     let mut acc = _mm256_setzero_ps();
     for (b, a) in a.chunks_exact(subs).enumerate() {
         let blk = panel.add(b * block);
@@ -164,7 +164,7 @@ pub(super) unsafe fn fill<F: TableFormat, const VNNI: bool>(
     b: usize,
 ) {
     let tables = Tables::new(&F::TABLES);
-    let (quants, subs, _) = layout::<F>();
+    let (quants, subs, _) = const { layout::<F>() };
     let words = 2 * SUB_WORDS;
     for (i, scale) in F::scales(blk).into_iter().take(subs).enumerate() {
         let c = subs * b + i;
@@ -253,9 +253,9 @@ unsafe fn nibbles(q: *const u8) -> (__m256i, __m256i) {
 #[inline(always)]
 unsafe fn sub_block_scales(blk: *const u8) -> [__m256; XS_SUB] {
     let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
-    let high = _mm_loadu_si128(blk.add(segment_at(PanelFormat::Iq4Xs, 1)).cast());
+    let high = _mm_loadu_si128(blk.add(const { PanelFormat::Iq4Xs.offset(1) }).cast());
     let high = _mm256_cvtepu16_epi32(high);
-    let low = _mm256_loadu_si256(blk.add(segment_at(PanelFormat::Iq4Xs, 2)).cast());
+    let low = _mm256_loadu_si256(blk.add(const { PanelFormat::Iq4Xs.offset(2) }).cast());
     let mut out = [_mm256_setzero_ps(); XS_SUB];
     for (i, out) in out.iter_mut().enumerate() {
         // Sub-block i's low four bits are bits 4i.. of `scales_l`, its top two bits 2i.. of

@@ -440,7 +440,6 @@ impl Task<'_> {
     /// AVX2 32-element one for IQ4_XS, IQ4_NL, MXFP4, Q5_0 and Q5_1), or the panel dots row by row.
     fn run_panels(&self, panels: &super::panel8::Panels, k: super::avx2::Avx2, act: &Activations) {
         use super::panel8::{PanelFormat, ROWS};
-        use super::table_panel;
         let first = self.acts.start;
         let mut put = |i: usize, r0: usize, ys: &[f32]| self.out.set_run(first + i, r0, ys);
         let weights = self.weights.clone();
@@ -470,14 +469,9 @@ impl Task<'_> {
                 for (i, a) in rows.into_iter().enumerate() {
                     for r0 in panel_starts.clone() {
                         let panel = panels.panel(r0 / ROWS);
-                        let ys = match format {
-                            PanelFormat::Iq4Xs => table_panel::dots::<table_panel::Xs>(k, panel, a),
-                            PanelFormat::Iq4Nl => table_panel::dots::<table_panel::Nl>(k, panel, a),
-                            PanelFormat::Mxfp4 => table_panel::dots::<table_panel::Mx>(k, panel, a),
-                            PanelFormat::Q5_0 => super::q5_panel::dots::<false>(k, panel, a),
-                            _ => super::q5_panel::dots::<true>(k, panel, a),
-                        };
-                        put(i, r0, &ys);
+                        if let Some(ys) = avx2_panel::panel_dots(k, format, panel, a) {
+                            put(i, r0, &ys);
+                        }
                     }
                 }
             }

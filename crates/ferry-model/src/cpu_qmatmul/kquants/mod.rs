@@ -51,7 +51,7 @@ impl KFormat {
     ];
 
     /// Bytes per 256-element super-block.
-    pub fn block_bytes(self) -> usize {
+    pub const fn block_bytes(self) -> usize {
         match self {
             KFormat::Q2K => 84,
             KFormat::Q3K => 110,
