@@ -8,7 +8,9 @@
 //! is cut into segments of equal units ([`PanelFormat::segments`]), and a segment of `count` units
 //! of `unit` bytes is stored unit-major, row-minor (unit `k` of rows 0..8, then unit `k + 1`).
 //! So one 32-byte load gives four quant bytes of each of the eight rows, and one 16-byte load
-//! the f16 `d` of all eight. The layout is lossless ([`Panels::unpack_row`] gives a row's GGUF
+//! the f16 `d` of all eight. Q6_K's quant words are then recoded bit by bit so that three of
+//! every four weights are one mask away ([`recode_q6_k`]). The layout is lossless
+//! ([`Panels::unpack_row`] gives a row's GGUF
 //! bytes back) and exactly as large as the GGUF rows; every k-quant (Q2_K..Q6_K) has one, and
 //! so have IQ4_XS (256-element super-blocks too), IQ4_NL, MXFP4, Q5_0 and Q5_1 (32-element blocks,
 //! `kb` of them per row).
@@ -150,6 +152,74 @@ const Q6K_SEGMENTS: [Segment; 50] = {
     s
 };
 
+/// The revision of the bit recodings applied to the regrouped bytes ([`recode_q6_k`]): part
+/// of the panel cache's layout version, with the segments.
+pub const RECODING: u32 = 1;
+
+/// Which way [`recode_q6_k`] goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Recode {
+    /// From the regrouped GGUF bytes to the panel's.
+    ToPanel,
+    /// Back.
+    ToGguf,
+}
+
+/// Recodes the sixteen quant word triples of a Q6_K panel block (segments `2 + 3 t..5 + 3 t`:
+/// `ql` words `16 n + w` and `16 n + 8 + w`, `qh` word `8 n + w`, 96 bytes) byte position by
+/// byte position. Byte `i` of a triple's three words holds four weights of one row: in the
+/// GGUF form weight 0 is the low nibble of the first byte with bits 0-1 of the third above it,
+/// weight 1 the low nibble of the second with bits 2-3, weight 2 the first's high nibble with
+/// bits 4-5, weight 3 the second's high nibble with bits 6-7. In the panel the first byte holds
+/// weight 0 in bits 0-5 and bits 0-1 of weight 3 in bits 6-7, the second weight 1 and bits 2-3
+/// of weight 3, the third weight 2 and bits 4-5 of weight 3: a mask gives three weights, and
+/// the fourth is three shifted masks ORed (the kernels' `q6_k_words`), where the GGUF form
+/// takes about four operations for each.
+fn recode_q6_k(block: &mut [u8], way: Recode) {
+    const QUANTS: usize = PanelFormat::K(KFormat::Q6K).offset(2);
+    const WORD: usize = 4 * ROWS;
+    assert_eq!(block.len(), QUANTS + 16 * 3 * WORD, "Q6_K panel block size");
+    for triple in block[QUANTS..].chunks_exact_mut(3 * WORD) {
+        let (first, rest) = triple.split_at_mut(WORD);
+        let (second, third) = rest.split_at_mut(WORD);
+        for ((x, y), z) in first
+            .iter_mut()
+            .zip(second.iter_mut())
+            .zip(third.iter_mut())
+        {
+            let (a, b, c) = (*x, *y, *z);
+            (*x, *y, *z) = match way {
+                Recode::ToPanel => {
+                    let w = [
+                        a & 0x0F | (c & 3) << 4,
+                        b & 0x0F | (c >> 2 & 3) << 4,
+                        a >> 4 | (c >> 4 & 3) << 4,
+                        b >> 4 | (c >> 6) << 4,
+                    ];
+                    (
+                        w[0] | w[3] << 6,
+                        w[1] | (w[3] >> 2) << 6,
+                        w[2] | (w[3] >> 4) << 6,
+                    )
+                }
+                Recode::ToGguf => {
+                    let w = [
+                        a & 0x3F,
+                        b & 0x3F,
+                        c & 0x3F,
+                        a >> 6 | (b >> 6) << 2 | (c >> 6) << 4,
+                    ];
+                    (
+                        w[0] & 0x0F | (w[2] & 0x0F) << 4,
+                        w[1] & 0x0F | (w[3] & 0x0F) << 4,
+                        w[0] >> 4 | (w[1] >> 4) << 2 | (w[2] >> 4) << 4 | (w[3] >> 4) << 6,
+                    )
+                }
+            };
+        }
+    }
+}
+
 /// Q3_K: d, the 12 scale bytes as three words, then for each word `w` the high-bit mask's word
 /// `w` and the quant words `w`, `8 + w` (read together, front to back).
 const Q3K_SEGMENTS: [Segment; 26] = {
@@ -223,7 +293,6 @@ impl Panels {
         let bytes = format.block_bytes();
         assert!(fits(rows, kb), "{format:?} {rows}x{kb} has no panel layout");
         assert_eq!(raw.len(), rows * kb * bytes, "{format:?} matrix size");
-        let segments = format.segments();
         let panel_bytes = ROWS * kb * bytes;
         // Anonymous memory of its own, its pages made as the packing threads write them
         // (measured on the Zen 3 VM of docs/BENCHMARKS.md: `MAP_POPULATE` made them on one
@@ -234,7 +303,7 @@ impl Panels {
             .enumerate()
             .for_each(|(panel, out)| {
                 let rows = &raw[panel * panel_bytes..(panel + 1) * panel_bytes];
-                pack_panel(segments, bytes, kb, rows, out);
+                pack_panel(format, kb, rows, out);
             });
         Ok(Panels {
             shape: PanelShape { format, rows, kb },
@@ -346,8 +415,10 @@ impl Panels {
     }
 }
 
-/// One panel (`rows`: its eight GGUF rows of `kb` blocks of `bytes`) into `out`, unit by unit.
-fn pack_panel(segments: &[Segment], bytes: usize, kb: usize, rows: &[u8], out: &mut [u8]) {
+/// One panel (`rows`: its eight GGUF rows of `kb` blocks of `format`) into `out`, unit by
+/// unit, then recoded where the format is ([`recode_q6_k`]).
+fn pack_panel(format: PanelFormat, kb: usize, rows: &[u8], out: &mut [u8]) {
+    let (segments, bytes) = (format.segments(), format.block_bytes());
     let row_len = kb * bytes;
     assert!(rows.len() == ROWS * row_len && out.len() == rows.len());
     assert!(segments
@@ -388,6 +459,11 @@ fn pack_panel(segments: &[Segment], bytes: usize, kb: usize, rows: &[u8], out: &
         }
     }
     debug_assert_eq!(to as usize - out.as_ptr() as usize, out.len());
+    if format == PanelFormat::K(KFormat::Q6K) {
+        for block in out.chunks_exact_mut(ROWS * bytes) {
+            recode_q6_k(block, Recode::ToPanel);
+        }
+    }
 }
 
 /// The eight rows' GGUF blocks (row after row, in `out`) of one panel block.
@@ -396,6 +472,15 @@ fn unpack_block(format: PanelFormat, block: &[u8], out: &mut [u8]) {
     let segments = format.segments();
     assert_eq!(block.len(), ROWS * bytes, "{format:?} panel block size");
     assert_eq!(out.len(), ROWS * bytes, "{format:?} block rows size");
+    let mut gguf;
+    let block = match format {
+        PanelFormat::K(KFormat::Q6K) => {
+            gguf = block.to_vec();
+            recode_q6_k(&mut gguf, Recode::ToGguf);
+            &gguf[..]
+        }
+        _ => block,
+    };
     let mut at = 0;
     for &(offset, unit, count) in segments {
         for k in 0..count {

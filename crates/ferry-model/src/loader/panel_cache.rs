@@ -539,11 +539,12 @@ fn format_name(format: PanelFormat) -> &'static str {
     }
 }
 
-/// The panel layout's version: a CRC-32 of every format's segments, so a change in the layout
-/// makes older files unused.
+/// The panel layout's version: a CRC-32 of every format's segments and of the recodings'
+/// revision, so a change in the layout makes older files unused.
 fn layout_version() -> u32 {
     let mut crc = crc32fast::Hasher::new();
     crc.update(&(panel8::ROWS as u32).to_le_bytes());
+    crc.update(&panel8::RECODING.to_le_bytes());
     for format in PanelFormat::ALL {
         crc.update(format_name(format).as_bytes());
         for &(offset, unit, count) in format.segments() {

@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::activation::Q8KBlock;
-use super::avx2::{block_values, q6_k_bytes};
+use super::avx2::block_values;
 use super::avx2_panel::Panel;
 use super::tile::Path;
 use super::KFormat;
@@ -277,12 +277,32 @@ pub(super) unsafe fn fill_q6_k(blk: *const u8, panel: &mut Panel, b: usize) {
 }
 
 /// Word `w` of chunks `4 n..4 n + 4` of the Q6_K panel block's quants at `q` (its three
-/// words side by side, see `Q6K_SEGMENTS`).
+/// recoded words side by side, see `Q6K_SEGMENTS` and `recode_q6_k` in [`panel8`]): the low
+/// six bits of each word are chunks `4 n`, `4 n + 1`, `4 n + 2`, their top two bits those of
+/// chunk `4 n + 3` (bits 0-1, 2-3, 4-5). The 16-bit shifts bring the other byte's bits only
+/// where the masks clear them.
+///
+/// [`panel8`]: crate::cpu_qmatmul::panel8
 #[inline(always)]
 unsafe fn q6_k_words(q: *const u8, n: usize, w: usize) -> [__m256i; 4] {
     let at = q.add((8 * n + w) * 3 * 32);
     let load = |i: usize| _mm256_loadu_si256(at.add(32 * i).cast());
-    q6_k_bytes(load(0), load(1), load(2))
+    let (a, b, c) = (load(0), load(1), load(2));
+    let low = _mm256_set1_epi8(0x3F);
+    let mask = |v: __m256i, m: i8| _mm256_and_si256(v, _mm256_set1_epi8(m));
+    let last = _mm256_or_si256(
+        _mm256_or_si256(
+            mask(_mm256_srli_epi16::<6>(a), 0x03),
+            mask(_mm256_srli_epi16::<4>(b), 0x0C),
+        ),
+        mask(_mm256_srli_epi16::<2>(c), 0x30),
+    );
+    [
+        _mm256_and_si256(a, low),
+        _mm256_and_si256(b, low),
+        _mm256_and_si256(c, low),
+        last,
+    ]
 }
 
 /// Bits `shift..` of each byte of `v` under `mask`.
