@@ -8,8 +8,8 @@
 //! is cut into segments of equal units ([`PanelFormat::segments`]), and a segment of `count` units
 //! of `unit` bytes is stored unit-major, row-minor (unit `k` of rows 0..8, then unit `k + 1`).
 //! So one 32-byte load gives four quant bytes of each of the eight rows, and one 16-byte load
-//! the f16 `d` of all eight. Q6_K's quant words are then recoded bit by bit so that three of
-//! every four weights are one mask away ([`recode_q6_k`]). The layout is lossless
+//! the f16 `d` of all eight. Q6_K's and Q3_K's quant words are then recoded bit by bit so that
+//! most weights are one mask or a shift and a mask away ([`recode`]). The layout is lossless
 //! ([`Panels::unpack_row`] gives a row's GGUF
 //! bytes back) and exactly as large as the GGUF rows; every k-quant (Q2_K..Q6_K) has one, and
 //! so have IQ4_XS (256-element super-blocks too), IQ4_NL, MXFP4, Q5_0 and Q5_1 (32-element blocks,
@@ -152,11 +152,11 @@ const Q6K_SEGMENTS: [Segment; 50] = {
     s
 };
 
-/// The revision of the bit recodings applied to the regrouped bytes ([`recode_q6_k`]): part
-/// of the panel cache's layout version, with the segments.
-pub const RECODING: u32 = 1;
+/// The revision of the bit recodings applied to the regrouped bytes ([`recode`]): part of the
+/// panel cache's layout version, with the segments.
+pub const RECODING: u32 = 2;
 
-/// Which way [`recode_q6_k`] goes.
+/// Which way [`recode`] goes.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Recode {
     /// From the regrouped GGUF bytes to the panel's.
@@ -165,21 +165,25 @@ enum Recode {
     ToGguf,
 }
 
-/// Recodes the sixteen quant word triples of a Q6_K panel block (segments `2 + 3 t..5 + 3 t`:
-/// `ql` words `16 n + w` and `16 n + 8 + w`, `qh` word `8 n + w`, 96 bytes) byte position by
-/// byte position. Byte `i` of a triple's three words holds four weights of one row: in the
-/// GGUF form weight 0 is the low nibble of the first byte with bits 0-1 of the third above it,
-/// weight 1 the low nibble of the second with bits 2-3, weight 2 the first's high nibble with
-/// bits 4-5, weight 3 the second's high nibble with bits 6-7. In the panel the first byte holds
-/// weight 0 in bits 0-5 and bits 0-1 of weight 3 in bits 6-7, the second weight 1 and bits 2-3
-/// of weight 3, the third weight 2 and bits 4-5 of weight 3: a mask gives three weights, and
-/// the fourth is three shifted masks ORed (the kernels' `q6_k_words`), where the GGUF form
-/// takes about four operations for each.
-fn recode_q6_k(block: &mut [u8], way: Recode) {
-    const QUANTS: usize = PanelFormat::K(KFormat::Q6K).offset(2);
+/// Recodes the quant words of a panel block of `format` byte position by byte position, where
+/// the format has a recoding: Q6_K's sixteen and Q3_K's eight word triples (segments
+/// `2 + 3 t..5 + 3 t`, 96 bytes), whose byte `i` holds four (Q6_K) or eight (Q3_K) weights of
+/// one row ([`q6_k_bytes`], [`q3_k_bytes`] say how, each way).
+fn recode(format: PanelFormat, block: &mut [u8], way: Recode) {
+    type Bytes = fn([u8; 3], Recode) -> [u8; 3];
+    let (triples, bytes): (usize, Bytes) = match format {
+        PanelFormat::K(KFormat::Q6K) => (16, q6_k_bytes),
+        PanelFormat::K(KFormat::Q3K) => (8, q3_k_bytes),
+        _ => return,
+    };
     const WORD: usize = 4 * ROWS;
-    assert_eq!(block.len(), QUANTS + 16 * 3 * WORD, "Q6_K panel block size");
-    for triple in block[QUANTS..].chunks_exact_mut(3 * WORD) {
+    let quants = format.offset(2);
+    assert_eq!(
+        block.len(),
+        quants + triples * 3 * WORD,
+        "{format:?} panel block size"
+    );
+    for triple in block[quants..].chunks_exact_mut(3 * WORD) {
         let (first, rest) = triple.split_at_mut(WORD);
         let (second, third) = rest.split_at_mut(WORD);
         for ((x, y), z) in first
@@ -187,41 +191,92 @@ fn recode_q6_k(block: &mut [u8], way: Recode) {
             .zip(second.iter_mut())
             .zip(third.iter_mut())
         {
-            let (a, b, c) = (*x, *y, *z);
-            (*x, *y, *z) = match way {
-                Recode::ToPanel => {
-                    let w = [
-                        a & 0x0F | (c & 3) << 4,
-                        b & 0x0F | (c >> 2 & 3) << 4,
-                        a >> 4 | (c >> 4 & 3) << 4,
-                        b >> 4 | (c >> 6) << 4,
-                    ];
-                    (
-                        w[0] | w[3] << 6,
-                        w[1] | (w[3] >> 2) << 6,
-                        w[2] | (w[3] >> 4) << 6,
-                    )
-                }
-                Recode::ToGguf => {
-                    let w = [
-                        a & 0x3F,
-                        b & 0x3F,
-                        c & 0x3F,
-                        a >> 6 | (b >> 6) << 2 | (c >> 6) << 4,
-                    ];
-                    (
-                        w[0] & 0x0F | (w[2] & 0x0F) << 4,
-                        w[1] & 0x0F | (w[3] & 0x0F) << 4,
-                        w[0] >> 4 | (w[1] >> 4) << 2 | (w[2] >> 4) << 4 | (w[3] >> 4) << 6,
-                    )
-                }
-            };
+            [*x, *y, *z] = bytes([*x, *y, *z], way);
+        }
+    }
+}
+
+/// One byte position of a Q6_K word triple (`ql` words `16 n + w` and `16 n + 8 + w`, `qh`
+/// word `8 n + w`). In the GGUF form weight 0 is the low nibble of the first byte with bits
+/// 0-1 of the third above it, weight 1 the low nibble of the second with bits 2-3, weight 2 the
+/// first's high nibble with bits 4-5, weight 3 the second's high nibble with bits 6-7. In the
+/// panel the first byte holds weight 0 in bits 0-5 and bits 0-1 of weight 3 in bits 6-7, the
+/// second weight 1 and bits 2-3 of weight 3, the third weight 2 and bits 4-5 of weight 3: a
+/// mask gives three weights, and the fourth is three shifted masks ORed (the kernels'
+/// `q6_k_words`), where the GGUF form takes about four operations for each.
+fn q6_k_bytes([a, b, c]: [u8; 3], way: Recode) -> [u8; 3] {
+    match way {
+        Recode::ToPanel => {
+            let w = [
+                a & 0x0F | (c & 3) << 4,
+                b & 0x0F | (c >> 2 & 3) << 4,
+                a >> 4 | (c >> 4 & 3) << 4,
+                b >> 4 | (c >> 6) << 4,
+            ];
+            [
+                w[0] | w[3] << 6,
+                w[1] | (w[3] >> 2) << 6,
+                w[2] | (w[3] >> 4) << 6,
+            ]
+        }
+        Recode::ToGguf => {
+            let w = [
+                a & 0x3F,
+                b & 0x3F,
+                c & 0x3F,
+                a >> 6 | (b >> 6) << 2 | (c >> 6) << 4,
+            ];
+            [
+                w[0] & 0x0F | (w[2] & 0x0F) << 4,
+                w[1] & 0x0F | (w[3] & 0x0F) << 4,
+                w[0] >> 4 | (w[1] >> 4) << 2 | (w[2] >> 4) << 4 | (w[3] >> 4) << 6,
+            ]
+        }
+    }
+}
+
+/// One byte position of a Q3_K word triple (high-bit mask word `w`, quant words `w`, `8 + w`):
+/// eight 3-bit weights `q`, chunk `c`'s (0..8, before the offset of 4). In the GGUF form `q`'s
+/// bit 2 is bit `c` of the first byte and its bits 0-1 bits `2 (c % 4)` of the second (`c < 4`)
+/// or third byte. In the panel the first byte holds chunk 0 in bits 0-2, chunk 1 in bits 3-5
+/// and bits 0-1 of chunk 6 in bits 6-7; the second chunks 2, 3 and bits 0-1 of chunk 7; the
+/// third chunks 4, 5, bit 2 of chunk 6 in bit 6 and of chunk 7 in bit 7: six chunks are a mask
+/// or a shift and a mask away, the other two two of each ORed (the kernels' `q3_k_chunk`),
+/// where the GGUF form takes about six operations for each.
+fn q3_k_bytes([a, b, c]: [u8; 3], way: Recode) -> [u8; 3] {
+    match way {
+        Recode::ToPanel => {
+            let q: [u8; 8] = std::array::from_fn(|k| {
+                let low = if k < 4 { b } else { c };
+                (low >> (2 * (k % 4)) & 3) | (a >> k & 1) << 2
+            });
+            [
+                q[0] | q[1] << 3 | (q[6] & 3) << 6,
+                q[2] | q[3] << 3 | (q[7] & 3) << 6,
+                q[4] | q[5] << 3 | (q[6] >> 2) << 6 | (q[7] >> 2) << 7,
+            ]
+        }
+        Recode::ToGguf => {
+            let q = [
+                a & 7,
+                a >> 3 & 7,
+                b & 7,
+                b >> 3 & 7,
+                c & 7,
+                c >> 3 & 7,
+                a >> 6 | (c >> 6 & 1) << 2,
+                b >> 6 | (c >> 7) << 2,
+            ];
+            let high = (0..8).fold(0, |h, k| h | (q[k] >> 2) << k);
+            let low = |first: usize| (0..4).fold(0, |x, k| x | (q[first + k] & 3) << (2 * k));
+            [high, low(0), low(4)]
         }
     }
 }
 
 /// Q3_K: d, the 12 scale bytes as three words, then for each word `w` the high-bit mask's word
-/// `w` and the quant words `w`, `8 + w` (read together, front to back).
+/// `w` and the quant words `w`, `8 + w` (read together, front to back; recoded, see
+/// [`q3_k_bytes`]).
 const Q3K_SEGMENTS: [Segment; 26] = {
     let mut s = [(0, 0, 0); 26];
     (s[0], s[1]) = ((108, 2, 1), (96, 4, 3));
@@ -416,7 +471,7 @@ impl Panels {
 }
 
 /// One panel (`rows`: its eight GGUF rows of `kb` blocks of `format`) into `out`, unit by
-/// unit, then recoded where the format is ([`recode_q6_k`]).
+/// unit, then recoded where the format is ([`recode`]).
 fn pack_panel(format: PanelFormat, kb: usize, rows: &[u8], out: &mut [u8]) {
     let (segments, bytes) = (format.segments(), format.block_bytes());
     let row_len = kb * bytes;
@@ -459,10 +514,8 @@ fn pack_panel(format: PanelFormat, kb: usize, rows: &[u8], out: &mut [u8]) {
         }
     }
     debug_assert_eq!(to as usize - out.as_ptr() as usize, out.len());
-    if format == PanelFormat::K(KFormat::Q6K) {
-        for block in out.chunks_exact_mut(ROWS * bytes) {
-            recode_q6_k(block, Recode::ToPanel);
-        }
+    for block in out.chunks_exact_mut(ROWS * bytes) {
+        recode(format, block, Recode::ToPanel);
     }
 }
 
@@ -472,15 +525,9 @@ fn unpack_block(format: PanelFormat, block: &[u8], out: &mut [u8]) {
     let segments = format.segments();
     assert_eq!(block.len(), ROWS * bytes, "{format:?} panel block size");
     assert_eq!(out.len(), ROWS * bytes, "{format:?} block rows size");
-    let mut gguf;
-    let block = match format {
-        PanelFormat::K(KFormat::Q6K) => {
-            gguf = block.to_vec();
-            recode_q6_k(&mut gguf, Recode::ToGguf);
-            &gguf[..]
-        }
-        _ => block,
-    };
+    let mut gguf = block.to_vec();
+    recode(format, &mut gguf, Recode::ToGguf);
+    let block = &gguf[..];
     let mut at = 0;
     for &(offset, unit, count) in segments {
         for k in 0..count {

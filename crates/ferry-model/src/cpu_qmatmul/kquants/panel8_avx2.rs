@@ -401,20 +401,25 @@ unsafe fn q3_k_scales(blk: *const u8) -> ([__m256i; 16], [__m256i; 8]) {
     )
 }
 
-/// The high-bit mask word `w` and quant words `w`, `8 + w` of the Q3_K panel block's quants
-/// at `q` (side by side, see `Q3K_SEGMENTS`).
+/// The three recoded words of word `w` of the Q3_K panel block's quants at `q` (side by side,
+/// see `Q3K_SEGMENTS` and `q3_k_bytes` in [`panel8`]).
+///
+/// [`panel8`]: crate::cpu_qmatmul::panel8
 #[inline(always)]
 unsafe fn q3_k_words(q: *const u8, w: usize) -> [__m256i; 3] {
     let at = q.add(w * 3 * 32);
     std::array::from_fn(|i| _mm256_loadu_si256(at.add(32 * i).cast()))
 }
 
-/// The chunk `c` quants (0..8, before the offset of 4) of the Q3_K quant word `x` and
-/// high-bit word `hmask`.
+/// The chunk `c` quants (0..8, before the offset of 4) of the recoded Q3_K words `x`: chunks
+/// 0-5 a field of three bits, chunks 6 and 7 two bits of the first or second word and one of
+/// the third (the 16-bit shifts bring the other byte's bits only where the masks clear them).
 #[inline(always)]
-unsafe fn q3_k_chunk(x: __m256i, hmask: __m256i, c: usize) -> __m256i {
-    let high = _mm256_slli_epi16::<2>(bits(hmask, c, 1));
-    _mm256_or_si256(bits(x, 2 * (c % 4), 3), high)
+unsafe fn q3_k_chunk(x: &[__m256i; 3], c: usize) -> __m256i {
+    match c {
+        0..=5 => bits(x[c / 2], 3 * (c % 2), 7),
+        _ => _mm256_or_si256(bits(x[c - 6], 6, 3), bits(x[2], c - 2, 4)),
+    }
 }
 
 /// # Safety
@@ -435,10 +440,10 @@ unsafe fn q3_k(p: *const u8, a: &[Q8KBlock]) -> __m256 {
             // Words 4 t..4 t + 4 of all eight chunks: half `2 c + t` of each.
             let mut s16 = [_mm256_setzero_si256(); 8];
             for w in 4 * t..4 * t + 4 {
-                let [hm, x0, x1] = q3_k_words(blk.add(quants), w);
+                let x = q3_k_words(blk.add(quants), w);
                 for (c, s16) in s16.iter_mut().enumerate() {
                     let yw = broadcast(y.add(32 * c + 4 * w));
-                    let q = q3_k_chunk(if c < 4 { x0 } else { x1 }, hm, c);
+                    let q = q3_k_chunk(&x, c);
                     *s16 = _mm256_add_epi16(*s16, _mm256_maddubs_epi16(q, yw));
                 }
             }
@@ -483,14 +488,10 @@ pub(super) unsafe fn fill_q3_k(blk: *const u8, panel: &mut Panel, b: usize) {
     let quants = segment_at(KFormat::Q3K, 2);
     let (scales, pairs) = q3_k_scales(blk);
     for w in 0..8 {
-        let [hm, x0, x1] = q3_k_words(blk.add(quants), w);
+        let x = q3_k_words(blk.add(quants), w);
         for c in 0..8 {
             let at = ((b * 8 + c) * 8 + w) * ROWS;
-            store(
-                &mut panel.packed,
-                at,
-                q3_k_chunk(if c < 4 { x0 } else { x1 }, hm, c),
-            );
+            store(&mut panel.packed, at, q3_k_chunk(&x, c));
         }
     }
     fill_rest(panel, b, &scales, &pairs, halves(blk), _mm256_setzero_ps());
