@@ -8,8 +8,9 @@
 //! is cut into segments of equal units ([`PanelFormat::segments`]), and a segment of `count` units
 //! of `unit` bytes is stored unit-major, row-minor (unit `k` of rows 0..8, then unit `k + 1`).
 //! So one 32-byte load gives four quant bytes of each of the eight rows, and one 16-byte load
-//! the f16 `d` of all eight. Q6_K's and Q3_K's quant words are then recoded bit by bit so that
-//! most weights are one mask or a shift and a mask away ([`recode`]). The layout is lossless
+//! the f16 `d` of all eight. Q6_K's, Q5_K's and Q3_K's quant words are then recoded bit by bit
+//! so that most weights are one mask or a shift and a mask away ([`recode`]). The layout is
+//! lossless
 //! ([`Panels::unpack_row`] gives a row's GGUF
 //! bytes back) and exactly as large as the GGUF rows; every k-quant (Q2_K..Q6_K) has one, and
 //! so have IQ4_XS (256-element super-blocks too), IQ4_NL, MXFP4, Q5_0 and Q5_1 (32-element blocks,
@@ -154,7 +155,7 @@ const Q6K_SEGMENTS: [Segment; 50] = {
 
 /// The revision of the bit recodings applied to the regrouped bytes ([`recode`]): part of the
 /// panel cache's layout version, with the segments.
-pub const RECODING: u32 = 2;
+pub const RECODING: u32 = 3;
 
 /// Which way [`recode`] goes.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -168,12 +169,13 @@ enum Recode {
 /// Recodes the quant words of a panel block of `format` byte position by byte position, where
 /// the format has a recoding: Q6_K's sixteen and Q3_K's eight word triples (segments
 /// `2 + 3 t..5 + 3 t`, 96 bytes), whose byte `i` holds four (Q6_K) or eight (Q3_K) weights of
-/// one row ([`q6_k_bytes`], [`q3_k_bytes`] say how, each way).
+/// one row ([`q6_k_bytes`], [`q3_k_bytes`] say how, each way), and Q5_K's words ([`recode_q5_k`]).
 fn recode(format: PanelFormat, block: &mut [u8], way: Recode) {
     type Bytes = fn([u8; 3], Recode) -> [u8; 3];
     let (triples, bytes): (usize, Bytes) = match format {
         PanelFormat::K(KFormat::Q6K) => (16, q6_k_bytes),
         PanelFormat::K(KFormat::Q3K) => (8, q3_k_bytes),
+        PanelFormat::K(KFormat::Q5K) => return recode_q5_k(block, way),
         _ => return,
     };
     const WORD: usize = 4 * ROWS;
@@ -231,6 +233,58 @@ fn q6_k_bytes([a, b, c]: [u8; 3], way: Recode) -> [u8; 3] {
                 w[1] & 0x0F | (w[3] & 0x0F) << 4,
                 w[0] >> 4 | (w[1] >> 4) << 2 | (w[2] >> 4) << 4 | (w[3] >> 4) << 6,
             ]
+        }
+    }
+}
+
+/// Recodes a Q5_K panel block: byte `i` of its fifth-bit word `w` (segment 3) and of its quant
+/// words `w`, `8 + w`, `16 + w`, `24 + w` (segment 4) hold the eight 5-bit weights of one row
+/// at that position, chunk pair `j`'s in quant word `8 j + w` ([`q5_k_bytes`] says how, each
+/// way).
+fn recode_q5_k(block: &mut [u8], way: Recode) {
+    const WORD: usize = 4 * ROWS;
+    let format = PanelFormat::K(KFormat::Q5K);
+    let (highs, quants) = (format.offset(3), format.offset(4));
+    assert_eq!(block.len(), quants + 32 * WORD, "Q5_K panel block size");
+    for w in 0..8 {
+        for i in 0..WORD {
+            let h = highs + w * WORD + i;
+            let x: [usize; 4] = std::array::from_fn(|j| quants + (8 * j + w) * WORD + i);
+            let (high, low) = q5_k_bytes(block[h], x.map(|at| block[at]), way);
+            block[h] = high;
+            for (at, byte) in x.into_iter().zip(low) {
+                block[at] = byte;
+            }
+        }
+    }
+}
+
+/// One byte position of a Q5_K fifth-bit word and its four quant words: the weights `q` of
+/// chunks `2 j` and `2 j + 1` (0..32). In the GGUF form the `j`-th quant byte holds their low
+/// four bits (low and high nibble) and the fifth-bit byte their fifth bits as bits `2 j`,
+/// `2 j + 1`. In the panel the `j`-th quant byte holds chunk `2 j` in bits 0-4 and bits 0-2 of
+/// chunk `2 j + 1` in bits 5-7, and the fifth-bit byte bits 3-4 of chunk `2 j + 1` as its bits
+/// `2 j`, `2 j + 1`: a mask gives the first chunk, two shifted masks ORed the second (the
+/// kernels' `k4_words`), where the GGUF form takes about four operations and a half for each.
+fn q5_k_bytes(high: u8, low: [u8; 4], way: Recode) -> (u8, [u8; 4]) {
+    match way {
+        Recode::ToPanel => {
+            let q: [[u8; 2]; 4] = std::array::from_fn(|j| {
+                [
+                    low[j] & 0x0F | (high >> (2 * j) & 1) << 4,
+                    low[j] >> 4 | (high >> (2 * j + 1) & 1) << 4,
+                ]
+            });
+            let top = (0..4).fold(0, |h, j| h | (q[j][1] >> 3) << (2 * j));
+            (top, q.map(|[a, b]| a | (b & 7) << 5))
+        }
+        Recode::ToGguf => {
+            let q: [[u8; 2]; 4] =
+                std::array::from_fn(|j| [low[j] & 0x1F, low[j] >> 5 | (high >> (2 * j) & 3) << 3]);
+            let fifth = (0..4).fold(0, |h, j| {
+                h | (q[j][0] >> 4) << (2 * j) | (q[j][1] >> 4) << (2 * j + 1)
+            });
+            (fifth, q.map(|[a, b]| a & 0x0F | (b & 0x0F) << 4))
         }
     }
 }
@@ -535,6 +589,75 @@ fn unpack_block(format: PanelFormat, block: &[u8], out: &mut [u8]) {
                 let to = r * bytes + offset + k * unit;
                 out[to..to + unit].copy_from_slice(&block[at..at + unit]);
                 at += unit;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every byte triple of the recoded formats (Q5_K: a fifth-bit byte and four quant bytes
+    /// made from it): the panel form gives the GGUF form back, and the weights the kernels take
+    /// from the panel form (the scalar image of `q6_k_words`, `k4_words` and `q3_k_chunk`'s
+    /// masks and shifts) are the GGUF form's.
+    #[test]
+    fn the_recodings_keep_every_weight_of_every_byte_triple() {
+        for x in 0..1u32 << 24 {
+            let gguf = [x as u8, (x >> 8) as u8, (x >> 16) as u8];
+            let [a, b, c] = gguf;
+
+            let p = q6_k_bytes(gguf, Recode::ToPanel);
+            assert_eq!(q6_k_bytes(p, Recode::ToGguf), gguf, "Q6_K {gguf:?}");
+            let want = [
+                a & 0x0F | (c & 3) << 4,
+                b & 0x0F | (c >> 2 & 3) << 4,
+                a >> 4 | (c >> 4 & 3) << 4,
+                b >> 4 | (c >> 6) << 4,
+            ];
+            let got = [
+                p[0] & 0x3F,
+                p[1] & 0x3F,
+                p[2] & 0x3F,
+                (p[0] >> 6) & 0x03 | (p[1] >> 4) & 0x0C | (p[2] >> 2) & 0x30,
+            ];
+            assert_eq!(got, want, "Q6_K weights of {gguf:?}");
+
+            // Q5_K: the fifth-bit byte and quant byte j from the triple's first two bytes, the
+            // other quant bytes from its third.
+            let high = a;
+            let low = [b, c, c.rotate_left(3), !b];
+            let (ph, pl) = q5_k_bytes(high, low, Recode::ToPanel);
+            assert_eq!(
+                q5_k_bytes(ph, pl, Recode::ToGguf),
+                (high, low),
+                "Q5_K {gguf:?}"
+            );
+            for j in 0..4 {
+                let want = [
+                    low[j] & 0x0F | (high >> (2 * j) & 1) << 4,
+                    low[j] >> 4 | (high >> (2 * j + 1) & 1) << 4,
+                ];
+                let moved = if j < 2 {
+                    ph << (3 - 2 * j)
+                } else {
+                    ph >> (2 * j - 3)
+                };
+                let got = [pl[j] & 0x1F, (pl[j] >> 5) & 7 | moved & 0x18];
+                assert_eq!(got, want, "Q5_K chunks {} of {gguf:?}", 2 * j);
+            }
+
+            let p = q3_k_bytes(gguf, Recode::ToPanel);
+            assert_eq!(q3_k_bytes(p, Recode::ToGguf), gguf, "Q3_K {gguf:?}");
+            for k in 0..8 {
+                let low = if k < 4 { b } else { c };
+                let want = (low >> (2 * (k % 4))) & 3 | ((a >> k) & 1) << 2;
+                let got = match k {
+                    0..=5 => (p[k / 2] >> (3 * (k % 2))) & 7,
+                    _ => (p[k - 6] >> 6) & 3 | (p[2] >> (k - 2)) & 4,
+                };
+                assert_eq!(got, want, "Q3_K chunk {k} of {gguf:?}");
             }
         }
     }

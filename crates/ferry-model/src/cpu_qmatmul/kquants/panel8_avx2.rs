@@ -526,15 +526,16 @@ unsafe fn fill_rest(
     _mm256_storeu_ps(panel.dmin.as_mut_ptr().add(at), dmin);
 }
 
-/// Chunk `c`'s fifth bits of the Q5_K words `qh` (bit `c` of each byte) as 16 or 0.
+/// Bits 3-4 of chunk `2 j + 1`'s Q5_K weights from the recoded fifth-bit word `h` (bits `2 j`,
+/// `2 j + 1` of each byte), in place: 16-bit shifts bring the other byte's bits only where the
+/// mask clears them.
 #[inline(always)]
-unsafe fn q5_k_high(qh: __m256i, c: usize) -> __m256i {
-    // Bit c to bit 4 of its byte: 16-bit shifts bring no bit of the other byte to bit 4.
-    let moved = match c {
-        0..=4 => _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - c as i32)),
-        _ => _mm256_srl_epi16(qh, _mm_cvtsi32_si128(c as i32 - 4)),
+unsafe fn q5_k_top(h: __m256i, j: usize) -> __m256i {
+    let moved = match j {
+        0 | 1 => _mm256_sll_epi16(h, _mm_cvtsi32_si128(3 - 2 * j as i32)),
+        _ => _mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j as i32 - 3)),
     };
-    _mm256_and_si256(moved, _mm256_set1_epi8(0x10))
+    _mm256_and_si256(moved, _mm256_set1_epi8(0x18))
 }
 
 /// Where a Q4_K (`FIFTH = false`) or Q5_K panel block's fifth-bit words (Q5_K) and quants
@@ -569,16 +570,17 @@ unsafe fn k4_words<const FIFTH: bool>(
     m4: __m256i,
 ) -> (__m256i, __m256i) {
     let x = _mm256_loadu_si256(blk.add(at.quants + (8 * j + w) * 32).cast());
-    let lo = _mm256_and_si256(x, m4);
-    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
     if !FIFTH {
+        let lo = _mm256_and_si256(x, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
         return (lo, hi);
     }
+    // Recoded (`q5_k_bytes` in `panel8`): chunk 2 j in bits 0-4, bits 0-2 of chunk 2 j + 1
+    // above them, its bits 3-4 in the fifth-bit word.
     let h = _mm256_loadu_si256(blk.add(at.highs + w * 32).cast());
-    (
-        _mm256_or_si256(lo, q5_k_high(h, 2 * j)),
-        _mm256_or_si256(hi, q5_k_high(h, 2 * j + 1)),
-    )
+    let lo = _mm256_and_si256(x, _mm256_set1_epi8(0x1F));
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<5>(x), _mm256_set1_epi8(0x07));
+    (lo, _mm256_or_si256(hi, q5_k_top(h, j)))
 }
 
 /// The Q4_K (`FIFTH = false`) or Q5_K panel dots: per chunk pair, eight (Q4_K) or four
