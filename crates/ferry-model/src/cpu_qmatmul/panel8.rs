@@ -10,9 +10,8 @@
 //! So one 32-byte load gives four quant bytes of each of the eight rows, and one 16-byte load
 //! the f16 `d` of all eight. Q6_K's, Q5_K's and Q3_K's quant words are then recoded bit by bit
 //! so that most weights are one mask or a shift and a mask away ([`recode`]). The layout is
-//! lossless
-//! ([`Panels::unpack_row`] gives a row's GGUF
-//! bytes back) and exactly as large as the GGUF rows; every k-quant (Q2_K..Q6_K) has one, and
+//! lossless ([`Panels::unpack_row`] gives a row's GGUF bytes back) and exactly as large as the
+//! GGUF rows; every k-quant (Q2_K..Q6_K) has one, and
 //! so have IQ4_XS (256-element super-blocks too), IQ4_NL, MXFP4, Q5_0 and Q5_1 (32-element blocks,
 //! `kb` of them per row).
 //! Panels live in memory of their own ([`Panels::pack`]) or in a mapped file that holds them

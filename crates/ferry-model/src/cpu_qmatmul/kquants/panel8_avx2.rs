@@ -277,7 +277,7 @@ pub(super) unsafe fn fill_q6_k(blk: *const u8, panel: &mut Panel, b: usize) {
 }
 
 /// Word `w` of chunks `4 n..4 n + 4` of the Q6_K panel block's quants at `q` (its three
-/// recoded words side by side, see `Q6K_SEGMENTS` and `recode_q6_k` in [`panel8`]): the low
+/// recoded words side by side, see `Q6K_SEGMENTS` and `q6_k_bytes` in [`panel8`]): the low
 /// six bits of each word are chunks `4 n`, `4 n + 1`, `4 n + 2`, their top two bits those of
 /// chunk `4 n + 3` (bits 0-1, 2-3, 4-5). The 16-bit shifts bring the other byte's bits only
 /// where the masks clear them.
