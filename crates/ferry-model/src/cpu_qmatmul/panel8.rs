@@ -166,17 +166,26 @@ enum Recode {
 }
 
 /// Recodes the quant words of a panel block of `format` byte position by byte position, where
-/// the format has a recoding: Q6_K's sixteen and Q3_K's eight word triples (segments
-/// `2 + 3 t..5 + 3 t`, 96 bytes), whose byte `i` holds four (Q6_K) or eight (Q3_K) weights of
-/// one row ([`q6_k_bytes`], [`q3_k_bytes`] say how, each way), and Q5_K's words ([`recode_q5_k`]).
+/// the format has a recoding: Q6_K's sixteen and Q3_K's eight word triples ([`recode_triples`]:
+/// [`q6_k_bytes`], [`q3_k_bytes`]) and Q5_K's words ([`recode_q5_k`]).
 fn recode(format: PanelFormat, block: &mut [u8], way: Recode) {
-    type Bytes = fn([u8; 3], Recode) -> [u8; 3];
-    let (triples, bytes): (usize, Bytes) = match format {
-        PanelFormat::K(KFormat::Q6K) => (16, q6_k_bytes),
-        PanelFormat::K(KFormat::Q3K) => (8, q3_k_bytes),
-        PanelFormat::K(KFormat::Q5K) => return recode_q5_k(block, way),
-        _ => return,
-    };
+    match format {
+        PanelFormat::K(KFormat::Q6K) => recode_triples(format, block, 16, q6_k_bytes, way),
+        PanelFormat::K(KFormat::Q3K) => recode_triples(format, block, 8, q3_k_bytes, way),
+        PanelFormat::K(KFormat::Q5K) => recode_q5_k(block, way),
+        _ => {}
+    }
+}
+
+/// Recodes the `triples` quant word triples of a panel block of `format` (segments
+/// `2 + 3 t..5 + 3 t`, 96 bytes), whose byte `i` holds weights of one row, by `bytes`.
+fn recode_triples(
+    format: PanelFormat,
+    block: &mut [u8],
+    triples: usize,
+    bytes: fn([u8; 3], Recode) -> [u8; 3],
+    way: Recode,
+) {
     const WORD: usize = 4 * ROWS;
     let quants = format.offset(2);
     assert_eq!(

@@ -288,21 +288,11 @@ unsafe fn q6_k_words(q: *const u8, n: usize, w: usize) -> [__m256i; 4] {
     let at = q.add((8 * n + w) * 3 * 32);
     let load = |i: usize| _mm256_loadu_si256(at.add(32 * i).cast());
     let (a, b, c) = (load(0), load(1), load(2));
-    let low = _mm256_set1_epi8(0x3F);
-    let mask = |v: __m256i, m: i8| _mm256_and_si256(v, _mm256_set1_epi8(m));
     let last = _mm256_or_si256(
-        _mm256_or_si256(
-            mask(_mm256_srli_epi16::<6>(a), 0x03),
-            mask(_mm256_srli_epi16::<4>(b), 0x0C),
-        ),
-        mask(_mm256_srli_epi16::<2>(c), 0x30),
+        _mm256_or_si256(bits(a, 6, 0x03), bits(b, 4, 0x0C)),
+        bits(c, 2, 0x30),
     );
-    [
-        _mm256_and_si256(a, low),
-        _mm256_and_si256(b, low),
-        _mm256_and_si256(c, low),
-        last,
-    ]
+    [bits(a, 0, 0x3F), bits(b, 0, 0x3F), bits(c, 0, 0x3F), last]
 }
 
 /// Bits `shift..` of each byte of `v` under `mask`.
@@ -578,9 +568,10 @@ unsafe fn k4_words<const FIFTH: bool>(
     // Recoded (`q5_k_bytes` in `panel8`): chunk 2 j in bits 0-4, bits 0-2 of chunk 2 j + 1
     // above them, its bits 3-4 in the fifth-bit word.
     let h = _mm256_loadu_si256(blk.add(at.highs + w * 32).cast());
-    let lo = _mm256_and_si256(x, _mm256_set1_epi8(0x1F));
-    let hi = _mm256_and_si256(_mm256_srli_epi16::<5>(x), _mm256_set1_epi8(0x07));
-    (lo, _mm256_or_si256(hi, q5_k_top(h, j)))
+    (
+        bits(x, 0, 0x1F),
+        _mm256_or_si256(bits(x, 5, 0x07), q5_k_top(h, j)),
+    )
 }
 
 /// The Q4_K (`FIFTH = false`) or Q5_K panel dots: per chunk pair, eight (Q4_K) or four
