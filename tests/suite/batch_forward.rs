@@ -1,6 +1,8 @@
 //! `Model::forward_batch` on the real default model: several sequences at different positions
 //! (prefill, chunked prefill, decode) in one step give the logits each gets alone, and every
-//! layer's weights are fetched once per step whatever the batch size.
+//! layer's weights are fetched once per step whatever the batch size. A step of a source that
+//! never waits runs whole on rayon's pool; one that may wait is asked for its layers on the
+//! calling thread.
 
 use crate::real_model;
 
@@ -21,6 +23,25 @@ impl LayerSource for Counting {
     fn layer(&mut self, index: usize) -> Result<LayerWeights, ModelError> {
         self.fetched += 1;
         self.inner.layer(index)
+    }
+}
+
+/// Resident layers that record, per fetch, whether it came from a thread of rayon's pool, and
+/// say they never wait (or not) as told.
+struct WhereFetched {
+    inner: ResidentLayers,
+    never_waits: bool,
+    on_pool: Vec<bool>,
+}
+
+impl LayerSource for WhereFetched {
+    fn layer(&mut self, index: usize) -> Result<LayerWeights, ModelError> {
+        self.on_pool.push(rayon::current_thread_index().is_some());
+        self.inner.layer(index)
+    }
+
+    fn never_waits(&self) -> bool {
+        self.never_waits
     }
 }
 
@@ -103,4 +124,56 @@ fn a_batched_step_equals_each_sequence_alone() {
     }
     let lens: Vec<usize> = caches.iter().map(|c| c.len()).collect();
     assert_eq!(lens, [7, 5, 8]);
+}
+
+#[test]
+fn a_source_that_never_waits_runs_its_step_on_the_pool_and_one_that_may_wait_does_not() {
+    let files = ModelFiles::Gguf {
+        path: real_model::model_path(),
+    };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DtypeChoice::Auto,
+    };
+    let loaded = load_model(&files, &options, &mut |_| {}).expect("loads");
+    let model = loaded.model;
+    let n_layers = model.spec().n_layers;
+    assert!(
+        rayon::current_thread_index().is_none(),
+        "the test thread is not one of the pool's"
+    );
+    let tokens: [&[u32]; 2] = [&[1, 504, 3458, 282], &[314]];
+    let mut logits = Vec::new();
+    for never_waits in [true, false] {
+        let mut layers = WhereFetched {
+            inner: loaded.layers.clone(),
+            never_waits,
+            on_pool: Vec::new(),
+        };
+        let mut cache = model.new_cache();
+        let steps: Vec<Vec<f32>> = tokens
+            .iter()
+            .map(|t| {
+                let l = model.forward(t, &mut cache, &mut layers).expect("step");
+                l.to_vec1().expect("f32")
+            })
+            .collect();
+        // The embedding output of a sequence goes through the same path as `forward`.
+        let mut hidden_cache = model.new_cache();
+        model
+            .forward_hidden(tokens[0], &mut hidden_cache, &mut layers)
+            .expect("hidden");
+        assert_eq!(
+            layers.on_pool.len(),
+            3 * n_layers,
+            "one fetch per layer per step"
+        );
+        assert!(
+            layers.on_pool.iter().all(|&p| p == never_waits),
+            "never_waits {never_waits}: fetched on the pool {:?}",
+            layers.on_pool
+        );
+        logits.push(steps);
+    }
+    assert_eq!(logits[0], logits[1], "where the step runs changes no logit");
 }

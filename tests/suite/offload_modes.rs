@@ -13,6 +13,7 @@ use ferry::config::{
 };
 use ferry::engine::traits::{LanguageModel, TextCodec};
 use ferry::model::checkpoint::Checkpoint;
+use ferry::model::decoder::LayerSource;
 use ferry::model::loader::{Holding, LoadOptions};
 use ferry::model::source::{HubOptions, ModelFiles};
 use ferry::offload::buffer::HostMemory;
@@ -128,6 +129,10 @@ fn run(config: &ModelConfig, prompt: &[u32]) -> (Vec<u32>, usize, usize) {
         "{what}: {slots} slots"
     );
     assert!(acc.max_slots_busy <= slots as u64, "{what}: {acc:?}");
+    // A store that may wait on a copy is never asked for layers on a pool thread; one that
+    // holds every layer (and no expert store) runs each step whole on the pool.
+    let expected_never_waits = plan.host_layers() == 0 && store.experts().is_none();
+    assert_eq!(store.never_waits(), expected_never_waits, "{what}");
     if plan.host_layers() > 0 {
         // Every streamed layer is copied once per forward pass (prefill + decode steps).
         let passes = NEW_TOKENS as u64 + 1;

@@ -326,6 +326,12 @@ impl LayerSource for WeightStore {
         Ok(self.get(index)?)
     }
 
+    /// Nothing streamed (no streamer) and no expert store (whose copies `release` may wait
+    /// for): every layer is resident or computed in place on the host tier.
+    fn never_waits(&self) -> bool {
+        self.streamer.is_none() && self.experts.is_none()
+    }
+
     fn release(&mut self, index: usize) -> ferry_model::Result<()> {
         if let Some(experts) = &self.experts {
             experts.release(index);

@@ -24,7 +24,7 @@ pub struct StepRows {
 }
 
 /// Hands out the weights of decoder layer `index` for one forward pass.
-pub trait LayerSource {
+pub trait LayerSource: Send {
     /// Called once at the start of a forward pass with its shape, before any
     /// [`LayerSource::layer`]: a source that chooses per step where a layer runs (the offload
     /// engine's tiers) decides here.
@@ -39,6 +39,13 @@ pub trait LayerSource {
         let _ = index;
         Ok(())
     }
+    /// Whether [`LayerSource::layer`] and [`LayerSource::release`] return without waiting on
+    /// another thread (every layer already in place, nothing streamed): a CPU step then runs
+    /// whole on a thread of rayon's pool (one hand-over per step instead of one per layer).
+    /// A source that may wait says `false` (the default), so no pool thread blocks on a copy.
+    fn never_waits(&self) -> bool {
+        false
+    }
 }
 
 /// Every layer already on the compute device: `ResidentLayers(Vec<LayerWeights>)` owns them,
@@ -47,11 +54,15 @@ pub trait LayerSource {
 #[derive(Debug, Clone)]
 pub struct ResidentLayers<L = Vec<LayerWeights>>(pub L);
 
-impl<L: AsRef<[LayerWeights]>> LayerSource for ResidentLayers<L> {
+impl<L: AsRef<[LayerWeights]> + Send> LayerSource for ResidentLayers<L> {
     fn layer(&mut self, index: usize) -> Result<LayerWeights> {
         let layers = self.0.as_ref();
         layers.get(index).cloned().ok_or_else(|| {
             ModelError::MissingTensor(format!("layer {index} (of {})", layers.len()))
         })
+    }
+
+    fn never_waits(&self) -> bool {
+        true
     }
 }
