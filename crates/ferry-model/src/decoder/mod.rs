@@ -414,8 +414,8 @@ impl Model {
     /// [`LayerSource::never_waits`]); otherwise on the calling thread, each layer then moving
     /// to the pool on its own ([`Model::on_pool`]). One hand-over per step instead of one per
     /// layer: each cost the pool's thread a wake-up of tens of microseconds on a VM (measured:
-    /// the 30-layer default model's pool thread switched 29 times a token before, 1.8 after,
-    /// and decoded 1.12-1.2x as fast; a 4-layer model within the noise).
+    /// the 30-layer default model's busiest pool thread switched 29 times a token before,
+    /// about 2 after, and decoded 1.12-1.2x as fast; 4-layer models within the noise).
     fn on_step_pool<R: Send>(&self, whole: bool, f: impl FnOnce() -> R + Send) -> R {
         if whole {
             self.on_pool(f)
