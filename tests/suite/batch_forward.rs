@@ -45,6 +45,18 @@ impl LayerSource for WhereFetched {
     }
 }
 
+/// The default model loaded for the CPU, every layer resident.
+fn load_default_model() -> ferry::model::loader::LoadedModel {
+    let files = ModelFiles::Gguf {
+        path: real_model::model_path(),
+    };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        dtype: DtypeChoice::Auto,
+    };
+    load_model(&files, &options, &mut |_| {}).expect("loads")
+}
+
 fn argmax(v: &[f32]) -> usize {
     v.iter()
         .enumerate()
@@ -54,14 +66,7 @@ fn argmax(v: &[f32]) -> usize {
 
 #[test]
 fn a_batched_step_equals_each_sequence_alone() {
-    let files = ModelFiles::Gguf {
-        path: real_model::model_path(),
-    };
-    let options = LoadOptions {
-        device: Device::Cpu,
-        dtype: DtypeChoice::Auto,
-    };
-    let loaded = load_model(&files, &options, &mut |_| {}).expect("loads");
+    let loaded = load_default_model();
     let model = loaded.model;
     let n_layers = model.spec().n_layers;
     let mut layers = Counting {
@@ -128,14 +133,7 @@ fn a_batched_step_equals_each_sequence_alone() {
 
 #[test]
 fn a_source_that_never_waits_runs_its_step_on_the_pool_and_one_that_may_wait_does_not() {
-    let files = ModelFiles::Gguf {
-        path: real_model::model_path(),
-    };
-    let options = LoadOptions {
-        device: Device::Cpu,
-        dtype: DtypeChoice::Auto,
-    };
-    let loaded = load_model(&files, &options, &mut |_| {}).expect("loads");
+    let loaded = load_default_model();
     let model = loaded.model;
     let n_layers = model.spec().n_layers;
     assert!(
