@@ -26,6 +26,9 @@ use super::mxfp4::MXFP4_BYTES;
 
 /// Weight rows per panel.
 pub const ROWS: usize = 8;
+/// Bytes of one 32-bit word of every row of a panel (a unit of 4 bytes, rows 0..8): what the
+/// recodings walk byte position by byte position.
+const WORD: usize = 4 * ROWS;
 
 /// A run of equal units of a block: `(byte offset in the GGUF block, unit bytes, units)`.
 type Segment = (usize, usize, usize);
@@ -186,7 +189,6 @@ fn recode_triples(
     bytes: fn([u8; 3], Recode) -> [u8; 3],
     way: Recode,
 ) {
-    const WORD: usize = 4 * ROWS;
     let quants = format.offset(2);
     assert_eq!(
         block.len(),
@@ -250,7 +252,6 @@ fn q6_k_bytes([a, b, c]: [u8; 3], way: Recode) -> [u8; 3] {
 /// at that position, chunk pair `j`'s in quant word `8 j + w` ([`q5_k_bytes`] says how, each
 /// way).
 fn recode_q5_k(block: &mut [u8], way: Recode) {
-    const WORD: usize = 4 * ROWS;
     let format = PanelFormat::K(KFormat::Q5K);
     let (highs, quants) = (format.offset(3), format.offset(4));
     assert_eq!(block.len(), quants + 32 * WORD, "Q5_K panel block size");
