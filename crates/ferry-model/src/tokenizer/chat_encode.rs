@@ -10,9 +10,10 @@
 //! 2. The template's source is rewritten with every special token it spells out replaced by its
 //!    alias; `bos_token`/`eos_token`/... are passed as aliases too. Message content is not
 //!    touched, so templates that trim, split or compare it behave as before.
-//! 3. The rendered prompt is tokenised by a copy of the tokenizer that does not parse special
-//!    tokens but knows the aliases as added tokens (with the flags of the tokens they stand
-//!    for), and each alias id becomes its token's id. Tokenisation around the markup is
+//! 3. The rendered prompt is tokenised by a copy of the tokenizer (its pipeline; the vocabulary
+//!    model is shared, [`super::pipeline`]) that does not parse special tokens but knows the
+//!    aliases as added tokens (with the flags of the tokens they stand for), and each alias id
+//!    becomes its token's id. Tokenisation around the markup is
 //!    therefore the same as with special tokens parsed, and `<|im_end|>` in content is the
 //!    same ids as that text written anywhere else with special tokens not parsed.
 //!
@@ -23,16 +24,17 @@
 use std::collections::HashMap;
 
 use aho_corasick::{AhoCorasick, MatchKind};
-use tokenizers::{AddedToken, Tokenizer};
+use tokenizers::AddedToken;
 
 use super::chat_template::{ChatMessage, ChatTemplate, TemplateContext};
+use super::pipeline::Pipeline;
 use crate::error::{ModelError, Result};
 
 /// The literal tokenizer and the aliased template of one model.
 #[derive(Debug)]
 pub(crate) struct ChatEncoder {
     /// Special tokens not parsed; aliases are added tokens.
-    literal: Tokenizer,
+    literal: Pipeline,
     /// Alias token id -> the special token's id.
     alias_ids: HashMap<u32, u32>,
     /// Finds special-token text (leftmost longest), for rewriting; `None` without specials.
@@ -47,7 +49,7 @@ pub(crate) struct ChatEncoder {
 impl ChatEncoder {
     /// Builds the literal tokenizer and the aliased template for `tokenizer` and its chat
     /// `template_source`.
-    pub(crate) fn new(tokenizer: &Tokenizer, template_source: Option<&str>) -> Result<Self> {
+    pub(crate) fn new(tokenizer: &Pipeline, template_source: Option<&str>) -> Result<Self> {
         let mut literal = tokenizer.clone();
         literal.set_encode_special_tokens(true);
         let mut specials: Vec<(u32, AddedToken)> = tokenizer
@@ -187,5 +189,47 @@ impl ChatEncoder {
             }
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokenizers::models::bpe::{Vocab, BPE};
+
+    use super::*;
+    use crate::tokenizer::pipeline::SharedModel;
+
+    /// A three-token BPE (`a`, `b`, `ab`) with the special token `<|end|>` (id 3).
+    fn tokenizer() -> Pipeline {
+        let vocab: Vocab = [("a", 0), ("b", 1), ("ab", 2), ("<|end|>", 3)]
+            .into_iter()
+            .map(|(t, id)| (t.to_owned(), id))
+            .collect();
+        let merges = vec![("a".to_owned(), "b".to_owned())];
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .unwrap();
+        let mut tokenizer = Pipeline::new(SharedModel::new(bpe));
+        tokenizer
+            .add_special_tokens([AddedToken::from("<|end|>", true)])
+            .unwrap();
+        tokenizer
+    }
+
+    #[test]
+    fn the_literal_tokenizer_shares_the_vocabulary_model_and_keeps_special_text_literal() {
+        let tokenizer = tokenizer();
+        let encoder = ChatEncoder::new(&tokenizer, None).unwrap();
+        // One vocabulary model for both: the copy made for chat prompts holds no tables of
+        // its own.
+        assert!(encoder.literal.get_model().same_as(tokenizer.get_model()));
+        // Special-token text is parsed by the model's tokenizer, literal in the copy (its
+        // characters are not in this vocabulary: no ids), and aliases become the token.
+        let parsed = tokenizer.encode("ab<|end|>", false).unwrap();
+        assert_eq!(parsed.get_ids(), [2, 3]);
+        assert_eq!(encoder.encode_literal("ab<|end|>", false).unwrap(), [2]);
+        let rendered = encoder.alias("ab<|end|>");
+        assert_eq!(encoder.encode_rendered(&rendered).unwrap(), [2, 3]);
     }
 }

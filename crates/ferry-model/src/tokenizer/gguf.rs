@@ -9,8 +9,8 @@
 //! BOS and EOS are added by a post-processor when the model wants them
 //! (`tokenizer.ggml.add_bos_token` / `add_eos_token`, else llama.cpp's default for the kind).
 
+use super::pipeline::Pipeline;
 use tokenizers::processors::template::{SpecialToken, TemplateProcessing};
-use tokenizers::Tokenizer;
 
 use super::gguf_meta::Meta;
 use super::gguf_vocab::GgufVocab;
@@ -20,7 +20,7 @@ use crate::header::GgufMetadata;
 
 /// What a GGUF says about its tokenizer, ready for [`super::TextTokenizer`].
 pub(super) struct GgufTokenizer {
-    pub tokenizer: Tokenizer,
+    pub tokenizer: Pipeline,
     pub special: SpecialTokens,
     pub chat_template: Option<String>,
     /// Tokens are spelled in GPT-2's byte alphabet (byte-level BPE).

@@ -5,9 +5,9 @@
 
 use std::borrow::Cow;
 
+use super::pipeline::{Pipeline, SharedModel};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Merges, Vocab, BPE};
-use tokenizers::Tokenizer;
 
 use super::gguf_meta::Meta;
 use super::gguf_vocab::GgufVocab;
@@ -16,7 +16,7 @@ use crate::error::{ModelError, Result};
 
 /// The BPE pipeline (model, pre-tokenizer, decoder; no added tokens yet) and what the pre type
 /// implies.
-pub(super) fn build(meta: &Meta<'_>, vocab: &GgufVocab<'_>) -> Result<(Tokenizer, PreDefaults)> {
+pub(super) fn build(meta: &Meta<'_>, vocab: &GgufVocab<'_>) -> Result<(Pipeline, PreDefaults)> {
     let (pre_tokenizer, defaults) = for_gguf_pre(meta.str("tokenizer.ggml.pre")?)?;
 
     // Tokens are stored in the byte alphabet; the odd one that is not (raw text) is respelled so
@@ -50,7 +50,7 @@ pub(super) fn build(meta: &Meta<'_>, vocab: &GgufVocab<'_>) -> Result<(Tokenizer
         .build()
         .map_err(|e| ModelError::Tokenizer(format!("cannot build BPE from GGUF vocab: {e}")))?;
 
-    let mut tokenizer = Tokenizer::new(bpe);
+    let mut tokenizer = Pipeline::new(SharedModel::new(bpe));
     tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
     tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
     Ok((tokenizer, defaults))

@@ -24,7 +24,9 @@ use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{Merges, Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
-use tokenizers::{DecoderWrapper, NormalizerWrapper, Tokenizer};
+use tokenizers::{DecoderWrapper, NormalizerWrapper};
+
+use super::pipeline::{Pipeline, SharedModel};
 
 use super::gguf_meta::Meta;
 use super::gguf_vocab::GgufVocab;
@@ -39,7 +41,7 @@ pub(super) fn build(
     meta: &Meta<'_>,
     vocab: &GgufVocab<'_>,
     unk_text: Option<String>,
-) -> Result<Tokenizer> {
+) -> Result<Pipeline> {
     let n = vocab.tokens.len();
     let scores = match meta.floats("tokenizer.ggml.scores")? {
         Some(scores) if scores.len() < n => {
@@ -93,7 +95,7 @@ pub(super) fn build(
         ModelError::Tokenizer(format!("cannot build SPM model from GGUF vocab: {e}"))
     })?;
 
-    let mut tokenizer = Tokenizer::new(bpe);
+    let mut tokenizer = Pipeline::new(SharedModel::new(bpe));
     tokenizer
         .with_normalizer(Some(normalizer(add_space_prefix)?))
         .map_err(|e| ModelError::Tokenizer(format!("space normalizer: {e}")))?;

@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
+use super::pipeline::Pipeline;
 use serde_json::Value as Json;
-use tokenizers::Tokenizer;
 
 use super::gguf::{bos_template, dedup_keep_order};
 use super::SpecialTokens;
@@ -16,7 +16,7 @@ use crate::source::read_json;
 
 /// What the Hugging Face files say, ready for [`super::TextTokenizer`].
 pub(super) struct HfTokenizer {
-    pub tokenizer: Tokenizer,
+    pub tokenizer: Pipeline,
     pub special: SpecialTokens,
     pub chat_template: Option<String>,
     pub byte_level: bool,
@@ -83,7 +83,7 @@ pub(super) fn build(
     tokenizer_config: Option<&Path>,
     generation_config: Option<&Path>,
 ) -> Result<HfTokenizer> {
-    let mut tokenizer = Tokenizer::from_file(tokenizer_json).map_err(|e| {
+    let mut tokenizer = Pipeline::from_file(tokenizer_json).map_err(|e| {
         ModelError::Tokenizer(format!("cannot load {}: {e}", tokenizer_json.display()))
     })?;
     let config = tokenizer_config
@@ -108,7 +108,7 @@ pub(super) fn build(
 
     // tokenizer.json's post-processor decides about BOS; a config asking for BOS that the
     // post-processor does not add gets a BOS template (transformers does the same).
-    let post_adds_bos = |t: &Tokenizer, bos: u32| {
+    let post_adds_bos = |t: &Pipeline, bos: u32| {
         t.encode("", true)
             .map(|e| e.get_ids().first() == Some(&bos))
             .unwrap_or(false)

@@ -22,6 +22,7 @@ mod gguf_meta;
 mod gguf_spm;
 mod gguf_vocab;
 mod hf;
+mod pipeline;
 pub mod pretokenizers;
 mod template_json;
 
@@ -29,7 +30,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use candle_core::quantized::gguf_file::Content;
-use tokenizers::Tokenizer;
+pub use pipeline::{Pipeline, SharedModel};
 
 use crate::error::{ModelError, Result};
 use crate::header::GgufMetadata;
@@ -69,7 +70,7 @@ pub(crate) struct SpecialTokens {
 /// A model's tokenizer: encode, decode, special tokens and chat template.
 #[derive(Debug)]
 pub struct TextTokenizer {
-    tokenizer: Tokenizer,
+    tokenizer: Pipeline,
     special: SpecialTokens,
     /// Tokens are spelled in GPT-2's byte alphabet (byte-level BPE).
     byte_level: bool,
@@ -133,7 +134,7 @@ impl TextTokenizer {
 
     /// The tokenizer with its template compiled (shared by both constructors).
     fn assemble(
-        tokenizer: Tokenizer,
+        tokenizer: Pipeline,
         special: SpecialTokens,
         byte_level: bool,
         chat_template: Option<String>,
@@ -153,7 +154,7 @@ impl TextTokenizer {
 
     /// The tokenizer with `compiled`, the template compiled from `source`.
     fn with_template(
-        tokenizer: Tokenizer,
+        tokenizer: Pipeline,
         special: SpecialTokens,
         byte_level: bool,
         compiled: Option<ChatTemplate>,
@@ -415,8 +416,8 @@ impl TextTokenizer {
         })
     }
 
-    /// The underlying `tokenizers` tokenizer.
-    pub fn inner(&self) -> &Tokenizer {
+    /// The underlying `tokenizers` pipeline.
+    pub fn inner(&self) -> &Pipeline {
         &self.tokenizer
     }
 }
