@@ -187,12 +187,22 @@ def fmt(x, spec=".1f"):
     return "n/a" if x is None else format(x, spec)
 def ratio(a, b):
     return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+# The k-th process of each side ran back to back (alternating), so their ratio sees one phase
+# of a drifting machine: the median of those ratios, and their range when there are several.
+def paired(f, p, key):
+    rs = sorted(a[key] / b[key] for a, b in zip(f, p) if a.get(key) and b.get(key))
+    if not rs:
+        return "n/a"
+    spread = f" ({rs[0]:.2f}-{rs[-1]:.2f})" if len(rs) > 1 else ""
+    return f"{statistics.median(rs):.2f}{spread}"
 print(f"\n{threads} threads, ferry built with cargo profile {sys.argv[3]}; load = load-to-ready / one warm read of the file; "
       "RSS = resident set after loading / file size (llama.cpp's includes the Python interpreter); "
       "after req = ferry's resident set after a request / (file size + KV cache bytes allocated), then / "
       "(file size + KV bytes of the positions stored: the CPU's cache pages are resident only where written), split into "
       "anonymous memory, the model file's mapped pages and the binary's own pages; ferry's loads come from its panel "
-      "cache (made before the timed runs), packing = one load without it (--panel-cache off) / the warm read\n")
+      "cache (made before the timed runs), packing = one load without it (--panel-cache off) / the warm read; "
+      "tok/s are each side's median over its processes, = is the median (and range) of the ratios of the "
+      "processes that ran back to back\n")
 print("| model | prompt | prefill tok/s ferry / llama.cpp | = | decode tok/s ferry / llama.cpp | = "
       "| load s ferry / llama.cpp (warm read) | load x ferry / llama.cpp | RSS MiB ferry / llama.cpp (file) | RSS x ferry / llama.cpp "
       "| after req MiB ferry (file + KV) | after req x | x stored | anon / model / binary MiB | packing s (x) |")
@@ -217,8 +227,8 @@ for line in open(path):
               f"({fmt(pd)} llama.cpp) | | ({fmt(pl, '.3f')} llama.cpp, {warm:.3f}) | | | | | | | | |")
         continue
     mb = lambda b: None if b is None else b / 2**20
-    print(f"| {r['model']} | {r['prompt']} | {fmt(fp)} / {fmt(pp)} | {ratio(fp, pp)} | {fmt(fd)} / {fmt(pd)} "
-          f"| {ratio(fd, pd)} | {fmt(fl, '.3f')} / {fmt(pl, '.3f')} ({warm:.3f}) "
+    print(f"| {r['model']} | {r['prompt']} | {fmt(fp)} / {fmt(pp)} | {paired(f, p, 'prefill_tok_s')} | {fmt(fd)} / {fmt(pd)} "
+          f"| {paired(f, p, 'decode_tok_s')} | {fmt(fl, '.3f')} / {fmt(pl, '.3f')} ({warm:.3f}) "
           f"| {ratio(fl, warm)} / {ratio(pl, warm)} | {fmt(mb(fr), '.0f')} / {fmt(mb(pr), '.0f')} ({mib:.0f}) "
           f"| {ratio(fr, size)} / {ratio(pr, size)} "
           f"| {fmt(mb(fq), '.0f')} ({fmt(mb(size + kv), '.0f')}) | {ratio(fq, None if kv is None else size + kv)} "
