@@ -5,12 +5,12 @@
 
 use std::borrow::Cow;
 
-use super::pipeline::{Pipeline, SharedModel};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
-use tokenizers::models::bpe::{Merges, Vocab, BPE};
 
+use super::compact_bpe::CompactBpe;
 use super::gguf_meta::Meta;
 use super::gguf_vocab::GgufVocab;
+use super::pipeline::{Pipeline, SharedModel};
 use super::pretokenizers::{for_gguf_pre, is_byte_level, spell_bytes, PreDefaults};
 use crate::error::{ModelError, Result};
 
@@ -21,51 +21,23 @@ pub(super) fn build(meta: &Meta<'_>, vocab: &GgufVocab<'_>) -> Result<(Pipeline,
 
     // Tokens are stored in the byte alphabet; the odd one that is not (raw text) is respelled so
     // the BPE model can reach it, as Hugging Face's GGUF conversion does. Later duplicates win.
-    // The two tables (tens of thousands of strings each) are made one after the other: the
-    // process has one allocator heap (`server::limits::ARENAS`), and two threads making small
-    // strings at once wait on its lock (measured: the load took 1.25x as long on two threads).
-    let spelled = |t: &str| {
-        if is_byte_level(t) {
-            t.to_string()
-        } else {
-            spell_bytes(t)
-        }
-    };
-    let merges = meta
-        .strings("tokenizer.ggml.merges")?
-        .ok_or_else(|| {
-            ModelError::Config("byte-level GGUF tokenizer has no `tokenizer.ggml.merges`".into())
-        })
-        .and_then(|m| split_merges(&m));
-    let bpe_vocab: Vocab = vocab
+    let tokens: Vec<Cow<'_, str>> = vocab
         .tokens
         .iter()
-        .enumerate()
-        .map(|(id, t)| (spelled(t), id as u32))
+        .map(|t| match is_byte_level(t) {
+            true => Cow::Borrowed(t.as_ref()),
+            false => Cow::Owned(spell_bytes(t)),
+        })
         .collect();
-    let merges = merges?;
-    let bpe = BPE::builder()
-        .vocab_and_merges(bpe_vocab, merges)
-        .ignore_merges(defaults.ignore_merges)
-        .build()
-        .map_err(|e| ModelError::Tokenizer(format!("cannot build BPE from GGUF vocab: {e}")))?;
+    let merges = meta.strings("tokenizer.ggml.merges")?.ok_or_else(|| {
+        ModelError::Config("byte-level GGUF tokenizer has no `tokenizer.ggml.merges`".into())
+    })?;
+    let bpe = CompactBpe::new(&tokens, &merges, defaults.ignore_merges)?;
 
-    let mut tokenizer = Pipeline::new(SharedModel::new(bpe));
+    let mut tokenizer = Pipeline::new(SharedModel::compact(bpe));
     tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
     tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
     Ok((tokenizer, defaults))
-}
-
-/// `tokenizer.ggml.merges` entries (`"a b"`) as pairs.
-fn split_merges(merges: &[Cow<'_, str>]) -> Result<Merges> {
-    merges
-        .iter()
-        .map(|m| {
-            m.split_once(' ')
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .ok_or_else(|| ModelError::Config(format!("GGUF merge `{m}` is not `a b`")))
-        })
-        .collect()
 }
 
 /// Whether an added token can be matched: ones spelled outside the byte alphabet are llama.cpp

@@ -16,6 +16,7 @@
 pub mod builtin_template;
 mod chat_encode;
 pub mod chat_template;
+mod compact_bpe;
 mod gguf;
 mod gguf_bpe;
 mod gguf_meta;

@@ -1,0 +1,210 @@
+//! [`CompactBpe`] against the crate's BPE model built from the same GGUF vocabulary the way
+//! ferry built it before (owned strings, `BPE::builder`): every pre-token of a corpus in every
+//! byte-level fixture (llama.cpp's Llama 3 and Qwen2 pre types, a probe vocabulary, the
+//! default SmolLM2 model when fetched) gives the same ids, texts and offsets, and the two agree
+//! on every id, text and the serialized model.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file::Content;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::{
+    Model, ModelWrapper, OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer,
+};
+
+use super::*;
+use crate::tokenizer::pretokenizers::{for_gguf_pre, is_byte_level, spell_bytes};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The tokens (spelled in the byte alphabet), merges and pre type of a byte-level GGUF.
+fn read(path: &Path) -> (Vec<String>, Vec<String>, Option<String>) {
+    let mut file = std::fs::File::open(path).unwrap();
+    let content = Content::read(&mut file).unwrap();
+    let strings = |key: &str| -> Vec<String> {
+        content.metadata[key]
+            .to_vec()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_string().unwrap().clone())
+            .collect()
+    };
+    let tokens = strings("tokenizer.ggml.tokens")
+        .into_iter()
+        .map(|t| {
+            if is_byte_level(&t) {
+                t
+            } else {
+                spell_bytes(&t)
+            }
+        })
+        .collect();
+    let pre = content
+        .metadata
+        .get("tokenizer.ggml.pre")
+        .map(|v| v.to_string().unwrap().clone());
+    (tokens, strings("tokenizer.ggml.merges"), pre)
+}
+
+/// The crate's model as ferry built it before [`CompactBpe`].
+fn crate_bpe(tokens: &[String], merges: &[String], ignore_merges: bool) -> BPE {
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(id, t)| (t.clone(), id as u32))
+        .collect();
+    let merges = merges
+        .iter()
+        .map(|m| {
+            let (a, b) = m.split_once(' ').unwrap();
+            (a.to_owned(), b.to_owned())
+        })
+        .collect();
+    BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(ignore_merges)
+        .build()
+        .unwrap()
+}
+
+/// Texts that reach the model: the tokenizer fixtures' corpus and some edge cases.
+fn texts() -> Vec<String> {
+    let corpus = repo().join("tests/fixtures/tokenizer-llamacpp/corpus.txt");
+    let mut texts: Vec<String> = std::fs::read_to_string(corpus)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    texts.extend(
+        [
+            "",
+            " ",
+            "   leading and  double  spaces\t\ttabs\n\nnewlines\r\n",
+            "Hello, world! It's 2026-12-07; 3.14159 × 10⁻³ ≈ π/1000.",
+            "日本語のテキストと中文文本，한국어 텍스트",
+            "emoji 🚢🌊👩‍👩‍👧 and combining é (e\u{301})",
+            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "\u{0}\u{1}\u{7f} control \u{feff} bom",
+            "fn main() { println!(\"{}\", x.iter().map(|y| y * 2).sum::<u64>()); }",
+            "<|im_start|>user\nhi<|im_end|>",
+        ]
+        .map(str::to_owned),
+    );
+    texts
+}
+
+/// Compares the two models on `path`'s vocabulary.
+fn same_as_the_crate(path: &Path) {
+    let (tokens, merges, pre) = read(path);
+    let (pre_tokenizer, defaults) = for_gguf_pre(pre.as_deref()).unwrap();
+    let borrowed: Vec<Cow<'_, str>> = tokens.iter().map(|t| Cow::Borrowed(t.as_str())).collect();
+    let merge_strs: Vec<Cow<'_, str>> = merges.iter().map(|m| Cow::Borrowed(m.as_str())).collect();
+    let compact = CompactBpe::new(&borrowed, &merge_strs, defaults.ignore_merges).unwrap();
+    let reference = crate_bpe(&tokens, &merges, defaults.ignore_merges);
+    let name = path.display();
+
+    let mut pieces = 0;
+    for text in texts() {
+        let mut pre_tokenized = PreTokenizedString::from(text.as_str());
+        pre_tokenizer.pre_tokenize(&mut pre_tokenized).unwrap();
+        let splits = pre_tokenized.get_splits(OffsetReferential::Original, OffsetType::Byte);
+        for (piece, _, _) in splits {
+            pieces += 1;
+            assert_eq!(
+                compact.tokenize(piece),
+                reference.tokenize(piece).unwrap(),
+                "{name}: pre-token {piece:?}"
+            );
+        }
+    }
+    assert!(pieces > 1000, "{name}: only {pieces} pre-tokens");
+    for (id, token) in tokens.iter().enumerate() {
+        let id = id as u32;
+        assert_eq!(
+            compact.token(id),
+            reference.id_to_token(id).as_deref(),
+            "{name}: id {id}"
+        );
+        assert_eq!(
+            compact.id(token),
+            reference.token_to_id(token),
+            "{name}: {token:?}"
+        );
+    }
+    assert_eq!(compact.vocab(), reference.get_vocab(), "{name}: vocabulary");
+    assert_eq!(
+        compact.vocab_len(),
+        reference.get_vocab_size(),
+        "{name}: vocabulary size"
+    );
+    let json = |m: BPE| serde_json::to_string(&ModelWrapper::from(m)).unwrap();
+    assert!(
+        json(compact.to_crate_bpe().unwrap()) == json(reference),
+        "{name}: serialized models differ"
+    );
+}
+
+#[test]
+fn tokenizes_as_the_crates_bpe_on_every_byte_level_fixture() {
+    let fixtures = repo().join("tests/fixtures/tokenizer-llamacpp");
+    for name in ["bpe-llama3.gguf", "bpe-qwen2.gguf", "bpe-probe.gguf"] {
+        same_as_the_crate(&fixtures.join(name));
+    }
+    // The default model when `scripts/fetch-model.sh` has run (`scripts/test.sh` runs it).
+    let default = repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if default.exists() {
+        same_as_the_crate(&default);
+    }
+}
+
+/// A vocabulary of `a`, `b`, `c` and some of their joins, with `merges` in rank order: this
+/// model and the crate's.
+fn small(merges: &[&str], ignore_merges: bool) -> (CompactBpe, BPE) {
+    let tokens: Vec<String> = ["a", "b", "c", "ab", "bc", "abc", "aa", "aaa"]
+        .map(str::to_owned)
+        .to_vec();
+    let merges: Vec<String> = merges.iter().map(|m| (*m).to_owned()).collect();
+    let borrowed: Vec<Cow<'_, str>> = tokens.iter().map(|t| Cow::Borrowed(t.as_str())).collect();
+    let merge_strs: Vec<Cow<'_, str>> = merges.iter().map(|m| Cow::Borrowed(m.as_str())).collect();
+    (
+        CompactBpe::new(&borrowed, &merge_strs, ignore_merges).unwrap(),
+        crate_bpe(&tokens, &merges, ignore_merges),
+    )
+}
+
+#[test]
+fn ranks_ties_unknown_characters_and_whole_words_follow_the_crate() {
+    let ids = |m: &CompactBpe, s: &str| m.tokenize(s).iter().map(|t| t.id).collect::<Vec<_>>();
+    // `b c` ranks first: `a` + `bc`, then `a bc` is no merge, so two tokens.
+    let bc_first = small(&["b c", "a b", "ab c"], false);
+    assert_eq!(ids(&bc_first.0, "abc"), [0, 4]);
+    // `a b` first: `ab` + `c`, then `ab c` = `abc`.
+    let ab_first = small(&["a b", "b c", "ab c"], false);
+    assert_eq!(ids(&ab_first.0, "abc"), [5]);
+    // Ties go to the leftmost pair: `aaaa` is `aa` + `aa`.
+    let pairs = small(&["a a", "aa a"], false);
+    assert_eq!(ids(&pairs.0, "aaaa"), [6, 6]);
+    // Characters outside the vocabulary are dropped, offsets count only what is kept.
+    let dropped = pairs.0.tokenize("a?a");
+    assert_eq!(
+        dropped.iter().map(|t| t.offsets).collect::<Vec<_>>(),
+        [(0, 2)]
+    );
+    // A whole word in the vocabulary skips the merges when `ignore_merges` is on.
+    let whole = small(&["b c", "a b"], true);
+    assert_eq!(ids(&whole.0, "abc"), [5]);
+    for (compact, reference) in [&bc_first, &ab_first, &pairs, &whole] {
+        for s in ["abc", "aaaa", "a?a", "cab", "bcabca", "aaaaaaa", ""] {
+            assert_eq!(compact.tokenize(s), reference.tokenize(s).unwrap(), "{s:?}");
+        }
+    }
+    // A merge whose result is not a token is an error naming it, as is one without a space.
+    let tokens = [Cow::Borrowed("a"), Cow::Borrowed("b")];
+    let error = CompactBpe::new(&tokens, &[Cow::Borrowed("a b")], false).unwrap_err();
+    assert!(error.to_string().contains("`ab`"), "{error}");
+    let error = CompactBpe::new(&tokens, &[Cow::Borrowed("ab")], false).unwrap_err();
+    assert!(error.to_string().contains("is not `a b`"), "{error}");
+}
