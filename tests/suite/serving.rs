@@ -480,9 +480,11 @@ async fn a_short_prompt_beside_a_long_one_gets_its_first_token_first() {
         short_first - asked
     );
     // Queued behind the long prefill, the short prompt's first token comes in the step that
-    // ends it (a lead of about nothing); sharing the budget, well before.
+    // ends it (a lead of about nothing); sharing the budget, at least a step before. On a loaded
+    // machine the steps are few and long (under the suite's own load once: a lead of 1.0 s of
+    // a 5.4 s wait, which a bound of a quarter failed); a tenth still tells the two apart.
     assert!(
-        lead >= long_wait / 4,
+        lead >= long_wait / 10,
         "the short prompt waited for the long one's prefill (lead {lead:?} of {long_wait:?})"
     );
     drop(decoding);
