@@ -1,13 +1,16 @@
-//! A byte-level BPE vocabulary model made straight from a GGUF's token list and merges
-//! (`tokenizer.ggml.model = "gpt2"`), for the `tokenizers` pipeline ([`super::pipeline`]).
+//! A BPE vocabulary model made straight from a GGUF's token list and merges, for the
+//! `tokenizers` pipeline ([`super::pipeline`]): byte-level vocabularies (`tokenizer.ggml.model =
+//! "gpt2"`, [`CompactBpe::new`]) and SentencePiece ones as BPE by score ([`super::gguf_spm`],
+//! [`CompactBpe::sentencepiece`]).
 //!
 //! It tokenizes exactly as `tokenizers`' own BPE model does with the settings ferry gives it
-//! for these vocabularies (no unknown token, no byte fallback, no dropout, no subword prefix
-//! or suffix; `ignore_merges` from the pre type): each character of a pre-token becomes its
-//! token (characters not in the vocabulary are dropped), then the adjacent pair of lowest merge
-//! rank is merged, the leftmost first on ties, until no pair has a merge. What differs is how
-//! it is built: the crate's model wants every token and both halves of every merge as owned
-//! strings in hash maps (and keeps a reversed copy), about 250,000 small allocations for a
+//! for these vocabularies (no dropout, no subword prefix or suffix; byte-level: no unknown
+//! token, no byte fallback, `ignore_merges` from the pre type; SentencePiece: byte fallback and
+//! the unknown token, not fused): each character of a pre-token becomes its token (else its
+//! `<0xNN>` byte tokens, else the unknown token, else nothing), then the adjacent pair of lowest
+//! merge rank is merged, the leftmost first on ties, until no pair has a merge. What differs is
+//! how it is built: the crate's model wants every token and both halves of every merge as
+//! owned strings in hash maps (and keeps a reversed copy), about 250,000 small allocations for a
 //! 49k-token vocabulary, which made the tokenizer the longest part of loading a small model
 //! (docs/BENCHMARKS.md). Here the token texts are one string, indexed by a hash table of ids,
 //! and the merges a map of id pairs.
@@ -27,7 +30,7 @@ use crate::error::{ModelError, Result};
 /// Code points below this have their one-character token in [`CompactBpe::chars`].
 const CHAR_TABLE: u32 = 0x200;
 
-/// A byte-level BPE model: token texts, their index and the merges.
+/// A BPE model: token texts, their index and the merges.
 pub struct CompactBpe {
     /// Every token's text, one after the other.
     text: String,
@@ -44,6 +47,11 @@ pub struct CompactBpe {
     /// The ids of the one-character tokens below U+0200 (the byte alphabet is U+0021-U+0143),
     /// by code point: a pre-token's characters are looked up here first.
     chars: Vec<Option<u32>>,
+    /// The `<0xNN>` token of each byte, for characters without a token of their own (all 256
+    /// must be tokens for a character's bytes to be used); empty without byte fallback.
+    byte_tokens: Vec<Option<u32>>,
+    /// The token of a character that has neither its own nor byte tokens.
+    unk: Option<u32>,
 }
 
 impl std::fmt::Debug for CompactBpe {
@@ -57,37 +65,16 @@ impl std::fmt::Debug for CompactBpe {
 }
 
 impl CompactBpe {
-    /// The model of `tokens` (id order, spelled in the byte alphabet) and `merges` (`"a b"`,
-    /// rank order). Errors name a merge that is not `a b` or whose halves or result are not
-    /// tokens.
+    /// The byte-level model of `tokens` (id order, spelled in the byte alphabet) and `merges`
+    /// (`"a b"`, rank order). Errors name a merge that is not `a b` or whose halves or result
+    /// are not tokens.
     pub fn new(
         tokens: &[Cow<'_, str>],
         merges: &[Cow<'_, str>],
         ignore_merges: bool,
     ) -> Result<Self> {
-        let bytes: usize = tokens.iter().map(|t| t.len()).sum();
-        let too_big = || ModelError::Config("GGUF vocabulary over 4 GiB of text".into());
-        if bytes > u32::MAX as usize || tokens.len() > u32::MAX as usize {
-            return Err(too_big());
-        }
-        let mut model = CompactBpe {
-            text: String::with_capacity(bytes),
-            starts: Vec::with_capacity(tokens.len() + 1),
-            index: HashTable::with_capacity(tokens.len()),
-            hasher: DefaultHashBuilder::default(),
-            merges: HashMap::with_capacity(merges.len()),
-            ignore_merges,
-            chars: Vec::new(),
-        };
-        model.starts.push(0);
-        for (id, token) in tokens.iter().enumerate() {
-            model.text.push_str(token);
-            model.starts.push(model.text.len() as u32);
-            model.insert(id as u32);
-        }
-        model.chars = (0..CHAR_TABLE)
-            .map(|c| char::from_u32(c).and_then(|c| model.id(c.encode_utf8(&mut [0; 4]))))
-            .collect();
+        let mut model = Self::of_tokens(tokens, merges.len())?;
+        model.ignore_merges = ignore_merges;
         let mut joined = String::new();
         for (rank, merge) in merges.iter().enumerate() {
             let (a, b) = merge
@@ -106,6 +93,61 @@ impl CompactBpe {
             let merged = model.id(&joined).ok_or_else(|| missing(&joined))?;
             model.merges.insert((left, right), (rank as u32, merged));
         }
+        Ok(model)
+    }
+
+    /// The SentencePiece model of `tokens` (id order) and `merges` (`(left, right, merged)` ids,
+    /// rank order), with byte fallback and `unk` for characters that have no token.
+    pub fn sentencepiece(
+        tokens: &[Cow<'_, str>],
+        merges: &[(u32, u32, u32)],
+        unk: Option<u32>,
+    ) -> Result<Self> {
+        let mut model = Self::of_tokens(tokens, merges.len())?;
+        let n = tokens.len() as u32;
+        if let Some(&(l, r, m)) = merges.iter().find(|&&(l, r, m)| l.max(r).max(m) >= n) {
+            return Err(ModelError::Config(format!(
+                "SentencePiece merge ({l}, {r}) -> {m} is outside the {n} tokens"
+            )));
+        }
+        for (rank, &(left, right, merged)) in merges.iter().enumerate() {
+            model.merges.insert((left, right), (rank as u32, merged));
+        }
+        model.byte_tokens = (0..=255u8)
+            .map(|b| model.id(&format!("<{b:#04X}>")))
+            .collect();
+        model.unk = unk.filter(|&u| u < n);
+        Ok(model)
+    }
+
+    /// The token texts and their index (no merges yet, room for `merges`).
+    fn of_tokens(tokens: &[Cow<'_, str>], merges: usize) -> Result<Self> {
+        let bytes: usize = tokens.iter().map(|t| t.len()).sum();
+        if bytes > u32::MAX as usize || tokens.len() > u32::MAX as usize {
+            return Err(ModelError::Config(
+                "GGUF vocabulary over 4 GiB of text".into(),
+            ));
+        }
+        let mut model = CompactBpe {
+            text: String::with_capacity(bytes),
+            starts: Vec::with_capacity(tokens.len() + 1),
+            index: HashTable::with_capacity(tokens.len()),
+            hasher: DefaultHashBuilder::default(),
+            merges: HashMap::with_capacity(merges),
+            ignore_merges: false,
+            chars: Vec::new(),
+            byte_tokens: Vec::new(),
+            unk: None,
+        };
+        model.starts.push(0);
+        for (id, token) in tokens.iter().enumerate() {
+            model.text.push_str(token);
+            model.starts.push(model.text.len() as u32);
+            model.insert(id as u32);
+        }
+        model.chars = (0..CHAR_TABLE)
+            .map(|c| char::from_u32(c).and_then(|c| model.id(c.encode_utf8(&mut [0; 4]))))
+            .collect();
         Ok(model)
     }
 
@@ -191,7 +233,7 @@ impl CompactBpe {
             }
         }
         SCRATCH.with_borrow_mut(|word| {
-            word.fill(sequence, |c| self.char_id(c));
+            self.fill(word, sequence);
             word.merge_all(&self.merges);
             let mut at = 0;
             word.symbols
@@ -207,6 +249,44 @@ impl CompactBpe {
         })
     }
 
+    /// Starts `word` over with the symbols of `sequence`'s characters: each its own token, else
+    /// its byte tokens, else the unknown token (one per character, added when the next
+    /// character's own token is, as the crate does), else nothing.
+    fn fill(&self, word: &mut Word, sequence: &str) {
+        word.symbols.clear();
+        let mut unknown: Option<(u32, usize)> = None;
+        for (i, c) in sequence.char_indices() {
+            let len = c.len_utf8();
+            if let Some(id) = self.char_id(&sequence[i..i + len]) {
+                if let Some((unk, unk_len)) = unknown.take() {
+                    word.push(unk, unk_len);
+                }
+                word.push(id, len);
+                continue;
+            }
+            if !self.byte_tokens.is_empty() {
+                let bytes = &sequence.as_bytes()[i..i + len];
+                if bytes
+                    .iter()
+                    .all(|&b| self.byte_tokens[b as usize].is_some())
+                {
+                    for &b in bytes {
+                        word.push(self.byte_tokens[b as usize].unwrap_or_default(), 1);
+                    }
+                    continue;
+                }
+            }
+            if let Some(unk) = self.unk {
+                if let Some((unk, unk_len)) = unknown.replace((unk, len)) {
+                    word.push(unk, unk_len);
+                }
+            }
+        }
+        if let Some((unk, unk_len)) = unknown {
+            word.push(unk, unk_len);
+        }
+    }
+
     /// The same model as the crate builds it (for serializing: the pipeline's JSON is the
     /// crate's `BPE` with this vocabulary and these merges in rank order).
     pub fn to_crate_bpe(&self) -> tokenizers::Result<BPE> {
@@ -217,10 +297,14 @@ impl CompactBpe {
             .into_iter()
             .map(|(&(a, b), _)| (text(a), text(b)))
             .collect();
-        BPE::builder()
+        let mut builder = BPE::builder()
             .vocab_and_merges(self.vocab().into_iter().collect::<Vocab>(), merges)
             .ignore_merges(self.ignore_merges)
-            .build()
+            .byte_fallback(!self.byte_tokens.is_empty());
+        if let Some(unk) = self.unk.and_then(|u| self.text_of(u)) {
+            builder = builder.unk_token(unk.to_owned());
+        }
+        builder.build()
     }
 }
 
@@ -252,27 +336,19 @@ struct Symbol {
 }
 
 impl Word {
-    /// Starts over with the symbols of `sequence`'s characters that `id` finds (the others
-    /// are dropped).
-    fn fill(&mut self, sequence: &str, id: impl Fn(&str) -> Option<u32>) {
-        let symbols = &mut self.symbols;
-        symbols.clear();
-        for (i, c) in sequence.char_indices() {
-            let Some(id) = id(&sequence[i..i + c.len_utf8()]) else {
-                continue;
-            };
-            let at = symbols.len();
-            let prev = at.checked_sub(1);
-            if let Some(p) = prev {
-                symbols[p].next = Some(at);
-            }
-            symbols.push(Symbol {
-                id,
-                len: c.len_utf8(),
-                prev,
-                next: None,
-            });
+    /// Appends a symbol of token `id` covering `len` bytes.
+    fn push(&mut self, id: u32, len: usize) {
+        let at = self.symbols.len();
+        let prev = at.checked_sub(1);
+        if let Some(p) = prev {
+            self.symbols[p].next = Some(at);
         }
+        self.symbols.push(Symbol {
+            id,
+            len,
+            prev,
+            next: None,
+        });
     }
 
     /// Merges the lowest-ranked adjacent pair (leftmost on ties) until none has a merge.

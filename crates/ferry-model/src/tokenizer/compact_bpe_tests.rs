@@ -1,8 +1,9 @@
 //! [`CompactBpe`] against the crate's BPE model built from the same GGUF vocabulary the way
 //! ferry built it before (owned strings, `BPE::builder`): every pre-token of a corpus in every
 //! byte-level fixture (llama.cpp's Llama 3 and Qwen2 pre types, a probe vocabulary, the
-//! default SmolLM2 model when fetched) gives the same ids, texts and offsets, and the two agree
-//! on every id, text and the serialized model.
+//! default SmolLM2 model when fetched), and every line of it spelled as SentencePiece text in
+//! the SentencePiece fixtures (Gemma, Phi-3), gives the same ids, texts and offsets, and the
+//! two agree on every id, text and the serialized model.
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use tokenizers::{
 };
 
 use super::*;
+use crate::tokenizer::gguf_spm::merges_by_score;
 use crate::tokenizer::pretokenizers::{for_gguf_pre, is_byte_level, spell_bytes};
 
 fn repo() -> PathBuf {
@@ -96,7 +98,7 @@ fn texts() -> Vec<String> {
     texts
 }
 
-/// Compares the two models on `path`'s vocabulary.
+/// Compares the two models on `path`'s byte-level vocabulary.
 fn same_as_the_crate(path: &Path) {
     let (tokens, merges, pre) = read(path);
     let (pre_tokenizer, defaults) = for_gguf_pre(pre.as_deref()).unwrap();
@@ -145,6 +147,93 @@ fn same_as_the_crate(path: &Path) {
         json(compact.to_crate_bpe().unwrap()) == json(reference),
         "{name}: serialized models differ"
     );
+}
+
+/// Compares the two models on `path`'s SentencePiece vocabulary (merges by score, byte
+/// fallback, the unknown token), over the corpus spelled as the normalizer leaves it.
+fn same_as_the_crate_spm(path: &Path) {
+    let mut file = std::fs::File::open(path).unwrap();
+    let content = Content::read(&mut file).unwrap();
+    let meta = &content.metadata;
+    let tokens: Vec<String> = meta["tokenizer.ggml.tokens"]
+        .to_vec()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(id, v)| match v.to_string().unwrap().as_str() {
+            "" => format!("[EMPTY_{id}]"),
+            t => t.to_owned(),
+        })
+        .collect();
+    let scores: Vec<f32> = meta["tokenizer.ggml.scores"]
+        .to_vec()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_f32().unwrap())
+        .collect();
+    let unk = meta
+        .get("tokenizer.ggml.unknown_token_id")
+        .map(|v| v.to_u32().unwrap())
+        .unwrap_or(0);
+    let spelled: Vec<Cow<'_, str>> = tokens.iter().map(|t| Cow::Borrowed(t.as_str())).collect();
+    let ids: std::collections::HashMap<&str, u32> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.as_str(), i as u32))
+        .collect();
+    let merges = merges_by_score(&spelled, &scores, &ids);
+    let compact = CompactBpe::sentencepiece(&spelled, &merges, Some(unk)).unwrap();
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(id, t)| (t.clone(), id as u32))
+        .collect();
+    let pairs = merges
+        .iter()
+        .map(|&(l, r, _)| (tokens[l as usize].clone(), tokens[r as usize].clone()))
+        .collect();
+    let reference = BPE::builder()
+        .vocab_and_merges(vocab, pairs)
+        .byte_fallback(true)
+        .unk_token(tokens[unk as usize].clone())
+        .build()
+        .unwrap();
+    let name = path.display();
+    let space = "\u{2581}";
+    for text in texts() {
+        let spelled = format!("{space}{}", text.replace(' ', space));
+        assert_eq!(
+            compact.tokenize(&spelled),
+            reference.tokenize(&spelled).unwrap(),
+            "{name}: {spelled:?}"
+        );
+    }
+    for (id, token) in tokens.iter().enumerate() {
+        let id = id as u32;
+        assert_eq!(
+            compact.token(id),
+            reference.id_to_token(id).as_deref(),
+            "{name}: id {id}"
+        );
+        assert_eq!(
+            compact.id(token),
+            reference.token_to_id(token),
+            "{name}: {token:?}"
+        );
+    }
+    let json = |m: BPE| serde_json::to_string(&ModelWrapper::from(m)).unwrap();
+    assert!(
+        json(compact.to_crate_bpe().unwrap()) == json(reference),
+        "{name}: serialized models differ"
+    );
+}
+
+#[test]
+fn tokenizes_as_the_crates_bpe_on_every_sentencepiece_fixture() {
+    let fixtures = repo().join("tests/fixtures/tokenizer-llamacpp");
+    for name in ["spm-gemma.gguf", "ggml-vocab-phi-3.gguf"] {
+        same_as_the_crate_spm(&fixtures.join(name));
+    }
 }
 
 #[test]
@@ -207,4 +296,34 @@ fn ranks_ties_unknown_characters_and_whole_words_follow_the_crate() {
     assert!(error.to_string().contains("`ab`"), "{error}");
     let error = CompactBpe::new(&tokens, &[Cow::Borrowed("ab")], false).unwrap_err();
     assert!(error.to_string().contains("is not `a b`"), "{error}");
+}
+
+#[test]
+fn byte_fallback_and_the_unknown_token_follow_the_crate() {
+    // `é` (C3 A9) has byte tokens, `ü` (C3 BC) does not: it is the unknown token, one per
+    // character, added when a later character's own token is (so after `é`'s byte tokens).
+    let tokens: Vec<String> = ["<unk>", "a", "b", "ab", "<0xC3>", "<0xA9>"]
+        .map(str::to_owned)
+        .to_vec();
+    let spelled: Vec<Cow<'_, str>> = tokens.iter().map(|t| Cow::Borrowed(t.as_str())).collect();
+    let compact = CompactBpe::sentencepiece(&spelled, &[(1, 2, 3)], Some(0)).unwrap();
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(id, t)| (t.clone(), id as u32))
+        .collect();
+    let reference = BPE::builder()
+        .vocab_and_merges(vocab, vec![("a".to_owned(), "b".to_owned())])
+        .byte_fallback(true)
+        .unk_token("<unk>".to_owned())
+        .build()
+        .unwrap();
+    let ids = |s: &str| compact.tokenize(s).iter().map(|t| t.id).collect::<Vec<_>>();
+    assert_eq!(ids("aüéüb"), [1, 4, 5, 0, 0, 2]);
+    assert_eq!(ids("abé"), [3, 4, 5]);
+    for s in ["aüéüb", "abé", "üü", "éab", "ab", "", "ba", "aéb"] {
+        assert_eq!(compact.tokenize(s), reference.tokenize(s).unwrap(), "{s:?}");
+    }
+    // A merge outside the vocabulary is refused.
+    assert!(CompactBpe::sentencepiece(&spelled, &[(1, 2, 6)], None).is_err());
 }

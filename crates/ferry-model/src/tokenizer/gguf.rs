@@ -54,7 +54,7 @@ pub(super) fn build(metadata: GgufMetadata<'_>) -> Result<GgufTokenizer> {
         }
         "llama" => {
             let unk = id("tokenizer.ggml.unknown_token_id")?.or(in_vocab(0));
-            let tokenizer = gguf_spm::build(&meta, &vocab, vocab.text(unk))?;
+            let tokenizer = gguf_spm::build(&meta, &vocab, unk)?;
             let defaults = KindDefaults {
                 bos: in_vocab(1),
                 eos: in_vocab(2),

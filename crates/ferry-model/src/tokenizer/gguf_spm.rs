@@ -6,9 +6,10 @@
 //! splits the text into UTF-8 characters and repeatedly merges the adjacent pair whose
 //! concatenation is the vocabulary token with the highest score, leftmost first on equal scores;
 //! a character that ends up in no token becomes its `<0xNN>` byte tokens. That is BPE with merges
-//! ranked by the score of the token they make, which is how the vocabulary becomes a
-//! [`tokenizers`] BPE model here: a merge `(a, b)` for every token `a + b` whose halves are tokens,
-//! ranked by score (ties by the ids of the halves), with byte fallback. The text is not split into
+//! ranked by the score of the token they make, which is how the vocabulary becomes a BPE model
+//! here ([`super::compact_bpe`], which merges as [`tokenizers`]' BPE does): a merge `(a, b)` for
+//! every token `a + b` whose halves are tokens, ranked by score (ties by the ids of the halves),
+//! with byte fallback. The text is not split into
 //! words first (llama.cpp merges across the whole run, `▁` included). The only order llama.cpp
 //! can take that this cannot: two different pairs that make the same token, both present at
 //! once, are merged leftmost first there and in rank order here.
@@ -16,16 +17,17 @@
 //! Decoding is Hugging Face's for these vocabularies: `▁` back to spaces, byte tokens back to
 //! bytes, and with the space prefix on, one leading space of the text dropped.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
-use tokenizers::models::bpe::{Merges, Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::{DecoderWrapper, NormalizerWrapper};
 
+use super::compact_bpe::CompactBpe;
 use super::pipeline::{Pipeline, SharedModel};
 
 use super::gguf_meta::Meta;
@@ -36,12 +38,8 @@ use crate::error::{ModelError, Result};
 const SPACE: &str = "\u{2581}";
 
 /// The SPM pipeline (normalizer, BPE-by-score model, decoder; no added tokens yet).
-/// `unk_text` is the unknown token, used when a character has neither a token nor byte tokens.
-pub(super) fn build(
-    meta: &Meta<'_>,
-    vocab: &GgufVocab<'_>,
-    unk_text: Option<String>,
-) -> Result<Pipeline> {
+/// `unk` is the unknown token, used when a character has neither a token nor byte tokens.
+pub(super) fn build(meta: &Meta<'_>, vocab: &GgufVocab<'_>, unk: Option<u32>) -> Result<Pipeline> {
     let n = vocab.tokens.len();
     let scores = match meta.floats("tokenizer.ggml.scores")? {
         Some(scores) if scores.len() < n => {
@@ -58,21 +56,18 @@ pub(super) fn build(
         .unwrap_or(true);
 
     // llama.cpp names empty tokens `[EMPTY_<id>]` and refuses duplicates; so do we.
-    let texts: Vec<String> = vocab
+    let texts: Vec<Cow<'_, str>> = vocab
         .tokens
         .iter()
         .enumerate()
-        .map(|(id, t)| {
-            if t.is_empty() {
-                format!("[EMPTY_{id}]")
-            } else {
-                t.to_string()
-            }
+        .map(|(id, t)| match t.is_empty() {
+            true => Cow::Owned(format!("[EMPTY_{id}]")),
+            false => Cow::Borrowed(t.as_ref()),
         })
         .collect();
     let mut ids: HashMap<&str, u32> = HashMap::with_capacity(n);
     for (id, text) in texts.iter().enumerate() {
-        if let Some(first) = ids.insert(text, id as u32) {
+        if let Some(first) = ids.insert(text.as_ref(), id as u32) {
             return Err(ModelError::Config(format!(
                 "GGUF vocabulary has the token `{text}` twice (ids {first} and {id})"
             )));
@@ -80,22 +75,9 @@ pub(super) fn build(
     }
 
     let merges = merges_by_score(&texts, &scores, &ids);
-    let bpe_vocab: Vocab = texts
-        .iter()
-        .enumerate()
-        .map(|(id, t)| (t.clone(), id as u32))
-        .collect();
-    let mut builder = BPE::builder()
-        .vocab_and_merges(bpe_vocab, merges)
-        .byte_fallback(true);
-    if let Some(unk) = unk_text {
-        builder = builder.unk_token(unk);
-    }
-    let bpe = builder.build().map_err(|e| {
-        ModelError::Tokenizer(format!("cannot build SPM model from GGUF vocab: {e}"))
-    })?;
+    let bpe = CompactBpe::sentencepiece(&texts, &merges, unk)?;
 
-    let mut tokenizer = Pipeline::new(SharedModel::new(bpe));
+    let mut tokenizer = Pipeline::new(SharedModel::compact(bpe));
     tokenizer
         .with_normalizer(Some(normalizer(add_space_prefix)?))
         .map_err(|e| ModelError::Tokenizer(format!("space normalizer: {e}")))?;
@@ -103,35 +85,30 @@ pub(super) fn build(
     Ok(tokenizer)
 }
 
-/// A merge `(a, b)` for every token `a + b` whose halves are both tokens, ranked by the score of
-/// `a + b` (highest first; a stable sort keeps token order, then the halves' ids, on ties).
-fn merges_by_score(texts: &[String], scores: &[f32], ids: &HashMap<&str, u32>) -> Merges {
-    // (score, token, cut): the halves are only spelled out once the order is known.
-    let mut ranked: Vec<(f32, u32, u32)> = Vec::new();
-    let mut local: Vec<(u32, u32, u32)> = Vec::new();
+/// A merge `(a, b)` for every token `a + b` whose halves are both tokens, as `(a, b, a + b)`
+/// ids, ranked by the score of `a + b` (highest first; a stable sort keeps token order, then
+/// the halves' ids, on ties).
+pub(super) fn merges_by_score(
+    texts: &[Cow<'_, str>],
+    scores: &[f32],
+    ids: &HashMap<&str, u32>,
+) -> Vec<(u32, u32, u32)> {
+    // (score, left, right, token).
+    let mut ranked: Vec<(f32, u32, u32, u32)> = Vec::new();
+    let mut local: Vec<(u32, u32)> = Vec::new();
     for (id, text) in texts.iter().enumerate() {
         local.clear();
         for (cut, _) in text.char_indices().skip(1) {
             let (left, right) = text.split_at(cut);
             if let (Some(&l), Some(&r)) = (ids.get(left), ids.get(right)) {
-                local.push((l, r, cut as u32));
+                local.push((l, r));
             }
         }
         local.sort_unstable();
-        ranked.extend(
-            local
-                .iter()
-                .map(|&(_, _, cut)| (scores[id], id as u32, cut)),
-        );
+        ranked.extend(local.iter().map(|&(l, r)| (scores[id], l, r, id as u32)));
     }
     ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
-    ranked
-        .into_iter()
-        .map(|(_, id, cut)| {
-            let (left, right) = texts[id as usize].split_at(cut as usize);
-            (left.to_string(), right.to_string())
-        })
-        .collect()
+    ranked.into_iter().map(|(_, l, r, id)| (l, r, id)).collect()
 }
 
 /// Spaces become `▁`, with one `▁` in front of each run of text between matched tokens when
@@ -166,22 +143,18 @@ mod tests {
 
     #[test]
     fn merges_rank_by_the_score_of_what_they_make() {
-        let texts: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"]
-            .iter()
-            .map(|s| s.to_string())
+        let texts: Vec<Cow<'_, str>> = ["a", "b", "c", "ab", "bc", "abc"]
+            .into_iter()
+            .map(Cow::Borrowed)
             .collect();
         let scores = [0.0, 0.0, 0.0, -2.0, -1.0, -3.0];
         let ids: HashMap<&str, u32> = texts
             .iter()
             .enumerate()
-            .map(|(i, t)| (t.as_str(), i as u32))
+            .map(|(i, t)| (t.as_ref(), i as u32))
             .collect();
         let merges = merges_by_score(&texts, &scores, &ids);
-        let pairs: Vec<(&str, &str)> = merges
-            .iter()
-            .map(|(a, b)| (a.as_str(), b.as_str()))
-            .collect();
         // bc (-1) before ab (-2) before the two ways to make abc (-3), `a bc` first (lower ids).
-        assert_eq!(pairs, [("b", "c"), ("a", "b"), ("a", "bc"), ("ab", "c")]);
+        assert_eq!(merges, [(1, 2, 4), (0, 1, 3), (0, 4, 5), (3, 2, 5)]);
     }
 }
