@@ -236,7 +236,8 @@ impl CompactBpe {
             self.fill(word, sequence);
             word.merge_all(&self.merges);
             let mut at = 0;
-            word.symbols
+            let tokens = word
+                .symbols
                 .iter()
                 .filter(|s| s.len != 0)
                 .map(|s| {
@@ -245,7 +246,9 @@ impl CompactBpe {
                     let text = self.text_of(s.id).unwrap_or_default();
                     Token::new(s.id, text.to_owned(), offsets)
                 })
-                .collect()
+                .collect();
+            word.trim();
+            tokens
         })
     }
 
@@ -308,8 +311,13 @@ impl CompactBpe {
     }
 }
 
+/// Symbols a thread's [`Word`] keeps room for between pre-tokens: a SentencePiece run is a
+/// whole text between special tokens, and a long prompt's should not stay allocated.
+const KEPT_SYMBOLS: usize = 1 << 10;
+
 thread_local! {
-    /// Each thread's [`Word`], reused from one pre-token to the next.
+    /// Each thread's [`Word`], reused from one pre-token to the next (trimmed to
+    /// [`KEPT_SYMBOLS`] after each).
     static SCRATCH: RefCell<Word> = const {
         RefCell::new(Word {
             symbols: Vec::new(),
@@ -336,6 +344,16 @@ struct Symbol {
 }
 
 impl Word {
+    /// Gives back the room of a long pre-token ([`KEPT_SYMBOLS`] stays).
+    fn trim(&mut self) {
+        if self.symbols.capacity() > KEPT_SYMBOLS {
+            self.symbols = Vec::with_capacity(KEPT_SYMBOLS);
+        }
+        if self.queue.capacity() > KEPT_SYMBOLS {
+            self.queue = BinaryHeap::with_capacity(KEPT_SYMBOLS);
+        }
+    }
+
     /// Appends a symbol of token `id` covering `len` bytes.
     fn push(&mut self, id: u32, len: usize) {
         let at = self.symbols.len();

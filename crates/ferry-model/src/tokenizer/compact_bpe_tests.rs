@@ -315,3 +315,22 @@ fn byte_fallback_and_the_unknown_token_follow_the_crate() {
     // A merge outside the vocabulary is refused.
     assert!(CompactBpe::sentencepiece(&spelled, &[(1, 2, 6)], None).is_err());
 }
+
+#[test]
+fn a_long_text_leaves_no_large_buffers_behind() {
+    let (compact, reference) = small(&["a b", "b c"], false);
+    let long = "abc".repeat(100_000);
+    assert_eq!(compact.tokenize(&long), reference.tokenize(&long).unwrap());
+    SCRATCH.with_borrow(|word| {
+        assert!(
+            word.symbols.capacity() <= KEPT_SYMBOLS,
+            "{}",
+            word.symbols.capacity()
+        );
+        assert!(
+            word.queue.capacity() <= KEPT_SYMBOLS,
+            "{}",
+            word.queue.capacity()
+        );
+    });
+}
