@@ -1,7 +1,7 @@
 //! A BPE vocabulary model made straight from a GGUF's token list and merges, for the
 //! `tokenizers` pipeline ([`super::pipeline`]): byte-level vocabularies (`tokenizer.ggml.model =
 //! "gpt2"`, [`CompactBpe::new`]) and SentencePiece ones as BPE by score ([`super::gguf_spm`],
-//! [`CompactBpe::sentencepiece`]).
+//! [`CompactBpe::with_sentencepiece`]).
 //!
 //! It tokenizes exactly as `tokenizers`' own BPE model does with the settings ferry gives it
 //! for these vocabularies (no dropout, no subword prefix or suffix; byte-level: no unknown
@@ -96,28 +96,35 @@ impl CompactBpe {
         Ok(model)
     }
 
-    /// The SentencePiece model of `tokens` (id order) and `merges` (`(left, right, merged)` ids,
-    /// rank order), with byte fallback and `unk` for characters that have no token.
-    pub fn sentencepiece(
-        tokens: &[Cow<'_, str>],
+    /// The SentencePiece model: `self` (a [`CompactBpe::vocabulary`]) with `merges`
+    /// (`(left, right, merged)` ids, rank order), byte fallback and `unk` for characters that
+    /// have no token.
+    pub fn with_sentencepiece(
+        mut self,
         merges: &[(u32, u32, u32)],
         unk: Option<u32>,
     ) -> Result<Self> {
-        let mut model = Self::of_tokens(tokens, merges.len())?;
-        let n = tokens.len() as u32;
+        let n = self.len() as u32;
         if let Some(&(l, r, m)) = merges.iter().find(|&&(l, r, m)| l.max(r).max(m) >= n) {
             return Err(ModelError::Config(format!(
                 "SentencePiece merge ({l}, {r}) -> {m} is outside the {n} tokens"
             )));
         }
+        self.merges = HashMap::with_capacity(merges.len());
         for (rank, &(left, right, merged)) in merges.iter().enumerate() {
-            model.merges.insert((left, right), (rank as u32, merged));
+            self.merges.insert((left, right), (rank as u32, merged));
         }
-        model.byte_tokens = (0..=255u8)
-            .map(|b| model.id(&format!("<{b:#04X}>")))
+        self.byte_tokens = (0..=255u8)
+            .map(|b| self.id(&format!("<{b:#04X}>")))
             .collect();
-        model.unk = unk.filter(|&u| u < n);
-        Ok(model)
+        self.unk = unk.filter(|&u| u < n);
+        Ok(self)
+    }
+
+    /// The token texts (id order) and their index, no merges yet: [`Self::id`] answers, for
+    /// finding the merges ([`Self::with_sentencepiece`]).
+    pub fn vocabulary(tokens: &[Cow<'_, str>]) -> Result<Self> {
+        Self::of_tokens(tokens, 0)
     }
 
     /// The token texts and their index (no merges yet, room for `merges`).

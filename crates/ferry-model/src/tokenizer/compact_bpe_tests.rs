@@ -186,8 +186,10 @@ fn same_as_the_crate_spm(path: &Path) {
         .enumerate()
         .map(|(i, t)| (t.as_str(), i as u32))
         .collect();
-    let merges = merges_by_score(&spelled, &scores, &ids);
-    let compact = CompactBpe::sentencepiece(&spelled, &merges, Some(unk)).unwrap();
+    let merges = merges_by_score(&spelled, &scores, |t| ids.get(t).copied());
+    let compact = CompactBpe::vocabulary(&spelled)
+        .and_then(|v| v.with_sentencepiece(&merges, Some(unk)))
+        .unwrap();
     let vocab: Vocab = tokens
         .iter()
         .enumerate()
@@ -294,7 +296,10 @@ fn byte_fallback_and_the_unknown_token_follow_the_crate() {
         .map(str::to_owned)
         .to_vec();
     let spelled: Vec<Cow<'_, str>> = tokens.iter().map(|t| Cow::Borrowed(t.as_str())).collect();
-    let compact = CompactBpe::sentencepiece(&spelled, &[(1, 2, 3)], Some(0)).unwrap();
+    let vocabulary = || CompactBpe::vocabulary(&spelled).unwrap();
+    let compact = vocabulary()
+        .with_sentencepiece(&[(1, 2, 3)], Some(0))
+        .unwrap();
     let vocab: Vocab = tokens
         .iter()
         .enumerate()
@@ -313,7 +318,7 @@ fn byte_fallback_and_the_unknown_token_follow_the_crate() {
         assert_eq!(compact.tokenize(s), reference.tokenize(s).unwrap(), "{s:?}");
     }
     // A merge outside the vocabulary is refused.
-    assert!(CompactBpe::sentencepiece(&spelled, &[(1, 2, 6)], None).is_err());
+    assert!(vocabulary().with_sentencepiece(&[(1, 2, 6)], None).is_err());
 }
 
 #[test]

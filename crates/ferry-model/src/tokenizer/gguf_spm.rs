@@ -18,7 +18,6 @@
 //! bytes, and with the space prefix on, one leading space of the text dropped.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::fuse::Fuse;
@@ -65,17 +64,10 @@ pub(super) fn build(meta: &Meta<'_>, vocab: &GgufVocab<'_>, unk: Option<u32>) ->
             false => Cow::Borrowed(t.as_ref()),
         })
         .collect();
-    let mut ids: HashMap<&str, u32> = HashMap::with_capacity(n);
-    for (id, text) in texts.iter().enumerate() {
-        if let Some(first) = ids.insert(text.as_ref(), id as u32) {
-            return Err(ModelError::Config(format!(
-                "GGUF vocabulary has the token `{text}` twice (ids {first} and {id})"
-            )));
-        }
-    }
-
-    let merges = merges_by_score(&texts, &scores, &ids);
-    let bpe = CompactBpe::sentencepiece(&texts, &merges, unk)?;
+    let vocabulary = CompactBpe::vocabulary(&texts)?;
+    refuse_duplicates(&texts, &vocabulary)?;
+    let merges = merges_by_score(&texts, &scores, |t| vocabulary.id(t));
+    let bpe = vocabulary.with_sentencepiece(&merges, unk)?;
 
     let mut tokenizer = Pipeline::new(SharedModel::compact(bpe));
     tokenizer
@@ -85,13 +77,28 @@ pub(super) fn build(meta: &Meta<'_>, vocab: &GgufVocab<'_>, unk: Option<u32>) ->
     Ok(tokenizer)
 }
 
+/// An error naming a token spelled twice (`vocabulary` finds the last id of a text).
+fn refuse_duplicates(texts: &[Cow<'_, str>], vocabulary: &CompactBpe) -> Result<()> {
+    for (id, text) in texts.iter().enumerate() {
+        match vocabulary.id(text) {
+            Some(last) if last != id as u32 => {
+                return Err(ModelError::Config(format!(
+                    "GGUF vocabulary has the token `{text}` twice (ids {id} and {last})"
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// A merge `(a, b)` for every token `a + b` whose halves are both tokens, as `(a, b, a + b)`
 /// ids, ranked by the score of `a + b` (highest first; a stable sort keeps token order, then
 /// the halves' ids, on ties).
 pub(super) fn merges_by_score(
     texts: &[Cow<'_, str>],
     scores: &[f32],
-    ids: &HashMap<&str, u32>,
+    id_of: impl Fn(&str) -> Option<u32>,
 ) -> Vec<(u32, u32, u32)> {
     // (score, left, right, token).
     let mut ranked: Vec<(f32, u32, u32, u32)> = Vec::new();
@@ -100,7 +107,7 @@ pub(super) fn merges_by_score(
         local.clear();
         for (cut, _) in text.char_indices().skip(1) {
             let (left, right) = text.split_at(cut);
-            if let (Some(&l), Some(&r)) = (ids.get(left), ids.get(right)) {
+            if let (Some(l), Some(r)) = (id_of(left), id_of(right)) {
                 local.push((l, r));
             }
         }
@@ -139,6 +146,8 @@ fn decoder(add_space_prefix: bool) -> DecoderWrapper {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
 
     #[test]
@@ -153,8 +162,23 @@ mod tests {
             .enumerate()
             .map(|(i, t)| (t.as_ref(), i as u32))
             .collect();
-        let merges = merges_by_score(&texts, &scores, &ids);
+        let merges = merges_by_score(&texts, &scores, |t| ids.get(t).copied());
         // bc (-1) before ab (-2) before the two ways to make abc (-3), `a bc` first (lower ids).
         assert_eq!(merges, [(1, 2, 4), (0, 1, 3), (0, 4, 5), (3, 2, 5)]);
+    }
+
+    #[test]
+    fn a_token_spelled_twice_is_refused_with_both_ids() {
+        let texts: Vec<Cow<'_, str>> = ["a", "b", "a", "c"]
+            .into_iter()
+            .map(Cow::Borrowed)
+            .collect();
+        let vocabulary = CompactBpe::vocabulary(&texts).unwrap();
+        let error = refuse_duplicates(&texts, &vocabulary)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("`a` twice (ids 0 and 2)"), "{error}");
+        let unique = &texts[..2];
+        assert!(refuse_duplicates(unique, &CompactBpe::vocabulary(unique).unwrap()).is_ok());
     }
 }
