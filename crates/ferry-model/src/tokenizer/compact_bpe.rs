@@ -73,18 +73,19 @@ impl CompactBpe {
         merges: &[Cow<'_, str>],
         ignore_merges: bool,
     ) -> Result<Self> {
-        let mut model = Self::of_tokens(tokens, merges.len())?;
+        let mut model = Self::vocabulary(tokens)?;
         model.ignore_merges = ignore_merges;
+        model.merges.reserve(merges.len());
+        let missing = |t: &str| {
+            ModelError::Tokenizer(format!(
+                "cannot build BPE from GGUF vocab: merge token `{t}` is not in the vocabulary"
+            ))
+        };
         let mut joined = String::new();
         for (rank, merge) in merges.iter().enumerate() {
             let (a, b) = merge
                 .split_once(' ')
                 .ok_or_else(|| ModelError::Config(format!("GGUF merge `{merge}` is not `a b`")))?;
-            let missing = |t: &str| {
-                ModelError::Tokenizer(format!(
-                    "cannot build BPE from GGUF vocab: merge token `{t}` is not in the vocabulary"
-                ))
-            };
             let left = model.id(a).ok_or_else(|| missing(a))?;
             let right = model.id(b).ok_or_else(|| missing(b))?;
             joined.clear();
@@ -110,7 +111,7 @@ impl CompactBpe {
                 "SentencePiece merge ({l}, {r}) -> {m} is outside the {n} tokens"
             )));
         }
-        self.merges = HashMap::with_capacity(merges.len());
+        self.merges.reserve(merges.len());
         for (rank, &(left, right, merged)) in merges.iter().enumerate() {
             self.merges.insert((left, right), (rank as u32, merged));
         }
@@ -124,11 +125,6 @@ impl CompactBpe {
     /// The token texts (id order) and their index, no merges yet: [`Self::id`] answers, for
     /// finding the merges ([`Self::with_sentencepiece`]).
     pub fn vocabulary(tokens: &[Cow<'_, str>]) -> Result<Self> {
-        Self::of_tokens(tokens, 0)
-    }
-
-    /// The token texts and their index (no merges yet, room for `merges`).
-    fn of_tokens(tokens: &[Cow<'_, str>], merges: usize) -> Result<Self> {
         let bytes: usize = tokens.iter().map(|t| t.len()).sum();
         if bytes > u32::MAX as usize || tokens.len() > u32::MAX as usize {
             return Err(ModelError::Config(
@@ -140,7 +136,7 @@ impl CompactBpe {
             starts: Vec::with_capacity(tokens.len() + 1),
             index: HashTable::with_capacity(tokens.len()),
             hasher: DefaultHashBuilder::default(),
-            merges: HashMap::with_capacity(merges),
+            merges: HashMap::new(),
             ignore_merges: false,
             chars: Vec::new(),
             byte_tokens: Vec::new(),

@@ -51,23 +51,50 @@ fn read(path: &Path) -> (Vec<String>, Vec<String>, Option<String>) {
     (tokens, strings("tokenizer.ggml.merges"), pre)
 }
 
-/// The crate's model as ferry built it before [`CompactBpe`].
-fn crate_bpe(tokens: &[String], merges: &[String], ignore_merges: bool) -> BPE {
-    let vocab: Vocab = tokens
+/// The strings as the constructors take them.
+fn borrowed(strings: &[String]) -> Vec<Cow<'_, str>> {
+    strings.iter().map(|t| Cow::Borrowed(t.as_str())).collect()
+}
+
+/// The crate's vocabulary map of `tokens` (later duplicates win).
+fn vocab_of(tokens: &[String]) -> Vocab {
+    tokens
         .iter()
         .enumerate()
         .map(|(id, t)| (t.clone(), id as u32))
-        .collect();
-    let merges = merges
+        .collect()
+}
+
+/// A byte-level model of `tokens` and `merges` (`"a b"`): this one, and the crate's as ferry
+/// built it before [`CompactBpe`].
+fn both(tokens: &[String], merges: &[String], ignore_merges: bool) -> (CompactBpe, BPE) {
+    let compact = CompactBpe::new(&borrowed(tokens), &borrowed(merges), ignore_merges).unwrap();
+    let pairs = merges
         .iter()
         .map(|m| {
             let (a, b) = m.split_once(' ').unwrap();
             (a.to_owned(), b.to_owned())
         })
         .collect();
-    BPE::builder()
-        .vocab_and_merges(vocab, merges)
+    let reference = BPE::builder()
+        .vocab_and_merges(vocab_of(tokens), pairs)
         .ignore_merges(ignore_merges)
+        .build()
+        .unwrap();
+    (compact, reference)
+}
+
+/// The crate's SentencePiece model as ferry built it before [`CompactBpe`]: `merges` as id
+/// triples, byte fallback, `unk` the unknown token's id.
+fn crate_spm(tokens: &[String], merges: &[(u32, u32, u32)], unk: u32) -> BPE {
+    let pairs = merges
+        .iter()
+        .map(|&(l, r, _)| (tokens[l as usize].clone(), tokens[r as usize].clone()))
+        .collect();
+    BPE::builder()
+        .vocab_and_merges(vocab_of(tokens), pairs)
+        .byte_fallback(true)
+        .unk_token(tokens[unk as usize].clone())
         .build()
         .unwrap()
 }
@@ -102,10 +129,7 @@ fn texts() -> Vec<String> {
 fn same_as_the_crate(path: &Path) {
     let (tokens, merges, pre) = read(path);
     let (pre_tokenizer, defaults) = for_gguf_pre(pre.as_deref()).unwrap();
-    let borrowed: Vec<Cow<'_, str>> = tokens.iter().map(|t| Cow::Borrowed(t.as_str())).collect();
-    let merge_strs: Vec<Cow<'_, str>> = merges.iter().map(|m| Cow::Borrowed(m.as_str())).collect();
-    let compact = CompactBpe::new(&borrowed, &merge_strs, defaults.ignore_merges).unwrap();
-    let reference = crate_bpe(&tokens, &merges, defaults.ignore_merges);
+    let (compact, reference) = both(&tokens, &merges, defaults.ignore_merges);
     let name = path.display();
 
     let mut pieces = 0;
@@ -180,31 +204,11 @@ fn same_as_the_crate_spm(path: &Path) {
         .get("tokenizer.ggml.unknown_token_id")
         .map(|v| v.to_u32().unwrap())
         .unwrap_or(0);
-    let spelled: Vec<Cow<'_, str>> = tokens.iter().map(|t| Cow::Borrowed(t.as_str())).collect();
-    let ids: std::collections::HashMap<&str, u32> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.as_str(), i as u32))
-        .collect();
-    let merges = merges_by_score(&spelled, &scores, |t| ids.get(t).copied());
-    let compact = CompactBpe::vocabulary(&spelled)
-        .and_then(|v| v.with_sentencepiece(&merges, Some(unk)))
-        .unwrap();
-    let vocab: Vocab = tokens
-        .iter()
-        .enumerate()
-        .map(|(id, t)| (t.clone(), id as u32))
-        .collect();
-    let pairs = merges
-        .iter()
-        .map(|&(l, r, _)| (tokens[l as usize].clone(), tokens[r as usize].clone()))
-        .collect();
-    let reference = BPE::builder()
-        .vocab_and_merges(vocab, pairs)
-        .byte_fallback(true)
-        .unk_token(tokens[unk as usize].clone())
-        .build()
-        .unwrap();
+    let spelled = borrowed(&tokens);
+    let vocabulary = CompactBpe::vocabulary(&spelled).unwrap();
+    let merges = merges_by_score(&spelled, &scores, |t| vocabulary.id(t));
+    let compact = vocabulary.with_sentencepiece(&merges, Some(unk)).unwrap();
+    let reference = crate_spm(&tokens, &merges, unk);
     let name = path.display();
     let space = "\u{2581}";
     for text in texts() {
@@ -246,12 +250,7 @@ fn small(merges: &[&str], ignore_merges: bool) -> (CompactBpe, BPE) {
         .map(str::to_owned)
         .to_vec();
     let merges: Vec<String> = merges.iter().map(|m| (*m).to_owned()).collect();
-    let borrowed: Vec<Cow<'_, str>> = tokens.iter().map(|t| Cow::Borrowed(t.as_str())).collect();
-    let merge_strs: Vec<Cow<'_, str>> = merges.iter().map(|m| Cow::Borrowed(m.as_str())).collect();
-    (
-        CompactBpe::new(&borrowed, &merge_strs, ignore_merges).unwrap(),
-        crate_bpe(&tokens, &merges, ignore_merges),
-    )
+    both(&tokens, &merges, ignore_merges)
 }
 
 #[test]
@@ -295,22 +294,12 @@ fn byte_fallback_and_the_unknown_token_follow_the_crate() {
     let tokens: Vec<String> = ["<unk>", "a", "b", "ab", "<0xC3>", "<0xA9>"]
         .map(str::to_owned)
         .to_vec();
-    let spelled: Vec<Cow<'_, str>> = tokens.iter().map(|t| Cow::Borrowed(t.as_str())).collect();
+    let spelled = borrowed(&tokens);
     let vocabulary = || CompactBpe::vocabulary(&spelled).unwrap();
     let compact = vocabulary()
         .with_sentencepiece(&[(1, 2, 3)], Some(0))
         .unwrap();
-    let vocab: Vocab = tokens
-        .iter()
-        .enumerate()
-        .map(|(id, t)| (t.clone(), id as u32))
-        .collect();
-    let reference = BPE::builder()
-        .vocab_and_merges(vocab, vec![("a".to_owned(), "b".to_owned())])
-        .byte_fallback(true)
-        .unk_token("<unk>".to_owned())
-        .build()
-        .unwrap();
+    let reference = crate_spm(&tokens, &[(1, 2, 3)], 0);
     let ids = |s: &str| compact.tokenize(s).iter().map(|t| t.id).collect::<Vec<_>>();
     assert_eq!(ids("aüéüb"), [1, 4, 5, 0, 0, 2]);
     assert_eq!(ids("abé"), [3, 4, 5]);

@@ -9,8 +9,8 @@
 //! ranked by the score of the token they make, which is how the vocabulary becomes a BPE model
 //! here ([`super::compact_bpe`], which merges as [`tokenizers`]' BPE does): a merge `(a, b)` for
 //! every token `a + b` whose halves are tokens, ranked by score (ties by the ids of the halves),
-//! with byte fallback. The text is not split into
-//! words first (llama.cpp merges across the whole run, `▁` included). The only order llama.cpp
+//! with byte fallback. The text is not split into words first (llama.cpp merges across the
+//! whole run, `▁` included). The only order llama.cpp
 //! can take that this cannot: two different pairs that make the same token, both present at
 //! once, are merged leftmost first there and in rank order here.
 //!

@@ -3,8 +3,8 @@
 //! ([`super::chat_encode`]) clones the pipeline (normalizer, pre-tokenizer, added tokens) but
 //! not the model's tables (the vocabulary, its reverse and the merges: 8-9 MiB for a 49k-token
 //! BPE, several times that for 150k-token ones), which it shares. The model is the crate's
-//! (`tokenizer.json`, SentencePiece vocabularies in GGUF) or, for byte-level BPE vocabularies
-//! in GGUF, [`CompactBpe`], which tokenizes the same and builds several times faster.
+//! (`tokenizer.json`) or, for GGUF vocabularies (byte-level BPE and SentencePiece),
+//! [`CompactBpe`], which tokenizes the same and builds several times faster.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,7 +15,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tokenizers::models::bpe::BpeTrainer;
 use tokenizers::{
     DecoderWrapper, Model, ModelWrapper, NormalizerWrapper, PostProcessorWrapper,
-    PreTokenizedString, PreTokenizerWrapper, Token, TokenizerImpl, TruncationDirection,
+    PreTokenizerWrapper, Token, TokenizerImpl,
 };
 
 use super::compact_bpe::CompactBpe;
@@ -110,22 +110,6 @@ impl Model for SharedModel {
         match &*self.0 {
             Vocabulary::Crate(m) => m.get_trainer(),
             Vocabulary::Compact(_) => BpeTrainer::default().into(),
-        }
-    }
-
-    fn tokenize_in_pretokenized(
-        &self,
-        pretokenized: &mut PreTokenizedString,
-        truncation: Option<(usize, TruncationDirection)>,
-    ) -> tokenizers::Result<()> {
-        match &*self.0 {
-            Vocabulary::Crate(m) => m.tokenize_in_pretokenized(pretokenized, truncation),
-            Vocabulary::Compact(_) => match truncation {
-                Some((max, direction)) => {
-                    pretokenized.tokenize_with_limit(|s| self.tokenize(s.get()), max, direction)
-                }
-                None => pretokenized.tokenize(|s| self.tokenize(s.get())),
-            },
         }
     }
 }
