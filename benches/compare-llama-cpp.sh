@@ -8,7 +8,11 @@
 # timed ones; plus one load without it, which packs the layouts on AVX2 CPUs), and its
 # resident set after loading against the file's size; for ferry also the
 # resident set after a request against the file's size plus the KV cache it holds, split into
-# anonymous memory and file pages (the model's mapped pages, the binary's own). A row whose model
+# anonymous memory and file pages (the model's mapped pages, the binary's own); and each side's
+# decode as the rate it reads the weights at (the bytes of every tensor a token reads, the
+# embedding table aside, times tokens per second) against the machine's read bandwidth with
+# the same threads (`benches/read_bandwidth.rs`, run beside every pair of processes: decode of
+# a model past the caches is bound by it, so no engine can pass 1.0 there). A row whose model
 # ferry cannot load yet says so and the run goes on. Prints one markdown table at the end
 # (name the CPU with it: AVX2-only and AVX-512 machines differ).
 #
@@ -91,7 +95,26 @@ if [ "$mode" = avx2 ] && echo "$peer_isa" | grep -qE 'AVX512|AVX_VNNI|AMX'; then
     echo "compare: $venv's llama.cpp was not built for AVX2 only ($peer_isa)" >&2
     exit 1
 fi
-cargo build --profile "$profile" --bench decode >&2
+cargo build --profile "$profile" --bench decode --bench read_bandwidth >&2
+
+# The machine's read bandwidth with `threads` threads (median of its rounds), GB/s.
+read_bandwidth() {
+    cargo bench --profile "$profile" --quiet --bench read_bandwidth -- --threads "$threads" --rounds 5 \
+        | sed -n 's/.*"read_gb_s_median":\([0-9.]*\).*/\1/p'
+}
+
+# Bytes a decoded token reads from the weights: every tensor but the embedding table, which
+# is read one row a token (unless it is also the output head: no `output.weight`).
+decode_bytes() {
+    "$venv/bin/python" - "$1" <<'PY'
+import sys
+from gguf import GGUFReader
+tensors = GGUFReader(sys.argv[1]).tensors
+names = {t.name for t in tensors}
+tied = "output.weight" not in names
+print(sum(int(t.n_bytes) for t in tensors if tied or t.name != "token_embd.weight"))
+PY
+}
 
 # Resolves a model name to its file, making generated models on first use.
 model_path() {
@@ -124,6 +147,7 @@ for name in $models; do
     path="$(model_path "$name")"
     size="$(stat -c %s "$path")"
     warm="$(warm_read "$path")"
+    read_bytes="$(decode_bytes "$path")"
     # ferry's load when it packs the panel layouts (no cache), then one load that makes the
     # cache, so that every timed process below loads from it as a restarted server does.
     ferry_load() {
@@ -139,8 +163,9 @@ for name in $models; do
         # One process of each side at a time, alternating, so that both see the same phases of
         # a noisy machine (a VM's speed drifts by 15-30 % over minutes); each process runs the
         # request twice and only the second (warm) run counts.
-        ferry_out=""; ferry_err=""; peer_out=""
+        ferry_out=""; ferry_err=""; peer_out=""; bandwidths=""
         for _ in $(seq "$runs"); do
+            bandwidths="$bandwidths $(read_bandwidth)"
             if one="$(RAYON_NUM_THREADS="$threads" cargo bench --profile "$profile" --quiet --bench decode -- \
                     --model "$path" --prompt-tokens "$prompt_tokens" --gen-tokens "$gen_tokens" \
                     --runs 2 --cpu-qmatmul "$ferry_kernels" 2>/tmp/ferry-compare-stderr.$$)"; then
@@ -159,9 +184,10 @@ for name in $models; do
             peer_out="$peer_out$("$venv/bin/python" benches/llama_cpp_peer.py "$path" "$ids" "$gen_tokens" 2 "$threads" 2>/dev/null || true)"$'\n'
         done
         [ -n "$ferry_out" ] && ferry_err=""
-        python3 - "$name" "$prompt_tokens" "$size" "$warm" "$ferry_out" "$ferry_err" "$peer_out" "$packing" >>"$results" <<'PY'
+        python3 - "$name" "$prompt_tokens" "$size" "$warm" "$ferry_out" "$ferry_err" "$peer_out" "$packing" \
+            "$read_bytes" "$bandwidths" >>"$results" <<'PY'
 import json, sys
-name, prompt, size, warm, ferry, ferry_err, peer, packing = sys.argv[1:9]
+name, prompt, size, warm, ferry, ferry_err, peer, packing, read_bytes, bandwidths = sys.argv[1:11]
 # Each process's warm runs (its first run is the warm-up).
 rows = lambda text: [r for r in (json.loads(l) for l in text.splitlines() if l.strip().startswith("{"))
                      if r.get("run", 1) >= 1]
@@ -170,7 +196,8 @@ for r in ferry_rows:
     r.pop("prompt_ids", None)
 print(json.dumps({"model": name, "prompt": int(prompt), "size": int(size), "warm_read_s": float(warm),
                   "ferry_packing_load_s": float(packing) if packing else None,
-                  "ferry": ferry_rows, "ferry_error": ferry_err, "peer": rows(peer)}))
+                  "ferry": ferry_rows, "ferry_error": ferry_err, "peer": rows(peer),
+                  "decode_bytes": int(read_bytes), "read_gb_s": [float(b) for b in bandwidths.split()]}))
 PY
         tail -n 1 "$results" >&2
     done
@@ -202,11 +229,14 @@ print(f"\n{threads} threads, ferry built with cargo profile {sys.argv[3]}; load 
       "anonymous memory, the model file's mapped pages and the binary's own pages; ferry's loads come from its panel "
       "cache (made before the timed runs), packing = one load without it (--panel-cache off) / the warm read; "
       "tok/s are each side's median over its processes, = is the median (and range) of the ratios of the "
-      "processes that ran back to back\n")
+      "processes that ran back to back; decode GB/s = weight bytes a token reads (the embedding table aside) x "
+      "decode tok/s, against the machine's read bandwidth with the same threads (median of its runs beside the "
+      "processes), of read = that fraction\n")
 print("| model | prompt | prefill tok/s ferry / llama.cpp | = | decode tok/s ferry / llama.cpp | = "
       "| load s ferry / llama.cpp (warm read) | load x ferry / llama.cpp | RSS MiB ferry / llama.cpp (file) | RSS x ferry / llama.cpp "
-      "| after req MiB ferry (file + KV) | after req x | x stored | anon / model / binary MiB | packing s (x) |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "| after req MiB ferry (file + KV) | after req x | x stored | anon / model / binary MiB | packing s (x) "
+      "| decode GB/s ferry / llama.cpp (read GB/s) | of read ferry / llama.cpp |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for line in open(path):
     r = json.loads(line)
     f, p, warm, size = r["ferry"], r["peer"], r["warm_read_s"], r["size"]
@@ -224,9 +254,13 @@ for line in open(path):
         why = r["ferry_error"] or "failed"
         note = "not loadable by ferry yet" if "cannot compute yet" in why else f"ferry failed: {why}"
         print(f"| {r['model']} | {r['prompt']} | {note} ({fmt(pp)} llama.cpp) | | "
-              f"({fmt(pd)} llama.cpp) | | ({fmt(pl, '.3f')} llama.cpp, {warm:.3f}) | | | | | | | | |")
+              f"({fmt(pd)} llama.cpp) | | ({fmt(pl, '.3f')} llama.cpp, {warm:.3f}) | | | | | | | | | | |")
         continue
     mb = lambda b: None if b is None else b / 2**20
+    # Decode as the rate the weights are read at, against the machine's read bandwidth.
+    read = statistics.median(r["read_gb_s"]) if r.get("read_gb_s") else None
+    gbs = lambda tok_s: None if tok_s is None else tok_s * r["decode_bytes"] / 1e9
+    of_read = lambda tok_s: None if tok_s is None or not read else gbs(tok_s) / read
     print(f"| {r['model']} | {r['prompt']} | {fmt(fp)} / {fmt(pp)} | {paired(f, p, 'prefill_tok_s')} | {fmt(fd)} / {fmt(pd)} "
           f"| {paired(f, p, 'decode_tok_s')} | {fmt(fl, '.3f')} / {fmt(pl, '.3f')} ({warm:.3f}) "
           f"| {ratio(fl, warm)} / {ratio(pl, warm)} | {fmt(mb(fr), '.0f')} / {fmt(mb(pr), '.0f')} ({mib:.0f}) "
@@ -234,5 +268,6 @@ for line in open(path):
           f"| {fmt(mb(fq), '.0f')} ({fmt(mb(size + kv), '.0f')}) | {ratio(fq, None if kv is None else size + kv)} "
           f"| {ratio(fq, None if kvs is None else size + kvs)} "
           f"| {fmt(mb(fa), '.0f')} / {fmt(mb(fm), '.0f')} / {fmt(mb(fb), '.0f')} "
-          f"| {fmt(r.get('ferry_packing_load_s'), '.3f')} ({ratio(r.get('ferry_packing_load_s'), warm)}) |")
+          f"| {fmt(r.get('ferry_packing_load_s'), '.3f')} ({ratio(r.get('ferry_packing_load_s'), warm)}) "
+          f"| {fmt(gbs(fd))} / {fmt(gbs(pd))} ({fmt(read)}) | {fmt(of_read(fd), '.2f')} / {fmt(of_read(pd), '.2f')} |")
 PY

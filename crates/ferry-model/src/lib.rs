@@ -43,6 +43,8 @@
 //! - [`pooling`]: embeddings: the pooling a model asks for and the pooler over its final
 //!   hidden states ([`decoder::Model::forward_hidden`]), L2-normalised.
 //! - [`verify`]: `verify_weights`, every tensor's values checked finite before a load.
+//! - `step_threads`: where a decode step's short parallel loops (one-row matmuls, attention)
+//!   run: candle's spinning barrier pool instead of rayon's.
 
 pub mod checkpoint;
 pub mod cpu_qmatmul;
@@ -69,6 +71,7 @@ mod qwen35;
 pub mod recurrent_state;
 pub mod source;
 pub mod spec;
+mod step_threads;
 pub mod tensors;
 pub mod tokenizer;
 pub mod verify;

@@ -48,6 +48,9 @@
 //! once per task; longer runs share the task's activation packing). Q8_0's prompts then have
 //! the AVX-512 order while its decode keeps the AVX2 kernel (float summation order apart);
 //! Q4_1 (the default model) stays off it.
+//!
+//! The tasks of a call with fewer than [`GEMM_MIN_ROWS`] activation rows (a decode step's) run
+//! on the step's spinning pool ([`crate::step_threads`]), longer calls' on rayon's.
 
 use std::ops::Range;
 
@@ -183,10 +186,17 @@ pub fn run(
 ) -> Result<()> {
     let n_total: usize = jobs.iter().map(|(mm, _)| mm.rows).sum();
     let parallel = n_total * kb * m >= PARALLEL_MIN_BLOCKS;
-    // Enough tasks for rayon to balance (four per thread), counting the activation chunks of
-    // the rows a task takes (`ACT_ROWS`, or a GEMM's longer runs: see below).
+    // A decode step's calls (fewer rows than a GEMM takes) run on the step's spinning pool
+    // (`step_threads`), longer ones on rayon's.
+    let step_sized = m < GEMM_MIN_ROWS;
+    let threads = match step_sized {
+        true => crate::step_threads::threads(),
+        false => rayon::current_num_threads(),
+    };
+    // Enough tasks for the pool to balance (four per thread), counting the activation chunks
+    // of the rows a task takes (`ACT_ROWS`, or a GEMM's longer runs: see below).
     let weight_chunks = |act_rows: usize| match parallel {
-        true => (4 * rayon::current_num_threads()).div_ceil(m.div_ceil(act_rows)),
+        true => (4 * threads).div_ceil(m.div_ceil(act_rows)),
         false => 1,
     };
     let mats: Vec<&CpuQMatMul> = jobs.iter().map(|(mm, _)| *mm).collect();
@@ -254,10 +264,17 @@ pub fn run(
         }
     }
     let run = |task: Task<'_>| task.run(act, tiling);
-    if parallel {
-        tasks.into_par_iter().for_each(run);
-    } else {
+    if !parallel {
         tasks.into_iter().for_each(run);
+    } else if step_sized {
+        let mut tasks: Vec<Option<Task<'_>>> = tasks.into_iter().map(Some).collect();
+        crate::step_threads::for_each_mut(&mut tasks, |_, task| {
+            if let Some(task) = task.take() {
+                run(task);
+            }
+        });
+    } else {
+        tasks.into_par_iter().for_each(run);
     }
     Ok(())
 }

@@ -5,10 +5,10 @@
 //! maximum, sum and weighted sum of values per query head; [`merge`] rescales the ranges to
 //! their common maximum and adds them up. The ranges are sized so the tasks fill whole rounds
 //! of the pool's threads. The inner loops (dot products, softmax, weighted values) are
-//! [`super::simd`]'s kernels, inlined into one function per instruction set.
+//! [`super::simd`]'s kernels, inlined into one function per instruction set. The tasks run on
+//! the decode step's spinning pool ([`crate::step_threads`]), as its one-row matmuls do.
 
 use half::{bf16, f16};
-use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::simd::{Avx2, Avx512};
@@ -30,7 +30,7 @@ pub(super) fn run(isa: Isa, call: Call<'_>, out: &mut [f32]) {
     let d = s.head_dim;
     let lo = first_visible(s.pos, s.window);
     let n = s.pos + 1 - lo;
-    let threads = rayon::current_num_threads();
+    let threads = crate::step_threads::threads();
     let parallel = threads > 1 && s.n_heads * n * d >= PARALLEL_MIN;
     let ranges = if parallel {
         // Whole rounds of tasks for the pool (3 key/value heads on 2 threads: 4 ranges each,
@@ -48,7 +48,7 @@ pub(super) fn run(isa: Isa, call: Call<'_>, out: &mut [f32]) {
 }
 
 /// [`run`] with the visible keys cut into (at most) `ranges` ranges of equal length (the
-/// last one shorter), the tasks on rayon's pool when `parallel`.
+/// last one shorter), the tasks on the step's pool when `parallel`.
 pub(super) fn run_split(isa: Isa, ranges: usize, parallel: bool, call: Call<'_>, out: &mut [f32]) {
     let Call { q, k, v, s } = call;
     let d = s.head_dim;
@@ -82,11 +82,8 @@ pub(super) fn run_split(isa: Isa, ranges: usize, parallel: bool, call: Call<'_>,
         }
     };
     if parallel && ranges * s.n_kv_heads > 1 {
-        partial
-            .par_chunks_mut(group * width)
-            .with_max_len(1)
-            .enumerate()
-            .for_each(job);
+        let mut parts: Vec<&mut [f32]> = partial.chunks_mut(group * width).collect();
+        crate::step_threads::for_each_mut(&mut parts, |i, part| job((i, part)));
     } else {
         partial.chunks_mut(group * width).enumerate().for_each(job);
     }
