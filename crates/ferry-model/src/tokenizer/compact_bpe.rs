@@ -22,10 +22,14 @@ use std::collections::BinaryHeap;
 use std::hash::BuildHasher;
 
 use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
+use rayon::prelude::*;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::Token;
 
 use crate::error::{ModelError, Result};
+
+/// Fewest merges a rayon task resolves (a 49k-merge vocabulary: a dozen tasks).
+const MERGES_PER_TASK: usize = 4096;
 
 /// Code points below this have their one-character token in [`CompactBpe::chars`].
 const CHAR_TABLE: u32 = 0x200;
@@ -75,23 +79,31 @@ impl CompactBpe {
     ) -> Result<Self> {
         let mut model = Self::vocabulary(tokens)?;
         model.ignore_merges = ignore_merges;
-        model.merges.reserve(merges.len());
         let missing = |t: &str| {
             ModelError::Tokenizer(format!(
                 "cannot build BPE from GGUF vocab: merge token `{t}` is not in the vocabulary"
             ))
         };
-        let mut joined = String::new();
-        for (rank, merge) in merges.iter().enumerate() {
-            let (a, b) = merge
-                .split_once(' ')
-                .ok_or_else(|| ModelError::Config(format!("GGUF merge `{merge}` is not `a b`")))?;
-            let left = model.id(a).ok_or_else(|| missing(a))?;
-            let right = model.id(b).ok_or_else(|| missing(b))?;
-            joined.clear();
-            joined.push_str(a);
-            joined.push_str(b);
-            let merged = model.id(&joined).ok_or_else(|| missing(&joined))?;
+        // The lookups (three per merge) on rayon's threads, in chunks; the map filled in rank
+        // order after.
+        let ids: Vec<(u32, u32, u32)> = merges
+            .par_iter()
+            .with_min_len(MERGES_PER_TASK)
+            .map_init(String::new, |joined, merge| {
+                let (a, b) = merge.split_once(' ').ok_or_else(|| {
+                    ModelError::Config(format!("GGUF merge `{merge}` is not `a b`"))
+                })?;
+                let left = model.id(a).ok_or_else(|| missing(a))?;
+                let right = model.id(b).ok_or_else(|| missing(b))?;
+                joined.clear();
+                joined.push_str(a);
+                joined.push_str(b);
+                let merged = model.id(joined).ok_or_else(|| missing(joined))?;
+                Ok((left, right, merged))
+            })
+            .collect::<Result<_>>()?;
+        model.merges.reserve(ids.len());
+        for (rank, (left, right, merged)) in ids.into_iter().enumerate() {
             model.merges.insert((left, right), (rank as u32, merged));
         }
         Ok(model)
