@@ -147,7 +147,8 @@ for name in $models; do
     path="$(model_path "$name")"
     size="$(stat -c %s "$path")"
     warm="$(warm_read "$path")"
-    read_bytes="$(decode_bytes "$path")"
+    # (0 where the `gguf` package cannot read the file: the bandwidth columns then say n/a.)
+    read_bytes="$(decode_bytes "$path" 2>/dev/null)" || read_bytes=0
     # ferry's load when it packs the panel layouts (no cache), then one load that makes the
     # cache, so that every timed process below loads from it as a restarted server does.
     ferry_load() {
@@ -165,7 +166,8 @@ for name in $models; do
         # request twice and only the second (warm) run counts.
         ferry_out=""; ferry_err=""; peer_out=""; bandwidths=""
         for _ in $(seq "$runs"); do
-            bandwidths="$bandwidths $(read_bandwidth)"
+            bandwidth="$(read_bandwidth)" || bandwidth=""
+            bandwidths="$bandwidths $bandwidth"
             if one="$(RAYON_NUM_THREADS="$threads" cargo bench --profile "$profile" --quiet --bench decode -- \
                     --model "$path" --prompt-tokens "$prompt_tokens" --gen-tokens "$gen_tokens" \
                     --runs 2 --cpu-qmatmul "$ferry_kernels" 2>/tmp/ferry-compare-stderr.$$)"; then
@@ -197,7 +199,7 @@ for r in ferry_rows:
 print(json.dumps({"model": name, "prompt": int(prompt), "size": int(size), "warm_read_s": float(warm),
                   "ferry_packing_load_s": float(packing) if packing else None,
                   "ferry": ferry_rows, "ferry_error": ferry_err, "peer": rows(peer),
-                  "decode_bytes": int(read_bytes), "read_gb_s": [float(b) for b in bandwidths.split()]}))
+                  "decode_bytes": int(read_bytes or 0), "read_gb_s": [float(b) for b in bandwidths.split()]}))
 PY
         tail -n 1 "$results" >&2
     done
@@ -259,8 +261,8 @@ for line in open(path):
     mb = lambda b: None if b is None else b / 2**20
     # Decode as the rate the weights are read at, against the machine's read bandwidth.
     read = statistics.median(r["read_gb_s"]) if r.get("read_gb_s") else None
-    gbs = lambda tok_s: None if tok_s is None else tok_s * r["decode_bytes"] / 1e9
-    of_read = lambda tok_s: None if tok_s is None or not read else gbs(tok_s) / read
+    gbs = lambda tok_s: None if tok_s is None or not r.get("decode_bytes") else tok_s * r["decode_bytes"] / 1e9
+    of_read = lambda tok_s: None if gbs(tok_s) is None or not read else gbs(tok_s) / read
     print(f"| {r['model']} | {r['prompt']} | {fmt(fp)} / {fmt(pp)} | {paired(f, p, 'prefill_tok_s')} | {fmt(fd)} / {fmt(pd)} "
           f"| {paired(f, p, 'decode_tok_s')} | {fmt(fl, '.3f')} / {fmt(pl, '.3f')} ({warm:.3f}) "
           f"| {ratio(fl, warm)} / {ratio(pl, warm)} | {fmt(mb(fr), '.0f')} / {fmt(mb(pr), '.0f')} ({mib:.0f}) "
