@@ -17,7 +17,7 @@
 
 use std::any::Any;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Threads a [`for_each_mut`] call spreads over (the caller's included).
@@ -36,24 +36,24 @@ pub fn for_each_mut<T: Send>(items: &mut [T], f: impl Fn(usize, &mut T) + Sync) 
         return;
     }
     let base = SharedItems(items.as_mut_ptr());
-    // Whatever ranges the pool hands out, an item is taken by the first thread to claim it.
-    let claimed: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+    // The items are handed out by this cursor (one index to one thread, whatever ranges the
+    // pool gives its threads): every thread the pool starts takes items until none are left.
+    let next = AtomicUsize::new(0);
     // A panic is caught here and raised again after the call: unwinding through the pool
     // would poison its call lock and fail every later candle op of the process.
     let panicked: Mutex<Option<Box<dyn Any + Send>>> = Mutex::new(None);
-    candle_core::utils::barrier_pool().execute_chunked(n, |range| {
-        for i in range {
-            if i >= n || claimed[i].swap(true, Ordering::AcqRel) {
-                continue;
-            }
-            // SAFETY: `i < n` indexes `items`, which outlives this call (the pool returns
-            // only when every thread has finished), and the claim above hands each index
-            // to one thread only, so no two `&mut` to one item exist.
-            let item = unsafe { &mut *base.at(i) };
-            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(i, item))) {
-                let mut first = panicked.lock().unwrap_or_else(|e| e.into_inner());
-                first.get_or_insert(payload);
-            }
+    candle_core::utils::barrier_pool().execute_chunked(threads(), |_| loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= n {
+            break;
+        }
+        // SAFETY: `i < n` indexes `items`, which outlives this call (the pool returns only
+        // when every thread has finished), and the cursor hands each index out once, so no
+        // two `&mut` to one item exist.
+        let item = unsafe { &mut *base.at(i) };
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(i, item))) {
+            let mut first = panicked.lock().unwrap_or_else(|e| e.into_inner());
+            first.get_or_insert(payload);
         }
     });
     if let Some(payload) = panicked.into_inner().unwrap_or_else(|e| e.into_inner()) {
@@ -61,8 +61,8 @@ pub fn for_each_mut<T: Send>(items: &mut [T], f: impl Fn(usize, &mut T) + Sync) 
     }
 }
 
-/// The items' base pointer, shared by the pool's threads (each takes only the items it
-/// claimed).
+/// The items' base pointer, shared by the pool's threads (each takes only the items the
+/// cursor hands it).
 struct SharedItems<T>(*mut T);
 
 impl<T> SharedItems<T> {
@@ -72,7 +72,8 @@ impl<T> SharedItems<T> {
     }
 }
 
-// SAFETY: the pointer is only dereferenced for claimed, distinct items (see `for_each_mut`);
+// SAFETY: the pointer is only dereferenced for distinct items, each handed out once (see
+// `for_each_mut`);
 // sending `&mut T` between threads needs `T: Send`.
 unsafe impl<T: Send> Sync for SharedItems<T> {}
 

@@ -263,18 +263,13 @@ pub fn run(
             }
         }
     }
-    let run = |task: Task<'_>| task.run(act, tiling);
+    let run = |task: &Task<'_>| task.run(act, tiling);
     if !parallel {
-        tasks.into_iter().for_each(run);
+        tasks.iter().for_each(run);
     } else if step_sized {
-        let mut tasks: Vec<Option<Task<'_>>> = tasks.into_iter().map(Some).collect();
-        crate::step_threads::for_each_mut(&mut tasks, |_, task| {
-            if let Some(task) = task.take() {
-                run(task);
-            }
-        });
+        crate::step_threads::for_each_mut(&mut tasks, |_, task| run(task));
     } else {
-        tasks.into_par_iter().for_each(run);
+        tasks.par_iter().for_each(run);
     }
     Ok(())
 }
@@ -310,7 +305,7 @@ struct Task<'a> {
 }
 
 impl Task<'_> {
-    fn run(self, act: &Activations, tiling: Tiling) {
+    fn run(&self, act: &Activations, tiling: Tiling) {
         let row = |i: usize| -> ActRow<'_> { act.row(i) };
         let weight = |r: usize| &self.data[r * self.row_bytes..(r + 1) * self.row_bytes];
         let mut i = self.acts.start;

@@ -102,10 +102,7 @@ impl CompactBpe {
                 Ok((left, right, merged))
             })
             .collect::<Result<_>>()?;
-        model.merges.reserve(ids.len());
-        for (rank, (left, right, merged)) in ids.into_iter().enumerate() {
-            model.merges.insert((left, right), (rank as u32, merged));
-        }
+        model.set_merges(&ids);
         Ok(model)
     }
 
@@ -123,10 +120,7 @@ impl CompactBpe {
                 "SentencePiece merge ({l}, {r}) -> {m} is outside the {n} tokens"
             )));
         }
-        self.merges.reserve(merges.len());
-        for (rank, &(left, right, merged)) in merges.iter().enumerate() {
-            self.merges.insert((left, right), (rank as u32, merged));
-        }
+        self.set_merges(merges);
         self.byte_tokens = (0..=255u8)
             .map(|b| self.id(&format!("<{b:#04X}>")))
             .collect();
@@ -164,6 +158,16 @@ impl CompactBpe {
             .map(|c| char::from_u32(c).and_then(|c| model.id(c.encode_utf8(&mut [0; 4]))))
             .collect();
         Ok(model)
+    }
+
+    /// Makes `merges` (`(left, right, merged)` ids, rank order) the model's merges; a pair
+    /// listed twice keeps its later rank.
+    fn set_merges(&mut self, merges: &[(u32, u32, u32)]) {
+        self.merges.clear();
+        self.merges.reserve(merges.len());
+        for (rank, &(left, right, merged)) in merges.iter().enumerate() {
+            self.merges.insert((left, right), (rank as u32, merged));
+        }
     }
 
     /// Tokens in the vocabulary (ids `0..len`).
